@@ -7,13 +7,15 @@ from collections import Counter
 
 import pytest
 
+from distrinews.launch import free_port
+
 from conftest import CONFIGS, ROOT, run_cli
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, agnews_dir):
     run = tmp_path_factory.mktemp("e2e") / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1", "--master-port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            "-m", "distrinews", "train", "--config", str(CONFIGS / "tiny.yaml"), "--model_name_or_path", "minilm",
            "--train_samples", "256", "--eval_samples", "256", "--max_length", "64", "--bf16", "true",
            "--learning_rate", "1e-4", "--logging_steps", "2", "--output-dir", str(run)]

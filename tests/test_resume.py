@@ -45,7 +45,7 @@ def test_resume_equals_uninterrupted(tmp_path, agnews_dir):
 
 def test_killed_run_resumes_with_auto(tmp_path, agnews_dir):
     run = tmp_path / "run"
-    args = [*COMMON, "--max_steps", "120", "--num_train_epochs", "12", "--save_steps", "3", "--output-dir", str(run)]
+    args = [*COMMON, "--max_steps", "60", "--num_train_epochs", "6", "--save_steps", "3", "--output-dir", str(run)]
     proc = subprocess.Popen([sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -57,11 +57,11 @@ def test_killed_run_resumes_with_auto(tmp_path, agnews_dir):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     killed_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
-    assert killed_at < 120, "the run finished before it was killed"
+    assert killed_at < 60, "the run finished before it was killed"
 
     out = run_cli("train", *args, "--resume", "auto", nproc=2).stdout
     assert f"(step {killed_at})" in out
-    state = json.loads((run / "checkpoints" / "step-120" / "trainer_state.json").read_text())
-    assert state["global_step"] == 120
+    state = json.loads((run / "checkpoints" / "step-60" / "trainer_state.json").read_text())
+    assert state["global_step"] == 60
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
     assert (run / "best" / "model.safetensors").is_file()

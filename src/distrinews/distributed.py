@@ -7,8 +7,11 @@ so the trainer has one code path for 1 and N processes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -57,6 +60,24 @@ def cpu_threads_per_process(local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
+def die_with_launcher() -> None:
+    """Under torchrun, ask Linux to kill this worker if its launcher dies.
+
+    torchrun starts each worker in a session of its own, so a launcher killed with SIGKILL
+    (OOM killer, a scheduler's hard stop) would otherwise leave workers training on as orphans,
+    writing into the run directory while a resumed run starts.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not glibc
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os._exit(1)
+
+
 @contextlib.contextmanager
 def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -> Iterator[DistEnv]:
     """Join the process group torchrun describes (if any); always tear it down.
@@ -65,6 +86,7 @@ def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -
     threads unless ``threads`` says otherwise (torchrun's default of one thread wastes cores when
     there are fewer processes than cores).
     """
+    die_with_launcher()
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)

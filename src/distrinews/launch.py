@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +38,15 @@ def relaunch(nproc: int, argv: list[str]) -> int:
     env = dict(os.environ)
     # torchrun would default every process to one thread (and say so); give each its share instead.
     env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
+    launcher = subprocess.Popen(torchrun_command(nproc, argv), env=env)
+
+    def forward(signum, _frame):
+        # torchrun turns SIGTERM/SIGINT into a clean stop of every worker.
+        launcher.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return subprocess.call(torchrun_command(nproc, argv), env=env)
-    except KeyboardInterrupt:
-        return 130
+        return launcher.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
