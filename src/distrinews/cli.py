@@ -119,7 +119,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
-    texts = list(args.texts) + [t for t in extra if not t.startswith("--")]
+    if extra:
+        raise ConfigError(f"predict: unexpected arguments {' '.join(extra)} (put texts that start with '-' after --)")
+    texts = list(args.texts)
     if not texts:
         raise ConfigError("predict needs at least one text: distrinews predict --checkpoint DIR \"Some headline\"")
     empty = [i for i, t in enumerate(texts) if not t.strip()]
