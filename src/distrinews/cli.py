@@ -153,7 +153,8 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         from .serve.onnx_export import export_onnx
     except ImportError as exc:
         raise ConfigError(f"--format onnx needs the onnx extra: pip install 'distrinews[onnx]' ({exc})") from None
-    out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.onnx")
+    # An int8 file never takes the fp32 file's default name, which --runtime onnx would pick up.
+    out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.int8.onnx" if args.quantize else "model.onnx")
     print(f"wrote {export_onnx(args.checkpoint, out, quantize=args.quantize)}")
     return 0
 
