@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-DATA   ?= $(if $(DISTRINEWS_DATA),$(DISTRINEWS_DATA),$(abspath ../shared/data/ag_news))
+DATA   := $(if $(DISTRINEWS_DATA),$(DISTRINEWS_DATA),$(abspath ../shared/data/ag_news))
 NPROC  ?= 2
-export DISTRINEWS_DATA = $(DATA)
+export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
 
 .PHONY: setup demo train-quick predict test test-fast clean
