@@ -49,7 +49,10 @@ class TrainConfig:
 
     # distribution
     strategy: str = "auto"  # auto | single | ddp
-    ddp_bucket_cap_mb: float = 25.0
+    # None: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest, benchmarks/README.md),
+    # torch's 25 MB on GPU/nccl, where overlapping the all-reduce with backward pays
+    ddp_bucket_cap_mb: float | None = None
+    ddp_comm_hook: str = "none"  # none | bf16 | fp16: all-reduce gradients compressed to half precision (half the bytes)
     dataloader_num_workers: int = 0
 
     # logging, evaluation, checkpoints
@@ -83,7 +86,8 @@ class TrainConfig:
         need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
         need(not (self.bf16 and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(self.strategy in ("auto", "single", "ddp"), "strategy", "must be one of auto, single, ddp")
-        need(self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0")
+        need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
+        need(self.ddp_comm_hook in ("none", "bf16", "fp16"), "ddp_comm_hook", "must be one of none, bf16, fp16")
         need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
         need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
         need(self.eval_steps >= 0, "eval_steps", "must be >= 0")

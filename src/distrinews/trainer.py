@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from . import checkpoint as ckpt
+from .bench.flops import ModelShape, batch_length_stats, mfu, peak_for
 from .config import ConfigError, TrainConfig
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
 from .distributed import DistEnv, all_gather_object, all_reduce_sum, distributed_context, main_process_first
@@ -79,6 +80,45 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.d
     return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
 
 
+def ddp_bucket_cap_mb(config: TrainConfig, device: torch.device) -> float:
+    if config.ddp_bucket_cap_mb is not None:
+        return config.ddp_bucket_cap_mb
+    return 25.0 if device.type == "cuda" else 100.0
+
+
+def wrap_ddp(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> DDP:
+    """DDP with gradients all-reduced in ``ddp_bucket_cap_mb`` buckets while backward runs."""
+    ddp = DDP(
+        model,
+        device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        bucket_cap_mb=ddp_bucket_cap_mb(config, env.device),
+        gradient_as_bucket_view=True,
+        **_no_buffer_sync(),
+    )
+    if config.ddp_comm_hook != "none":  # half the bytes on the wire; the optimizer still sees fp32 gradients
+        ddp.register_comm_hook(None, _compressed_allreduce(torch.bfloat16 if config.ddp_comm_hook == "bf16" else torch.float16))
+    return ddp
+
+
+def _compressed_allreduce(dtype: torch.dtype):
+    """A DDP comm hook: average each gradient bucket in ``dtype``. torch's own bf16 hook refuses
+    anything but NCCL; gloo reduces bf16 and fp16 fine."""
+    import torch.distributed as dist
+
+    def hook(state, bucket):
+        compressed = bucket.buffer().to(dtype).div_(dist.get_world_size())
+        future = dist.all_reduce(compressed, async_op=True).get_future()
+
+        def decompress(fut):
+            out = bucket.buffer()
+            out.copy_(fut.value()[0])
+            return out
+
+        return future.then(decompress)
+
+    return hook
+
+
 # ---------------------------------------------------------------------- the loop
 def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
     say = print if env.is_main else (lambda *a, **k: None)
@@ -108,13 +148,7 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
     model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(env.device)
     raw_model = model
     if use_ddp:
-        model = DDP(
-            model,
-            device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            bucket_cap_mb=config.ddp_bucket_cap_mb,
-            gradient_as_bucket_view=True,
-            **_no_buffer_sync(),
-        )
+        model = wrap_ddp(model, config, env)
     optimizer = build_optimizer(raw_model, config, env.device)
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(config.warmup_ratio * total_steps), total_steps)
     scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
@@ -186,9 +220,13 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
     model.train()
     progress = tqdm(total=total_steps, initial=state["global_step"], disable=not env.is_main or config.disable_tqdm,
                     desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
-    window = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, correct, samples since last log
+    # loss sum, correct, samples, real tokens, sum of squared lengths (attention FLOPs) since the last log
+    window = torch.zeros(5, dtype=torch.float64, device=env.device)
+    shape, peak = ModelShape.of(raw_model), peak_for(env.device, config.bf16, config.fp16)
+    say(f"MFU peak:             {peak.source}")
     history: list[dict[str, Any]] = []
     start_epoch = state["epoch"]
+    window_started = time.perf_counter()
     for epoch in range(start_epoch, num_epochs):
         if state["global_step"] >= total_steps:
             break
@@ -196,8 +234,10 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
         sampler.set_epoch(epoch, skip=skip_micro * B)
         loader = DataLoader(data.train, batch_size=B, sampler=sampler, collate_fn=Collator(data.train.pad_token_id),
                             num_workers=config.dataloader_num_workers, pin_memory=env.device.type == "cuda",
-                            persistent_workers=False)
-        epoch_totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, correct, samples, tokens
+                            # Its own generator: an iterator draws a seed, which must not shift the global
+                            # RNG that dropout uses (a resumed run would otherwise diverge).
+                            generator=torch.Generator().manual_seed(config.seed + epoch))
+        epoch_totals = torch.zeros(5, dtype=torch.float64, device=env.device)  # as ``window``
         epoch_started = time.perf_counter()
         state["epoch"] = epoch
         if epoch != start_epoch:
@@ -217,11 +257,11 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
                 (scaler.scale(scaled) if scaler else scaled).backward()
             with torch.no_grad():
                 n = batch["labels"].numel()
-                stats = torch.stack([loss.detach().double() * n, (logits.argmax(-1) == batch["labels"]).sum().double(),
-                                     torch.tensor(float(n), dtype=torch.float64, device=env.device)])
+                stats = torch.cat([torch.stack([loss.detach().double() * n, (logits.argmax(-1) == batch["labels"]).sum().double(),
+                                                torch.tensor(float(n), dtype=torch.float64, device=env.device)]),
+                                   batch_length_stats(batch["attention_mask"])])
                 window += stats
-                epoch_totals[:3] += stats
-                epoch_totals[3] += batch["attention_mask"].sum()
+                epoch_totals += stats
             if not is_step:
                 continue
 
@@ -245,40 +285,45 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
                 all_reduce_sum(window, env)
                 loss_avg, acc = (window[0] / window[2]).item(), (window[1] / window[2]).item()
                 values = {"epoch": round(epoch_float, 4), "loss": loss_avg, "accuracy": acc, "learning_rate": scheduler.get_last_lr()[0]}
+                values.update(_speed(window, time.perf_counter() - window_started, shape, peak.flops, W))
                 if grad_norm is not None:
                     values["grad_norm"] = float(grad_norm)
                 logger.log("train", step, values)
                 progress.set_postfix(loss=f"{loss_avg:.4f}", lr=f"{values['learning_rate']:.2e}")
                 window.zero_()
+                window_started = time.perf_counter()
+            paused = time.perf_counter()
             if config.eval_steps and step % config.eval_steps == 0 and step < total_steps:
                 evaluate_and_keep_best(epoch_float)
             if config.save_steps and step % config.save_steps == 0 and step < total_steps:
                 save_checkpoint()
+            window_started += time.perf_counter() - paused  # the logged rates count training time only
             if step >= total_steps:
                 break
 
         # -- end of epoch (or of training): exact eval, summary, checkpoint
-        epoch_time = time.perf_counter() - epoch_started
+        paused = time.perf_counter()
+        epoch_time = paused - epoch_started
         all_reduce_sum(epoch_totals, env)
         train_loss, train_acc = (epoch_totals[0] / epoch_totals[2].clamp(min=1)).item(), (epoch_totals[1] / epoch_totals[2].clamp(min=1)).item()
-        samples, tokens = epoch_totals[2].item(), epoch_totals[3].item()
+        speed = _speed(epoch_totals, epoch_time, shape, peak.flops, W)
         finished_epoch = state["step_in_epoch"] >= steps_per_epoch
         epoch_float = epoch + state["step_in_epoch"] / steps_per_epoch
         metrics = evaluate_and_keep_best(epoch_float)
         summary = {"epoch": round(epoch_float, 4), "train_loss": train_loss, "train_accuracy": train_acc,
                    "test_loss": metrics["loss"], "test_accuracy": metrics["accuracy"], "test_macro_f1": metrics["macro_f1"],
-                   "epoch_time_s": epoch_time, "samples_per_s": samples / epoch_time if epoch_time else 0.0,
-                   "tokens_per_s": tokens / epoch_time if epoch_time else 0.0}
+                   "epoch_time_s": epoch_time, **speed}
         history.append(summary)
         logger.log("epoch", state["global_step"], summary)
         progress.clear()
         say(f"\nEpoch [{epoch + 1}/{num_epochs}] - {_fmt_time(epoch_time)}")
         say(f"  Train Loss: {train_loss:.4f} | Train Acc: {100 * train_acc:.2f}%")
         say(f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%")
-        say(f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s")
+        say(f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, MFU {100 * summary['mfu']:.1f}%")
         if finished_epoch:
             state["epoch"], state["step_in_epoch"] = epoch + 1, 0
         save_checkpoint()
+        window_started += time.perf_counter() - paused
     progress.close()
 
     total_time = time.perf_counter() - started
@@ -294,6 +339,15 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
         say(f"Best test accuracy: {100 * state['best_accuracy']:.2f}%")
     say(f"Checkpoint saved to: {run_dir / 'best'}")
     return result
+
+
+def _speed(totals: torch.Tensor, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
+    """samples/s, tokens/s (real tokens) and MFU from all-reduced [.., .., samples, tokens, sum len^2] counts."""
+    samples, tokens, squares = (float(x) for x in totals[2:5].tolist())
+    if seconds <= 0:
+        return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}
+    return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds,
+            "mfu": mfu(shape.train_flops(tokens, squares), seconds, peak_flops, world_size)}
 
 
 def _no_buffer_sync() -> dict[str, bool]:

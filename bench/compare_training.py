@@ -1,0 +1,266 @@
+"""Training speed side by side, in one run: ``distrinews train`` vs Hugging Face Trainer vs the seed's loop.
+
+Same machine, model (shipped MiniLM), rows (a seeded stratified sample), batch per process,
+maximum length (128), number of steps (one epoch of the rows), learning rate and schedule,
+and the same number of processes (DDP over gloo, one thread each, unpinned as a user runs them).
+Each is then scored by the same exact evaluator on the test split.
+
+    samples/s (steady)  = (last step - step W) x global batch / (time at last step - time at step W)
+    samples/s (loop)    = steps x global batch / time from the loop's start to its last step
+
+Then ``--ablation``: what each of our optimisations gives, one at a time on top of the seed's
+settings, timed by ``distrinews bench scaling``'s worker (the trainer's own components, 2 workers
+pinned to 1 core each).
+
+    python bench/compare_training.py --output-dir benchmarks            # compare + ablation
+    python bench/compare_training.py --what compare --train-samples 3200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+# ---------------------------------------------------------------------- arithmetic
+def steady_samples_per_s(step_times: dict[int, float], global_batch: int, warmup_step: int) -> float:
+    """Throughput between the end of ``warmup_step`` and the end of the last step."""
+    last = max(step_times)
+    if warmup_step not in step_times or last <= warmup_step:
+        raise ValueError(f"need the time of step {warmup_step} and a later step (have {sorted(step_times)[:5]}...)")
+    return (last - warmup_step) * global_batch / (step_times[last] - step_times[warmup_step])
+
+
+def loop_samples_per_s(steps: int, global_batch: int, seconds: float) -> float:
+    return steps * global_batch / seconds
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+# ---------------------------------------------------------------------- the three runs
+def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, timeout: float) -> None:
+    from distrinews.launch import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", *target]
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
+
+
+def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    run_dir = tmp / "ours"
+    _torchrun(a.nproc, ["-m", "distrinews", "train", "--config", str(ROOT / "configs" / "cpu-quick.yaml"),
+                        "--model_name_or_path", a.model, "--train_samples", str(a.train_samples),
+                        "--eval_samples", str(a.eval_samples) if a.eval_samples else "null",
+                        "--per_device_train_batch_size", str(a.batch_size), "--max_length", str(a.max_length),
+                        "--logging_steps", str(a.warmup_step), "--save_steps", "0", "--eval_steps", "0",
+                        "--report_to_tensorboard", "false", "--disable_tqdm", "true", "--output-dir", str(run_dir),
+                        "--result-json", str(tmp / "ours.json")], env, tmp / "ours.log", a.timeout)
+    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
+    epoch = next(r for r in records if r["kind"] == "epoch")
+    result = json.loads((tmp / "ours.json").read_text())
+    gb = a.batch_size * a.nproc
+    return {"name": "distrinews train", "steps": result["global_step"], "global_batch": gb,
+            "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
+            "loop_samples_per_s": loop_samples_per_s(result["global_step"], gb, epoch["epoch_time_s"]),
+            "loop_time_s": epoch["epoch_time_s"], "test_accuracy": result["final_eval"]["accuracy"],
+            "test_macro_f1": result["final_eval"]["macro_f1"], "test_samples": result["final_eval"]["samples"],
+            "train_loss": epoch["train_loss"], "mfu_logged": epoch.get("mfu")}
+
+
+def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: dict[str, str], extra: list[str]) -> dict[str, Any]:
+    out = tmp / f"{script}.json"
+    _torchrun(a.nproc, [str(ROOT / "bench" / f"{script}.py"), "--model", a.model, "--train-samples", str(a.train_samples),
+                        "--batch-size", str(a.batch_size), "--max-length", str(a.max_length), "--result", str(out), *extra]
+              + (["--eval-samples", str(a.eval_samples)] if a.eval_samples else []), env, tmp / f"{script}.log", a.timeout)
+    r = json.loads(out.read_text())
+    times = {i + 1: t for i, t in enumerate(r["step_times"])}
+    gb = r["global_batch"]
+    return {"name": name, "steps": r["steps"], "global_batch": gb,
+            "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
+            "loop_samples_per_s": loop_samples_per_s(r["steps"], gb, r["step_times"][-1] - r["train_start"]),
+            "loop_time_s": r["step_times"][-1] - r["train_start"], "test_accuracy": r["test"]["accuracy"],
+            "test_macro_f1": r["test"]["macro_f1"], "test_samples": r["test"]["samples"], "train_loss": r.get("train_loss")}
+
+
+def compare(a: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // a.nproc)),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
+        tmp = Path(tmp_s)
+        jobs = [("ours", lambda: run_ours(a, tmp, env)),
+                ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, [])),
+                ("seed", lambda: run_script("seed loop (fp32, pad to 128)", "seed_loop", a, tmp, env, []))]
+        for key, job in jobs:
+            if key not in a.runs:
+                continue
+            print(f"[compare] {key} ...", flush=True)
+            started = time.time()
+            row = job()
+            row["key"], row["wall_s"] = key, time.time() - started
+            print(f"[compare] {key}: {row['steady_samples_per_s']:.1f} samples/s steady, test accuracy "
+                  f"{100 * row['test_accuracy']:.2f}% (wall {row['wall_s']:.0f} s)", flush=True)
+            rows.append(row)
+    ours = next((r for r in rows if r["key"] == "ours"), None)
+    for r in rows:
+        r["ours_over_this"] = ratio(ours["steady_samples_per_s"], r["steady_samples_per_s"]) if ours else None
+    return {"rows": rows}
+
+
+# ---------------------------------------------------------------------- ablation
+ABLATION_STEPS = [
+    # (label, scaling-worker flags, config overrides): cumulative, from the seed's settings to ours
+    ("seed settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
+     ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
+    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
+    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "true"]),
+    ("+ bf16 autocast", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "true", "--group_by_length", "true"]),
+    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], ["--bf16", "true", "--group_by_length", "true"]),
+    ("+ no per-step host reads (= distrinews train)", ["--optimizer", "fused"], ["--bf16", "true", "--group_by_length", "true"]),
+]
+
+
+def ablation(a: argparse.Namespace) -> dict[str, Any]:
+    from distrinews.bench import scaling
+
+    rows, previous = [], None
+    for label, flags, overrides in ABLATION_STEPS:
+        parser = argparse.ArgumentParser()
+        scaling.add_arguments(parser)
+        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", "1", "--no-sync-probe", "0",
+                                  "--config", str(ROOT / "configs" / "cpu-quick.yaml"), *flags])
+        args.cores_per_worker = max(1, len(os.sched_getaffinity(0)) // a.nproc)
+        args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
+        extra = [*overrides, "--model_name_or_path", a.model, "--max_length", str(a.max_length)]
+        print(f"[ablation] {label} ...", flush=True)
+        p = scaling.run_point(args, a.nproc, None, extra)  # the config's default bucket size
+        row = {"label": label, "samples_per_s": p["samples_per_s"], "tokens_per_s": p["tokens_per_s"],
+               "padded_tokens_per_s": p["padded_tokens_per_s"], "step_ms": p["step_ms"], "phases_ms": p["phases_ms"],
+               "mfu": p["mfu"], "peak": p["peak"]}
+        row["gain_over_previous"] = ratio(row["samples_per_s"], previous["samples_per_s"]) if previous else None
+        row["gain_over_seed_settings"] = ratio(row["samples_per_s"], rows[0]["samples_per_s"]) if rows else 1.0
+        print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
+        rows.append(row)
+        previous = row
+    return {"rows": rows, "steps": a.ablation_steps, "workers": a.nproc}
+
+
+# ---------------------------------------------------------------------- reporting
+def markdown(report: dict[str, Any]) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [f"# Training speed side by side ({report['date']})", "",
+             f"Machine: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}. Command: `{report['command']}`", ""]
+    if "compare" in report:
+        lines += [f"Model {s['model']}, {s['train_samples']:,} training rows (seeded stratified sample), {s['nproc']} processes x "
+                  f"batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
+                  f"DDP over gloo, one thread per process. Test: "
+                  + ("the full 7,600-row test split" if not s["eval_samples"] else f"a seeded stratified sample of {s['eval_samples']:,} test rows")
+                  + ", the same exact evaluator for all three. Steady samples/s from the end of step "
+                  f"{s['warmup_step']} to the last step.", "",
+                  "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | test accuracy | macro-F1 | train loss |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["compare"]["rows"]:
+            lines.append(f"| {r['name']} | {r['steps']} | {r['steady_samples_per_s']:.1f} | {r['loop_samples_per_s']:.1f} | "
+                         f"{r['ours_over_this']:.2f}x | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | "
+                         f"{r['train_loss']:.4f} |")
+        lines.append("")
+    if "ablation" in report:
+        ab = report["ablation"]
+        lines += [f"## What each optimisation gives ({ab['workers']} workers x 1 core, pinned, {ab['steps']} timed steps, "
+                  f"batch {s['batch_size']}/worker, cpu-quick rows)", "",
+                  "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous | over seed settings | MFU |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in ab["rows"]:
+            gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
+            lines.append(f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
+                         f"{r['step_ms']:.0f} | {gp} | {r['gain_over_seed_settings']:.2f}x | {100 * r['mfu']:.1f}% |")
+        lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("compare", "ablation") if k in report]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        if key == "compare":
+            rows = report["compare"]["rows"]
+            bars = ax.bar([r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0")
+            for b, r in zip(bars, rows):
+                ax.annotate(f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+            ax.set_ylabel("training samples/s (steady)")
+            ax.set_title("same model, rows, batch, steps, machine")
+        else:
+            rows = report["ablation"]["rows"]
+            ax.barh([r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C1")
+            ax.set_xlabel("samples/s")
+            ax.set_title("cumulative optimisations")
+            ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--what", default="compare,ablation", help="compare, ablation, or both (comma-separated)")
+    p.add_argument("--runs", default="ours,trainer,seed", help="which of ours,trainer,seed to compare")
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--train-samples", type=int, default=3200)
+    p.add_argument("--eval-samples", type=int, default=None, help="stratified test sample (default: all 7,600 rows)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
+    p.add_argument("--ablation-steps", type=int, default=50)
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--output-dir", default="runs/bench")
+    p.add_argument("--name", default="compare-training")
+    a = p.parse_args()
+    a.runs = [r.strip() for r in a.runs.split(",")]
+    what = {w.strip() for w in a.what.split(",")}
+
+    from distrinews.bench.scaling import machine_description
+
+    report: dict[str, Any] = {"command": "python bench/compare_training.py " + " ".join(sys.argv[1:]),
+                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_description(),
+                              "settings": {k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size",
+                                                                      "max_length", "nproc", "warmup_step")}}
+    if "compare" in what:
+        report["compare"] = compare(a)
+    if "ablation" in what:
+        report["ablation"] = ablation(a)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / a.name
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    md = markdown(report)
+    stem.with_suffix(".md").write_text(md)
+    plot(report, stem.with_suffix(".png"))
+    print(md)
+    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
+
+
+if __name__ == "__main__":
+    main()

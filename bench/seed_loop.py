@@ -1,0 +1,145 @@
+"""The seed's own training loop (003_d2ea3caf0b11520d.txt, training/train_ddp.py), for speed comparisons.
+
+What makes it the seed's: a Dataset that tokenizes each row when it is fetched and pads it to
+max_length (128), fp32 throughout, ``DistributedSampler`` + ``DataLoader``, ``DDP(model)`` with its
+defaults, ``AdamW(model.parameters())`` (one parameter group, torch's default implementation),
+``get_linear_schedule_with_warmup``, and an ``AverageMeter`` fed ``loss.item()`` and the batch
+accuracy every step. What it shares with ours so the comparison is fair: the same rows (our
+loader and seeded stratified sample), the same model and head initialisation (``build_model``),
+the same learning rate, warm-up, weight decay, clipping, batch size and number of steps; and the
+same exact evaluator on the test split afterwards.
+
+Run under torchrun (``bench/compare_training.py`` does):
+    torchrun --nproc-per-node 2 bench/seed_loop.py --train-samples 3200 --result out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from transformers import get_linear_schedule_with_warmup
+
+from distrinews.config import TrainConfig
+from distrinews.data import load_split, stratified_sample, tokenize_cached
+from distrinews.distributed import DistEnv
+from distrinews.evaluation import evaluate
+from distrinews.model import build_model, build_tokenizer
+
+
+class AGNewsDataset(Dataset):
+    """The seed's dataset: tokenizes on every fetch, every row padded to max_length."""
+
+    def __init__(self, texts, labels, tokenizer, max_length=128):
+        self.texts, self.labels, self.tokenizer, self.max_length = texts, labels, tokenizer, max_length
+
+    def __len__(self):
+        return len(self.texts)
+
+    def __getitem__(self, idx):
+        enc = self.tokenizer(self.texts[idx], truncation=True, padding="max_length", max_length=self.max_length, return_tensors="pt")
+        return {"input_ids": enc["input_ids"].squeeze(0), "attention_mask": enc["attention_mask"].squeeze(0),
+                "labels": torch.tensor(self.labels[idx], dtype=torch.long)}
+
+
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0.0, 0
+
+    def update(self, value, n=1):
+        self.sum += value * n
+        self.count += n
+
+    @property
+    def avg(self):
+        return self.sum / max(1, self.count)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--data", default=None)
+    p.add_argument("--train-samples", type=int, default=3200)
+    p.add_argument("--eval-samples", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.06)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--result", required=True)
+    args = p.parse_args()
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world > 1:
+        dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    try:
+        tokenizer = build_tokenizer(args.model)
+        raw = load_split(args.data, "train")
+        raw = raw.subset(stratified_sample(raw.labels, args.train_samples, args.seed))
+        dataset = AGNewsDataset(raw.texts, raw.labels, tokenizer, args.max_length)
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=0)
+
+        model = build_model(args.model, seed=args.seed).to(device)
+        ddp_model = DDP(model) if world > 1 else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+        total_steps = len(loader)
+        scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total_steps), total_steps)
+        criterion = nn.CrossEntropyLoss()
+
+        torch.manual_seed(args.seed + rank)
+        ddp_model.train()
+        sampler.set_epoch(0)
+        losses, accs = AverageMeter(), AverageMeter()
+        step_times = []
+        started = time.time()
+        for batch in loader:
+            input_ids, attention_mask, labels = (batch[k].to(device) for k in ("input_ids", "attention_mask", "labels"))
+            optimizer.zero_grad()
+            logits = ddp_model(input_ids=input_ids, attention_mask=attention_mask).logits
+            loss = criterion(logits, labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            losses.update(loss.item(), labels.size(0))
+            accs.update((logits.argmax(dim=1) == labels).float().mean().item(), labels.size(0))
+            step_times.append(time.time())
+        train_time = time.time() - started
+
+        env = DistEnv(rank, local_rank, world, world, device, "gloo" if world > 1 else None)
+        eval_config = TrainConfig(per_device_eval_batch_size=128, max_length=args.max_length, bf16=False)
+        test_raw = load_split(args.data, "test")
+        test_raw = test_raw.subset(stratified_sample(test_raw.labels, args.eval_samples, args.seed))
+        test = tokenize_cached(test_raw, tokenizer, args.max_length, None, build=True) if rank == 0 else None
+        if world > 1:
+            dist.barrier()
+        if rank != 0:
+            test = tokenize_cached(test_raw, tokenizer, args.max_length, None, build=False)
+        metrics = evaluate(model, test, env, eval_config)
+        if rank == 0:
+            with open(args.result, "w") as fh:
+                json.dump({"step_times": step_times, "train_start": started, "train_time_s": train_time, "steps": len(step_times),
+                           "global_batch": args.batch_size * world, "train_loss": losses.avg, "train_accuracy": accs.avg,
+                           "test": metrics, "world_size": world}, fh)
+        if world > 1:
+            dist.barrier()  # rank 0 wrote the result; leave together
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

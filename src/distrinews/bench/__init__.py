@@ -1,0 +1,1 @@
+"""Benchmarks and diagnostics: scaling, collectives, serving, and the model-FLOPs arithmetic (MFU)."""

@@ -1,0 +1,420 @@
+"""``distrinews bench collectives``: collective bandwidth the way nccl-tests reports it, and our model's share.
+
+For a message of S bytes taking t seconds (the slowest rank's mean over the timed iterations):
+
+    algbw = S / t
+    busbw = algbw * factor     all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1
+
+(nccl-tests, doc/PERFORMANCE.md). busbw is comparable across world sizes and with the link's
+bandwidth; algbw is what a caller sees. S is the total buffer: all_gather's output (each rank
+contributes S/n), reduce_scatter's input (each rank keeps S/n), the whole tensor otherwise.
+
+Then our model: gradient bytes a DDP step all-reduces, the measured all-reduce time of that
+payload, the measured forward + backward time of a real batch, and their ratio next to the
+seed's estimate (lesson 04's ``calculate_comm_comp_ratio``, evaluated exactly as written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
+KIB, MIB = 1024, 1024 * 1024
+
+
+# ---------------------------------------------------------------------- arithmetic
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s."""
+    alg = size_bytes / seconds
+    return alg, alg * bus_factor(op, n)
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(f"need 4 <= min ({min_bytes}) <= max ({max_bytes}) and factor >= 2")
+    sizes, s = [], min_bytes
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def iterations_for(size_bytes: int) -> int:
+    """Enough repeats to average out noise on small messages, few on the 256 MiB ones."""
+    return max(3, min(50, (64 * MIB) // max(size_bytes, 1)))
+
+
+def seed_comm_comp_ratio(num_params: int, batch_size: int, world_size: int, seq_len: int = 512,
+                         bandwidth: float = 100e9, compute: float = 100e12) -> dict[str, float]:
+    """Lesson 04's estimate, as written there: note it multiplies the *byte* count (params x 4) by
+    6 x batch x seq_len as FLOPs, assumes 512 tokens, 100 GB/s and 100 TFLOP/s."""
+    param_size = num_params * 4
+    flops = 6 * param_size * batch_size * seq_len
+    comm_bytes = 2 * (world_size - 1) / world_size * param_size
+    comm_time = comm_bytes / bandwidth
+    comp_time = flops / compute
+    return {"comm_s": comm_time, "comp_s": comp_time, "ratio": comm_time / comp_time}
+
+
+def corrected_comm_comp_ratio(grad_bytes: int, train_flops: float, busbw: float, peak_flops: float, world_size: int) -> dict[str, float]:
+    """The same estimate with this machine's inputs: measured busbw at the payload size, the model-FLOPs
+    count of a real batch (not bytes), and the measured per-process peak."""
+    comm_time = bus_factor("all_reduce", world_size) * grad_bytes / busbw
+    comp_time = train_flops / peak_flops
+    return {"comm_s": comm_time, "comp_s": comp_time, "ratio": comm_time / comp_time}
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ---------------------------------------------------------------------- worker
+def _timed(fn, iters: int, warmup: int, sync, env) -> float:
+    """Mean seconds per call on the slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    from ..distributed import barrier
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    barrier(env)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    t = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def make_op(op: str, size_bytes: int, env) -> tuple[Any, str]:
+    """A zero-argument callable running ``op`` on an S-byte float32 buffer, and how it runs."""
+    import torch
+    import torch.distributed as dist
+
+    n, dev = env.world_size, env.device
+    count = max(n, size_bytes // 4 // n * n)
+    if op == "all_reduce":
+        x = torch.ones(count, device=dev)
+        return (lambda: dist.all_reduce(x)), "native"
+    if op == "broadcast":
+        x = torch.ones(count, device=dev)
+        return (lambda: dist.broadcast(x, src=0)), "native"
+    if op == "all_gather":
+        inp, out = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
+        return (lambda: dist.all_gather_into_tensor(out, inp)), "native"
+    if op == "reduce_scatter":
+        inp, out = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
+        try:
+            dist.reduce_scatter_tensor(out, inp)
+            return (lambda: dist.reduce_scatter_tensor(out, inp)), "native"
+        except (RuntimeError, NotImplementedError, ValueError):
+            # Older gloo builds have no reduce_scatter: all_reduce and keep this rank's slice (moves ~2x the data).
+            def emulated() -> None:
+                buf = inp.clone()
+                dist.all_reduce(buf)
+                out.copy_(buf.view(n, -1)[env.rank])
+
+            return emulated, "emulated: all_reduce + slice"
+    raise ValueError(op)
+
+
+def check_op(op: str, env) -> bool:
+    """Each collective gives the right numbers on a small tensor (rank r contributes r + 1)."""
+    import torch
+    import torch.distributed as dist
+
+    n, r, dev = env.world_size, env.rank, env.device
+    total = n * (n + 1) / 2
+    if op == "all_reduce":
+        x = torch.full((8,), r + 1.0, device=dev)
+        dist.all_reduce(x)
+        return bool((x == total).all())
+    if op == "broadcast":
+        x = torch.full((8,), r + 1.0, device=dev)
+        dist.broadcast(x, src=0)
+        return bool((x == 1.0).all())
+    if op == "all_gather":
+        out = torch.empty(2 * n, device=dev)
+        dist.all_gather_into_tensor(out, torch.full((2,), r + 1.0, device=dev))
+        return bool((out == torch.arange(1, n + 1, device=dev, dtype=out.dtype).repeat_interleave(2)).all())
+    if op == "reduce_scatter":
+        inp = torch.full((2 * n,), r + 1.0, device=dev)
+        out = torch.empty(2, device=dev)
+        try:
+            dist.reduce_scatter_tensor(out, inp)
+        except (RuntimeError, NotImplementedError, ValueError):
+            buf = inp.clone()
+            dist.all_reduce(buf)
+            out = buf.view(n, -1)[r]
+        return bool((out == total).all())
+    raise ValueError(op)
+
+
+def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) -> dict[str, Any]:
+    """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from ..config import TrainConfig
+    from ..data import Collator, TrainSampler
+    from ..evaluation import autocast_context
+    from ..model import build_model, count_parameters
+    from ..trainer import prepare_data
+    from .flops import ModelShape, batch_length_stats, peak_for
+
+    config = TrainConfig(model_name_or_path=args.model, train_samples=args.train_samples, max_length=args.max_length,
+                         per_device_train_batch_size=args.batch_size, bf16=args.bf16, output_dir=tempfile.gettempdir())
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    data = prepare_data(config, env)
+    model = build_model(config.model_name_or_path, seed=config.seed).to(env.device).train()
+    params = count_parameters(model)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    payload = torch.ones(grad_bytes // 4, device=env.device)
+    allreduce_s = _timed(lambda: dist.all_reduce(payload), iters=3, warmup=1, sync=sync, env=env)
+    del payload
+
+    sampler = TrainSampler(data.train, env.world_size, env.rank, config.per_device_train_batch_size, config.seed, False)
+    loader = iter(DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler,
+                             collate_fn=Collator(data.train.pad_token_id)))
+    shape, peak = ModelShape.of(model), peak_for(env.device, config.bf16, config.fp16)
+    times, flops = [], []
+    for i in range(args.compute_batches + 1):
+        batch = {k: v.to(env.device) for k, v in next(loader).items()}
+        sync()
+        t = time.perf_counter()
+        with autocast_context(config, env.device):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        F.cross_entropy(logits.float(), batch["labels"]).backward()
+        sync()
+        if i > 0:  # the first is a warm-up
+            times.append(time.perf_counter() - t)
+            tokens, squares = batch_length_stats(batch["attention_mask"]).tolist()
+            flops.append(shape.train_flops(tokens, squares))
+        model.zero_grad(set_to_none=True)
+    t = torch.tensor([statistics.fmean(times)], dtype=torch.float64, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    compute_s = t.item()
+
+    # busbw of all_reduce at the message size nearest the payload, from the table just measured
+    ar = [r for r in table if r["op"] == "all_reduce"]
+    nearest = min(ar, key=lambda r: abs(math.log(r["bytes"] / grad_bytes))) if ar else None
+    measured_busbw = bandwidths("all_reduce", grad_bytes, allreduce_s, env.world_size)[1]
+    return {
+        "model": args.model, "parameters": params, "gradient_bytes": grad_bytes,
+        "per_device_batch": args.batch_size, "bf16": args.bf16, "max_length": args.max_length,
+        "allreduce_s": allreduce_s, "allreduce_busbw": measured_busbw,
+        "forward_backward_s": compute_s, "batch_model_flops": statistics.fmean(flops),
+        "measured_ratio": allreduce_s / compute_s,
+        "seed_estimate": seed_comm_comp_ratio(params, args.batch_size, env.world_size),
+        "corrected_estimate": corrected_comm_comp_ratio(grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size),
+        "table_busbw_near_payload": nearest["busbw"] if nearest else None,
+        "peak": peak.source, "peak_flops": peak.flops,
+    }
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Every rank runs this under torchrun; rank 0 returns the report."""
+    import torch
+
+    from ..distributed import distributed_context
+
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    share = max(1, len(cores) // local_world)
+    if len(cores) >= local_world:  # each rank on its own cores, as in training
+        os.sched_setaffinity(0, cores[local_rank * share:(local_rank + 1) * share])
+    with distributed_context(timeout_s=args.timeout) as env:
+        if not env.distributed:
+            raise SystemExit("bench collectives needs at least 2 processes (--nproc 2)")
+        sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+        sizes = message_sizes(args.min_bytes, args.max_bytes)
+        table = []
+        checks = {}
+        for op in args.ops:
+            checks[op] = check_op(op, env)
+            for size in sizes:
+                fn, how = make_op(op, size, env)
+                actual = max(env.world_size, size // 4 // env.world_size * env.world_size) * 4
+                iters = iterations_for(actual)
+                seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
+                alg, bus = bandwidths(op, actual, seconds, env.world_size)
+                table.append({"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6,
+                              "algbw": alg, "busbw": bus, "how": how})
+                if env.is_main and args.verbose:
+                    print(f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
+                          f"busbw {bus / 1e9:7.3f} GB/s  {how}", flush=True)
+                del fn
+        model = None if args.no_model else model_section(args, env, table)
+        if not env.is_main:
+            return None
+        from .scaling import machine_description
+
+        machine = {**machine_description(), "cores_available": len(cores)}  # before this rank was pinned
+        return {"command": args.command_line, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine,
+                "backend": env.backend, "world_size": env.world_size, "device": str(env.device),
+                "threads_per_process": torch.get_num_threads(), "checks": checks, "table": table, "model": model}
+
+
+# ---------------------------------------------------------------------- reporting
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [f"Collectives on {report['backend']} ({report['device']}), {report['world_size']} processes x "
+             f"{report['threads_per_process']} thread(s), {report['date']}: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}",
+             "", f"`{report['command']}`", "",
+             "Correctness (rank r sends r + 1): " + ", ".join(f"{op} {'OK' if ok else 'WRONG'}" for op, ok in report["checks"].items()),
+             ""]
+    for op in dict.fromkeys(r["op"] for r in report["table"]):
+        rows = [r for r in report["table"] if r["op"] == op]
+        how = {r["how"] for r in rows}
+        lines += [f"### {op} (busbw factor {bus_factor(op, report['world_size']):.3g}" + (f"; {', '.join(sorted(how))}" if how != {"native"} else "") + ")",
+                  "", "| size | time (us) | algbw (GB/s) | busbw (GB/s) |", "|---:|---:|---:|---:|"]
+        lines += [f"| {format_bytes(r['bytes'])} | {r['time_us']:.1f} | {r['algbw'] / 1e9:.3f} | {r['busbw'] / 1e9:.3f} |" for r in rows]
+        lines.append("")
+    mod = report.get("model")
+    if mod:
+        seed, corr = mod["seed_estimate"], mod["corrected_estimate"]
+        lines += [
+            f"### Our model: {mod['model']} ({mod['parameters'] / 1e6:.1f}M parameters), batch {mod['per_device_batch']}/process, bf16 {mod['bf16']}",
+            "",
+            "| quantity | value |", "|---|---:|",
+            f"| gradient payload per step (fp32 gradients) | {format_bytes(mod['gradient_bytes'])} ({mod['gradient_bytes']:,} B) |",
+            f"| measured all-reduce of the payload | {1000 * mod['allreduce_s']:.1f} ms (busbw {mod['allreduce_busbw'] / 1e9:.2f} GB/s) |",
+            f"| measured forward + backward of a real batch | {1000 * mod['forward_backward_s']:.1f} ms |",
+            f"| **measured comm/compute ratio** | **{mod['measured_ratio']:.3f}** |",
+            f"| seed's estimate (lesson 04 formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | {seed['ratio']:.2e} (comm {1000 * seed['comm_s']:.3f} ms, compute {1000 * seed['comp_s']:.1f} ms) |",
+            f"| same formula, this machine's inputs (measured busbw, real-batch model FLOPs, measured peak) | {corr['ratio']:.3f} (comm {1000 * corr['comm_s']:.1f} ms, compute {1000 * corr['comp_s']:.1f} ms) |",
+            "", f"Peak for the corrected estimate: {mod['peak']}.", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for op in dict.fromkeys(r["op"] for r in report["table"]):
+        rows = [r for r in report["table"] if r["op"] == op]
+        ax.plot([r["bytes"] for r in rows], [r["busbw"] / 1e9 for r in rows], "o-", ms=3, label=op)
+    if report.get("model"):
+        ax.axvline(report["model"]["gradient_bytes"], color="gray", ls=":", label="our gradient payload")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"{report['backend']}, {report['world_size']} processes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(report: dict[str, Any], output_dir: str, name: str) -> Path:
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / name
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    md = markdown(report)
+    stem.with_suffix(".md").write_text(md)
+    plot(report, stem.with_suffix(".png"))
+    print(md)
+    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
+    return stem
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..config import ConfigError
+    from ..launch import torchrun_command, under_torchrun
+
+    if extra and not args.worker:
+        raise ConfigError(f"bench collectives: unexpected arguments: {' '.join(extra)}")
+    bad = [op for op in args.ops if op not in OPS]
+    if bad:
+        raise ConfigError(f"bench collectives: unknown op(s) {bad}; choose from {', '.join(OPS)}")
+    try:
+        message_sizes(args.min_bytes, args.max_bytes)
+    except ValueError as exc:
+        raise ConfigError(f"bench collectives: {exc}") from None
+    if args.command_line is None:
+        args.command_line = "distrinews " + " ".join(sys.argv[1:])
+    if under_torchrun():  # launched as `distrinews bench collectives --nproc-per-node N`, or our own workers
+        report = run_worker(args)
+        if report is not None:
+            if args.result:
+                Path(args.result).write_text(json.dumps(report))
+            else:
+                write_outputs(report, args.output_dir, args.name)
+        return 0
+    if args.nproc < 2:
+        raise ConfigError("bench collectives: --nproc must be at least 2")
+    with tempfile.TemporaryDirectory(prefix="distrinews-collectives-") as tmp:
+        result = os.path.join(tmp, "result.json")
+        argv = ["bench", "collectives", "--worker", "--result", result, "--command-line", args.command_line,
+                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--ops", *args.ops,
+                "--model", args.model, "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
+                "--train-samples", str(args.train_samples), "--compute-batches", str(args.compute_batches),
+                "--timeout", str(args.timeout)]
+        argv += (["--bf16"] if args.bf16 else ["--no-bf16"]) + (["--no-model"] if args.no_model else []) + (["--verbose"] if args.verbose else [])
+        cores = len(os.sched_getaffinity(0))
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run(torchrun_command(args.nproc, argv), env=env, timeout=args.timeout + 600)
+        if proc.returncode != 0 or not os.path.exists(result):
+            print(f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
+                  f"--nproc-per-node {args.nproc}` to check the distributed setup", file=sys.stderr)
+            return 1
+        write_outputs(json.loads(Path(result).read_text()), args.output_dir, args.name)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--min-bytes", type=int, default=KIB, help="smallest message (default 1 KiB)")
+    p.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest message (default 256 MiB)")
+    p.add_argument("--ops", nargs="+", default=list(OPS), help=f"collectives to time (default: {' '.join(OPS)})")
+    p.add_argument("--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)")
+    p.add_argument("--no-model", action="store_true", help="skip the model section")
+    p.add_argument("--batch-size", type=int, default=16, help="per-process batch for the compute time")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--train-samples", type=int, default=2000, help="rows to draw the compute batches from")
+    p.add_argument("--compute-batches", type=int, default=5)
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for the compute time")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--output-dir", default="runs/bench")
+    p.add_argument("--name", default="collectives")
+    p.add_argument("--verbose", action="store_true", help="print each row as it is measured")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--command-line", help=argparse.SUPPRESS)

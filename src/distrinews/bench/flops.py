@@ -1,0 +1,149 @@
+"""Model FLOPs and model FLOPs utilisation (MFU): how much of the device's peak the training uses.
+
+Model FLOPs of one training step on a batch of rows with real lengths ``len_i`` (PaLM, appendix B;
+Kaplan et al. 2020, section 2.1):
+
+    6 * N * sum(len_i)  +  12 * L * d * sum(len_i ** 2)
+
+- ``N`` = parameters that take part in matrix multiplies (everything but the embedding tables,
+  whose lookups cost no FLOPs); 2 FLOPs per parameter per token forward, 4 backward.
+- The second term is attention: per layer and sequence, Q @ K^T and softmax(.) @ V are each
+  ``2 * T * T * d`` forward; times 3 for forward + backward. Bidirectional encoder: no causal halving.
+- Only real tokens count. Padding is work the device does but the model does not need, so a loop
+  that pads every row to 128 tokens shows up as a lower MFU, as it should.
+
+The peak is what the device can do at the precision the matmuls run in:
+- CUDA: the vendor's dense (no sparsity) tensor-core figure for the device name, from the table
+  below; a device not in the table gets a measured matmul peak instead.
+- CPU: measured once per process: the best of a few large matmuls at the training dtype with the
+  process's own thread count. It is a measured roofline for this machine (and whatever else was
+  running on it), not a datasheet number.
+``DISTRINEWS_PEAK_TFLOPS`` overrides either (per process, in TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+PEAK_ENV = "DISTRINEWS_PEAK_TFLOPS"
+
+# Dense peak TFLOP/s per GPU by name fragment (first match wins, so longer names first):
+# (bf16/fp16 tensor core, fp32 without TF32). Vendor datasheets, without sparsity.
+GPU_PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H200", 989.0, 67.0),  # also GH200
+    ("H100 NVL", 835.0, 60.0),
+    ("H100 PCIe", 756.0, 51.0),
+    ("H100", 989.0, 67.0),  # SXM: torch names it "NVIDIA H100 80GB HBM3"
+    ("B200", 2250.0, 80.0),
+    ("A100", 312.0, 19.5),
+    ("A800", 312.0, 19.5),
+    ("L40S", 362.0, 91.6),
+    ("L40", 181.0, 90.5),
+    ("L4", 121.0, 30.3),
+    ("A10G", 70.0, 31.2),
+    ("A10", 125.0, 31.2),
+    ("RTX 4090", 165.0, 82.6),
+    ("RTX 3090", 71.0, 35.6),
+    ("V100", 125.0, 15.7),  # fp16 tensor cores; no bf16
+    ("T4", 65.0, 8.1),  # fp16 tensor cores; no bf16 (the seed's Kaggle GPU)
+]
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float  # FLOP/s of one process's device
+    source: str  # how it was taken, for the log and the benchmark notes
+
+
+def gpu_table_peak(name: str, low_precision: bool) -> float | None:
+    """The table's FLOP/s for a device name, or None when the name is not in the table."""
+    for fragment, half, single in GPU_PEAK_TFLOPS:
+        if fragment.lower() in name.lower():
+            return (half if low_precision else single) * 1e12
+    return None
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
+    """Best FLOP/s of ``repeats`` square matmuls (after one warm-up) on this process's threads."""
+    g = torch.Generator().manual_seed(0)  # private: drawing from the global RNG would change the training's dropout masks
+    a = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    inner = 20 if device.type == "cuda" else 1
+    torch.matmul(a, b)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            torch.matmul(a, b)
+        sync()
+        best = min(best, (time.perf_counter() - start) / inner)
+    return 2.0 * size**3 / best
+
+
+@functools.lru_cache(maxsize=None)
+def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, threads: int) -> Peak:
+    """The peak FLOP/s one process can get from its device at ``dtype`` (cached per process)."""
+    override = os.environ.get(PEAK_ENV)
+    if override:
+        return Peak(float(override) * 1e12, f"${PEAK_ENV}={override} TFLOP/s")
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    low = dtype in (torch.bfloat16, torch.float16)
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        table = gpu_table_peak(name, low)
+        if table is not None:
+            return Peak(table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s")
+        measured = measure_matmul_peak(device, dtype, size=4096)
+        return Peak(measured, f"{name}: measured {str(dtype).removeprefix('torch.')} 4096^3 matmul peak (not in the table)")
+    measured = measure_matmul_peak(device, dtype)
+    return Peak(measured, f"CPU: measured {str(dtype).removeprefix('torch.')} 1024^3 matmul peak with {threads} thread(s)")
+
+
+def peak_for(device: torch.device, bf16: bool, fp16: bool) -> Peak:
+    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    return device_peak(device.type, device.index, dtype, torch.get_num_threads())
+
+
+# ---------------------------------------------------------------------- model FLOPs
+@dataclass(frozen=True)
+class ModelShape:
+    matmul_params: int  # N: parameters outside the embedding tables
+    num_layers: int  # L
+    hidden_size: int  # d
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "ModelShape":
+        model = getattr(model, "module", model)
+        embedding_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+        n = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
+        cfg = model.config
+        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or getattr(cfg, "num_layers")
+        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or getattr(cfg, "d_model")
+        return cls(n, int(layers), int(hidden))
+
+    def train_flops(self, tokens: float, sum_squared_lengths: float) -> float:
+        """Model FLOPs of forward + backward over rows with ``sum(len) = tokens``."""
+        return 6.0 * self.matmul_params * tokens + 12.0 * self.num_layers * self.hidden_size * sum_squared_lengths
+
+    def forward_flops(self, tokens: float, sum_squared_lengths: float) -> float:
+        return self.train_flops(tokens, sum_squared_lengths) / 3.0
+
+
+def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world_size: int) -> float:
+    """Achieved model FLOP/s over the peak of all ``world_size`` processes' devices."""
+    if seconds <= 0 or peak_flops_per_process <= 0:
+        return 0.0
+    return model_flops / seconds / (peak_flops_per_process * world_size)
+
+
+def batch_length_stats(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[real tokens, sum of squared real lengths] of a batch, as float64 (stays on the device)."""
+    lengths = attention_mask.sum(dim=1, dtype=torch.float64)
+    return torch.stack([lengths.sum(), lengths.square().sum()])

@@ -1,0 +1,187 @@
+"""The benchmarks' arithmetic: speedup/efficiency, bus-bandwidth factors, MFU and model FLOPs, the seed's estimate."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from conftest import ROOT
+from distrinews.bench import collectives, flops, scaling
+
+
+# ---------------------------------------------------------------------- scaling
+def test_speedup_and_efficiency():
+    assert scaling.speedup(180.0, 100.0) == pytest.approx(1.8)
+    assert scaling.efficiency(1.8, 2) == pytest.approx(0.9)
+    assert scaling.efficiency(3.0, 4, baseline_workers=2) == pytest.approx(1.5)  # ideal from 2 to 4 is 2x
+    assert math.isnan(scaling.speedup(10.0, 0.0))
+
+
+def test_summarize_uses_the_smallest_worker_count_as_baseline():
+    points = [{"workers": 2, "samples_per_s": 93.0, "bucket_cap_mb": 25.0},
+              {"workers": 1, "samples_per_s": 50.0, "bucket_cap_mb": None},
+              {"workers": 4, "samples_per_s": 160.0, "bucket_cap_mb": 25.0}]
+    rows = {r["workers"]: r for r in scaling.summarize(points)}
+    assert rows[1]["speedup"] == pytest.approx(1.0) and rows[1]["efficiency"] == pytest.approx(1.0)
+    assert rows[2]["speedup"] == pytest.approx(1.86) and rows[2]["efficiency"] == pytest.approx(0.93)
+    assert rows[4]["speedup"] == pytest.approx(3.2) and rows[4]["efficiency"] == pytest.approx(0.8)
+
+
+def test_weak_and_strong_batches():
+    assert [scaling.per_worker_batch("weak", 16, None, n) for n in (1, 2, 4)] == [16, 16, 16]
+    assert [scaling.per_worker_batch("strong", 16, 64, n) for n in (1, 2, 4)] == [64, 32, 16]
+    with pytest.raises(ValueError, match="divisible"):
+        scaling.per_worker_batch("strong", 16, 30, 4)
+
+
+def test_core_slices_are_disjoint_and_refuse_oversubscription():
+    assert scaling.core_slices([0, 1, 2, 3], 2, 2) == [[0, 1], [2, 3]]
+    assert scaling.core_slices([4, 5], 2, 1) == [[4], [5]]
+    with pytest.raises(ValueError, match="need 4 cores"):
+        scaling.core_slices([0, 1], 2, 2)
+
+
+# ---------------------------------------------------------------------- collectives
+def test_bus_bandwidth_factors_are_nccl_tests():
+    assert collectives.bus_factor("all_reduce", 2) == pytest.approx(1.0)
+    assert collectives.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert collectives.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert collectives.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert collectives.bus_factor("broadcast", 8) == 1.0
+    alg, bus = collectives.bandwidths("all_reduce", 1_000_000, 0.001, 4)
+    assert alg == pytest.approx(1e9) and bus == pytest.approx(1.5e9)
+    with pytest.raises(ValueError):
+        collectives.bus_factor("gather", 2)
+
+
+def test_message_sizes_cover_1kib_to_256mib():
+    sizes = collectives.message_sizes(collectives.KIB, 256 * collectives.MIB)
+    assert sizes[0] == 1024 and sizes[-1] == 256 * 2**20 and len(sizes) == 19
+    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    assert collectives.iterations_for(1024) == 50 and collectives.iterations_for(256 * 2**20) == 3
+
+
+def test_seed_ratio_is_the_lesson_formula_as_written():
+    # lesson 04: param_size = params * 4 bytes; flops = 6 * param_size * batch * 512; 100 GB/s; 100 TFLOP/s
+    est = collectives.seed_comm_comp_ratio(num_params=1_000_000, batch_size=32, world_size=2)
+    assert est["comm_s"] == pytest.approx(2 * 1 / 2 * 4e6 / 100e9)
+    assert est["comp_s"] == pytest.approx(6 * 4e6 * 32 * 512 / 100e12)
+    assert est["ratio"] == pytest.approx(est["comm_s"] / est["comp_s"])
+    corr = collectives.corrected_comm_comp_ratio(grad_bytes=8e6, train_flops=4e9, busbw=1e9, peak_flops=1e11, world_size=2)
+    assert corr["comm_s"] == pytest.approx(8e-3) and corr["comp_s"] == pytest.approx(0.04) and corr["ratio"] == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------------- MFU
+def _bert(layers=4, hidden=64, heads=4, intermediate=256):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=intermediate, max_position_embeddings=128, num_labels=4, attn_implementation="eager")
+    torch.manual_seed(0)
+    return BertForSequenceClassification(cfg).eval()
+
+
+def test_model_shape_excludes_embedding_tables():
+    model = _bert()
+    shape = flops.ModelShape.of(model)
+    emb = sum(p.numel() for p in model.bert.embeddings.word_embeddings.parameters()) \
+        + sum(p.numel() for p in model.bert.embeddings.position_embeddings.parameters()) \
+        + sum(p.numel() for p in model.bert.embeddings.token_type_embeddings.parameters())
+    assert shape.matmul_params == sum(p.numel() for p in model.parameters()) - emb
+    assert (shape.num_layers, shape.hidden_size) == (4, 64)
+
+
+def test_train_flops_formula():
+    shape = flops.ModelShape(matmul_params=1000, num_layers=2, hidden_size=8)
+    # two rows of 3 and 5 real tokens: 6 N (3 + 5) + 12 L d (9 + 25)
+    assert shape.train_flops(8, 34) == 6 * 1000 * 8 + 12 * 2 * 8 * 34
+    assert shape.forward_flops(8, 34) == pytest.approx(shape.train_flops(8, 34) / 3)
+    stats = flops.batch_length_stats(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    assert stats.tolist() == [8.0, 34.0]
+
+
+def test_forward_flops_match_a_flop_counter():
+    """The formula against torch's own count of matmul FLOPs for one unpadded sequence."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _bert()
+    T = 48
+    ids = torch.randint(5, 1000, (1, T))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    counted = counter.get_total_flops()
+    predicted = flops.ModelShape.of(model).forward_flops(T, T * T)
+    # the formula charges the pooler and classifier for every token, torch counts them once: a few % high
+    assert counted <= predicted <= 1.06 * counted
+
+
+def test_mfu_and_peaks():
+    assert flops.mfu(model_flops=5e12, seconds=10.0, peak_flops_per_process=1e12, world_size=2) == pytest.approx(0.25)
+    assert flops.mfu(1.0, 0.0, 1e12, 1) == 0.0
+    assert flops.gpu_table_peak("NVIDIA H100 80GB HBM3", True) == pytest.approx(989e12)
+    assert flops.gpu_table_peak("NVIDIA H200", True) == pytest.approx(989e12)
+    assert flops.gpu_table_peak("NVIDIA H100 PCIe", True) == pytest.approx(756e12)
+    assert flops.gpu_table_peak("NVIDIA A100-SXM4-80GB", False) == pytest.approx(19.5e12)
+    assert flops.gpu_table_peak("Tesla T4", True) == pytest.approx(65e12)
+    assert flops.gpu_table_peak("Some Future GPU", True) is None
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    measured = flops.measure_matmul_peak(torch.device("cpu"), torch.float32, size=128, repeats=2)
+    assert measured > 0
+    assert torch.equal(torch.rand(3), expected_next), "measuring the peak must not draw from the global RNG"
+
+
+def test_peak_override(monkeypatch):
+    monkeypatch.setenv(flops.PEAK_ENV, "2.5")
+    flops.device_peak.cache_clear()
+    try:
+        peak = flops.peak_for(torch.device("cpu"), bf16=True, fp16=False)
+        assert peak.flops == pytest.approx(2.5e12) and flops.PEAK_ENV in peak.source
+    finally:
+        flops.device_peak.cache_clear()
+
+
+# ---------------------------------------------------------------------- compare_training.py
+def _compare_module():
+    spec = importlib.util.spec_from_file_location("compare_training", ROOT / "bench" / "compare_training.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compare_throughput_arithmetic():
+    ct = _compare_module()
+    times = {10: 100.0, 20: 110.0, 30: 120.0}  # 20 steps of 32 rows in 20 s after step 10
+    assert ct.steady_samples_per_s(times, 32, 10) == pytest.approx(32.0)
+    assert ct.loop_samples_per_s(100, 32, 50.0) == pytest.approx(64.0)
+    assert ct.ratio(66.0, 60.0) == pytest.approx(1.1)
+    with pytest.raises(ValueError):
+        ct.steady_samples_per_s({5: 1.0, 6: 2.0}, 32, 10)
+
+
+def test_cuda_peak_comes_from_the_table_by_device_name(monkeypatch):
+    """The GPU branch without a GPU: the device name picks the datasheet figure for the precision."""
+    monkeypatch.delenv(flops.PEAK_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    flops.device_peak.cache_clear()
+    try:
+        bf16 = flops.device_peak("cuda", 0, torch.bfloat16, 1)
+        fp32 = flops.device_peak("cuda", 0, torch.float32, 1)
+    finally:
+        flops.device_peak.cache_clear()
+    assert bf16.flops == pytest.approx(312e12) and "A100" in bf16.source and "datasheet" in bf16.source
+    assert fp32.flops == pytest.approx(19.5e12)
+
+
+def test_ddp_bucket_default_depends_on_the_device():
+    from distrinews.config import TrainConfig
+    from distrinews.trainer import ddp_bucket_cap_mb
+
+    assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
+    assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays
+    assert ddp_bucket_cap_mb(TrainConfig(ddp_bucket_cap_mb=5), torch.device("cpu")) == 5.0

@@ -1,0 +1,98 @@
+"""The benchmark commands run end to end (tiny model, few steps, small messages) and report consistent figures.
+
+Timings are never asserted: only that the tools ran, wrote their files, and that their figures
+agree with their own arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import CONFIGS, run_cli
+from distrinews.bench import collectives
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_help_lists_the_tools():
+    import importlib.util
+
+    out = run_cli("bench", "--help").stdout
+    assert "scaling" in out and "collectives" in out
+    assert ("serving" in out) == (importlib.util.find_spec("distrinews.bench.serving") is not None)
+
+
+def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir):
+    run_cli("bench", "scaling", "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--no-sync-probe", "1",
+            "--config", str(CONFIGS / "tiny.yaml"), "--train_samples", "96", "--max_length", "32", "--ddp_comm_hook", "bf16",
+            "--output-dir", str(tmp_path), "--name", "weak")
+    report = json.loads((tmp_path / "weak.json").read_text())
+    assert (tmp_path / "weak.md").read_text().count("| 1 x 1 |") == 1
+    assert (tmp_path / "weak.png").stat().st_size > 1000
+    points = {p["workers"]: p for p in report["points"]}
+    assert set(points) == {1, 2}
+    one, two = points[1], points[2]
+    assert one["speedup"] == pytest.approx(1.0) and one["efficiency"] == pytest.approx(1.0)
+    assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    # weak scaling: per-worker batch fixed, global batch doubles; 2 steps x global batch rows were timed
+    assert one["per_worker_batch"] == two["per_worker_batch"] == 16 and two["global_batch"] == 32
+    assert sum(r["samples"] for r in two["ranks"]) == 2 * 32
+    assert two["samples_per_s"] == pytest.approx(64 / two["elapsed_s"])
+    # each worker pinned to its own core, one thread
+    cores = [tuple(r["cores"]) for r in two["ranks"]]
+    assert len(set(cores)) == 2 and all(len(c) == 1 for c in cores) and all(r["threads"] == 1 for r in two["ranks"])
+    assert set(two["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
+    assert two["exposed_allreduce_ms"] == pytest.approx(two["backward_sync_probe_ms"] - two["backward_no_sync_ms"])
+    assert one["exposed_allreduce_ms"] is None and one["bucket_cap_mb"] is None
+    assert two["ddp_comm_hook"] == "bf16" and "100 (bf16 comm)" in (tmp_path / "weak.md").read_text()
+    assert 0 < two["mfu"] < 1
+
+
+def test_scaling_rejects_bad_input_before_starting_workers():
+    proc = run_cli("bench", "scaling", "--nproc", "1,8", "--cores-per-worker", "4", check=False)
+    assert proc.returncode == 2 and "need 32 cores" in proc.stderr
+    proc = run_cli("bench", "scaling", "--nproc", "1,2", "--config", str(CONFIGS / "tiny.yaml"), "--ddp_comm_hook", "int4", check=False)
+    assert proc.returncode == 2 and "ddp_comm_hook" in proc.stderr
+
+
+def test_collectives_table_and_model_section(tmp_path, agnews_dir):
+    run_cli("bench", "collectives", "--nproc", "2", "--max-bytes", "4096", "--model", "tiny-random",
+            "--train-samples", "64", "--compute-batches", "1", "--max-length", "32",
+            "--output-dir", str(tmp_path), "--name", "coll")
+    report = json.loads((tmp_path / "coll.json").read_text())
+    assert report["backend"] == "gloo" and report["world_size"] == 2
+    assert report["checks"] == {op: True for op in collectives.OPS}
+    for op in collectives.OPS:
+        rows = [r for r in report["table"] if r["op"] == op]
+        assert [r["bytes"] for r in rows] == [1024, 2048, 4096]
+        for r in rows:
+            assert r["algbw"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6))
+            assert r["busbw"] == pytest.approx(r["algbw"] * collectives.bus_factor(op, 2))
+    model = report["model"]
+    from distrinews.model import build_model
+
+    params = sum(p.numel() for p in build_model("tiny-random").parameters())
+    assert model["gradient_bytes"] == 4 * params and model["parameters"] == params
+    assert model["measured_ratio"] == pytest.approx(model["allreduce_s"] / model["forward_backward_s"])
+    assert model["seed_estimate"] == pytest.approx(collectives.seed_comm_comp_ratio(params, 16, 2))
+    md = (tmp_path / "coll.md").read_text()
+    assert "measured comm/compute ratio" in md and "seed's estimate" in md
+    assert (tmp_path / "coll.png").stat().st_size > 1000
+
+
+def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir):
+    from distrinews.config import load_config
+    from distrinews.trainer import train
+
+    config = load_config(CONFIGS / "tiny.yaml", {"train_samples": 64, "eval_samples": 32, "max_steps": 4, "logging_steps": 2,
+                                                  "max_length": 32, "output_dir": str(tmp_path / "run"),
+                                                  "report_to_tensorboard": False, "disable_tqdm": True})
+    train(config)
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    logged = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in logged] == [2, 4]
+    for r in logged + [next(r for r in records if r["kind"] == "epoch")]:
+        assert r["samples_per_s"] > 0 and r["tokens_per_s"] > r["samples_per_s"] and 0 < r["mfu"] < 1

@@ -1,0 +1,70 @@
+"""``distrinews doctor``: passes on a healthy setup, and fails with advice a person can act on."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from conftest import run_cli
+from distrinews import doctor
+
+pytestmark = pytest.mark.slow
+
+
+def test_healthy_two_process_rendezvous(tmp_path):
+    proc = run_cli("doctor", "--nproc", "2", "--bandwidth-mb", "1", "--timeout", "60", "--json", str(tmp_path / "d.json"))
+    out = proc.stdout
+    assert "torch " in out and "backends: distributed yes, gloo yes" in out
+    assert "free port found: 127.0.0.1:" in out
+    assert "rendezvous of 2 processes (gloo" in out
+    for op in ("all_reduce", "all_gather", "broadcast"):
+        assert f"[ OK ] {op} correct on every rank" in out
+    assert "busbw" in out and "All checks passed." in out
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["ok"] is True and report["advice"] == []
+    ranks = report["rendezvous"]
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["checks"]["all_reduce"]["got"] == 3.0
+
+
+def test_port_in_use_is_named_with_advice():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run_cli("doctor", "--nproc", "2", "--port", str(port), "--timeout", "5", check=False)
+    assert proc.returncode == 1
+    assert f"[FAIL] port {port} on 127.0.0.1 cannot be bound" in proc.stdout
+    assert "What to do:" in proc.stdout and f"ss -ltnp | grep :{port}" in proc.stdout and "pick another port" in proc.stdout
+
+
+def test_a_rank_that_never_joins_times_out_with_advice():
+    proc = run_cli("doctor", "--nproc", "2", "--start-ranks", "1", "--timeout", "4", check=False)
+    assert proc.returncode == 1
+    assert "started 1 of 2 ranks" in proc.stdout
+    assert "failed in phase 'rendezvous'" in proc.stdout
+    assert "rank(s) 1 never joined the rendezvous" in proc.stdout and "within 4s" in proc.stdout
+    assert "same MASTER_ADDR:MASTER_PORT" in proc.stdout
+
+
+def test_under_torchrun_with_nproc_per_node():
+    proc = run_cli("doctor", "--bandwidth-mb", "1", nproc=2)
+    assert proc.stdout.count("distrinews doctor") == 1  # rank 0 reports, once
+    assert "torchrun launched 2 processes" in proc.stdout
+    assert "[ OK ] all_reduce correct on every rank (got 3.0, expected 3.0)" in proc.stdout
+    assert "All checks passed." in proc.stdout
+
+
+def test_advice_for_each_failure_kind():
+    in_use = doctor.advise("rendezvous", "RuntimeError: [Errno 98] Address already in use", "127.0.0.1", 29500, 30, [])
+    assert "29500" in in_use and "in use" in in_use and "free port" in in_use
+    missing = doctor.advise("rendezvous", "DistStoreError: Timed out after 30 seconds waiting for clients. 1/2 clients joined.",
+                            "10.0.0.1", 29500, 30, [1])
+    assert "rank(s) 1 never joined" in missing and "10.0.0.1:29500" in missing and "firewall" in missing
+    timeout = doctor.advise("all_reduce", "timed out", "10.0.0.1", 29500, 30, [])
+    assert "timed out after 30s during 'all_reduce'" in timeout and "NCCL_DEBUG=INFO" in timeout
+    nccl = doctor.advise("all_reduce", "NCCL error: unhandled system error", "h", 1, 30, [])
+    assert "CUDA_VISIBLE_DEVICES" in nccl and "NCCL_DEBUG=INFO" in nccl
+    free, _ = doctor.port_free("127.0.0.1", 0)
+    assert free
