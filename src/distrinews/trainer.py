@@ -218,12 +218,12 @@ def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
 
     # -- the loop
     model.train()
+    shape, peak = ModelShape.of(raw_model), peak_for(env.device, config.bf16, config.fp16)
+    say(f"MFU peak:             {peak.source}")
     progress = tqdm(total=total_steps, initial=state["global_step"], disable=not env.is_main or config.disable_tqdm,
                     desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
     # loss sum, correct, samples, real tokens, sum of squared lengths (attention FLOPs) since the last log
     window = torch.zeros(5, dtype=torch.float64, device=env.device)
-    shape, peak = ModelShape.of(raw_model), peak_for(env.device, config.bf16, config.fp16)
-    say(f"MFU peak:             {peak.source}")
     history: list[dict[str, Any]] = []
     start_epoch = state["epoch"]
     window_started = time.perf_counter()
