@@ -241,7 +241,7 @@ def main() -> None:
     a.runs = [r.strip() for r in a.runs.split(",")]
     what = {w.strip() for w in a.what.split(",")}
 
-    from distrinews.bench.scaling import machine_description
+    from distrinews.bench.report import machine_description, write_report
 
     report: dict[str, Any] = {"command": "python bench/compare_training.py " + " ".join(sys.argv[1:]),
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_description(),
@@ -251,15 +251,7 @@ def main() -> None:
         report["compare"] = compare(a)
     if "ablation" in what:
         report["ablation"] = ablation(a)
-    out = Path(a.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / a.name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    md = markdown(report)
-    stem.with_suffix(".md").write_text(md)
-    plot(report, stem.with_suffix(".png"))
-    print(md)
-    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
+    write_report(report, a.output_dir, a.name, markdown, plot)
 
 
 if __name__ == "__main__":

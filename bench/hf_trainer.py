@@ -24,6 +24,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
+from common import comparison_parser  # bench/common.py, beside this script
+
 from distrinews.config import TrainConfig
 from distrinews.data import load_split, stratified_sample, tokenize_cached
 from distrinews.distributed import DistEnv
@@ -57,21 +59,9 @@ class StepClock(TrainerCallback):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--data", default=None)
-    p.add_argument("--train-samples", type=int, default=3200)
-    p.add_argument("--eval-samples", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--learning-rate", type=float, default=1e-4)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p = comparison_parser(__doc__.splitlines()[0])
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--result", required=True)
     args = p.parse_args()
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

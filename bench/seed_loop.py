@@ -15,7 +15,6 @@ Run under torchrun (``bench/compare_training.py`` does):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,6 +26,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
+
+from common import comparison_parser  # bench/common.py, beside this script
 
 from distrinews.config import TrainConfig
 from distrinews.data import load_split, stratified_sample, tokenize_cached
@@ -64,19 +65,7 @@ class AverageMeter:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--data", default=None)
-    p.add_argument("--train-samples", type=int, default=3200)
-    p.add_argument("--eval-samples", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--learning-rate", type=float, default=1e-4)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--result", required=True)
+    p = comparison_parser(__doc__.splitlines()[0])
     args = p.parse_args()
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

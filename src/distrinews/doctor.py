@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import errno
 import json
 import os
 import socket

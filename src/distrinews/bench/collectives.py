@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .report import write_report
+
 OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
 KIB, MIB = 1024, 1024 * 1024
 
@@ -277,7 +279,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         model = None if args.no_model else model_section(args, env, table)
         if not env.is_main:
             return None
-        from .scaling import machine_description
+        from .report import machine_description
 
         machine = {**machine_description(), "cores_available": len(cores)}  # before this rank was pinned
         return {"command": args.command_line, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine,
@@ -342,19 +344,6 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write_outputs(report: dict[str, Any], output_dir: str, name: str) -> Path:
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    md = markdown(report)
-    stem.with_suffix(".md").write_text(md)
-    plot(report, stem.with_suffix(".png"))
-    print(md)
-    print(f"wrote {stem}.json, {stem}.md, {stem}.png")
-    return stem
-
-
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
     from ..launch import torchrun_command, under_torchrun
@@ -376,7 +365,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             if args.result:
                 Path(args.result).write_text(json.dumps(report))
             else:
-                write_outputs(report, args.output_dir, args.name)
+                write_report(report, args.output_dir, args.name, markdown, plot)
         return 0
     if args.nproc < 2:
         raise ConfigError("bench collectives: --nproc must be at least 2")
@@ -395,7 +384,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
                   f"--nproc-per-node {args.nproc}` to check the distributed setup", file=sys.stderr)
             return 1
-        write_outputs(json.loads(Path(result).read_text()), args.output_dir, args.name)
+        write_report(json.loads(Path(result).read_text()), args.output_dir, args.name, markdown, plot)
     return 0
 
 

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from .report import machine_description, write_report
+
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -352,37 +354,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     rows = summarize(points)
     report = {"command": "distrinews " + " ".join(sys.argv[1:]), "mode": args.mode, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "machine": machine_description(), "points": rows}
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / args.name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    md = markdown_table(report)
-    stem.with_suffix(".md").write_text(md)
-    plotted = plot(report, stem.with_suffix(".png"))
-    print(md)
-    print(f"wrote {stem}.json, {stem}.md" + (f", {stem}.png" if plotted else " (no PNG: matplotlib missing)"))
+    write_report(report, args.output_dir, args.name, markdown_table, plot)
     return 0
 
 
 # ---------------------------------------------------------------------- reporting
-def machine_description() -> dict[str, Any]:
-    import platform
-
-    import torch
-
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info = {"cpu": cpu, "cores_available": len(os.sched_getaffinity(0)), "torch": torch.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version()}
-    if torch.cuda.is_available():
-        info["gpu"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
 def markdown_table(report: dict[str, Any]) -> str:
     lines = [f"Scaling ({report['mode']}), {report['date']}: {report['machine']['cpu']}, "
              f"{report['machine']['cores_available']} cores, torch {report['machine']['torch']}",

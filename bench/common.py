@@ -1,0 +1,22 @@
+"""What the comparison scripts share, so that they are set up identically: the same options and defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def comparison_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--data", default=None)
+    p.add_argument("--train-samples", type=int, default=3200)
+    p.add_argument("--eval-samples", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.06)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--result", required=True)
+    return p
