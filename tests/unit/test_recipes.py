@@ -141,8 +141,18 @@ def test_readme_names_every_recipe_and_the_image_placeholder():
         assert path in section
         assert (DEPLOY / path).is_file()
     assert IMAGE in section
-    for var in sorted(TRAINER_RESERVED_ENV | {"PET_MAX_RESTARTS"}):
-        assert var in section, f"the PET_* table does not mention {var}"
+
+
+def test_readme_table_maps_each_layout_flag_to_its_pet_variable():
+    rows = {}
+    for line in readme_section().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and re.fullmatch(r"`--[a-z-]+`", cells[0]):
+            rows[cells[0].strip("`")] = re.findall(r"`(PET_[A-Z_]+)`", cells[1])
+    assert set(rows) == LAYOUT_FLAGS
+    for flag, variables in rows.items():
+        # torchrun's rule (torch.distributed.argparse_util.env): --foo-bar reads PET_FOO_BAR.
+        assert variables[:1] == ["PET_" + flag[2:].upper().replace("-", "_")], (flag, variables)
 
 
 # ----------------------------------------------------------------------------- manifests
