@@ -444,7 +444,7 @@ def test_sbatch_activates_venv_and_refuses_without_distrinews(slurm, tmp_path):
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\nexport DISTRINEWS_VENV_ACTIVE=1\n')
+    (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
     _write_exe(venv / "bin" / "distrinews", FAKE_DISTRINEWS)
     proc, argv = slurm(env={"VENV": str(venv)}, distrinews=False)
     assert proc.returncode == 0, proc.stderr
