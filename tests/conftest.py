@@ -1,17 +1,25 @@
-"""Shared test setup: offline hub, the shared AG News copy, a private token cache, and a CLI runner."""
+"""Shared test setup: offline hub, the shared AG News copy, a private token cache, and fixtures.
+
+``tests/unit`` runs in-process (no subprocess, no torchrun); ``tests/integration`` starts real
+commands, torchrun jobs and servers. Helpers are fixtures: ``cli``, ``write_csv``,
+``spread_checkpoint``, ``start_server``.
+"""
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
 SHARED_DATA = Path(os.environ.get("DISTRINEWS_DATA") or ROOT.parent / "shared" / "data" / "ag_news")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -22,7 +30,20 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     os.environ["DISTRINEWS_CACHE"] = str(tmp_path_factory.mktemp("token-cache"))
-    os.environ.pop("DISTRINEWS_DATA", None) if not SHARED_DATA.is_dir() else os.environ.__setitem__("DISTRINEWS_DATA", str(SHARED_DATA))
+    if SHARED_DATA.is_dir():
+        os.environ["DISTRINEWS_DATA"] = str(SHARED_DATA)
+    else:
+        os.environ.pop("DISTRINEWS_DATA", None)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def configs_dir() -> Path:
+    return ROOT / "configs"
 
 
 @pytest.fixture(scope="session")
@@ -33,23 +54,120 @@ def agnews_dir() -> Path:
     return SHARED_DATA
 
 
-def write_csv(path: Path, rows: list[tuple], gz: bool = False) -> Path:
-    import csv
-    import io
+@pytest.fixture(scope="session")
+def write_csv():
+    """``write_csv(path, rows, gz=False)``: AG News-style CSV (every field quoted, no header)."""
 
-    buf = io.StringIO()
-    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
-    data = buf.getvalue().encode()
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
+    def write(path: Path, rows: list[tuple], gz: bool = False) -> Path:
+        buf = io.StringIO()
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+        data = buf.getvalue().encode()
+        path.write_bytes(gzip.compress(data) if gz else data)
+        return path
+
+    return write
 
 
-def run_cli(*args: str, nproc: int | None = None, timeout: float = 600, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m distrinews ARGS`` (with ``--nproc-per-node`` when nproc is given), output captured."""
-    cmd = [sys.executable, "-m", "distrinews", *args]
-    if nproc is not None:
-        cmd += ["--nproc-per-node", str(nproc)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
-    return proc
+@pytest.fixture(scope="session")
+def cli():
+    """``cli(*args, nproc=None, timeout=600, check=True, cwd=None, env=None)``: ``python -m distrinews ARGS``, output captured."""
+
+    def run(*args: str, nproc: int | None = None, timeout: float = 600, check: bool = True, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "distrinews", *args]
+        if nproc is not None:
+            cmd += ["--nproc-per-node", str(nproc)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT,
+                              env={**os.environ, **(env or {})})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+        return proc
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def spread_checkpoint():
+    """``spread_checkpoint(path, calibration_texts)``: a servable tiny BERT whose predictions depend on the text.
+
+    The stock tiny model (init std 0.02) maps every text to nearly the same logits, so
+    "same labels" would hold trivially. Larger random weights make the pooled features vary
+    with the input; a head whitened on a few real texts spreads them over all four labels,
+    with confidences from ~0.3 to ~0.99. Deterministic, and built in seconds.
+    """
+    import torch
+
+    from distrinews.checkpoint import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    def build(path: Path, calibration_texts: list[str]) -> Path:
+        model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+        tokenizer = build_tokenizer("tiny-random")
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.normal_(0, 1.5 / module.in_features**0.5, generator=g)
+                    module.bias.normal_(0, 0.5, generator=g)
+                elif isinstance(module, torch.nn.Embedding):
+                    module.weight.normal_(0, 1.0, generator=g)
+            enc = tokenizer(calibration_texts, truncation=True, max_length=64, padding=True, return_tensors="pt")
+            pooled = model.bert(**enc).pooler_output
+            mean, std = pooled.mean(0), pooled.std(0) + 1e-6
+            weight = torch.randn(model.config.num_labels, pooled.shape[1], generator=g) / std / pooled.shape[1] ** 0.5 * 2
+            model.classifier.weight.copy_(weight)
+            model.classifier.bias.copy_(-(weight @ mean))
+        return save_servable(path, model, model.state_dict(), tokenizer, {"max_length": 64, "model_name": "tiny-random-spread"})
+
+    return build
+
+
+class ServerProcess:
+    """``python -m distrinews serve`` on a free loopback port, output in a log file."""
+
+    def __init__(self, checkpoint: Path | None, log_path: Path, *args: str, env: dict[str, str] | None = None):
+        from distrinews.launch import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        target = ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
+        cmd = [sys.executable, "-m", "distrinews", "serve", *target, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode} before it was ready:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server_process():
+    """The ``ServerProcess`` class (``server_process(checkpoint, log_path, *serve_args, env=...)``); the caller stops it."""
+    return ServerProcess

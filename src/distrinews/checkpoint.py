@@ -1,8 +1,11 @@
-"""Checkpoints: resumable ``checkpoints/step-N/``, servable ``best/``, and the seed's single ``.pt`` file.
+"""Checkpoints: resumable ``checkpoints/step-N/``, the servable ``best/``, and the legacy single ``.pt`` file.
 
 Every directory is written under a temporary name and moved into place with ``os.replace``,
 so a kill mid-save leaves the previous checkpoint whole. Tensors are stored as safetensors;
 whatever goes through ``torch.load`` is loaded with ``weights_only=True``.
+
+The legacy ``.pt`` form is the one the reference system (``../shared/seeds``) saved:
+``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``.
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ import random
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import __version__
+from .distributed import DistEnv, all_gather_object
 from .model import LABELS, build_tokenizer
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -53,12 +58,29 @@ def _publish_dir(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def clean_stale_tmp(directory: Path) -> None:
-    """Remove leftovers of saves that were killed midway (never a published checkpoint)."""
-    if directory.is_dir():
-        for p in directory.iterdir():
-            if p.name.startswith((".tmp-", ".old-")):
-                shutil.rmtree(p, ignore_errors=True)
+# ------------------------------------------------------------------ weights
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """A state dict as safetensors; a tensor that aliases an earlier one (tied weights) is stored once."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    unique = {}
+    for name, tensor in weights.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        unique[name] = tensor.detach().contiguous().cpu()
+    save_file(unique, str(path), metadata={"format": "pt"})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load what ``save_weights`` wrote; only aliases of stored tensors may be missing from the file."""
+    state = load_file(str(path), device=str(next(model.parameters()).device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    stored = {own[k].untyped_storage().data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].untyped_storage().data_ptr() not in stored]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
 # ------------------------------------------------------------------ RNG state
@@ -89,32 +111,54 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ resumable checkpoints
-def save_resumable(
-    root: str | os.PathLike,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    scaler: Any,
-    trainer_state: dict[str, Any],
-    rng_states: list[dict[str, Any]],
-    config: dict[str, Any],
-) -> Path:
-    """Write ``root/step-N`` (call on the main process only; ``model`` is the unwrapped module)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step}"
-    tmp = _fresh_tmp(final)
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    if scaler is not None:
-        torch.save(scaler.state_dict(), tmp / "scaler.pt")
-    torch.save(rng_states, tmp / "rng_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "global_step": step}, indent=2))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    _publish_dir(tmp, final)
-    return final
+@dataclass
+class LoadedCheckpoint:
+    trainer_state: dict[str, Any]
+    rng_states: list[dict[str, Any]]  # one per rank of the run that wrote it
+
+    @property
+    def world_size(self) -> int | None:
+        return self.trainer_state.get("world_size")
+
+
+class Checkpointer:
+    """Writes and reads ``root/step-N``. ``save`` is called by every rank (it gathers every rank's
+    RNG state and the full weights, both collectives); only rank 0 writes."""
+
+    def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
+        self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
+
+    def save(self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
+             trainer_state: dict[str, Any]) -> Path | None:
+        rng_states = all_gather_object(capture_rng_state(), self.env)
+        weights = model.full_state_dict()
+        if not self.env.is_main:
+            return None
+        final = self.root / f"step-{step}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = _fresh_tmp(final)
+        save_weights(weights, tmp / "model.safetensors")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if scaler is not None:
+            torch.save(scaler.state_dict(), tmp / "scaler.pt")
+        torch.save(rng_states, tmp / "rng_state.pt")
+        state = {**trainer_state, "global_step": step, "world_size": self.env.world_size}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+        _publish_dir(tmp, final)
+        rotate_checkpoints(self.root, self.limit)
+        return final
+
+    def load(self, path: str | os.PathLike, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> LoadedCheckpoint:
+        path = Path(path)
+        load_weights(model.raw, path / "model.safetensors")
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        if scaler is not None and (path / "scaler.pt").is_file():
+            scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+        rng = torch.load(path / "rng_state.pt", weights_only=True)
+        return LoadedCheckpoint(json.loads((path / "trainer_state.json").read_text()), rng)
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -137,38 +181,32 @@ def rotate_checkpoints(root: str | os.PathLike, limit: int | None) -> list[Path]
     return doomed
 
 
-def resolve_resume(spec: str | None, output_dir: str | os.PathLike) -> Path | None:
-    """``auto`` = the newest checkpoint of this run (None if there is none yet); else a path that must exist."""
+def resolve_resume(spec: str | None, checkpoints: str | os.PathLike) -> Path | None:
+    """``auto`` = the newest checkpoint in ``checkpoints`` (None if there is none yet); else a path that must exist."""
     if spec is None:
         return None
     if spec == "auto":
-        found = list_checkpoints(Path(output_dir) / "checkpoints")
+        found = list_checkpoints(checkpoints)
         return found[-1] if found else None
     path = Path(spec)
     if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"--resume {spec}: not a checkpoint directory (no trainer_state.json); expected runs/<name>/checkpoints/step-N or 'auto'")
+        raise FileNotFoundError(f"--resume {spec}: not a checkpoint directory (no trainer_state.json); "
+                                "expected runs/<name>/checkpoints/step-N or 'auto'")
     return path
 
 
-def load_resumable(path: str | os.PathLike, model, optimizer, scheduler, scaler) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    path = Path(path)
-    load_model(model, str(path / "model.safetensors"), device=str(next(model.parameters()).device))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    if scaler is not None and (path / "scaler.pt").is_file():
-        scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
-    rng = torch.load(path / "rng_state.pt", weights_only=True)
-    state = json.loads((path / "trainer_state.json").read_text())
-    return state, rng
-
-
 # ------------------------------------------------------------------ servable checkpoints
-def save_servable(directory: str | os.PathLike, model: torch.nn.Module, tokenizer, info: dict[str, Any]) -> Path:
-    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config)."""
+def save_servable(directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer,
+                  info: dict[str, Any]) -> Path:
+    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config).
+
+    ``weights`` is the full state dict every rank gathered (``ParallelModel.full_state_dict``);
+    ``model`` supplies the architecture's config and file layout.
+    """
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _fresh_tmp(final)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    model.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     payload = {"label_names": list(LABELS), "package_version": __version__, **info}
     (tmp / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
@@ -176,8 +214,8 @@ def save_servable(directory: str | os.PathLike, model: torch.nn.Module, tokenize
     return final
 
 
-# ------------------------------------------------------------------ the seed's single-file form
-def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
+# ------------------------------------------------------------------ the legacy single-file form
+def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir."""
     model, tokenizer, info = load_for_inference(checkpoint)
     ckpt = Path(checkpoint)
@@ -208,24 +246,24 @@ def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Pat
     return out
 
 
-def _load_seed_pt(path: Path):
+def _load_legacy_pt(path: Path):
     payload = torch.load(path, weights_only=True, map_location="cpu")
     missing = {"model_state_dict", "config"} - set(payload)
     if missing:
-        raise ValueError(f"{path}: not a DistriNews/seed checkpoint (missing {sorted(missing)})")
+        raise ValueError(f"{path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
     cfg = payload["config"]
     hf_config = dict(cfg.get("hf_config") or {})
     if hf_config:
         model_type = hf_config.pop("model_type")
         config = AutoConfig.for_model(model_type, **hf_config)
-    else:  # the seed's own file: only the hub name is known
+    else:  # the reference system's own file: only the hub name is known
         config = AutoConfig.from_pretrained(cfg["model_name"], num_labels=cfg.get("num_labels", len(LABELS)))
     labels = list(cfg.get("label_names") or LABELS)
     config.id2label = dict(enumerate(labels))
     config.label2id = {n: i for i, n in enumerate(labels)}
     model = AutoModelForSequenceClassification.from_config(config)
     state = payload["model_state_dict"]
-    if all(k.startswith("model.") for k in state):  # the seed wrapped the HF model as `self.model`
+    if all(k.startswith("model.") for k in state):  # the reference system wrapped the HF model as `self.model`
         state = {k[len("model."):]: v for k, v in state.items()}
     model.load_state_dict(state, strict=False)
     tok_name = cfg.get("tokenizer") or cfg["model_name"]
@@ -247,23 +285,24 @@ def load_for_inference(path: str | os.PathLike):
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.is_file():
-        model, tokenizer, info = _load_seed_pt(path)
+        model, tokenizer, info = _load_legacy_pt(path)
     elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         info = {**json.loads((path / SERVABLE_INFO).read_text()), "format": "pretrained"}
     elif (path / "trainer_state.json").is_file():
         # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
-        from .config import TrainConfig
+        # Only the fields that define the architecture are read, so checkpoints of other versions load too.
         from .model import build_model
 
-        cfg = TrainConfig.from_dict(json.loads((path / "config.json").read_text()))
-        model = build_model(cfg.model_name_or_path, dropout=cfg.dropout, seed=cfg.seed)
-        load_model(model, str(path / "model.safetensors"))
-        tokenizer = build_tokenizer(cfg.model_name_or_path)
+        cfg = json.loads((path / "config.json").read_text())
+        name = cfg.get("model_name_or_path", "minilm")
+        model = build_model(name, dropout=cfg.get("dropout"), seed=cfg.get("seed", 42))
+        load_weights(model, path / "model.safetensors")
+        tokenizer = build_tokenizer(name)
         state = json.loads((path / "trainer_state.json").read_text())
-        info = {"epoch": state.get("epoch"), "metrics": state.get("last_eval", {}), "max_length": cfg.max_length,
-                "label_names": list(LABELS), "model_name": cfg.model_name_or_path, "format": "resumable"}
+        info = {"epoch": state.get("epoch"), "metrics": state.get("last_eval", {}), "max_length": cfg.get("max_length", 128),
+                "label_names": list(LABELS), "model_name": name, "format": "resumable"}
     elif (path / "config.json").is_file():  # any HF sequence-classification folder
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
         tokenizer = AutoTokenizer.from_pretrained(str(path))

@@ -8,6 +8,7 @@ process group exists, and a bad one fails with a message that names the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -20,6 +21,9 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration value is unknown, ill-typed or out of range; the message names the field."""
+
+
+STRATEGIES = ("ddp", "single")
 
 
 @dataclass
@@ -48,10 +52,11 @@ class TrainConfig:
     seed: int = 42
 
     # distribution
-    strategy: str = "auto"  # auto | single | ddp
+    strategy: str = "ddp"  # ddp (replicas; the plain module with one process) | single (refuses N processes)
     # None: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest, benchmarks/README.md),
     # torch's 25 MB on GPU/nccl, where overlapping the all-reduce with backward pays
     ddp_bucket_cap_mb: float | None = None
+    ddp_timeout: int = 1800  # seconds a collective may wait for the other ranks before the run fails
     ddp_comm_hook: str = "none"  # none | bf16 | fp16: all-reduce gradients compressed to half precision (half the bytes)
     dataloader_num_workers: int = 0
 
@@ -62,6 +67,7 @@ class TrainConfig:
     save_steps: int = 0  # 0 = save a resumable checkpoint at the end of every epoch only
     save_total_limit: int | None = 2
     resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
+    overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
     report_to_tensorboard: bool = True
     cache_dir: str | None = None  # tokenized-data cache; default ~/.cache/distrinews
@@ -75,6 +81,11 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(f"config field '{name}': {what} (got {getattr(self, name)!r})")
 
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                need(math.isfinite(value), f.name, "must be a finite number")
+
         need(self.max_length >= 8, "max_length", "must be at least 8")
         need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
         need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
@@ -85,7 +96,8 @@ class TrainConfig:
         need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
         need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
         need(not (self.bf16 and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
-        need(self.strategy in ("auto", "single", "ddp"), "strategy", "must be one of auto, single, ddp")
+        need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
+        need(self.ddp_timeout >= 1, "ddp_timeout", "must be >= 1 second")
         need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
         need(self.ddp_comm_hook in ("none", "bf16", "fp16"), "ddp_comm_hook", "must be one of none, bf16, fp16")
         need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
@@ -140,6 +152,27 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
         values.update(loaded)
     values.update(overrides or {})
     return TrainConfig.from_dict(values)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``--key value`` / ``--key=value`` pairs into a dict (values stay strings; ``from_dict`` types them)."""
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--") or token == "--":
+            raise ConfigError(f"unexpected argument {token!r}; config overrides are written --field value")
+        key = token[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"config override --{key} needs a value")
+            value = args[i + 1]
+            i += 2
+        overrides[key.replace("-", "_")] = value
+    return overrides
 
 
 # ---------------------------------------------------------------------- helpers
@@ -206,4 +239,4 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     raise bad()
 
 
-__all__ = ["ConfigError", "TrainConfig", "load_config"]
+__all__ = ["STRATEGIES", "ConfigError", "TrainConfig", "load_config", "parse_overrides"]

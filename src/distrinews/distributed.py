@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from .config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -78,6 +80,20 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+class GpuShareError(ConfigError):
+    """More processes on a node than GPUs."""
+
+
+def check_one_gpu_per_process(local_world_size: int) -> None:
+    """Refuse to put two ranks on one GPU: they would share its memory and compute, and nccl forbids it."""
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
+        raise GpuShareError(
+            f"{local_world_size} processes on this node but {gpus} GPU(s) visible: one process per GPU. "
+            f"Use --nproc-per-node {gpus} (or set CUDA_VISIBLE_DEVICES to more GPUs)"
+        )
+
+
 @contextlib.contextmanager
 def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -> Iterator[DistEnv]:
     """Join the process group torchrun describes (if any); always tear it down.
@@ -93,7 +109,8 @@ def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
 
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        check_one_gpu_per_process(local_world_size)
+        torch.cuda.set_device(local_rank)
         device = torch.device("cuda", torch.cuda.current_device())
         backend = "nccl"
     else:
@@ -138,14 +155,6 @@ def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     out: list[Any] = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
-    if not env.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 @contextlib.contextmanager

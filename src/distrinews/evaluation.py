@@ -1,31 +1,26 @@
-"""Exact evaluation: every test row scored by exactly one rank, counts summed across ranks."""
+"""Exact evaluation: every test row scored by exactly one rank, counts summed across ranks.
+
+Nothing here draws from the random number generators, so an evaluation in the middle of
+training leaves the training's dropout masks (and hence a resumed run) untouched.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
+from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
-from .config import TrainConfig
 from .data import Collator, TokenizedDataset, eval_shard
 from .distributed import DistEnv, all_reduce_sum
 from .metrics import classification_metrics, confusion_matrix
-
-
-def autocast_context(config: TrainConfig, device: torch.device):
-    if config.bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if config.fp16:
-        return torch.autocast(device_type=device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
+from .model import forward_loss
+from .precision import Precision
 
 
 @torch.inference_mode()
-def evaluate(model: torch.nn.Module, dataset: TokenizedDataset, env: DistEnv, config: TrainConfig,
-             label_names: tuple[str, ...] | list[str] | None = None) -> dict[str, Any]:
+def evaluate(model: torch.nn.Module, dataset: TokenizedDataset, env: DistEnv, batch_size: int, precision: Precision,
+             progress: bool = False, label_names: Sequence[str] | None = None) -> dict[str, Any]:
     """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size.
 
     ``model`` must be the unwrapped module: ranks see different numbers of batches, so no
@@ -35,16 +30,19 @@ def evaluate(model: torch.nn.Module, dataset: TokenizedDataset, env: DistEnv, co
     model.eval()
     num_labels = model.config.num_labels
     shard = eval_shard(dataset.lengths, env.rank, env.world_size)
-    loader = DataLoader(dataset, batch_size=config.per_device_eval_batch_size, sampler=shard, collate_fn=Collator(dataset.pad_token_id))
+    collate = Collator(dataset.pad_token_id)
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=env.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
-    for batch in loader:
-        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
-        with autocast_context(config, env.device):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logits = logits.float()
-        loss_sum += F.cross_entropy(logits, batch["labels"], reduction="sum").double()
+    # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
+    bar = tqdm(total=len(shard), desc="eval", unit="row", leave=False, disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    for start in range(0, len(shard), batch_size):
+        rows = shard[start : start + batch_size]
+        batch = {k: v.to(env.device, non_blocking=True) for k, v in collate([dataset[i] for i in rows]).items()}
+        loss, logits = forward_loss(model, batch, precision.autocast, reduction="sum")
+        loss_sum += loss.double()
         confusion += confusion_matrix(logits.argmax(-1), batch["labels"], num_labels)
+        bar.update(len(rows))
+    bar.close()
     all_reduce_sum(confusion, env)
     all_reduce_sum(loss_sum, env)
     model.train(was_training)

@@ -1,12 +1,32 @@
-"""``--nproc-per-node N``: start torchrun's launcher ourselves, on a free loopback port."""
+"""Our launcher: ``--nproc-per-node``, ``--nnodes``, ``--rdzv-endpoint``, ``--max-restarts`` ... on our own command.
+
+The command runs torchrun's elastic agent *in this process* (``torch.distributed.run``), not as
+a child: one process owns the workers, so killing the command, even with SIGKILL, takes the
+workers with it (they ask Linux for that, ``distributed.die_with_launcher``), and a failed run
+ends in one line of ours instead of torchrun's traceback. Flags not given here are taken from
+torchrun's own ``PET_*`` environment variables, as torchrun does, so cluster operators that set
+them (Kubeflow Trainer, the PyTorch training operator) need no change to the command.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
-import subprocess
 import sys
+import time
+from typing import Any
+
+# torchrun options our commands pass through (dashes; underscores are accepted on input).
+LAUNCH_FLAGS = ("nproc-per-node", "nnodes", "node-rank", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf",
+                "max-restarts", "master-addr", "master-port", "monitor-interval")
+# Set in the workers of our launcher: the launcher has already checked the run, and collects their errors.
+LAUNCHED_ENV = "DISTRINEWS_LAUNCHED"
+
+
+class LaunchError(ValueError):
+    """A launcher flag is malformed."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -19,34 +39,125 @@ def under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def torchrun_command(nproc: int, argv: list[str], port: int | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... -m distrinews <argv>`` for one node with ``nproc`` processes."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        "--nnodes=1",
-        "--master-addr=127.0.0.1",
-        f"--master-port={port or free_port()}",
-        "-m", "distrinews", *argv,
-    ]
+def split_launch_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Take the torchrun flags out of ``argv``: ``({"nproc-per-node": "2", ...}, the rest)``."""
+    flags: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name = token[2:].split("=", 1)[0].replace("_", "-") if token.startswith("--") else ""
+        if name not in LAUNCH_FLAGS:
+            rest.append(token)
+            i += 1
+            continue
+        if "=" in token:
+            flags[name] = token.split("=", 1)[1]
+            i += 1
+        elif i + 1 < len(argv):
+            flags[name] = argv[i + 1]
+            i += 2
+        else:
+            raise LaunchError(f"--{name} needs a value")
+    _check(flags)
+    return flags, rest
 
 
-def relaunch(nproc: int, argv: list[str]) -> int:
-    """Run this command again as ``nproc`` processes under torchrun; returns the launcher's exit code."""
-    if nproc < 1:
-        raise ValueError(f"--nproc-per-node must be >= 1, got {nproc}")
-    env = dict(os.environ)
-    # torchrun would default every process to one thread (and say so); give each its share instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
-    launcher = subprocess.Popen(torchrun_command(nproc, argv), env=env)
+def _check(flags: dict[str, str]) -> None:
+    for name in ("node-rank", "max-restarts", "master-port", "monitor-interval"):
+        if name in flags and not flags[name].lstrip("-").isdigit():
+            raise LaunchError(f"--{name} expects an integer, got {flags[name]!r}")
+    nproc = flags.get("nproc-per-node")
+    if nproc is not None and not (nproc in ("auto", "cpu", "gpu", "xpu") or (nproc.isdigit() and int(nproc) >= 1)):
+        raise LaunchError(f"--nproc-per-node expects a number >= 1 (or auto, cpu, gpu), got {nproc!r}")
+    nnodes = flags.get("nnodes")
+    if nnodes is not None and not all(part.isdigit() and int(part) >= 1 for part in nnodes.split(":", 1)):
+        raise LaunchError(f"--nnodes expects N or MIN:MAX, got {nnodes!r}")
 
-    def forward(signum, _frame):
-        # torchrun turns SIGTERM/SIGINT into a clean stop of every worker.
-        launcher.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+def wants_launch(flags: dict[str, str]) -> bool:
+    """Start workers when launcher flags were given (or torchrun's PET_* layout is set), unless we are one."""
+    if under_torchrun():
+        return False
+    return bool(flags) or any(os.environ.get(f"PET_{v}") for v in ("NPROC_PER_NODE", "NNODES"))
+
+
+def nproc_per_node(flags: dict[str, str]) -> int | None:
+    raw = flags.get("nproc-per-node") or os.environ.get("PET_NPROC_PER_NODE")
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def torchrun_args(flags: dict[str, str], argv: list[str]):
+    """torchrun's own parsed arguments for ``python -m distrinews <argv>`` on this node."""
+    from torch.distributed.run import get_args_parser
+
+    cli: list[str] = []
+    for name, value in flags.items():
+        cli += [f"--{name}", value]
+    endpoint = flags.get("rdzv-endpoint") or os.environ.get("PET_RDZV_ENDPOINT")
+    if endpoint and "rdzv-backend" not in flags and not os.environ.get("PET_RDZV_BACKEND"):
+        # Dynamic rendezvous at the given endpoint: nodes may start in any order, and restart. Without an
+        # endpoint torchrun's static rendezvous at MASTER_ADDR:MASTER_PORT stays (what the Kubeflow
+        # operators set through PET_MASTER_ADDR/PORT); c10d there would fall back to each node's localhost.
+        cli += ["--rdzv-backend", "c10d"]
+    return get_args_parser().parse_args([*cli, "--module", "distrinews", *argv])
+
+
+def launch(flags: dict[str, str], argv: list[str]) -> int:
+    """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    args = torchrun_args(flags, argv)
+    nproc = nproc_per_node(flags)
+    if nproc:  # torchrun would give every process one thread (and say so); give each its share of the cores
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
+    os.environ[LAUNCHED_ENV] = "1"
     try:
-        return launcher.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        run(args)
+        return 0
+    except ChildFailedError as exc:
+        return report_failures(exc.failures)
+    except SignalException as exc:  # the agent has already stopped the workers
+        print(f"distrinews: stopped by {exc.sigval.name}", file=sys.stderr)
+        return 128 + int(exc.sigval)
+
+
+def report_failures(failures: dict[int, Any]) -> int:
+    """Say why the run failed in as few lines as it takes; 2 when every worker stopped on a usage error.
+
+    A usage error (``distrinews: error: ...``, handed over by ``record_worker_error``) is printed
+    once however many ranks hit it. Otherwise the first worker to fail is named; the others were
+    stopped by the launcher because of it.
+    """
+    messages = {f.message for f in failures.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")}
+    if messages and all(f.exitcode == 2 for f in failures.values()):
+        for message in sorted(messages):
+            print(message, file=sys.stderr)
+        return 2
+    stopped_by_us = {r for r, f in failures.items() if f.exitcode == -int(signal.SIGTERM)}
+    causes = {r: f for r, f in failures.items() if r not in stopped_by_us} or failures
+    rank, first = min(causes.items(), key=lambda item: (item[1].timestamp, item[0]))
+    if isinstance(first.message, str) and first.message.startswith("distrinews: error:"):
+        print(first.message, file=sys.stderr)
+    elif first.exitcode < 0:
+        print(f"distrinews: error: worker rank {rank} was killed by {first.signal_name()}"
+              + ("; the other workers were stopped" if len(failures) > 1 else ""), file=sys.stderr)
+    else:
+        print(f"distrinews: error: worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
+              + ("; the other workers were stopped" if len(failures) > 1 else ""), file=sys.stderr)
+    return 1
+
+
+def record_worker_error(message: str) -> bool:
+    """In a worker of our launcher: hand ``message`` to the launcher (it prints each distinct one once).
+
+    Returns False when there is no launcher to tell (plain torchrun, or one process): print it then.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not (path and os.environ.get(LAUNCHED_ENV)):
+        return False
+    with open(path, "w") as fh:
+        json.dump({"message": message, "timestamp": int(time.time())}, fh)
+    return True

@@ -1,7 +1,7 @@
-"""Classification metrics from a confusion matrix, and the run's metric sinks (JSONL, TensorBoard).
+"""Training and evaluation metrics, and the run's metric sinks (JSONL, TensorBoard).
 
-Ranks add up counts (confusion matrix, loss sum), never averages of averages, so metrics are
-exact for any world size.
+Ranks add up counts (confusion matrix, loss sums, samples), never averages of averages, so
+metrics are exact for any world size.
 """
 
 from __future__ import annotations
@@ -14,9 +14,70 @@ from typing import Any
 
 import torch
 
+from .distributed import DistEnv, all_reduce_sum
 from .model import LABELS
+from .rundir import RunDir
 
 
+# ---------------------------------------------------------------------- counts while training
+class Counts:
+    """Sums over a stretch of training, in one float64 tensor so that ranks add them with one all-reduce.
+
+    Nothing here reads a value back to the host until a log line needs it.
+    """
+
+    FIELDS = ("loss_sum", "correct", "samples", "tokens", "squared_lengths")
+
+    def __init__(self, device: torch.device | str = "cpu", values: torch.Tensor | None = None):
+        self.values = values if values is not None else torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device)
+
+    @classmethod
+    def of_batch(cls, loss: torch.Tensor, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> Counts:
+        """One micro-batch: mean loss x rows, correct predictions, rows, real tokens, sum of squared real lengths."""
+        with torch.no_grad():
+            labels = batch["labels"]
+            n = torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device)
+            lengths = batch["attention_mask"].sum(dim=1, dtype=torch.float64)
+            correct = (logits.argmax(-1) == labels).sum().double()
+            return cls(values=torch.stack([loss.detach().double() * n, correct, n, lengths.sum(), lengths.square().sum()]))
+
+    @classmethod
+    def from_list(cls, values: list[float], device: torch.device | str = "cpu") -> Counts:
+        return cls(values=torch.tensor(values, dtype=torch.float64, device=device))
+
+    def __iadd__(self, other: Counts) -> Counts:
+        self.values += other.values
+        return self
+
+    def all_reduced(self, env: DistEnv) -> Counts:
+        """The sum over every rank (a collective: every rank must call it)."""
+        return Counts(values=all_reduce_sum(self.values.clone(), env))
+
+    def _get(self, name: str) -> float:
+        return float(self.values[self.FIELDS.index(name)])
+
+    @property
+    def samples(self) -> float:
+        return self._get("samples")
+
+    @property
+    def tokens(self) -> float:
+        return self._get("tokens")
+
+    @property
+    def squared_lengths(self) -> float:
+        return self._get("squared_lengths")
+
+    @property
+    def loss(self) -> float:
+        return self._get("loss_sum") / max(self.samples, 1.0)
+
+    @property
+    def accuracy(self) -> float:
+        return self._get("correct") / max(self.samples, 1.0)
+
+
+# ---------------------------------------------------------------------- classification metrics
 def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int = len(LABELS)) -> torch.Tensor:
     """Counts[true, predicted] as int64."""
     idx = labels.to(torch.int64) * num_classes + preds.to(torch.int64)
@@ -42,25 +103,31 @@ def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names
     }
 
 
+# ---------------------------------------------------------------------- sinks
 class MetricsLogger:
     """Rank 0's sinks: ``log.jsonl`` (one object per line, flushed) and TensorBoard scalars.
 
-    Other ranks get a logger with ``enabled=False`` that does nothing, so call sites need no rank checks.
+    Other ranks get a logger with ``enabled=False`` that does nothing, so call sites need no
+    rank checks. ``resume_step``: the run continues a checkpoint of that step, so whatever the
+    interrupted run logged after it is dropped (it is about to be logged again).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, enabled: bool, tensorboard: bool = True):
+    def __init__(self, run_dir: RunDir | str | os.PathLike, enabled: bool, tensorboard: bool = True, resume_step: int | None = None):
         self.enabled = enabled
+        run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self._jsonl = None
         self._tb = None
         if not enabled:
             return
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / "log.jsonl", "a", encoding="utf-8")
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            truncate_log(run_dir.log, resume_step)
+        self._jsonl = open(run_dir.log, "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(run_dir.tensorboard), purge_step=purge)
 
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -78,6 +145,30 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
+    records = []
+    p = Path(path)
+    if not p.is_file():
+        return records
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep the records up to ``last_step`` (atomically): a checkpoint is the last thing written for its step."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_log(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

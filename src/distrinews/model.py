@@ -8,10 +8,15 @@ Both use the shipped BERT-uncased tokenizer, so nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+
+from .config import ConfigError
 
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 ID2LABEL = {i: name for i, name in enumerate(LABELS)}
@@ -38,6 +43,21 @@ def resolve_model_path(name: str) -> str:
 
 def build_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def check_model_available(name: str) -> None:
+    """Fail in one line, naming the field, when ``name`` is neither our short name, a local model, nor reachable."""
+    if name in (SHIPPED_MINILM, TINY_RANDOM):
+        shipped_minilm_path()
+        return
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+        raise ConfigError(f"config field 'model_name_or_path': {name} does not exist (a local model directory was expected)")
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = "a local directory" if Path(name).exists() else "neither a local directory nor a model the hub can give now"
+        raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
 def tiny_config(dropout: float | None = None) -> BertConfig:
@@ -73,5 +93,15 @@ def build_model(name: str, dropout: float | None = None, seed: int = 42) -> torc
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def forward_loss(model: Callable[..., object], batch: dict[str, torch.Tensor],
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
+    benchmarks share. The model runs under ``autocast``; the loss is computed in fp32."""
+    with autocast():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction), logits

@@ -1,55 +1,117 @@
 """The training loop, one code path for 1 and N processes. Read it top to bottom.
 
-    config -> data -> model -> distributed wrap -> loop (accumulate, clip, step, log, eval, save)
+    train(config)          join the process group torchrun describes, run a Trainer, leave it
+    Trainer.__init__       set up: data, model wrapped for the strategy, optimizer, schedule, logs
+    Trainer.train          resume, banner, then per epoch: train_step, log, evaluate, save
+    Trainer.train_step     one optimizer step over a window of micro-batches (gradient accumulation)
 
 Only rank 0 prints, shows the progress bar, writes logs and saves; every rank reaches every
-collective (metric reductions, RNG gathering), and none of them sits inside ``if is_main``.
+collective (metric sums, RNG and state-dict gathering), and none of them sits inside
+``if is_main``. A checkpoint is the last thing written for its step, after that step's log,
+evaluation and best model, so a run resumed from it continues exactly as if never stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from . import checkpoint as ckpt
-from .bench.flops import ModelShape, batch_length_stats, mfu, peak_for
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
-from .distributed import DistEnv, all_gather_object, all_reduce_sum, distributed_context, main_process_first
-from .evaluation import autocast_context, evaluate
-from .metrics import MetricsLogger
-from .model import build_model, build_tokenizer, count_parameters
-
-
-def check_runtime(config: TrainConfig) -> None:
-    """Checks that depend on the machine, made before any process group exists."""
-    if config.fp16 and not torch.cuda.is_available():
-        raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
-    if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        raise ConfigError("config field 'bf16': this GPU has no bf16; use fp16: true")
+from .distributed import DistEnv, distributed_context, main_process_first
+from .evaluation import evaluate
+from .flops import ModelShape, peak_for, throughput
+from .metrics import Counts, MetricsLogger
+from .model import build_model, build_tokenizer, count_parameters, forward_loss
+from .parallel import ParallelModel, wrap_model
+from .precision import Precision, check_precision_supported
+from .rundir import RunDir
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    check_runtime(config)
-    with distributed_context() as env:
-        return run_training(config, env)
+    check_precision_supported(config)
+    with distributed_context(timeout_s=config.ddp_timeout) as env:
+        return Trainer(config, env).train()
 
 
-# ---------------------------------------------------------------------- data
+# ---------------------------------------------------------------------- state
+@dataclass
+class TrainState:
+    """Where the run is: what a checkpoint must hold to continue it exactly."""
+
+    global_step: int = 0
+    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
+    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
+    best_accuracy: float | None = None
+    last_eval: dict[str, Any] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the rows divide into micro-batches and optimizer steps."""
+
+    micro_batch: int  # rows per forward pass on one rank
+    accumulation: int  # micro-batches per optimizer step
+    micro_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
+
+    @classmethod
+    def of(cls, config: TrainConfig, rows_per_rank: int) -> StepPlan:
+        micro = math.ceil(rows_per_rank / config.per_device_train_batch_size)
+        per_epoch = math.ceil(micro / config.gradient_accumulation_steps)
+        total = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * per_epoch)
+        return cls(config.per_device_train_batch_size, config.gradient_accumulation_steps, micro, per_epoch, total)
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.total_steps / self.steps_per_epoch)
+
+
+class TrainClock:
+    """Seconds spent training: evaluation and saving are paused out, so logged rates count training only."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self._paused = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started - self._paused
+
+    def pause(self) -> _Pause:
+        return _Pause(self)
+
+
+class _Pause:
+    def __init__(self, clock: TrainClock):
+        self.clock = clock
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock._paused += time.perf_counter() - self.t0
+
+
 @dataclass
 class Datasets:
-    train: TokenizedDataset
+    train: TokenizedDataset | None
     test: TokenizedDataset
     tokenizer: Any
 
@@ -57,8 +119,8 @@ class Datasets:
 def prepare_data(config: TrainConfig, env: DistEnv, need_train: bool = True) -> Datasets:
     """Read, sample and tokenize; each node's first process builds the token cache, the others read it."""
     tokenizer = build_tokenizer(config.model_name_or_path)
+    splits: dict[str, TokenizedDataset] = {}
     with main_process_first(env, local=True):
-        splits = {}
         for name, limit in (("train", config.train_samples), ("test", config.eval_samples)):
             if name == "train" and not need_train:
                 continue
@@ -68,295 +130,290 @@ def prepare_data(config: TrainConfig, env: DistEnv, need_train: bool = True) -> 
     return Datasets(splits.get("train"), splits["test"], tokenizer)
 
 
-# ---------------------------------------------------------------------- optimisation
 def build_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # One fused kernel for the whole update instead of a loop over 100+ tensors.
     return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
 
 
-def ddp_bucket_cap_mb(config: TrainConfig, device: torch.device) -> float:
-    if config.ddp_bucket_cap_mb is not None:
-        return config.ddp_bucket_cap_mb
-    return 25.0 if device.type == "cuda" else 100.0
+def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
+    window: list[dict[str, torch.Tensor]] = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == accumulation:
+            yield window
+            window = []
+    if window:
+        yield window
 
 
-def wrap_ddp(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> DDP:
-    """DDP with gradients all-reduced in ``ddp_bucket_cap_mb`` buckets while backward runs."""
-    ddp = DDP(
-        model,
-        device_ids=[env.device.index] if env.device.type == "cuda" else None,
-        bucket_cap_mb=ddp_bucket_cap_mb(config, env.device),
-        gradient_as_bucket_view=True,
-        **_no_buffer_sync(),
-    )
-    if config.ddp_comm_hook != "none":  # half the bytes on the wire; the optimizer still sees fp32 gradients
-        ddp.register_comm_hook(None, _compressed_allreduce(torch.bfloat16 if config.ddp_comm_hook == "bf16" else torch.float16))
-    return ddp
+# ---------------------------------------------------------------------- the trainer
+class Trainer:
+    def __init__(self, config: TrainConfig, env: DistEnv):
+        self.config, self.env = config, env
+        self.run_dir = RunDir(config.output_dir)
+        self.say = print if env.is_main else (lambda *a, **k: None)
+        if not env.is_main:
+            from transformers.utils import logging as hf_logging
 
+            hf_logging.set_verbosity_error()  # one copy of the library's warnings, from rank 0
 
-def _compressed_allreduce(dtype: torch.dtype):
-    """A DDP comm hook: average each gradient bucket in ``dtype``. torch's own bf16 hook refuses
-    anything but NCCL; gloo reduces bf16 and fp16 fine."""
-    import torch.distributed as dist
+        self.data = prepare_data(config, env)
+        # The sampler deals out whole optimizer steps (batch x accumulation rows a rank), so the rows
+        # of step k are the same however they are split into processes and micro-batches.
+        rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
+        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, config.seed, config.group_by_length)
+        self.plan = StepPlan.of(config, len(self.sampler))
 
-    def hook(state, bucket):
-        compressed = bucket.buffer().to(dtype).div_(dist.get_world_size())
-        future = dist.all_reduce(compressed, async_op=True).get_future()
+        self.precision = Precision.from_config(config, env.device)
+        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(env.device)
+        self.model: ParallelModel = wrap_model(model, config, env)
+        self.optimizer = build_optimizer(self.model.raw, config, env.device)
+        warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
+        self.scaler = self.precision.grad_scaler()
 
-        def decompress(fut):
-            out = bucket.buffer()
-            out.copy_(fut.value()[0])
-            return out
+        self.state = TrainState()
+        self.checkpointer = ckpt.Checkpointer(self.run_dir.checkpoints, env, config.save_total_limit, config.to_dict())
+        self.shape = ModelShape.of(self.model.raw)
+        self.peak = peak_for(env.device, self.precision.compute_dtype)
+        self.window_counts = Counts(env.device)  # since the last log line
+        self.epoch_counts = Counts(env.device)  # since the epoch started
+        self.clock = TrainClock()
+        self.window_started = 0.0
+        self.started = time.perf_counter()
+        self.logger: MetricsLogger | None = None
+        self.progress: Any = None
 
-        return future.then(decompress)
+    # ------------------------------------------------------------------ the story
+    def train(self) -> dict[str, Any]:
+        resumed_from = self.resume()
+        self.open_logs(resumed_from)
+        self.print_banner(resumed_from)
+        self.model.train()
+        self.clock, self.window_started = TrainClock(), 0.0
+        history: list[dict[str, Any]] = []
+        for epoch in range(self.state.epoch, self.plan.num_epochs):
+            if self.done:
+                break
+            epoch_clock = self.clock.elapsed()
+            for window in optimizer_windows(self.epoch_batches(epoch), self.plan.accumulation):
+                grad_norm = self.train_step(window)
+                self.state.global_step += 1
+                self.state.step_in_epoch += 1
+                self.progress.update(1)
+                if self.state.global_step % self.config.logging_steps == 0:
+                    self.log_train(grad_norm)
+                if self.epoch_complete or self.done:
+                    break  # the epoch's end evaluates and saves this step
+                self.evaluate_and_save_if_due()
+            history.append(self.end_epoch(epoch, self.clock.elapsed() - epoch_clock))
+        return self.finish(history)
 
-    return hook
+    def train_step(self, window: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
+        """One optimizer step: forward and backward over the window's micro-batches, then the update."""
+        self.forward_backward(window)
+        return self.optimizer_step()
 
+    def forward_backward(self, window: list[dict[str, torch.Tensor]], sync: bool = True) -> None:
+        """Accumulate the window's gradients; they are all-reduced on its last micro-batch (if ``sync``)."""
+        for i, batch in enumerate(window):
+            batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
+            with self.model.sync_gradients(sync and i == len(window) - 1):
+                loss, logits = forward_loss(self.model, batch, self.precision.autocast)
+                scaled = loss / len(window)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            counts = Counts.of_batch(loss, logits, batch)
+            self.window_counts += counts
+            self.epoch_counts += counts
 
-# ---------------------------------------------------------------------- the loop
-def run_training(config: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    say = print if env.is_main else (lambda *a, **k: None)
-    if not env.is_main:
-        from transformers.utils import logging as hf_logging
+    def optimizer_step(self) -> torch.Tensor | None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = self.model.clip_grad_norm_(self.config.max_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
-        hf_logging.set_verbosity_error()  # one copy of the library's warnings, from rank 0
-    run_dir = Path(config.output_dir)
-    started = time.perf_counter()
+    # ------------------------------------------------------------------ where the run is
+    @property
+    def done(self) -> bool:
+        return self.state.global_step >= self.plan.total_steps
 
-    if config.strategy == "single" and env.distributed:
-        raise ConfigError(f"config field 'strategy': 'single' cannot run with {env.world_size} processes; use ddp or auto")
-    use_ddp = env.distributed
+    @property
+    def epoch_complete(self) -> bool:
+        return self.state.step_in_epoch >= self.plan.steps_per_epoch
 
-    # -- data
-    data = prepare_data(config, env)
-    B, GA, W = config.per_device_train_batch_size, config.gradient_accumulation_steps, env.world_size
-    # The sampler deals out whole optimizer steps (B x GA rows a rank), so the rows of step k are
-    # the same however they are split into processes and micro-batches.
-    sampler = TrainSampler(data.train, W, env.rank, B * GA, config.seed, config.group_by_length)
-    micro_per_epoch = math.ceil(len(sampler) / B)
-    steps_per_epoch = math.ceil(micro_per_epoch / GA)
-    total_steps = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * steps_per_epoch)
-    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    @property
+    def epoch_float(self) -> float:
+        return self.state.epoch + self.state.step_in_epoch / self.plan.steps_per_epoch
 
-    # -- model, wrapped for DDP
-    model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(env.device)
-    raw_model = model
-    if use_ddp:
-        model = wrap_ddp(model, config, env)
-    optimizer = build_optimizer(raw_model, config, env.device)
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(config.warmup_ratio * total_steps), total_steps)
-    scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
+    def epoch_batches(self, epoch: int) -> DataLoader:
+        """This rank's micro-batches of ``epoch``, after the ones a resumed run has already trained on."""
+        if self.state.epoch != epoch:
+            self.state.epoch, self.state.step_in_epoch = epoch, 0
+        skip_rows = self.state.step_in_epoch * self.plan.accumulation * self.plan.micro_batch
+        self.sampler.set_epoch(epoch, skip=skip_rows)
+        return DataLoader(
+            self.data.train, batch_size=self.plan.micro_batch, sampler=self.sampler,
+            collate_fn=Collator(self.data.train.pad_token_id), num_workers=self.config.dataloader_num_workers,
+            pin_memory=self.env.device.type == "cuda",
+            # Its own generator: an iterator draws a seed, which must not shift the global RNG
+            # that dropout uses (a resumed run would otherwise diverge).
+            generator=torch.Generator().manual_seed(self.config.seed + epoch),
+        )
 
-    # -- resume
-    state = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "best_accuracy": None, "last_eval": {}}
-    resume_from = ckpt.resolve_resume(config.resume_from_checkpoint, run_dir)
-    if resume_from is not None:
-        loaded, rng_states = ckpt.load_resumable(resume_from, raw_model, optimizer, scheduler, scaler)
-        state.update({k: loaded[k] for k in state if k in loaded})
-        if loaded.get("world_size") != W:
-            say(f"warning: checkpoint was written with {loaded.get('world_size')} processes, resuming with {W}: data order differs from an uninterrupted run")
-        ckpt.restore_rng_state(rng_states[env.rank % len(rng_states)])
-        if state["step_in_epoch"] >= steps_per_epoch:  # saved on an epoch's last step, before the epoch closed
-            state["epoch"], state["step_in_epoch"] = state["epoch"] + 1, 0
-    else:
-        torch.manual_seed(config.seed + env.rank)  # dropout differs across ranks, repeatably
+    # ------------------------------------------------------------------ setup steps
+    def resume(self) -> str | None:
+        path = ckpt.resolve_resume(self.config.resume_from_checkpoint, self.run_dir.checkpoints)
+        if path is None:
+            torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
+            return None
+        saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        self.state.load_state_dict(saved.trainer_state)
+        running = saved.trainer_state.get("running_counts")
+        if running and self.env.is_main:
+            self.window_counts = Counts.from_list(running["window"], self.env.device)
+            self.epoch_counts = Counts.from_list(running["epoch"], self.env.device)
+        if saved.world_size != self.env.world_size:
+            self.say(f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
+                     f"{self.env.world_size}: data order differs from an uninterrupted run")
+        ckpt.restore_rng_state(saved.rng_states[self.env.rank % len(saved.rng_states)])
+        if self.epoch_complete:  # written on an epoch's last step before that epoch closed (older runs)
+            self.state.epoch, self.state.step_in_epoch = self.state.epoch + 1, 0
+        return str(path)
 
-    logger = MetricsLogger(run_dir, enabled=env.is_main, tensorboard=config.report_to_tensorboard)
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config.save_yaml(run_dir / "config.yaml")
-        ckpt.clean_stale_tmp(run_dir / "checkpoints")
-        ckpt.clean_stale_tmp(run_dir)
+    def open_logs(self, resumed_from: str | None) -> None:
+        if self.env.is_main:
+            self.run_dir.prepare(self.config, resumed=resumed_from is not None)
+        self.logger = MetricsLogger(self.run_dir, enabled=self.env.is_main, tensorboard=self.config.report_to_tensorboard,
+                                    resume_step=self.state.global_step if resumed_from else None)
+        self.progress = tqdm(total=self.plan.total_steps, initial=self.state.global_step, desc="train", unit="step",
+                             disable=not self.env.is_main or self.config.disable_tqdm, dynamic_ncols=True, mininterval=1.0)
 
-    # -- banner (the seed's, plus what a reader needs to repeat the run)
-    say("=" * 60)
-    say("DDP TRAINING CONFIGURATION" if use_ddp else "TRAINING CONFIGURATION")
-    say("=" * 60)
-    say(f"World size:           {W} ({env.backend or 'no process group'})")
-    say(f"Batch size per device: {B}")
-    say(f"Gradient accumulation: {GA}")
-    say(f"Effective batch size: {B * GA * W}")
-    say(f"Learning rate:        {config.learning_rate:g}")
-    say(f"Epochs:               {config.num_train_epochs:g} ({total_steps} optimizer steps)")
-    say(f"Device:               {env.device}" + (f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""))
-    say(f"Precision:            {'bf16 autocast' if config.bf16 else 'fp16 autocast + GradScaler' if config.fp16 else 'fp32'}")
-    say(f"Model:                {config.model_name_or_path} ({count_parameters(raw_model) / 1e6:.1f}M parameters)")
-    say(f"Train samples:        {len(data.train):,} (each process sees {len(sampler):,})")
-    say(f"Test samples:         {len(data.test):,}")
-    if resume_from is not None:
-        say(f"Resumed from:         {resume_from} (step {state['global_step']})")
-    say("=" * 60)
+    def print_banner(self, resumed_from: str | None) -> None:
+        c, env, say = self.config, self.env, self.say
+        per_step = c.per_device_train_batch_size * c.gradient_accumulation_steps * env.world_size
+        threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
+        say("=" * 60)
+        say("DDP TRAINING CONFIGURATION" if self.model.replicated else "TRAINING CONFIGURATION")
+        say("=" * 60)
+        say(f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {self.model.strategy})")
+        say(f"Batch size per device: {c.per_device_train_batch_size}")
+        say(f"Gradient accumulation: {c.gradient_accumulation_steps}")
+        say(f"Effective batch size: {per_step}")
+        say(f"Learning rate:        {c.learning_rate:g}")
+        say(f"Epochs:               {c.num_train_epochs:g} ({self.plan.total_steps} optimizer steps)")
+        say(f"Device:               {env.device}{threads}")
+        say(f"Precision:            {self.precision.name}")
+        say(f"Model:                {c.model_name_or_path} ({count_parameters(self.model.raw) / 1e6:.1f}M parameters)")
+        payload = self.model.gradient_bytes()
+        say(f"All-reduce per step:  {payload / 2**20:.1f} MiB of gradients" if payload else "All-reduce per step:  none (one process)")
+        say(f"Train samples:        {len(self.data.train):,} (each process sees {len(self.sampler):,})")
+        say(f"Test samples:         {len(self.data.test):,}")
+        say(f"MFU peak:             {self.peak.source}")
+        if resumed_from is not None:
+            say(f"Resumed from:         {resumed_from} (step {self.state.global_step})")
+        say("=" * 60)
 
-    def save_checkpoint() -> None:
-        rng_states = all_gather_object(ckpt.capture_rng_state(), env)  # every rank: a collective
-        if env.is_main:
-            trainer_state = {**state, "world_size": W, "per_device_train_batch_size": B, "gradient_accumulation_steps": GA}
-            ckpt.save_resumable(run_dir / "checkpoints", state["global_step"], raw_model, optimizer, scheduler, scaler,
-                                trainer_state, rng_states, config.to_dict())
-            ckpt.rotate_checkpoints(run_dir / "checkpoints", config.save_total_limit)
+    # ------------------------------------------------------------------ log, evaluate, save
+    def log_train(self, grad_norm: torch.Tensor | None) -> None:
+        counts = self.window_counts.all_reduced(self.env)  # every rank: a collective
+        values = {"epoch": round(self.epoch_float, 4), "loss": counts.loss, "accuracy": counts.accuracy,
+                  "learning_rate": self.scheduler.get_last_lr()[0]}
+        values.update(throughput(counts, self.clock.elapsed() - self.window_started, self.shape, self.peak.flops, self.env.world_size))
+        if grad_norm is not None:
+            values["grad_norm"] = float(grad_norm)
+        self.logger.log("train", self.state.global_step, values)
+        self.progress.set_postfix(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
+        self.window_counts = Counts(self.env.device)
+        self.window_started = self.clock.elapsed()
 
-    def evaluate_and_keep_best(epoch_float: float) -> dict[str, Any]:
-        metrics = evaluate(raw_model, data.test, env, config)
-        state["last_eval"] = metrics
-        logger.log("eval", state["global_step"], {"epoch": round(epoch_float, 4), **metrics})
-        best = state["best_accuracy"]
+    def evaluate_and_save_if_due(self) -> None:
+        step, c = self.state.global_step, self.config
+        with self.clock.pause():
+            if c.eval_steps and step % c.eval_steps == 0:
+                self.evaluate()
+            if c.save_steps and step % c.save_steps == 0:
+                self.save()
+
+    def evaluate(self) -> dict[str, Any]:
+        """Exact metrics on the test split (every rank scores its share); keeps the best model in ``best/``."""
+        metrics = evaluate(self.model.raw, self.data.test, self.env, self.config.per_device_eval_batch_size, self.precision,
+                           progress=self.env.is_main and not self.config.disable_tqdm)
+        self.state.last_eval = metrics
+        self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
+        best = self.state.best_accuracy
         if best is None or metrics["accuracy"] > best:
-            state["best_accuracy"] = metrics["accuracy"]
-            if env.is_main:
-                ckpt.save_servable(run_dir / "best", raw_model, data.tokenizer, {
-                    "metrics": metrics, "epoch": epoch_float, "global_step": state["global_step"],
-                    "max_length": config.max_length, "model_name": config.model_name_or_path,
-                    "training_config": config.to_dict(), "world_size": W,
+            self.state.best_accuracy = metrics["accuracy"]
+            weights = self.model.full_state_dict()  # every rank: a collective under sharded strategies
+            if self.env.is_main:
+                ckpt.save_servable(self.run_dir.best, self.model.raw, weights, self.data.tokenizer, {
+                    "metrics": metrics, "epoch": self.epoch_float, "global_step": self.state.global_step,
+                    "max_length": self.config.max_length, "model_name": self.config.model_name_or_path,
+                    "training_config": self.config.to_dict(), "world_size": self.env.world_size,
                 })
         return metrics
 
-    # -- the loop
-    model.train()
-    shape, peak = ModelShape.of(raw_model), peak_for(env.device, config.bf16, config.fp16)
-    say(f"MFU peak:             {peak.source}")
-    progress = tqdm(total=total_steps, initial=state["global_step"], disable=not env.is_main or config.disable_tqdm,
-                    desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
-    # loss sum, correct, samples, real tokens, sum of squared lengths (attention FLOPs) since the last log
-    window = torch.zeros(5, dtype=torch.float64, device=env.device)
-    history: list[dict[str, Any]] = []
-    start_epoch = state["epoch"]
-    window_started = time.perf_counter()
-    for epoch in range(start_epoch, num_epochs):
-        if state["global_step"] >= total_steps:
-            break
-        skip_micro = state["step_in_epoch"] * GA if epoch == start_epoch else 0
-        sampler.set_epoch(epoch, skip=skip_micro * B)
-        loader = DataLoader(data.train, batch_size=B, sampler=sampler, collate_fn=Collator(data.train.pad_token_id),
-                            num_workers=config.dataloader_num_workers, pin_memory=env.device.type == "cuda",
-                            # Its own generator: an iterator draws a seed, which must not shift the global
-                            # RNG that dropout uses (a resumed run would otherwise diverge).
-                            generator=torch.Generator().manual_seed(config.seed + epoch))
-        epoch_totals = torch.zeros(5, dtype=torch.float64, device=env.device)  # as ``window``
-        epoch_started = time.perf_counter()
-        state["epoch"] = epoch
-        if epoch != start_epoch:
-            state["step_in_epoch"] = 0
-        for i, batch in enumerate(loader, start=skip_micro):
-            window_start = (i // GA) * GA
-            micro_in_window = min(GA, micro_per_epoch - window_start)
-            is_step = i - window_start == micro_in_window - 1
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
-            # Gradients all-reduce only on the micro-step that ends an accumulation window.
-            sync = contextlib.nullcontext() if (is_step or not use_ddp) else model.no_sync()
-            with sync:
-                with autocast_context(config, env.device):
-                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = F.cross_entropy(logits.float(), batch["labels"])
-                scaled = loss / micro_in_window
-                (scaler.scale(scaled) if scaler else scaled).backward()
-            with torch.no_grad():
-                n = batch["labels"].numel()
-                stats = torch.cat([torch.stack([loss.detach().double() * n, (logits.argmax(-1) == batch["labels"]).sum().double(),
-                                                torch.tensor(float(n), dtype=torch.float64, device=env.device)]),
-                                   batch_length_stats(batch["attention_mask"])])
-                window += stats
-                epoch_totals += stats
-            if not is_step:
-                continue
+    def save(self) -> None:
+        # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
+        # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
+        running = {"window": self.window_counts.all_reduced(self.env).values.tolist(),
+                   "epoch": self.epoch_counts.all_reduced(self.env).values.tolist()}
+        self.checkpointer.save(self.state.global_step, self.model, self.optimizer, self.scheduler, self.scaler,
+                               {**self.state.state_dict(), "running_counts": running,
+                                "per_device_train_batch_size": self.config.per_device_train_batch_size,
+                                "gradient_accumulation_steps": self.config.gradient_accumulation_steps})
 
-            if scaler:
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config.max_grad_norm) if config.max_grad_norm > 0 else None
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["global_step"] += 1
-            state["step_in_epoch"] += 1
-            progress.update(1)
-            step = state["global_step"]
-            epoch_float = epoch + state["step_in_epoch"] / steps_per_epoch
+    def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
+        """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
+        with self.clock.pause():
+            totals = self.epoch_counts.all_reduced(self.env)
+            self.epoch_counts = Counts(self.env.device)
+            metrics = self.evaluate()
+            summary = {"epoch": round(self.epoch_float, 4), "train_loss": totals.loss, "train_accuracy": totals.accuracy,
+                       "test_loss": metrics["loss"], "test_accuracy": metrics["accuracy"], "test_macro_f1": metrics["macro_f1"],
+                       "epoch_time_s": train_seconds,
+                       **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size)}
+            self.logger.log("epoch", self.state.global_step, summary)
+            self.progress.clear()
+            self.say(f"\nEpoch [{epoch + 1}/{self.plan.num_epochs}] - {_fmt_time(train_seconds)}")
+            self.say(f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%")
+            self.say(f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | "
+                     f"Macro-F1: {100 * metrics['macro_f1']:.2f}%")
+            self.say(f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
+                     f"MFU {100 * summary['mfu']:.1f}%")
+            if self.epoch_complete:
+                self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
+            self.save()
+        return summary
 
-            if step % config.logging_steps == 0:
-                all_reduce_sum(window, env)
-                loss_avg, acc = (window[0] / window[2]).item(), (window[1] / window[2]).item()
-                values = {"epoch": round(epoch_float, 4), "loss": loss_avg, "accuracy": acc, "learning_rate": scheduler.get_last_lr()[0]}
-                values.update(_speed(window, time.perf_counter() - window_started, shape, peak.flops, W))
-                if grad_norm is not None:
-                    values["grad_norm"] = float(grad_norm)
-                logger.log("train", step, values)
-                progress.set_postfix(loss=f"{loss_avg:.4f}", lr=f"{values['learning_rate']:.2e}")
-                window.zero_()
-                window_started = time.perf_counter()
-            paused = time.perf_counter()
-            if config.eval_steps and step % config.eval_steps == 0 and step < total_steps:
-                evaluate_and_keep_best(epoch_float)
-            if config.save_steps and step % config.save_steps == 0 and step < total_steps:
-                save_checkpoint()
-            window_started += time.perf_counter() - paused  # the logged rates count training time only
-            if step >= total_steps:
-                break
-
-        # -- end of epoch (or of training): exact eval, summary, checkpoint
-        paused = time.perf_counter()
-        epoch_time = paused - epoch_started
-        all_reduce_sum(epoch_totals, env)
-        train_loss, train_acc = (epoch_totals[0] / epoch_totals[2].clamp(min=1)).item(), (epoch_totals[1] / epoch_totals[2].clamp(min=1)).item()
-        speed = _speed(epoch_totals, epoch_time, shape, peak.flops, W)
-        finished_epoch = state["step_in_epoch"] >= steps_per_epoch
-        epoch_float = epoch + state["step_in_epoch"] / steps_per_epoch
-        metrics = evaluate_and_keep_best(epoch_float)
-        summary = {"epoch": round(epoch_float, 4), "train_loss": train_loss, "train_accuracy": train_acc,
-                   "test_loss": metrics["loss"], "test_accuracy": metrics["accuracy"], "test_macro_f1": metrics["macro_f1"],
-                   "epoch_time_s": epoch_time, **speed}
-        history.append(summary)
-        logger.log("epoch", state["global_step"], summary)
-        progress.clear()
-        say(f"\nEpoch [{epoch + 1}/{num_epochs}] - {_fmt_time(epoch_time)}")
-        say(f"  Train Loss: {train_loss:.4f} | Train Acc: {100 * train_acc:.2f}%")
-        say(f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%")
-        say(f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, MFU {100 * summary['mfu']:.1f}%")
-        if finished_epoch:
-            state["epoch"], state["step_in_epoch"] = epoch + 1, 0
-        save_checkpoint()
-        window_started += time.perf_counter() - paused
-    progress.close()
-
-    total_time = time.perf_counter() - started
-    result = {"output_dir": str(run_dir), "global_step": state["global_step"], "best_accuracy": state["best_accuracy"],
-              "final_eval": state["last_eval"], "total_time_s": total_time, "epochs": history}
-    logger.log("summary", state["global_step"], {"total_time_s": total_time, "best_accuracy": state["best_accuracy"]})
-    logger.close()
-    say("=" * 60)
-    say("TRAINING COMPLETE")
-    say("=" * 60)
-    say(f"Total time: {_fmt_time(total_time)}")
-    if state["best_accuracy"] is not None:
-        say(f"Best test accuracy: {100 * state['best_accuracy']:.2f}%")
-    say(f"Checkpoint saved to: {run_dir / 'best'}")
-    return result
-
-
-def _speed(totals: torch.Tensor, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
-    """samples/s, tokens/s (real tokens) and MFU from all-reduced [.., .., samples, tokens, sum len^2] counts."""
-    samples, tokens, squares = (float(x) for x in totals[2:5].tolist())
-    if seconds <= 0:
-        return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}
-    return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds,
-            "mfu": mfu(shape.train_flops(tokens, squares), seconds, peak_flops, world_size)}
-
-
-def _no_buffer_sync() -> dict[str, bool]:
-    """BERT's buffers (position ids) are constants: syncing them costs a collective per forward."""
-    import inspect
-
-    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:  # torch >= 2.13 spelling
-        return {"forward_sync_buffers": False}
-    return {"broadcast_buffers": False}
+    def finish(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        self.progress.close()
+        total_time = time.perf_counter() - self.started
+        result = {"output_dir": str(self.run_dir.path), "global_step": self.state.global_step,
+                  "best_accuracy": self.state.best_accuracy, "final_eval": self.state.last_eval,
+                  "total_time_s": total_time, "epochs": history}
+        self.logger.log("summary", self.state.global_step, {"total_time_s": total_time, "best_accuracy": self.state.best_accuracy})
+        self.logger.close()
+        self.say("=" * 60)
+        self.say("TRAINING COMPLETE")
+        self.say("=" * 60)
+        self.say(f"Total time: {_fmt_time(total_time)}")
+        if self.state.best_accuracy is not None:
+            self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
+        self.say(f"Checkpoint saved to: {self.run_dir.best}")
+        return result
 
 
 def _fmt_time(seconds: float) -> str:

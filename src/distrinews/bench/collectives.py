@@ -10,8 +10,8 @@ bandwidth; algbw is what a caller sees. S is the total buffer: all_gather's outp
 contributes S/n), reduce_scatter's input (each rank keeps S/n), the whole tensor otherwise.
 
 Then our model: gradient bytes a DDP step all-reduces, the measured all-reduce time of that
-payload, the measured forward + backward time of a real batch, and their ratio next to the
-seed's estimate (lesson 04's ``calculate_comm_comp_ratio``, evaluated exactly as written).
+payload, the measured forward + backward time of a real batch, and their ratio next to
+the course's estimate (lesson 04's ``calculate_comm_comp_ratio``, evaluated exactly as written).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def iterations_for(size_bytes: int) -> int:
     return max(3, min(50, (64 * MIB) // max(size_bytes, 1)))
 
 
-def seed_comm_comp_ratio(num_params: int, batch_size: int, world_size: int, seq_len: int = 512,
+def lesson_comm_comp_ratio(num_params: int, batch_size: int, world_size: int, seq_len: int = 512,
                          bandwidth: float = 100e9, compute: float = 100e12) -> dict[str, float]:
     """Lesson 04's estimate, as written there: note it multiplies the *byte* count (params x 4) by
     6 x batch x seq_len as FLOPs, assumes 512 tokens, 100 GB/s and 100 TFLOP/s."""
@@ -183,15 +183,15 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
     from ..config import TrainConfig
     from ..data import Collator, TrainSampler
-    from ..evaluation import autocast_context
-    from ..model import build_model, count_parameters
+    from ..flops import ModelShape, peak_for
+    from ..metrics import Counts
+    from ..model import build_model, count_parameters, forward_loss
+    from ..precision import Precision
     from ..trainer import prepare_data
-    from .flops import ModelShape, batch_length_stats, peak_for
 
     config = TrainConfig(model_name_or_path=args.model, train_samples=args.train_samples, max_length=args.max_length,
                          per_device_train_batch_size=args.batch_size, bf16=args.bf16, output_dir=tempfile.gettempdir())
@@ -200,27 +200,27 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     model = build_model(config.model_name_or_path, seed=config.seed).to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    payload = torch.ones(grad_bytes // 4, device=env.device)
-    allreduce_s = _timed(lambda: dist.all_reduce(payload), iters=3, warmup=1, sync=sync, env=env)
-    del payload
+    payload = [torch.ones(grad_bytes // 4, device=env.device)]
+    allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
+    payload.clear()
 
     sampler = TrainSampler(data.train, env.world_size, env.rank, config.per_device_train_batch_size, config.seed, False)
     loader = iter(DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler,
                              collate_fn=Collator(data.train.pad_token_id)))
-    shape, peak = ModelShape.of(model), peak_for(env.device, config.bf16, config.fp16)
+    precision = Precision.from_config(config, env.device)
+    shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)
     times, flops = [], []
     for i in range(args.compute_batches + 1):
         batch = {k: v.to(env.device) for k, v in next(loader).items()}
         sync()
         t = time.perf_counter()
-        with autocast_context(config, env.device):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        F.cross_entropy(logits.float(), batch["labels"]).backward()
+        loss, logits = forward_loss(model, batch, precision.autocast)
+        loss.backward()
         sync()
         if i > 0:  # the first is a warm-up
             times.append(time.perf_counter() - t)
-            tokens, squares = batch_length_stats(batch["attention_mask"]).tolist()
-            flops.append(shape.train_flops(tokens, squares))
+            counts = Counts.of_batch(loss, logits, batch)
+            flops.append(shape.train_flops(counts.tokens, counts.squared_lengths))
         model.zero_grad(set_to_none=True)
     t = torch.tensor([statistics.fmean(times)], dtype=torch.float64, device=env.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -236,7 +236,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
         "allreduce_s": allreduce_s, "allreduce_busbw": measured_busbw,
         "forward_backward_s": compute_s, "batch_model_flops": statistics.fmean(flops),
         "measured_ratio": allreduce_s / compute_s,
-        "seed_estimate": seed_comm_comp_ratio(params, args.batch_size, env.world_size),
+        "lesson_estimate": lesson_comm_comp_ratio(params, args.batch_size, env.world_size),
         "corrected_estimate": corrected_comm_comp_ratio(grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size),
         "table_busbw_near_payload": nearest["busbw"] if nearest else None,
         "peak": peak.source, "peak_flops": peak.flops,
@@ -304,7 +304,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     mod = report.get("model")
     if mod:
-        seed, corr = mod["seed_estimate"], mod["corrected_estimate"]
+        lesson, corr = mod["lesson_estimate"], mod["corrected_estimate"]
         lines += [
             f"### Our model: {mod['model']} ({mod['parameters'] / 1e6:.1f}M parameters), batch {mod['per_device_batch']}/process, bf16 {mod['bf16']}",
             "",
@@ -313,7 +313,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| measured all-reduce of the payload | {1000 * mod['allreduce_s']:.1f} ms (busbw {mod['allreduce_busbw'] / 1e9:.2f} GB/s) |",
             f"| measured forward + backward of a real batch | {1000 * mod['forward_backward_s']:.1f} ms |",
             f"| **measured comm/compute ratio** | **{mod['measured_ratio']:.3f}** |",
-            f"| seed's estimate (lesson 04 formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | {seed['ratio']:.2e} (comm {1000 * seed['comm_s']:.3f} ms, compute {1000 * seed['comp_s']:.1f} ms) |",
+            f"| lesson 04's estimate (its formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | {lesson['ratio']:.2e} (comm {1000 * lesson['comm_s']:.3f} ms, compute {1000 * lesson['comp_s']:.1f} ms) |",
             f"| same formula, this machine's inputs (measured busbw, real-batch model FLOPs, measured peak) | {corr['ratio']:.3f} (comm {1000 * corr['comm_s']:.1f} ms, compute {1000 * corr['comp_s']:.1f} ms) |",
             "", f"Peak for the corrected estimate: {mod['peak']}.", ""]
     return "\n".join(lines)

@@ -2,9 +2,10 @@
 
 Each point is a real torchrun job. Every worker is pinned to its own cores (``sched_setaffinity``
 plus the same number of torch threads), so 2 workers x 1 core against 1 worker x 1 core measures
-DDP, not two processes fighting over the same core. The steps are the trainer's own: the same
-data preparation, ``TrainSampler``, ``Collator``, model, ``wrap_ddp``, ``build_optimizer``,
-schedule, autocast and loss as ``trainer.run_training``; only the clock around each phase is added.
+DDP, not two processes fighting over the same core. Each timed step is the trainer's own
+(``Trainer.forward_backward`` + ``Trainer.optimizer_step``: the same data, sampler, model wrapped
+by ``wrap_model``, precision policy, GradScaler, accumulation and optimizer as ``distrinews
+train``); only the clock around each phase is added.
 
 Weak scaling keeps the per-worker batch (global batch grows with the workers); strong scaling keeps
 the global batch (each worker gets global / n). Either way
@@ -12,18 +13,16 @@ the global batch (each worker gets global / n). Either way
     speedup(n)    = samples/s with n workers / samples/s with the baseline count n0
     efficiency(n) = speedup(n) / (n / n0)
 
-A step's time is split into data (next batch + copy), forward (+ loss), backward (including the
+A step's time is split into data (next window of micro-batches), forward + backward (including the
 part of the gradient all-reduce that backward does not hide) and optimizer (clip + step + zero).
-With more than one worker, a few extra batches each run backward twice, under ``no_sync()`` and
+With more than one worker, a few extra windows each run forward + backward twice, without and
 with the all-reduce: the paired difference is the all-reduce time backward could not hide.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -31,11 +30,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .report import machine_description, write_report
 
-PHASES = ("data", "forward", "backward", "optimizer")
+PHASES = ("data", "forward_backward", "optimizer")
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -108,161 +107,139 @@ class PadToMaxLength:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([y for _, y in batch])}
 
 
-def _batches(loader_factory, sampler) -> Iterator[dict]:
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        yield from loader_factory()
-        epoch += 1
-
-
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
-    """K timed training steps on this rank; rank 0 writes every rank's figures to ``args.result``."""
+    """K timed training steps on this rank, each the trainer's own ``train_step``; rank 0 writes every rank's figures."""
     cores = _pin(args.cores_per_worker)
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
-    from transformers import get_linear_schedule_with_warmup
 
-    from ..cli import parse_overrides
-    from ..config import load_config
-    from ..data import Collator, TrainSampler
+    from ..config import load_config, parse_overrides
+    from ..data import Collator
     from ..distributed import all_gather_object, barrier, distributed_context
-    from ..evaluation import autocast_context
-    from ..model import build_model, count_parameters
-    from ..trainer import build_optimizer, check_runtime, ddp_bucket_cap_mb, prepare_data, wrap_ddp
-    from .flops import ModelShape, batch_length_stats, mfu, peak_for
+    from ..parallel import ddp_bucket_cap_mb
+    from ..precision import check_precision_supported
+    from ..trainer import Trainer, optimizer_windows
 
     overrides = parse_overrides(extra)
     overrides["per_device_train_batch_size"] = args.per_worker_batch
+    overrides["max_steps"] = args.warmup + args.steps + args.no_sync_probe
     if args.bucket_cap_mb not in (None, "default"):
         overrides["ddp_bucket_cap_mb"] = float(args.bucket_cap_mb)
-    overrides.setdefault("output_dir", tempfile.gettempdir())
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-scaling-run-"))
     config = load_config(args.config, overrides)
-    check_runtime(config)
+    check_precision_supported(config)
     with distributed_context(threads=args.cores_per_worker) as env:
-        device, W, B = env.device, env.world_size, config.per_device_train_batch_size
-        bucket = ddp_bucket_cap_mb(config, device)
-        cuda = device.type == "cuda"
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        data = prepare_data(config, env)
-        sampler = TrainSampler(data.train, W, env.rank, B, config.seed, config.group_by_length)
-        collate = PadToMaxLength(data.train.pad_token_id, config.max_length) if args.pad_to_max_length else Collator(data.train.pad_token_id)
+        trainer = Trainer(config, env)
+        device, B = env.device, config.per_device_train_batch_size
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
+            trainer.optimizer = torch.optim.AdamW(trainer.model.raw.parameters(), lr=config.learning_rate,
+                                                  foreach=args.optimizer == "foreach")
+            trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
+        collate = PadToMaxLength(trainer.data.train.pad_token_id, config.max_length) if args.pad_to_max_length \
+            else Collator(trainer.data.train.pad_token_id)
 
-        def loader():
-            return iter(DataLoader(data.train, batch_size=B, sampler=sampler, collate_fn=collate,
-                                   num_workers=config.dataloader_num_workers, pin_memory=cuda))
+        def batches():
+            for epoch in range(10**6):
+                trainer.sampler.set_epoch(epoch)
+                yield from DataLoader(trainer.data.train, batch_size=B, sampler=trainer.sampler, collate_fn=collate,
+                                      num_workers=config.dataloader_num_workers, pin_memory=device.type == "cuda")
 
-        raw_model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(device)
-        model = wrap_ddp(raw_model, config, env) if env.distributed else raw_model
-        if args.optimizer == "fused":
-            optimizer = build_optimizer(raw_model, config, device)
-        else:  # the seed's: one group, torch's default per-tensor loop (or the multi-tensor foreach one)
-            optimizer = torch.optim.AdamW(raw_model.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach")
-        total = args.warmup + args.steps
-        scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(config.warmup_ratio * total), total)
-        shape, peak = ModelShape.of(raw_model), peak_for(device, config.bf16, config.fp16)
+        windows = optimizer_windows(batches(), config.gradient_accumulation_steps)
         torch.manual_seed(config.seed + env.rank)
-        model.train()
-        batches = _batches(loader, sampler)
-
+        trainer.model.train()
         phases = {k: [] for k in PHASES}
-        counts = torch.zeros(3, dtype=torch.float64)  # samples, real tokens, sum of squared lengths
         padded_tokens = 0
-        host_values = []
 
         def one_step(timed: bool) -> None:
             nonlocal padded_tokens
             t0 = time.perf_counter()
-            batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            sync()
+            window = next(windows)
             t1 = time.perf_counter()
-            with autocast_context(config, device):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"])
+            trainer.forward_backward(window)
             sync()
             t2 = time.perf_counter()
-            loss.backward()
+            trainer.optimizer_step()
+            if args.host_sync:  # the reference loop's meter: loss and accuracy read back every step
+                trainer.window_counts.loss, trainer.window_counts.accuracy  # noqa: B018
             sync()
             t3 = time.perf_counter()
-            if config.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if args.host_sync:  # the seed's AverageMeter: two host round trips every step
-                host_values.append((loss.item(), (logits.argmax(-1) == batch["labels"]).float().mean().item()))
-            sync()
-            t4 = time.perf_counter()
             if timed:
-                for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2)):
                     phases[name].append(dt)
-                counts[0] += batch["labels"].numel()
-                counts[1:] += batch_length_stats(batch["attention_mask"]).cpu()
-                padded_tokens += batch["input_ids"].numel()
+                padded_tokens += sum(b["input_ids"].numel() for b in window)
 
         for _ in range(args.warmup):
             one_step(timed=False)
+        trainer.window_counts = type(trainer.window_counts)(device)
         barrier(env)
         started = time.perf_counter()
         for _ in range(args.steps):
             one_step(timed=True)
         barrier(env)
         elapsed = time.perf_counter() - started
+        counts = trainer.window_counts
 
-        # The all-reduce backward could not hide: the same batch's backward without and with it
-        # (paired, because with length grouping consecutive batches differ a lot in length).
-        backward_no_sync, backward_sync = [], []
+        # The all-reduce backward could not hide: the same window's forward + backward without and with
+        # it (paired, because with length grouping consecutive batches differ a lot in length).
+        probe_local, probe_sync = [], []
         if env.distributed and args.no_sync_probe > 0:
             for _ in range(args.no_sync_probe):
-                batch = {k: v.to(device) for k, v in next(batches).items()}
-                for allreduce, times in ((False, backward_no_sync), (True, backward_sync)):
-                    with contextlib.nullcontext() if allreduce else model.no_sync():
-                        with autocast_context(config, device):
-                            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                        loss = F.cross_entropy(logits.float(), batch["labels"])
-                        sync()
-                        t = time.perf_counter()
-                        loss.backward()
-                        sync()
-                        times.append(time.perf_counter() - t)
-                    optimizer.zero_grad(set_to_none=True)
+                window = next(windows)
+                for allreduce, times in ((False, probe_local), (True, probe_sync)):
+                    sync()
+                    t = time.perf_counter()
+                    trainer.forward_backward(window, sync=allreduce)
+                    sync()
+                    times.append(time.perf_counter() - t)
+                    trainer.optimizer.zero_grad(set_to_none=True)
             barrier(env)
 
         mine = {"rank": env.rank, "cores": cores, "threads": torch.get_num_threads(), "elapsed_s": elapsed,
-                "samples": counts[0].item(), "tokens": counts[1].item(), "sum_sq_len": counts[2].item(),
+                "samples": counts.samples, "tokens": counts.tokens, "sum_sq_len": counts.squared_lengths,
                 "padded_tokens": padded_tokens,
                 "phases_ms": {k: 1000 * statistics.fmean(v) for k, v in phases.items()},
-                "backward_no_sync_ms": 1000 * statistics.fmean(backward_no_sync) if backward_no_sync else None,
-                "backward_sync_probe_ms": 1000 * statistics.fmean(backward_sync) if backward_sync else None}
+                "fwd_bwd_no_sync_ms": 1000 * statistics.fmean(probe_local) if probe_local else None,
+                "fwd_bwd_sync_ms": 1000 * statistics.fmean(probe_sync) if probe_sync else None}
         ranks = all_gather_object(mine, env)
         if env.is_main:
-            elapsed_max = max(r["elapsed_s"] for r in ranks)
-            samples = sum(r["samples"] for r in ranks)
-            tokens = sum(r["tokens"] for r in ranks)
-            flops = shape.train_flops(tokens, sum(r["sum_sq_len"] for r in ranks))
-            phases_ms = {k: statistics.fmean(r["phases_ms"][k] for r in ranks) for k in PHASES}
-            probe = [r["backward_no_sync_ms"] for r in ranks if r["backward_no_sync_ms"] is not None]
-            probe_sync = [r["backward_sync_probe_ms"] for r in ranks if r["backward_sync_probe_ms"] is not None]
-            grad_bytes = sum(p.numel() * p.element_size() for p in raw_model.parameters() if p.requires_grad)
-            result = {
-                "workers": W, "cores_per_worker": args.cores_per_worker, "per_worker_batch": B, "global_batch": B * W,
-                "bucket_cap_mb": bucket if W > 1 else None, "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None, "steps": args.steps, "warmup_steps": args.warmup,
-                "elapsed_s": elapsed_max, "samples_per_s": samples / elapsed_max, "tokens_per_s": tokens / elapsed_max,
-                "padded_tokens_per_s": sum(r["padded_tokens"] for r in ranks) / elapsed_max,
-                "step_ms": 1000 * elapsed_max / args.steps, "phases_ms": phases_ms,
-                "backward_no_sync_ms": statistics.fmean(probe) if probe else None,
-                "backward_sync_probe_ms": statistics.fmean(probe_sync) if probe_sync else None,
-                "exposed_allreduce_ms": (statistics.fmean(probe_sync) - statistics.fmean(probe)) if probe else None,
-                "mfu": mfu(flops, elapsed_max, peak.flops, W), "peak": peak.source, "peak_tflops": peak.flops / 1e12,
-                "gradient_bytes": grad_bytes, "parameters": count_parameters(raw_model),
-                "model": config.model_name_or_path, "max_length": config.max_length, "bf16": config.bf16,
-                "group_by_length": config.group_by_length, "pad_to_max_length": args.pad_to_max_length,
-                "optimizer": args.optimizer, "host_sync": args.host_sync, "device": str(device), "backend": env.backend,
-                "ranks": ranks,
-            }
-            Path(args.result).write_text(json.dumps(result, indent=2))
+            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config, device)), indent=2))
     return 0
+
+
+def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucket: float) -> dict[str, Any]:
+    """Rank 0's summary of one scaling point from every rank's figures."""
+    from ..flops import mfu
+    from ..model import count_parameters
+
+    config, env = trainer.config, trainer.env
+    W, B = env.world_size, config.per_device_train_batch_size
+    elapsed = max(r["elapsed_s"] for r in ranks)
+    samples = sum(r["samples"] for r in ranks)
+    tokens = sum(r["tokens"] for r in ranks)
+    flops = trainer.shape.train_flops(tokens, sum(r["sum_sq_len"] for r in ranks))
+    local = [r["fwd_bwd_no_sync_ms"] for r in ranks if r["fwd_bwd_no_sync_ms"] is not None]
+    synced = [r["fwd_bwd_sync_ms"] for r in ranks if r["fwd_bwd_sync_ms"] is not None]
+    return {
+        "workers": W, "cores_per_worker": args.cores_per_worker, "per_worker_batch": B, "global_batch": B * W,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "bucket_cap_mb": bucket if W > 1 else None, "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None,
+        "steps": args.steps, "warmup_steps": args.warmup,
+        "elapsed_s": elapsed, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed,
+        "padded_tokens_per_s": sum(r["padded_tokens"] for r in ranks) / elapsed,
+        "step_ms": 1000 * elapsed / args.steps,
+        "phases_ms": {k: statistics.fmean(r["phases_ms"][k] for r in ranks) for k in PHASES},
+        "fwd_bwd_no_sync_ms": statistics.fmean(local) if local else None,
+        "fwd_bwd_sync_ms": statistics.fmean(synced) if synced else None,
+        "exposed_allreduce_ms": (statistics.fmean(synced) - statistics.fmean(local)) if local else None,
+        "mfu": mfu(flops, elapsed, trainer.peak.flops, W), "peak": trainer.peak.source, "peak_tflops": trainer.peak.flops / 1e12,
+        "gradient_bytes": trainer.model.gradient_bytes() or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
+        "parameters": count_parameters(trainer.model.raw),
+        "model": config.model_name_or_path, "max_length": config.max_length, "precision": trainer.precision.name,
+        "bf16": config.bf16, "group_by_length": config.group_by_length, "pad_to_max_length": args.pad_to_max_length,
+        "optimizer": args.optimizer, "host_sync": args.host_sync, "device": str(env.device), "backend": env.backend,
+        "ranks": ranks,
+    }
 
 
 # ---------------------------------------------------------------------- the orchestrator
@@ -324,8 +301,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         buckets = [None] if args.bucket_cap_mb in (None, "default") else parse_float_list(args.bucket_cap_mb)
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
-    from ..cli import parse_overrides
-    from ..config import load_config
+    from ..config import load_config, parse_overrides
 
     config = load_config(args.config, parse_overrides(extra))  # a bad field fails here, before any worker starts
     if args.batch is None:
@@ -364,22 +340,22 @@ def markdown_table(report: dict[str, Any]) -> str:
              f"{report['machine']['cores_available']} cores, torch {report['machine']['torch']}",
              "", f"`{report['command']}`", "",
              "| workers x cores | batch/worker | bucket MB | samples/s | tokens/s | speedup | efficiency | step ms | "
-             "data | forward | backward (+all-reduce) | optimizer | probe: backward no_sync | probe: backward with all-reduce | exposed all-reduce | MFU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "data | forward + backward (+all-reduce) | optimizer | probe: fwd+bwd no_sync | probe: fwd+bwd with all-reduce | exposed all-reduce | MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["points"]:
         ph = r["phases_ms"]
         opt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         lines.append(
             f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | "
             f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | {r['step_ms']:.0f} | "
-            f"{ph['data']:.1f} | {ph['forward']:.0f} | {ph['backward']:.0f} | {ph['optimizer']:.0f} | "
-            f"{opt(r['backward_no_sync_ms'])} | {opt(r.get('backward_sync_probe_ms'))} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |")
+            f"{ph['data']:.1f} | {ph['forward_backward']:.0f} | {ph['optimizer']:.0f} | "
+            f"{opt(r['fwd_bwd_no_sync_ms'])} | {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |")
     first = report["points"][0]
     lines += ["", f"Model {first['model']} ({first['parameters'] / 1e6:.1f}M parameters, {first['gradient_bytes'] / 2**20:.1f} MiB of "
-              f"gradients a step), max_length {first['max_length']}, bf16 {first['bf16']}, group_by_length {first['group_by_length']}, "
-              f"{first['steps']} timed steps after {first['warmup_steps']} warm-up. Phase times are per step, mean over ranks (ms); "
-              f"the probe columns time backward on the same extra batches without and with the all-reduce (their difference "
-              f"is the exposed all-reduce). "
+              f"gradients a step), max_length {first['max_length']}, {first['precision']}, group_by_length {first['group_by_length']}, "
+              f"{first['steps']} timed steps after {first['warmup_steps']} warm-up, each the trainer's own step. Phase times "
+              f"are per step, mean over ranks (ms); the probe columns time the trainer's forward + backward on the same "
+              f"extra windows without and with the all-reduce (their difference is the exposed all-reduce). "
               f"MFU peak: {first['peak']}.", ""]
     return "\n".join(lines)
 
@@ -444,9 +420,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-cap-mb", default=None,
                    help="DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see ddp_bucket_cap_mb)")
     p.add_argument("--optimizer", choices=("fused", "foreach", "for-loop"), default="fused")
-    p.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to max_length (the seed's)")
-    p.add_argument("--host-sync", action="store_true", help="read loss and accuracy to the host every step (the seed's)")
-    p.add_argument("--no-sync-probe", type=int, default=5, help="extra backward passes without all-reduce (n > 1)")
+    p.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)")
+    p.add_argument("--host-sync", action="store_true", help="read loss and accuracy to the host every step (the reference loop's)")
+    p.add_argument("--no-sync-probe", type=int, default=5, help="extra windows timed without and with the all-reduce (n > 1)")
     p.add_argument("--output-dir", default="runs/bench")
     p.add_argument("--name", default="scaling")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per point")

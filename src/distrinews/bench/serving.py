@@ -1,6 +1,6 @@
 """``distrinews bench serving``: closed-loop load against our server and a naive one, same checkpoint, same run.
 
-The naive server is the seed's design: a FastAPI app whose sync endpoint tokenizes one
+The naive server is the reference system's design (``../shared/seeds``): a FastAPI app whose sync endpoint tokenizes one
 text (padded to ``max_length``) and runs one forward pass per request; no batching.
 Ours is ``distrinews serve`` (micro-batching, dynamic padding), with PyTorch and with
 ONNX Runtime. Each server runs alone (one at a time) on the same machine as the load
@@ -19,10 +19,8 @@ import datetime as dt
 import gzip
 import json
 import os
-import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,7 +31,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-NAIVE = "naive (seed: 1 request = 1 forward, padded to max_length)"
+from ..launch import free_port
+from .report import machine_description
+
+NAIVE = "naive (reference: 1 request = 1 forward, padded to max_length)"
 
 
 # ---------------------------------------------------------------------- the naive server
@@ -42,7 +43,7 @@ class PredictRequest(BaseModel):  # module level: FastAPI resolves the endpoint'
 
 
 def naive_app(checkpoint: str):
-    """The seed's server: one tokenize + forward per request in FastAPI's thread pool."""
+    """The reference system's server: one tokenize + forward per request in FastAPI's thread pool."""
     from contextlib import asynccontextmanager
 
     import torch
@@ -92,12 +93,6 @@ def _serve_naive(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------- load generator
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Client:
     """A minimal HTTP/1.1 keep-alive client: the load generator must cost little CPU next to the server."""
 
@@ -235,15 +230,6 @@ def _load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     return full, headlines
 
 
-def _machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), platform.processor())
-    except OSError:
-        model = platform.processor()
-    return f"{model}, {os.cpu_count()} cores visible"
-
-
 # ---------------------------------------------------------------------- the command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="servable checkpoint (best/ directory or .pt)")
@@ -254,7 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--no-onnx", action="store_true", help="skip our server on ONNX Runtime")
-    parser.add_argument("--output-dir", default="benchmarks", help="where serving.{json,md,png} go")
+    parser.add_argument("--output-dir", default="runs/bench", help="where serving.{json,md,png} go")
     parser.add_argument("--texts", type=int, default=2000, help="distinct test rows the clients cycle through")
 
 
@@ -268,7 +254,11 @@ def _start(name: str, cmd: list[str], port: int, ready: str, out: Path) -> _Serv
     return server
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        from ..config import ConfigError
+
+        raise ConfigError(f"bench serving: unexpected arguments: {' '.join(extra)}")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="distrinews-bench-serving-"))  # server logs, outside the repo
@@ -288,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     ours_cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning",
                 "--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)]
 
-    port = _free_port()
+    port = free_port()
     server = _start("naive", [sys.executable, "-m", "distrinews.bench.serving", "--naive-server", "--checkpoint", checkpoint, "--port", str(port)], port, "/health", logs)
     try:
         measure(server, "naive", "torch", "full", full, levels)
@@ -296,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
 
-    port = _free_port()
+    port = free_port()
     server = _start("ours-torch", [*ours_cmd, "--port", str(port)], port, "/ready", logs)
     try:
         measure(server, "ours", "torch", "full", full, levels)
@@ -305,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
 
     if not args.no_onnx:
-        port = _free_port()
+        port = free_port()
         server = _start("ours-onnx", [*ours_cmd, "--runtime", "onnx", "--port", str(port)], port, "/ready", logs)
         try:
             measure(server, "ours", "onnx", "headline", headlines, [1])
@@ -337,7 +327,7 @@ def _report(args: argparse.Namespace, results: list[dict[str, Any]], levels: lis
     return {
         "command": "distrinews bench serving " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if sys.argv[1:3] == ["bench", "serving"] else " ".join(sys.argv),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": machine_description(),
         "note": "servers and the load generator shared the same cores; servers ran one at a time",
         "checkpoint": str(args.checkpoint),
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms, "texts": args.texts},
@@ -351,7 +341,7 @@ def _markdown(report: dict[str, Any]) -> str:
         "# Serving benchmark",
         "",
         f"Command: `{report['command']}`  ",
-        f"Machine: {report['machine']}; {report['note']}.  ",
+        f"Machine: {report['machine']['cpu']}, {report['machine']['cores_available']} cores, torch {report['machine']['torch']}; {report['note']}.  ",
         f"Date: {report['date']}  ",
         f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:.0f} s measured per row after {report['settings']['warmup_s']:.0f} s warm-up; "
         f"ours with --max-batch-size {report['settings']['max_batch_size']} --max-wait-ms {report['settings']['max_wait_ms']:g}.",
@@ -380,7 +370,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         print("matplotlib not installed: no PNG (pip install 'distrinews[plot]')")
         return
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = [("naive", "torch", "naive (seed)"), ("ours", "torch", "ours, PyTorch"), ("ours", "onnx", "ours, ONNX Runtime")]
+    series = [("naive", "torch", "naive (reference)"), ("ours", "torch", "ours, PyTorch"), ("ours", "onnx", "ours, ONNX Runtime")]
     for server, runtime, label in series:
         rows = sorted((r for r in report["results"] if r["server"] == server and r["runtime"] == runtime and r["texts"] == "full"), key=lambda r: r["concurrency"])
         if not rows:
@@ -400,7 +390,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     ax_l.set_title("Latency p50 / p99")
     ax_t.legend(fontsize=8)
     ax_l.legend(fontsize=7)
-    fig.suptitle(f"distrinews serving — {report['machine']}", fontsize=9)
+    fig.suptitle(f"distrinews serving — {report['machine']['cpu']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

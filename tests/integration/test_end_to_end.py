@@ -1,5 +1,6 @@
 """torchrun, 2 processes, gloo, the real shipped MiniLM, a few hundred real rows: train -> best/ -> predict."""
 
+from pathlib import Path
 import json
 import subprocess
 import sys
@@ -9,7 +10,9 @@ import pytest
 
 from distrinews.launch import free_port
 
-from conftest import CONFIGS, ROOT, run_cli
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +56,20 @@ def test_best_loads_in_transformers_pipeline(trained_run):
     assert all(o["label"] in ("World", "Sports", "Business", "Sci/Tech") for o in out)
 
 
-def test_predict_command_answers(trained_run):
+def test_predict_command_answers(trained_run, cli):
     run, _ = trained_run
-    out = run_cli("predict", "--checkpoint", str(run / "best"), "--json", "Apple unveils a new iPhone with AI features").stdout
+    out = cli("predict", "--checkpoint", str(run / "best"), "--json", "Apple unveils a new iPhone with AI features").stdout
     result = json.loads(out)
     assert set(result) == {"label", "label_id", "confidence", "probabilities"}
     assert abs(sum(result["probabilities"].values()) - 1.0) < 1e-5
     assert result["probabilities"][result["label"]] == result["confidence"]
 
 
-def test_export_pt_and_predict_from_it(trained_run, tmp_path):
+def test_export_pt_and_predict_from_it(trained_run, tmp_path, cli):
     run, _ = trained_run
     pt = tmp_path / "distilbert_agnews.pt"
-    run_cli("export", "--checkpoint", str(run / "best"), "--format", "pt", "--output", str(pt))
+    cli("export", "--checkpoint", str(run / "best"), "--format", "pt", "--output", str(pt))
     text = "Oil prices climb as OPEC cuts output"
-    a = json.loads(run_cli("predict", "--checkpoint", str(run / "best"), "--json", text).stdout)
-    b = json.loads(run_cli("predict", "--checkpoint", str(pt), "--json", text).stdout)
+    a = json.loads(cli("predict", "--checkpoint", str(run / "best"), "--json", text).stdout)
+    b = json.loads(cli("predict", "--checkpoint", str(pt), "--json", text).stdout)
     assert a["label"] == b["label"] and abs(a["confidence"] - b["confidence"]) < 1e-5

@@ -106,8 +106,8 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
     return Peak(measured, f"CPU: measured {str(dtype).removeprefix('torch.')} 1024^3 matmul peak with {threads} thread(s)")
 
 
-def peak_for(device: torch.device, bf16: bool, fp16: bool) -> Peak:
-    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+def peak_for(device: torch.device, dtype: torch.dtype) -> Peak:
+    """The peak of this process's device for matmuls in ``dtype`` (``Precision.compute_dtype``)."""
     return device_peak(device.type, device.index, dtype, torch.get_num_threads())
 
 
@@ -143,7 +143,10 @@ def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world
     return model_flops / seconds / (peak_flops_per_process * world_size)
 
 
-def batch_length_stats(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[real tokens, sum of squared real lengths] of a batch, as float64 (stays on the device)."""
-    lengths = attention_mask.sum(dim=1, dtype=torch.float64)
-    return torch.stack([lengths.sum(), lengths.square().sum()])
+def throughput(counts, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
+    """samples/s, tokens/s (real tokens) and MFU of all ranks' summed ``metrics.Counts`` over ``seconds``."""
+    if seconds <= 0:
+        return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}
+    flops = shape.train_flops(counts.tokens, counts.squared_lengths)
+    return {"samples_per_s": counts.samples / seconds, "tokens_per_s": counts.tokens / seconds,
+            "mfu": mfu(flops, seconds, peak_flops, world_size)}

@@ -17,13 +17,10 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import run_cli
-from test_serve_support import ServerProcess, build_spread_checkpoint
 
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
@@ -45,16 +42,16 @@ def test_rows(agnews_dir):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, agnews_dir):
+def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
     from distrinews.data import load_split
 
     train = load_split(agnews_dir, "train")
-    return build_spread_checkpoint(tmp_path_factory.mktemp("serve") / "best", train.texts[:256])
+    return spread_checkpoint(tmp_path_factory.mktemp("serve") / "best", train.texts[:256])
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    srv = ServerProcess(checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--max-wait-ms", "50", "--max-body-bytes", "65536")
+def server(checkpoint, tmp_path_factory, server_process):
+    srv = server_process(checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--max-wait-ms", "50", "--max-body-bytes", "65536")
     try:
         yield srv.wait_ready()
     finally:
@@ -62,8 +59,8 @@ def server(checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def strict_server(checkpoint, tmp_path_factory):
-    srv = ServerProcess(
+def strict_server(checkpoint, tmp_path_factory, server_process):
+    srv = server_process(
         checkpoint, tmp_path_factory.mktemp("logs") / "strict.log",
         "--runtime", "onnx", "--max-queue", "1", "--max-batch-size", "8", "--max-wait-ms", "0",
         env={"DISTRINEWS_API_KEY": API_KEY},
@@ -136,13 +133,13 @@ def test_every_endpoint_answers_with_the_documented_shape(server):
         assert 'id="text"' in page.text and 'id="classify"' in page.text and 'href="docs"' in page.text
 
 
-def test_predict_agrees_with_the_cli_and_with_transformers_pipeline(server, checkpoint):
+def test_predict_agrees_with_the_cli_and_with_transformers_pipeline(server, checkpoint, cli):
     from transformers import pipeline
 
     with httpx.Client(base_url=server.url, timeout=30) as client:
         served = [client.post("/predict", json={"text": t}).json() for t in HEADLINES]
 
-    cli = json.loads(run_cli("predict", "--checkpoint", str(checkpoint), "--json", *HEADLINES).stdout)
+    cli = json.loads(cli("predict", "--checkpoint", str(checkpoint), "--json", *HEADLINES).stdout)
     classifier = pipeline("text-classification", model=str(checkpoint), top_k=None, device="cpu")
     reference = classifier(HEADLINES)
 
@@ -231,7 +228,17 @@ def test_the_text_length_limits_are_inclusive(server):
 
 
 def test_no_bad_input_ever_produced_a_500(server):
+    # Sends every bad request itself, so it holds whichever tests ran before it (or none).
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for _, path, kwargs, status, _ in BAD_REQUESTS:
+            kwargs = dict(kwargs)
+            if not isinstance(kwargs.get("content", b""), bytes):
+                continue  # a streamed body is a one-shot iterator, consumed by its own test
+            assert client.request(kwargs.pop("method", "POST"), path, **kwargs).status_code == status
     text = httpx.get(server.url + "/metrics").text
+    counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith("distrinews_http_requests_total{") and 'status="4' in line)
+    assert counted >= len(BAD_REQUESTS) - 1, "the metrics must have counted the bad requests"
     # (503 on /ready while the model loaded is by design; nothing else may be a 5xx.)
     server_errors = [line for line in text.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line]
     assert all('route="/ready",status="503"' in line for line in server_errors), server_errors
@@ -411,8 +418,8 @@ def test_a_saturated_server_answers_429_and_recovers(strict_server):
 
 
 # ---------------------------------------------------------------------- graceful shutdown
-def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_path):
-    srv = ServerProcess(checkpoint, tmp_path / "drain.log").wait_ready()
+def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_path, server_process):
+    srv = server_process(checkpoint, tmp_path / "drain.log").wait_ready()
     # Each request is 32 texts of 10,000 characters: slow to tokenize, so several are still
     # queued behind the first when SIGTERM arrives.
     texts = [(f"{i} " + "Stocks fell sharply on Wall Street today as investors weighed new data " * 150)[:10_000] for i in range(32)]

@@ -1,12 +1,13 @@
 """DDP over 2 processes is the same optimisation as 1 process with the global batch."""
 
+from pathlib import Path
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from distrinews.model import build_model
 
-from conftest import CONFIGS, run_cli
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
 
 STEPS = 6
 COMMON = ["--config", str(CONFIGS / "tiny.yaml"), "--dropout", "0.0", "--max_steps", str(STEPS), "--train_samples", "256",
@@ -14,9 +15,9 @@ COMMON = ["--config", str(CONFIGS / "tiny.yaml"), "--dropout", "0.0", "--max_ste
           "--disable_tqdm", "true", "--logging_steps", "2"]
 
 
-def _train(tmp_path, name, nproc, batch, accum, group):
+def _train(tmp_path, name, nproc, batch, accum, group, cli):
     out = tmp_path / name
-    run_cli("train", *COMMON, "--output-dir", str(out), "--per_device_train_batch_size", str(batch),
+    cli("train", *COMMON, "--output-dir", str(out), "--per_device_train_batch_size", str(batch),
             "--gradient_accumulation_steps", str(accum), "--group_by_length", str(group).lower(), nproc=nproc)
     return load_file(str(out / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
 

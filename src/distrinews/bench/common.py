@@ -6,7 +6,14 @@ import argparse
 
 
 def comparison_parser(description: str) -> argparse.ArgumentParser:
+    """The baselines' own parser (they run under torchrun): the shared options plus where to write the result."""
     p = argparse.ArgumentParser(description=description)
+    add_shared_arguments(p)
+    p.add_argument("--result", required=True)
+    return p
+
+
+def add_shared_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="minilm")
     p.add_argument("--data", default=None)
     p.add_argument("--train-samples", type=int, default=3200)
@@ -18,5 +25,3 @@ def comparison_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--result", required=True)
-    return p

@@ -1,4 +1,4 @@
-"""Training speed side by side, in one run: ``distrinews train`` vs Hugging Face Trainer vs the seed's loop.
+"""Training speed side by side, in one run: ``distrinews train`` vs Hugging Face Trainer vs the reference loop.
 
 Same machine, model (shipped MiniLM), rows (a seeded stratified sample), batch per process,
 maximum length (128), number of steps (one epoch of the rows), learning rate and schedule,
@@ -8,12 +8,16 @@ Each is then scored by the same exact evaluator on the test split.
     samples/s (steady)  = (last step - step W) x global batch / (time at last step - time at step W)
     samples/s (loop)    = steps x global batch / time from the loop's start to its last step
 
-Then ``--ablation``: what each of our optimisations gives, one at a time on top of the seed's
-settings, timed by ``distrinews bench scaling``'s worker (the trainer's own components, 2 workers
+Then the ablation: what each of our optimisations gives, one at a time on top of the reference
+loop's settings, timed by ``distrinews bench scaling``'s worker (the trainer's own components, 2 workers
 pinned to 1 core each).
 
-    python bench/compare_training.py --output-dir benchmarks            # compare + ablation
-    python bench/compare_training.py --what compare --train-samples 3200
+    distrinews bench compare --output-dir benchmarks            # compare + ablation
+    distrinews bench compare --what compare --train-samples 3200
+
+The reference loop is the training loop of the system this project grew from (``../shared/seeds``);
+each baseline runs under torchrun as ``python -m distrinews.bench.hf_trainer`` /
+``python -m distrinews.bench.reference_loop``.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from ..launch import free_port
+from . import scaling
+from .report import machine_description, write_report
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -51,19 +56,17 @@ def ratio(a: float, b: float) -> float:
 
 # ---------------------------------------------------------------------- the three runs
 def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, timeout: float) -> None:
-    from distrinews.launch import free_port
-
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", *target]
     with open(log, "w") as fh:
-        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT)
+        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
 
 
 def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     run_dir = tmp / "ours"
-    _torchrun(a.nproc, ["-m", "distrinews", "train", "--config", str(ROOT / "configs" / "cpu-quick.yaml"),
+    _torchrun(a.nproc, ["-m", "distrinews", "train", *ours_settings(a),
                         "--model_name_or_path", a.model, "--train_samples", str(a.train_samples),
                         "--eval_samples", str(a.eval_samples) if a.eval_samples else "null",
                         "--per_device_train_batch_size", str(a.batch_size), "--max_length", str(a.max_length),
@@ -85,7 +88,7 @@ def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str,
 
 def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: dict[str, str], extra: list[str]) -> dict[str, Any]:
     out = tmp / f"{script}.json"
-    _torchrun(a.nproc, [str(ROOT / "bench" / f"{script}.py"), "--model", a.model, "--train-samples", str(a.train_samples),
+    _torchrun(a.nproc, ["-m", f"distrinews.bench.{script}", "--model", a.model, "--train-samples", str(a.train_samples),
                         "--batch-size", str(a.batch_size), "--max-length", str(a.max_length), "--result", str(out), *extra]
               + (["--eval-samples", str(a.eval_samples)] if a.eval_samples else []), env, tmp / f"{script}.log", a.timeout)
     r = json.loads(out.read_text())
@@ -100,13 +103,13 @@ def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: di
 
 def compare(a: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // a.nproc)),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
+           "TOKENIZERS_PARALLELISM": "false"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
         jobs = [("ours", lambda: run_ours(a, tmp, env)),
                 ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, [])),
-                ("seed", lambda: run_script("seed loop (fp32, pad to 128)", "seed_loop", a, tmp, env, []))]
+                ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, []))]
         for key, job in jobs:
             if key not in a.runs:
                 continue
@@ -125,8 +128,8 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- ablation
 ABLATION_STEPS = [
-    # (label, scaling-worker flags, config overrides): cumulative, from the seed's settings to ours
-    ("seed settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
+    # (label, scaling-worker flags, config overrides): cumulative, from the reference loop's settings to ours
+    ("reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
      ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
     ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
     ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "true"]),
@@ -137,24 +140,23 @@ ABLATION_STEPS = [
 
 
 def ablation(a: argparse.Namespace) -> dict[str, Any]:
-    from distrinews.bench import scaling
-
     rows, previous = [], None
     for label, flags, overrides in ABLATION_STEPS:
         parser = argparse.ArgumentParser()
         scaling.add_arguments(parser)
         args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", "1", "--no-sync-probe", "0",
-                                  "--config", str(ROOT / "configs" / "cpu-quick.yaml"), *flags])
+                                  *flags])
         args.cores_per_worker = max(1, len(os.sched_getaffinity(0)) // a.nproc)
         args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
-        extra = [*overrides, "--model_name_or_path", a.model, "--max_length", str(a.max_length)]
+        extra = [*ours_settings(a), *overrides, "--model_name_or_path", a.model, "--max_length", str(a.max_length),
+                 "--train_samples", str(a.train_samples)]
         print(f"[ablation] {label} ...", flush=True)
         p = scaling.run_point(args, a.nproc, None, extra)  # the config's default bucket size
         row = {"label": label, "samples_per_s": p["samples_per_s"], "tokens_per_s": p["tokens_per_s"],
                "padded_tokens_per_s": p["padded_tokens_per_s"], "step_ms": p["step_ms"], "phases_ms": p["phases_ms"],
                "mfu": p["mfu"], "peak": p["peak"]}
         row["gain_over_previous"] = ratio(row["samples_per_s"], previous["samples_per_s"]) if previous else None
-        row["gain_over_seed_settings"] = ratio(row["samples_per_s"], rows[0]["samples_per_s"]) if rows else 1.0
+        row["gain_over_reference_settings"] = ratio(row["samples_per_s"], rows[0]["samples_per_s"]) if rows else 1.0
         print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
         rows.append(row)
         previous = row
@@ -167,10 +169,10 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Training speed side by side ({report['date']})", "",
              f"Machine: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}. Command: `{report['command']}`", ""]
     if "compare" in report:
-        lines += [f"Model {s['model']}, {s['train_samples']:,} training rows (seeded stratified sample), {s['nproc']} processes x "
+        lines += [f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample, seed 42), {s['nproc']} processes x "
                   f"batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
                   f"DDP over gloo, one thread per process. Test: "
-                  + ("the full 7,600-row test split" if not s["eval_samples"] else f"a seeded stratified sample of {s['eval_samples']:,} test rows")
+                  + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
                   + ", the same exact evaluator for all three. Steady samples/s from the end of step "
                   f"{s['warmup_step']} to the last step.", "",
                   "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | test accuracy | macro-F1 | train loss |",
@@ -184,12 +186,12 @@ def markdown(report: dict[str, Any]) -> str:
         ab = report["ablation"]
         lines += [f"## What each optimisation gives ({ab['workers']} workers x 1 core, pinned, {ab['steps']} timed steps, "
                   f"batch {s['batch_size']}/worker, cpu-quick rows)", "",
-                  "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous | over seed settings | MFU |",
+                  "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous | over reference settings | MFU |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ab["rows"]:
             gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
             lines.append(f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
-                         f"{r['step_ms']:.0f} | {gp} | {r['gain_over_seed_settings']:.2f}x | {100 * r['mfu']:.1f}% |")
+                         f"{r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |")
         lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
     return "\n".join(lines)
 
@@ -222,28 +224,34 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def ours_settings(a: argparse.Namespace) -> list[str]:
+    """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
+    return ["--learning_rate", str(a.learning_rate), "--warmup_ratio", str(a.warmup_ratio), "--weight_decay", str(a.weight_decay),
+            "--max_grad_norm", str(a.max_grad_norm), "--bf16", "true", "--group_by_length", "true", "--seed", str(a.seed)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .common import add_shared_arguments
+
+    add_shared_arguments(p)
     p.add_argument("--what", default="compare,ablation", help="compare, ablation, or both (comma-separated)")
-    p.add_argument("--runs", default="ours,trainer,seed", help="which of ours,trainer,seed to compare")
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--train-samples", type=int, default=3200)
-    p.add_argument("--eval-samples", type=int, default=None, help="stratified test sample (default: all 7,600 rows)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--runs", default="ours,trainer,reference", help="which of ours,trainer,reference to compare")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
     p.add_argument("--ablation-steps", type=int, default=50)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--output-dir", default="runs/bench")
     p.add_argument("--name", default="compare-training")
-    a = p.parse_args()
+
+
+def run(a: argparse.Namespace, extra: list[str]) -> int:
+    from ..config import ConfigError
+
+    if extra:
+        raise ConfigError(f"bench compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
     what = {w.strip() for w in a.what.split(",")}
-
-    from distrinews.bench.report import machine_description, write_report
-
-    report: dict[str, Any] = {"command": "python bench/compare_training.py " + " ".join(sys.argv[1:]),
+    report: dict[str, Any] = {"command": "distrinews " + " ".join(sys.argv[1:]),
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_description(),
                               "settings": {k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size",
                                                                       "max_length", "nproc", "warmup_step")}}
@@ -252,7 +260,4 @@ def main() -> None:
     if "ablation" in what:
         report["ablation"] = ablation(a)
     write_report(report, a.output_dir, a.name, markdown, plot)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -4,6 +4,7 @@ Needs root and iproute2 (as CI has); each host has its own address, and rendezvo
 the store all go over the veth link, never loopback.
 """
 
+from pathlib import Path
 import json
 import os
 import shutil
@@ -13,7 +14,9 @@ import uuid
 
 import pytest
 
-from conftest import CONFIGS, ROOT
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
 
 SUBNET = "10.231.{}.{}"
 

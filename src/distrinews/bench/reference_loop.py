@@ -1,6 +1,6 @@
-"""The seed's own training loop (003_d2ea3caf0b11520d.txt, training/train_ddp.py), for speed comparisons.
+"""The reference system's training loop (``../shared/seeds/003_d2ea3caf0b11520d.txt``, training/train_ddp.py), for speed comparisons.
 
-What makes it the seed's: a Dataset that tokenizes each row when it is fetched and pads it to
+What makes it the reference loop: a Dataset that tokenizes each row when it is fetched and pads it to
 max_length (128), fp32 throughout, ``DistributedSampler`` + ``DataLoader``, ``DDP(model)`` with its
 defaults, ``AdamW(model.parameters())`` (one parameter group, torch's default implementation),
 ``get_linear_schedule_with_warmup``, and an ``AverageMeter`` fed ``loss.item()`` and the batch
@@ -9,8 +9,8 @@ loader and seeded stratified sample), the same model and head initialisation (``
 the same learning rate, warm-up, weight decay, clipping, batch size and number of steps; and the
 same exact evaluator on the test split afterwards.
 
-Run under torchrun (``bench/compare_training.py`` does):
-    torchrun --nproc-per-node 2 bench/seed_loop.py --train-samples 3200 --result out.json
+Run under torchrun (``distrinews bench compare`` does):
+    torchrun --nproc-per-node 2 -m distrinews.bench.reference_loop --train-samples 3200 --result out.json
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
-from common import comparison_parser  # bench/common.py, beside this script
-
-from distrinews.config import TrainConfig
-from distrinews.data import load_split, stratified_sample, tokenize_cached
-from distrinews.distributed import DistEnv
-from distrinews.evaluation import evaluate
-from distrinews.model import build_model, build_tokenizer
+from ..precision import Precision
+from .common import comparison_parser
+from ..data import load_split, stratified_sample, tokenize_cached
+from ..distributed import DistEnv
+from ..evaluation import evaluate
+from ..model import build_model, build_tokenizer
 
 
 class AGNewsDataset(Dataset):
-    """The seed's dataset: tokenizes on every fetch, every row padded to max_length."""
+    """The reference dataset: tokenizes on every fetch, every row padded to max_length."""
 
     def __init__(self, texts, labels, tokenizer, max_length=128):
         self.texts, self.labels, self.tokenizer, self.max_length = texts, labels, tokenizer, max_length
@@ -109,7 +108,6 @@ def main() -> None:
         train_time = time.time() - started
 
         env = DistEnv(rank, local_rank, world, world, device, "gloo" if world > 1 else None)
-        eval_config = TrainConfig(per_device_eval_batch_size=128, max_length=args.max_length, bf16=False)
         test_raw = load_split(args.data, "test")
         test_raw = test_raw.subset(stratified_sample(test_raw.labels, args.eval_samples, args.seed))
         test = tokenize_cached(test_raw, tokenizer, args.max_length, None, build=True) if rank == 0 else None
@@ -117,7 +115,7 @@ def main() -> None:
             dist.barrier()
         if rank != 0:
             test = tokenize_cached(test_raw, tokenizer, args.max_length, None, build=False)
-        metrics = evaluate(model, test, env, eval_config)
+        metrics = evaluate(model, test, env, 128, Precision(device.type, None))
         if rank == 0:
             with open(args.result, "w") as fh:
                 json.dump({"step_times": step_times, "train_start": started, "train_time_s": train_time, "steps": len(step_times),

@@ -1,10 +1,12 @@
+from pathlib import Path
+
 import pytest
 
-from distrinews.cli import main, parse_overrides
-from distrinews.config import ConfigError, TrainConfig, load_config
-from distrinews.trainer import check_runtime
+from distrinews.cli import main
+from distrinews.config import ConfigError, TrainConfig, load_config, parse_overrides
+from distrinews.precision import check_precision_supported
 
-from conftest import CONFIGS
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in CONFIGS.glob("*.yaml")))
@@ -28,6 +30,10 @@ def test_unknown_key_is_named_with_a_suggestion():
         ("warmup_ratio", 1.5, "'warmup_ratio': must be in"),
         ("strategy", "horovod", "'strategy': must be one of"),
         ("max_length", None, "'max_length' may not be null"),
+        ("strategy", "auto", "'strategy': must be one of ddp, single"),
+        ("num_train_epochs", "inf", "'num_train_epochs': must be a finite number"),
+        ("learning_rate", "nan", "'learning_rate': must be a finite number"),
+        ("ddp_timeout", 0, "'ddp_timeout': must be >= 1"),
     ],
 )
 def test_bad_values_name_the_field(key, value, message):
@@ -46,7 +52,7 @@ def test_fp16_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("this check is for machines without CUDA")
     with pytest.raises(ConfigError, match="'fp16'.*needs CUDA"):
-        check_runtime(TrainConfig(fp16=True))
+        check_precision_supported(TrainConfig(fp16=True))
 
 
 def test_command_line_strings_are_typed():

@@ -8,7 +8,7 @@ AdamW, dynamic padding (``DataCollatorWithPadding``), no checkpoints, no evaluat
 training, no reporting integrations. DDP over gloo when run under torchrun, as ours.
 Afterwards the trained model is scored by the same exact evaluator as ours.
 
-    torchrun --nproc-per-node 2 bench/hf_trainer.py --train-samples 3200 --result out.json
+    torchrun --nproc-per-node 2 -m distrinews.bench.hf_trainer --train-samples 3200 --result out.json
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
-from common import comparison_parser  # bench/common.py, beside this script
-
-from distrinews.config import TrainConfig
-from distrinews.data import load_split, stratified_sample, tokenize_cached
-from distrinews.distributed import DistEnv
-from distrinews.evaluation import evaluate
-from distrinews.model import build_model, build_tokenizer
+from ..precision import Precision
+from .common import comparison_parser
+from ..data import load_split, stratified_sample, tokenize_cached
+from ..distributed import DistEnv
+from ..evaluation import evaluate
+from ..model import build_model, build_tokenizer
 
 
 class Rows(Dataset):
@@ -93,8 +92,8 @@ def main() -> None:
     test_raw = load_split(args.data, "test")
     test_raw = test_raw.subset(stratified_sample(test_raw.labels, args.eval_samples, args.seed))
     test = tokenize_cached(test_raw, tokenizer, args.max_length, None, build=True)
-    eval_config = TrainConfig(per_device_eval_batch_size=128, max_length=args.max_length, bf16=args.bf16)
-    metrics = evaluate(trainer.model, test, env, eval_config)
+    precision = Precision("cpu", torch.bfloat16 if args.bf16 else None)
+    metrics = evaluate(trainer.model, test, env, 128, precision)
     if rank == 0:
         with open(args.result, "w") as fh:
             json.dump({"step_times": clock.step_times, "train_start": clock.train_start,

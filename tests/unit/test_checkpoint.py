@@ -6,7 +6,12 @@ import torch
 from safetensors.torch import load_file
 
 from distrinews import checkpoint as ckpt
+from distrinews.distributed import DistEnv
 from distrinews.model import build_model, build_tokenizer
+from distrinews.parallel import ParallelModel
+from distrinews.rundir import clean_stale_tmp
+
+ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
 
 @pytest.fixture(scope="module")
@@ -14,11 +19,16 @@ def tiny():
     return build_model("tiny-random", dropout=0.0, seed=0), build_tokenizer("tiny-random")
 
 
-def _save_step(root, step, model):
+def _parts(model):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return ckpt.save_resumable(root, step, model, opt, sched, None, {"epoch": 0, "step_in_epoch": step},
-                               [ckpt.capture_rng_state()], {"model_name_or_path": "tiny-random"})
+    return ParallelModel(model, model, "ddp", ONE_PROCESS), opt, sched
+
+
+def _save_step(root, step, model, limit=None):
+    wrapped, opt, sched = _parts(model)
+    checkpointer = ckpt.Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
+    return checkpointer.save(step, wrapped, opt, sched, None, {"epoch": 0, "step_in_epoch": step})
 
 
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):
@@ -26,10 +36,10 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     path = _save_step(tmp_path, 5, model)
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "optimizer.pt", "rng_state.pt", "scheduler.pt", "trainer_state.json"]
     fresh = build_model("tiny-random", dropout=0.0, seed=1)
-    opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    state, rng = ckpt.load_resumable(path, fresh, opt, sched, None)
-    assert state["global_step"] == 5
+    assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    wrapped, opt, sched = _parts(fresh)
+    loaded = ckpt.Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
+    assert loaded.trainer_state["global_step"] == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k
     torch.manual_seed(0)
@@ -52,11 +62,26 @@ def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypa
     monkeypatch.undo()
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-1"]
     assert load_file(str(tmp_path / "step-1" / "model.safetensors"))
-    assert ckpt.resolve_resume("auto", tmp_path.parent / "x") is None
+    assert ckpt.resolve_resume("auto", tmp_path).name == "step-1", "auto resumes from the last whole checkpoint"
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     assert leftovers, "the half-written save stays under a temp name"
-    ckpt.clean_stale_tmp(tmp_path)
+    clean_stale_tmp(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert [p.name for p in tmp_path.iterdir()] == ["step-1"]
+
+
+def test_tied_weights_are_stored_once_and_load_back(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight  # tied, as language-model heads are
+    ckpt.save_weights(model.state_dict(), tmp_path / "w.safetensors")
+    assert list(load_file(str(tmp_path / "w.safetensors"))) == ["0.weight"]
+    fresh = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    fresh[1].weight = fresh[0].weight
+    ckpt.load_weights(fresh, tmp_path / "w.safetensors")
+    assert torch.equal(fresh[1].weight, model[0].weight)
+    untied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    with pytest.raises(ValueError, match="do not match"):
+        ckpt.load_weights(untied, tmp_path / "w.safetensors")
 
 
 def test_rotation_keeps_the_newest(tmp_path, tiny):
@@ -66,25 +91,29 @@ def test_rotation_keeps_the_newest(tmp_path, tiny):
     removed = ckpt.rotate_checkpoints(tmp_path, 2)
     assert sorted(p.name for p in removed) == ["step-10", "step-2"]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-20", "step-30"]
+    _save_step(tmp_path, 40, model, limit=2)  # the checkpointer rotates after each save
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-30", "step-40"]
 
 
 def test_resolve_resume(tmp_path, tiny):
     model, _ = tiny
-    run = tmp_path / "run"
-    assert ckpt.resolve_resume("auto", run) is None
-    _save_step(run / "checkpoints", 3, model)
-    _save_step(run / "checkpoints", 12, model)
-    assert ckpt.resolve_resume("auto", run).name == "step-12"
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert ckpt.resolve_resume("auto", checkpoints) is None
+    assert ckpt.resolve_resume(None, checkpoints) is None
+    _save_step(checkpoints, 3, model)
+    _save_step(checkpoints, 12, model)
+    assert ckpt.resolve_resume("auto", checkpoints).name == "step-12"
+    assert ckpt.resolve_resume(str(checkpoints / "step-3"), checkpoints).name == "step-3"
     with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
-        ckpt.resolve_resume(str(tmp_path / "nope"), run)
+        ckpt.resolve_resume(str(tmp_path / "nope"), checkpoints)
 
 
 def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
     from transformers import pipeline
 
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
-    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
+    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
+    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
     assert sorted(os.listdir(tmp_path)) == ["best"]
     info = json.loads((tmp_path / "best" / "distrinews.json").read_text())
     assert info["metrics"]["accuracy"] == 0.2 and info["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
@@ -94,10 +123,10 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
     assert out[0]["label"] in info["label_names"]
 
 
-def test_seed_pt_export_and_load(tmp_path, tiny):
+def test_legacy_pt_export_and_load(tmp_path, tiny):
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1})
-    out = ckpt.export_seed_pt(tmp_path / "best", tmp_path / "model.pt")
+    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1})
+    out = ckpt.export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
     assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
     assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
@@ -110,11 +139,11 @@ def test_seed_pt_export_and_load(tmp_path, tiny):
     assert info["max_length"] == 64
 
 
-def test_seed_style_wrapped_state_dict_loads(tmp_path, tiny):
-    """The seed saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
+def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
+    """The reference system saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, tok, {"max_length": 64})
-    path = ckpt.export_seed_pt(tmp_path / "best", tmp_path / "seed.pt")
+    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+    path = ckpt.export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
     payload = torch.load(path, weights_only=True)
     payload["model_state_dict"] = {f"model.{k}": v for k, v in payload["model_state_dict"].items()}
     torch.save(payload, path)

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from distrinews.metrics import MetricsLogger, classification_metrics, confusion_matrix
+from distrinews.metrics import MetricsLogger, classification_metrics, confusion_matrix, read_log
 
 
 def test_confusion_matrix_counts_true_by_predicted():
@@ -29,3 +29,16 @@ def test_logger_writes_jsonl_only_when_enabled(tmp_path):
     lines = (tmp_path / "on" / "log.jsonl").read_text().splitlines()
     assert len(lines) == 1 and '"step": 3' in lines[0]
     assert list((tmp_path / "on" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_a_resumed_run_drops_what_the_interrupted_run_logged_after_its_checkpoint(tmp_path):
+    log = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    for step in (5, 10, 10, 15, 20):
+        log.log("train", step, {"loss": float(step)})
+    log.close()
+    with open(tmp_path / "log.jsonl", "a") as fh:
+        fh.write('{"kind": "train", "step": 25, "lo')  # cut short by the kill
+    resumed = MetricsLogger(tmp_path, enabled=True, tensorboard=False, resume_step=10)
+    resumed.log("train", 15, {"loss": 0.0})
+    resumed.close()
+    assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "log.jsonl")] == [(5, 5.0), (10, 10.0), (10, 10.0), (15, 0.0)]

@@ -1,7 +1,7 @@
 """``distrinews serve``: the REST API under uvicorn.
 
 ``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port`` (as in the
-seed, and as container platforms set them). SIGTERM stops accepting connections, answers
+reference system, and as container platforms set them). SIGTERM stops accepting connections, answers
 every request already in flight, finishes the batcher's queue, then exits 0.
 """
 
@@ -13,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-from .config import ConfigError
+from ..config import ConfigError
 
 DEFAULT_PORT = 7860
 
@@ -31,7 +31,7 @@ def _env_port() -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a checkpoint over HTTP (REST API, demo page, metrics)")
-    p.add_argument("--checkpoint", default=None, help="best/ directory, step-N directory or the seed's .pt file (default: $MODEL_CHECKPOINT)")
+    p.add_argument("--checkpoint", default=None, help="best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a container)")
     p.add_argument("--port", type=int, default=None, help=f"port (default: $PORT, else {DEFAULT_PORT})")
     p.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
@@ -71,12 +71,15 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+    from . import no_extra_arguments, require_extra
+
+    no_extra_arguments("serve", extra)
     _validate(args)
+    if args.runtime == "onnx":
+        require_extra("onnxruntime", "onnx", "serve --runtime onnx")
     import uvicorn
 
-    from .serve.app import ServeConfig, config_summary, create_app
+    from ..serve.app import ServeConfig, config_summary, create_app
 
     config = ServeConfig(
         checkpoint=args.checkpoint,

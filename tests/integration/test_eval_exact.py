@@ -8,7 +8,6 @@ import torch
 from distrinews.checkpoint import save_servable
 from distrinews.model import build_model, build_tokenizer
 
-from conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +17,15 @@ def spread_checkpoint(tmp_path_factory):
     with torch.no_grad():
         model.classifier.weight.mul_(200.0)
     path = tmp_path_factory.mktemp("ckpt") / "best"
-    save_servable(path, model, build_tokenizer("tiny-random"), {"max_length": 64})
+    save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 64})
     return path
 
 
-def test_world_sizes_1_2_3_agree(spread_checkpoint, tmp_path, agnews_dir):
+def test_world_sizes_1_2_3_agree(spread_checkpoint, tmp_path, agnews_dir, cli):
     results = {}
     for world in (1, 2, 3):
         out = tmp_path / f"eval-{world}.json"
-        run_cli("eval", "--checkpoint", str(spread_checkpoint), "--output-json", str(out), nproc=None if world == 1 else world)
+        cli("eval", "--checkpoint", str(spread_checkpoint), "--output-json", str(out), nproc=None if world == 1 else world)
         results[world] = json.loads(out.read_text())
     base = results[1]
     assert base["samples"] == 7600

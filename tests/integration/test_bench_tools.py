@@ -6,26 +6,27 @@ agree with their own arithmetic.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 
 import pytest
 
-from conftest import CONFIGS, run_cli
 from distrinews.bench import collectives
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 pytestmark = pytest.mark.slow
 
 
-def test_bench_help_lists_the_tools():
-    import importlib.util
-
-    out = run_cli("bench", "--help").stdout
-    assert "scaling" in out and "collectives" in out
-    assert ("serving" in out) == (importlib.util.find_spec("distrinews.bench.serving") is not None)
+def test_bench_help_lists_every_tool(cli):
+    out = cli("bench", "--help").stdout
+    for tool in ("scaling", "collectives", "serving", "compare"):
+        assert tool in out
 
 
-def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir):
-    run_cli("bench", "scaling", "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--no-sync-probe", "1",
+def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
+    cli("bench", "scaling", "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--no-sync-probe", "1",
             "--config", str(CONFIGS / "tiny.yaml"), "--train_samples", "96", "--max_length", "32", "--ddp_comm_hook", "bf16",
             "--output-dir", str(tmp_path), "--name", "weak")
     report = json.loads((tmp_path / "weak.json").read_text())
@@ -51,15 +52,15 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir):
     assert 0 < two["mfu"] < 1
 
 
-def test_scaling_rejects_bad_input_before_starting_workers():
-    proc = run_cli("bench", "scaling", "--nproc", "1,8", "--cores-per-worker", "4", check=False)
+def test_scaling_rejects_bad_input_before_starting_workers(cli):
+    proc = cli("bench", "scaling", "--nproc", "1,8", "--cores-per-worker", "4", check=False)
     assert proc.returncode == 2 and "need 32 cores" in proc.stderr
-    proc = run_cli("bench", "scaling", "--nproc", "1,2", "--config", str(CONFIGS / "tiny.yaml"), "--ddp_comm_hook", "int4", check=False)
+    proc = cli("bench", "scaling", "--nproc", "1,2", "--config", str(CONFIGS / "tiny.yaml"), "--ddp_comm_hook", "int4", check=False)
     assert proc.returncode == 2 and "ddp_comm_hook" in proc.stderr
 
 
-def test_collectives_table_and_model_section(tmp_path, agnews_dir):
-    run_cli("bench", "collectives", "--nproc", "2", "--max-bytes", "4096", "--model", "tiny-random",
+def test_collectives_table_and_model_section(tmp_path, agnews_dir, cli):
+    cli("bench", "collectives", "--nproc", "2", "--max-bytes", "4096", "--model", "tiny-random",
             "--train-samples", "64", "--compute-batches", "1", "--max-length", "32",
             "--output-dir", str(tmp_path), "--name", "coll")
     report = json.loads((tmp_path / "coll.json").read_text())
@@ -77,9 +78,9 @@ def test_collectives_table_and_model_section(tmp_path, agnews_dir):
     params = sum(p.numel() for p in build_model("tiny-random").parameters())
     assert model["gradient_bytes"] == 4 * params and model["parameters"] == params
     assert model["measured_ratio"] == pytest.approx(model["allreduce_s"] / model["forward_backward_s"])
-    assert model["seed_estimate"] == pytest.approx(collectives.seed_comm_comp_ratio(params, 16, 2))
+    assert model["lesson_estimate"] == pytest.approx(collectives.lesson_comm_comp_ratio(params, 16, 2))
     md = (tmp_path / "coll.md").read_text()
-    assert "measured comm/compute ratio" in md and "seed's estimate" in md
+    assert "measured comm/compute ratio" in md and "lesson 04's estimate" in md
     assert (tmp_path / "coll.png").stat().st_size > 1000
 
 

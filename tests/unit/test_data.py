@@ -6,7 +6,6 @@ from distrinews.data import (
 )
 from distrinews.model import build_tokenizer
 
-from conftest import write_csv
 
 
 def test_clean_text_undoes_the_release_escapes():
@@ -18,7 +17,7 @@ def test_clean_text_undoes_the_release_escapes():
     assert clean_text("Merged title and text", "") == "Merged title and text"
 
 
-def test_read_csv_plain_and_gz(tmp_path):
+def test_read_csv_plain_and_gz(tmp_path, write_csv):
     rows = [("1", "World news", "desc"), ("4", "Tech", "more")]
     for gz in (False, True):
         path = write_csv(tmp_path / ("t.csv.gz" if gz else "t.csv"), rows, gz=gz)
@@ -37,13 +36,13 @@ def test_read_csv_plain_and_gz(tmp_path):
         (("2", "only two columns"), r"t.csv:3: expected 3 columns"),
     ],
 )
-def test_malformed_row_names_file_and_line(tmp_path, bad_row, message):
+def test_malformed_row_names_file_and_line(tmp_path, bad_row, message, write_csv):
     path = write_csv(tmp_path / "t.csv", [("1", "a", "b"), ("2", "c", "d"), bad_row, ("3", "e", "f")])
     with pytest.raises(DataError, match=message):
         read_csv(path)
 
 
-def test_line_numbers_count_multiline_fields(tmp_path):
+def test_line_numbers_count_multiline_fields(tmp_path, write_csv):
     path = write_csv(tmp_path / "t.csv", [("1", "a", "first\nsecond\nthird"), ("9", "c", "d")])
     with pytest.raises(DataError, match=r"t.csv:4: class 9"):
         read_csv(path)
@@ -66,7 +65,7 @@ def test_directory_without_split_files(tmp_path):
         load_split(str(tmp_path), "test")
 
 
-def test_train_split_includes_shards(tmp_path):
+def test_train_split_includes_shards(tmp_path, write_csv):
     write_csv(tmp_path / "train.csv.gz", [("1", "a", "b")], gz=True)
     write_csv(tmp_path / "train-extra.csv", [("2", "c", "d"), ("3", "e", "f")])
     write_csv(tmp_path / "test.csv", [("4", "g", "h")])

@@ -7,14 +7,13 @@ import socket
 
 import pytest
 
-from conftest import run_cli
 from distrinews import doctor
 
 pytestmark = pytest.mark.slow
 
 
-def test_healthy_two_process_rendezvous(tmp_path):
-    proc = run_cli("doctor", "--nproc", "2", "--bandwidth-mb", "1", "--timeout", "60", "--json", str(tmp_path / "d.json"))
+def test_healthy_two_process_rendezvous(tmp_path, cli):
+    proc = cli("doctor", "--nproc", "2", "--bandwidth-mb", "1", "--timeout", "60", "--json", str(tmp_path / "d.json"))
     out = proc.stdout
     assert "torch " in out and "backends: distributed yes, gloo yes" in out
     assert "free port found: 127.0.0.1:" in out
@@ -28,19 +27,19 @@ def test_healthy_two_process_rendezvous(tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["checks"]["all_reduce"]["got"] == 3.0
 
 
-def test_port_in_use_is_named_with_advice():
+def test_port_in_use_is_named_with_advice(cli):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = run_cli("doctor", "--nproc", "2", "--port", str(port), "--timeout", "5", check=False)
+        proc = cli("doctor", "--nproc", "2", "--port", str(port), "--timeout", "5", check=False)
     assert proc.returncode == 1
     assert f"[FAIL] port {port} on 127.0.0.1 cannot be bound" in proc.stdout
     assert "What to do:" in proc.stdout and f"ss -ltnp | grep :{port}" in proc.stdout and "pick another port" in proc.stdout
 
 
-def test_a_rank_that_never_joins_times_out_with_advice():
-    proc = run_cli("doctor", "--nproc", "2", "--start-ranks", "1", "--timeout", "4", check=False)
+def test_a_rank_that_never_joins_times_out_with_advice(cli):
+    proc = cli("doctor", "--nproc", "2", "--start-ranks", "1", "--timeout", "4", check=False)
     assert proc.returncode == 1
     assert "started 1 of 2 ranks" in proc.stdout
     assert "failed in phase 'rendezvous'" in proc.stdout
@@ -48,8 +47,8 @@ def test_a_rank_that_never_joins_times_out_with_advice():
     assert "same MASTER_ADDR:MASTER_PORT" in proc.stdout
 
 
-def test_under_torchrun_with_nproc_per_node():
-    proc = run_cli("doctor", "--bandwidth-mb", "1", nproc=2)
+def test_under_torchrun_with_nproc_per_node(cli):
+    proc = cli("doctor", "--bandwidth-mb", "1", nproc=2)
     assert proc.stdout.count("distrinews doctor") == 1  # rank 0 reports, once
     assert "torchrun launched 2 processes" in proc.stdout
     assert "[ OK ] all_reduce correct on every rank (got 3.0, expected 3.0)" in proc.stdout
@@ -66,5 +65,15 @@ def test_advice_for_each_failure_kind():
     assert "timed out after 30s during 'all_reduce'" in timeout and "NCCL_DEBUG=INFO" in timeout
     nccl = doctor.advise("all_reduce", "NCCL error: unhandled system error", "h", 1, 30, [])
     assert "CUDA_VISIBLE_DEVICES" in nccl and "NCCL_DEBUG=INFO" in nccl
-    free, _ = doctor.port_free("127.0.0.1", 0)
-    assert free
+
+def test_port_free_tells_a_taken_port_from_a_free_one():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        free, why = doctor.port_free("127.0.0.1", port)
+        assert not free and "in use" in why.lower()
+    free, why = doctor.port_free("127.0.0.1", port)
+    assert free and why is None

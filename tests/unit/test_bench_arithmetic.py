@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import importlib.util
 import math
 
 import pytest
 import torch
 
-from conftest import ROOT
-from distrinews.bench import collectives, flops, scaling
+from distrinews import flops
+from distrinews.bench import collectives, compare, scaling
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------- scaling
@@ -66,7 +70,7 @@ def test_message_sizes_cover_1kib_to_256mib():
 
 def test_seed_ratio_is_the_lesson_formula_as_written():
     # lesson 04: param_size = params * 4 bytes; flops = 6 * param_size * batch * 512; 100 GB/s; 100 TFLOP/s
-    est = collectives.seed_comm_comp_ratio(num_params=1_000_000, batch_size=32, world_size=2)
+    est = collectives.lesson_comm_comp_ratio(num_params=1_000_000, batch_size=32, world_size=2)
     assert est["comm_s"] == pytest.approx(2 * 1 / 2 * 4e6 / 100e9)
     assert est["comp_s"] == pytest.approx(6 * 4e6 * 32 * 512 / 100e12)
     assert est["ratio"] == pytest.approx(est["comm_s"] / est["comp_s"])
@@ -99,8 +103,11 @@ def test_train_flops_formula():
     # two rows of 3 and 5 real tokens: 6 N (3 + 5) + 12 L d (9 + 25)
     assert shape.train_flops(8, 34) == 6 * 1000 * 8 + 12 * 2 * 8 * 34
     assert shape.forward_flops(8, 34) == pytest.approx(shape.train_flops(8, 34) / 3)
-    stats = flops.batch_length_stats(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
-    assert stats.tolist() == [8.0, 34.0]
+    from distrinews.metrics import Counts
+
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    counts = Counts.of_batch(torch.tensor(0.5), torch.zeros(2, 4), {"attention_mask": mask, "labels": torch.tensor([0, 1])})
+    assert (counts.tokens, counts.squared_lengths, counts.samples) == (8.0, 34.0, 2.0)
 
 
 def test_forward_flops_match_a_flop_counter():
@@ -140,22 +147,15 @@ def test_peak_override(monkeypatch):
     monkeypatch.setenv(flops.PEAK_ENV, "2.5")
     flops.device_peak.cache_clear()
     try:
-        peak = flops.peak_for(torch.device("cpu"), bf16=True, fp16=False)
+        peak = flops.peak_for(torch.device("cpu"), torch.bfloat16)
         assert peak.flops == pytest.approx(2.5e12) and flops.PEAK_ENV in peak.source
     finally:
         flops.device_peak.cache_clear()
 
 
-# ---------------------------------------------------------------------- compare_training.py
-def _compare_module():
-    spec = importlib.util.spec_from_file_location("compare_training", ROOT / "bench" / "compare_training.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
+# ---------------------------------------------------------------------- bench compare
 def test_compare_throughput_arithmetic():
-    ct = _compare_module()
+    ct = compare
     times = {10: 100.0, 20: 110.0, 30: 120.0}  # 20 steps of 32 rows in 20 s after step 10
     assert ct.steady_samples_per_s(times, 32, 10) == pytest.approx(32.0)
     assert ct.loop_samples_per_s(100, 32, 50.0) == pytest.approx(64.0)
@@ -180,7 +180,7 @@ def test_cuda_peak_comes_from_the_table_by_device_name(monkeypatch):
 
 def test_ddp_bucket_default_depends_on_the_device():
     from distrinews.config import TrainConfig
-    from distrinews.trainer import ddp_bucket_cap_mb
+    from distrinews.parallel import ddp_bucket_cap_mb
 
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays

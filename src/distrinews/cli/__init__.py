@@ -1,0 +1,86 @@
+"""``distrinews`` command line: one module per subcommand, registered explicitly below.
+
+Each module has ``register(subparsers)``, which adds its parser and sets ``func(args, extra)``
+and, for commands that can run as several processes, ``distributed=True``. A subcommand whose
+optional dependency is missing is still listed; running it says which extra to install.
+
+Launcher flags (``--nproc-per-node``, ``--nnodes``, ``--rdzv-endpoint``, ``--max-restarts`` ...)
+are taken out of the command line first: with them, ``train``, ``eval`` and ``doctor`` run as
+torchrun workers on this node (``distrinews.launch``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..config import ConfigError
+from ..data import DataError
+from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
+from . import bench, doctor, evaluate, export, predict, serve, train
+
+EXIT_USAGE = 2
+COMMANDS = (train, evaluate, predict, export, serve, bench, doctor)
+# Errors in what the user asked for: one line, exit 2, no traceback.
+USAGE_ERRORS = (ConfigError, DataError, LaunchError, FileNotFoundError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="distrinews", description="Fine-tune and serve an AG News topic classifier "
+                                     "with PyTorch DDP. Launcher flags: --nproc-per-node N, --nnodes N, "
+                                     "--node-rank R, --rdzv-endpoint HOST:PORT, --rdzv-id ID, --max-restarts K.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bars are the only ones
+    try:
+        flags, rest = split_launch_flags(argv)
+        args, extra = build_parser().parse_known_args(rest)
+        args.launch_flags, args.argv = flags, rest
+        if wants_launch(flags) and not getattr(args, "distributed", False):
+            raise LaunchError(f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
+                              "apply to train, eval and doctor")
+        return args.func(args, extra)
+    except USAGE_ERRORS as exc:
+        return usage_error(exc)
+
+
+def usage_error(exc: Exception) -> int:
+    message = f"distrinews: error: {exc}"
+    if under_torchrun() and record_worker_error(message):
+        return EXIT_USAGE  # our launcher prints each distinct error once
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Fail in one line, naming the extra to install, when an optional dependency is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})")
+
+
+def no_extra_arguments(command: str, extra: list[str]) -> None:
+    if extra:
+        raise ConfigError(f"{command}: unexpected arguments: {' '.join(extra)}")
+
+
+def write_json(path: str, payload) -> None:
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2, default=str))
+
+
+def is_global_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0

@@ -1,0 +1,62 @@
+"""``distrinews eval``: exact metrics of a checkpoint on the test split, with 1 or N processes."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import ConfigError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="exact metrics of a checkpoint on the test split")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--samples", type=int, default=None, help="stratified sample of the test rows (default: all)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    p.add_argument("--output-json")
+    p.set_defaults(func=run, distributed=True)
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from pathlib import Path
+
+    from ..launch import launch, wants_launch
+    from . import no_extra_arguments, write_json
+
+    no_extra_arguments("eval", extra)
+    if args.batch_size < 1:
+        raise ConfigError(f"eval: --batch-size must be >= 1, got {args.batch_size}")
+    if not Path(args.checkpoint).exists():
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
+    if wants_launch(args.launch_flags):
+        return launch(args.launch_flags, args.argv)
+
+    import torch
+
+    from ..checkpoint import load_for_inference
+    from ..data import load_split, stratified_sample, tokenize_cached
+    from ..distributed import distributed_context, main_process_first
+    from ..evaluation import evaluate
+    from ..precision import Precision
+
+    with distributed_context() as env:
+        model, tokenizer, info = load_for_inference(args.checkpoint)
+        model.to(env.device)
+        max_length = int(info.get("max_length", 128))
+        with main_process_first(env):
+            raw = load_split(args.data, "test")
+            raw = raw.subset(stratified_sample(raw.labels, args.samples, seed=args.seed))
+            test = tokenize_cached(raw, tokenizer, max_length, None, build=env.is_local_main)
+        precision = Precision(env.device.type, torch.bfloat16 if args.bf16 else None)
+        metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main)
+        metrics["world_size"] = env.world_size
+        if env.is_main:
+            print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
+            print(f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%")
+            for name, acc in metrics["per_class_accuracy"].items():
+                print(f"  {name:<10} {100 * acc:.2f}%")
+            if args.output_json:
+                write_json(args.output_json, metrics)
+    return 0

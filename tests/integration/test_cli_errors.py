@@ -1,0 +1,82 @@
+"""Bad input through the command line: one line that names what is wrong, exit status 2, nothing touched.
+
+With ``--nproc-per-node 2`` the launcher checks the run before any worker starts, so an error
+appears once, never once per rank, and never with torchrun's ChildFailedError traceback.
+"""
+
+from pathlib import Path
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture
+def train(cli):
+    def run(*args, data=None, nproc=None):
+        data_args = ["--data", str(data)] if data is not None else []
+        return cli("train", "--config", str(CONFIGS / "tiny.yaml"), *data_args, "--disable_tqdm", "true", *args,
+                   nproc=nproc, check=False)
+
+    return run
+
+
+def _one_line_error(proc, *phrases):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("distrinews: error: ")
+    for phrase in phrases:
+        assert phrase in lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_missing_data_directory(tmp_path, train, nproc):
+    proc = train("--output-dir", str(tmp_path / "run"), data=tmp_path / "no-such-dir", nproc=nproc)
+    _one_line_error(proc, "no-such-dir does not exist. Point --data (or $DISTRINEWS_DATA)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_malformed_csv_names_file_and_line(tmp_path, write_csv, train, nproc):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_csv(data / "train.csv", [("1", "a", "b")] * 10 + [("7", "bad", "label")])
+    write_csv(data / "test.csv", [("1", "a", "b")] * 4)
+    proc = train("--output-dir", str(tmp_path / "run"), data=data, nproc=nproc)
+    _one_line_error(proc, f"{data / 'train.csv'}:11: class 7 is outside 1-4")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_config_key_under_torchrun_launcher(tmp_path, train):
+    proc = train("--per_device_train_batch", "8", nproc=2)
+    _one_line_error(proc, "unknown config field 'per_device_train_batch'", "did you mean 'per_device_train_batch_size'")
+
+
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_model_path_that_does_not_exist(tmp_path, train, nproc):
+    proc = train("--output-dir", str(tmp_path / "run"), "--model_name_or_path", str(tmp_path / "no-model"), nproc=nproc)
+    _one_line_error(proc, "'model_name_or_path'", "no-model does not exist")
+
+
+def test_output_dir_under_a_regular_file(tmp_path, train):
+    (tmp_path / "a-file").write_text("not a directory")
+    proc = train("--output-dir", str(tmp_path / "a-file" / "run"))
+    _one_line_error(proc, "'output_dir'", "which is a file")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_non_finite_epochs(tmp_path, train, value):
+    proc = train("--output-dir", str(tmp_path / "run"), "--num_train_epochs", value)
+    _one_line_error(proc, "'num_train_epochs': must be a finite number")
+
+
+def test_launcher_flags_on_a_single_process_command(tmp_path, cli):
+    proc = cli("predict", "--checkpoint", str(tmp_path), "Oil prices rise", nproc=2, check=False)
+    _one_line_error(proc, "predict runs in one process")
+
+
+def test_predict_rejects_empty_text(tmp_path, cli):
+    proc = cli("predict", "--checkpoint", str(tmp_path), "   ", check=False)
+    _one_line_error(proc, "text #1 is empty")
