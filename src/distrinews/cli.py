@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from .checkpoint import CheckpointError
 from .config import ConfigError, TrainConfig, load_config
 from .data import DataError
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             return relaunch(nproc, argv)
         args, extra = build_parser().parse_known_args(argv)
         return args.func(args, extra)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError) as exc:
         print(f"distrinews: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
