@@ -21,7 +21,6 @@ from importlib import resources
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
@@ -295,10 +294,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     async def _api_error(request: Request, exc: ApiError):
         return _error_response(exc.status, exc.detail, exc.headers, **exc.extra)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        return _error_response(422, _describe_validation_errors(exc.errors()), errors=errors)
+    # No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
+    # FastAPI to validate (each parses its own body below), so it is never raised.
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
