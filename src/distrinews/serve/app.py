@@ -309,6 +309,24 @@ class BodyLimitMiddleware:
 
 
 # ---------------------------------------------------------------------- the app
+def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
+    """One line for /health and the 503s: what failed and where, never how to unpickle anyway.
+
+    CheckpointError and FileNotFoundError already name the file and say why; anything else is
+    summarised by its type and first line, or by its type alone when it repeats torch's advice
+    to retry with ``weights_only=False``. The full exception goes to the server log only.
+    """
+    from ..checkpoint import CheckpointError
+
+    text = str(exc)
+    if "weights_only" in text or "trust the source" in text:
+        return f"could not load the model from {checkpoint}: {type(exc).__name__} (refused; the server log has the details)"
+    if isinstance(exc, (CheckpointError, FileNotFoundError)):
+        return " ".join(text.split())
+    first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
+    return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")
+
+
 def _default_factory(config: ServeConfig) -> Callable[[], Any]:
     def load():
         from .predictor import make_predictor
@@ -353,7 +371,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
             state.predictor, state.batcher = predictor, batcher
             log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
-            state.load_error = f"{type(exc).__name__}: {exc}"
+            state.load_error = _describe_load_error(exc, config.checkpoint)
+            # The whole exception (and torch's advice in it) goes to the operator's log only.
             log.exception("could not load the model from %s", config.checkpoint)
 
     @asynccontextmanager
