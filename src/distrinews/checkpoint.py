@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -246,11 +250,92 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     return out
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded, as one line that names the file and says why.
+
+    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``
+    stops before running anything), damaged (a safetensors header that is invalid or truncated,
+    JSON that does not parse) or incomplete (missing weights or keys). The original exception
+    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
+    """
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its hints
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in words a person can act on, without torch's advice to unpickle anyway."""
+    if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower():
+        blocked = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        return f"the file contains pickled code that is not allowed ({f'{blocked.group(1)}; ' if blocked else ''}refused, not loaded)"
+    if isinstance(exc, SafetensorError):
+        return f"the safetensors file is invalid or truncated ({_first_line(exc)})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, (pickle.UnpicklingError, EOFError)) or (isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)):
+        return f"not a readable PyTorch checkpoint file ({_first_line(exc)})"
+    message = _first_line(exc)
+    if "weights_only" in message:
+        return f"{type(exc).__name__} (refused; not loaded)"
+    if isinstance(exc, FileNotFoundError):
+        return f"missing file {exc.filename or message}"
+    if isinstance(exc, KeyError):
+        return f"missing key {message}"
+    return f"{type(exc).__name__}: {message}"
+
+
+# What reading a damaged, incomplete or refused checkpoint raises (torch, safetensors, transformers, json).
+_LOAD_ERRORS = (pickle.UnpicklingError, SafetensorError, OSError, EOFError, ValueError, KeyError, RuntimeError)
+
+
+@contextmanager
+def _loading(where: Path, also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Turn a failure to read ``where`` into one-line :class:`CheckpointError` naming it."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except _LOAD_ERRORS + also as exc:
+        raise CheckpointError(f"could not load checkpoint {where}: {_why(exc)}") from exc
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with _loading(path):
+        return json.loads(path.read_text())
+
+
+def _weights_file(directory: Path) -> Path:
+    """The file a Hugging Face folder keeps its weights in (for messages), else the folder itself."""
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return directory / name
+    return directory
+
+
+def _load_pretrained(path: Path):
+    with _loading(_weights_file(path)):
+        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+    with _loading(path):
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return model, tokenizer
+
+
 def _load_legacy_pt(path: Path):
-    payload = torch.load(path, weights_only=True, map_location="cpu")
+    with _loading(path):
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (it holds a {type(payload).__name__}, not a dict)")
     missing = {"model_state_dict", "config"} - set(payload)
     if missing:
-        raise ValueError(f"{path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
+        raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
+    with _loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
+        return _legacy_pt_model(path, payload)
+
+
+def _legacy_pt_model(path: Path, payload: dict[str, Any]):
     cfg = payload["config"]
     hf_config = dict(cfg.get("hf_config") or {})
     if hf_config:
@@ -279,36 +364,64 @@ def _load_legacy_pt(path: Path):
     return model, tokenizer, info
 
 
+def check_loadable(path: str | os.PathLike) -> None:
+    """A cheap look at a checkpoint before a server starts: the weights' header (safetensors) or the
+    pickle (``weights_only=True``, memory-mapped, so no tensor is read) and the JSON files parse.
+    Raises :class:`CheckpointError` (one line naming the file) or ``FileNotFoundError``; runs nothing."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.is_file():
+        with _loading(path):
+            torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
+        return
+    if not (path / "config.json").is_file() and not (path / "trainer_state.json").is_file():
+        raise CheckpointError(f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+    for name in ("config.json", SERVABLE_INFO, "trainer_state.json"):
+        if (path / name).is_file():
+            _read_json(path / name)
+    for weights in sorted(path.glob("*.safetensors")):
+        with _loading(weights):
+            with safe_open(str(weights), framework="pt") as fh:
+                fh.keys()
+
+
 def load_for_inference(path: str | os.PathLike):
-    """(model in eval mode, tokenizer, info) from a ``best/``-style directory, a ``step-N`` directory or a ``.pt`` file."""
+    """(model in eval mode, tokenizer, info) from a ``best/``-style directory, a ``step-N`` directory or a ``.pt`` file.
+
+    A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
+    naming the file and why); a path that does not exist raises ``FileNotFoundError``.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.is_file():
         model, tokenizer, info = _load_legacy_pt(path)
     elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
-        model = AutoModelForSequenceClassification.from_pretrained(str(path))
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        info = {**json.loads((path / SERVABLE_INFO).read_text()), "format": "pretrained"}
+        info = {**_read_json(path / SERVABLE_INFO), "format": "pretrained"}
+        model, tokenizer = _load_pretrained(path)
     elif (path / "trainer_state.json").is_file():
         # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
         # Only the fields that define the architecture are read, so checkpoints of other versions load too.
         from .model import build_model
 
-        cfg = json.loads((path / "config.json").read_text())
-        name = cfg.get("model_name_or_path", "minilm")
-        model = build_model(name, dropout=cfg.get("dropout"), seed=cfg.get("seed", 42))
-        load_weights(model, path / "model.safetensors")
+        values, state = _read_json(path / "config.json"), _read_json(path / "trainer_state.json")
+        name = values.get("model_name_or_path", "minilm")
+        model = build_model(name, dropout=values.get("dropout"), seed=values.get("seed", 42))
+        with _loading(path / "model.safetensors"):
+            load_weights(model, path / "model.safetensors")
         tokenizer = build_tokenizer(name)
-        state = json.loads((path / "trainer_state.json").read_text())
-        info = {"epoch": state.get("epoch"), "metrics": state.get("last_eval", {}), "max_length": cfg.get("max_length", 128),
+        info = {"epoch": state.get("epoch"), "metrics": state.get("last_eval", {}), "max_length": values.get("max_length", 128),
                 "label_names": list(LABELS), "model_name": name, "format": "resumable"}
     elif (path / "config.json").is_file():  # any HF sequence-classification folder
-        model = AutoModelForSequenceClassification.from_pretrained(str(path))
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model, tokenizer = _load_pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         info = {"label_names": labels, "max_length": 128, "format": "pretrained"}
     else:
-        raise ValueError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+        raise CheckpointError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
     model.eval()
     return model, tokenizer, info

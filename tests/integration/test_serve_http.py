@@ -186,7 +186,7 @@ BAD_REQUESTS = [
     ("65 texts", "/predict/batch", {"json": {"texts": ["news"] * 65}}, 413, "limit is 64"),
     ("no texts", "/predict/batch", {"json": {"texts": []}}, 422, "empty"),
     ("an empty text in a batch", "/predict/batch", {"json": {"texts": ["fine", "  "]}}, 422, "texts[1]"),
-    ("non-JSON", "/predict", {"content": b"text=hello", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 422, "not valid JSON"),
+    ("non-JSON", "/predict", {"content": b"text=hello", "headers": {"content-type": "application/json"}}, 422, "not valid JSON"),
     ("truncated JSON", "/predict", {"content": b'{"text": "abc"', "headers": {"content-type": "application/json"}}, 422, "not valid JSON"),
     ("empty body", "/predict", {"content": b"", "headers": {"content-type": "application/json"}}, 422, "empty"),
     ("a JSON array", "/predict", {"json": ["Oil prices jump"]}, 422, "JSON object"),

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..data import DataError
 from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
@@ -23,7 +24,7 @@ from . import bench, doctor, evaluate, export, predict, serve, train
 EXIT_USAGE = 2
 COMMANDS = (train, evaluate, predict, export, serve, bench, doctor)
 # Errors in what the user asked for: one line, exit 2, no traceback.
-USAGE_ERRORS = (ConfigError, DataError, LaunchError, FileNotFoundError)
+USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:

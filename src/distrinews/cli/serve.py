@@ -52,8 +52,9 @@ def _validate(args: argparse.Namespace) -> None:
     checkpoint = args.checkpoint or os.environ.get("MODEL_CHECKPOINT")
     if not checkpoint:
         raise ConfigError("serve needs a checkpoint: --checkpoint runs/NAME/best (or set MODEL_CHECKPOINT)")
-    if not Path(checkpoint).exists():
-        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
+    from ..checkpoint import check_loadable
+
+    check_loadable(checkpoint)  # a refused or damaged checkpoint: one line and exit 2, before the server starts
     args.checkpoint = checkpoint
     if args.port is None:
         args.port = _env_port()

@@ -2,9 +2,13 @@
 
 ``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a
 worker thread: the server answers ``/health`` (and ``/ready`` with 503) while the model
-loads, then serves. Every error is JSON ``{"detail": "<what to fix>"}``; bad input is a
-4xx, never a 500. Metrics live in a registry of the app's own, so several apps (tests)
-never collide in the process-global one.
+loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``; bad
+input is a 4xx, never a 500, and parsing it is bounded (``_parse_json``). Metrics live in a
+registry of the app's own, so several apps (tests) never collide in the process-global one.
+
+Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
+a number, two different ``Content-Length`` headers) is answered by the HTTP server (uvicorn's
+h11 protocol) with a plain-text 400 before the app is called; the app cannot change that.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from importlib import resources
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
@@ -33,6 +36,10 @@ from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 log = logging.getLogger("distrinews.serve")
 
 API_KEY_ENV = "DISTRINEWS_API_KEY"
+# Request bodies: JSON arrays/objects nest at most this deep (ours need 2), and a number may
+# have at most this many characters (ours have none; Python's int() refuses 4,300+ digits).
+MAX_JSON_DEPTH = 32
+MAX_NUMBER_CHARS = 100
 # Reachable without the API key: the demo page (it asks for the key itself) and the probes.
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready"})
 
@@ -80,6 +87,83 @@ class ApiError(Exception):
 
 def _error_response(status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
+
+
+def _is_json_media_type(content_type: str | None) -> bool:
+    """``application/json`` (any parameters, any case) or an ``application/*+json`` type."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class _LongNumber:
+    """Stands in for a JSON number spelled with more than MAX_NUMBER_CHARS characters (never converted)."""
+
+    __slots__ = ("chars",)
+
+    def __init__(self, chars: int):
+        self.chars = chars
+
+
+_TOO_DEEP = f"request body is nested too deeply: JSON arrays and objects may nest at most {MAX_JSON_DEPTH} levels"
+
+
+def _too_deep(payload: Any) -> bool:
+    """Whether arrays/objects nest deeper than MAX_JSON_DEPTH: one level at a time, no recursion."""
+    level = [payload] if isinstance(payload, (dict, list)) else []
+    for _ in range(MAX_JSON_DEPTH):
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, (dict, list))]
+        if not level:
+            return False
+    return True
+
+
+def _find_long_number(value: Any, path: tuple[str, ...] = ()) -> tuple[str, _LongNumber] | None:
+    """Where the first over-long number is, as ``texts.1`` (recursion is bounded: depth was checked)."""
+    for key, child in value.items() if isinstance(value, dict) else enumerate(value):
+        if isinstance(child, _LongNumber):
+            return ".".join((*path, str(key))), child
+        if isinstance(child, (dict, list)) and (found := _find_long_number(child, (*path, str(key)))):
+            return found
+    return None
+
+
+def _parse_json(text: str) -> Any:
+    """``json.loads`` with bounded work; every failure is a 422 ApiError.
+
+    Nesting: the C decoder recurses once per level and the interpreter's recursion guard stops
+    it after ~1,000 levels, so a body nested 100,000 deep (or 4 MB of ``[``) raises
+    RecursionError in well under a millisecond, whatever its length; shallower bodies that
+    parse are then checked level by level for depth > MAX_JSON_DEPTH. (A character pre-scan
+    in Python bounds this too, but measured up to 40x slower than the parse on 4 MB of brackets.)
+    Numbers: literals longer than MAX_NUMBER_CHARS are never converted (int() would raise
+    "Exceeds the limit (4300 digits)" after quadratic work); the error names where they are.
+    """
+    long_numbers: list[_LongNumber] = []
+
+    def number(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+        def parse(literal: str) -> Any:
+            if len(literal) <= MAX_NUMBER_CHARS:
+                return convert(literal)
+            long_numbers.append(_LongNumber(len(literal)))
+            return long_numbers[-1]
+
+        return parse
+
+    try:
+        payload = json.loads(text, parse_int=number(int), parse_float=number(float))
+    except RecursionError:
+        raise ApiError(422, _TOO_DEEP) from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    # Text with at most MAX_JSON_DEPTH brackets in all cannot nest deeper: skip the walk (C-speed count).
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):
+        raise ApiError(422, _TOO_DEEP)
+    if long_numbers:
+        found = _find_long_number(payload) if isinstance(payload, (dict, list)) else None
+        where, long_number = found or ("body", long_numbers[0])
+        raise ApiError(422, f"{where}: a number of {long_number.chars:,} characters is too long; numbers may have at most "
+                            f"{MAX_NUMBER_CHARS} (send text as a JSON string)")
+    return payload
 
 
 def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
@@ -186,13 +270,17 @@ class BodyLimitMiddleware:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         too_big = {"detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"}
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None:
-            try:
-                if int(declared) > self.max_bytes:
-                    return await _send_json(send, 413, too_big)
-            except ValueError:
-                return await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+        # uvicorn (h11) already refuses a malformed Content-Length in plain text before calling
+        # us; other servers and in-process transports may not, so check it here too.
+        values = {v.strip() for k, v in scope["headers"] if k.lower() == b"content-length"}
+        declared = None
+        if values:
+            if len(values) > 1 or not next(iter(values)).isdigit():  # bytes.isdigit(): ASCII digits only, no sign
+                shown = ", ".join(sorted(v.decode("latin-1") for v in values))
+                return await _send_json(send, 400, {"detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"})
+            declared = int(next(iter(values)))
+            if declared > self.max_bytes:
+                return await _send_json(send, 413, too_big)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -205,6 +293,9 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        if declared is not None and size != declared:
+            detail = f"the request body has {size:,} bytes but its Content-Length header says {declared:,}"
+            return await _send_json(send, 400, {"detail": detail})
         body, delivered = b"".join(chunks), False
 
         async def replay():
@@ -218,6 +309,24 @@ class BodyLimitMiddleware:
 
 
 # ---------------------------------------------------------------------- the app
+def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
+    """One line for /health and the 503s: what failed and where, never how to unpickle anyway.
+
+    CheckpointError and FileNotFoundError already name the file and say why; anything else is
+    summarised by its type and first line, or by its type alone when it repeats torch's advice
+    to retry with ``weights_only=False``. The full exception goes to the server log only.
+    """
+    from ..checkpoint import CheckpointError
+
+    text = str(exc)
+    if "weights_only" in text or "trust the source" in text:
+        return f"could not load the model from {checkpoint}: {type(exc).__name__} (refused; the server log has the details)"
+    if isinstance(exc, (CheckpointError, FileNotFoundError)):
+        return " ".join(text.split())
+    first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
+    return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")
+
+
 def _default_factory(config: ServeConfig) -> Callable[[], Any]:
     def load():
         from .predictor import make_predictor
@@ -262,7 +371,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
             state.predictor, state.batcher = predictor, batcher
             log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
-            state.load_error = f"{type(exc).__name__}: {exc}"
+            state.load_error = _describe_load_error(exc, config.checkpoint)
+            # The whole exception (and torch's advice in it) goes to the operator's log only.
             log.exception("could not load the model from %s", config.checkpoint)
 
     @asynccontextmanager
@@ -295,10 +405,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     async def _api_error(request: Request, exc: ApiError):
         return _error_response(exc.status, exc.detail, exc.headers, **exc.extra)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        return _error_response(422, _describe_validation_errors(exc.errors()), errors=errors)
+    # No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
+    # FastAPI to validate (each parses its own body below), so it is never raised.
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -317,6 +425,10 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
         return state.batcher
 
     async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
+        content_type = request.headers.get("content-type")
+        if not _is_json_media_type(content_type):
+            got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
+            raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
         raw = await request.body()
         if not raw.strip():
             raise ApiError(422, "request body is empty: send a JSON object, e.g. " + json.dumps(model.model_config.get("json_schema_extra", {}).get("examples", [{}])[0]))
@@ -324,10 +436,7 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ApiError(422, f"request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        payload = _parse_json(text)
         if not isinstance(payload, dict):
             raise ApiError(422, f"request body must be a JSON object, got {type(payload).__name__}")
         try:

@@ -81,10 +81,6 @@ class MicroBatcher:
         """Texts waiting for a forward pass (not counting the one running)."""
         return self._queued_texts
 
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self._task is None:

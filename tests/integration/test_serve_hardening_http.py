@@ -1,0 +1,144 @@
+"""Serving hardening over real HTTP and the real command line (subprocesses).
+
+A real ``distrinews serve`` (uvicorn, h11) on a loopback port: hostile bodies are 4xx JSON, a
+body not sent as JSON is 415, and what uvicorn answers itself (malformed HTTP) is pinned
+down. Refused checkpoints: ``distrinews predict`` / ``eval`` print one line and exit 2 without
+running the pickled payload, and ``serve`` refuses to start on one.
+
+The server is the ``server_process`` fixture of ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+class _Payload:
+    """Pickles to a call of open(marker, "w"): full unpickling would create the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    from distrinews.checkpoint import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    return save_servable(tmp_path_factory.mktemp("serve") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32})
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, checkpoint) -> dict[str, tuple[Path, Path]]:
+    """name -> (checkpoint to load, the file the message must name); plus the marker file."""
+    root = tmp_path_factory.mktemp("refused")
+    evil = root / "evil.pt"
+    torch.save({"model_state_dict": {}, "config": {"model_name": "x"}, "epoch": _Payload(root / "PWNED")}, evil)
+    broken = root / "broken"
+    shutil.copytree(checkpoint, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(struct.pack("<Q", 10**12) + weights.read_bytes()[8:])  # header length far past the end
+    return {"pickle": (evil, evil), "safetensors": (broken, weights), "marker": (root / "PWNED", root / "PWNED")}
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory, server_process):
+    srv = server_process(checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--max-wait-ms", "0")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def _post(url: str, body: bytes | str, content_type: str | None = "application/json") -> httpx.Response:
+    headers = {} if content_type is None else {"content-type": content_type}
+    return httpx.post(url, content=body.encode() if isinstance(body, str) else body, headers=headers, timeout=60)
+
+
+def _assert_json_error(response: httpx.Response, status: int, phrase: str) -> None:
+    assert response.status_code == status, response.text[:300]
+    assert response.headers["content-type"] == "application/json"
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and phrase in detail, detail
+
+
+# ---------------------------------------------------------------------- hostile bodies over HTTP
+@pytest.mark.parametrize("body,phrase", [
+    ('{"text": ' + "[" * 1_000 + "]" * 1_000 + "}", "nested"),
+    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+    ("[" * 4_000_000, "nested"),
+    ('{"text": ' + "9" * 5_000 + "}", "text: a number of 5,000 characters"),
+    ('{"texts": ["ok", ' + "9" * 5_000 + "]}", "texts.1: a number"),
+], ids=["depth-1000", "depth-100000", "4MB-of-[", "5000-digits", "5000-digits-in-batch"])
+def test_hostile_json_is_a_422_over_http(server, body, phrase):
+    path = "/predict/batch" if '"texts"' in body else "/predict"
+    _assert_json_error(_post(server.url + path, body), 422, phrase)
+    assert _post(server.url + "/predict", '{"text": "Oil prices jump"}').status_code == 200
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_json_sent_as_something_else_is_a_415(server, content_type):
+    _assert_json_error(_post(server.url + "/predict", '{"text": "Oil prices jump"}', content_type), 415, "Content-Type: application/json")
+
+
+def _raw_request(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("content_length", [b"abc", b"-5", b"+17", b"17\r\nContent-Length: 18"], ids=["letters", "negative", "plus", "two-values"])
+def test_malformed_content_length_is_refused_by_uvicorn_in_plain_text(server, content_length):
+    """uvicorn's h11 parser refuses these before the app runs; its 400 is plain text (documented in the README)."""
+    request = (b"POST /predict HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: " + content_length
+               + b"\r\nConnection: close\r\n\r\n" + b'{"text": "hello"}')
+    head, _, body = _raw_request(server.port, request).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert b"content-type: text/plain" in head.lower() and body == b"Invalid HTTP request received.", (head, body)
+    assert _post(server.url + "/predict", '{"text": "Oil prices jump"}').status_code == 200
+
+
+def test_none_of_it_was_a_5xx(server):
+    for path, body, ctype in [("/predict", '{"text": ' + "[" * 5_000, "application/json"), ("/predict/batch", "{}", "text/plain")]:
+        assert _post(server.url + path, body, ctype).status_code < 500
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    errors = [line for line in metrics.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line]
+    assert all('route="/ready"' in line for line in errors), errors  # /ready is 503 while the model loads, by design
+
+
+# ---------------------------------------------------------------------- refused checkpoints on the command line
+@pytest.mark.parametrize("command", ["predict", "eval", "serve"])
+@pytest.mark.parametrize("kind", ["pickle", "safetensors"])
+def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp_path):
+    target, named = refused[kind]
+    marker = refused["marker"][0]
+    extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")], "serve": ["--port", "0"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "distrinews", command, "--checkpoint", str(target), *extra],
+                          capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("distrinews: error: could not load checkpoint ") and str(named) in lines[0]
+    assert ("pickled code" in lines[0]) if kind == "pickle" else ("safetensors" in lines[0])
+    assert "weights_only" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists(), "the pickled payload ran"
