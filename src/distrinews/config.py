@@ -47,7 +47,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.06
     max_grad_norm: float = 1.0
-    bf16: bool = False
+    # bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16;
+    # a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32.
+    bf16: bool | None = None
     fp16: bool = False
     seed: int = 42
 
@@ -95,7 +97,7 @@ class TrainConfig:
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
         need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
-        need(not (self.bf16 and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
+        need(not (self.bf16 is True and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
         need(self.ddp_timeout >= 1, "ddp_timeout", "must be >= 1 second")
         need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
@@ -194,6 +196,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     optional = type(None) in args and (typing.get_origin(hint) in (typing.Union, types.UnionType))
     base = next((a for a in args if a is not type(None)), hint) if optional else hint
 
+    if base is bool and optional and isinstance(value, str) and value.strip().lower() == "auto":
+        return None  # an optional switch: auto decides at run time
     if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NULL):
         if optional:
             return None

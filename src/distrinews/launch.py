@@ -103,6 +103,12 @@ def torchrun_args(flags: dict[str, str], argv: list[str]):
     return get_args_parser().parse_args([*cli, "--module", "distrinews", *argv])
 
 
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` for ``nproc`` workers of ``python -m distrinews <argv>`` on this node,
+    on a free port: what the benchmarks start as a child process for each measured point."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "distrinews", *argv]
+
+
 def launch(flags: dict[str, str], argv: list[str]) -> int:
     """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException

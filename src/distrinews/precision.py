@@ -24,8 +24,10 @@ class Precision:
 
     @classmethod
     def from_config(cls, config: TrainConfig, device: torch.device) -> Precision:
-        dtype = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
-        return cls(device.type, dtype)
+        if config.fp16:
+            return cls(device.type, torch.float16)
+        bf16 = bf16_is_fast(device) if config.bf16 is None else config.bf16
+        return cls(device.type, torch.bfloat16 if bf16 else None)
 
     @property
     def name(self) -> str:
@@ -53,9 +55,24 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
 
 
+def bf16_is_fast(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bf16 matmuls in hardware: what ``bf16: auto`` decides by.
+
+    A CPU without AVX512-BF16 or AMX converts every bf16 matmul to fp32 in software: measured on
+    an AVX2-only AMD EPYC, 0.9 GFLOP/s against 89 in fp32 (benchmarks/README.md).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
+
+
 def check_precision_supported(config: TrainConfig) -> None:
     """Checks that depend on the machine, made before any process group exists."""
     if config.fp16 and not torch.cuda.is_available():
         raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
-    if config.bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if config.bf16 is True and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError("config field 'bf16': this GPU has no bf16; use fp16: true")

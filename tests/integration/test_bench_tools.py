@@ -45,8 +45,8 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
     # each worker pinned to its own core, one thread
     cores = [tuple(r["cores"]) for r in two["ranks"]]
     assert len(set(cores)) == 2 and all(len(c) == 1 for c in cores) and all(r["threads"] == 1 for r in two["ranks"])
-    assert set(two["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
-    assert two["exposed_allreduce_ms"] == pytest.approx(two["backward_sync_probe_ms"] - two["backward_no_sync_ms"])
+    assert set(two["phases_ms"]) == {"data", "forward_backward", "optimizer"}
+    assert two["exposed_allreduce_ms"] == pytest.approx(two["fwd_bwd_sync_ms"] - two["fwd_bwd_no_sync_ms"])
     assert one["exposed_allreduce_ms"] is None and one["bucket_cap_mb"] is None
     assert two["ddp_comm_hook"] == "bf16" and "100 (bf16 comm)" in (tmp_path / "weak.md").read_text()
     assert 0 < two["mfu"] < 1

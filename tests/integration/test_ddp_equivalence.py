@@ -28,10 +28,10 @@ def _max_diff(a, b):
 
 
 @pytest.mark.parametrize("group", [False, True])
-def test_two_processes_equal_one_with_the_global_batch(tmp_path, group, agnews_dir):
-    single = _train(tmp_path, "single", None, 16, 1, group)
-    ddp = _train(tmp_path, "ddp", 2, 8, 1, group)
-    ddp_accum = _train(tmp_path, "ddp-accum", 2, 4, 2, group)
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, group, agnews_dir, cli):
+    single = _train(tmp_path, "single", None, 16, 1, group, cli)
+    ddp = _train(tmp_path, "ddp", 2, 8, 1, group, cli)
+    ddp_accum = _train(tmp_path, "ddp-accum", 2, 4, 2, group, cli)
 
     init = build_model("tiny-random", dropout=0.0, seed=42).state_dict()
     assert _max_diff(single, {k: init[k] for k in single}) > 1e-3, "training must move the weights"

@@ -20,7 +20,7 @@ def trained_run(tmp_path_factory, agnews_dir):
     run = tmp_path_factory.mktemp("e2e") / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            "-m", "distrinews", "train", "--config", str(CONFIGS / "tiny.yaml"), "--model_name_or_path", "minilm",
-           "--train_samples", "256", "--eval_samples", "256", "--max_length", "64", "--bf16", "true",
+           "--train_samples", "256", "--eval_samples", "256", "--max_length", "64", "--bf16", "auto",
            "--learning_rate", "1e-4", "--logging_steps", "2", "--output-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -33,7 +33,7 @@ def test_one_process_printed_logged_and_saved(trained_run):
     assert out.count("DDP TRAINING CONFIGURATION") == 1
     assert out.count("TRAINING COMPLETE") == 1
     assert out.count("Epoch [1/1]") == 1
-    assert "World size:           2 (gloo)" in out
+    assert "World size:           2 (gloo, strategy ddp)" in out
     assert "Effective batch size: 32" in out
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     keys = Counter((r["kind"], r["step"]) for r in records)

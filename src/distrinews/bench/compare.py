@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..launch import free_port
 from . import scaling
 from .report import machine_description, write_report
 
@@ -56,8 +55,7 @@ def ratio(a: float, b: float) -> float:
 
 # ---------------------------------------------------------------------- the three runs
 def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, timeout: float) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", *target]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
     with open(log, "w") as fh:
         proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0:
@@ -108,7 +106,7 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
         jobs = [("ours", lambda: run_ours(a, tmp, env)),
-                ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, [])),
+                ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"])),
                 ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, []))]
         for key, job in jobs:
             if key not in a.runs:
@@ -133,9 +131,9 @@ ABLATION_STEPS = [
      ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
     ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
     ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "true"]),
-    ("+ bf16 autocast", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "true", "--group_by_length", "true"]),
-    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], ["--bf16", "true", "--group_by_length", "true"]),
-    ("+ no per-step host reads (= distrinews train)", ["--optimizer", "fused"], ["--bf16", "true", "--group_by_length", "true"]),
+    ("+ bf16 autocast (where the CPU has it)", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "auto", "--group_by_length", "true"]),
+    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], ["--bf16", "auto", "--group_by_length", "true"]),
+    ("+ no per-step host reads (= distrinews train)", ["--optimizer", "fused"], ["--bf16", "auto", "--group_by_length", "true"]),
 ]
 
 
@@ -227,7 +225,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def ours_settings(a: argparse.Namespace) -> list[str]:
     """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
     return ["--learning_rate", str(a.learning_rate), "--warmup_ratio", str(a.warmup_ratio), "--weight_decay", str(a.weight_decay),
-            "--max_grad_norm", str(a.max_grad_norm), "--bf16", "true", "--group_by_length", "true", "--seed", str(a.seed)]
+            "--max_grad_norm", str(a.max_grad_norm), "--bf16", str(a.bf16).lower(), "--group_by_length", "true", "--seed", str(a.seed)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -250,6 +248,10 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"bench compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
+    if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
+        from ..precision import bf16_is_fast
+
+        a.bf16 = bf16_is_fast("cpu")
     what = {w.strip() for w in a.what.split(",")}
     report: dict[str, Any] = {"command": "distrinews " + " ".join(sys.argv[1:]),
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_description(),

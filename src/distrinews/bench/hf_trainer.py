@@ -59,9 +59,12 @@ class StepClock(TrainerCallback):
 
 def main() -> None:
     p = comparison_parser(__doc__.splitlines()[0])
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args()
+    if args.bf16 is None:
+        from ..precision import bf16_is_fast
+
+        args.bf16 = bf16_is_fast("cpu")
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

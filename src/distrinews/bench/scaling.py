@@ -178,7 +178,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
             one_step(timed=True)
         barrier(env)
         elapsed = time.perf_counter() - started
-        counts = trainer.window_counts
+        counts = type(trainer.window_counts)(values=trainer.window_counts.values.clone())  # the timed steps only
 
         # The all-reduce backward could not hide: the same window's forward + backward without and with
         # it (paired, because with length grouping consecutive batches differ a lot in length).

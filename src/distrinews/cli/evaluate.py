@@ -14,7 +14,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--samples", type=int, default=None, help="stratified sample of the test rows (default: all)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    p.add_argument("--bf16", choices=("auto", "true", "false"), default="false",
+                   help="bf16 autocast (auto: where the device computes bf16 in hardware)")
     p.add_argument("--output-json")
     p.set_defaults(func=run, distributed=True)
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..data import load_split, stratified_sample, tokenize_cached
     from ..distributed import distributed_context, main_process_first
     from ..evaluation import evaluate
-    from ..precision import Precision
+    from ..precision import Precision, bf16_is_fast
 
     with distributed_context() as env:
         model, tokenizer, info = load_for_inference(args.checkpoint)
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             raw = load_split(args.data, "test")
             raw = raw.subset(stratified_sample(raw.labels, args.samples, seed=args.seed))
             test = tokenize_cached(raw, tokenizer, max_length, None, build=env.is_local_main)
-        precision = Precision(env.device.type, torch.bfloat16 if args.bf16 else None)
+        bf16 = bf16_is_fast(env.device) if args.bf16 == "auto" else args.bf16 == "true"
+        precision = Precision(env.device.type, torch.bfloat16 if bf16 else None)
         metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main)
         metrics["world_size"] = env.world_size
         if env.is_main:

@@ -1,0 +1,95 @@
+"""Our launcher: launcher flags are parsed once, torchrun's PET_* layout is honoured, failures read as one line."""
+
+from __future__ import annotations
+
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from distrinews import launch
+from distrinews.launch import LaunchError, report_failures, split_launch_flags, torchrun_args, wants_launch
+
+PET = ("PET_NPROC_PER_NODE", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_RDZV_ENDPOINT",
+       "PET_RDZV_BACKEND", "PET_RDZV_ID", "PET_MAX_RESTARTS", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_environment(monkeypatch):
+    for name in PET:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_flags_come_out_in_any_spelling_and_the_rest_stays_in_order():
+    flags, rest = split_launch_flags(["train", "--nproc_per_node", "2", "--config", "c.yaml", "--nnodes=2",
+                                      "--rdzv-endpoint", "h:29400", "--max-restarts", "3", "--learning_rate", "1e-4"])
+    assert flags == {"nproc-per-node": "2", "nnodes": "2", "rdzv-endpoint": "h:29400", "max-restarts": "3"}
+    assert rest == ["train", "--config", "c.yaml", "--learning_rate", "1e-4"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--nproc-per-node", "0"], "--nproc-per-node expects a number >= 1"),
+    (["--nproc-per-node", "two"], "--nproc-per-node expects"),
+    (["--nnodes", "2:x"], "--nnodes expects N or MIN:MAX"),
+    (["--max-restarts", "many"], "--max-restarts expects an integer"),
+    (["--node-rank"], "--node-rank needs a value"),
+])
+def test_malformed_flags_are_named(argv, message):
+    with pytest.raises(LaunchError, match=message):
+        split_launch_flags(argv)
+
+
+def test_launch_when_flags_or_a_pet_layout_are_given_but_never_inside_a_worker(monkeypatch):
+    assert not wants_launch({})
+    assert wants_launch({"nproc-per-node": "2"})
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")  # what Kubeflow's torch runtime sets
+    assert wants_launch({})
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert not wants_launch({"nproc-per-node": "2"})
+
+
+def test_torchrun_arguments(monkeypatch):
+    args = torchrun_args({"nproc-per-node": "2"}, ["train", "--config", "c.yaml"])
+    assert args.nproc_per_node == "2" and args.module and args.training_script == "distrinews"
+    assert args.training_script_args == ["train", "--config", "c.yaml"]
+    assert args.master_port is None, "one node: torchrun picks a free port itself, never a fixed 29500"
+    multi = torchrun_args({"nnodes": "2", "nproc-per-node": "1", "rdzv-endpoint": "h:29400"}, ["train"])
+    assert multi.rdzv_backend == "c10d" and multi.rdzv_endpoint == "h:29400"
+    # The operators' static layout (PET_MASTER_ADDR/PORT, no endpoint) stays static: c10d would fall back to localhost.
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_MASTER_ADDR", "job-master-0")
+    monkeypatch.setenv("PET_MASTER_PORT", "23456")
+    static = torchrun_args({}, ["train"])
+    assert static.rdzv_backend == "static" and static.nnodes == "2" and static.master_addr == "job-master-0"
+
+
+def _failure(exitcode, message="", timestamp=0):
+    return SimpleNamespace(exitcode=exitcode, message=message, timestamp=timestamp,
+                           signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "")
+
+
+def test_a_usage_error_on_every_rank_is_printed_once_with_exit_2(capsys):
+    msg = "distrinews: error: /data/train.csv:11: class 7 is outside 1-4"
+    assert report_failures({0: _failure(2, msg), 1: _failure(2, msg)}) == 2
+    assert capsys.readouterr().err.splitlines() == [msg]
+
+
+def test_the_first_real_failure_is_named_not_the_ranks_the_launcher_stopped(capsys):
+    failures = {0: _failure(-int(signal.SIGTERM), timestamp=5), 1: _failure(-int(signal.SIGKILL), timestamp=3)}
+    assert report_failures(failures) == 1
+    assert capsys.readouterr().err.strip() == "distrinews: error: worker rank 1 was killed by SIGKILL; the other workers were stopped"
+    assert report_failures({3: _failure(1, "RuntimeError: boom", timestamp=1)}) == 1
+    assert "worker rank 3 failed with exit code 1 (its output is above)" in capsys.readouterr().err
+
+
+def test_a_worker_hands_its_error_to_our_launcher_only(tmp_path, monkeypatch):
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.delenv(launch.LAUNCHED_ENV, raising=False)
+    assert not launch.record_worker_error("distrinews: error: x")  # plain torchrun: the worker prints it itself
+    monkeypatch.setenv(launch.LAUNCHED_ENV, "1")
+    assert launch.record_worker_error("distrinews: error: x")
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    assert ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file)).message == "distrinews: error: x"

@@ -1,0 +1,77 @@
+"""What is decided before the first step: the run directory rule, the strategy, the GPU count, the step plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distrinews.cli import main
+from distrinews.config import ConfigError, TrainConfig
+from distrinews.distributed import DistEnv, GpuShareError, check_one_gpu_per_process
+from distrinews.parallel import wrap_model
+from distrinews.rundir import RunDir
+from distrinews.trainer import StepPlan, TrainState, optimizer_windows
+
+
+def _previous_run(path):
+    (path / "checkpoints" / "step-40").mkdir(parents=True)
+    (path / "log.jsonl").write_text('{"kind": "train", "step": 40}\n')
+    (path / "notes.txt").write_text("mine")
+    return {p: p.stat().st_mtime_ns for p in path.rglob("*")}
+
+
+def test_a_directory_holding_a_run_is_refused_without_resume_or_overwrite(tmp_path):
+    before = _previous_run(tmp_path)
+    with pytest.raises(ConfigError, match=r"already holds a run \(log.jsonl, checkpoints\); pass --resume auto .* --overwrite_output_dir true"):
+        RunDir(tmp_path).check_usable(resume=None, overwrite=False)
+    RunDir(tmp_path).check_usable(resume="auto", overwrite=False)
+    RunDir(tmp_path).check_usable(resume=None, overwrite=True)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before, "the check touches nothing"
+    RunDir(tmp_path / "new").check_usable(resume=None, overwrite=False)
+
+
+def test_the_train_command_refuses_before_touching_anything(tmp_path, capsys, configs_dir):
+    before = _previous_run(tmp_path)
+    assert main(["train", "--config", str(configs_dir / "tiny.yaml"), "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a run" in err[0]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_overwrite_removes_the_runs_artifacts_and_nothing_else(tmp_path):
+    _previous_run(tmp_path)
+    RunDir(tmp_path).prepare(TrainConfig(output_dir=str(tmp_path), overwrite_output_dir=True), resumed=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
+
+
+def test_single_strategy_refuses_several_processes():
+    model = torch.nn.Linear(2, 2)
+    two = DistEnv(0, 0, 2, 2, torch.device("cpu"), "gloo")
+    with pytest.raises(ConfigError, match="'single' cannot run with 2 processes"):
+        wrap_model(model, TrainConfig(strategy="single"), two)
+    one = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+    wrapped = wrap_model(model, TrainConfig(strategy="ddp"), one)
+    assert wrapped.module is model and not wrapped.replicated and wrapped.gradient_bytes() == 0
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_one_gpu_per_process(1)
+    with pytest.raises(GpuShareError, match="2 processes on this node but 1 GPU"):
+        check_one_gpu_per_process(2)
+
+
+def test_step_plan_and_windows():
+    plan = StepPlan.of(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3), rows_per_rank=50)
+    assert (plan.micro_per_epoch, plan.steps_per_epoch, plan.total_steps, plan.num_epochs) == (13, 5, 5, 1)
+    windows = list(optimizer_windows(range(13), 3))
+    assert [len(w) for w in windows] == [3, 3, 3, 3, 1]
+    capped = StepPlan.of(TrainConfig(per_device_train_batch_size=4, max_steps=12), rows_per_rank=50)
+    assert (capped.steps_per_epoch, capped.total_steps, capped.num_epochs) == (13, 12, 1)
+
+
+def test_train_state_round_trip():
+    state = TrainState(global_step=7, epoch=1, step_in_epoch=2, best_accuracy=0.5, last_eval={"accuracy": 0.5})
+    fresh = TrainState()
+    fresh.load_state_dict({**state.state_dict(), "an_older_field": 1})
+    assert fresh == state
