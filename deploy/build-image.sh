@@ -10,6 +10,7 @@
 # is installed on the host but not in the image).
 set -eu
 cd "$(dirname "$0")/.."
+# shellcheck source=deploy/container-engine.sh
 . deploy/container-engine.sh
 
 IMAGE=${IMAGE:-distrinews-serve}

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034  # sourced: the scripts that source it use these variables
 # Sourced by the deploy/*.sh scripts: pick the container engine and the flags it needs here.
 #
 # ENGINE: docker when its daemon answers (a docker client without a daemon is common), else

@@ -9,6 +9,7 @@
 # server already on 7860 does not matter) and is removed whatever happens.
 set -eu
 cd "$(dirname "$0")/.."
+# shellcheck source=deploy/container-engine.sh
 . deploy/container-engine.sh
 
 IMAGE=${IMAGE:-distrinews-serve}
@@ -84,9 +85,9 @@ echo "ok   /predict $answer"
 
 # Non-root: the image's USER and the uid of the server process (PID 1, exec-form CMD).
 user=$($ENGINE_CMD inspect --format '{{.Config.User}}' "$NAME")
-uid=$($ENGINE_CMD exec "$NAME" sh -c 'awk "/^Uid:/ {print \$2}" /proc/1/status')
+uid=$($ENGINE_CMD exec "$NAME" stat -c %u /proc/1)                 # /proc/PID belongs to its euid
 cmdline=$($ENGINE_CMD exec "$NAME" sh -c 'tr "\0" " " </proc/1/cmdline')
-[ -n "$user" ] && [ "$user" != root ] && [ "$user" != 0 ] || fail "image USER is '$user'"
+case "$user" in ""|root|0|0:*|root:*) fail "image USER is '$user'" ;; esac
 [ "$uid" != 0 ] || fail "the server process runs as root"
 echo "ok   non-root: USER $user, PID 1 uid $uid: $cmdline"
 

@@ -24,6 +24,7 @@ SUITE=${SUITE:-bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 INCLUDE=${INCLUDE:-python3,python3-venv,ca-certificates}
 
+# shellcheck source=deploy/container-engine.sh
 . "$(dirname "$0")/container-engine.sh"
 command -v debootstrap >/dev/null 2>&1 || {
     echo "make-base-image: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 1; }
