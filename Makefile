@@ -37,3 +37,33 @@ test-fast: setup
 
 clean:
 	rm -rf runs .pytest_cache
+
+# ---------------------------------------------------------------------------- container image
+# `make image` builds deploy/Dockerfile; `make image-test` builds it, then runs it against a
+# checkpoint and checks it (minutes: not part of `make test`). Engine: docker when its daemon
+# answers, else podman (ENGINE=docker|podman to choose). BASE_IMAGE defaults to a Debian
+# bookworm base made locally from the Debian archive (deploy/make-base-image.sh, run only when
+# that tag is missing), because no registry may be reachable; with one, use
+# `make image BASE_IMAGE=python:3.11-slim`. CHECKPOINT defaults to runs/cpu-quick/best, else
+# a tiny model trained in seconds into runs/image-test/.
+.PHONY: image image-test base-image
+
+IMAGE         ?= distrinews-serve
+LOCAL_BASE    ?= distrinews-base:bookworm
+BASE_IMAGE    ?= $(LOCAL_BASE)
+TORCH_VERSION ?= 2.13.0
+CHECKPOINT    ?= $(if $(wildcard runs/cpu-quick/best/config.json),runs/cpu-quick/best,runs/image-test/best)
+IMAGE_ENV      = IMAGE="$(IMAGE)" LOCAL_BASE="$(LOCAL_BASE)" BASE_IMAGE="$(BASE_IMAGE)" TORCH_VERSION="$(TORCH_VERSION)"
+
+base-image:
+	deploy/make-base-image.sh $(LOCAL_BASE)
+
+image:
+	$(IMAGE_ENV) deploy/build-image.sh
+
+image-test: image
+	@if [ ! -f "$(CHECKPOINT)/config.json" ] && [ "$(CHECKPOINT)" = runs/image-test/best ]; then \
+		$(MAKE) setup && \
+		$(BIN)/distrinews train --config configs/tiny.yaml --output-dir runs/image-test; \
+	fi
+	$(IMAGE_ENV) deploy/image-test.sh $(CHECKPOINT)

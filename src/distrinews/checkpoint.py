@@ -50,8 +50,22 @@ def _fsync_tree(directory: Path) -> None:
                 os.fsync(fh.fileno())
 
 
+def _plain_file_modes(directory: Path) -> None:
+    """Give every file the mode a plain ``open()`` would (0o666 less the umask).
+
+    safetensors writes its files 0600, so a server running as another user (the container's
+    non-root user, with the checkpoint mounted read-only) could not read the weights.
+    """
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for p in directory.iterdir():
+        if p.is_file():
+            p.chmod(0o666 & ~umask)
+
+
 def _publish_dir(tmp: Path, final: Path) -> None:
     """Move a finished temp directory to ``final``; an existing ``final`` is swapped out, then removed."""
+    _plain_file_modes(tmp)
     _fsync_tree(tmp)
     if final.exists():
         old = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"

@@ -1,0 +1,24 @@
+"""Checkpoint files are readable by other users (a container's non-root server, for one)."""
+
+import os
+import stat
+
+import pytest
+
+from distrinews import checkpoint as ckpt
+from distrinews.model import build_model, build_tokenizer
+
+
+@pytest.fixture
+def default_umask():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_servable_files_get_plain_modes(tmp_path, default_umask):
+    model, tok = build_model("tiny-random", dropout=0.0, seed=0), build_tokenizer("tiny-random")
+    best = ckpt.save_servable(tmp_path / "best", model, tok, {"max_length": 64})
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in best.iterdir()}
+    assert "model.safetensors" in modes
+    assert modes == {name: 0o644 for name in modes}, {n: oct(m) for n, m in modes.items()}
