@@ -64,6 +64,6 @@ image:
 image-test: image
 	@if [ ! -f "$(CHECKPOINT)/config.json" ] && [ "$(CHECKPOINT)" = runs/image-test/best ]; then \
 		$(MAKE) setup && \
-		$(BIN)/distrinews train --config configs/tiny.yaml --output-dir runs/image-test; \
+		$(BIN)/distrinews train --config configs/tiny.yaml --output-dir runs/image-test --overwrite_output_dir true; \
 	fi
 	$(IMAGE_ENV) deploy/image-test.sh $(CHECKPOINT)
