@@ -7,7 +7,7 @@ NPROC  ?= 2
 export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
 
-.PHONY: setup demo train-quick predict test test-fast clean
+.PHONY: setup demo train-quick predict test test-fast lint clean
 
 $(BIN)/distrinews: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,11 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 clean:
 	rm -rf runs .pytest_cache

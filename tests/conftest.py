@@ -72,15 +72,22 @@ def write_csv():
 def cli():
     """``cli(*args, nproc=None, timeout=600, check=True, cwd=None, env=None)``: ``python -m distrinews ARGS``, output captured."""
 
-    def run(*args: str, nproc: int | None = None, timeout: float = 600, check: bool = True, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        *args: str,
+        nproc: int | None = None,
+        timeout: float = 600,
+        check: bool = True,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "distrinews", *args]
         if nproc is not None:
             cmd += ["--nproc-per-node", str(nproc)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env={**os.environ, **(env or {})})
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+            )
         return proc
 
     return run

@@ -146,8 +146,9 @@ class Checkpointer:
     def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
 
-    def save(self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
-             trainer_state: dict[str, Any]) -> Path | None:
+    def save(
+        self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: dict[str, Any]
+    ) -> Path | None:
         rng_states = all_gather_object(capture_rng_state(), self.env)
         weights = model.full_state_dict()
         if not self.env.is_main:
@@ -208,14 +209,16 @@ def resolve_resume(spec: str | None, checkpoints: str | os.PathLike) -> Path | N
         return found[-1] if found else None
     path = Path(spec)
     if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"--resume {spec}: not a checkpoint directory (no trainer_state.json); "
-                                "expected runs/<name>/checkpoints/step-N or 'auto'")
+        raise FileNotFoundError(
+            f"--resume {spec}: not a checkpoint directory (no trainer_state.json); expected runs/<name>/checkpoints/step-N or 'auto'"
+        )
     return path
 
 
 # ------------------------------------------------------------------ servable checkpoints
-def save_servable(directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer,
-                  info: dict[str, Any]) -> Path:
+def save_servable(
+    directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer, info: dict[str, Any]
+) -> Path:
     """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config).
 
     ``weights`` is the full state dict every rank gathered (``ParallelModel.full_state_dict``);
@@ -341,7 +344,9 @@ def _load_legacy_pt(path: Path):
     with _loading(path):
         payload = torch.load(path, weights_only=True, map_location="cpu")
     if not isinstance(payload, dict):
-        raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (it holds a {type(payload).__name__}, not a dict)")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (it holds a {type(payload).__name__}, not a dict)"
+        )
     missing = {"model_state_dict", "config"} - set(payload)
     if missing:
         raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
@@ -363,7 +368,7 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
     model = AutoModelForSequenceClassification.from_config(config)
     state = payload["model_state_dict"]
     if all(k.startswith("model.") for k in state):  # the reference system wrapped the HF model as `self.model`
-        state = {k[len("model."):]: v for k, v in state.items()}
+        state = {k[len("model.") :]: v for k, v in state.items()}
     model.load_state_dict(state, strict=False)
     tok_name = cfg.get("tokenizer") or cfg["model_name"]
     tokenizer = AutoTokenizer.from_pretrained(tok_name) if Path(tok_name).exists() else build_tokenizer(cfg.get("model_name", tok_name))
@@ -399,9 +404,8 @@ def check_loadable(path: str | os.PathLike) -> None:
         if (path / name).is_file():
             _read_json(path / name)
     for weights in sorted(path.glob("*.safetensors")):
-        with _loading(weights):
-            with safe_open(str(weights), framework="pt") as fh:
-                fh.keys()
+        with _loading(weights), safe_open(str(weights), framework="pt") as fh:
+            fh.keys()
 
 
 def load_for_inference(path: str | os.PathLike):
@@ -429,8 +433,14 @@ def load_for_inference(path: str | os.PathLike):
         with _loading(path / "model.safetensors"):
             load_weights(model, path / "model.safetensors")
         tokenizer = build_tokenizer(name)
-        info = {"epoch": state.get("epoch"), "metrics": state.get("last_eval", {}), "max_length": values.get("max_length", 128),
-                "label_names": list(LABELS), "model_name": name, "format": "resumable"}
+        info = {
+            "epoch": state.get("epoch"),
+            "metrics": state.get("last_eval", {}),
+            "max_length": values.get("max_length", 128),
+            "label_names": list(LABELS),
+            "model_name": name,
+            "format": "resumable",
+        }
     elif (path / "config.json").is_file():  # any HF sequence-classification folder
         model, tokenizer = _load_pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]

@@ -13,9 +13,9 @@ import io
 import math
 import os
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -61,7 +61,14 @@ def clean_text(title: str, description: str) -> str:
     text = f"{title} {description}"
     text = _ESCAPED_DOLLAR.sub("$", text)
     text = _BACKSLASH_BREAK.sub(" ", text)
-    text = text.replace(" #39;", "'").replace("#39;", "'").replace(" quot;", ' "').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    text = (
+        text.replace(" #39;", "'")
+        .replace("#39;", "'")
+        .replace(" quot;", ' "')
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+    )
     return _SPACES.sub(" ", text).strip()
 
 

@@ -12,13 +12,15 @@ import datetime
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .config import ConfigError
+from .machine import threads_per_process
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,6 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise RuntimeError(f"environment variable {name}={raw!r} is not an integer") from exc
-
-
-def cpu_threads_per_process(local_world_size: int) -> int:
-    """Each process's share of the cores this process may run on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
 
 
 def die_with_launcher() -> None:
@@ -116,7 +109,7 @@ def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -
     else:
         device = torch.device("cpu")
         backend = "gloo"
-        torch.set_num_threads(threads or cpu_threads_per_process(local_world_size))
+        torch.set_num_threads(threads or threads_per_process(local_world_size))
 
     if world_size > 1:
         dist.init_process_group(

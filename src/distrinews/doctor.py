@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .machine import threads_per_process
+
 EXIT_OK, EXIT_FAIL = 0, 1
 
 
@@ -36,8 +38,13 @@ def versions() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "cudnn": None, "nccl": None}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "nccl": None,
+    }
     try:
         import transformers
 
@@ -58,21 +65,20 @@ def versions() -> dict[str, Any]:
 def devices() -> dict[str, Any]:
     import torch
 
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:  # pragma: no cover
-        pass
-    out: dict[str, Any] = {"cpu": cpu, "cores_available": len(os.sched_getaffinity(0)),
-                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda_devices": []}
+    from .machine import cores_available, cpu_model
+
+    out: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores_available": len(cores_available()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cuda_devices": [],
+    }
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            out["cuda_devices"].append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
-                                        "capability": f"{p.major}.{p.minor}"})
+            out["cuda_devices"].append(
+                {"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
+            )
     return out
 
 
@@ -80,8 +86,13 @@ def backends() -> dict[str, bool]:
     import torch
     import torch.distributed as dist
 
-    return {"distributed": dist.is_available(), "gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
-            "mpi": dist.is_mpi_available(), "cuda": torch.cuda.is_available()}
+    return {
+        "distributed": dist.is_available(),
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+        "cuda": torch.cuda.is_available(),
+    }
 
 
 def port_owner(port: int) -> str | None:
@@ -128,10 +139,18 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
         backend, device = "gloo", torch.device("cpu")
     report("rendezvous")
     started = time.perf_counter()
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if backend == "nccl" else None)
-    result: dict[str, Any] = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
-                              "host": socket.gethostname(), "rendezvous_s": time.perf_counter() - started, "checks": {}}
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s), device_id=device if backend == "nccl" else None
+    )
+    result: dict[str, Any] = {
+        "rank": rank,
+        "world_size": world,
+        "backend": backend,
+        "device": str(device),
+        "host": socket.gethostname(),
+        "rendezvous_s": time.perf_counter() - started,
+        "checks": {},
+    }
     try:
         report("all_reduce")
         x = torch.full((4,), float(rank + 1), device=device)
@@ -208,23 +227,31 @@ def advise(phase: str, error: str, host: str, port: int, timeout_s: float, missi
     """Turn a failure into what to do about it."""
     low = error.lower()
     if "address already in use" in low or "eaddrinuse" in low or "errno 98" in low:
-        return (f"port {port} on {host} is already in use. Another run (or a zombie process from one) holds it: find it with "
-                f"`ss -ltnp | grep :{port}` and stop it, or pick another port (--port, or MASTER_PORT / torchrun --master-port). "
-                f"`distrinews train --nproc-per-node N` picks a free port by itself.")
+        return (
+            f"port {port} on {host} is already in use. Another run (or a zombie process from one) holds it: find it with "
+            f"`ss -ltnp | grep :{port}` and stop it, or pick another port (--port, or MASTER_PORT / torchrun --master-port). "
+            f"`distrinews train --nproc-per-node N` picks a free port by itself."
+        )
     if missing:
         who = ", ".join(map(str, missing))
-        return (f"rank(s) {who} never joined the rendezvous at {host}:{port} within {timeout_s:g}s. Check that every node "
-                f"started its processes (same --nnodes and --nproc-per-node everywhere, same MASTER_ADDR:MASTER_PORT), that "
-                f"no rank crashed at start-up (its log), and that {host}:{port} is reachable from every node (firewall, "
-                f"GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the right network interface). If the nodes are just slow to "
-                f"start, raise the timeout.")
+        return (
+            f"rank(s) {who} never joined the rendezvous at {host}:{port} within {timeout_s:g}s. Check that every node "
+            f"started its processes (same --nnodes and --nproc-per-node everywhere, same MASTER_ADDR:MASTER_PORT), that "
+            f"no rank crashed at start-up (its log), and that {host}:{port} is reachable from every node (firewall, "
+            f"GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the right network interface). If the nodes are just slow to "
+            f"start, raise the timeout."
+        )
     if "timed out" in low or "timeout" in low:
-        return (f"the rendezvous at {host}:{port} timed out after {timeout_s:g}s during '{phase}'. Check MASTER_ADDR is an "
-                f"address every node can reach, that no firewall blocks port {port}, and the interface "
-                f"(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); run with NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL for more.")
+        return (
+            f"the rendezvous at {host}:{port} timed out after {timeout_s:g}s during '{phase}'. Check MASTER_ADDR is an "
+            f"address every node can reach, that no firewall blocks port {port}, and the interface "
+            f"(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); run with NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL for more."
+        )
     if "nccl" in low:
-        return ("NCCL failed: check every process sees its GPU (CUDA_VISIBLE_DEVICES, nvidia-smi), that the driver, CUDA "
-                "and NCCL versions match on all nodes, and rerun with NCCL_DEBUG=INFO.")
+        return (
+            "NCCL failed: check every process sees its GPU (CUDA_VISIBLE_DEVICES, nvidia-smi), that the driver, CUDA "
+            "and NCCL versions match on all nodes, and rerun with NCCL_DEBUG=INFO."
+        )
     return f"'{phase}' failed: {error}. Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL for more."
 
 
@@ -261,8 +288,10 @@ def _facts(rep: Report) -> None:
         rep.info("GPU: none visible (training uses gloo on CPU)")
     rep.info("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in b.items()))
     if not b["distributed"] or not (b["gloo"] or b["nccl"]):
-        rep.fail("this torch build has no usable distributed backend",
-                 "install a torch build with distributed support (the official wheels have gloo; CUDA wheels add nccl)")
+        rep.fail(
+            "this torch build has no usable distributed backend",
+            "install a torch build with distributed support (the official wheels have gloo; CUDA wheels add nccl)",
+        )
     elif b["cuda"] and not b["nccl"]:
         rep.fail("CUDA is available but NCCL is not", "install a CUDA build of torch with NCCL, or train on CPU with gloo")
 
@@ -275,14 +304,18 @@ def _summarize(rep: Report, results: list[dict[str, Any]], world: int) -> None:
         c = first["checks"][name]
         if bad:
             got = {r["rank"]: r["checks"][name]["got"] for r in results}
-            rep.fail(f"{name} gave the wrong answer on rank(s) {bad}: got {got}, expected {c['expected']}",
-                     f"{name} returned wrong values: the processes disagree about the group (mixed torch versions across "
-                     f"nodes?) or the network corrupts data; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL")
+            rep.fail(
+                f"{name} gave the wrong answer on rank(s) {bad}: got {got}, expected {c['expected']}",
+                f"{name} returned wrong values: the processes disagree about the group (mixed torch versions across "
+                f"nodes?) or the network corrupts data; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+            )
         else:
             rep.ok(f"{name} correct on every rank (got {c['got']}, expected {c['expected']})")
     bw = first["bandwidth"]
-    rep.ok(f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.1f} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
-           f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)")
+    rep.ok(
+        f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.1f} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
+        f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)"
+    )
     rep.data["rendezvous"] = results
 
 
@@ -298,8 +331,10 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
         free, why = port_free(host, port)
         if not free:
             owner = port_owner(port)
-            rep.fail(f"port {port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
-                     advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, port, args.timeout, []))
+            rep.fail(
+                f"port {port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
+                advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, port, args.timeout, []),
+            )
             return
         rep.ok(f"port {port} on {host} is free")
     else:
@@ -308,17 +343,38 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
         port = free_port(host)
         rep.ok(f"free port found: {host}:{port}")
 
-    cores = max(1, len(os.sched_getaffinity(0)) // world)
+    cores = threads_per_process(world)
     with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
         procs: dict[int, subprocess.Popen] = {}
         logs: dict[int, Any] = {}
         for rank in range(start_ranks):
-            env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": str(cores)}
+            env = {
+                **os.environ,
+                "MASTER_ADDR": host,
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
+                "OMP_NUM_THREADS": str(cores),
+            }
             logs[rank] = open(Path(tmp) / f"rank-{rank}.log", "w+")
-            procs[rank] = subprocess.Popen([sys.executable, "-m", "distrinews.doctor", "--result-dir", tmp, "--timeout", str(args.timeout),
-                                            "--bandwidth-bytes", str(int(args.bandwidth_mb * 2**20))],
-                                           env=env, stdout=logs[rank], stderr=subprocess.STDOUT)
+            procs[rank] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distrinews.doctor",
+                    "--result-dir",
+                    tmp,
+                    "--timeout",
+                    str(args.timeout),
+                    "--bandwidth-bytes",
+                    str(int(args.bandwidth_mb * 2**20)),
+                ],
+                env=env,
+                stdout=logs[rank],
+                stderr=subprocess.STDOUT,
+            )
         rep.info(f"started {start_ranks} of {world} ranks (rendezvous timeout {args.timeout:g}s)")
         deadline = time.monotonic() + args.timeout + 60  # start-up + rendezvous + checks
         while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
@@ -352,15 +408,21 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
     stuck = {r: states[r]["phase"] if states[r] else "start" for r in hung}
     missing = sorted(set(not_started) | {r for r in crashed if states[r] is None or states[r]["phase"] in ("start", "rendezvous")})
     for r in crashed:
-        rep.fail(f"rank {r} exited (code {procs[r].returncode}) in phase '{states[r]['phase'] if states[r] else 'start'}' without a result",
-                 f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output ---\n{tails[r]}")
+        rep.fail(
+            f"rank {r} exited (code {procs[r].returncode}) in phase '{states[r]['phase'] if states[r] else 'start'}' without a result",
+            f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output ---\n{tails[r]}",
+        )
     for r, phase in stuck.items():
-        rep.fail(f"rank {r} hung in phase '{phase}' past the deadline and was stopped",
-                 advise(phase, "timed out", host, port, args.timeout, missing))
+        rep.fail(
+            f"rank {r} hung in phase '{phase}' past the deadline and was stopped",
+            advise(phase, "timed out", host, port, args.timeout, missing),
+        )
     if errors:
         r, s = next(iter(sorted(errors.items())))
-        rep.fail(f"rank(s) {sorted(errors)} failed in phase '{s['phase']}': {s['error'].splitlines()[0][:300]}",
-                 advise(s["phase"], s["error"], host, port, args.timeout, missing))
+        rep.fail(
+            f"rank(s) {sorted(errors)} failed in phase '{s['phase']}': {s['error'].splitlines()[0][:300]}",
+            advise(s["phase"], s["error"], host, port, args.timeout, missing),
+        )
     if not_started and not errors and not stuck:
         rep.fail(f"rank(s) {not_started} never joined", advise("rendezvous", "", host, port, args.timeout, missing))
     rep.data["rank_states"] = states
@@ -373,15 +435,21 @@ def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
         result = rank_checks(args.timeout, int(args.bandwidth_mb * 2**20), lambda phase: None)
     except Exception as exc:
         print(f"[FAIL] rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"advice: {advise('rendezvous', str(exc), os.environ.get('MASTER_ADDR', '?'), int(os.environ.get('MASTER_PORT', 0)), args.timeout, [])}",
-              file=sys.stderr)
+        print(
+            "advice: "
+            + advise("rendezvous", str(exc), os.environ.get("MASTER_ADDR", "?"), int(os.environ.get("MASTER_PORT", 0)), args.timeout, []),
+            file=sys.stderr,
+        )
         return EXIT_FAIL
     results = [result]
     # Rank 0 speaks for the group: its all_reduce and all_gather answers already prove that every
     # rank took part with the right values; each rank also exits non-zero on a wrong answer of its own.
     if rank == 0:
         ok = all(c["ok"] for c in result["checks"].values())
-        rep.ok(f"torchrun launched {world} processes (MASTER_ADDR={os.environ.get('MASTER_ADDR')}, MASTER_PORT={os.environ.get('MASTER_PORT')})")
+        rep.ok(
+            f"torchrun launched {world} processes "
+            f"(MASTER_ADDR={os.environ.get('MASTER_ADDR')}, MASTER_PORT={os.environ.get('MASTER_PORT')})"
+        )
         _summarize(rep, results, world)
         if not ok:
             return EXIT_FAIL
@@ -419,8 +487,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         print("\nAll checks passed.", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data},
-                                              indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps({"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data}, indent=2, default=str)
+        )
     return code
 
 
@@ -430,8 +499,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     p.add_argument("--timeout", type=float, default=60.0, help="rendezvous and collective timeout, seconds")
     p.add_argument("--bandwidth-mb", type=float, default=16.0, help="all-reduce size for the bandwidth figure (MiB)")
-    p.add_argument("--start-ranks", type=int, default=None,
-                   help="start only the first K ranks (rehearse a rank that never joins)")
+    p.add_argument("--start-ranks", type=int, default=None, help="start only the first K ranks (rehearse a rank that never joins)")
     p.add_argument("--json", help="also write the findings here")
 
 

@@ -6,7 +6,8 @@ training leaves the training's dropout masks (and hence a resumed run) untouched
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -19,8 +20,15 @@ from .precision import Precision
 
 
 @torch.inference_mode()
-def evaluate(model: torch.nn.Module, dataset: TokenizedDataset, env: DistEnv, batch_size: int, precision: Precision,
-             progress: bool = False, label_names: Sequence[str] | None = None) -> dict[str, Any]:
+def evaluate(
+    model: torch.nn.Module,
+    dataset: TokenizedDataset,
+    env: DistEnv,
+    batch_size: int,
+    precision: Precision,
+    progress: bool = False,
+    label_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size.
 
     ``model`` must be the unwrapped module: ranks see different numbers of batches, so no

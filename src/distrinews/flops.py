@@ -87,7 +87,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 10
     return 2.0 * size**3 / best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, threads: int) -> Peak:
     """The peak FLOP/s one process can get from its device at ``dtype`` (cached per process)."""
     override = os.environ.get(PEAK_ENV)
@@ -124,8 +124,8 @@ class ModelShape:
         embedding_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
         n = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
         cfg = model.config
-        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or getattr(cfg, "num_layers")
-        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or getattr(cfg, "d_model")
+        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or cfg.num_layers
+        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or cfg.d_model
         return cls(n, int(layers), int(hidden))
 
     def train_flops(self, tokens: float, sum_squared_lengths: float) -> float:
@@ -148,5 +148,8 @@ def throughput(counts, seconds: float, shape: ModelShape, peak_flops: float, wor
     if seconds <= 0:
         return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}
     flops = shape.train_flops(counts.tokens, counts.squared_lengths)
-    return {"samples_per_s": counts.samples / seconds, "tokens_per_s": counts.tokens / seconds,
-            "mfu": mfu(flops, seconds, peak_flops, world_size)}
+    return {
+        "samples_per_s": counts.samples / seconds,
+        "tokens_per_s": counts.tokens / seconds,
+        "mfu": mfu(flops, seconds, peak_flops, world_size),
+    }

@@ -19,8 +19,19 @@ import time
 from typing import Any
 
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
-LAUNCH_FLAGS = ("nproc-per-node", "nnodes", "node-rank", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf",
-                "max-restarts", "master-addr", "master-port", "monitor-interval")
+LAUNCH_FLAGS = (
+    "nproc-per-node",
+    "nnodes",
+    "node-rank",
+    "rdzv-endpoint",
+    "rdzv-id",
+    "rdzv-backend",
+    "rdzv-conf",
+    "max-restarts",
+    "master-addr",
+    "master-port",
+    "monitor-interval",
+)
 # Set in the workers of our launcher: the launcher has already checked the run, and collects their errors.
 LAUNCHED_ENV = "DISTRINEWS_LAUNCHED"
 
@@ -115,10 +126,12 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
+    from .machine import threads_per_process
+
     args = torchrun_args(flags, argv)
     nproc = nproc_per_node(flags)
     if nproc:  # torchrun would give every process one thread (and say so); give each its share of the cores
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     os.environ[LAUNCHED_ENV] = "1"
     try:
         run(args)
@@ -148,11 +161,17 @@ def report_failures(failures: dict[int, Any]) -> int:
     if isinstance(first.message, str) and first.message.startswith("distrinews: error:"):
         print(first.message, file=sys.stderr)
     elif first.exitcode < 0:
-        print(f"distrinews: error: worker rank {rank} was killed by {first.signal_name()}"
-              + ("; the other workers were stopped" if len(failures) > 1 else ""), file=sys.stderr)
+        print(
+            f"distrinews: error: worker rank {rank} was killed by {first.signal_name()}"
+            + ("; the other workers were stopped" if len(failures) > 1 else ""),
+            file=sys.stderr,
+        )
     else:
-        print(f"distrinews: error: worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
-              + ("; the other workers were stopped" if len(failures) > 1 else ""), file=sys.stderr)
+        print(
+            f"distrinews: error: worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
+            + ("; the other workers were stopped" if len(failures) > 1 else ""),
+            file=sys.stderr,
+        )
     return 1
 
 

@@ -9,8 +9,8 @@ Both use the shipped BERT-uncased tokenizer, so nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,9 +97,12 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-def forward_loss(model: Callable[..., object], batch: dict[str, torch.Tensor],
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def forward_loss(
+    model: Callable[..., object],
+    batch: dict[str, torch.Tensor],
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
     benchmarks share. The model runs under ``autocast``; the loss is computed in fp32."""
     with autocast():

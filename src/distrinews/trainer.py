@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -265,8 +266,11 @@ class Trainer:
         skip_rows = self.state.step_in_epoch * self.plan.accumulation * self.plan.micro_batch
         self.sampler.set_epoch(epoch, skip=skip_rows)
         return DataLoader(
-            self.data.train, batch_size=self.plan.micro_batch, sampler=self.sampler,
-            collate_fn=Collator(self.data.train.pad_token_id), num_workers=self.config.dataloader_num_workers,
+            self.data.train,
+            batch_size=self.plan.micro_batch,
+            sampler=self.sampler,
+            collate_fn=Collator(self.data.train.pad_token_id),
+            num_workers=self.config.dataloader_num_workers,
             pin_memory=self.env.device.type == "cuda",
             # Its own generator: an iterator draws a seed, which must not shift the global RNG
             # that dropout uses (a resumed run would otherwise diverge).
@@ -286,8 +290,10 @@ class Trainer:
             self.window_counts = Counts.from_list(running["window"], self.env.device)
             self.epoch_counts = Counts.from_list(running["epoch"], self.env.device)
         if saved.world_size != self.env.world_size:
-            self.say(f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
-                     f"{self.env.world_size}: data order differs from an uninterrupted run")
+            self.say(
+                f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
+                f"{self.env.world_size}: data order differs from an uninterrupted run"
+            )
         ckpt.restore_rng_state(saved.rng_states[self.env.rank % len(saved.rng_states)])
         if self.epoch_complete:  # written on an epoch's last step before that epoch closed (older runs)
             self.state.epoch, self.state.step_in_epoch = self.state.epoch + 1, 0
@@ -296,10 +302,21 @@ class Trainer:
     def open_logs(self, resumed_from: str | None) -> None:
         if self.env.is_main:
             self.run_dir.prepare(self.config, resumed=resumed_from is not None)
-        self.logger = MetricsLogger(self.run_dir, enabled=self.env.is_main, tensorboard=self.config.report_to_tensorboard,
-                                    resume_step=self.state.global_step if resumed_from else None)
-        self.progress = tqdm(total=self.plan.total_steps, initial=self.state.global_step, desc="train", unit="step",
-                             disable=not self.env.is_main or self.config.disable_tqdm, dynamic_ncols=True, mininterval=1.0)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            enabled=self.env.is_main,
+            tensorboard=self.config.report_to_tensorboard,
+            resume_step=self.state.global_step if resumed_from else None,
+        )
+        self.progress = tqdm(
+            total=self.plan.total_steps,
+            initial=self.state.global_step,
+            desc="train",
+            unit="step",
+            disable=not self.env.is_main or self.config.disable_tqdm,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
 
     def print_banner(self, resumed_from: str | None) -> None:
         c, env, say = self.config, self.env, self.say
@@ -329,8 +346,12 @@ class Trainer:
     # ------------------------------------------------------------------ log, evaluate, save
     def log_train(self, grad_norm: torch.Tensor | None) -> None:
         counts = self.window_counts.all_reduced(self.env)  # every rank: a collective
-        values = {"epoch": round(self.epoch_float, 4), "loss": counts.loss, "accuracy": counts.accuracy,
-                  "learning_rate": self.scheduler.get_last_lr()[0]}
+        values = {
+            "epoch": round(self.epoch_float, 4),
+            "loss": counts.loss,
+            "accuracy": counts.accuracy,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+        }
         values.update(throughput(counts, self.clock.elapsed() - self.window_started, self.shape, self.peak.flops, self.env.world_size))
         if grad_norm is not None:
             values["grad_norm"] = float(grad_norm)
@@ -349,8 +370,14 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Exact metrics on the test split (every rank scores its share); keeps the best model in ``best/``."""
-        metrics = evaluate(self.model.raw, self.data.test, self.env, self.config.per_device_eval_batch_size, self.precision,
-                           progress=self.env.is_main and not self.config.disable_tqdm)
+        metrics = evaluate(
+            self.model.raw,
+            self.data.test,
+            self.env,
+            self.config.per_device_eval_batch_size,
+            self.precision,
+            progress=self.env.is_main and not self.config.disable_tqdm,
+        )
         self.state.last_eval = metrics
         self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
         best = self.state.best_accuracy
@@ -358,22 +385,43 @@ class Trainer:
             self.state.best_accuracy = metrics["accuracy"]
             weights = self.model.full_state_dict()  # every rank: a collective under sharded strategies
             if self.env.is_main:
-                ckpt.save_servable(self.run_dir.best, self.model.raw, weights, self.data.tokenizer, {
-                    "metrics": metrics, "epoch": self.epoch_float, "global_step": self.state.global_step,
-                    "max_length": self.config.max_length, "model_name": self.config.model_name_or_path,
-                    "training_config": self.config.to_dict(), "world_size": self.env.world_size,
-                })
+                ckpt.save_servable(
+                    self.run_dir.best,
+                    self.model.raw,
+                    weights,
+                    self.data.tokenizer,
+                    {
+                        "metrics": metrics,
+                        "epoch": self.epoch_float,
+                        "global_step": self.state.global_step,
+                        "max_length": self.config.max_length,
+                        "model_name": self.config.model_name_or_path,
+                        "training_config": self.config.to_dict(),
+                        "world_size": self.env.world_size,
+                    },
+                )
         return metrics
 
     def save(self) -> None:
         # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
         # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
-        running = {"window": self.window_counts.all_reduced(self.env).values.tolist(),
-                   "epoch": self.epoch_counts.all_reduced(self.env).values.tolist()}
-        self.checkpointer.save(self.state.global_step, self.model, self.optimizer, self.scheduler, self.scaler,
-                               {**self.state.state_dict(), "running_counts": running,
-                                "per_device_train_batch_size": self.config.per_device_train_batch_size,
-                                "gradient_accumulation_steps": self.config.gradient_accumulation_steps})
+        running = {
+            "window": self.window_counts.all_reduced(self.env).values.tolist(),
+            "epoch": self.epoch_counts.all_reduced(self.env).values.tolist(),
+        }
+        self.checkpointer.save(
+            self.state.global_step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            {
+                **self.state.state_dict(),
+                "running_counts": running,
+                "per_device_train_batch_size": self.config.per_device_train_batch_size,
+                "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
+            },
+        )
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
         """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
@@ -381,18 +429,28 @@ class Trainer:
             totals = self.epoch_counts.all_reduced(self.env)
             self.epoch_counts = Counts(self.env.device)
             metrics = self.evaluate()
-            summary = {"epoch": round(self.epoch_float, 4), "train_loss": totals.loss, "train_accuracy": totals.accuracy,
-                       "test_loss": metrics["loss"], "test_accuracy": metrics["accuracy"], "test_macro_f1": metrics["macro_f1"],
-                       "epoch_time_s": train_seconds,
-                       **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size)}
+            summary = {
+                "epoch": round(self.epoch_float, 4),
+                "train_loss": totals.loss,
+                "train_accuracy": totals.accuracy,
+                "test_loss": metrics["loss"],
+                "test_accuracy": metrics["accuracy"],
+                "test_macro_f1": metrics["macro_f1"],
+                "epoch_time_s": train_seconds,
+                **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
+            }
             self.logger.log("epoch", self.state.global_step, summary)
             self.progress.clear()
             self.say(f"\nEpoch [{epoch + 1}/{self.plan.num_epochs}] - {_fmt_time(train_seconds)}")
             self.say(f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%")
-            self.say(f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | "
-                     f"Macro-F1: {100 * metrics['macro_f1']:.2f}%")
-            self.say(f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
-                     f"MFU {100 * summary['mfu']:.1f}%")
+            self.say(
+                f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | "
+                f"Macro-F1: {100 * metrics['macro_f1']:.2f}%"
+            )
+            self.say(
+                f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
+                f"MFU {100 * summary['mfu']:.1f}%"
+            )
             if self.epoch_complete:
                 self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
             self.save()
@@ -401,9 +459,14 @@ class Trainer:
     def finish(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         self.progress.close()
         total_time = time.perf_counter() - self.started
-        result = {"output_dir": str(self.run_dir.path), "global_step": self.state.global_step,
-                  "best_accuracy": self.state.best_accuracy, "final_eval": self.state.last_eval,
-                  "total_time_s": total_time, "epochs": history}
+        result = {
+            "output_dir": str(self.run_dir.path),
+            "global_step": self.state.global_step,
+            "best_accuracy": self.state.best_accuracy,
+            "final_eval": self.state.last_eval,
+            "total_time_s": total_time,
+            "epochs": history,
+        }
         self.logger.log("summary", self.state.global_step, {"total_time_s": total_time, "best_accuracy": self.state.best_accuracy})
         self.logger.close()
         self.say("=" * 60)
@@ -417,6 +480,6 @@ class Trainer:
 
 
 def _fmt_time(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
+    m, s = divmod(round(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"

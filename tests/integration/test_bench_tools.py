@@ -6,17 +6,14 @@ agree with their own arithmetic.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 import pytest
 
 from distrinews.bench import collectives
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-pytestmark = pytest.mark.slow
 
 
 def test_bench_help_lists_every_tool(cli):
@@ -26,9 +23,30 @@ def test_bench_help_lists_every_tool(cli):
 
 
 def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
-    cli("bench", "scaling", "--nproc", "1,2", "--steps", "2", "--warmup", "1", "--no-sync-probe", "1",
-            "--config", str(CONFIGS / "tiny.yaml"), "--train_samples", "96", "--max_length", "32", "--ddp_comm_hook", "bf16",
-            "--output-dir", str(tmp_path), "--name", "weak")
+    cli(
+        "bench",
+        "scaling",
+        "--nproc",
+        "1,2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--no-sync-probe",
+        "1",
+        "--config",
+        str(CONFIGS / "tiny.yaml"),
+        "--train_samples",
+        "96",
+        "--max_length",
+        "32",
+        "--ddp_comm_hook",
+        "bf16",
+        "--output-dir",
+        str(tmp_path),
+        "--name",
+        "weak",
+    )
     report = json.loads((tmp_path / "weak.json").read_text())
     assert (tmp_path / "weak.md").read_text().count("| 1 x 1 |") == 1
     assert (tmp_path / "weak.png").stat().st_size > 1000
@@ -60,9 +78,26 @@ def test_scaling_rejects_bad_input_before_starting_workers(cli):
 
 
 def test_collectives_table_and_model_section(tmp_path, agnews_dir, cli):
-    cli("bench", "collectives", "--nproc", "2", "--max-bytes", "4096", "--model", "tiny-random",
-            "--train-samples", "64", "--compute-batches", "1", "--max-length", "32",
-            "--output-dir", str(tmp_path), "--name", "coll")
+    cli(
+        "bench",
+        "collectives",
+        "--nproc",
+        "2",
+        "--max-bytes",
+        "4096",
+        "--model",
+        "tiny-random",
+        "--train-samples",
+        "64",
+        "--compute-batches",
+        "1",
+        "--max-length",
+        "32",
+        "--output-dir",
+        str(tmp_path),
+        "--name",
+        "coll",
+    )
     report = json.loads((tmp_path / "coll.json").read_text())
     assert report["backend"] == "gloo" and report["world_size"] == 2
     assert report["checks"] == {op: True for op in collectives.OPS}
@@ -88,12 +123,22 @@ def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir):
     from distrinews.config import load_config
     from distrinews.trainer import train
 
-    config = load_config(CONFIGS / "tiny.yaml", {"train_samples": 64, "eval_samples": 32, "max_steps": 4, "logging_steps": 2,
-                                                  "max_length": 32, "output_dir": str(tmp_path / "run"),
-                                                  "report_to_tensorboard": False, "disable_tqdm": True})
+    config = load_config(
+        CONFIGS / "tiny.yaml",
+        {
+            "train_samples": 64,
+            "eval_samples": 32,
+            "max_steps": 4,
+            "logging_steps": 2,
+            "max_length": 32,
+            "output_dir": str(tmp_path / "run"),
+            "report_to_tensorboard": False,
+            "disable_tqdm": True,
+        },
+    )
     train(config)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     logged = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]
-    for r in logged + [next(r for r in records if r["kind"] == "epoch")]:
+    for r in [*logged, next(r for r in records if r["kind"] == "epoch")]:
         assert r["samples_per_s"] > 0 and r["tokens_per_s"] > r["samples_per_s"] and 0 < r["mfu"] < 1

@@ -15,8 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def train(cli):
     def run(*args, data=None, nproc=None):
         data_args = ["--data", str(data)] if data is not None else []
-        return cli("train", "--config", str(CONFIGS / "tiny.yaml"), *data_args, "--disable_tqdm", "true", *args,
-                   nproc=nproc, check=False)
+        return cli("train", "--config", str(CONFIGS / "tiny.yaml"), *data_args, "--disable_tqdm", "true", *args, nproc=nproc, check=False)
 
     return run
 

@@ -1,6 +1,7 @@
 """DDP over 2 processes is the same optimisation as 1 process with the global batch."""
 
 from pathlib import Path
+
 import pytest
 from safetensors.torch import load_file
 
@@ -10,15 +11,45 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 STEPS = 6
-COMMON = ["--config", str(CONFIGS / "tiny.yaml"), "--dropout", "0.0", "--max_steps", str(STEPS), "--train_samples", "256",
-          "--eval_samples", "64", "--learning_rate", "2e-3", "--warmup_ratio", "0", "--report_to_tensorboard", "false",
-          "--disable_tqdm", "true", "--logging_steps", "2"]
+COMMON = [
+    "--config",
+    str(CONFIGS / "tiny.yaml"),
+    "--dropout",
+    "0.0",
+    "--max_steps",
+    str(STEPS),
+    "--train_samples",
+    "256",
+    "--eval_samples",
+    "64",
+    "--learning_rate",
+    "2e-3",
+    "--warmup_ratio",
+    "0",
+    "--report_to_tensorboard",
+    "false",
+    "--disable_tqdm",
+    "true",
+    "--logging_steps",
+    "2",
+]
 
 
 def _train(tmp_path, name, nproc, batch, accum, group, cli):
     out = tmp_path / name
-    cli("train", *COMMON, "--output-dir", str(out), "--per_device_train_batch_size", str(batch),
-            "--gradient_accumulation_steps", str(accum), "--group_by_length", str(group).lower(), nproc=nproc)
+    cli(
+        "train",
+        *COMMON,
+        "--output-dir",
+        str(out),
+        "--per_device_train_batch_size",
+        str(batch),
+        "--gradient_accumulation_steps",
+        str(accum),
+        "--group_by_length",
+        str(group).lower(),
+        nproc=nproc,
+    )
     return load_file(str(out / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
 
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-import pytest
-
 from distrinews import doctor
-
-pytestmark = pytest.mark.slow
 
 
 def test_healthy_two_process_rendezvous(tmp_path, cli):
@@ -58,13 +54,15 @@ def test_under_torchrun_with_nproc_per_node(cli):
 def test_advice_for_each_failure_kind():
     in_use = doctor.advise("rendezvous", "RuntimeError: [Errno 98] Address already in use", "127.0.0.1", 29500, 30, [])
     assert "29500" in in_use and "in use" in in_use and "free port" in in_use
-    missing = doctor.advise("rendezvous", "DistStoreError: Timed out after 30 seconds waiting for clients. 1/2 clients joined.",
-                            "10.0.0.1", 29500, 30, [1])
+    missing = doctor.advise(
+        "rendezvous", "DistStoreError: Timed out after 30 seconds waiting for clients. 1/2 clients joined.", "10.0.0.1", 29500, 30, [1]
+    )
     assert "rank(s) 1 never joined" in missing and "10.0.0.1:29500" in missing and "firewall" in missing
     timeout = doctor.advise("all_reduce", "timed out", "10.0.0.1", 29500, 30, [])
     assert "timed out after 30s during 'all_reduce'" in timeout and "NCCL_DEBUG=INFO" in timeout
     nccl = doctor.advise("all_reduce", "NCCL error: unhandled system error", "h", 1, 30, [])
     assert "CUDA_VISIBLE_DEVICES" in nccl and "NCCL_DEBUG=INFO" in nccl
+
 
 def test_port_free_tells_a_taken_port_from_a_free_one():
     import socket

@@ -1,10 +1,10 @@
 """torchrun, 2 processes, gloo, the real shipped MiniLM, a few hundred real rows: train -> best/ -> predict."""
 
-from pathlib import Path
 import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +14,38 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, agnews_dir):
     run = tmp_path_factory.mktemp("e2e") / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-           "-m", "distrinews", "train", "--config", str(CONFIGS / "tiny.yaml"), "--model_name_or_path", "minilm",
-           "--train_samples", "256", "--eval_samples", "256", "--max_length", "64", "--bf16", "auto",
-           "--learning_rate", "1e-4", "--logging_steps", "2", "--output-dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "-m",
+        "distrinews",
+        "train",
+        "--config",
+        str(CONFIGS / "tiny.yaml"),
+        "--model_name_or_path",
+        "minilm",
+        "--train_samples",
+        "256",
+        "--eval_samples",
+        "256",
+        "--max_length",
+        "64",
+        "--bf16",
+        "auto",
+        "--learning_rate",
+        "1e-4",
+        "--logging_steps",
+        "2",
+        "--output-dir",
+        str(run),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return run, proc

@@ -9,7 +9,6 @@ from distrinews.checkpoint import save_servable
 from distrinews.model import build_model, build_tokenizer
 
 
-
 @pytest.fixture(scope="module")
 def spread_checkpoint(tmp_path_factory):
     """A tiny model whose predictions vary across inputs (a random tiny BERT predicts one class)."""

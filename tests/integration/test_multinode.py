@@ -4,13 +4,13 @@ Needs root and iproute2 (as CI has); each host has its own address, and rendezvo
 the store all go over the veth link, never loopback.
 """
 
-from pathlib import Path
 import json
 import os
 import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -57,12 +57,39 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
     procs = []
     for node_rank, (host, veth, addr) in enumerate(two_hosts):
         env = {**os.environ, "GLOO_SOCKET_IFNAME": veth, "OMP_NUM_THREADS": "1"}
-        cmd = ["ip", "netns", "exec", host, sys.executable, "-m", "torch.distributed.run",
-               "--nnodes=2", f"--node-rank={node_rank}", "--nproc-per-node=1", "--rdzv-backend=static",
-               f"--master-addr={master_addr}", "--master-port=29533", f"--local-addr={addr}",
-               "-m", "distrinews", "train", "--config", str(CONFIGS / "tiny.yaml"), "--max_steps", "4",
-               "--train_samples", "128", "--eval_samples", "64", "--disable_tqdm", "true",
-               "--report_to_tensorboard", "false", "--output-dir", str(run)]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            host,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node-rank={node_rank}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=static",
+            f"--master-addr={master_addr}",
+            "--master-port=29533",
+            f"--local-addr={addr}",
+            "-m",
+            "distrinews",
+            "train",
+            "--config",
+            str(CONFIGS / "tiny.yaml"),
+            "--max_steps",
+            "4",
+            "--train_samples",
+            "128",
+            "--eval_samples",
+            "64",
+            "--disable_tqdm",
+            "true",
+            "--report_to_tensorboard",
+            "false",
+            "--output-dir",
+            str(run),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
     for p in procs:
@@ -73,7 +100,7 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
                 q.kill()
             raise
         outs.append((p.returncode, out, err))
-    for code, out, err in outs:
+    for code, _out, err in outs:
         assert code == 0, err[-4000:]
     assert "World size:           2 (gloo, strategy ddp)" in outs[0][1]
     assert "Effective batch size: 32" in outs[0][1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 pytest.importorskip("onnxruntime")
 
 

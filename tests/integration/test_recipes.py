@@ -29,8 +29,13 @@ K8S = DEPLOY / "k8s"
 # Launcher flags that carry the cluster layout. The Kubeflow operators supply them as PET_*
 # variables; only the Slurm script passes them on the command line.
 LAYOUT_FLAGS = {
-    "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend", "--rdzv-endpoint",
-    "--rdzv-id", "--max-restarts",
+    "--nnodes",
+    "--nproc-per-node",
+    "--node-rank",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--max-restarts",
 }
 # Set by the torch-distributed runtime; a TrainJob that sets one in env is rejected
 # (kubeflow/trainer pkg/constants TorchRunReservedEnvNames).
@@ -71,7 +76,7 @@ def readme_section() -> str:
 def readme_command() -> list[str]:
     """The fenced block under "### The command every recipe runs", as argv."""
     section = readme_section()
-    after = section[section.index("\n### The command every recipe runs\n"):]
+    after = section[section.index("\n### The command every recipe runs\n") :]
     block = re.search(r"```(?:sh|bash)?\n(.*?)```", after, re.DOTALL)
     assert block, "no code block under 'The command every recipe runs'"
     return shlex.split(block.group(1).replace("\\\n", " "))
@@ -205,8 +210,16 @@ def test_trainjob_runtime_patch_mounts_the_shared_volume():
     pod = trainjob_pod_patch(job)
     # PodSpecPatch fields (v2.3.0): anything else is dropped or rejected.
     assert set(pod) <= {
-        "serviceAccountName", "volumes", "initContainers", "containers", "imagePullSecrets",
-        "securityContext", "nodeSelector", "affinity", "tolerations", "schedulingGates",
+        "serviceAccountName",
+        "volumes",
+        "initContainers",
+        "containers",
+        "imagePullSecrets",
+        "securityContext",
+        "nodeSelector",
+        "affinity",
+        "tolerations",
+        "schedulingGates",
         "terminationGracePeriodSeconds",
     }
     (container,) = pod["containers"]
@@ -337,7 +350,9 @@ def slurm(tmp_path):
         (tools / tool).symlink_to(shutil.which(tool))
     bash = shutil.which("bash")
 
-    def run(env: dict[str, str] | None = None, args: tuple[str, ...] = (), scontrol: bool = True, hold: bool = False, distrinews: bool = True):
+    def run(
+        env: dict[str, str] | None = None, args: tuple[str, ...] = (), scontrol: bool = True, hold: bool = False, distrinews: bool = True
+    ):
         (fake / "scontrol").unlink(missing_ok=True)
         if scontrol:
             _write_exe(fake / "scontrol", FAKE_SCONTROL)
@@ -379,17 +394,28 @@ def test_sbatch_launches_the_expected_torchrun_line(slurm):
     srun_opts, command = split_srun(argv)
     assert srun_opts == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=32"]
     assert command == [
-        "distrinews", "train",
-        "--config", "configs/gpu-distilbert.yaml",
-        "--nnodes", "2",
-        "--nproc-per-node", "8",
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "gpu-a17:29642",  # first node from scontrol; port 29400 + 4242 % 1000
-        "--rdzv-id", "4242",
-        "--max-restarts", "3",
-        "--data", "/shared/data/ag_news",
-        "--output-dir", "/shared/runs/agnews",
-        "--resume", "auto",
+        "distrinews",
+        "train",
+        "--config",
+        "configs/gpu-distilbert.yaml",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "gpu-a17:29642",  # first node from scontrol; port 29400 + 4242 % 1000
+        "--rdzv-id",
+        "4242",
+        "--max-restarts",
+        "3",
+        "--data",
+        "/shared/data/ag_news",
+        "--output-dir",
+        "/shared/runs/agnews",
+        "--resume",
+        "auto",
     ]
 
 
@@ -401,9 +427,15 @@ def test_sbatch_runs_the_readme_command(slurm):
 def test_sbatch_environment_overrides_and_extra_args(slurm):
     proc, argv = slurm(
         env={
-            "CONFIG": "configs/cpu-quick.yaml", "DATA": "/lustre/ag", "RUN_DIR": "/lustre/runs/x",
-            "PORT": "31000", "MAX_RESTARTS": "5", "GPUS_PER_NODE": "4", "SLURM_NNODES": "3",
-            "SLURM_JOB_ID": "77", "SLURM_CPUS_PER_TASK": None,
+            "CONFIG": "configs/cpu-quick.yaml",
+            "DATA": "/lustre/ag",
+            "RUN_DIR": "/lustre/runs/x",
+            "PORT": "31000",
+            "MAX_RESTARTS": "5",
+            "GPUS_PER_NODE": "4",
+            "SLURM_NNODES": "3",
+            "SLURM_JOB_ID": "77",
+            "SLURM_CPUS_PER_TASK": None,
         },
         args=("--learning_rate", "3e-5"),
     )

@@ -20,9 +20,30 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 
 # The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
-KILL_RUN = ["--config", str(CONFIGS / "tiny.yaml"), "--max_steps", "30", "--num_train_epochs", "3", "--dropout", "0.1",
-            "--eval_samples", "64", "--save_steps", "1", "--eval_steps", "5", "--save_total_limit", "null",
-            "--logging_steps", "1", "--report_to_tensorboard", "false", "--disable_tqdm", "true"]
+KILL_RUN = [
+    "--config",
+    str(CONFIGS / "tiny.yaml"),
+    "--max_steps",
+    "30",
+    "--num_train_epochs",
+    "3",
+    "--dropout",
+    "0.1",
+    "--eval_samples",
+    "64",
+    "--save_steps",
+    "1",
+    "--eval_steps",
+    "5",
+    "--save_total_limit",
+    "null",
+    "--logging_steps",
+    "1",
+    "--report_to_tensorboard",
+    "false",
+    "--disable_tqdm",
+    "true",
+]
 
 
 def _records(run: Path) -> list[dict]:
@@ -36,8 +57,13 @@ def _comparable(records: list[dict]) -> list[tuple]:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 300) -> None:
@@ -56,8 +82,13 @@ def _kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 300) -> N
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, agnews_dir):
     run = tmp_path_factory.mktemp("full") / "run"
-    proc = subprocess.run([sys.executable, "-m", "distrinews", "train", *KILL_RUN, "--output-dir", str(run), "--nproc-per-node", "2"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrinews", "train", *KILL_RUN, "--output-dir", str(run), "--nproc-per-node", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
 
@@ -85,11 +116,37 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(uninterrupted, tmp_pat
 
 def test_killed_run_resumes_with_auto(tmp_path, agnews_dir, cli):
     run = tmp_path / "run"
-    args = ["--config", str(CONFIGS / "tiny.yaml"), "--train_samples", "160", "--eval_samples", "64", "--per_device_train_batch_size", "8",
-            "--max_steps", "60", "--num_train_epochs", "6", "--save_steps", "3", "--logging_steps", "2",
-            "--report_to_tensorboard", "false", "--disable_tqdm", "true", "--output-dir", str(run)]
-    proc = subprocess.Popen([sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    args = [
+        "--config",
+        str(CONFIGS / "tiny.yaml"),
+        "--train_samples",
+        "160",
+        "--eval_samples",
+        "64",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_steps",
+        "60",
+        "--num_train_epochs",
+        "6",
+        "--save_steps",
+        "3",
+        "--logging_steps",
+        "2",
+        "--report_to_tensorboard",
+        "false",
+        "--disable_tqdm",
+        "true",
+        "--output-dir",
+        str(run),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and not (run / "checkpoints" / "step-6").is_dir():
@@ -107,3 +164,56 @@ def test_killed_run_resumes_with_auto(tmp_path, agnews_dir, cli):
     assert state["global_step"] == 60
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
     assert (run / "best" / "model.safetensors").is_file()
+
+
+def _processes_running(marker: str) -> list[int]:
+    """PIDs whose command line mentions ``marker`` (this run's output directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir):
+    run = tmp_path / "run-killed-launcher"
+    proc = _start(
+        [
+            "--config",
+            str(CONFIGS / "tiny.yaml"),
+            "--max_steps",
+            "100000",
+            "--num_train_epochs",
+            "1000",
+            "--save_steps",
+            "2",
+            "--report_to_tensorboard",
+            "false",
+            "--disable_tqdm",
+            "true",
+            "--output-dir",
+            str(run),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints").is_dir() or not any((run / "checkpoints").iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.1)
+        assert len(_processes_running(str(run))) >= 3, "the launcher and two workers"
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher only, as an OOM killer or a hard stop would
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _processes_running(str(run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_running(str(run)), "workers outlived their launcher"
+        newest = sorted((run / "checkpoints").iterdir())
+        time.sleep(2)
+        assert sorted((run / "checkpoints").iterdir()) == newest, "nothing writes into the run directory any more"
+    finally:
+        for pid in _processes_running(str(run)):
+            os.kill(pid, signal.SIGKILL)

@@ -42,7 +42,9 @@ def checkpoint(tmp_path_factory) -> Path:
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
-    return save_servable(tmp_path_factory.mktemp("serve") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32})
+    return save_servable(
+        tmp_path_factory.mktemp("serve") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +82,17 @@ def _assert_json_error(response: httpx.Response, status: int, phrase: str) -> No
 
 
 # ---------------------------------------------------------------------- hostile bodies over HTTP
-@pytest.mark.parametrize("body,phrase", [
-    ('{"text": ' + "[" * 1_000 + "]" * 1_000 + "}", "nested"),
-    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
-    ("[" * 4_000_000, "nested"),
-    ('{"text": ' + "9" * 5_000 + "}", "text: a number of 5,000 characters"),
-    ('{"texts": ["ok", ' + "9" * 5_000 + "]}", "texts.1: a number"),
-], ids=["depth-1000", "depth-100000", "4MB-of-[", "5000-digits", "5000-digits-in-batch"])
+@pytest.mark.parametrize(
+    "body,phrase",
+    [
+        ('{"text": ' + "[" * 1_000 + "]" * 1_000 + "}", "nested"),
+        ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+        ("[" * 4_000_000, "nested"),
+        ('{"text": ' + "9" * 5_000 + "}", "text: a number of 5,000 characters"),
+        ('{"texts": ["ok", ' + "9" * 5_000 + "]}", "texts.1: a number"),
+    ],
+    ids=["depth-1000", "depth-100000", "4MB-of-[", "5000-digits", "5000-digits-in-batch"],
+)
 def test_hostile_json_is_a_422_over_http(server, body, phrase):
     path = "/predict/batch" if '"texts"' in body else "/predict"
     _assert_json_error(_post(server.url + path, body), 422, phrase)
@@ -107,11 +113,17 @@ def _raw_request(port: int, request: bytes) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.mark.parametrize("content_length", [b"abc", b"-5", b"+17", b"17\r\nContent-Length: 18"], ids=["letters", "negative", "plus", "two-values"])
+@pytest.mark.parametrize(
+    "content_length", [b"abc", b"-5", b"+17", b"17\r\nContent-Length: 18"], ids=["letters", "negative", "plus", "two-values"]
+)
 def test_malformed_content_length_is_refused_by_uvicorn_in_plain_text(server, content_length):
     """uvicorn's h11 parser refuses these before the app runs; its 400 is plain text (documented in the README)."""
-    request = (b"POST /predict HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: " + content_length
-               + b"\r\nConnection: close\r\n\r\n" + b'{"text": "hello"}')
+    request = (
+        b"POST /predict HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: "
+        + content_length
+        + b"\r\nConnection: close\r\n\r\n"
+        + b'{"text": "hello"}'
+    )
     head, _, body = _raw_request(server.port, request).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), head
     assert b"content-type: text/plain" in head.lower() and body == b"Invalid HTTP request received.", (head, body)
@@ -133,8 +145,15 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp
     target, named = refused[kind]
     marker = refused["marker"][0]
     extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")], "serve": ["--port", "0"]}[command]
-    proc = subprocess.run([sys.executable, "-m", "distrinews", command, "--checkpoint", str(target), *extra],
-                          capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrinews", command, "--checkpoint", str(target), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr

@@ -21,7 +21,6 @@ import time
 import httpx
 import pytest
 
-
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
     "Federer beats Roddick to win his third Wimbledon title",
@@ -61,8 +60,16 @@ def server(checkpoint, tmp_path_factory, server_process):
 @pytest.fixture(scope="module")
 def strict_server(checkpoint, tmp_path_factory, server_process):
     srv = server_process(
-        checkpoint, tmp_path_factory.mktemp("logs") / "strict.log",
-        "--runtime", "onnx", "--max-queue", "1", "--max-batch-size", "8", "--max-wait-ms", "0",
+        checkpoint,
+        tmp_path_factory.mktemp("logs") / "strict.log",
+        "--runtime",
+        "onnx",
+        "--max-queue",
+        "1",
+        "--max-batch-size",
+        "8",
+        "--max-wait-ms",
+        "0",
         env={"DISTRINEWS_API_KEY": API_KEY},
     )
     try:
@@ -115,8 +122,13 @@ def test_every_endpoint_answers_with_the_documented_shape(server):
 
         metrics = client.get("/metrics")
         assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
-        for name in ("distrinews_http_requests_total", "distrinews_http_request_duration_seconds_bucket", "distrinews_batch_size_bucket",
-                     "distrinews_queue_depth", "distrinews_model_loaded"):
+        for name in (
+            "distrinews_http_requests_total",
+            "distrinews_http_request_duration_seconds_bucket",
+            "distrinews_batch_size_bucket",
+            "distrinews_queue_depth",
+            "distrinews_model_loaded",
+        ):
             assert name in metrics.text
         assert _metric(metrics.text, "distrinews_model_loaded") == 1.0
         assert 'distrinews_http_requests_total{method="POST",route="/predict",status="200"}' in metrics.text
@@ -197,9 +209,21 @@ BAD_REQUESTS = [
     ("missing field", "/predict", {"json": {"headline": "Oil prices jump"}}, 422, "text: Field required"),
     ("missing texts", "/predict/batch", {"json": {"text": "Oil prices jump"}}, 422, "texts: Field required"),
     ("invalid UTF-8", "/predict", {"content": b'{"text": "caf\xe9 \xff"}', "headers": {"content-type": "application/json"}}, 422, "UTF-8"),
-    ("unpaired surrogate", "/predict", {"content": b'{"text": "\\ud800 news"}', "headers": {"content-type": "application/json"}}, 422, "surrogate"),
+    (
+        "unpaired surrogate",
+        "/predict",
+        {"content": b'{"text": "\\ud800 news"}', "headers": {"content-type": "application/json"}},
+        422,
+        "surrogate",
+    ),
     ("oversized body", "/predict", {"json": {"text": "word " * 20_000}}, 413, "65,536 bytes"),
-    ("oversized streamed body", "/predict", {"content": iter([b'{"text": "', b"x" * 70_000, b'"}']), "headers": {"content-type": "application/json"}}, 413, "too large"),
+    (
+        "oversized streamed body",
+        "/predict",
+        {"content": iter([b'{"text": "', b"x" * 70_000, b'"}']), "headers": {"content-type": "application/json"}},
+        413,
+        "too large",
+    ),
     ("wrong method", "/predict", {"method": "GET"}, 405, "Method Not Allowed"),
     ("unknown route", "/nope", {"method": "GET"}, 404, "Not Found"),
 ]
@@ -236,8 +260,11 @@ def test_no_bad_input_ever_produced_a_500(server):
                 continue  # a streamed body is a one-shot iterator, consumed by its own test
             assert client.request(kwargs.pop("method", "POST"), path, **kwargs).status_code == status
     text = httpx.get(server.url + "/metrics").text
-    counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                  if line.startswith("distrinews_http_requests_total{") and 'status="4' in line)
+    counted = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("distrinews_http_requests_total{") and 'status="4' in line
+    )
     assert counted >= len(BAD_REQUESTS) - 1, "the metrics must have counted the bad requests"
     # (503 on /ready while the model loaded is by design; nothing else may be a 5xx.)
     server_errors = [line for line in text.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line]
@@ -260,9 +287,22 @@ class Chromium:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
-        args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1024,768", f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"]
+        args = [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--window-size=1024,768",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         self.proc = subprocess.Popen(args, preexec_fn=wire_fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(cmd_read)
         os.close(out_write)
@@ -303,7 +343,10 @@ class Chromium:
         return result["result"].get("value")
 
     def click(self, selector: str) -> None:
-        box = self.evaluate(f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+        box = self.evaluate(
+            f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect(); "
+            "return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1})
 
@@ -342,7 +385,11 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
             target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
             browser.session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             browser.send("Page.navigate", {"url": server.url + "/"})
-            _wait_for(lambda: browser.evaluate("document.readyState === 'complete' && !!document.getElementById('classify')"), 30, "the page to load")
+            _wait_for(
+                lambda: browser.evaluate("document.readyState === 'complete' && !!document.getElementById('classify')"),
+                30,
+                "the page to load",
+            )
             assert browser.evaluate("document.querySelector('a[href=\"docs\"]') !== null")
 
             browser.click("#text")  # focus the box like a user, then type into it
@@ -350,8 +397,12 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
             assert browser.evaluate("document.getElementById('text').value") == headline
             browser.click("#classify")
 
-            shown = _wait_for(lambda: browser.evaluate("document.getElementById('label').dataset.label || ''"), 30, "a prediction on the page")
-            bars = browser.evaluate("[...document.querySelectorAll('#bars .bar')].map(b => [b.children[0].textContent, b.querySelector('.fill').style.width])")
+            shown = _wait_for(
+                lambda: browser.evaluate("document.getElementById('label').dataset.label || ''"), 30, "a prediction on the page"
+            )
+            bars = browser.evaluate(
+                "[...document.querySelectorAll('#bars .bar')].map(b => [b.children[0].textContent, b.querySelector('.fill').style.width])"
+            )
             error = browser.evaluate("document.getElementById('error').textContent")
         finally:
             browser.close()
@@ -368,7 +419,14 @@ def test_api_key_guards_every_route_but_the_page_and_the_probes(strict_server):
     with httpx.Client(base_url=url, timeout=30) as client:
         for path in ("/", "/health", "/ready"):
             assert client.get(path).status_code == 200, path
-        for method, path in (("POST", "/predict"), ("POST", "/predict/batch"), ("GET", "/info"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json")):
+        for method, path in (
+            ("POST", "/predict"),
+            ("POST", "/predict/batch"),
+            ("GET", "/info"),
+            ("GET", "/metrics"),
+            ("GET", "/docs"),
+            ("GET", "/openapi.json"),
+        ):
             kwargs = {"json": {"text": "x"}} if method == "POST" else {}
             missing = client.request(method, path, **kwargs)
             assert missing.status_code == 401, path
@@ -462,5 +520,10 @@ def test_serve_without_a_checkpoint_says_what_to_do(tmp_path):
     env_free = {k: v for k, v in os.environ.items() if k != "MODEL_CHECKPOINT"}
     proc = subprocess.run([sys.executable, "-m", "distrinews", "serve"], capture_output=True, text=True, env=env_free, timeout=120)
     assert proc.returncode == 2 and "MODEL_CHECKPOINT" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "distrinews", "serve", "--checkpoint", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrinews", "serve", "--checkpoint", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +24,11 @@ def test_speedup_and_efficiency():
 
 
 def test_summarize_uses_the_smallest_worker_count_as_baseline():
-    points = [{"workers": 2, "samples_per_s": 93.0, "bucket_cap_mb": 25.0},
-              {"workers": 1, "samples_per_s": 50.0, "bucket_cap_mb": None},
-              {"workers": 4, "samples_per_s": 160.0, "bucket_cap_mb": 25.0}]
+    points = [
+        {"workers": 2, "samples_per_s": 93.0, "bucket_cap_mb": 25.0},
+        {"workers": 1, "samples_per_s": 50.0, "bucket_cap_mb": None},
+        {"workers": 4, "samples_per_s": 160.0, "bucket_cap_mb": 25.0},
+    ]
     rows = {r["workers"]: r for r in scaling.summarize(points)}
     assert rows[1]["speedup"] == pytest.approx(1.0) and rows[1]["efficiency"] == pytest.approx(1.0)
     assert rows[2]["speedup"] == pytest.approx(1.86) and rows[2]["efficiency"] == pytest.approx(0.93)
@@ -63,7 +65,7 @@ def test_bus_bandwidth_factors_are_nccl_tests():
 def test_message_sizes_cover_1kib_to_256mib():
     sizes = collectives.message_sizes(collectives.KIB, 256 * collectives.MIB)
     assert sizes[0] == 1024 and sizes[-1] == 256 * 2**20 and len(sizes) == 19
-    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
     assert collectives.iterations_for(1024) == 50 and collectives.iterations_for(256 * 2**20) == 3
 
 
@@ -81,8 +83,16 @@ def test_seed_ratio_is_the_lesson_formula_as_written():
 def _bert(layers=4, hidden=64, heads=4, intermediate=256):
     from transformers import BertConfig, BertForSequenceClassification
 
-    cfg = BertConfig(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=intermediate, max_position_embeddings=128, num_labels=4, attn_implementation="eager")
+    cfg = BertConfig(
+        vocab_size=1000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=128,
+        num_labels=4,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     return BertForSequenceClassification(cfg).eval()
 
@@ -90,9 +100,11 @@ def _bert(layers=4, hidden=64, heads=4, intermediate=256):
 def test_model_shape_excludes_embedding_tables():
     model = _bert()
     shape = flops.ModelShape.of(model)
-    emb = sum(p.numel() for p in model.bert.embeddings.word_embeddings.parameters()) \
-        + sum(p.numel() for p in model.bert.embeddings.position_embeddings.parameters()) \
+    emb = (
+        sum(p.numel() for p in model.bert.embeddings.word_embeddings.parameters())
+        + sum(p.numel() for p in model.bert.embeddings.position_embeddings.parameters())
         + sum(p.numel() for p in model.bert.embeddings.token_type_embeddings.parameters())
+    )
     assert shape.matmul_params == sum(p.numel() for p in model.parameters()) - emb
     assert (shape.num_layers, shape.hidden_size) == (4, 64)
 

@@ -34,7 +34,14 @@ def _save_step(root, step, model, limit=None):
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     model, _ = tiny
     path = _save_step(tmp_path, 5, model)
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "optimizer.pt", "rng_state.pt", "scheduler.pt", "trainer_state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_state.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+    ]
     fresh = build_model("tiny-random", dropout=0.0, seed=1)
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     wrapped, opt, sched = _parts(fresh)
@@ -125,12 +132,14 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
 
 def test_legacy_pt_export_and_load(tmp_path, tiny):
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1})
+    ckpt.save_servable(
+        tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1}
+    )
     out = ckpt.export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
     assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
     assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
-    loaded, tok2, info = ckpt.load_for_inference(out)
+    loaded, _tok2, info = ckpt.load_for_inference(out)
     enc = tok(["Stocks rally on Wall Street"], return_tensors="pt")
     with torch.no_grad():
         a = model.eval()(**enc).logits

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from distrinews import cli
 from distrinews.cli import bench as bench_cli

@@ -51,12 +51,14 @@ def test_fp16_needs_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this check is for machines without CUDA")
-    with pytest.raises(ConfigError, match="'fp16'.*needs CUDA"):
+    with pytest.raises(ConfigError, match=r"'fp16'.*needs CUDA"):
         check_precision_supported(TrainConfig(fp16=True))
 
 
 def test_command_line_strings_are_typed():
-    cfg = load_config(CONFIGS / "tiny.yaml", parse_overrides(["--learning-rate", "3e-4", "--bf16=true", "--train_samples", "null", "--max_steps", "7"]))
+    cfg = load_config(
+        CONFIGS / "tiny.yaml", parse_overrides(["--learning-rate", "3e-4", "--bf16=true", "--train_samples", "null", "--max_steps", "7"])
+    )
     assert cfg.learning_rate == 3e-4 and cfg.bf16 is True and cfg.train_samples is None and cfg.max_steps == 7
 
 

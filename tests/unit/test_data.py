@@ -2,15 +2,24 @@ import pytest
 import torch
 
 from distrinews.data import (
-    Collator, DataError, RawSplit, clean_text, load_split, read_csv, stratified_sample, tokenize, tokenize_cached,
+    Collator,
+    DataError,
+    RawSplit,
+    clean_text,
+    load_split,
+    read_csv,
+    stratified_sample,
+    tokenize,
+    tokenize_cached,
 )
 from distrinews.model import build_tokenizer
 
 
-
 def test_clean_text_undoes_the_release_escapes():
-    assert clean_text("Wall St. Bears (Reuters)", "Reuters - Short-sellers, dwindling\\band of ultra-cynics") == \
-        "Wall St. Bears (Reuters) Reuters - Short-sellers, dwindling band of ultra-cynics"
+    assert (
+        clean_text("Wall St. Bears (Reuters)", "Reuters - Short-sellers, dwindling\\band of ultra-cynics")
+        == "Wall St. Bears (Reuters) Reuters - Short-sellers, dwindling band of ultra-cynics"
+    )
     assert clean_text("Profit", "rose to \\$1.2 billion") == "Profit rose to $1.2 billion"
     assert clean_text("A", "line one.\\nLine two") == "A line one. Line two"
     assert clean_text("It #39;s", "a &lt;b&gt; tag") == "It's a <b> tag"
@@ -61,7 +70,7 @@ def test_missing_directory_says_how_to_point_at_data(tmp_path):
 
 
 def test_directory_without_split_files(tmp_path):
-    with pytest.raises(DataError, match="has no test.csv"):
+    with pytest.raises(DataError, match=r"has no test\.csv"):
         load_split(str(tmp_path), "test")
 
 

@@ -10,8 +10,19 @@ import pytest
 from distrinews import launch
 from distrinews.launch import LaunchError, report_failures, split_launch_flags, torchrun_args, wants_launch
 
-PET = ("PET_NPROC_PER_NODE", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_RDZV_ENDPOINT",
-       "PET_RDZV_BACKEND", "PET_RDZV_ID", "PET_MAX_RESTARTS", "LOCAL_RANK", "WORLD_SIZE")
+PET = (
+    "PET_NPROC_PER_NODE",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_RDZV_ENDPOINT",
+    "PET_RDZV_BACKEND",
+    "PET_RDZV_ID",
+    "PET_MAX_RESTARTS",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -21,19 +32,36 @@ def _no_launcher_environment(monkeypatch):
 
 
 def test_flags_come_out_in_any_spelling_and_the_rest_stays_in_order():
-    flags, rest = split_launch_flags(["train", "--nproc_per_node", "2", "--config", "c.yaml", "--nnodes=2",
-                                      "--rdzv-endpoint", "h:29400", "--max-restarts", "3", "--learning_rate", "1e-4"])
+    flags, rest = split_launch_flags(
+        [
+            "train",
+            "--nproc_per_node",
+            "2",
+            "--config",
+            "c.yaml",
+            "--nnodes=2",
+            "--rdzv-endpoint",
+            "h:29400",
+            "--max-restarts",
+            "3",
+            "--learning_rate",
+            "1e-4",
+        ]
+    )
     assert flags == {"nproc-per-node": "2", "nnodes": "2", "rdzv-endpoint": "h:29400", "max-restarts": "3"}
     assert rest == ["train", "--config", "c.yaml", "--learning_rate", "1e-4"]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--nproc-per-node", "0"], "--nproc-per-node expects a number >= 1"),
-    (["--nproc-per-node", "two"], "--nproc-per-node expects"),
-    (["--nnodes", "2:x"], "--nnodes expects N or MIN:MAX"),
-    (["--max-restarts", "many"], "--max-restarts expects an integer"),
-    (["--node-rank"], "--node-rank needs a value"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node expects a number >= 1"),
+        (["--nproc-per-node", "two"], "--nproc-per-node expects"),
+        (["--nnodes", "2:x"], "--nnodes expects N or MIN:MAX"),
+        (["--max-restarts", "many"], "--max-restarts expects an integer"),
+        (["--node-rank"], "--node-rank needs a value"),
+    ],
+)
 def test_malformed_flags_are_named(argv, message):
     with pytest.raises(LaunchError, match=message):
         split_launch_flags(argv)
@@ -65,8 +93,9 @@ def test_torchrun_arguments(monkeypatch):
 
 
 def _failure(exitcode, message="", timestamp=0):
-    return SimpleNamespace(exitcode=exitcode, message=message, timestamp=timestamp,
-                           signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "")
+    return SimpleNamespace(
+        exitcode=exitcode, message=message, timestamp=timestamp, signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else ""
+    )
 
 
 def test_a_usage_error_on_every_rank_is_printed_once_with_exit_2(capsys):

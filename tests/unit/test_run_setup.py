@@ -22,7 +22,9 @@ def _previous_run(path):
 
 def test_a_directory_holding_a_run_is_refused_without_resume_or_overwrite(tmp_path):
     before = _previous_run(tmp_path)
-    with pytest.raises(ConfigError, match=r"already holds a run \(log.jsonl, checkpoints\); pass --resume auto .* --overwrite_output_dir true"):
+    with pytest.raises(
+        ConfigError, match=r"already holds a run \(log.jsonl, checkpoints\); pass --resume auto .* --overwrite_output_dir true"
+    ):
         RunDir(tmp_path).check_usable(resume=None, overwrite=False)
     RunDir(tmp_path).check_usable(resume="auto", overwrite=False)
     RunDir(tmp_path).check_usable(resume=None, overwrite=True)

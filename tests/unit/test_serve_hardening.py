@@ -39,7 +39,9 @@ class FakePredictor:
         pass
 
     def predict(self, texts):
-        return [{"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(zip(LABELS, (1.0, 0.0, 0.0, 0.0)))} for _ in texts]
+        return [
+            {"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(zip(LABELS, (1.0, 0.0, 0.0, 0.0)))} for _ in texts
+        ]
 
     def describe(self):
         return {"model_name": "fake", "runtime": self.runtime, "labels": LABELS, "max_length": 8, "metrics": {}}
@@ -97,24 +99,31 @@ def test_nesting_up_to_the_limit_is_parsed_and_then_validated(client):
     assert _post(client, "/predict/batch", json.dumps(nested_strings)).status_code == 200
 
 
-@pytest.mark.parametrize("body", [
-    "[" * 4_000_000,  # 4 MB of "[" (under the 4 MiB body cap)
-    '{"text": ' + "[" * 4_000_000,
-    '{"text": ' + "{\"a\": " * 500_000 + "1" + "}" * 500_000 + "}",
-], ids=["4MB-of-[", "unclosed", "objects"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 4_000_000,  # 4 MB of "[" (under the 4 MiB body cap)
+        '{"text": ' + "[" * 4_000_000,
+        '{"text": ' + '{"a": ' * 500_000 + "1" + "}" * 500_000 + "}",
+    ],
+    ids=["4MB-of-[", "unclosed", "objects"],
+)
 def test_megabytes_of_nesting_are_rejected_without_a_500(client, body):
     _assert_json_error(_post(client, "/predict", body), 422, "nested")
 
 
 # ---------------------------------------------------------------------- huge numbers
-@pytest.mark.parametrize("path,body,where", [
-    ("/predict", '{"text": ' + "9" * 5_000 + "}", "text"),
-    ("/predict", '{"text": -' + "1" * 5_000 + "}", "text"),
-    ("/predict", '{"text": 1.' + "5" * 5_000 + "}", "text"),
-    ("/predict", '{"text": 1' + "0" * 5_000 + "e5}", "text"),
-    ("/predict/batch", '{"texts": ["fine", ' + "7" * 5_000 + "]}", "texts.1"),
-    ("/predict", '{"text": "fine", "extra": {"n": ' + "7" * 100_000 + "}}", "extra.n"),
-])
+@pytest.mark.parametrize(
+    "path,body,where",
+    [
+        ("/predict", '{"text": ' + "9" * 5_000 + "}", "text"),
+        ("/predict", '{"text": -' + "1" * 5_000 + "}", "text"),
+        ("/predict", '{"text": 1.' + "5" * 5_000 + "}", "text"),
+        ("/predict", '{"text": 1' + "0" * 5_000 + "e5}", "text"),
+        ("/predict/batch", '{"texts": ["fine", ' + "7" * 5_000 + "]}", "texts.1"),
+        ("/predict", '{"text": "fine", "extra": {"n": ' + "7" * 100_000 + "}}", "extra.n"),
+    ],
+)
 def test_a_number_with_thousands_of_digits_is_a_422_naming_the_field(client, path, body, where):
     detail = _assert_json_error(_post(client, path, body), 422, f"{where}: ", "number", f"{MAX_NUMBER_CHARS}")
     assert "4300" not in detail
@@ -126,8 +135,20 @@ def test_ordinary_numbers_still_get_the_schema_error(client):
 
 
 # ---------------------------------------------------------------------- content type
-@pytest.mark.parametrize("content_type", [None, "", "text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/jsonp", "json", "application/json-seq"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "",
+        "text/plain",
+        "text/plain; charset=utf-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonp",
+        "json",
+        "application/json-seq",
+    ],
+)
 @pytest.mark.parametrize("path,body", [("/predict", '{"text": "Oil prices jump"}'), ("/predict/batch", '{"texts": ["Oil prices jump"]}')])
 def test_a_body_not_sent_as_json_is_415(client, path, body, content_type):
     detail = _assert_json_error(_post(client, path, body, content_type), 415, "Content-Type", "application/json")
@@ -135,8 +156,16 @@ def test_a_body_not_sent_as_json_is_415(client, path, body, content_type):
         assert content_type.split(";")[0] in detail
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8",
-                                          "application/vnd.distrinews+json", "application/merge-patch+json"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON;charset=UTF-8",
+        "application/vnd.distrinews+json",
+        "application/merge-patch+json",
+    ],
+)
 def test_json_media_types_are_accepted(client, content_type):
     assert _post(client, "/predict", '{"text": "Oil prices jump"}', content_type).status_code == 200
 
@@ -144,10 +173,20 @@ def test_json_media_types_are_accepted(client, content_type):
 # ---------------------------------------------------------------------- Content-Length the app sees
 async def _asgi_post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> tuple[int, dict, bytes]:
     """One POST /predict straight into the ASGI app, with exactly these headers and body chunks."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/predict", "raw_path": b"/predict", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
-             "client": ("127.0.0.1", 1), "server": ("test", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
     messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
     sent: list[dict] = []
 
@@ -166,17 +205,21 @@ async def _asgi_post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes
 BODY = b'{"text": "Oil prices jump"}'
 
 
-@pytest.mark.parametrize("headers,chunks,phrase", [
-    ([(b"content-length", b"abc")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"-5")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"+27")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"2_7")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"27"), (b"content-length", b"28")], [BODY], "invalid Content-Length"),
-    ([(b"content-length", b"60")], [BODY], "27 bytes"),  # shorter than declared
-    ([(b"content-length", b"5")], [BODY], "27 bytes"),  # longer than declared
-    ([(b"content-length", b"5")], [BODY[:10], BODY[10:]], "27 bytes"),  # streamed, longer than declared
-], ids=["letters", "negative", "plus-sign", "underscore", "empty", "two-values", "short-body", "long-body", "long-streamed"])
+@pytest.mark.parametrize(
+    "headers,chunks,phrase",
+    [
+        ([(b"content-length", b"abc")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"-5")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"+27")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"2_7")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"27"), (b"content-length", b"28")], [BODY], "invalid Content-Length"),
+        ([(b"content-length", b"60")], [BODY], "27 bytes"),  # shorter than declared
+        ([(b"content-length", b"5")], [BODY], "27 bytes"),  # longer than declared
+        ([(b"content-length", b"5")], [BODY[:10], BODY[10:]], "27 bytes"),  # streamed, longer than declared
+    ],
+    ids=["letters", "negative", "plus-sign", "underscore", "empty", "two-values", "short-body", "long-body", "long-streamed"],
+)
 def test_content_length_errors_the_app_sees_are_json(client, app, headers, chunks, phrase):
     status, response_headers, body = client.portal.call(_asgi_post, app, headers, chunks)
     assert status == 400, body
@@ -230,7 +273,9 @@ def servable(tmp_path_factory) -> Path:
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
-    return save_servable(tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32})
+    return save_servable(
+        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32}
+    )
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -268,15 +313,18 @@ def _corrupt_header(file: Path) -> None:
 def _garbage_header(file: Path) -> None:
     data = file.read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
-    file.write_bytes(data[:8] + b"{not json" + b" " * (n - 9) + data[8 + n:])
+    file.write_bytes(data[:8] + b"{not json" + b" " * (n - 9) + data[8 + n :])
 
 
 def _truncate(file: Path) -> None:
     file.write_bytes(file.read_bytes()[:100])
 
 
-@pytest.mark.parametrize("damage,phrase", [(_corrupt_header, "safetensors"), (_garbage_header, "safetensors"), (_truncate, "safetensors")],
-                         ids=["header-length", "header-json", "truncated"])
+@pytest.mark.parametrize(
+    "damage,phrase",
+    [(_corrupt_header, "safetensors"), (_garbage_header, "safetensors"), (_truncate, "safetensors")],
+    ids=["header-length", "header-json", "truncated"],
+)
 def test_a_broken_safetensors_file_is_named_in_one_line(servable, tmp_path, damage, phrase):
     from distrinews.checkpoint import CheckpointError, load_for_inference
 
@@ -341,9 +389,11 @@ def test_health_after_a_refused_checkpoint_says_what_failed_and_where(tmp_path):
 
 def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on():
     def loader():  # torch's own message, as any unwrapped torch.load would raise it
-        raise pickle.UnpicklingError("Weights only load failed. This file can still be loaded, to do so you have two options, "
-                                     "do those steps only if you trust the source of the checkpoint.\n (1) ... set `weights_only` "
-                                     "argument in `torch.load` to `False`, ...")
+        raise pickle.UnpicklingError(
+            "Weights only load failed. This file can still be loaded, to do so you have two options, "
+            "do those steps only if you trust the source of the checkpoint.\n (1) ... set `weights_only` "
+            "argument in `torch.load` to `False`, ..."
+        )
 
     health, _, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint="/models/x.pt", api_key=""), predictor_factory=loader))
     assert "/models/x.pt" in health["error"] and "UnpicklingError" in health["error"]
@@ -354,24 +404,34 @@ def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on():
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 _SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=40),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
     st.text(st.characters(codec="utf-8"), max_size=40),
 )
-_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+_JSON = st.recursive(
+    _SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20
+)
 _RAW_TOKENS = st.one_of(
     st.integers(1, 20_000).map(lambda n: "9" * n),  # huge integers
     st.integers(1, 3_000).map(lambda n: "1." + "5" * n + "e-7"),  # long floats
     st.integers(0, 3_000).map(lambda n: "[" * n + "]" * n),  # deep nesting
     st.integers(0, 3_000).map(lambda n: '{"a":' * n + "0" + "}" * n),
     st.integers(0, 3_000).map(lambda n: "[" * n),  # unclosed
-    st.sampled_from(['"\\ud800"', '"\\udfff x"', '"\\ud83d\\ude00"', '"\\u0000"', "NaN", "Infinity", "-Infinity", "1e999", '"\ufeff"', "tru", '"']),
+    st.sampled_from(
+        ['"\\ud800"', '"\\udfff x"', '"\\ud83d\\ude00"', '"\\u0000"', "NaN", "Infinity", "-Infinity", "1e999", '"\ufeff"', "tru", '"']
+    ),
 )
 
 
 def _body_for(field: str):
     valid_text = st.text(max_size=60) | st.text(st.characters(codec="utf-8"), min_size=1, max_size=60)
     return st.one_of(
-        st.builds(lambda v: json.dumps({field: v}), valid_text if field == "text" else st.lists(valid_text, max_size=70)),  # valid per the schema
+        st.builds(
+            lambda v: json.dumps({field: v}), valid_text if field == "text" else st.lists(valid_text, max_size=70)
+        ),  # valid per the schema
         _JSON.map(json.dumps),  # any JSON, mostly the wrong shape
         _RAW_TOKENS.map(lambda token: f'{{"{field}": {token}}}'),  # hostile values in the right place
         _RAW_TOKENS,
@@ -380,10 +440,21 @@ def _body_for(field: str):
     )
 
 
-_CONTENT_TYPES = st.sampled_from([
-    "application/json", "application/json; charset=utf-8", "application/problem+json", "text/plain", None, "",
-    "application/x-www-form-urlencoded", "multipart/form-data", "application/json; charset=latin-1", "*/*", "application/json\x7f",
-])
+_CONTENT_TYPES = st.sampled_from(
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/problem+json",
+        "text/plain",
+        None,
+        "",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+        "application/json; charset=latin-1",
+        "*/*",
+        "application/json\x7f",
+    ]
+)
 
 
 def _check(response) -> None:
@@ -412,9 +483,11 @@ def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, path_field, 
 
 
 @FUZZ
-@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
-       path=st.sampled_from(["/", "/health", "/ready", "/predict", "/predict/batch", "/info", "/metrics", "/nope", "/predict/"]),
-       query=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="#"), max_size=20))
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+    path=st.sampled_from(["/", "/health", "/ready", "/predict", "/predict/batch", "/info", "/metrics", "/nope", "/predict/"]),
+    query=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="#"), max_size=20),
+)
 def test_fuzzed_methods_and_paths_never_give_a_5xx(client, method, path, query):
     response = client.request(method, f"{path}?{query}", content=b'{"text": "x"}', headers={"content-type": "application/json"})
     assert response.status_code < 500, (method, path, response.status_code)
@@ -429,8 +502,12 @@ def test_schema_driven_requests_never_give_a_5xx(client, app):
     from schemathesis import GenerationMode
 
     schema = schemathesis.openapi.from_dict(app.openapi())
-    operations = [schema[path][method] for path, method in [("/predict", "POST"), ("/predict/batch", "POST"), ("/health", "GET"), ("/info", "GET")]]
-    cases = st.one_of([op.as_strategy(generation_mode=mode) for op in operations for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)])
+    operations = [
+        schema[path][method] for path, method in [("/predict", "POST"), ("/predict/batch", "POST"), ("/health", "GET"), ("/info", "GET")]
+    ]
+    cases = st.one_of(
+        [op.as_strategy(generation_mode=mode) for op in operations for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
+    )
 
     @FUZZ
     @given(case=cases)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..machine import cores_available, describe, threads_per_process
 from .report import write_report
 
 OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
@@ -66,8 +67,9 @@ def iterations_for(size_bytes: int) -> int:
     return max(3, min(50, (64 * MIB) // max(size_bytes, 1)))
 
 
-def lesson_comm_comp_ratio(num_params: int, batch_size: int, world_size: int, seq_len: int = 512,
-                         bandwidth: float = 100e9, compute: float = 100e12) -> dict[str, float]:
+def lesson_comm_comp_ratio(
+    num_params: int, batch_size: int, world_size: int, seq_len: int = 512, bandwidth: float = 100e9, compute: float = 100e12
+) -> dict[str, float]:
     """Lesson 04's estimate, as written there: note it multiplies the *byte* count (params x 4) by
     6 x batch x seq_len as FLOPs, assumes 512 tokens, 100 GB/s and 100 TFLOP/s."""
     param_size = num_params * 4
@@ -193,8 +195,14 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     from ..precision import Precision
     from ..trainer import prepare_data
 
-    config = TrainConfig(model_name_or_path=args.model, train_samples=args.train_samples, max_length=args.max_length,
-                         per_device_train_batch_size=args.batch_size, bf16=args.bf16, output_dir=tempfile.gettempdir())
+    config = TrainConfig(
+        model_name_or_path=args.model,
+        train_samples=args.train_samples,
+        max_length=args.max_length,
+        per_device_train_batch_size=args.batch_size,
+        bf16=args.bf16,
+        output_dir=tempfile.gettempdir(),
+    )
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     data = prepare_data(config, env)
     model = build_model(config.model_name_or_path, seed=config.seed).to(env.device).train()
@@ -205,8 +213,9 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     payload.clear()
 
     sampler = TrainSampler(data.train, env.world_size, env.rank, config.per_device_train_batch_size, config.seed, False)
-    loader = iter(DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler,
-                             collate_fn=Collator(data.train.pad_token_id)))
+    loader = iter(
+        DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id))
+    )
     precision = Precision.from_config(config, env.device)
     shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)
     times, flops = [], []
@@ -231,15 +240,22 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     nearest = min(ar, key=lambda r: abs(math.log(r["bytes"] / grad_bytes))) if ar else None
     measured_busbw = bandwidths("all_reduce", grad_bytes, allreduce_s, env.world_size)[1]
     return {
-        "model": args.model, "parameters": params, "gradient_bytes": grad_bytes,
-        "per_device_batch": args.batch_size, "bf16": args.bf16, "max_length": args.max_length,
-        "allreduce_s": allreduce_s, "allreduce_busbw": measured_busbw,
-        "forward_backward_s": compute_s, "batch_model_flops": statistics.fmean(flops),
+        "model": args.model,
+        "parameters": params,
+        "gradient_bytes": grad_bytes,
+        "per_device_batch": args.batch_size,
+        "bf16": args.bf16,
+        "max_length": args.max_length,
+        "allreduce_s": allreduce_s,
+        "allreduce_busbw": measured_busbw,
+        "forward_backward_s": compute_s,
+        "batch_model_flops": statistics.fmean(flops),
         "measured_ratio": allreduce_s / compute_s,
         "lesson_estimate": lesson_comm_comp_ratio(params, args.batch_size, env.world_size),
         "corrected_estimate": corrected_comm_comp_ratio(grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size),
         "table_busbw_near_payload": nearest["busbw"] if nearest else None,
-        "peak": peak.source, "peak_flops": peak.flops,
+        "peak": peak.source,
+        "peak_flops": peak.flops,
     }
 
 
@@ -249,12 +265,12 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from ..distributed import distributed_context
 
-    cores = sorted(os.sched_getaffinity(0))
+    cores = cores_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     share = max(1, len(cores) // local_world)
     if len(cores) >= local_world:  # each rank on its own cores, as in training
-        os.sched_setaffinity(0, cores[local_rank * share:(local_rank + 1) * share])
+        os.sched_setaffinity(0, cores[local_rank * share : (local_rank + 1) * share])
     with distributed_context(timeout_s=args.timeout) as env:
         if not env.distributed:
             raise SystemExit("bench collectives needs at least 2 processes (--nproc 2)")
@@ -270,52 +286,80 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
                 iters = iterations_for(actual)
                 seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
                 alg, bus = bandwidths(op, actual, seconds, env.world_size)
-                table.append({"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6,
-                              "algbw": alg, "busbw": bus, "how": how})
+                table.append(
+                    {"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6, "algbw": alg, "busbw": bus, "how": how}
+                )
                 if env.is_main and args.verbose:
-                    print(f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
-                          f"busbw {bus / 1e9:7.3f} GB/s  {how}", flush=True)
+                    print(
+                        f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
+                        f"busbw {bus / 1e9:7.3f} GB/s  {how}",
+                        flush=True,
+                    )
                 del fn
         model = None if args.no_model else model_section(args, env, table)
         if not env.is_main:
             return None
-        from .report import machine_description
-
-        machine = {**machine_description(), "cores_available": len(cores)}  # before this rank was pinned
-        return {"command": args.command_line, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine,
-                "backend": env.backend, "world_size": env.world_size, "device": str(env.device),
-                "threads_per_process": torch.get_num_threads(), "checks": checks, "table": table, "model": model}
+        machine = {**describe(), "cores_available": len(cores)}  # before this rank was pinned
+        return {
+            "command": args.command_line,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "machine": machine,
+            "backend": env.backend,
+            "world_size": env.world_size,
+            "device": str(env.device),
+            "threads_per_process": torch.get_num_threads(),
+            "checks": checks,
+            "table": table,
+            "model": model,
+        }
 
 
 # ---------------------------------------------------------------------- reporting
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    lines = [f"Collectives on {report['backend']} ({report['device']}), {report['world_size']} processes x "
-             f"{report['threads_per_process']} thread(s), {report['date']}: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}",
-             "", f"`{report['command']}`", "",
-             "Correctness (rank r sends r + 1): " + ", ".join(f"{op} {'OK' if ok else 'WRONG'}" for op, ok in report["checks"].items()),
-             ""]
+    lines = [
+        f"Collectives on {report['backend']} ({report['device']}), {report['world_size']} processes x "
+        f"{report['threads_per_process']} thread(s), {report['date']}: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}",
+        "",
+        f"`{report['command']}`",
+        "",
+        "Correctness (rank r sends r + 1): " + ", ".join(f"{op} {'OK' if ok else 'WRONG'}" for op, ok in report["checks"].items()),
+        "",
+    ]
     for op in dict.fromkeys(r["op"] for r in report["table"]):
         rows = [r for r in report["table"] if r["op"] == op]
         how = {r["how"] for r in rows}
-        lines += [f"### {op} (busbw factor {bus_factor(op, report['world_size']):.3g}" + (f"; {', '.join(sorted(how))}" if how != {"native"} else "") + ")",
-                  "", "| size | time (us) | algbw (GB/s) | busbw (GB/s) |", "|---:|---:|---:|---:|"]
+        lines += [
+            f"### {op} (busbw factor {bus_factor(op, report['world_size']):.3g}"
+            + (f"; {', '.join(sorted(how))}" if how != {"native"} else "")
+            + ")",
+            "",
+            "| size | time (us) | algbw (GB/s) | busbw (GB/s) |",
+            "|---:|---:|---:|---:|",
+        ]
         lines += [f"| {format_bytes(r['bytes'])} | {r['time_us']:.1f} | {r['algbw'] / 1e9:.3f} | {r['busbw'] / 1e9:.3f} |" for r in rows]
         lines.append("")
     mod = report.get("model")
     if mod:
         lesson, corr = mod["lesson_estimate"], mod["corrected_estimate"]
         lines += [
-            f"### Our model: {mod['model']} ({mod['parameters'] / 1e6:.1f}M parameters), batch {mod['per_device_batch']}/process, bf16 {mod['bf16']}",
+            f"### Our model: {mod['model']} ({mod['parameters'] / 1e6:.1f}M parameters), "
+            f"batch {mod['per_device_batch']}/process, bf16 {mod['bf16']}",
             "",
-            "| quantity | value |", "|---|---:|",
+            "| quantity | value |",
+            "|---|---:|",
             f"| gradient payload per step (fp32 gradients) | {format_bytes(mod['gradient_bytes'])} ({mod['gradient_bytes']:,} B) |",
             f"| measured all-reduce of the payload | {1000 * mod['allreduce_s']:.1f} ms (busbw {mod['allreduce_busbw'] / 1e9:.2f} GB/s) |",
             f"| measured forward + backward of a real batch | {1000 * mod['forward_backward_s']:.1f} ms |",
             f"| **measured comm/compute ratio** | **{mod['measured_ratio']:.3f}** |",
-            f"| lesson 04's estimate (its formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | {lesson['ratio']:.2e} (comm {1000 * lesson['comm_s']:.3f} ms, compute {1000 * lesson['comp_s']:.1f} ms) |",
-            f"| same formula, this machine's inputs (measured busbw, real-batch model FLOPs, measured peak) | {corr['ratio']:.3f} (comm {1000 * corr['comm_s']:.1f} ms, compute {1000 * corr['comp_s']:.1f} ms) |",
-            "", f"Peak for the corrected estimate: {mod['peak']}.", ""]
+            "| lesson 04's estimate (its formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | "
+            f"{lesson['ratio']:.2e} (comm {1000 * lesson['comm_s']:.3f} ms, compute {1000 * lesson['comp_s']:.1f} ms) |",
+            "| same formula, this machine's inputs (measured busbw, real-batch model FLOPs, measured peak) | "
+            f"{corr['ratio']:.3f} (comm {1000 * corr['comm_s']:.1f} ms, compute {1000 * corr['comp_s']:.1f} ms) |",
+            "",
+            f"Peak for the corrected estimate: {mod['peak']}.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -371,18 +415,46 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("bench collectives: --nproc must be at least 2")
     with tempfile.TemporaryDirectory(prefix="distrinews-collectives-") as tmp:
         result = os.path.join(tmp, "result.json")
-        argv = ["bench", "collectives", "--worker", "--result", result, "--command-line", args.command_line,
-                "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--ops", *args.ops,
-                "--model", args.model, "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
-                "--train-samples", str(args.train_samples), "--compute-batches", str(args.compute_batches),
-                "--timeout", str(args.timeout)]
-        argv += (["--bf16"] if args.bf16 else ["--no-bf16"]) + (["--no-model"] if args.no_model else []) + (["--verbose"] if args.verbose else [])
-        cores = len(os.sched_getaffinity(0))
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
+        argv = [
+            "bench",
+            "collectives",
+            "--worker",
+            "--result",
+            result,
+            "--command-line",
+            args.command_line,
+            "--min-bytes",
+            str(args.min_bytes),
+            "--max-bytes",
+            str(args.max_bytes),
+            "--ops",
+            *args.ops,
+            "--model",
+            args.model,
+            "--batch-size",
+            str(args.batch_size),
+            "--max-length",
+            str(args.max_length),
+            "--train-samples",
+            str(args.train_samples),
+            "--compute-batches",
+            str(args.compute_batches),
+            "--timeout",
+            str(args.timeout),
+        ]
+        argv += (
+            (["--bf16"] if args.bf16 else ["--no-bf16"])
+            + (["--no-model"] if args.no_model else [])
+            + (["--verbose"] if args.verbose else [])
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(torchrun_command(args.nproc, argv), env=env, timeout=args.timeout + 600)
         if proc.returncode != 0 or not os.path.exists(result):
-            print(f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
-                  f"--nproc-per-node {args.nproc}` to check the distributed setup", file=sys.stderr)
+            print(
+                f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
+                f"--nproc-per-node {args.nproc}` to check the distributed setup",
+                file=sys.stderr,
+            )
             return 1
         write_report(json.loads(Path(result).read_text()), args.output_dir, args.name, markdown, plot)
     return 0

@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..machine import describe as machine_description
+from ..machine import threads_per_process
 from . import scaling
-from .report import machine_description, write_report
+from .report import write_report
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -64,50 +66,113 @@ def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, tim
 
 def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     run_dir = tmp / "ours"
-    _torchrun(a.nproc, ["-m", "distrinews", "train", *ours_settings(a),
-                        "--model_name_or_path", a.model, "--train_samples", str(a.train_samples),
-                        "--eval_samples", str(a.eval_samples) if a.eval_samples else "null",
-                        "--per_device_train_batch_size", str(a.batch_size), "--max_length", str(a.max_length),
-                        "--logging_steps", str(a.warmup_step), "--save_steps", "0", "--eval_steps", "0",
-                        "--report_to_tensorboard", "false", "--disable_tqdm", "true", "--output-dir", str(run_dir),
-                        "--result-json", str(tmp / "ours.json")], env, tmp / "ours.log", a.timeout)
+    _torchrun(
+        a.nproc,
+        [
+            "-m",
+            "distrinews",
+            "train",
+            *ours_settings(a),
+            "--model_name_or_path",
+            a.model,
+            "--train_samples",
+            str(a.train_samples),
+            "--eval_samples",
+            str(a.eval_samples) if a.eval_samples else "null",
+            "--per_device_train_batch_size",
+            str(a.batch_size),
+            "--max_length",
+            str(a.max_length),
+            "--logging_steps",
+            str(a.warmup_step),
+            "--save_steps",
+            "0",
+            "--eval_steps",
+            "0",
+            "--report_to_tensorboard",
+            "false",
+            "--disable_tqdm",
+            "true",
+            "--output-dir",
+            str(run_dir),
+            "--result-json",
+            str(tmp / "ours.json"),
+        ],
+        env,
+        tmp / "ours.log",
+        a.timeout,
+    )
     records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     times = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
     epoch = next(r for r in records if r["kind"] == "epoch")
     result = json.loads((tmp / "ours.json").read_text())
     gb = a.batch_size * a.nproc
-    return {"name": "distrinews train", "steps": result["global_step"], "global_batch": gb,
-            "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
-            "loop_samples_per_s": loop_samples_per_s(result["global_step"], gb, epoch["epoch_time_s"]),
-            "loop_time_s": epoch["epoch_time_s"], "test_accuracy": result["final_eval"]["accuracy"],
-            "test_macro_f1": result["final_eval"]["macro_f1"], "test_samples": result["final_eval"]["samples"],
-            "train_loss": epoch["train_loss"], "mfu_logged": epoch.get("mfu")}
+    return {
+        "name": "distrinews train",
+        "steps": result["global_step"],
+        "global_batch": gb,
+        "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
+        "loop_samples_per_s": loop_samples_per_s(result["global_step"], gb, epoch["epoch_time_s"]),
+        "loop_time_s": epoch["epoch_time_s"],
+        "test_accuracy": result["final_eval"]["accuracy"],
+        "test_macro_f1": result["final_eval"]["macro_f1"],
+        "test_samples": result["final_eval"]["samples"],
+        "train_loss": epoch["train_loss"],
+        "mfu_logged": epoch.get("mfu"),
+    }
 
 
 def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: dict[str, str], extra: list[str]) -> dict[str, Any]:
     out = tmp / f"{script}.json"
-    _torchrun(a.nproc, ["-m", f"distrinews.bench.{script}", "--model", a.model, "--train-samples", str(a.train_samples),
-                        "--batch-size", str(a.batch_size), "--max-length", str(a.max_length), "--result", str(out), *extra]
-              + (["--eval-samples", str(a.eval_samples)] if a.eval_samples else []), env, tmp / f"{script}.log", a.timeout)
+    _torchrun(
+        a.nproc,
+        [
+            "-m",
+            f"distrinews.bench.{script}",
+            "--model",
+            a.model,
+            "--train-samples",
+            str(a.train_samples),
+            "--batch-size",
+            str(a.batch_size),
+            "--max-length",
+            str(a.max_length),
+            "--result",
+            str(out),
+            *extra,
+        ]
+        + (["--eval-samples", str(a.eval_samples)] if a.eval_samples else []),
+        env,
+        tmp / f"{script}.log",
+        a.timeout,
+    )
     r = json.loads(out.read_text())
     times = {i + 1: t for i, t in enumerate(r["step_times"])}
     gb = r["global_batch"]
-    return {"name": name, "steps": r["steps"], "global_batch": gb,
-            "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
-            "loop_samples_per_s": loop_samples_per_s(r["steps"], gb, r["step_times"][-1] - r["train_start"]),
-            "loop_time_s": r["step_times"][-1] - r["train_start"], "test_accuracy": r["test"]["accuracy"],
-            "test_macro_f1": r["test"]["macro_f1"], "test_samples": r["test"]["samples"], "train_loss": r.get("train_loss")}
+    return {
+        "name": name,
+        "steps": r["steps"],
+        "global_batch": gb,
+        "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
+        "loop_samples_per_s": loop_samples_per_s(r["steps"], gb, r["step_times"][-1] - r["train_start"]),
+        "loop_time_s": r["step_times"][-1] - r["train_start"],
+        "test_accuracy": r["test"]["accuracy"],
+        "test_macro_f1": r["test"]["macro_f1"],
+        "test_samples": r["test"]["samples"],
+        "train_loss": r.get("train_loss"),
+    }
 
 
 def compare(a: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // a.nproc)),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(a.nproc)), "TOKENIZERS_PARALLELISM": "false"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
-        jobs = [("ours", lambda: run_ours(a, tmp, env)),
-                ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"])),
-                ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, []))]
+        jobs = [
+            ("ours", lambda: run_ours(a, tmp, env)),
+            ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"])),
+            ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, [])),
+        ]
         for key, job in jobs:
             if key not in a.runs:
                 continue
@@ -115,8 +180,11 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
             started = time.time()
             row = job()
             row["key"], row["wall_s"] = key, time.time() - started
-            print(f"[compare] {key}: {row['steady_samples_per_s']:.1f} samples/s steady, test accuracy "
-                  f"{100 * row['test_accuracy']:.2f}% (wall {row['wall_s']:.0f} s)", flush=True)
+            print(
+                f"[compare] {key}: {row['steady_samples_per_s']:.1f} samples/s steady, test accuracy "
+                f"{100 * row['test_accuracy']:.2f}% (wall {row['wall_s']:.0f} s)",
+                flush=True,
+            )
             rows.append(row)
     ours = next((r for r in rows if r["key"] == "ours"), None)
     for r in rows:
@@ -127,8 +195,11 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------- ablation
 ABLATION_STEPS = [
     # (label, scaling-worker flags, config overrides): cumulative, from the reference loop's settings to ours
-    ("reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
-     ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
+    (
+        "reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
+        ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"],
+        ["--bf16", "false", "--group_by_length", "false"],
+    ),
     ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
     ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "true"]),
     ("+ bf16 autocast (where the CPU has it)", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "auto", "--group_by_length", "true"]),
@@ -142,17 +213,31 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
     for label, flags, overrides in ABLATION_STEPS:
         parser = argparse.ArgumentParser()
         scaling.add_arguments(parser)
-        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", "1", "--no-sync-probe", "0",
-                                  *flags])
-        args.cores_per_worker = max(1, len(os.sched_getaffinity(0)) // a.nproc)
+        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", "1", "--no-sync-probe", "0", *flags])
+        args.cores_per_worker = threads_per_process(a.nproc)
         args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
-        extra = [*ours_settings(a), *overrides, "--model_name_or_path", a.model, "--max_length", str(a.max_length),
-                 "--train_samples", str(a.train_samples)]
+        extra = [
+            *ours_settings(a),
+            *overrides,
+            "--model_name_or_path",
+            a.model,
+            "--max_length",
+            str(a.max_length),
+            "--train_samples",
+            str(a.train_samples),
+        ]
         print(f"[ablation] {label} ...", flush=True)
         p = scaling.run_point(args, a.nproc, None, extra)  # the config's default bucket size
-        row = {"label": label, "samples_per_s": p["samples_per_s"], "tokens_per_s": p["tokens_per_s"],
-               "padded_tokens_per_s": p["padded_tokens_per_s"], "step_ms": p["step_ms"], "phases_ms": p["phases_ms"],
-               "mfu": p["mfu"], "peak": p["peak"]}
+        row = {
+            "label": label,
+            "samples_per_s": p["samples_per_s"],
+            "tokens_per_s": p["tokens_per_s"],
+            "padded_tokens_per_s": p["padded_tokens_per_s"],
+            "step_ms": p["step_ms"],
+            "phases_ms": p["phases_ms"],
+            "mfu": p["mfu"],
+            "peak": p["peak"],
+        }
         row["gain_over_previous"] = ratio(row["samples_per_s"], previous["samples_per_s"]) if previous else None
         row["gain_over_reference_settings"] = ratio(row["samples_per_s"], rows[0]["samples_per_s"]) if rows else 1.0
         print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
@@ -164,32 +249,47 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------- reporting
 def markdown(report: dict[str, Any]) -> str:
     m, s = report["machine"], report["settings"]
-    lines = [f"# Training speed side by side ({report['date']})", "",
-             f"Machine: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}. Command: `{report['command']}`", ""]
+    lines = [
+        f"# Training speed side by side ({report['date']})",
+        "",
+        f"Machine: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}. Command: `{report['command']}`",
+        "",
+    ]
     if "compare" in report:
-        lines += [f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample, seed 42), {s['nproc']} processes x "
-                  f"batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
-                  f"DDP over gloo, one thread per process. Test: "
-                  + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
-                  + ", the same exact evaluator for all three. Steady samples/s from the end of step "
-                  f"{s['warmup_step']} to the last step.", "",
-                  "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | test accuracy | macro-F1 | train loss |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample, seed 42), {s['nproc']} processes x "
+            f"batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
+            f"DDP over gloo, one thread per process. Test: "
+            + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
+            + ", the same exact evaluator for all three. Steady samples/s from the end of step "
+            f"{s['warmup_step']} to the last step.",
+            "",
+            "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | test accuracy | macro-F1 | train loss |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in report["compare"]["rows"]:
-            lines.append(f"| {r['name']} | {r['steps']} | {r['steady_samples_per_s']:.1f} | {r['loop_samples_per_s']:.1f} | "
-                         f"{r['ours_over_this']:.2f}x | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | "
-                         f"{r['train_loss']:.4f} |")
+            lines.append(
+                f"| {r['name']} | {r['steps']} | {r['steady_samples_per_s']:.1f} | {r['loop_samples_per_s']:.1f} | "
+                f"{r['ours_over_this']:.2f}x | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | "
+                f"{r['train_loss']:.4f} |"
+            )
         lines.append("")
     if "ablation" in report:
         ab = report["ablation"]
-        lines += [f"## What each optimisation gives ({ab['workers']} workers x 1 core, pinned, {ab['steps']} timed steps, "
-                  f"batch {s['batch_size']}/worker, cpu-quick rows)", "",
-                  "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous | over reference settings | MFU |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## What each optimisation gives ({ab['workers']} workers x 1 core, pinned, {ab['steps']} timed steps, "
+            f"batch {s['batch_size']}/worker, cpu-quick rows)",
+            "",
+            "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
+            "| over reference settings | MFU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in ab["rows"]:
             gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
-            lines.append(f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
-                         f"{r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |")
+            lines.append(
+                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
+                f"{r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
+            )
         lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
     return "\n".join(lines)
 
@@ -207,8 +307,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             rows = report["compare"]["rows"]
             bars = ax.bar([r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0")
             for b, r in zip(bars, rows):
-                ax.annotate(f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=8)
+                ax.annotate(
+                    f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%",
+                    (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
             ax.set_ylabel("training samples/s (steady)")
             ax.set_title("same model, rows, batch, steps, machine")
         else:
@@ -224,8 +329,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def ours_settings(a: argparse.Namespace) -> list[str]:
     """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
-    return ["--learning_rate", str(a.learning_rate), "--warmup_ratio", str(a.warmup_ratio), "--weight_decay", str(a.weight_decay),
-            "--max_grad_norm", str(a.max_grad_norm), "--bf16", str(a.bf16).lower(), "--group_by_length", "true", "--seed", str(a.seed)]
+    return [
+        "--learning_rate",
+        str(a.learning_rate),
+        "--warmup_ratio",
+        str(a.warmup_ratio),
+        "--weight_decay",
+        str(a.weight_decay),
+        "--max_grad_norm",
+        str(a.max_grad_norm),
+        "--bf16",
+        str(a.bf16).lower(),
+        "--group_by_length",
+        "true",
+        "--seed",
+        str(a.seed),
+    ]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -253,10 +372,14 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
 
         a.bf16 = bf16_is_fast("cpu")
     what = {w.strip() for w in a.what.split(",")}
-    report: dict[str, Any] = {"command": "distrinews " + " ".join(sys.argv[1:]),
-                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_description(),
-                              "settings": {k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size",
-                                                                      "max_length", "nproc", "warmup_step")}}
+    report: dict[str, Any] = {
+        "command": "distrinews " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine_description(),
+        "settings": {
+            k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step")
+        },
+    }
     if "compare" in what:
         report["compare"] = compare(a)
     if "ablation" in what:

@@ -24,12 +24,12 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
-from ..precision import Precision
-from .common import comparison_parser
 from ..data import load_split, stratified_sample, tokenize_cached
 from ..distributed import DistEnv
 from ..evaluation import evaluate
 from ..model import build_model, build_tokenizer
+from ..precision import Precision
+from .common import comparison_parser
 
 
 class Rows(Dataset):
@@ -77,18 +77,32 @@ def main() -> None:
 
     out_dir = tempfile.mkdtemp(prefix="hf-trainer-")
     targs = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=args.batch_size, num_train_epochs=1,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm, lr_scheduler_type="linear", optim="adamw_torch_fused",
-        bf16=args.bf16, use_cpu=not torch.cuda.is_available(),
+        output_dir=out_dir,
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=1,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        lr_scheduler_type="linear",
+        optim="adamw_torch_fused",
+        bf16=args.bf16,
+        use_cpu=not torch.cuda.is_available(),
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0, seed=args.seed, ddp_backend="gloo" if world > 1 else None,
+        logging_strategy="no",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        ddp_backend="gloo" if world > 1 else None,
         ddp_find_unused_parameters=False,
     )
     clock = StepClock()
-    trainer = Trainer(model=model, args=targs, train_dataset=Rows(train),
-                      data_collator=DataCollatorWithPadding(tokenizer), callbacks=[clock])
+    trainer = Trainer(
+        model=model, args=targs, train_dataset=Rows(train), data_collator=DataCollatorWithPadding(tokenizer), callbacks=[clock]
+    )
     output = trainer.train()
 
     env = DistEnv(rank, local_rank, world, world, torch.device("cpu"), "gloo" if world > 1 else None)
@@ -99,10 +113,20 @@ def main() -> None:
     metrics = evaluate(trainer.model, test, env, 128, precision)
     if rank == 0:
         with open(args.result, "w") as fh:
-            json.dump({"step_times": clock.step_times, "train_start": clock.train_start,
-                       "train_time_s": output.metrics.get("train_runtime"), "steps": len(clock.step_times),
-                       "global_batch": args.batch_size * world, "train_loss": output.metrics.get("train_loss"),
-                       "trainer_metrics": output.metrics, "test": metrics, "world_size": world}, fh)
+            json.dump(
+                {
+                    "step_times": clock.step_times,
+                    "train_start": clock.train_start,
+                    "train_time_s": output.metrics.get("train_runtime"),
+                    "steps": len(clock.step_times),
+                    "global_batch": args.batch_size * world,
+                    "train_loss": output.metrics.get("train_loss"),
+                    "trainer_metrics": output.metrics,
+                    "test": metrics,
+                    "world_size": world,
+                },
+                fh,
+            )
     if dist.is_initialized():
         dist.barrier()  # rank 0 wrote the result; leave together (a rank left alone in teardown can hang)
         dist.destroy_process_group()

@@ -27,12 +27,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
-from ..precision import Precision
-from .common import comparison_parser
 from ..data import load_split, stratified_sample, tokenize_cached
 from ..distributed import DistEnv
 from ..evaluation import evaluate
 from ..model import build_model, build_tokenizer
+from ..precision import Precision
+from .common import comparison_parser
 
 
 class AGNewsDataset(Dataset):
@@ -46,8 +46,11 @@ class AGNewsDataset(Dataset):
 
     def __getitem__(self, idx):
         enc = self.tokenizer(self.texts[idx], truncation=True, padding="max_length", max_length=self.max_length, return_tensors="pt")
-        return {"input_ids": enc["input_ids"].squeeze(0), "attention_mask": enc["attention_mask"].squeeze(0),
-                "labels": torch.tensor(self.labels[idx], dtype=torch.long)}
+        return {
+            "input_ids": enc["input_ids"].squeeze(0),
+            "attention_mask": enc["attention_mask"].squeeze(0),
+            "labels": torch.tensor(self.labels[idx], dtype=torch.long),
+        }
 
 
 class AverageMeter:
@@ -118,9 +121,20 @@ def main() -> None:
         metrics = evaluate(model, test, env, 128, Precision(device.type, None))
         if rank == 0:
             with open(args.result, "w") as fh:
-                json.dump({"step_times": step_times, "train_start": started, "train_time_s": train_time, "steps": len(step_times),
-                           "global_batch": args.batch_size * world, "train_loss": losses.avg, "train_accuracy": accs.avg,
-                           "test": metrics, "world_size": world}, fh)
+                json.dump(
+                    {
+                        "step_times": step_times,
+                        "train_start": started,
+                        "train_time_s": train_time,
+                        "steps": len(step_times),
+                        "global_batch": args.batch_size * world,
+                        "train_loss": losses.avg,
+                        "train_accuracy": accs.avg,
+                        "test": metrics,
+                        "world_size": world,
+                    },
+                    fh,
+                )
         if world > 1:
             dist.barrier()  # rank 0 wrote the result; leave together
     finally:

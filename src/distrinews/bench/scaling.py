@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .report import machine_description, write_report
+from ..machine import cores_available
+from ..machine import describe as machine_description
+from .report import write_report
 
 PHASES = ("data", "forward_backward", "optimizer")
 
@@ -63,7 +65,7 @@ def core_slices(cores: list[int], workers: int, cores_per_worker: int) -> list[l
     need = workers * cores_per_worker
     if need > len(cores):
         raise ValueError(f"{workers} workers x {cores_per_worker} cores need {need} cores; this process may use {len(cores)} ({cores})")
-    return [cores[i * cores_per_worker:(i + 1) * cores_per_worker] for i in range(workers)]
+    return [cores[i * cores_per_worker : (i + 1) * cores_per_worker] for i in range(workers)]
 
 
 def summarize(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -74,8 +76,7 @@ def summarize(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for p in points:
         s = speedup(p["samples_per_s"], base["samples_per_s"])
-        rows.append({**p, "speedup": s, "efficiency": efficiency(s, p["workers"], base["workers"]),
-                     "baseline_workers": base["workers"]})
+        rows.append({**p, "speedup": s, "efficiency": efficiency(s, p["workers"], base["workers"]), "baseline_workers": base["workers"]})
     return rows
 
 
@@ -83,7 +84,7 @@ def summarize(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _pin(cores_per_worker: int) -> list[int]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    cores = sorted(os.sched_getaffinity(0))
+    cores = cores_available()
     mine = core_slices(cores, local_world, cores_per_worker)[local_rank]
     os.sched_setaffinity(0, mine)
     return mine
@@ -133,17 +134,27 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         device, B = env.device, config.per_device_train_batch_size
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
-            trainer.optimizer = torch.optim.AdamW(trainer.model.raw.parameters(), lr=config.learning_rate,
-                                                  foreach=args.optimizer == "foreach")
+            trainer.optimizer = torch.optim.AdamW(
+                trainer.model.raw.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach"
+            )
             trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
-        collate = PadToMaxLength(trainer.data.train.pad_token_id, config.max_length) if args.pad_to_max_length \
+        collate = (
+            PadToMaxLength(trainer.data.train.pad_token_id, config.max_length)
+            if args.pad_to_max_length
             else Collator(trainer.data.train.pad_token_id)
+        )
 
         def batches():
             for epoch in range(10**6):
                 trainer.sampler.set_epoch(epoch)
-                yield from DataLoader(trainer.data.train, batch_size=B, sampler=trainer.sampler, collate_fn=collate,
-                                      num_workers=config.dataloader_num_workers, pin_memory=device.type == "cuda")
+                yield from DataLoader(
+                    trainer.data.train,
+                    batch_size=B,
+                    sampler=trainer.sampler,
+                    collate_fn=collate,
+                    num_workers=config.dataloader_num_workers,
+                    pin_memory=device.type == "cuda",
+                )
 
         windows = optimizer_windows(batches(), config.gradient_accumulation_steps)
         torch.manual_seed(config.seed + env.rank)
@@ -195,12 +206,19 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
                     trainer.optimizer.zero_grad(set_to_none=True)
             barrier(env)
 
-        mine = {"rank": env.rank, "cores": cores, "threads": torch.get_num_threads(), "elapsed_s": elapsed,
-                "samples": counts.samples, "tokens": counts.tokens, "sum_sq_len": counts.squared_lengths,
-                "padded_tokens": padded_tokens,
-                "phases_ms": {k: 1000 * statistics.fmean(v) for k, v in phases.items()},
-                "fwd_bwd_no_sync_ms": 1000 * statistics.fmean(probe_local) if probe_local else None,
-                "fwd_bwd_sync_ms": 1000 * statistics.fmean(probe_sync) if probe_sync else None}
+        mine = {
+            "rank": env.rank,
+            "cores": cores,
+            "threads": torch.get_num_threads(),
+            "elapsed_s": elapsed,
+            "samples": counts.samples,
+            "tokens": counts.tokens,
+            "sum_sq_len": counts.squared_lengths,
+            "padded_tokens": padded_tokens,
+            "phases_ms": {k: 1000 * statistics.fmean(v) for k, v in phases.items()},
+            "fwd_bwd_no_sync_ms": 1000 * statistics.fmean(probe_local) if probe_local else None,
+            "fwd_bwd_sync_ms": 1000 * statistics.fmean(probe_sync) if probe_sync else None,
+        }
         ranks = all_gather_object(mine, env)
         if env.is_main:
             Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config, device)), indent=2))
@@ -221,33 +239,67 @@ def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucke
     local = [r["fwd_bwd_no_sync_ms"] for r in ranks if r["fwd_bwd_no_sync_ms"] is not None]
     synced = [r["fwd_bwd_sync_ms"] for r in ranks if r["fwd_bwd_sync_ms"] is not None]
     return {
-        "workers": W, "cores_per_worker": args.cores_per_worker, "per_worker_batch": B, "global_batch": B * W,
+        "workers": W,
+        "cores_per_worker": args.cores_per_worker,
+        "per_worker_batch": B,
+        "global_batch": B * W,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "bucket_cap_mb": bucket if W > 1 else None, "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None,
-        "steps": args.steps, "warmup_steps": args.warmup,
-        "elapsed_s": elapsed, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed,
+        "bucket_cap_mb": bucket if W > 1 else None,
+        "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "elapsed_s": elapsed,
+        "samples_per_s": samples / elapsed,
+        "tokens_per_s": tokens / elapsed,
         "padded_tokens_per_s": sum(r["padded_tokens"] for r in ranks) / elapsed,
         "step_ms": 1000 * elapsed / args.steps,
         "phases_ms": {k: statistics.fmean(r["phases_ms"][k] for r in ranks) for k in PHASES},
         "fwd_bwd_no_sync_ms": statistics.fmean(local) if local else None,
         "fwd_bwd_sync_ms": statistics.fmean(synced) if synced else None,
         "exposed_allreduce_ms": (statistics.fmean(synced) - statistics.fmean(local)) if local else None,
-        "mfu": mfu(flops, elapsed, trainer.peak.flops, W), "peak": trainer.peak.source, "peak_tflops": trainer.peak.flops / 1e12,
-        "gradient_bytes": trainer.model.gradient_bytes() or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
+        "mfu": mfu(flops, elapsed, trainer.peak.flops, W),
+        "peak": trainer.peak.source,
+        "peak_tflops": trainer.peak.flops / 1e12,
+        "gradient_bytes": trainer.model.gradient_bytes()
+        or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
         "parameters": count_parameters(trainer.model.raw),
-        "model": config.model_name_or_path, "max_length": config.max_length, "precision": trainer.precision.name,
-        "bf16": config.bf16, "group_by_length": config.group_by_length, "pad_to_max_length": args.pad_to_max_length,
-        "optimizer": args.optimizer, "host_sync": args.host_sync, "device": str(env.device), "backend": env.backend,
+        "model": config.model_name_or_path,
+        "max_length": config.max_length,
+        "precision": trainer.precision.name,
+        "bf16": config.bf16,
+        "group_by_length": config.group_by_length,
+        "pad_to_max_length": args.pad_to_max_length,
+        "optimizer": args.optimizer,
+        "host_sync": args.host_sync,
+        "device": str(env.device),
+        "backend": env.backend,
         "ranks": ranks,
     }
 
 
 # ---------------------------------------------------------------------- the orchestrator
 def worker_argv(args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]) -> list[str]:
-    argv = ["bench", "scaling", "--worker", "--result", result, "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--cores-per-worker", str(args.cores_per_worker), "--bucket-cap-mb", "default" if bucket_cap_mb is None else str(bucket_cap_mb),
-            "--per-worker-batch", str(per_worker_batch(args.mode, args.batch, args.global_batch, workers)),
-            "--optimizer", args.optimizer, "--no-sync-probe", str(args.no_sync_probe)]
+    argv = [
+        "bench",
+        "scaling",
+        "--worker",
+        "--result",
+        result,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--cores-per-worker",
+        str(args.cores_per_worker),
+        "--bucket-cap-mb",
+        "default" if bucket_cap_mb is None else str(bucket_cap_mb),
+        "--per-worker-batch",
+        str(per_worker_batch(args.mode, args.batch, args.global_batch, workers)),
+        "--optimizer",
+        args.optimizer,
+        "--no-sync-probe",
+        str(args.no_sync_probe),
+    ]
     if args.config:
         argv += ["--config", args.config]
     if args.pad_to_max_length:
@@ -306,7 +358,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.config, parse_overrides(extra))  # a bad field fails here, before any worker starts
     if args.batch is None:
         args.batch = config.per_device_train_batch_size
-    cores = sorted(os.sched_getaffinity(0))
+    cores = cores_available()
     if args.cores_per_worker is None:
         args.cores_per_worker = max(1, len(cores) // max(counts))
     if args.mode == "strong" and args.global_batch is None:
@@ -320,43 +372,60 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     points = []
     for n in counts:
-        for bucket in (buckets if n > 1 else buckets[:1]):
+        for bucket in buckets if n > 1 else buckets[:1]:
             label = f"{n} worker(s) x {args.cores_per_worker} core(s)" + (f", bucket {bucket:g} MB" if n > 1 and bucket else "")
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
             p = run_point(args, n, bucket, extra)
-            print(f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms "
-                  f"(wall {p['wall_s']:.0f} s)", flush=True)
+            print(
+                f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)", flush=True
+            )
             points.append(p)
     rows = summarize(points)
-    report = {"command": "distrinews " + " ".join(sys.argv[1:]), "mode": args.mode, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "machine": machine_description(), "points": rows}
+    report = {
+        "command": "distrinews " + " ".join(sys.argv[1:]),
+        "mode": args.mode,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine_description(),
+        "points": rows,
+    }
     write_report(report, args.output_dir, args.name, markdown_table, plot)
     return 0
 
 
 # ---------------------------------------------------------------------- reporting
 def markdown_table(report: dict[str, Any]) -> str:
-    lines = [f"Scaling ({report['mode']}), {report['date']}: {report['machine']['cpu']}, "
-             f"{report['machine']['cores_available']} cores, torch {report['machine']['torch']}",
-             "", f"`{report['command']}`", "",
-             "| workers x cores | batch/worker | bucket MB | samples/s | tokens/s | speedup | efficiency | step ms | "
-             "data | forward + backward (+all-reduce) | optimizer | probe: fwd+bwd no_sync | probe: fwd+bwd with all-reduce | exposed all-reduce | MFU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Scaling ({report['mode']}), {report['date']}: {report['machine']['cpu']}, "
+        f"{report['machine']['cores_available']} cores, torch {report['machine']['torch']}",
+        "",
+        f"`{report['command']}`",
+        "",
+        "| workers x cores | batch/worker | bucket MB | samples/s | tokens/s | speedup | efficiency | step ms | "
+        "data | forward + backward (+all-reduce) | optimizer | probe: fwd+bwd no_sync | probe: fwd+bwd with all-reduce "
+        "| exposed all-reduce | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["points"]:
         ph = r["phases_ms"]
         opt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         lines.append(
             f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | "
-            f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | {r['step_ms']:.0f} | "
+            f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | "
+            f"{r['step_ms']:.0f} | "
             f"{ph['data']:.1f} | {ph['forward_backward']:.0f} | {ph['optimizer']:.0f} | "
-            f"{opt(r['fwd_bwd_no_sync_ms'])} | {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |")
+            f"{opt(r['fwd_bwd_no_sync_ms'])} | {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |"
+        )
     first = report["points"][0]
-    lines += ["", f"Model {first['model']} ({first['parameters'] / 1e6:.1f}M parameters, {first['gradient_bytes'] / 2**20:.1f} MiB of "
-              f"gradients a step), max_length {first['max_length']}, {first['precision']}, group_by_length {first['group_by_length']}, "
-              f"{first['steps']} timed steps after {first['warmup_steps']} warm-up, each the trainer's own step. Phase times "
-              f"are per step, mean over ranks (ms); the probe columns time the trainer's forward + backward on the same "
-              f"extra windows without and with the all-reduce (their difference is the exposed all-reduce). "
-              f"MFU peak: {first['peak']}.", ""]
+    lines += [
+        "",
+        f"Model {first['model']} ({first['parameters'] / 1e6:.1f}M parameters, {first['gradient_bytes'] / 2**20:.1f} MiB of "
+        f"gradients a step), max_length {first['max_length']}, {first['precision']}, group_by_length {first['group_by_length']}, "
+        f"{first['steps']} timed steps after {first['warmup_steps']} warm-up, each the trainer's own step. Phase times "
+        f"are per step, mean over ranks (ms); the probe columns time the trainer's forward + backward on the same "
+        f"extra windows without and with the all-reduce (their difference is the exposed all-reduce). "
+        f"MFU peak: {first['peak']}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -414,11 +483,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=30, help="timed steps per point")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--config", help="training preset (default: TrainConfig's defaults); --field value overrides follow")
-    p.add_argument("--batch", type=int, default=None, help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)")
+    p.add_argument(
+        "--batch", type=int, default=None, help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)"
+    )
     p.add_argument("--global-batch", type=int, default=None, help="strong mode: global batch (default batch x max workers)")
     p.add_argument("--cores-per-worker", type=int, default=None, help="default: cores / max workers")
-    p.add_argument("--bucket-cap-mb", default=None,
-                   help="DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see ddp_bucket_cap_mb)")
+    p.add_argument(
+        "--bucket-cap-mb",
+        default=None,
+        help="DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see ddp_bucket_cap_mb)",
+    )
     p.add_argument("--optimizer", choices=("fused", "foreach", "for-loop"), default="fused")
     p.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)")
     p.add_argument("--host-sync", action="store_true", help="read loss and accuracy to the host every step (the reference loop's)")

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..launch import free_port
-from .report import machine_description
+from ..machine import describe as machine_description
 
 NAIVE = "naive (reference: 1 request = 1 forward, padded to max_length)"
 
@@ -69,13 +69,19 @@ def naive_app(checkpoint: str):
         if "model" not in state:
             raise HTTPException(status_code=503, detail="Model not loaded")
         model, tokenizer = state["model"], state["tokenizer"]
-        enc = tokenizer(request.text, truncation=True, padding="max_length", max_length=int(state["info"].get("max_length", 128)), return_tensors="pt")
+        enc = tokenizer(
+            request.text, truncation=True, padding="max_length", max_length=int(state["info"].get("max_length", 128)), return_tensors="pt"
+        )
         with torch.no_grad():
             probs = torch.softmax(model(**enc).logits, dim=-1)[0]
         labels = [model.config.id2label[i] for i in range(len(probs))]
         label_id = int(probs.argmax())
-        return {"label": labels[label_id], "label_id": label_id, "confidence": float(probs[label_id]),
-                "probabilities": {name: float(p) for name, p in zip(labels, probs)}}
+        return {
+            "label": labels[label_id],
+            "label_id": label_id,
+            "confidence": float(probs[label_id]),
+            "probabilities": {name: float(p) for name, p in zip(labels, probs)},
+        }
 
     return app
 
@@ -273,13 +279,38 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             r = asyncio.run(_closed_loop(server.port, texts, c, args.duration, args.warmup))
             r.update(server=label, runtime=runtime, texts=text_kind)
             results.append(r)
-            print(f"{label:<8} {runtime:<5} {text_kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  errors {r['errors']}", flush=True)
+            print(
+                f"{label:<8} {runtime:<5} {text_kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
+                f"p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  errors {r['errors']}",
+                flush=True,
+            )
 
-    ours_cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning",
-                "--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)]
+    ours_cmd = [
+        sys.executable,
+        "-m",
+        "distrinews",
+        "serve",
+        "--checkpoint",
+        checkpoint,
+        "--host",
+        "127.0.0.1",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+    ]
 
     port = free_port()
-    server = _start("naive", [sys.executable, "-m", "distrinews.bench.serving", "--naive-server", "--checkpoint", checkpoint, "--port", str(port)], port, "/health", logs)
+    server = _start(
+        "naive",
+        [sys.executable, "-m", "distrinews.bench.serving", "--naive-server", "--checkpoint", checkpoint, "--port", str(port)],
+        port,
+        "/health",
+        logs,
+    )
     try:
         measure(server, "naive", "torch", "full", full, levels)
         measure(server, "naive", "torch", "headline", headlines, [1])
@@ -321,16 +352,29 @@ def _report(args: argparse.Namespace, results: list[dict[str, Any]], levels: lis
         for c in levels:
             ours, naive = _find(results, "ours", runtime, "full", c), _find(results, "naive", "torch", "full", c)
             if ours and naive and naive["throughput_rps"] > 0 and ours["requests"] > 0:
-                ratios.append({"runtime": runtime, "concurrency": c,
-                               "throughput_ratio": ours["throughput_rps"] / naive["throughput_rps"],
-                               "p50_ratio": ours["p50_ms"] / naive["p50_ms"]})
+                ratios.append(
+                    {
+                        "runtime": runtime,
+                        "concurrency": c,
+                        "throughput_ratio": ours["throughput_rps"] / naive["throughput_rps"],
+                        "p50_ratio": ours["p50_ms"] / naive["p50_ms"],
+                    }
+                )
     return {
-        "command": "distrinews bench serving " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if sys.argv[1:3] == ["bench", "serving"] else " ".join(sys.argv),
+        "command": "distrinews bench serving " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        if sys.argv[1:3] == ["bench", "serving"]
+        else " ".join(sys.argv),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(),
         "note": "servers and the load generator shared the same cores; servers ran one at a time",
         "checkpoint": str(args.checkpoint),
-        "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms, "texts": args.texts},
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "texts": args.texts,
+        },
         "results": results,
         "ratios_vs_naive": ratios,
     }
@@ -341,9 +385,11 @@ def _markdown(report: dict[str, Any]) -> str:
         "# Serving benchmark",
         "",
         f"Command: `{report['command']}`  ",
-        f"Machine: {report['machine']['cpu']}, {report['machine']['cores_available']} cores, torch {report['machine']['torch']}; {report['note']}.  ",
+        f"Machine: {report['machine']['cpu']}, {report['machine']['cores_available']} cores, torch {report['machine']['torch']}; "
+        f"{report['note']}.  ",
         f"Date: {report['date']}  ",
-        f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:.0f} s measured per row after {report['settings']['warmup_s']:.0f} s warm-up; "
+        f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:.0f} s measured per row "
+        f"after {report['settings']['warmup_s']:.0f} s warm-up; "
         f"ours with --max-batch-size {report['settings']['max_batch_size']} --max-wait-ms {report['settings']['max_wait_ms']:g}.",
         "",
         "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
@@ -353,8 +399,17 @@ def _markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
-        lines.append(f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |")
-    lines += ["", "Ours vs naive (same texts, same concurrency):", "", "| runtime | concurrency | throughput × | p50 × |", "|---|---:|---:|---:|"]
+        lines.append(
+            f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | "
+            f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
+        )
+    lines += [
+        "",
+        "Ours vs naive (same texts, same concurrency):",
+        "",
+        "| runtime | concurrency | throughput × | p50 × |",
+        "|---|---:|---:|---:|",
+    ]
     for q in report["ratios_vs_naive"]:
         lines.append(f"| {q['runtime']} | {q['concurrency']} | {q['throughput_ratio']:.2f} | {q['p50_ratio']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -372,7 +427,10 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = [("naive", "torch", "naive (reference)"), ("ours", "torch", "ours, PyTorch"), ("ours", "onnx", "ours, ONNX Runtime")]
     for server, runtime, label in series:
-        rows = sorted((r for r in report["results"] if r["server"] == server and r["runtime"] == runtime and r["texts"] == "full"), key=lambda r: r["concurrency"])
+        rows = sorted(
+            (r for r in report["results"] if r["server"] == server and r["runtime"] == runtime and r["texts"] == "full"),
+            key=lambda r: r["concurrency"],
+        )
         if not rows:
             continue
         cs = [r["concurrency"] for r in rows]

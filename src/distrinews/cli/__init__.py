@@ -28,9 +28,12 @@ USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, FileNotFou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distrinews", description="Fine-tune and serve an AG News topic classifier "
-                                     "with PyTorch DDP. Launcher flags: --nproc-per-node N, --nnodes N, "
-                                     "--node-rank R, --rdzv-endpoint HOST:PORT, --rdzv-id ID, --max-restarts K.")
+    parser = argparse.ArgumentParser(
+        prog="distrinews",
+        description="Fine-tune and serve an AG News topic classifier "
+        "with PyTorch DDP. Launcher flags: --nproc-per-node N, --nnodes N, "
+        "--node-rank R, --rdzv-endpoint HOST:PORT, --rdzv-id ID, --max-restarts K.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
@@ -47,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = build_parser().parse_known_args(rest)
         args.launch_flags, args.argv = flags, rest
         if wants_launch(flags) and not getattr(args, "distributed", False):
-            raise LaunchError(f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
-                              "apply to train, eval and doctor")
+            raise LaunchError(
+                f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) apply to train, eval and doctor"
+            )
         return args.func(args, extra)
     except USAGE_ERRORS as exc:
         return usage_error(exc)

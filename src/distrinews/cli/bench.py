@@ -8,7 +8,11 @@ import importlib
 # name -> (module, help, extra the tool needs beyond the core install)
 TOOLS = {
     "scaling": ("distrinews.bench.scaling", "samples/s, speedup, efficiency and step-time breakdown for 1, 2, ... workers", None),
-    "collectives": ("distrinews.bench.collectives", "all_reduce / all_gather / broadcast / reduce_scatter bandwidth, nccl-tests style", None),
+    "collectives": (
+        "distrinews.bench.collectives",
+        "all_reduce / all_gather / broadcast / reduce_scatter bandwidth, nccl-tests style",
+        None,
+    ),
     "serving": ("distrinews.bench.serving", "latency and throughput of the REST API against the reference server", "bench"),
     "compare": ("distrinews.bench.compare", "training speed and accuracy: ours vs Hugging Face Trainer vs the reference loop", "bench"),
 }

@@ -14,8 +14,12 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--samples", type=int, default=None, help="stratified sample of the test rows (default: all)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--bf16", choices=("auto", "true", "false"), default="false",
-                   help="bf16 autocast (auto: where the device computes bf16 in hardware)")
+    p.add_argument(
+        "--bf16",
+        choices=("auto", "true", "false"),
+        default="false",
+        help="bf16 autocast (auto: where the device computes bf16 in hardware)",
+    )
     p.add_argument("--output-json")
     p.set_defaults(func=run, distributed=True)
 

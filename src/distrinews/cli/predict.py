@@ -21,7 +21,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"predict: unexpected arguments {' '.join(extra)} (put texts that start with '-' after --)")
     texts = list(args.texts)
     if not texts:
-        raise ConfigError("predict needs at least one text: distrinews predict --checkpoint DIR \"Some headline\"")
+        raise ConfigError('predict needs at least one text: distrinews predict --checkpoint DIR "Some headline"')
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ConfigError(f"text #{empty[0] + 1} is empty")

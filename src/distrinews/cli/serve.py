@@ -35,7 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a container)")
     p.add_argument("--port", type=int, default=None, help=f"port (default: $PORT, else {DEFAULT_PORT})")
     p.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
-    p.add_argument("--onnx-model", default=None, help="ONNX file for --runtime onnx (default: CHECKPOINT/model.onnx, exported at start if missing)")
+    p.add_argument(
+        "--onnx-model", default=None, help="ONNX file for --runtime onnx (default: CHECKPOINT/model.onnx, exported at start if missing)"
+    )
     p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="longest a batch waits for more requests")
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting before new requests get 429")

@@ -19,10 +19,11 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -66,7 +67,9 @@ class PredictRequest(BaseModel):
 
 
 class BatchPredictRequest(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]}
+    )
     texts: list[StrictStr] = Field(description="1 to 64 texts (the server's --max-batch-texts)")
 
 
@@ -161,8 +164,11 @@ def _parse_json(text: str) -> Any:
     if long_numbers:
         found = _find_long_number(payload) if isinstance(payload, (dict, list)) else None
         where, long_number = found or ("body", long_numbers[0])
-        raise ApiError(422, f"{where}: a number of {long_number.chars:,} characters is too long; numbers may have at most "
-                            f"{MAX_NUMBER_CHARS} (send text as a JSON string)")
+        raise ApiError(
+            422,
+            f"{where}: a number of {long_number.chars:,} characters is too long; numbers may have at most "
+            f"{MAX_NUMBER_CHARS} (send text as a JSON string)",
+        )
     return payload
 
 
@@ -181,16 +187,30 @@ class ServeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("distrinews_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=self.registry)
-        self.latency = Histogram(
-            "distrinews_http_request_duration_seconds", "HTTP request latency by route, method and status", ["route", "method", "status"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=self.registry,
+        self.requests = Counter(
+            "distrinews_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=self.registry
         )
-        self.batch_size = Histogram("distrinews_batch_size", "texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
-        self.batch_requests = Histogram("distrinews_batch_requests", "requests coalesced into one forward pass", buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
+        self.latency = Histogram(
+            "distrinews_http_request_duration_seconds",
+            "HTTP request latency by route, method and status",
+            ["route", "method", "status"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "distrinews_batch_size", "texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
+        )
+        self.batch_requests = Histogram(
+            "distrinews_batch_requests",
+            "requests coalesced into one forward pass",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
         self.inference = Histogram(
-            "distrinews_inference_duration_seconds", "time of one batched forward pass (tokenize + model)",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=self.registry,
+            "distrinews_inference_duration_seconds",
+            "time of one batched forward pass (tokenize + model)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=self.registry,
         )
         self.queue_depth = Gauge("distrinews_queue_depth", "texts waiting for a forward pass", registry=self.registry)
         self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
@@ -277,7 +297,11 @@ class BodyLimitMiddleware:
         if values:
             if len(values) > 1 or not next(iter(values)).isdigit():  # bytes.isdigit(): ASCII digits only, no sign
                 shown = ", ".join(sorted(v.decode("latin-1") for v in values))
-                return await _send_json(send, 400, {"detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"})
+                return await _send_json(
+                    send,
+                    400,
+                    {"detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"},
+                )
             declared = int(next(iter(values)))
             if declared > self.max_bytes:
                 return await _send_json(send, 413, too_big)
@@ -343,51 +367,116 @@ def _json_schema_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
+class ServingState:
+    """The model behind the API: loaded in the background, then a micro-batcher in front of it."""
+
+    def __init__(self, config: ServeConfig, load_predictor: Callable[[], Any], metrics: ServeMetrics):
+        self.config, self.load_predictor, self.metrics = config, load_predictor, metrics
+        self.predictor: Any = None
+        self.batcher: MicroBatcher | None = None
+        self.load_error: str | None = None
+        self.started = time.time()
+        metrics.model_loaded.set_function(lambda: 1.0 if self.batcher is not None else 0.0)
+        metrics.queue_depth.set_function(lambda: float(self.batcher.queue_depth) if self.batcher is not None else 0.0)
+
+    async def load(self) -> None:
+        config = self.config
+        try:
+            t0 = time.perf_counter()
+            predictor = await asyncio.to_thread(self.load_predictor)
+            await asyncio.to_thread(predictor.warmup)
+            batcher = MicroBatcher(
+                predictor.predict, config.max_batch_size, config.max_wait_ms, config.max_queue, on_batch=self.metrics.observe_batch
+            )
+            await batcher.start()
+            self.predictor, self.batcher = predictor, batcher
+            log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
+        except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
+            self.load_error = _describe_load_error(exc, config.checkpoint)
+            # The whole exception (and torch's advice in it) goes to the operator's log only.
+            log.exception("could not load the model from %s", config.checkpoint)
+
+    async def close(self) -> None:
+        if self.batcher is not None:
+            # uvicorn has already waited for in-flight requests; this finishes any queued work
+            # and stops the worker thread.
+            await self.batcher.close()
+
+    def require_ready(self) -> MicroBatcher:
+        if self.batcher is None:
+            detail = (
+                f"model failed to load: {self.load_error}"
+                if self.load_error
+                else "model is still loading; retry shortly (GET /ready turns 200 when it is ready)"
+            )
+            raise ApiError(503, detail, {"Retry-After": "1"})
+        return self.batcher
+
+    async def classify(self, texts: list[str]) -> list[dict[str, Any]]:
+        batcher = self.require_ready()
+        try:
+            return await batcher.submit(texts)
+        except QueueFullError as exc:
+            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
+        except BatcherClosedError as exc:
+            raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
+
+
+async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
+    """The request's JSON body as ``model``; every way it can be wrong is a 4xx that says how."""
+    content_type = request.headers.get("content-type")
+    if not _is_json_media_type(content_type):
+        got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
+        raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
+    raw = await request.body()
+    if not raw.strip():
+        example = json.dumps(model.model_config.get("json_schema_extra", {}).get("examples", [{}])[0])
+        raise ApiError(422, "request body is empty: send a JSON object, e.g. " + example)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(422, f"request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
+    payload = _parse_json(text)
+    if not isinstance(payload, dict):
+        raise ApiError(422, f"request body must be a JSON object, got {type(payload).__name__}")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise ApiError(422, _describe_validation_errors(exc.errors()), errors=errors) from None
+
+
+def clean_text(text: str, where: str, max_chars: int) -> str:
+    stripped = text.strip()
+    if not stripped:
+        raise ApiError(422, f"{where} is empty (or only whitespace): send 1 to {max_chars:,} characters of text")
+    if len(stripped) > max_chars:
+        raise ApiError(422, f"{where} has {len(stripped):,} characters; the limit is {max_chars:,}")
+    try:  # JSON may smuggle in lone surrogates ("\ud800") that no tokenizer can encode
+        stripped.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text") from None
+    return stripped
+
+
 def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[], Any] | None = None) -> FastAPI:
     """The API. ``predictor_factory`` (tests) replaces loading ``config.checkpoint``."""
     config = config or ServeConfig()
     if config.api_key is None:
         config.api_key = os.environ.get(API_KEY_ENV) or None
-    load_predictor = predictor_factory or _default_factory(config)
     metrics = ServeMetrics()
-
-    class State:
-        predictor: Any = None
-        batcher: MicroBatcher | None = None
-        load_error: str | None = None
-        started = time.time()
-
-    state = State()
-    metrics.model_loaded.set_function(lambda: 1.0 if state.batcher is not None else 0.0)
-    metrics.queue_depth.set_function(lambda: float(state.batcher.queue_depth) if state.batcher is not None else 0.0)
-
-    async def load() -> None:
-        try:
-            t0 = time.perf_counter()
-            predictor = await asyncio.to_thread(load_predictor)
-            await asyncio.to_thread(predictor.warmup)
-            batcher = MicroBatcher(predictor.predict, config.max_batch_size, config.max_wait_ms, config.max_queue, on_batch=metrics.observe_batch)
-            await batcher.start()
-            state.predictor, state.batcher = predictor, batcher
-            log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
-        except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
-            state.load_error = _describe_load_error(exc, config.checkpoint)
-            # The whole exception (and torch's advice in it) goes to the operator's log only.
-            log.exception("could not load the model from %s", config.checkpoint)
+    state = ServingState(config, predictor_factory or _default_factory(config), metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # Load in the background so /health and /ready answer while the model loads
         # (orchestrators probe them); /predict says 503 until the model is ready.
-        loading = asyncio.get_running_loop().create_task(load())
+        loading = asyncio.get_running_loop().create_task(state.load())
         try:
             yield
         finally:
             loading.cancel()
-            if state.batcher is not None:
-                # uvicorn has already waited for in-flight requests; this finishes any
-                # queued work and stops the worker thread.
-                await state.batcher.close()
+            await state.close()
 
     app = FastAPI(
         title="DistriNews",
@@ -399,14 +488,26 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     app.state.serve = state
     app.state.metrics = metrics
     app.state.config = config
+    _add_error_handlers(app)
+    _add_routes(app, state, config, metrics)
+    # Outermost last: metrics see every answer, including the 401s and 413s below them.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
 
-    # ------------------------------------------------------------ errors: always JSON, never a 500 for bad input
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors are always JSON, and bad input is never a 500.
+
+    No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
+    FastAPI to validate (each parses its own body with ``parse_body``), so it is never raised.
+    """
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return _error_response(exc.status, exc.detail, exc.headers, **exc.extra)
-
-    # No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
-    # FastAPI to validate (each parses its own body below), so it is never raised.
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -417,55 +518,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return _error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
 
-    # ------------------------------------------------------------ helpers
-    def require_ready() -> MicroBatcher:
-        if state.batcher is None:
-            detail = f"model failed to load: {state.load_error}" if state.load_error else "model is still loading; retry shortly (GET /ready turns 200 when it is ready)"
-            raise ApiError(503, detail, {"Retry-After": "1"})
-        return state.batcher
 
-    async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
-        content_type = request.headers.get("content-type")
-        if not _is_json_media_type(content_type):
-            got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
-            raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
-        raw = await request.body()
-        if not raw.strip():
-            raise ApiError(422, "request body is empty: send a JSON object, e.g. " + json.dumps(model.model_config.get("json_schema_extra", {}).get("examples", [{}])[0]))
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ApiError(422, f"request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
-        payload = _parse_json(text)
-        if not isinstance(payload, dict):
-            raise ApiError(422, f"request body must be a JSON object, got {type(payload).__name__}")
-        try:
-            return model.model_validate(payload)
-        except ValidationError as exc:
-            errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            raise ApiError(422, _describe_validation_errors(exc.errors()), errors=errors) from None
-
-    def clean_text(text: str, where: str) -> str:
-        stripped = text.strip()
-        if not stripped:
-            raise ApiError(422, f"{where} is empty (or only whitespace): send 1 to {config.max_text_chars:,} characters of text")
-        if len(stripped) > config.max_text_chars:
-            raise ApiError(422, f"{where} has {len(stripped):,} characters; the limit is {config.max_text_chars:,}")
-        try:  # JSON may smuggle in lone surrogates ("\ud800") that no tokenizer can encode
-            stripped.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ApiError(422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text") from None
-        return stripped
-
-    async def classify(batcher: MicroBatcher, texts: list[str]) -> list[dict[str, Any]]:
-        try:
-            return await batcher.submit(texts)
-        except QueueFullError as exc:
-            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
-        except BatcherClosedError as exc:
-            raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
-
-    # ------------------------------------------------------------ routes
+def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         return HTMLResponse(_index_html())
@@ -486,48 +540,49 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
 
     @app.get("/ready", summary="readiness: 200 once the model serves, 503 before")
     async def ready():
-        require_ready()
+        state.require_ready()
         return {"status": "ready"}
 
     @app.post("/predict", response_model=PredictResponse, summary="classify one text", openapi_extra=_json_schema_body(PredictRequest))
     async def predict(request: Request):
-        batcher = require_ready()
+        state.require_ready()
         body = await parse_body(request, PredictRequest)
-        (result,) = await classify(batcher, [clean_text(body.text, "text")])
+        (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)])
         return result
 
-    @app.post("/predict/batch", response_model=list[PredictResponse], summary="classify up to 64 texts, results in order", openapi_extra=_json_schema_body(BatchPredictRequest))
+    @app.post(
+        "/predict/batch",
+        response_model=list[PredictResponse],
+        summary="classify up to 64 texts, results in order",
+        openapi_extra=_json_schema_body(BatchPredictRequest),
+    )
     async def predict_batch(request: Request):
-        batcher = require_ready()
+        state.require_ready()
         body = await parse_body(request, BatchPredictRequest)
         if not body.texts:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
         if len(body.texts) > config.max_batch_texts:
             raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
-        texts = [clean_text(t, f"texts[{i}]") for i, t in enumerate(body.texts)]
-        return await classify(batcher, texts)
+        return await state.classify([clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)])
 
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits")
     async def info():
-        require_ready()
+        state.require_ready()
         return {
             **state.predictor.describe(),
             "version": __version__,
             "batching": {"max_batch_size": config.max_batch_size, "max_wait_ms": config.max_wait_ms, "max_queue": config.max_queue},
-            "limits": {"max_batch_texts": config.max_batch_texts, "max_text_chars": config.max_text_chars, "max_body_bytes": config.max_body_bytes},
+            "limits": {
+                "max_batch_texts": config.max_batch_texts,
+                "max_text_chars": config.max_text_chars,
+                "max_body_bytes": config.max_body_bytes,
+            },
             "auth": bool(config.api_key),
         }
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    # Outermost last: metrics see every answer, including the 401s and 413s below them.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return app
 
 
 _INDEX_CACHE: dict[str, str] = {}

@@ -92,7 +92,9 @@ def is_quantized(path: str | os.PathLike) -> bool:
     return any(node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node)
 
 
-def compare_with_torch(model: torch.nn.Module, tokenizer, onnx_path: str | os.PathLike, texts: list[str] | None = None, max_length: int = 128) -> dict[str, Any]:
+def compare_with_torch(
+    model: torch.nn.Module, tokenizer, onnx_path: str | os.PathLike, texts: list[str] | None = None, max_length: int = 128
+) -> dict[str, Any]:
     """Max |p_onnx - p_torch| and label agreement on ``texts`` (one padded batch)."""
     import onnxruntime as ort
 
@@ -127,7 +129,9 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
         check = compare_with_torch(model, tokenizer, out, max_length=max_length)
         if check["max_abs_prob_diff"] > FP32_PROB_TOLERANCE:
             out.unlink(missing_ok=True)
-            raise RuntimeError(f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| = {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}")
+            raise RuntimeError(
+                f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| = {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
+            )
         return out
     fp32 = out.with_name(f".{out.stem}.fp32.{os.getpid()}.onnx")
     try:

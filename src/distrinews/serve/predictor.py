@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -100,7 +101,13 @@ class OnnxPredictor(Predictor):
 
     runtime = "onnx"
 
-    def __init__(self, checkpoint: str | os.PathLike, onnx_model: str | os.PathLike | None = None, max_batch_size: int = 64, threads: int | None = None):
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike,
+        onnx_model: str | os.PathLike | None = None,
+        max_batch_size: int = 64,
+        threads: int | None = None,
+    ):
         import onnxruntime as ort
 
         from .onnx_export import export_model, is_quantized
@@ -139,7 +146,9 @@ class OnnxPredictor(Predictor):
         return {**super().describe(), "onnx_model": str(self.onnx_path), "onnx_quantized": self.quantized}
 
 
-def make_predictor(checkpoint: str | os.PathLike, runtime: str = "torch", max_batch_size: int = 64, onnx_model: str | os.PathLike | None = None) -> Predictor:
+def make_predictor(
+    checkpoint: str | os.PathLike, runtime: str = "torch", max_batch_size: int = 64, onnx_model: str | os.PathLike | None = None
+) -> Predictor:
     """The predictor for ``--runtime``: ``torch`` (default) or ``onnx``."""
     if runtime == "torch":
         if onnx_model:
