@@ -10,6 +10,7 @@ The legacy ``.pt`` form is the one the reference system (``../shared/seeds``) sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -34,6 +35,64 @@ from .model import LABELS, build_tokenizer
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 SERVABLE_INFO = "distrinews.json"
+
+
+# ------------------------------------------------------------------ errors
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded, as one line that names the file and says why.
+
+    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``
+    stops before running anything), damaged (a safetensors header that is invalid or truncated,
+    JSON that does not parse) or incomplete (missing weights or keys). The original exception
+    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
+    """
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its hints
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in words a person can act on, without torch's advice to unpickle anyway."""
+    if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower():
+        blocked = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        return f"the file contains pickled code that is not allowed ({f'{blocked.group(1)}; ' if blocked else ''}refused, not loaded)"
+    if isinstance(exc, SafetensorError):
+        return f"the safetensors file is invalid or truncated ({_first_line(exc)})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, (pickle.UnpicklingError, EOFError)) or (isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)):
+        return f"not a readable PyTorch checkpoint file ({_first_line(exc)})"
+    message = _first_line(exc)
+    if "weights_only" in message:
+        return f"{type(exc).__name__} (refused; not loaded)"
+    if isinstance(exc, FileNotFoundError):
+        return f"missing file {exc.filename or message}"
+    if isinstance(exc, KeyError):
+        return f"missing key {message}"
+    return f"{type(exc).__name__}: {message}"
+
+
+# What reading a damaged, incomplete or refused checkpoint raises (torch, safetensors, transformers, json).
+_LOAD_ERRORS = (pickle.UnpicklingError, SafetensorError, OSError, EOFError, ValueError, KeyError, RuntimeError)
+
+
+@contextmanager
+def _loading(where: Path, also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Turn a failure to read ``where`` into one-line :class:`CheckpointError` naming it."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except _LOAD_ERRORS + also as exc:
+        raise CheckpointError(f"could not load checkpoint {where}: {_why(exc)}") from exc
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with _loading(path):
+        return json.loads(path.read_text())
 
 
 # ------------------------------------------------------------------ atomic directories
@@ -165,6 +224,7 @@ class Checkpointer:
         state = {**trainer_state, "global_step": step, "world_size": self.env.world_size}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+        write_manifest(tmp, step)  # last: a checkpoint without one never finished
         _publish_dir(tmp, final)
         rotate_checkpoints(self.root, self.limit)
         return final
@@ -200,18 +260,66 @@ def rotate_checkpoints(root: str | os.PathLike, limit: int | None) -> list[Path]
     return doomed
 
 
-def resolve_resume(spec: str | None, checkpoints: str | os.PathLike) -> Path | None:
-    """``auto`` = the newest checkpoint in ``checkpoints`` (None if there is none yet); else a path that must exist."""
+# ------------------------------------------------------------------ integrity
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, step: int) -> None:
+    """Name, size and SHA-256 of every file of a checkpoint, written after all of them."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (directory / MANIFEST).write_text(json.dumps({"step": step, "files": entries}, indent=2))
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise :class:`CheckpointError` naming the first file that is missing, truncated or altered."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} (its save did not finish)")
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} is damaged: {manifest} cannot be read ({_first_line(exc)})") from None
+    for name, entry in entries.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {f} is missing")
+        size = f.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"checkpoint {path} is damaged: {f} has {size:,} bytes, {entry['bytes']:,} were written")
+        if _sha256(f) != entry["sha256"]:
+            raise CheckpointError(f"checkpoint {path} is damaged: {f} does not match its checksum")
+
+
+def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn=print) -> Path | None:
+    """The checkpoint to continue from, verified against its manifest.
+
+    ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); an
+    incomplete or damaged newer one is skipped with one warning line. A path: that checkpoint,
+    which must be complete (else :class:`CheckpointError` naming the bad file).
+    """
     if spec is None:
         return None
     if spec == "auto":
-        found = list_checkpoints(checkpoints)
-        return found[-1] if found else None
+        for path in reversed(list_checkpoints(checkpoints)):
+            try:
+                verify_checkpoint(path)
+                return path
+            except CheckpointError as exc:
+                warn(f"warning: skipping {path.name}: {exc}; trying the one before")
+        return None
     path = Path(spec)
-    if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(
-            f"--resume {spec}: not a checkpoint directory (no trainer_state.json); expected runs/<name>/checkpoints/step-N or 'auto'"
-        )
+    if not path.is_dir():
+        raise FileNotFoundError(f"--resume {spec}: no such checkpoint directory; expected runs/<name>/checkpoints/step-N or 'auto'")
+    verify_checkpoint(path)
     return path
 
 
@@ -265,63 +373,6 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     torch.save(payload, tmp)
     os.replace(tmp, out)
     return out
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded, as one line that names the file and says why.
-
-    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``
-    stops before running anything), damaged (a safetensors header that is invalid or truncated,
-    JSON that does not parse) or incomplete (missing weights or keys). The original exception
-    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
-    """
-
-
-def _first_line(exc: BaseException, limit: int = 200) -> str:
-    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its hints
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _why(exc: BaseException) -> str:
-    """What went wrong, in words a person can act on, without torch's advice to unpickle anyway."""
-    if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower():
-        blocked = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        return f"the file contains pickled code that is not allowed ({f'{blocked.group(1)}; ' if blocked else ''}refused, not loaded)"
-    if isinstance(exc, SafetensorError):
-        return f"the safetensors file is invalid or truncated ({_first_line(exc)})"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    if isinstance(exc, (pickle.UnpicklingError, EOFError)) or (isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)):
-        return f"not a readable PyTorch checkpoint file ({_first_line(exc)})"
-    message = _first_line(exc)
-    if "weights_only" in message:
-        return f"{type(exc).__name__} (refused; not loaded)"
-    if isinstance(exc, FileNotFoundError):
-        return f"missing file {exc.filename or message}"
-    if isinstance(exc, KeyError):
-        return f"missing key {message}"
-    return f"{type(exc).__name__}: {message}"
-
-
-# What reading a damaged, incomplete or refused checkpoint raises (torch, safetensors, transformers, json).
-_LOAD_ERRORS = (pickle.UnpicklingError, SafetensorError, OSError, EOFError, ValueError, KeyError, RuntimeError)
-
-
-@contextmanager
-def _loading(where: Path, also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
-    """Turn a failure to read ``where`` into one-line :class:`CheckpointError` naming it."""
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except _LOAD_ERRORS + also as exc:
-        raise CheckpointError(f"could not load checkpoint {where}: {_why(exc)}") from exc
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    with _loading(path):
-        return json.loads(path.read_text())
 
 
 def _weights_file(directory: Path) -> Path:

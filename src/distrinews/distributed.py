@@ -150,6 +150,15 @@ def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     return out
 
 
+def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
+    """``src``'s ``obj`` on every rank (a collective: every rank must call it)."""
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 @contextlib.contextmanager
 def main_process_first(env: DistEnv, local: bool = True) -> Iterator[None]:
     """The (local) main process runs the block first; the others wait, then run it (e.g. read a cache)."""

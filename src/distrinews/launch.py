@@ -10,12 +10,15 @@ them (Kubeflow Trainer, the PyTorch training operator) need no change to the com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
@@ -111,6 +114,8 @@ def torchrun_args(flags: dict[str, str], argv: list[str]):
         # endpoint torchrun's static rendezvous at MASTER_ADDR:MASTER_PORT stays (what the Kubeflow
         # operators set through PET_MASTER_ADDR/PORT); c10d there would fall back to each node's localhost.
         cli += ["--rdzv-backend", "c10d"]
+    # The agent would turn SIGTERM into killing the workers; ``launch`` forwards it to them instead.
+    cli += ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT"]
     return get_args_parser().parse_args([*cli, "--module", "distrinews", *argv])
 
 
@@ -121,7 +126,13 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def launch(flags: dict[str, str], argv: list[str]) -> int:
-    """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code."""
+    """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code.
+
+    SIGTERM (a preemption, ``scancel``, a pod being evicted) is passed on to the workers instead
+    of killing them: they agree to save a checkpoint at the next step boundary and exit 0, and
+    the run then ends as a success (``--resume auto`` continues it). Workers still running
+    ``PREEMPTION_GRACE_S`` seconds later are killed.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
@@ -133,6 +144,7 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
     if nproc:  # torchrun would give every process one thread (and say so); give each its share of the cores
         os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     os.environ[LAUNCHED_ENV] = "1"
+    previous = signal.signal(signal.SIGTERM, _forward_to_workers)
     try:
         run(args)
         return 0
@@ -141,6 +153,43 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
     except SignalException as exc:  # the agent has already stopped the workers
         print(f"distrinews: stopped by {exc.sigval.name}", file=sys.stderr)
         return 128 + int(exc.sigval)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+PREEMPTION_GRACE_S = float(os.environ.get("DISTRINEWS_PREEMPTION_GRACE_S", "120"))
+
+
+def _forward_to_workers(signum: int, _frame: Any) -> None:
+    workers = child_pids(os.getpid())
+    print(
+        f"distrinews: {signal.Signals(signum).name}: the workers save a checkpoint at the next step boundary, then stop",
+        file=sys.stderr,
+        flush=True,
+    )
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    def kill_stragglers() -> None:
+        for pid in child_pids(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    timer = threading.Timer(PREEMPTION_GRACE_S, kill_stragglers)
+    timer.daemon = True
+    timer.start()
+
+
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (Linux ``/proc``): the workers the agent started."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the command name (2nd field) may hold spaces; the parent pid is the 2nd field after it
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(stat.parent.name))
+    return children
 
 
 def report_failures(failures: dict[int, Any]) -> int:

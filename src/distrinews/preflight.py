@@ -28,7 +28,8 @@ def preflight_train(config: TrainConfig, nproc_per_node: int | None = None, read
             raise ConfigError(f"config field 'strategy': 'single' cannot run with {nproc_per_node} processes; use ddp")
     run_dir = RunDir(config.output_dir)
     run_dir.check_usable(config.resume_from_checkpoint, config.overwrite_output_dir)
-    resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
+    if config.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
+        resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
     check_model_available(config.model_name_or_path)
     if read_data:  # every row, as the workers will: a malformed one fails here with file:line
         for split in ("train", "test"):

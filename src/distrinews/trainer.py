@@ -27,20 +27,29 @@ from transformers import get_linear_schedule_with_warmup
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
-from .distributed import DistEnv, distributed_context, main_process_first
+from .distributed import DistEnv, broadcast_object, distributed_context, main_process_first
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
 from .model import build_model, build_tokenizer, count_parameters, forward_loss
 from .parallel import ParallelModel, wrap_model
 from .precision import Precision, check_precision_supported
+from .preemption import StopRequest
 from .rundir import RunDir
+from .watchdog import Watchdog
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
     check_precision_supported(config)
-    with distributed_context(timeout_s=config.ddp_timeout) as env:
-        return Trainer(config, env).train()
+    # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
+    with (
+        distributed_context(timeout_s=config.ddp_timeout + 60) as env,
+        StopRequest(env) as stop,
+        Watchdog(env, config.ddp_timeout) as watchdog,
+    ):
+        trainer = Trainer(config, env, stop)
+        watchdog.progress = lambda: trainer.state.global_step  # what a silent rank last reported
+        return trainer.train()
 
 
 # ---------------------------------------------------------------------- state
@@ -155,8 +164,9 @@ def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: 
 
 # ---------------------------------------------------------------------- the trainer
 class Trainer:
-    def __init__(self, config: TrainConfig, env: DistEnv):
+    def __init__(self, config: TrainConfig, env: DistEnv, stop: StopRequest | None = None):
         self.config, self.env = config, env
+        self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.output_dir)
         self.say = print if env.is_main else (lambda *a, **k: None)
         if not env.is_main:
@@ -187,6 +197,7 @@ class Trainer:
         self.epoch_counts = Counts(env.device)  # since the epoch started
         self.clock = TrainClock()
         self.window_started = 0.0
+        self.last_saved_step: int | None = None
         self.started = time.perf_counter()
         self.logger: MetricsLogger | None = None
         self.progress: Any = None
@@ -200,21 +211,30 @@ class Trainer:
         self.clock, self.window_started = TrainClock(), 0.0
         history: list[dict[str, Any]] = []
         for epoch in range(self.state.epoch, self.plan.num_epochs):
-            if self.done:
+            if self.done or self.stop.agreed():
                 break
             epoch_clock = self.clock.elapsed()
-            for window in optimizer_windows(self.epoch_batches(epoch), self.plan.accumulation):
-                grad_norm = self.train_step(window)
-                self.state.global_step += 1
-                self.state.step_in_epoch += 1
-                self.progress.update(1)
-                if self.state.global_step % self.config.logging_steps == 0:
-                    self.log_train(grad_norm)
-                if self.epoch_complete or self.done:
-                    break  # the epoch's end evaluates and saves this step
-                self.evaluate_and_save_if_due()
+            self.train_epoch(epoch)
+            if self.stop.stopped and not (self.epoch_complete or self.done):
+                self.save()  # stopped mid-epoch: a checkpoint of this step (unless one was just written)
+                break
             history.append(self.end_epoch(epoch, self.clock.elapsed() - epoch_clock))
         return self.finish(history)
+
+    def train_epoch(self, epoch: int) -> None:
+        """Optimizer steps until the epoch ends, training is done, or the ranks agree to stop."""
+        for window in optimizer_windows(self.epoch_batches(epoch), self.plan.accumulation):
+            grad_norm = self.train_step(window)
+            self.state.global_step += 1
+            self.state.step_in_epoch += 1
+            self.progress.update(1)
+            if self.state.global_step % self.config.logging_steps == 0:
+                self.log_train(grad_norm)
+            if self.epoch_complete or self.done:
+                return  # the epoch's end evaluates and saves this step
+            self.evaluate_and_save_if_due()
+            if self.stop.agreed():
+                return
 
     def train_step(self, window: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
         """One optimizer step: forward and backward over the window's micro-batches, then the update."""
@@ -279,7 +299,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup steps
     def resume(self) -> str | None:
-        path = ckpt.resolve_resume(self.config.resume_from_checkpoint, self.run_dir.checkpoints)
+        # Rank 0 verifies the checkpoint files (and says what it skips); every rank takes its choice.
+        chosen = ckpt.resolve_resume(self.config.resume_from_checkpoint, self.run_dir.checkpoints) if self.env.is_main else None
+        path = broadcast_object(chosen, self.env)
         if path is None:
             torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
@@ -403,6 +425,9 @@ class Trainer:
         return metrics
 
     def save(self) -> None:
+        if self.last_saved_step == self.state.global_step:
+            return
+        self.last_saved_step = self.state.global_step
         # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
         # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
         running = {
@@ -466,7 +491,16 @@ class Trainer:
             "final_eval": self.state.last_eval,
             "total_time_s": total_time,
             "epochs": history,
+            "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
+        if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
+            self.logger.close()
+            if self.last_saved_step is not None:
+                saved = f"checkpoint {self.run_dir.checkpoints / f'step-{self.last_saved_step}'}; continue with --resume auto"
+            else:
+                saved = "no step trained in this run, nothing saved"
+            self.say(f"\nStopped by {self.stop.reason} at step {self.state.global_step} of {self.plan.total_steps}: {saved}.")
+            return result
         self.logger.log("summary", self.state.global_step, {"total_time_s": total_time, "best_accuracy": self.state.best_accuracy})
         self.logger.close()
         self.say("=" * 60)

@@ -36,6 +36,7 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     path = _save_step(tmp_path, 5, model)
     assert sorted(p.name for p in path.iterdir()) == [
         "config.json",
+        "manifest.json",
         "model.safetensors",
         "optimizer.pt",
         "rng_state.pt",
@@ -111,7 +112,7 @@ def test_resolve_resume(tmp_path, tiny):
     _save_step(checkpoints, 12, model)
     assert ckpt.resolve_resume("auto", checkpoints).name == "step-12"
     assert ckpt.resolve_resume(str(checkpoints / "step-3"), checkpoints).name == "step-3"
-    with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
         ckpt.resolve_resume(str(tmp_path / "nope"), checkpoints)
 
 
@@ -165,3 +166,36 @@ def test_not_a_checkpoint(tmp_path):
         ckpt.load_for_inference(tmp_path)
     with pytest.raises(FileNotFoundError):
         ckpt.load_for_inference(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "flip", "no-manifest"])
+def test_a_damaged_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(tmp_path, tiny, damage):
+    model, _ = tiny
+    _save_step(tmp_path, 10, model)
+    newest = _save_step(tmp_path, 20, model)
+    ckpt.verify_checkpoint(newest)
+    weights = newest / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "delete":
+        (newest / "optimizer.pt").unlink()
+    elif damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[-7] ^= 0xFF  # same size, different bytes
+        weights.write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()  # killed before the save finished
+    warnings = []
+    assert ckpt.resolve_resume("auto", tmp_path, warn=warnings.append).name == "step-10"
+    assert len(warnings) == 1 and warnings[0].startswith("warning: skipping step-20: ")
+    with pytest.raises(ckpt.CheckpointError) as exc:
+        ckpt.resolve_resume(str(newest), tmp_path)
+    message = str(exc.value)
+    assert "\n" not in message and str(newest) in message
+    expected = {
+        "truncate": "model.safetensors has 1,000 bytes",
+        "delete": "optimizer.pt is missing",
+        "flip": "model.safetensors does not match its checksum",
+        "no-manifest": "no manifest.json",
+    }[damage]
+    assert expected in message

@@ -37,6 +37,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return launch(args.launch_flags, args.argv)
     from . import is_global_rank_zero, write_json
 
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and config.resume_from_checkpoint is None:
+        # A worker group restarted by --max-restarts continues from the newest complete checkpoint.
+        config.resume_from_checkpoint = "auto"
     if not os.environ.get(LAUNCHED_ENV) and is_global_rank_zero():
         preflight_train(config, read_data=False)  # one process, or plain torchrun: the data is read next anyway
     from ..trainer import train

@@ -1,0 +1,171 @@
+"""Faults provoked for real: a worker SIGKILLed under --max-restarts, a preemption (SIGTERM), a stopped
+rank (SIGSTOP), a truncated checkpoint. Each run must end the way the README promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+# 400 rows over 2 ranks x 16 = 13 steps an epoch; a checkpoint every 4 steps.
+RUN = [
+    "--config",
+    str(ROOT / "configs" / "tiny.yaml"),
+    "--max_steps",
+    "30",
+    "--num_train_epochs",
+    "3",
+    "--save_steps",
+    "4",
+    "--eval_samples",
+    "64",
+    "--save_total_limit",
+    "null",
+    "--report_to_tensorboard",
+    "false",
+    "--disable_tqdm",
+    "true",
+]
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distrinews", "train", *RUN, *args, "--nproc-per-node", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path.name} appeared:\n{proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.05)
+
+
+def _worker_of_rank(launcher: int, rank: int) -> int:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no worker of rank {rank} under launcher {launcher}")
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step-{step}" / "model.safetensors"))
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, agnews_dir) -> Path:
+    run = tmp_path_factory.mktemp("faults") / "uninterrupted"
+    proc = _start("--output-dir", str(run))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return run
+
+
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(uninterrupted, tmp_path):
+    run = tmp_path / "run"
+    proc = _start("--output-dir", str(run), "--max-restarts", "1")
+    try:
+        _wait_for(run / "checkpoints" / "step-8", proc)
+        os.kill(_worker_of_rank(proc.pid, 1), signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Resumed from:" in out, "the restarted worker group continued from a checkpoint"
+    _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
+
+
+def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(uninterrupted, tmp_path, cli):
+    run = tmp_path / "run"
+    proc = _start("--output-dir", str(run))
+    try:
+        _wait_for(run / "checkpoints" / "step-4", proc)
+        time.sleep(0.3)  # somewhere inside the next few steps
+        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Stopped by SIGTERM at step" in out and "continue with --resume auto" in out
+    stopped_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
+    assert 4 <= stopped_at < 30, "stopped before the end, with a checkpoint of the step it stopped at"
+    state = json.loads((run / "checkpoints" / f"step-{stopped_at}" / "trainer_state.json").read_text())
+    assert state["global_step"] == stopped_at
+
+    resumed = cli("train", *RUN, "--output-dir", str(run), "--resume", "auto", nproc=2).stdout
+    assert f"(step {stopped_at})" in resumed
+    _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
+
+
+def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path, agnews_dir):
+    run = tmp_path / "run"
+    proc = _start("--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "20")
+    stopped = None
+    try:
+        _wait_for(run / "checkpoints" / "step-4", proc)
+        stopped = _worker_of_rank(proc.pid, 1)
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=240)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stopped is not None:
+            with pytest.raises(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)  # gone: the launcher took it down
+    assert proc.returncode != 0
+    assert "rank(s) 1 stopped answering: no heartbeat for 20 s" in err, err[-3000:]
+    assert "rank 0 was waiting in" in err
+    assert elapsed < 120, f"the run took {elapsed:.0f} s to fail"
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(uninterrupted, tmp_path, cli):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    newest = run / "checkpoints" / "step-30"
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    refused = cli("train", *RUN, "--output-dir", str(run), "--resume", str(newest), nproc=2, check=False)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(weights) in lines[0] and "bytes" in lines[0], refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    resumed = cli("train", *RUN, "--output-dir", str(run), "--resume", "auto", nproc=2)
+    warnings = [line for line in resumed.stdout.splitlines() if line.startswith("warning: skipping")]
+    assert len(warnings) == 1 and "step-30" in warnings[0] and "model.safetensors" in warnings[0]
+    assert "Resumed from:" in resumed.stdout and "(step 28)" in resumed.stdout  # the newest whole one: 28
+    assert "Traceback" not in resumed.stdout + resumed.stderr
+    _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
