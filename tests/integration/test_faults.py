@@ -84,7 +84,7 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 def uninterrupted(tmp_path_factory, agnews_dir) -> Path:
     run = tmp_path_factory.mktemp("faults") / "uninterrupted"
     proc = _start("--output-dir", str(run))
-    out, err = proc.communicate(timeout=600)
+    _out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     return run
 
@@ -136,7 +136,7 @@ def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path, 
         stopped = _worker_of_rank(proc.pid, 1)
         os.kill(stopped, signal.SIGSTOP)
         started = time.monotonic()
-        out, err = proc.communicate(timeout=240)
+        _out, err = proc.communicate(timeout=240)
         elapsed = time.monotonic() - started
     finally:
         if proc.poll() is None:
