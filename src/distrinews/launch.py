@@ -23,6 +23,7 @@ from typing import Any
 
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
 LAUNCH_FLAGS = (
+    "local-addr",
     "nproc-per-node",
     "nnodes",
     "node-rank",
@@ -114,9 +115,31 @@ def torchrun_args(flags: dict[str, str], argv: list[str]):
         # endpoint torchrun's static rendezvous at MASTER_ADDR:MASTER_PORT stays (what the Kubeflow
         # operators set through PET_MASTER_ADDR/PORT); c10d there would fall back to each node's localhost.
         cli += ["--rdzv-backend", "c10d"]
+    conf = flags.get("rdzv-conf") or os.environ.get("PET_RDZV_CONF") or ""
+    if endpoint and "is_host" not in conf and _is_this_machine(endpoint.rpartition(":")[0] or endpoint):
+        # torch decides who hosts the rendezvous store by host name; a node addressed by an IP of
+        # one of its interfaces (a second network, a container, a namespace) would wait for itself.
+        conf = ",".join(filter(None, [conf, "is_host=true"]))
+        cli = [c for c in cli if c != flags.get("rdzv-conf")]
+        cli = [c for c in cli if c != "--rdzv-conf"] + ["--rdzv-conf", conf]
     # The agent would turn SIGTERM into killing the workers; ``launch`` forwards it to them instead.
     cli += ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT"]
     return get_args_parser().parse_args([*cli, "--module", "distrinews", *argv])
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether ``host`` is a non-loopback address of this machine: only local addresses can be bound."""
+    import ipaddress
+
+    try:
+        address = socket.getaddrinfo(host, None)[0][4][0]
+        if ipaddress.ip_address(address).is_loopback:
+            return False  # torch itself treats loopback as local, and lets a second node fall back to a client
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
@@ -135,11 +158,13 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import run
 
     from .machine import threads_per_process
 
     args = torchrun_args(flags, argv)
+    rollcall = _rollcall(args, flags)
     nproc = nproc_per_node(flags)
     if nproc:  # torchrun would give every process one thread (and say so); give each its share of the cores
         os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
@@ -150,11 +175,30 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
         return 0
     except ChildFailedError as exc:
         return report_failures(exc.failures)
+    except RendezvousTimeoutError:
+        reason = rollcall.explain_timeout() if rollcall else "the rendezvous timed out before every node joined"
+        print(f"distrinews: error: {reason}", file=sys.stderr)
+        return 1
     except SignalException as exc:  # the agent has already stopped the workers
         print(f"distrinews: stopped by {exc.sigval.name}", file=sys.stderr)
         return 128 + int(exc.sigval)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _rollcall(args, flags: dict[str, str]):
+    """Sign this node in beside a multi-node dynamic rendezvous (see ``rollcall``); None otherwise."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    from .rollcall import RollCall
+
+    _, nnodes = parse_min_max_nnodes(args.nnodes)
+    if args.rdzv_backend != "c10d" or nnodes < 2 or not args.rdzv_endpoint:
+        return None
+    given = flags.get("node-rank") or os.environ.get("PET_NODE_RANK")
+    conf = dict(item.split("=", 1) for item in (args.rdzv_conf or "").split(",") if "=" in item)
+    timeout = float(conf.get("join_timeout", 600))
+    return RollCall(args.rdzv_endpoint, args.rdzv_id, int(given) if given else None, nnodes, timeout).start()
 
 
 PREEMPTION_GRACE_S = float(os.environ.get("DISTRINEWS_PREEMPTION_GRACE_S", "120"))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import ConfigError, TrainConfig
-from .distributed import DistEnv
+from .distributed import DistEnv, all_gather_object
 
 
 class ParallelModel:
@@ -61,6 +61,15 @@ class ParallelModel:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights. Every rank calls it (under sharded strategies it is a collective)."""
         return {k: v.detach() for k, v in self.raw.state_dict().items()}
+
+    def replica_digests(self) -> list[str]:
+        """Every rank's SHA-256 of its parameters (a collective): replicas must all show the same one."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for tensor in self.raw.state_dict().values():
+            digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return all_gather_object(digest.hexdigest()[:16], self.env)
 
     def gradient_bytes(self) -> int:
         """Bytes of gradients one rank sends into the all-reduce each optimizer step (0 with one process)."""

@@ -501,7 +501,20 @@ class Trainer:
                 saved = "no step trained in this run, nothing saved"
             self.say(f"\nStopped by {self.stop.reason} at step {self.state.global_step} of {self.plan.total_steps}: {saved}.")
             return result
-        self.logger.log("summary", self.state.global_step, {"total_time_s": total_time, "best_accuracy": self.state.best_accuracy})
+        digests = self.model.replica_digests() if self.model.replicated else []
+        if digests:
+            same = len(set(digests)) == 1
+            self.say(f"Replicas: {'identical' if same else 'DIFFERENT'} parameters on the {len(digests)} ranks ({', '.join(digests)})")
+            result["replicas_identical"] = same
+        self.logger.log(
+            "summary",
+            self.state.global_step,
+            {
+                "total_time_s": total_time,
+                "best_accuracy": self.state.best_accuracy,
+                **({"replicas_identical": result["replicas_identical"]} if digests else {}),
+            },
+        )
         self.logger.close()
         self.say("=" * 60)
         self.say("TRAINING COMPLETE")

@@ -92,3 +92,31 @@ def test_eval_shards_cover_each_row_exactly_once(world):
     lengths = torch.randint(1, 50, (7600,))
     rows = [i for r in range(world) for i in eval_shard(lengths, r, world)]
     assert sorted(rows) == list(range(7600))
+
+
+@pytest.mark.parametrize("group", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [97, 401, 1001])
+@pytest.mark.parametrize("batch,accum,max_steps", [(8, 1, -1), (5, 3, -1), (8, 2, 7), (16, 1, 1000)])
+def test_every_rank_runs_the_same_steps_whatever_the_sizes(group, world, rows, batch, accum, max_steps):
+    """The policy for uneven data: the sampler pads the data like DistributedSampler (repeating a few
+    rows) and deals whole optimizer steps, so every rank sees ceil(rows / world) rows, the same number
+    of micro-batches and optimizer steps, and the same shortened last window. No rank ever waits in a
+    gradient all-reduce that another rank will not reach; ``Join`` is not needed."""
+    from distrinews.config import TrainConfig
+    from distrinews.trainer import StepPlan, optimizer_windows
+
+    ds = dataset(rows)
+    config = TrainConfig(per_device_train_batch_size=batch, gradient_accumulation_steps=accum, max_steps=max_steps)
+    per_rank = []
+    for rank in range(world):
+        sampler = TrainSampler(ds, world, rank, batch * accum, seed=3, group_by_length=group)
+        sampler.set_epoch(0)
+        indices = list(sampler)
+        micro = [indices[i : i + batch] for i in range(0, len(indices), batch)]
+        windows = [len(w) for w in optimizer_windows(micro, accum)]
+        plan = StepPlan.of(config, len(sampler))
+        assert len(indices) == -(-rows // world) and len(micro) == plan.micro_per_epoch
+        assert len(windows) == plan.steps_per_epoch
+        per_rank.append((windows, plan))
+    assert all(p == per_rank[0] for p in per_rank), "identical windows and plans on every rank"
