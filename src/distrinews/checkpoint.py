@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import __version__
-from .distributed import DistEnv, all_gather_object
+from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
 from .model import LABELS, build_tokenizer
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -198,9 +198,18 @@ class LoadedCheckpoint:
         return self.trainer_state.get("world_size")
 
 
+SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
+
+
 class Checkpointer:
-    """Writes and reads ``root/step-N``. ``save`` is called by every rank (it gathers every rank's
-    RNG state and the full weights, both collectives); only rank 0 writes."""
+    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
+
+    Replicated models (DDP, one process): rank 0 writes the weights (``model.safetensors``) and the
+    optimizer state. Sharded models (FSDP): every rank writes its shards of both with
+    ``torch.distributed.checkpoint`` into ``sharded/``, which loads back at any world size. Either
+    way rank 0 adds the scheduler, scaler, every rank's RNG state, the trainer state and the
+    config, then the manifest, last, and publishes the directory.
+    """
 
     def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
@@ -209,19 +218,27 @@ class Checkpointer:
         self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: dict[str, Any]
     ) -> Path | None:
         rng_states = all_gather_object(capture_rng_state(), self.env)
-        weights = model.full_state_dict()
+        final = self.root / f"step-{step}"
+        tmp = broadcast_object(_fresh_tmp(final) if self.env.is_main else None, self.env)
+        if model.sharded:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optim_state = get_state_dict(model.module, optimizer)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDED))
+            barrier(self.env)  # every rank's shards are on disk before rank 0 seals the directory
+        else:
+            weights = model.full_state_dict()
+            if self.env.is_main:
+                save_weights(weights, tmp / "model.safetensors")
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if not self.env.is_main:
             return None
-        final = self.root / f"step-{step}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = _fresh_tmp(final)
-        save_weights(weights, tmp / "model.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
         torch.save(rng_states, tmp / "rng_state.pt")
-        state = {**trainer_state, "global_step": step, "world_size": self.env.world_size}
+        state = {**trainer_state, "global_step": step, "world_size": self.env.world_size, "sharded": bool(model.sharded)}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
         write_manifest(tmp, step)  # last: a checkpoint without one never finished
@@ -231,13 +248,34 @@ class Checkpointer:
 
     def load(self, path: str | os.PathLike, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> LoadedCheckpoint:
         path = Path(path)
-        load_weights(model.raw, path / "model.safetensors")
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        if (path / SHARDED).is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_state, optim_state = get_state_dict(model.module, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
+            set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        elif model.sharded:
+            raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
+        else:
+            load_weights(model.raw, path / "model.safetensors")
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
         rng = torch.load(path / "rng_state.pt", weights_only=True)
         return LoadedCheckpoint(json.loads((path / "trainer_state.json").read_text()), rng)
+
+
+def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:
+    """The model weights of a sharded checkpoint, consolidated in this one process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    # no_dist: this process alone, even inside a process group (e.g. rank 0 of an evaluation).
+    dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=True)
+    model.load_state_dict(state["model"])
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -481,8 +519,12 @@ def load_for_inference(path: str | os.PathLike):
         values, state = _read_json(path / "config.json"), _read_json(path / "trainer_state.json")
         name = values.get("model_name_or_path", "minilm")
         model = build_model(name, dropout=values.get("dropout"), seed=values.get("seed", 42))
-        with _loading(path / "model.safetensors"):
-            load_weights(model, path / "model.safetensors")
+        if (path / SHARDED).is_dir():
+            with _loading(path / SHARDED):
+                load_sharded_weights(model, path)
+        else:
+            with _loading(path / "model.safetensors"):
+                load_weights(model, path / "model.safetensors")
         tokenizer = build_tokenizer(name)
         info = {
             "epoch": state.get("epoch"),

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
     """A configuration value is unknown, ill-typed or out of range; the message names the field."""
 
 
-STRATEGIES = ("ddp", "single")
+STRATEGIES = ("ddp", "fsdp", "single")
 
 
 @dataclass
@@ -54,7 +54,7 @@ class TrainConfig:
     seed: int = 42
 
     # distribution
-    strategy: str = "ddp"  # ddp (replicas; the plain module with one process) | single (refuses N processes)
+    strategy: str = "ddp"  # ddp (replicas; the plain module with one process) | fsdp (sharded, FSDP2) | single (one process only)
     # None: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest, benchmarks/README.md),
     # torch's 25 MB on GPU/nccl, where overlapping the all-reduce with backward pays
     ddp_bucket_cap_mb: float | None = None

@@ -142,6 +142,13 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The maximum over ranks, in place (and returned). Every rank must call it."""
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     if not env.distributed:
         return [obj]

@@ -3,17 +3,22 @@
 - ``ddp`` (default): every rank holds the whole model; gradients are averaged by
   DistributedDataParallel in buckets while backward runs. With one process it is the plain
   module, so world size 1 and N share one code path.
+- ``fsdp``: the parameters, gradients and optimizer state are sharded over the ranks with
+  FSDP2 (``fully_shard``), one unit per transformer block plus the root: a block's parameters
+  are all-gathered just before it runs and freed after, gradients are reduce-scattered.
 - ``single``: one process only; refuses to start under N processes (a guard for runs that must
   not be split, e.g. a reference measurement).
 
 What differs between strategies lives here and nowhere else: skipping the gradient sync on
-the micro-steps of an accumulation window, gradient clipping, and gathering a full state
-dict for saving (a collective every rank must enter, even though only rank 0 writes).
+the micro-steps of an accumulation window, gradient clipping, the communication a step costs,
+and gathering a full state dict for saving (a collective every rank must enter, even though
+only rank 0 writes). Sharded checkpoints are ``checkpoint.Checkpointer``'s business.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 from typing import Any
 
@@ -28,9 +33,11 @@ from .distributed import DistEnv, all_gather_object
 class ParallelModel:
     """The wrapped model (call it like the module) plus the strategy's own operations."""
 
+    sharded = False  # parameters split over the ranks (checkpoints are then written by every rank)
+
     def __init__(self, module: torch.nn.Module, raw: torch.nn.Module, strategy: str, env: DistEnv):
         self.module = module  # what forward and backward run through (DDP, or the model itself)
-        self.raw = raw  # the unwrapped model: its parameters, config and save_pretrained
+        self.raw = raw  # the unwrapped model: its config, save_pretrained and (unless sharded) its tensors
         self.strategy = strategy
         self.env = env
 
@@ -43,8 +50,11 @@ class ParallelModel:
 
     @property
     def replicated(self) -> bool:
-        """True when gradients are all-reduced across ranks (DDP with more than one process)."""
+        """True when every rank holds the whole model and gradients are all-reduced (DDP, N processes)."""
         return isinstance(self.module, DDP)
+
+    def trainable_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
 
     def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
         """Enter around forward + backward; ``sync=False`` keeps the gradients local (accumulation)."""
@@ -56,30 +66,62 @@ class ParallelModel:
         """Clip the (already averaged) gradients to ``max_norm``; returns the norm before clipping."""
         if max_norm <= 0:
             return None
-        return torch.nn.utils.clip_grad_norm_(self.raw.parameters(), max_norm)
+        return torch.nn.utils.clip_grad_norm_([p for p in self.raw.parameters() if p.grad is not None], max_norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's weights. Every rank calls it (under sharded strategies it is a collective)."""
+        """The whole model's weights on rank 0 (empty elsewhere when sharded). Every rank must call it."""
         return {k: v.detach() for k, v in self.raw.state_dict().items()}
 
     def replica_digests(self) -> list[str]:
         """Every rank's SHA-256 of its parameters (a collective): replicas must all show the same one."""
-        import hashlib
-
         digest = hashlib.sha256()
         for tensor in self.raw.state_dict().values():
             digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
         return all_gather_object(digest.hexdigest()[:16], self.env)
 
     def gradient_bytes(self) -> int:
-        """Bytes of gradients one rank sends into the all-reduce each optimizer step (0 with one process)."""
+        """Bytes one rank sends into the gradient all-reduce each optimizer step (0 with one process)."""
+        return self.trainable_bytes() if self.replicated else 0
+
+    def communication(self) -> str:
+        """What one optimizer step sends between the ranks, for the banner."""
         if not self.replicated:
-            return 0
-        return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
+            return "none (one process)"
+        return f"all-reduce of {self.gradient_bytes() / 2**20:.1f} MiB of gradients"
 
 
-def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> ParallelModel:
-    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``."""
+class ShardedModel(ParallelModel):
+    """FSDP2: ``module`` and ``raw`` are the same model, whose parameters are DTensor shards."""
+
+    sharded = True
+
+    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
+        # FSDP2's no_sync: keep unsharded gradients until the window's last micro-batch reduce-scatters them.
+        self.module.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def gradient_bytes(self) -> int:
+        return self.trainable_bytes()
+
+    def communication(self) -> str:
+        mib = self.trainable_bytes() / 2**20
+        return (
+            f"all-gather of {mib:.1f} MiB of parameters (forward, and again in backward) and reduce-scatter of "
+            f"{mib:.1f} MiB of gradients; each rank keeps 1/{self.env.world_size}"
+        )
+
+
+def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:
+    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
+
+    ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
+    gathered parameters to; gradients are reduced in fp32 either way.
+    """
     if config.strategy == "single":
         if env.distributed:
             raise ConfigError(f"config field 'strategy': 'single' cannot run with {env.world_size} processes; use ddp")
@@ -88,7 +130,26 @@ def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> Par
         if not env.distributed:
             return ParallelModel(model, model, "ddp", env)
         return ParallelModel(_ddp(model, config, env), model, "ddp", env)
+    if config.strategy == "fsdp":
+        if not env.distributed:
+            return ParallelModel(model, model, "fsdp", env)  # one process holds everything: nothing to shard
+        return ShardedModel(_fsdp(model, param_dtype), model, "fsdp", env)
     raise ConfigError(f"config field 'strategy': unknown strategy {config.strategy!r}")
+
+
+# ---------------------------------------------------------------------- FSDP2
+def _fsdp(model: torch.nn.Module, param_dtype: torch.dtype | None) -> torch.nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # One unit per block the model says must not be split (Hugging Face's _no_split_modules, as
+    # accelerate's auto-wrap uses): its parameters are gathered together, just before it runs.
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in block_names and module is not model:
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 # ---------------------------------------------------------------------- DDP

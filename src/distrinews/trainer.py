@@ -27,7 +27,7 @@ from transformers import get_linear_schedule_with_warmup
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
-from .distributed import DistEnv, broadcast_object, distributed_context, main_process_first
+from .distributed import DistEnv, all_reduce_max, broadcast_object, distributed_context, main_process_first
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
@@ -183,7 +183,7 @@ class Trainer:
 
         self.precision = Precision.from_config(config, env.device)
         model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(env.device)
-        self.model: ParallelModel = wrap_model(model, config, env)
+        self.model: ParallelModel = wrap_model(model, config, env, param_dtype=self.precision.dtype)
         self.optimizer = build_optimizer(self.model.raw, config, env.device)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
         self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
@@ -345,7 +345,13 @@ class Trainer:
         per_step = c.per_device_train_batch_size * c.gradient_accumulation_steps * env.world_size
         threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
         say("=" * 60)
-        say("DDP TRAINING CONFIGURATION" if self.model.replicated else "TRAINING CONFIGURATION")
+        say(
+            "DDP TRAINING CONFIGURATION"
+            if self.model.replicated
+            else "FSDP TRAINING CONFIGURATION"
+            if self.model.sharded
+            else "TRAINING CONFIGURATION"
+        )
         say("=" * 60)
         say(f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {self.model.strategy})")
         say(f"Batch size per device: {c.per_device_train_batch_size}")
@@ -356,8 +362,7 @@ class Trainer:
         say(f"Device:               {env.device}{threads}")
         say(f"Precision:            {self.precision.name}")
         say(f"Model:                {c.model_name_or_path} ({count_parameters(self.model.raw) / 1e6:.1f}M parameters)")
-        payload = self.model.gradient_bytes()
-        say(f"All-reduce per step:  {payload / 2**20:.1f} MiB of gradients" if payload else "All-reduce per step:  none (one process)")
+        say(f"Communication a step: {self.model.communication()}")
         say(f"Train samples:        {len(self.data.train):,} (each process sees {len(self.sampler):,})")
         say(f"Test samples:         {len(self.data.test):,}")
         say(f"MFU peak:             {self.peak.source}")
@@ -399,6 +404,7 @@ class Trainer:
             self.config.per_device_eval_batch_size,
             self.precision,
             progress=self.env.is_main and not self.config.disable_tqdm,
+            lockstep=self.model.sharded,
         )
         self.state.last_eval = metrics
         self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
@@ -462,6 +468,7 @@ class Trainer:
                 "test_accuracy": metrics["accuracy"],
                 "test_macro_f1": metrics["macro_f1"],
                 "epoch_time_s": train_seconds,
+                "peak_memory_mib": peak_memory_mib(self.env),
                 **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
             }
             self.logger.log("epoch", self.state.global_step, summary)
@@ -474,7 +481,7 @@ class Trainer:
             )
             self.say(
                 f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
-                f"MFU {100 * summary['mfu']:.1f}%"
+                f"MFU {100 * summary['mfu']:.1f}%, peak memory {summary['peak_memory_mib']:.0f} MiB a process"
             )
             if self.epoch_complete:
                 self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
@@ -524,6 +531,17 @@ class Trainer:
             self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
         self.say(f"Checkpoint saved to: {self.run_dir.best}")
         return result
+
+
+def peak_memory_mib(env: DistEnv) -> float:
+    """The largest peak memory of any rank (a collective): resident set on CPU, allocated on CUDA."""
+    import resource
+
+    if env.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(env.device) / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return float(all_reduce_max(torch.tensor([peak], dtype=torch.float64, device=env.device), env).item())
 
 
 def _fmt_time(seconds: float) -> str:

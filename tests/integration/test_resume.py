@@ -52,7 +52,7 @@ def _records(run: Path) -> list[dict]:
 
 def _comparable(records: list[dict]) -> list[tuple]:
     """The log without wall-clock fields: what must repeat exactly."""
-    skip = {"time", "samples_per_s", "tokens_per_s", "mfu", "epoch_time_s", "total_time_s"}
+    skip = {"time", "samples_per_s", "tokens_per_s", "mfu", "epoch_time_s", "total_time_s", "peak_memory_mib"}
     return [tuple(sorted((k, json.dumps(v)) for k, v in r.items() if k not in skip)) for r in records]
 
 
