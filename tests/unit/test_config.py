@@ -30,7 +30,7 @@ def test_unknown_key_is_named_with_a_suggestion():
         ("warmup_ratio", 1.5, "'warmup_ratio': must be in"),
         ("strategy", "horovod", "'strategy': must be one of"),
         ("max_length", None, "'max_length' may not be null"),
-        ("strategy", "auto", "'strategy': must be one of ddp, single"),
+        ("strategy", "auto", "'strategy': must be one of ddp, fsdp, single"),
         ("num_train_epochs", "inf", "'num_train_epochs': must be a finite number"),
         ("learning_rate", "nan", "'learning_rate': must be a finite number"),
         ("ddp_timeout", 0, "'ddp_timeout': must be >= 1"),
