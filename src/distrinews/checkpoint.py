@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
-from .model import LABELS, build_tokenizer
+from .model import LABELS, build_tokenizer, merged
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 SERVABLE_INFO = "distrinews.json"
@@ -514,11 +514,13 @@ def load_for_inference(path: str | os.PathLike):
     elif (path / "trainer_state.json").is_file():
         # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
         # Only the fields that define the architecture are read, so checkpoints of other versions load too.
-        from .model import build_model
+        from .model import add_lora, build_model
 
         values, state = _read_json(path / "config.json"), _read_json(path / "trainer_state.json")
         name = values.get("model_name_or_path", "minilm")
         model = build_model(name, dropout=values.get("dropout"), seed=values.get("seed", 42))
+        if values.get("use_peft"):
+            model = add_lora(model, values.get("lora_r", 16), values.get("lora_alpha", 32), 0.0, values.get("lora_target_modules"))
         if (path / SHARDED).is_dir():
             with _loading(path / SHARDED):
                 load_sharded_weights(model, path)
@@ -540,5 +542,6 @@ def load_for_inference(path: str | os.PathLike):
         info = {"label_names": labels, "max_length": 128, "format": "pretrained"}
     else:
         raise CheckpointError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+    model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference
     model.eval()
     return model, tokenizer, info

@@ -53,6 +53,14 @@ class TrainConfig:
     fp16: bool = False
     seed: int = 42
 
+    # LoRA through peft (TRL's field names): low-rank adapters on the attention projections; the classifier
+    # head stays fully trainable; best/ holds the merged model, which needs no peft to load
+    use_peft: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str | None = None  # comma-separated module names, or all-linear; None = peft's default (query,value)
+
     # distribution
     strategy: str = "ddp"  # ddp (replicas; the plain module with one process) | fsdp (sharded, FSDP2) | single (one process only)
     # None: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest, benchmarks/README.md),
@@ -100,6 +108,14 @@ class TrainConfig:
         need(not (self.bf16 is True and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
         need(self.ddp_timeout >= 1, "ddp_timeout", "must be >= 1 second")
+        need(self.lora_r >= 1, "lora_r", "must be >= 1")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
+        need(
+            not (self.use_peft and self.strategy == "fsdp"),
+            "use_peft",
+            "LoRA runs with strategy ddp (its optimizer state is already small; sharding buys little)",
+        )
         need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
         need(self.ddp_comm_hook in ("none", "bf16", "fp16"), "ddp_comm_hook", "must be one of none, bf16, fp16")
         need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
@@ -239,6 +255,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     if base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):  # a YAML list of names
+            return ",".join(value)
         raise bad()
     raise bad()
 

@@ -93,6 +93,33 @@ def build_model(name: str, dropout: float | None = None, seed: int = 42) -> torc
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
 
 
+def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str | None) -> torch.nn.Module:
+    """Low-rank adapters (peft) on ``target_modules``; everything else frozen but the classifier head."""
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError:
+        raise ConfigError("config field 'use_peft': LoRA needs the peft extra: pip install 'distrinews[peft]'") from None
+    targets = None
+    if target_modules:
+        targets = "all-linear" if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",") if t.strip()]
+    # SEQ_CLS keeps the new classification head trainable (peft's modules_to_save).
+    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'lora_target_modules': {str(exc).splitlines()[0]}") from None
+
+
+def merged(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain transformers model to save: LoRA adapters folded into a copy of the weights (no peft needed
+    to load it); any other model as it is."""
+    if hasattr(model, "merge_and_unload"):
+        import copy
+
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
 def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 

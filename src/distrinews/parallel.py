@@ -87,7 +87,7 @@ class ParallelModel:
         """What one optimizer step sends between the ranks, for the banner."""
         if not self.replicated:
             return "none (one process)"
-        return f"all-reduce of {self.gradient_bytes() / 2**20:.1f} MiB of gradients"
+        return f"all-reduce of {_size(self.gradient_bytes())} of gradients"
 
 
 class ShardedModel(ParallelModel):
@@ -109,11 +109,15 @@ class ShardedModel(ParallelModel):
         return self.trainable_bytes()
 
     def communication(self) -> str:
-        mib = self.trainable_bytes() / 2**20
+        size = _size(self.trainable_bytes())
         return (
-            f"all-gather of {mib:.1f} MiB of parameters (forward, and again in backward) and reduce-scatter of "
-            f"{mib:.1f} MiB of gradients; each rank keeps 1/{self.env.world_size}"
+            f"all-gather of {size} of parameters (forward, and again in backward) and reduce-scatter of "
+            f"{size} of gradients; each rank keeps 1/{self.env.world_size}"
         )
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:

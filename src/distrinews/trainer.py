@@ -31,7 +31,7 @@ from .distributed import DistEnv, all_reduce_max, broadcast_object, distributed_
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
-from .model import build_model, build_tokenizer, count_parameters, forward_loss
+from .model import add_lora, build_model, build_tokenizer, count_parameters, forward_loss, merged
 from .parallel import ParallelModel, wrap_model
 from .precision import Precision, check_precision_supported
 from .preemption import StopRequest
@@ -182,7 +182,10 @@ class Trainer:
         self.plan = StepPlan.of(config, len(self.sampler))
 
         self.precision = Precision.from_config(config, env.device)
-        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed).to(env.device)
+        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed)
+        if config.use_peft:
+            model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+        model = model.to(env.device)
         self.model: ParallelModel = wrap_model(model, config, env, param_dtype=self.precision.dtype)
         self.optimizer = build_optimizer(self.model.raw, config, env.device)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
@@ -361,7 +364,9 @@ class Trainer:
         say(f"Epochs:               {c.num_train_epochs:g} ({self.plan.total_steps} optimizer steps)")
         say(f"Device:               {env.device}{threads}")
         say(f"Precision:            {self.precision.name}")
-        say(f"Model:                {c.model_name_or_path} ({count_parameters(self.model.raw) / 1e6:.1f}M parameters)")
+        total, trainable = count_parameters(self.model.raw), count_parameters(self.model.raw, trainable_only=True)
+        say(f"Model:                {c.model_name_or_path} ({total / 1e6:.1f}M parameters)")
+        say(f"Trainable:            {trainable:,} parameters ({100 * trainable / total:.2f}%)" + (" with LoRA" if c.use_peft else ""))
         say(f"Communication a step: {self.model.communication()}")
         say(f"Train samples:        {len(self.data.train):,} (each process sees {len(self.sampler):,})")
         say(f"Test samples:         {len(self.data.test):,}")
@@ -413,10 +418,11 @@ class Trainer:
             self.state.best_accuracy = metrics["accuracy"]
             weights = self.model.full_state_dict()  # every rank: a collective under sharded strategies
             if self.env.is_main:
+                servable = merged(self.model.raw)  # LoRA folded in: best/ loads without peft
                 ckpt.save_servable(
                     self.run_dir.best,
-                    self.model.raw,
-                    weights,
+                    servable,
+                    servable.state_dict() if servable is not self.model.raw else weights,
                     self.data.tokenizer,
                     {
                         "metrics": metrics,
