@@ -125,3 +125,22 @@ def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
     assert not any(m.training for m in model.modules())
     check = compare_with_torch(model, tokenizer, tmp_path / "model.onnx")
     assert check["max_abs_prob_diff"] <= 1e-5 and check["label_agreement"] == 1.0
+
+
+def test_the_onnx_int8_runtime_quantizes_at_start_when_no_int8_file_exists(checkpoint, rows):
+    from distrinews.serve.predictor import make_predictor
+
+    before = sorted(p.name for p in checkpoint.iterdir())
+    predictor = make_predictor(checkpoint, runtime="onnx-int8")
+    assert sorted(p.name for p in checkpoint.iterdir()) == before, "the checkpoint directory is left as it was"
+    described = predictor.describe()
+    assert predictor.runtime == "onnx-int8" and described["runtime"] == "onnx-int8" and described["onnx_quantized"] is True
+    results = predictor.predict(rows[:32])
+    assert len(results) == 32 and all(abs(sum(r["probabilities"].values()) - 1) < 1e-5 for r in results)
+
+
+def test_the_onnx_int8_runtime_refuses_an_fp32_file(checkpoint, fp32_onnx):
+    from distrinews.serve.predictor import make_predictor
+
+    with pytest.raises(ValueError, match="not a quantized model"):
+        make_predictor(checkpoint, runtime="onnx-int8", onnx_model=fp32_onnx)

@@ -50,7 +50,9 @@ def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory, server_process):
-    srv = server_process(checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--max-wait-ms", "50", "--max-body-bytes", "65536")
+    srv = server_process(
+        checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--runtime", "torch", "--max-wait-ms", "50", "--max-body-bytes", "65536"
+    )
     try:
         yield srv.wait_ready()
     finally:
@@ -72,6 +74,16 @@ def strict_server(checkpoint, tmp_path_factory, server_process):
         "0",
         env={"DISTRINEWS_API_KEY": API_KEY},
     )
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def default_server(checkpoint, tmp_path_factory, server_process):
+    """``distrinews serve --checkpoint X`` and nothing else: the default runtime (made at start: no ONNX file beside X)."""
+    srv = server_process(checkpoint, tmp_path_factory.mktemp("logs") / "default.log")
     try:
         yield srv.wait_ready()
     finally:
@@ -104,7 +116,7 @@ def test_every_endpoint_answers_with_the_documented_shape(server):
         info = client.get("/info").json()
         assert info["labels"] == LABELS and info["max_length"] == 64 and info["runtime"] == "torch"
         assert info["model_name"] == "tiny-random-spread"
-        assert info["batching"] == {"max_batch_size": 32, "max_wait_ms": 50.0, "max_queue": 1024}
+        assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": None, "max_wait_ms": 50.0, "max_queue": 1024}
         assert info["limits"]["max_batch_texts"] == 64 and info["limits"]["max_body_bytes"] == 65536
 
         one = client.post("/predict", json={"text": HEADLINES[0]})
@@ -473,6 +485,64 @@ def test_a_saturated_server_answers_429_and_recovers(strict_server):
     assert "retry" in rejected.json()["detail"] and rejected.headers["retry-after"] == "1"
     # Once the burst is over the server serves again.
     assert httpx.post(strict_server.url + "/predict", json={"text": HEADLINES[0]}, headers=auth).status_code == 200
+
+
+def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_server, cli):
+    from distrinews.serve.predictor import DEFAULT_RUNTIME
+
+    help_text = " ".join(cli("serve", "--help").stdout.split())
+    assert f"(default: {DEFAULT_RUNTIME};" in help_text
+    with httpx.Client(base_url=default_server.url, timeout=30) as client:
+        info = client.get("/info").json()
+        assert info["runtime"] == DEFAULT_RUNTIME == client.get("/health").json()["runtime"]
+        assert info.get("onnx_quantized", False) is (DEFAULT_RUNTIME == "onnx-int8")
+        one = client.post("/predict", json={"text": HEADLINES[0]})
+        assert one.status_code == 200
+        _assert_prediction(one.json())
+        batch = client.post("/predict/batch", json={"texts": HEADLINES})
+        assert batch.status_code == 200 and len(batch.json()) == len(HEADLINES)
+
+
+def test_a_client_that_hangs_up_while_queued_is_never_computed(checkpoint, tmp_path, server_process):
+    # One text per forward pass: the blockers below keep the model busy for hundreds of passes.
+    srv = server_process(checkpoint, tmp_path / "gone.log", "--runtime", "torch", "--max-batch-size", "1").wait_ready()
+    blockers_n = 10
+    try:
+        long_texts = [f"{i} " + "Stocks fell sharply on Wall Street as investors weighed new data " * 8 for i in range(64)]
+
+        def metric(name: str) -> float:
+            return _metric(httpx.get(srv.url + "/metrics", timeout=30).text, name)
+
+        dropped_at_start, computed_at_start = metric("distrinews_requests_dropped_total"), metric("distrinews_batch_size_sum")
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=300) as client:
+                blockers = [asyncio.ensure_future(client.post("/predict/batch", json={"texts": long_texts})) for _ in range(blockers_n)]
+                while metric("distrinews_queue_depth") < (blockers_n - 1) * 64:  # the model runs one, the others wait
+                    await asyncio.sleep(0.01)
+                # A raw client: sends its request, waits until the server has queued it, then hangs up.
+                _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+                body = json.dumps({"text": "a request nobody waits for"}).encode()
+                head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                writer.write(head.encode() + body)
+                await writer.drain()
+                while metric("distrinews_queue_depth") % 64 != 1:  # blockers move the depth in steps of 64 texts
+                    await asyncio.sleep(0.005)
+                dropped_while_queued = metric("distrinews_requests_dropped_total")
+                still_busy = not blockers[-1].done()
+                writer.close()
+                await writer.wait_closed()
+                return await asyncio.gather(*blockers), dropped_while_queued, still_busy
+
+        responses, dropped_while_queued, still_busy = asyncio.run(scenario())
+        assert still_busy, "the blockers finished before the client hung up: the test proved nothing"
+        assert [r.status_code for r in responses] == [200] * blockers_n
+        assert dropped_while_queued == dropped_at_start == 0
+        assert metric("distrinews_requests_dropped_total") == 1
+        computed = metric("distrinews_batch_size_sum") - computed_at_start
+        assert computed == blockers_n * 64, f"{computed:.0f} texts computed: the hung-up request's text must not be one of them"
+    finally:
+        srv.stop()
 
 
 # ---------------------------------------------------------------------- graceful shutdown

@@ -1,8 +1,10 @@
-"""The app's model lifecycle, in process with a controllable loader: 503 while loading, 200 after, 503 if loading fails."""
+"""The app in process with controllable predictors: 503 while loading, 200 after, 503 if loading fails; a client that
+hangs up while its request is queued is never computed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import httpx
@@ -97,3 +99,90 @@ def test_a_model_that_fails_to_load_is_reported_not_hidden():
             assert ready.status_code == 503 and "failed to load" in ready.json()["detail"]
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- clients that go away
+class GatedStagedPredictor(FakePredictor):
+    """Tokenizes apart from its forward pass (like ours); the forward pass blocks until the gate opens and records its texts."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.running = threading.Event()
+        self.computed: list[str] = []
+
+    def encode(self, texts):
+        return [t.split() for t in texts]
+
+    def predict_encoded(self, batch):
+        self.running.set()
+        assert self.gate.wait(10), "test gate never opened"
+        self.computed.extend(" ".join(words) for words in batch)
+        return self.predict(batch)
+
+
+async def _asgi_predict(app, text: str, hang_up: asyncio.Event | None = None) -> int:
+    """POST /predict straight into the ASGI app; the client stays connected until ``hang_up`` is set."""
+    body = json.dumps({"text": text}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    status: list[int] = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await (hang_up or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    return status[0]
+
+
+def test_a_client_that_hangs_up_while_queued_is_never_computed():
+    predictor = GatedStagedPredictor()
+    app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=lambda: predictor)
+
+    async def main():
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+        ):
+            await _poll(client, "/ready", 200)
+            busy = asyncio.ensure_future(_asgi_predict(app, "keeps the model busy"))
+            while not predictor.running.is_set():
+                await asyncio.sleep(0.001)
+            hang_up = asyncio.Event()
+            gone = asyncio.ensure_future(_asgi_predict(app, "nobody waits for this", hang_up))
+            kept = asyncio.ensure_future(_asgi_predict(app, "still wanted"))
+            state = app.state.serve
+            while state.batcher.queue_depth < 2 or state.batcher._tokenizing:
+                await asyncio.sleep(0.001)
+            hang_up.set()  # the client disconnects while its request waits in the queue
+            while state.batcher.queue_depth > 1:  # its place in the queue is freed at once
+                await asyncio.sleep(0.001)
+            predictor.gate.set()
+            statuses = await asyncio.gather(busy, gone, kept)
+            metrics = (await client.get("/metrics")).text
+            return statuses, metrics
+
+    statuses, metrics = asyncio.run(main())
+    assert predictor.computed == ["keeps the model busy", "still wanted"]
+    assert statuses == [200, 499, 200]
+    assert "distrinews_requests_dropped_total 1.0" in metrics
+    assert 'route="/predict",status="499"' in metrics

@@ -1,4 +1,5 @@
-"""The micro-batcher on its own: coalescing, the wait window, the size cap, back-pressure, draining."""
+"""The micro-batcher on its own: coalescing, the wait window, the size and token caps, back-pressure, draining,
+the tokenizer thread, and requests withdrawn by clients that went away."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import asyncio
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from distrinews.serve.batcher import BatcherClosedError, MicroBatcher, QueueFullError
+from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD, BatcherClosedError, MicroBatcher, QueueFullError, plan_passes
 
 
 class GatedModel:
@@ -87,7 +90,8 @@ def test_batches_never_exceed_max_batch_size_and_whole_requests_stay_together():
         blocker = asyncio.ensure_future(batcher.submit(["x"]))
         await _until(model.started.is_set)
         futures = [asyncio.ensure_future(batcher.submit([f"{i}a", f"{i}b", f"{i}c"])) for i in range(3)]
-        futures.append(asyncio.ensure_future(batcher.submit(["big"] * 9)))  # bigger than a batch: alone
+        # Bigger than a batch: alone, as forward passes of at most 4 texts, results still in order.
+        futures.append(asyncio.ensure_future(batcher.submit([f"big{i}" for i in range(9)])))
         await _until(lambda: batcher.queue_depth == 18)
         model.gate.set()
         results = await asyncio.gather(blocker, *futures)
@@ -95,8 +99,8 @@ def test_batches_never_exceed_max_batch_size_and_whole_requests_stay_together():
         return model.batches, results
 
     batches, results = asyncio.run(main())
-    assert [len(b) for b in batches] == [1, 3, 3, 3, 9]
-    assert results[1] == ["0A", "0B", "0C"] and results[-1] == ["BIG"] * 9
+    assert [len(b) for b in batches] == [1, 3, 3, 3, 4, 4, 1]
+    assert results[1] == ["0A", "0B", "0C"] and results[-1] == [f"BIG{i}" for i in range(9)]
 
 
 def test_a_full_queue_rejects_instead_of_growing():
@@ -158,3 +162,194 @@ def test_a_failing_forward_pass_fails_its_requests_only():
         return ok
 
     assert asyncio.run(main()) == ["fine"]
+
+
+# ---------------------------------------------------------------------- token budget, tokenizer thread, gone clients
+class RecordingModel(GatedModel):
+    """GatedModel that also records the thread each forward ran on and what it was given."""
+
+    def __init__(self, open_gate: bool = True):
+        super().__init__(open_gate)
+        self.threads: list[str] = []
+
+    def __call__(self, items):
+        self.threads.append(threading.current_thread().name)
+        self.batches.append(list(items))
+        self.started.set()
+        assert self.gate.wait(10), "test gate never opened"
+        return [" ".join(item).upper() if isinstance(item, list) else item.upper() for item in items]
+
+
+def words(texts):
+    """A stand-in tokenizer: one token per word (len(item) = tokens)."""
+    return [t.split() for t in texts]
+
+
+def test_a_batch_closes_before_the_request_that_would_exceed_max_batch_tokens():
+    async def main():
+        model = RecordingModel(open_gate=False)
+        batcher = MicroBatcher(model, max_batch_size=32, max_wait_ms=50, encode=words, max_batch_tokens=12)
+        await batcher.start()
+        blocker = asyncio.ensure_future(batcher.submit(["x"]))
+        await _until(model.started.is_set)
+        # 2 + 2 + 3 tokens: padded 3 x 3 = 9 <= 12; the 4th (4 tokens) would make 4 x 4 = 16 > 12.
+        sizes = [2, 2, 3, 4, 1, 1]
+        futures = [asyncio.ensure_future(batcher.submit([" ".join(["w"] * k)])) for k in sizes]
+        await _until(lambda: batcher.queue_depth == len(sizes) and not batcher._tokenizing)
+        model.gate.set()
+        await asyncio.gather(blocker, *futures)
+        await batcher.close()
+        return model.batches
+
+    batches = asyncio.run(main())
+    assert [[len(item) for item in batch] for batch in batches] == [[1], [2, 2, 3], [4, 1, 1]]
+    for batch in batches:
+        assert max(len(item) for item in batch) * len(batch) <= 12
+
+
+def test_a_request_over_the_token_budget_runs_as_passes_within_it_and_answers_in_order():
+    async def main():
+        model = RecordingModel()
+        batcher = MicroBatcher(model, max_batch_size=32, max_wait_ms=0, encode=words, max_batch_tokens=10)
+        await batcher.start()
+        texts = [" ".join([f"t{i}"] * k) for i, k in enumerate([5, 1, 12, 2, 5, 3])]  # 12 tokens alone exceed 10
+        result = await batcher.submit(texts)
+        await batcher.close()
+        return texts, model.batches, result
+
+    texts, batches, result = asyncio.run(main())
+    assert result == [t.upper() for t in texts]
+    assert sorted(len(item) for batch in batches for item in batch) == [1, 2, 3, 5, 5, 12]
+    for batch in batches:
+        padded = max(len(item) for item in batch) * len(batch)
+        assert padded <= 10 or len(batch) == 1, [len(item) for item in batch]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 128), min_size=1, max_size=80),
+    max_texts=st.integers(1, 40),
+    max_tokens=st.integers(1, 4096),
+)
+def test_plan_passes_covers_every_text_once_within_both_limits(lengths, max_texts, max_tokens):
+    passes = plan_passes(lengths, max_texts, max_tokens)
+    assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
+    for p in passes:
+        assert len(p) <= max_texts
+        assert max(lengths[i] for i in p) * len(p) <= max_tokens or len(p) == 1
+
+
+def test_tokenization_runs_on_its_own_thread_and_the_forward_pass_gets_tokens():
+    encode_threads: list[str] = []
+
+    def encode(texts):
+        encode_threads.append(threading.current_thread().name)
+        return words(texts)
+
+    async def main():
+        model = RecordingModel()
+        batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=5, encode=encode)
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit([f"text number {i}"]) for i in range(10)))
+        await batcher.close()
+        return model, results
+
+    model, results = asyncio.run(main())
+    assert results == [[f"TEXT NUMBER {i}"] for i in range(10)]
+    assert encode_threads and all(name.startswith(TOKENIZER_THREAD) for name in encode_threads)
+    assert model.threads and all(name.startswith(FORWARD_THREAD) for name in model.threads)
+    assert all(isinstance(item, list) for batch in model.batches for item in batch), "forward must get encoded items, not texts"
+
+
+def test_the_next_batch_is_tokenized_while_the_model_runs():
+    encoded: list[str] = []
+
+    def encode(texts):
+        encoded.extend(texts)
+        return words(texts)
+
+    async def main():
+        model = RecordingModel(open_gate=False)
+        batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=5, encode=encode)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["running now"]))
+        await _until(model.started.is_set)
+        rest = [asyncio.ensure_future(batcher.submit([f"next {i}"])) for i in range(3)]
+        # The model is still blocked in the first pass, and the next batch's texts are already tokens.
+        await _until(lambda: len(encoded) == 4)
+        assert not model.gate.is_set() and len(model.batches) == 1
+        model.gate.set()
+        await asyncio.gather(first, *rest)
+        await batcher.close()
+        return model.batches
+
+    assert [[" ".join(i) for i in b] for b in asyncio.run(main())] == [["running now"], ["next 0", "next 1", "next 2"]]
+
+
+def test_a_withdrawn_request_is_never_computed():
+    dropped: list[int] = []
+
+    async def main():
+        model = RecordingModel(open_gate=False)
+        batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=5, encode=words, on_dropped=dropped.append)
+        await batcher.start()
+        blocker = asyncio.ensure_future(batcher.submit(["busy"]))
+        await _until(model.started.is_set)
+        kept = batcher.enqueue(["kept one"])
+        gone = batcher.enqueue(["client went away"])
+        also_kept = batcher.enqueue(["kept two"])
+        await _until(lambda: not batcher._tokenizing)
+        gone.cancel()  # what the app does when the HTTP client disconnects
+        model.gate.set()
+        results = await asyncio.gather(blocker, kept, also_kept)
+        await batcher.close()
+        return model.batches, results, batcher.queue_depth
+
+    batches, results, depth = asyncio.run(main())
+    seen = [" ".join(item) for batch in batches for item in batch]
+    assert "client went away" not in seen and seen == ["busy", "kept one", "kept two"]
+    assert results == [["BUSY"], ["KEPT ONE"], ["KEPT TWO"]]
+    assert sum(dropped) == 1 and depth == 0
+
+
+def test_a_request_withdrawn_while_it_is_tokenized_is_never_computed():
+    dropped: list[int] = []
+    tokenizer_gate = threading.Event()
+
+    def slow_encode(texts):
+        assert tokenizer_gate.wait(10)
+        return words(texts)
+
+    async def main():
+        model = RecordingModel()
+        batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=0, encode=slow_encode, on_dropped=dropped.append)
+        await batcher.start()
+        gone = batcher.enqueue(["never computed"])
+        gone.cancel()
+        tokenizer_gate.set()
+        after = await batcher.submit(["computed"])
+        await batcher.close()
+        return model.batches, after, batcher.queue_depth
+
+    batches, after, depth = asyncio.run(main())
+    assert [[" ".join(i) for i in b] for b in batches] == [["computed"]] and after == ["COMPUTED"]
+    assert sum(dropped) == 1 and depth == 0
+
+
+def test_an_encoder_that_fails_fails_its_request_only():
+    def encode(texts):
+        if "bad" in texts:
+            raise ValueError("cannot tokenize")
+        return words(texts)
+
+    async def main():
+        batcher = MicroBatcher(RecordingModel(), max_batch_size=8, max_wait_ms=0, encode=encode)
+        await batcher.start()
+        with pytest.raises(ValueError, match="cannot tokenize"):
+            await batcher.submit(["bad"])
+        ok = await batcher.submit(["good text"])
+        depth = batcher.queue_depth
+        await batcher.close()
+        return ok, depth
+
+    assert asyncio.run(main()) == (["GOOD TEXT"], 0)

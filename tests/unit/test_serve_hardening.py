@@ -10,6 +10,7 @@ class of bug found.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 import struct
@@ -191,7 +192,9 @@ async def _asgi_post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes
     sent: list[dict] = []
 
     async def receive():
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # a client that stays connected: no message until it hangs up
 
     async def send(message):
         sent.append(message)

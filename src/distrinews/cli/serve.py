@@ -14,8 +14,10 @@ import signal
 from pathlib import Path
 
 from ..config import ConfigError
+from ..serve.predictor import DEFAULT_RUNTIME, RUNTIMES
 
 DEFAULT_PORT = 7860
+DEFAULT_MAX_BATCH_TOKENS = 0
 
 
 def _env_port() -> int:
@@ -34,11 +36,21 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", default=None, help="best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a container)")
     p.add_argument("--port", type=int, default=None, help=f"port (default: $PORT, else {DEFAULT_PORT})")
-    p.add_argument("--runtime", choices=("torch", "onnx"), default="torch")
     p.add_argument(
-        "--onnx-model", default=None, help="ONNX file for --runtime onnx (default: CHECKPOINT/model.onnx, exported at start if missing)"
+        "--runtime",
+        choices=RUNTIMES,
+        default=DEFAULT_RUNTIME,
+        help=f"inference runtime (default: {DEFAULT_RUNTIME}; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, made at "
+        "start if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
     )
+    p.add_argument("--onnx-model", default=None, help="ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)")
     p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help="padded tokens per forward pass (the batch's longest text x its texts); 0: no limit",
+    )
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="longest a batch waits for more requests")
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting before new requests get 429")
     p.add_argument("--max-batch-texts", type=int, default=64, help="texts allowed in one /predict/batch request (413 above)")
@@ -62,13 +74,22 @@ def _validate(args: argparse.Namespace) -> None:
         args.port = _env_port()
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"port must be 0..65535, got {args.port}")
+    if args.max_batch_tokens < 0:
+        raise ConfigError(f"--max-batch-tokens must be >= 0 (0: no limit), got {args.max_batch_tokens}")
     for name in ("max_batch_size", "max_queue", "max_batch_texts", "max_text_chars", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
-    if args.onnx_model and args.runtime != "onnx":
-        raise ConfigError("--onnx-model needs --runtime onnx")
+    if args.onnx_model and not args.runtime.startswith("onnx"):
+        raise ConfigError("--onnx-model needs --runtime onnx or onnx-int8")
+    if args.runtime == "torch-bf16":
+        import torch
+
+        from ..serve.predictor import bf16_refusal
+
+        if (why := bf16_refusal("cuda" if torch.cuda.is_available() else "cpu")) is not None:
+            raise ConfigError(why)
     if args.onnx_model and not Path(args.onnx_model).is_file():
         raise FileNotFoundError(f"ONNX model {args.onnx_model} does not exist")
 
@@ -78,8 +99,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     no_extra_arguments("serve", extra)
     _validate(args)
-    if args.runtime == "onnx":
-        require_extra("onnxruntime", "onnx", "serve --runtime onnx")
+    if args.runtime.startswith("onnx"):
+        require_extra("onnxruntime", "onnx", f"serve --runtime {args.runtime}")
+        require_extra("onnx", "onnx", f"serve --runtime {args.runtime}")
     import uvicorn
 
     from ..serve.app import ServeConfig, config_summary, create_app
@@ -89,6 +111,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         runtime=args.runtime,
         onnx_model=args.onnx_model,
         max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens or None,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         max_batch_texts=args.max_batch_texts,

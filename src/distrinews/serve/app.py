@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
+from .batcher import BatcherClosedError, BatchStats, MicroBatcher, QueueFullError
+from .predictor import DEFAULT_RUNTIME
 
 log = logging.getLogger("distrinews.serve")
 
@@ -48,9 +49,10 @@ PUBLIC_PATHS = frozenset({"/", "/health", "/ready"})
 @dataclass
 class ServeConfig:
     checkpoint: str | None = None
-    runtime: str = "torch"
+    runtime: str = DEFAULT_RUNTIME
     onnx_model: str | None = None
     max_batch_size: int = 32  # texts per forward pass
+    max_batch_tokens: int | None = None  # padded tokens per forward pass (longest text x texts); None: no limit
     max_wait_ms: float = 5.0  # how long a batch may wait for company
     max_queue: int = 1024  # texts waiting before the server answers 429
     max_batch_texts: int = 64  # texts in one /predict/batch request (413 above)
@@ -198,7 +200,13 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.batch_size = Histogram(
-            "distrinews_batch_size", "texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
+            "distrinews_batch_size", "texts per forward job", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
+        )
+        self.batch_tokens = Histogram(
+            "distrinews_batch_padded_tokens",
+            "padded tokens per forward job (longest text x texts, summed over its passes)",
+            buckets=(16, 64, 256, 512, 1024, 2048, 4096, 8192),
+            registry=self.registry,
         )
         self.batch_requests = Histogram(
             "distrinews_batch_requests",
@@ -206,19 +214,42 @@ class ServeMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=self.registry,
         )
+        stage_buckets = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
         self.inference = Histogram(
             "distrinews_inference_duration_seconds",
-            "time of one batched forward pass (tokenize + model)",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            "time of one forward job on the forward thread (pad the batch, model, softmax)",
+            buckets=stage_buckets,
+            registry=self.registry,
+        )
+        self.tokenize = Histogram(
+            "distrinews_tokenize_duration_seconds",
+            "time to tokenize one request's texts on the tokenizer thread",
+            buckets=stage_buckets,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "distrinews_queue_duration_seconds",
+            "time a tokenized request waited for its forward pass",
+            buckets=stage_buckets,
+            registry=self.registry,
+        )
+        self.dropped = Counter(
+            "distrinews_requests_dropped",
+            "requests taken out of the queue uncomputed because their client went away",
             registry=self.registry,
         )
         self.queue_depth = Gauge("distrinews_queue_depth", "texts waiting for a forward pass", registry=self.registry)
         self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
 
-    def observe_batch(self, n_texts: int, n_requests: int, seconds: float) -> None:
-        self.batch_size.observe(n_texts)
-        self.batch_requests.observe(n_requests)
-        self.inference.observe(seconds)
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_size.observe(stats.texts)
+        self.batch_requests.observe(stats.requests)
+        self.batch_tokens.observe(stats.padded_tokens)
+        self.inference.observe(stats.forward_s)
+        for seconds in stats.queue_s:
+            self.queue_wait.observe(seconds)
+        for seconds in stats.tokenize_s:
+            self.tokenize.observe(seconds)
 
 
 # ---------------------------------------------------------------------- ASGI middleware
@@ -385,8 +416,18 @@ class ServingState:
             t0 = time.perf_counter()
             predictor = await asyncio.to_thread(self.load_predictor)
             await asyncio.to_thread(predictor.warmup)
+            # A predictor that tokenizes apart from its forward pass (ours) gets the tokenizer thread;
+            # one that only has predict(texts) (test doubles) gets the texts as they are.
+            staged = hasattr(predictor, "encode") and hasattr(predictor, "predict_encoded")
             batcher = MicroBatcher(
-                predictor.predict, config.max_batch_size, config.max_wait_ms, config.max_queue, on_batch=self.metrics.observe_batch
+                predictor.predict_encoded if staged else predictor.predict,
+                config.max_batch_size,
+                config.max_wait_ms,
+                config.max_queue,
+                on_batch=self.metrics.observe_batch,
+                encode=predictor.encode if staged else None,
+                max_batch_tokens=config.max_batch_tokens,
+                on_dropped=self.metrics.dropped.inc,
             )
             await batcher.start()
             self.predictor, self.batcher = predictor, batcher
@@ -412,14 +453,36 @@ class ServingState:
             raise ApiError(503, detail, {"Retry-After": "1"})
         return self.batcher
 
-    async def classify(self, texts: list[str]) -> list[dict[str, Any]]:
+    async def classify(self, texts: list[str], receive: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
+        """The texts' results from the micro-batcher. With the request's ASGI ``receive``, a client that
+        disconnects before its batch forms is taken out of the queue: its texts are never computed."""
         batcher = self.require_ready()
         try:
-            return await batcher.submit(texts)
+            future = batcher.enqueue(texts)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
         except BatcherClosedError as exc:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
+        if receive is None:
+            return await future
+        watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if watcher.done() and not watcher.cancelled() and watcher.result():
+                raise ApiError(499, "client closed the request before it was computed") from None
+            raise
+        finally:
+            watcher.cancel()
+
+
+async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.Future) -> bool:
+    """Wait for the client to disconnect (the body is already read); then withdraw its request."""
+    for _ in range(16):  # after the body a server sends nothing but the disconnect; never spin on a stray message
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return future.cancel()
+    return False
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
@@ -547,7 +610,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
     async def predict(request: Request):
         state.require_ready()
         body = await parse_body(request, PredictRequest)
-        (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)])
+        (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)], request.receive)
         return result
 
     @app.post(
@@ -563,7 +626,8 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
         if len(body.texts) > config.max_batch_texts:
             raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
-        return await state.classify([clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)])
+        texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
+        return await state.classify(texts, request.receive)
 
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits")
     async def info():
@@ -571,7 +635,12 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         return {
             **state.predictor.describe(),
             "version": __version__,
-            "batching": {"max_batch_size": config.max_batch_size, "max_wait_ms": config.max_wait_ms, "max_queue": config.max_queue},
+            "batching": {
+                "max_batch_size": config.max_batch_size,
+                "max_batch_tokens": config.max_batch_tokens,
+                "max_wait_ms": config.max_wait_ms,
+                "max_queue": config.max_queue,
+            },
             "limits": {
                 "max_batch_texts": config.max_batch_texts,
                 "max_text_chars": config.max_text_chars,

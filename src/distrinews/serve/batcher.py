@@ -1,18 +1,29 @@
 """Async micro-batcher: coalesce concurrent requests into one forward pass.
 
-Requests (each a list of texts) wait in a queue. One loop on the event loop takes a batch
-(up to ``max_batch_size`` texts, waiting at most ``max_wait_ms`` for more to arrive) and
-runs the prediction on a single worker thread, so the event loop keeps accepting and
-parsing requests while the model computes. While a forward pass runs, new requests pile
-up and form the next batch: under load, batches grow by themselves.
+A request (a list of texts) goes through two worker threads:
 
-The wait window opens only when there is evidence of concurrency (the last batch held
-more than one request, or this request arrived while the model was busy). A lone client
-therefore never pays ``max_wait_ms`` for company that is not coming, and a crowd always
-gets the full window to fill a batch.
+1. the **tokenizer thread** encodes its texts as soon as it arrives (``encode``), so its tokens,
+   and its length in tokens, are known while earlier batches still run;
+2. the **forward thread** runs one batch at a time (``forward``). When it frees, the next
+   batch is formed at once from the requests already tokenized: the model never waits for a
+   tokenizer, and the tokenizer never waits for the model.
 
-The queue is bounded: ``submit`` raises :class:`QueueFullError` (HTTP 429) instead of
-letting latency grow without limit.
+A batch takes whole requests in arrival order and closes before the request that would make it
+exceed ``max_batch_size`` texts or ``max_batch_tokens`` padded tokens (the batch's longest text
+times its number of texts, since a batch is padded to its longest; the rule of
+text-embeddings-inference's ``max_batch_tokens``). The first request is always taken; if it
+alone exceeds a limit, it is run as several forward passes, its texts sorted by length and cut
+into chunks that respect both limits (only a single text longer than the token budget makes a
+pass over it).
+
+The wait window opens only when there is evidence of concurrency (the last batch held more
+than one request, or this request arrived while the model was busy). A lone client therefore
+never pays ``max_wait_ms`` for company that is not coming, and a crowd gets the window to fill
+a batch.
+
+A request whose future is cancelled before its batch forms (its HTTP client went away) is
+dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
+raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
 """
 
 from __future__ import annotations
@@ -25,6 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tokens import padded_tokens
+
+TOKENIZER_THREAD = "distrinews-tokenize"
+FORWARD_THREAD = "distrinews-forward"
+
 
 class QueueFullError(RuntimeError):
     """The queue holds ``max_queue`` texts already: the caller should retry later (429)."""
@@ -34,52 +50,101 @@ class BatcherClosedError(RuntimeError):
     """The batcher is shutting down and takes no new work (503)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     texts: list[str]
     future: asyncio.Future
     enqueued: float
-    arrived_busy: bool = field(default=False)
+    arrived_busy: bool = False
+    stage: str = "tokenizing"  # -> "ready" -> "running"; or "dropped" (its client went away first)
+    items: list[Any] = field(default_factory=list)  # the encoded texts, once tokenized
+    longest: int = 0  # tokens in its longest text
+    tokenize_s: float = 0.0
+
+
+@dataclass
+class BatchStats:
+    """What one forward job did, for metrics (``on_batch``)."""
+
+    texts: int
+    requests: int
+    padded_tokens: int  # summed over the job's forward passes
+    passes: int
+    forward_s: float  # the forward thread's whole job: collate, model, softmax
+    queue_s: list[float]  # per request: tokenized and waiting for the model
+    tokenize_s: list[float]  # per request: on the tokenizer thread
+
+
+def plan_passes(lengths: Sequence[int], max_texts: int, max_tokens: int | None) -> list[list[int]]:
+    """Split one batch into forward passes that respect both limits: indices, shortest texts first.
+
+    A batch within the limits is one pass in its own order. Otherwise texts are sorted by length
+    (less padding) and cut greedily; a single text longer than ``max_tokens`` is a pass alone.
+    """
+    n = len(lengths)
+    if n <= max_texts and (max_tokens is None or padded_tokens(lengths) <= max_tokens):
+        return [list(range(n))]
+    passes: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(range(n), key=lambda i: lengths[i]):
+        # Sorted ascending: the newcomer is the longest, so the padded cost is its length x (count + 1).
+        if current and (len(current) >= max_texts or (max_tokens is not None and lengths[i] * (len(current) + 1) > max_tokens)):
+            passes.append(current)
+            current = []
+        current.append(i)
+    passes.append(current)
+    return passes
 
 
 class MicroBatcher:
-    """``await batcher.submit(texts)`` -> ``predict(texts)``'s results, computed in a shared batch.
+    """``await batcher.submit(texts)`` -> ``forward(encode(texts))``'s results, computed in a shared batch.
 
-    ``predict`` takes a list of texts and returns one result per text, in order; it runs on
-    the batcher's own thread. ``on_batch(n_texts, n_requests, seconds)`` is called on the
-    event loop after every forward pass (for metrics).
+    ``encode(texts)`` returns one item per text (``len(item)`` = its tokens) and runs on the
+    tokenizer thread; without it the items are the texts themselves (``len`` = characters).
+    ``forward(items)`` returns one result per item, in order, and runs on the forward thread.
+    ``on_batch(BatchStats)`` and ``on_dropped(requests)`` are called on the event loop.
     """
 
     def __init__(
         self,
-        predict: Callable[[list[str]], Sequence[Any]],
+        forward: Callable[[list[Any]], Sequence[Any]],
         max_batch_size: int = 32,
         max_wait_ms: float = 5.0,
         max_queue: int = 1024,
-        on_batch: Callable[[int, int, float], None] | None = None,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        *,
+        encode: Callable[[list[str]], Sequence[Any]] | None = None,
+        max_batch_tokens: int | None = None,
+        on_dropped: Callable[[int], None] | None = None,
     ):
-        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
-        self.predict = predict
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or (max_batch_tokens is not None and max_batch_tokens < 1):
+            raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
+        self.forward = forward
+        self.encode = encode
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.on_batch = on_batch
-        self._pending: deque[_Request] = deque()
-        self._queued_texts = 0
+        self.on_dropped = on_dropped
+        self._ready: deque[_Request] = deque()  # tokenized, in arrival order
+        self._tokenizing = 0  # requests on (or waiting for) the tokenizer thread
+        self._queued_texts = 0  # texts not yet handed to the forward thread
+        self._gone = 0  # cancelled requests possibly still in _ready
         self._busy = False
         self._last_batch_requests = 0
         self._closing = False
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        # One thread: PyTorch and ONNX Runtime already use every core inside one forward
-        # pass; two concurrent passes would only fight over them.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distrinews-forward")
+        self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENIZER_THREAD)
+        # One forward thread: PyTorch and ONNX Runtime already use every core inside one
+        # forward pass; two concurrent passes would only fight over them.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=FORWARD_THREAD)
 
     # ------------------------------------------------------------------ state
     @property
     def queue_depth(self) -> int:
-        """Texts waiting for a forward pass (not counting the one running)."""
+        """Texts waiting for a forward pass (being tokenized or tokenized; not the batch running)."""
         return self._queued_texts
 
     # ------------------------------------------------------------------ lifecycle
@@ -89,16 +154,22 @@ class MicroBatcher:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="distrinews-batcher")
 
     async def close(self) -> None:
-        """Take no new work, finish everything already queued, then stop the worker thread."""
+        """Take no new work, finish everything already queued, then stop the worker threads."""
         self._closing = True
         if self._wakeup is not None:
             self._wakeup.set()
         if self._task is not None:
             await self._task
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._tokenizer.shutdown)
+        await loop.run_in_executor(None, self._executor.shutdown)
 
     # ------------------------------------------------------------------ producer side
-    async def submit(self, texts: Sequence[str]) -> list[Any]:
+    def enqueue(self, texts: Sequence[str]) -> asyncio.Future:
+        """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
+
+        Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
+        """
         if self._closing or self._task is None:
             raise BatcherClosedError("the server is shutting down" if self._closing else "the batcher is not started")
         n = len(texts)
@@ -107,46 +178,146 @@ class MicroBatcher:
         if self._queued_texts and self._queued_texts + n > self.max_queue:
             raise QueueFullError(f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly")
         loop = asyncio.get_running_loop()
-        request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=self._busy or bool(self._pending))
-        self._pending.append(request)
+        busy = self._busy or bool(self._ready) or self._tokenizing > 0
+        request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy)
+        request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
-        assert self._wakeup is not None
-        self._wakeup.set()
-        return await request.future
+        if self.encode is None:
+            request.items = request.texts
+            request.longest = max((len(t) for t in request.texts), default=0)
+            request.stage = "ready"
+            self._ready.append(request)
+            self._wake()
+        else:
+            self._tokenizing += 1
+            job = loop.run_in_executor(self._tokenizer, self._encode_job, request.texts)
+            job.add_done_callback(lambda done: self._on_encoded(request, done))
+        return request.future
+
+    async def submit(self, texts: Sequence[str]) -> list[Any]:
+        return await self.enqueue(texts)
+
+    def _encode_job(self, texts: list[str]) -> tuple[list[Any], float]:
+        t0 = time.perf_counter()
+        assert self.encode is not None
+        items = list(self.encode(texts))
+        return items, time.perf_counter() - t0
+
+    def _on_encoded(self, request: _Request, job: asyncio.Future) -> None:
+        self._tokenizing -= 1
+        if request.stage == "dropped":  # the client went away while its texts were tokenized
+            pass
+        elif job.cancelled() or job.exception() is not None:
+            self._queued_texts -= len(request.texts)
+            request.future.set_exception(job.exception() or RuntimeError("tokenization was cancelled"))
+        else:
+            request.items, request.tokenize_s = job.result()
+            if len(request.items) != len(request.texts):
+                self._queued_texts -= len(request.texts)
+                request.future.set_exception(RuntimeError(f"encode returned {len(request.items)} items for {len(request.texts)} texts"))
+            else:
+                request.longest = max((len(item) for item in request.items), default=0)
+                request.stage = "ready"
+                self._ready.append(request)
+        self._wake()
+
+    def _on_done(self, request: _Request) -> None:
+        """A cancelled future before its batch ran: the request leaves the queue now (its place is free) and is never computed."""
+        if not request.future.cancelled() or request.stage not in ("tokenizing", "ready"):
+            return
+        if request.stage == "ready":
+            self._gone += 1  # still in _ready: _drop_gone takes it out before the next batch forms
+        request.stage = "dropped"
+        self._queued_texts -= len(request.texts)
+        if self.on_dropped is not None:
+            self.on_dropped(1)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     # ------------------------------------------------------------------ consumer side
     async def _wait_for_wakeup(self, timeout: float | None) -> bool:
         assert self._wakeup is not None
         self._wakeup.clear()
+        if timeout is None:
+            await self._wakeup.wait()
+            return True
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout)
             return True
         except asyncio.TimeoutError:
             return False
 
+    def _drop_gone(self) -> None:
+        """Take the requests whose client went away out of the queue: they are never computed."""
+        for request in self._ready:  # cancelled, but its done-callback has not run yet
+            if request.stage == "ready" and request.future.cancelled():
+                self._on_done(request)
+        if self._gone:
+            self._ready = deque(request for request in self._ready if request.stage != "dropped")
+            self._gone = 0
+
+    def _take(self) -> tuple[list[_Request], bool]:
+        """The next batch from the front of the queue, and whether it is full (the next request does not fit)."""
+        batch: list[_Request] = []
+        texts = longest = 0
+        for request in self._ready:
+            n = len(request.items)
+            if batch:
+                widest = max(longest, request.longest)
+                if texts + n > self.max_batch_size or (self.max_batch_tokens is not None and widest * (texts + n) > self.max_batch_tokens):
+                    return batch, True
+            batch.append(request)
+            texts += n
+            longest = max(longest, request.longest)
+        full = texts >= self.max_batch_size or (self.max_batch_tokens is not None and longest * texts >= self.max_batch_tokens)
+        return batch, full
+
     async def _next_batch(self) -> list[_Request] | None:
         loop = asyncio.get_running_loop()
-        while not self._pending:
-            if self._closing:
-                return None
-            await self._wait_for_wakeup(None)
-        first = self._pending[0]
-        window = self.max_wait if (self._last_batch_requests > 1 or first.arrived_busy) else 0.0
-        deadline = first.enqueued + window
-        while self._queued_texts < self.max_batch_size and not self._closing:
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await self._wait_for_wakeup(remaining):
-                break
-        # Take whole requests from the front while they fit; the first is always taken (a
-        # request bigger than a batch is split into chunks by the predictor itself).
-        batch = [self._pending.popleft()]
-        n = len(first.texts)
-        while self._pending and n + len(self._pending[0].texts) <= self.max_batch_size:
-            request = self._pending.popleft()
-            batch.append(request)
-            n += len(request.texts)
-        self._queued_texts -= n
-        return batch
+        while True:
+            self._drop_gone()
+            if not self._ready:
+                if self._closing and not self._tokenizing:
+                    return None
+                await self._wait_for_wakeup(None)
+                continue
+            first = self._ready[0]
+            window = self.max_wait if (self._last_batch_requests > 1 or first.arrived_busy) else 0.0
+            deadline = first.enqueued + window
+            while not self._closing and not self._take()[1]:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await self._wait_for_wakeup(remaining):
+                    break
+                self._drop_gone()
+                if not self._ready:
+                    break
+            self._drop_gone()  # the last look: a client that left during the window is not computed
+            if not self._ready:
+                continue
+            batch, _ = self._take()
+            for request in batch:
+                self._ready.popleft()
+                request.stage = "running"
+            self._queued_texts -= sum(len(r.texts) for r in batch)
+            return batch
+
+    def _forward_job(self, items: list[Any]) -> tuple[list[Any], int, int]:
+        """On the forward thread: the batch as one forward pass, or several if it exceeds a limit."""
+        passes = plan_passes([len(item) for item in items], self.max_batch_size, self.max_batch_tokens)
+        if len(passes) == 1:
+            results = list(self.forward(items))
+            return results, padded_tokens([len(item) for item in items]), 1
+        results: list[Any] = [None] * len(items)
+        tokens = 0
+        for indices in passes:
+            part = [items[i] for i in indices]
+            tokens += padded_tokens([len(item) for item in part])
+            for i, result in zip(indices, self.forward(part), strict=True):
+                results[i] = result
+        return results, tokens, len(passes)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -154,13 +325,16 @@ class MicroBatcher:
             batch = await self._next_batch()
             if batch is None:
                 return
-            texts = [t for request in batch for t in request.texts]
+            items = [item for request in batch for item in request.items]
             self._busy = True
             start = time.perf_counter()
+            now = loop.time()
+            queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
+            tokens = passes = 0
             try:
-                results = await loop.run_in_executor(self._executor, self.predict, texts)
-                if len(results) != len(texts):
-                    raise RuntimeError(f"predict returned {len(results)} results for {len(texts)} texts")
+                results, tokens, passes = await loop.run_in_executor(self._executor, self._forward_job, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"forward returned {len(results)} results for {len(items)} texts")
             except Exception as exc:  # the requests of this batch fail; the batcher lives on
                 for request in batch:
                     if not request.future.done():
@@ -168,12 +342,21 @@ class MicroBatcher:
             else:
                 offset = 0
                 for request in batch:
-                    part = list(results[offset : offset + len(request.texts)])
-                    offset += len(request.texts)
-                    if not request.future.done():  # the caller may have given up (cancelled)
+                    part = results[offset : offset + len(request.items)]
+                    offset += len(request.items)
+                    if not request.future.done():  # the caller may have given up meanwhile
                         request.future.set_result(part)
             finally:
                 self._busy = False
                 self._last_batch_requests = len(batch)
             if self.on_batch is not None:
-                self.on_batch(len(texts), len(batch), time.perf_counter() - start)
+                stats = BatchStats(
+                    texts=len(items),
+                    requests=len(batch),
+                    padded_tokens=tokens,
+                    passes=passes,
+                    forward_s=time.perf_counter() - start,
+                    queue_s=queue_s,
+                    tokenize_s=[request.tokenize_s for request in batch],
+                )
+                self.on_batch(stats)

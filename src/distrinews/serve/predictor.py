@@ -1,7 +1,21 @@
 """Batched inference over a checkpoint directory (or the seed's ``.pt`` file), with PyTorch or ONNX Runtime.
 
-Both runtimes share one interface (``predict``, ``logits``, ``labels``, ``info``, ``max_length``,
-``runtime``) and one output format, so the HTTP app and the CLI do not care which one runs.
+Every runtime shares one interface and one output format, so the HTTP app and the CLI do not
+care which one runs. A prediction is three steps, kept apart so the server can run them on
+different threads:
+
+- ``encode(texts)``: tokenization only (``tokens.TextEncoder``; no model, any thread);
+- ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);
+- ``format_batch(logits)``: softmax and named labels.
+
+``predict_encoded`` is the micro-batcher's forward job (collate + forward + format, one pass);
+``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
+
+Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only where the device
+computes bf16 in hardware, ``precision.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
+``onnx-int8`` (dynamic int8 quantization). The default is the one measured fastest on the
+serving benchmark while its test accuracy stays within 0.2 points of PyTorch fp32
+(benchmarks/serving.md). Importing this module imports neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -13,69 +27,116 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
-from ..checkpoint import load_for_inference
+from .tokens import MODEL_INPUTS, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("torch", "onnx")
-# The inputs a BERT-style encoder takes; anything else the tokenizer returns is dropped.
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RUNTIMES = ("torch", "torch-bf16", "onnx", "onnx-int8")
+DEFAULT_RUNTIME = "torch"
+__all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "make_predictor", "softmax"]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.asarray(logits, dtype=np.float64)
+    shifted = np.exp(shifted - shifted.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _labels_of(model_config: Any) -> list[str]:
+    return [model_config.id2label[i] for i in range(model_config.num_labels)]
 
 
 class Predictor:
-    """Tokenize with dynamic padding, one forward pass per batch, softmax, named labels."""
+    """PyTorch: tokenize, pad each batch to its own longest text, one forward pass per batch, softmax, named labels."""
 
     runtime = "torch"
 
-    def __init__(self, checkpoint: str | os.PathLike, device: str | torch.device | None = None, max_batch_size: int = 64):
+    def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
+        import torch
+
+        from ..checkpoint import load_for_inference
+
         self.checkpoint = Path(checkpoint)
         self.model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
-        self._init_common(self.model.config, max_batch_size)
+        self.autocast_dtype = torch.bfloat16 if bf16 else None
+        if bf16:
+            self.runtime = "torch-bf16"
+        self._init_common(_labels_of(self.model.config), max_batch_size, getattr(self.model.config, "name_or_path", None))
 
-    def _init_common(self, model_config, max_batch_size: int) -> None:
+    def _init_common(self, labels: list[str], max_batch_size: int, fallback_name: str | None = None) -> None:
         self.max_length = int(self.info.get("max_length", 128))
-        self.labels = [model_config.id2label[i] for i in range(model_config.num_labels)]
-        self.model_name = self.info.get("model_name") or getattr(model_config, "name_or_path", None) or str(self.checkpoint)
+        self.labels = labels
+        self.model_name = self.info.get("model_name") or fallback_name or str(self.checkpoint)
         self.max_batch_size = max_batch_size
+        self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
+
+    # ------------------------------------------------------------------ tokenization (no model)
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+        """Token ids per text, truncated to ``max_length``, not padded. Thread-safe; releases the GIL."""
+        return self.encoder.encode(texts)
 
     def tokenize(self, texts: Sequence[str], return_tensors: str) -> dict[str, Any]:
+        """The padded batch through ``transformers`` itself (the reference the encoder is checked against)."""
         enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=True, return_tensors=return_tensors)
         return {k: v for k, v in enc.items() if k in MODEL_INPUTS}
 
-    @torch.inference_mode()
-    def logits(self, texts: Sequence[str]) -> torch.Tensor:
-        enc = {k: v.to(self.device) for k, v in self.tokenize(texts, "pt").items()}
-        return self.model(**enc).logits.float().cpu()
+    # ------------------------------------------------------------------ the forward pass
+    def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """Padded int64 arrays (``TextEncoder.collate``) -> float32 logits, one forward pass."""
+        import contextlib
+
+        import torch
+
+        autocast = (
+            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            feed = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
+            return self.model(**feed).logits.float().cpu().numpy()
+
+    def predict_encoded(self, batch: Sequence[Encoded]) -> list[dict[str, Any]]:
+        """One forward pass over already-tokenized texts: the micro-batcher's job on its forward thread."""
+        return self.format_batch(self.forward(self.encoder.collate(batch)))
+
+    def logits(self, texts: Sequence[str]) -> np.ndarray:
+        return self.forward(self.encoder.collate(self.encode(texts)))
 
     def predict(self, texts: Sequence[str]) -> list[dict[str, Any]]:
-        """One result per text, in order. Texts are grouped by length so each batch pads little."""
+        """One result per text, in order. Texts are grouped by token length so each batch pads little."""
         if isinstance(texts, str):
             raise TypeError("predict() takes a list of texts")
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        results: list[dict[str, Any] | None] = [None] * len(texts)
+        encoded = self.encode(texts)
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        results: list[dict[str, Any] | None] = [None] * len(encoded)
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
-            probs = torch.softmax(self.logits([texts[i] for i in chunk]), dim=-1)
-            for i, p in zip(chunk, probs):
-                results[i] = self.format(p)
+            for i, result in zip(chunk, self.predict_encoded([encoded[i] for i in chunk])):
+                results[i] = result
         return results  # type: ignore[return-value]
 
-    def format(self, probs: torch.Tensor) -> dict[str, Any]:
-        label_id = int(probs.argmax())
+    # ------------------------------------------------------------------ output
+    def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
+        return [self.format(p) for p in softmax(logits).tolist()]
+
+    def format(self, probs: Sequence[float]) -> dict[str, Any]:
+        probs = [float(p) for p in probs]
+        label_id = max(range(len(probs)), key=probs.__getitem__)  # the first of equal maxima, like argmax
         return {
             "label": self.labels[label_id],
             "label_id": label_id,
-            "confidence": float(probs[label_id]),
-            "probabilities": {name: float(probs[i]) for i, name in enumerate(self.labels)},
+            "confidence": probs[label_id],
+            "probabilities": dict(zip(self.labels, probs)),
         }
 
     def warmup(self) -> None:
-        """One short and one padded batch, so the first real request does not pay for lazy initialisation."""
+        """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy initialisation."""
+        self.predict(["warm up"])
         self.predict(["warm up", "warm up the model with a slightly longer sentence"])
+        self.predict(["warm up with the longest text the model reads " * 40])
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /info`` reports about the model."""
@@ -93,10 +154,13 @@ class Predictor:
 
 
 class OnnxPredictor(Predictor):
-    """The same predictor on ONNX Runtime (CPU): ``DIR/model.onnx`` if present, else exported at start.
+    """The same predictor on ONNX Runtime (CPU).
 
-    ``onnx_model`` picks a file explicitly (e.g. the int8 model written by
-    ``distrinews export --format onnx --quantize int8``).
+    The graph is ``onnx_model`` if given, else ``DIR/model.onnx`` (``DIR/model.int8.onnx`` with
+    ``int8=True``); a missing default file is made at start in a temporary directory: exported
+    from the checkpoint, and for int8 quantized (dynamic, per-channel) from that export or from
+    ``DIR/model.onnx`` when it exists. ``distrinews export --format onnx [--quantize int8]``
+    writes the file beside the checkpoint once, so a server need not make it at every start.
     """
 
     runtime = "onnx"
@@ -107,25 +171,24 @@ class OnnxPredictor(Predictor):
         onnx_model: str | os.PathLike | None = None,
         max_batch_size: int = 64,
         threads: int | None = None,
+        int8: bool = False,
     ):
         import onnxruntime as ort
 
-        from .onnx_export import export_model, is_quantized
+        from ..checkpoint import load_for_inference
+        from .onnx_export import is_quantized
 
         self.checkpoint = Path(checkpoint)
         # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
         # weights are only kept long enough to export them when no ONNX file exists yet.
         model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
-        self._init_common(model.config, max_batch_size)
-        path = Path(onnx_model) if onnx_model else self.checkpoint / "model.onnx"
-        self._tmpdir = None
+        self._init_common(_labels_of(model.config), max_batch_size, getattr(model.config, "name_or_path", None))
+        path = Path(onnx_model) if onnx_model else self.checkpoint / ("model.int8.onnx" if int8 else "model.onnx")
         if onnx_model and not path.is_file():
             raise FileNotFoundError(f"ONNX model {path} does not exist")
+        self._tmpdir = None
         if not path.is_file():
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="distrinews-onnx-")
-            path = Path(self._tmpdir.name) / "model.onnx"
-            log.info("no ONNX model beside %s: exporting one to %s", self.checkpoint, path)
-            export_model(model, self.tokenizer, path)
+            path = self._make_onnx(model, int8)
         del model
         self.onnx_path = path
         options = ort.SessionOptions()
@@ -135,25 +198,68 @@ class OnnxPredictor(Predictor):
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         self._input_names = [i.name for i in self.session.get_inputs()]
         self.quantized = is_quantized(path)
+        if int8:
+            self.runtime = "onnx-int8"
+            if not self.quantized:
+                raise ValueError(f"--runtime onnx-int8: {path} is not a quantized model (make one with distrinews export --quantize int8)")
 
-    def logits(self, texts: Sequence[str]) -> torch.Tensor:
-        enc = self.tokenize(texts, "np")
-        feed = {name: enc[name].astype("int64") for name in self._input_names}
+    def _make_onnx(self, model: Any, int8: bool) -> Path:
+        from .onnx_export import export_model, quantize_int8
+
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="distrinews-onnx-")
+        tmp = Path(self._tmpdir.name)
+        fp32 = self.checkpoint / "model.onnx" if self.checkpoint.is_dir() else tmp / "missing"
+        if not fp32.is_file():
+            fp32 = tmp / "model.onnx"
+            log.info("no ONNX model beside %s: exporting one to %s", self.checkpoint, fp32)
+            export_model(model, self.tokenizer, fp32)
+        if not int8:
+            return fp32
+        log.info("quantizing %s to int8 in %s (distrinews export --quantize int8 writes it beside the checkpoint once)", fp32, tmp)
+        out = quantize_int8(fp32, tmp / "model.int8.onnx")
+        if fp32.parent == tmp:
+            fp32.unlink()
+        return out
+
+    def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {name: inputs[name] for name in self._input_names}
         (logits,) = self.session.run(["logits"], feed)
-        return torch.from_numpy(logits).float()
+        return np.asarray(logits, dtype=np.float32)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "onnx_model": str(self.onnx_path), "onnx_quantized": self.quantized}
 
 
+def bf16_refusal(device: str = "cpu") -> str | None:
+    """Why ``torch-bf16`` is refused on ``device`` (None where bf16 runs in hardware)."""
+    from ..precision import bf16_is_fast
+
+    if bf16_is_fast(device):
+        return None
+    return (
+        f"--runtime torch-bf16: this {device.upper()} has no bf16 matrix hardware (AVX512-BF16 or AMX), so every bf16 matmul "
+        "is emulated, about 100x slower than fp32; use --runtime onnx-int8, onnx or torch"
+    )
+
+
 def make_predictor(
-    checkpoint: str | os.PathLike, runtime: str = "torch", max_batch_size: int = 64, onnx_model: str | os.PathLike | None = None
+    checkpoint: str | os.PathLike,
+    runtime: str = DEFAULT_RUNTIME,
+    max_batch_size: int = 64,
+    onnx_model: str | os.PathLike | None = None,
 ) -> Predictor:
-    """The predictor for ``--runtime``: ``torch`` (default) or ``onnx``."""
+    """The predictor for ``--runtime``: ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if onnx_model and not runtime.startswith("onnx"):
+        raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
     if runtime == "torch":
-        if onnx_model:
-            raise ValueError("--onnx-model only applies to --runtime onnx")
         return Predictor(checkpoint, max_batch_size=max_batch_size)
-    if runtime == "onnx":
-        return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size)
-    raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if runtime == "torch-bf16":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if (why := bf16_refusal(device)) is not None:
+            raise ValueError(why)
+        return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
+    return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, int8=runtime == "onnx-int8")

@@ -1,0 +1,306 @@
+"""Where one request's time goes, stage by stage, through our server or the reference server (1 client).
+
+    python -m distrinews.bench.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] [-- SERVE ARGS]
+
+The server runs in a subprocess of this script (``serve`` mode below) with timers wrapped around
+the functions each stage calls; one closed-loop client sends ``--requests`` requests one at a
+time (after a warm-up) and times each; at SIGTERM the server writes its timers to a JSON file.
+Stages are means per request (they add up, medians do not); the client's p50 is given too.
+
+The timers find their functions by name and skip any that a version of the code does not have,
+so the same file measures an older checkout too: run it as a script with that checkout's
+``src`` first on ``PYTHONPATH`` (``python path/to/serving_stages.py ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+_TIMES: dict[str, list[float]] = defaultdict(list)
+
+
+# ---------------------------------------------------------------------- inside the server
+def _wrap(owner: Any, name: str, stage: str) -> None:
+    """Time every call of ``owner.name`` (sync or async) into ``stage``; skip it if it does not exist."""
+    import functools
+    import inspect
+
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def timed_async(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                _TIMES[stage].append(time.perf_counter() - t0)
+
+        setattr(owner, name, timed_async)
+    else:
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _TIMES[stage].append(time.perf_counter() - t0)
+
+        setattr(owner, name, timed)
+
+
+class _AppTimer:
+    """Outermost ASGI wrapper: from the app being called to the last byte of the response handed to uvicorn."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __getattr__(self, name):  # app.state etc.
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+
+        async def timed_send(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                _TIMES["app"].append(time.perf_counter() - t0)
+
+        await self.app(scope, receive, timed_send)
+
+
+def _install_ours() -> None:
+    import fastapi.routing
+    import starlette.responses
+
+    import distrinews.serve.app as app_module
+    import distrinews.serve.batcher as batcher_module
+    import distrinews.serve.predictor as predictor_module
+
+    _wrap(app_module, "parse_body", "parse_body")
+    _wrap(app_module, "clean_text", "clean_text")
+    _wrap(app_module.ServingState, "classify", "classify")
+    _wrap(fastapi.routing, "serialize_response", "serialize")
+    _wrap(starlette.responses.JSONResponse, "render", "render")
+    _wrap(batcher_module.MicroBatcher, "_forward_job", "forward_job")  # this branch: the forward thread's whole job
+    for cls in (predictor_module.Predictor, getattr(predictor_module, "OnnxPredictor", None)):
+        if cls is None:
+            continue
+        # Before: predict = tokenize (padded) + logits (tokenize + model) + softmax + format, on the forward thread.
+        for name, stage in (("predict", "predict"), ("tokenize", "tokenize"), ("logits", "logits")):
+            if name in vars(cls):
+                _wrap(cls, name, stage)
+        # After: encode on the tokenizer thread; predict_encoded = collate + forward + softmax/format on the forward thread.
+        for name, stage in (("encode", "encode"), ("predict_encoded", "predict_encoded"), ("forward", "model_forward")):
+            if name in vars(cls):
+                _wrap(cls, name, stage)
+    encoder_cls = getattr(predictor_module, "TextEncoder", None)
+    if encoder_cls is not None:
+        _wrap(encoder_cls, "collate", "collate")
+    original = app_module.create_app
+    app_module.create_app = lambda *a, **k: _AppTimer(original(*a, **k))
+
+
+def _install_reference() -> None:
+    import fastapi.routing
+    import starlette.responses
+    import torch
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    _wrap(fastapi.routing, "serialize_response", "serialize")
+    _wrap(starlette.responses.JSONResponse, "render", "render")
+    _wrap(PreTrainedTokenizerBase, "__call__", "tokenize")
+    depth = threading.local()
+    module_call = torch.nn.Module.__call__
+
+    def timed_call(self, *args, **kwargs):  # only the outermost module: the model's forward pass
+        level = getattr(depth, "level", 0)
+        depth.level = level + 1
+        t0 = time.perf_counter()
+        try:
+            return module_call(self, *args, **kwargs)
+        finally:
+            depth.level = level
+            if level == 0:
+                _TIMES["model_forward"].append(time.perf_counter() - t0)
+
+    torch.nn.Module.__call__ = timed_call
+
+
+def _serve(argv: list[str]) -> int:
+    kind, out, rest = argv[0], argv[1], argv[2:]
+    atexit.register(lambda: Path(out).write_text(json.dumps(_TIMES)))
+    if kind == "ours":
+        _install_ours()
+        from distrinews.cli import main
+
+        return main(["serve", *rest])
+    _install_reference()
+    import uvicorn
+
+    from distrinews.bench.serving import naive_app
+
+    args = dict(zip(rest[::2], rest[1::2]))
+    app = _AppTimer(naive_app(args["--checkpoint"]))
+    # uvicorn re-raises SIGTERM after its shutdown with the handler it found: make that one harmless.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    uvicorn.run(app, host="127.0.0.1", port=int(args["--port"]), log_level="warning", access_log=False)
+    return 0
+
+
+# ---------------------------------------------------------------------- the client side
+async def _one_client(port: int, bodies: list[bytes], warmup: int) -> list[float]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    latencies = []
+    try:
+        for i, body in enumerate(bodies):
+            head = f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            t0 = time.perf_counter()
+            writer.write(head.encode() + body)
+            await writer.drain()
+            header = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            if i >= warmup:
+                latencies.append(time.perf_counter() - t0)
+            assert header.startswith(b"HTTP/1.1 200"), header
+    finally:
+        writer.close()
+    return latencies
+
+
+def _wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                if r.status == 200 and json.loads(r.read()).get("model_loaded", True):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit("server not ready")
+
+
+def _derive(times: dict[str, list[float]], client: list[float], n: int) -> list[tuple[str, float]]:
+    """Mean milliseconds per request of each stage; nested stages are shown as their own share."""
+
+    def mean(stage: str) -> float:
+        values = times.get(stage, [])[-n:]
+        return 1000 * statistics.fmean(values) if values else 0.0
+
+    client_ms = 1000 * statistics.fmean(client)
+    rows = [("client round trip (mean)", client_ms), ("  outside the app: TCP, HTTP parsing, uvicorn", client_ms - mean("app"))]
+    if "classify" not in times:  # the reference server: one sync endpoint
+        inner = mean("tokenize") + mean("model_forward") + mean("serialize") + mean("render")
+        rows += [
+            ("  app: FastAPI routing, pydantic, thread-pool hop", mean("app") - inner),
+            ("  tokenize (padded to max_length)", mean("tokenize")),
+            ("  model forward", mean("model_forward")),
+            ("  JSON encoding", mean("serialize") + mean("render")),
+        ]
+        return rows
+    parse = mean("parse_body") + mean("clean_text")
+    encode = mean("encode")
+    job = mean("forward_job") or mean("predict") or mean("predict_encoded")
+    rows += [
+        ("  app: middleware, routing", mean("app") - parse - mean("classify") - mean("serialize") - mean("render")),
+        ("  body parse + validation", parse),
+        ("  batcher: queue, thread hops, futures", mean("classify") - encode - job),
+    ]
+    if "predict" in times:  # before: everything on the forward thread
+        tokenize = mean("tokenize")
+        rows += [
+            ("  tokenize (forward thread, padded)", tokenize),
+            ("  model forward", mean("logits") - tokenize),
+            ("  softmax + format (torch)", mean("predict") - mean("logits")),
+        ]
+    else:
+        rows += [
+            ("  tokenize (tokenizer thread)", encode),
+            ("  collate (pad to the batch's longest)", mean("collate")),
+            ("  model forward", mean("model_forward")),
+            ("  softmax + format", job - mean("collate") - mean("model_forward")),
+        ]
+    rows.append(("  JSON encoding", mean("serialize") + mean("render")))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--serve":
+        return _serve(argv[1:])
+    serve_args: list[str] = []
+    if "--" in argv:
+        serve_args = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.serving_stages")
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--server", choices=("ours", "reference"), default="ours")
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--texts", choices=("full", "headline"), default="full")
+    parser.add_argument("--data", default=os.environ.get("DISTRINEWS_DATA"))
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+
+    from distrinews.bench.serving import _load_texts
+    from distrinews.launch import free_port
+
+    full, headlines = _load_texts(args.data, args.requests + args.warmup)
+    texts = full if args.texts == "full" else headlines
+    bodies = [json.dumps({"text": t}).encode() for t in texts]
+    port = free_port()
+    out = Path(tempfile.mkdtemp(prefix="distrinews-stages-")) / "times.json"
+    if args.server == "ours":
+        cmd = [sys.executable, os.path.abspath(__file__), "--serve", "ours", str(out), "--checkpoint", args.checkpoint]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *serve_args]
+        ready = "/ready"
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__), "--serve", "reference", str(out), "--checkpoint", args.checkpoint]
+        cmd += ["--port", str(port)]
+        ready = "/health"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        _wait_ready(port, ready, proc)
+        client = asyncio.run(_one_client(port, bodies, args.warmup))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    times = json.loads(out.read_text())
+    rows = _derive(times, client, len(client))
+    p50 = 1000 * statistics.median(client)
+    print(f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms")
+    for name, ms in rows:
+        print(f"{name:<48} {ms:7.3f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"server": args.server, "serve_args": serve_args, "p50_ms": p50, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

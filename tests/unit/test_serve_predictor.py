@@ -1,0 +1,139 @@
+"""The predictor's stages with a real (tiny) model: tokenization apart from the forward pass, the runtimes, the default."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from distrinews.serve.app import ServeConfig, create_app
+from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
+from distrinews.serve.predictor import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
+from distrinews.serve.tokens import Encoded, TextEncoder
+
+
+@pytest.fixture(scope="module")
+def rows(agnews_dir):
+    from distrinews.data import load_split
+
+    return load_split(agnews_dir, "test").texts
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, rows, spread_checkpoint):
+    return spread_checkpoint(tmp_path_factory.mktemp("predictor") / "best", rows[:256])
+
+
+@pytest.mark.parametrize("max_length", [16, 128])
+def test_the_encoder_gives_transformers_token_ids_on_real_rows(rows, max_length):
+    from distrinews.model import build_tokenizer
+
+    tokenizer = build_tokenizer("minilm")
+    tokenizer(["x"], padding="max_length", max_length=64)  # a fixed padding left in the backend must not leak in
+    encoder = TextEncoder.from_transformers(tokenizer, max_length)
+    sample = [*rows[:: 7600 // 600], "x", " ".join(["very long"] * 200), "Ünïcödé — 東京 📰"]
+    for start in range(0, len(sample), 50):
+        chunk = sample[start : start + 50]
+        expected = tokenizer(chunk, truncation=True, max_length=max_length, padding=True, return_tensors="np")
+        got = encoder.collate(encoder.encode(chunk))
+        assert list(got) == ["input_ids", "attention_mask", "token_type_ids"]
+        for name, array in got.items():
+            assert array.dtype == np.int64
+            np.testing.assert_array_equal(array, expected[name])
+
+
+def test_left_padding_puts_the_pad_before_the_text():
+    from distrinews.model import build_tokenizer
+
+    tokenizer = build_tokenizer("minilm")
+    tokenizer.padding_side = "left"
+    encoder = TextEncoder.from_transformers(tokenizer, 32)
+    texts = ["one two three four", "one"]
+    expected = tokenizer(texts, truncation=True, max_length=32, padding=True, return_tensors="np")
+    got = encoder.collate(encoder.encode(texts))
+    for name in got:
+        np.testing.assert_array_equal(got[name], expected[name])
+
+
+def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_tokens(checkpoint, rows):
+    predictor = Predictor(checkpoint, device="cpu")
+    calls: list[tuple[str, str, type]] = []
+    encode, predict_encoded = predictor.encode, predictor.predict_encoded
+
+    def recording_encode(texts):
+        calls.append(("encode", threading.current_thread().name, type(texts[0])))
+        return encode(texts)
+
+    def recording_predict_encoded(batch):
+        calls.append(("forward", threading.current_thread().name, type(batch[0])))
+        return predict_encoded(batch)
+
+    predictor.encode, predictor.predict_encoded = recording_encode, recording_predict_encoded
+    texts = rows[:24]
+    expected = Predictor(checkpoint, device="cpu").predict(texts)
+    app = create_app(ServeConfig(checkpoint=str(checkpoint), api_key="", max_wait_ms=20), predictor_factory=lambda: predictor)
+
+    async def main():
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+        ):
+            while (await client.get("/ready")).status_code != 200:
+                await asyncio.sleep(0.01)
+            calls.clear()  # not the warm-up
+            singles = await asyncio.gather(*(client.post("/predict", json={"text": t}) for t in texts[:16]))
+            batch = await client.post("/predict/batch", json={"texts": texts[16:]})
+            return [r.json() for r in singles] + batch.json()
+
+    served = asyncio.run(main())
+    assert [s["label"] for s in served] == [e["label"] for e in expected]
+    for s, e in zip(served, expected):
+        assert s["probabilities"] == pytest.approx(e["probabilities"], abs=1e-4)
+    encodes = [c for c in calls if c[0] == "encode"]
+    forwards = [c for c in calls if c[0] == "forward"]
+    assert len(encodes) == 17 and forwards
+    assert all(name.startswith(TOKENIZER_THREAD) and kind is str for _, name, kind in encodes)
+    assert all(name.startswith(FORWARD_THREAD) and kind is Encoded for _, name, kind in forwards)
+
+
+def test_predict_sorts_by_length_and_answers_in_order(checkpoint, rows):
+    predictor = Predictor(checkpoint, device="cpu", max_batch_size=5)
+    texts = rows[:23]
+    one_by_one = [predictor.predict([t])[0] for t in texts]
+    together = predictor.predict(texts)
+    assert [r["label"] for r in together] == [r["label"] for r in one_by_one]
+    for a, b in zip(together, one_by_one):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-4)  # padding changes float rounding only
+        assert a["confidence"] == max(a["probabilities"].values())
+
+
+def test_torch_bf16_is_refused_where_bf16_is_emulated(checkpoint, monkeypatch):
+    import distrinews.precision
+
+    monkeypatch.setattr(distrinews.precision, "bf16_is_fast", lambda device: False)
+    with pytest.raises(ValueError, match="no bf16 matrix hardware"):
+        make_predictor(checkpoint, runtime="torch-bf16")
+
+
+def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
+    import distrinews.precision
+
+    monkeypatch.setattr(distrinews.precision, "bf16_is_fast", lambda device: True)
+    predictor = make_predictor(checkpoint, runtime="torch-bf16")
+    assert predictor.runtime == "torch-bf16" and predictor.describe()["runtime"] == "torch-bf16"
+    assert len(predictor.predict(rows[:3])) == 3
+
+
+def test_the_default_runtime_is_what_serve_help_shows_and_what_the_app_uses():
+    from distrinews.cli import build_parser
+
+    assert DEFAULT_RUNTIME in RUNTIMES
+    parser = build_parser()
+    args, _ = parser.parse_known_args(["serve"])
+    assert args.runtime == DEFAULT_RUNTIME
+    serve_parser = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" serve"))
+    assert f"(default: {DEFAULT_RUNTIME};" in " ".join(serve_parser.format_help().split())
+    assert ServeConfig().runtime == DEFAULT_RUNTIME
