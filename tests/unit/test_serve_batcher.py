@@ -185,26 +185,45 @@ def words(texts):
     return [t.split() for t in texts]
 
 
-def test_a_batch_closes_before_the_request_that_would_exceed_max_batch_tokens():
+def _run_queued(sizes: list[int], max_batch_size: int, max_batch_tokens: int) -> list[list[int]]:
+    """Queue one request per size (that many tokens) behind a blocked forward pass; the batches, as request indices."""
+
     async def main():
         model = RecordingModel(open_gate=False)
-        batcher = MicroBatcher(model, max_batch_size=32, max_wait_ms=50, encode=words, max_batch_tokens=12)
+        batcher = MicroBatcher(model, max_batch_size=max_batch_size, max_wait_ms=50, encode=words, max_batch_tokens=max_batch_tokens)
         await batcher.start()
-        blocker = asyncio.ensure_future(batcher.submit(["x"]))
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"]))
         await _until(model.started.is_set)
-        # 2 + 2 + 3 tokens: padded 3 x 3 = 9 <= 12; the 4th (4 tokens) would make 4 x 4 = 16 > 12.
-        sizes = [2, 2, 3, 4, 1, 1]
-        futures = [asyncio.ensure_future(batcher.submit([" ".join(["w"] * k)])) for k in sizes]
+        futures = [asyncio.ensure_future(batcher.submit([" ".join([f"r{i}"] * k)])) for i, k in enumerate(sizes)]
         await _until(lambda: batcher.queue_depth == len(sizes) and not batcher._tokenizing)
         model.gate.set()
         await asyncio.gather(blocker, *futures)
         await batcher.close()
-        return model.batches
+        return [[int(item[0][1:]) for item in batch] for batch in model.batches[1:]]
 
-    batches = asyncio.run(main())
-    assert [[len(item) for item in batch] for batch in batches] == [[1], [2, 2, 3], [4, 1, 1]]
+    return asyncio.run(main())
+
+
+def test_batches_stay_within_max_batch_tokens_and_group_similar_lengths():
+    sizes = [2, 2, 3, 4, 1, 1]
+    batches = _run_queued(sizes, max_batch_size=32, max_batch_tokens=12)
+    # FIFO cut by the budget would be [2, 2, 3] (9 padded tokens) + [4, 1, 1] (12): 21 tokens.
+    # Grouped around the oldest request: [2, 2, 1, 1] (8) + [3, 4] (8): 16 tokens.
+    assert [[sizes[i] for i in batch] for batch in batches] == [[2, 2, 1, 1], [3, 4]]
+    assert all(max(sizes[i] for i in b) * len(b) <= 12 for b in batches)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=24), max_batch_size=st.integers(1, 8), max_batch_tokens=st.integers(8, 96))
+def test_the_oldest_waiting_request_is_always_in_the_next_batch(sizes, max_batch_size, max_batch_tokens):
+    batches = _run_queued(sizes, max_batch_size, max_batch_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(len(sizes)))
+    done: set[int] = set()
     for batch in batches:
-        assert max(len(item) for item in batch) * len(batch) <= 12
+        assert min(set(range(len(sizes))) - done) in batch, "the oldest waiting request must go first"
+        padded = max(sizes[i] for i in batch) * len(batch)
+        assert len(batch) <= max_batch_size and (padded <= max_batch_tokens or len(batch) == 1)
+        done |= set(batch)
 
 
 def test_a_request_over_the_token_budget_runs_as_passes_within_it_and_answers_in_order():

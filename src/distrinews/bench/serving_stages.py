@@ -277,24 +277,26 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(tempfile.mkdtemp(prefix="distrinews-stages-")) / "times.json"
     if args.server == "ours":
         cmd = [sys.executable, os.path.abspath(__file__), "--serve", "ours", str(out), "--checkpoint", args.checkpoint]
-        cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *serve_args]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), *serve_args]  # the default command: access log and all
         ready = "/ready"
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--serve", "reference", str(out), "--checkpoint", args.checkpoint]
         cmd += ["--port", str(port)]
         ready = "/health"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen(cmd, env=env)
+    log = open(out.with_name("server.log"), "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_ready(port, ready, proc)
         client = asyncio.run(_one_client(port, bodies, args.warmup))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+        log.close()
     times = json.loads(out.read_text())
     rows = _derive(times, client, len(client))
     p50 = 1000 * statistics.median(client)
-    print(f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms")
+    print(f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms (server log {log.name})")
     for name, ms in rows:
         print(f"{name:<48} {ms:7.3f} ms")
     if args.json:

@@ -611,7 +611,9 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         state.require_ready()
         body = await parse_body(request, PredictRequest)
         (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)], request.receive)
-        return result
+        # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
+        # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
+        return JSONResponse(result)
 
     @app.post(
         "/predict/batch",
@@ -627,7 +629,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         if len(body.texts) > config.max_batch_texts:
             raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
-        return await state.classify(texts, request.receive)
+        return JSONResponse(await state.classify(texts, request.receive))
 
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits")
     async def info():
