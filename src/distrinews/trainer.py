@@ -28,6 +28,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
 from .distributed import DistEnv, all_reduce_max, broadcast_object, distributed_context, main_process_first
+from .dropout import use_fast_dropout
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
@@ -185,6 +186,8 @@ class Trainer:
         model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout)
         if config.freeze_word_embeddings:
             freeze_word_embeddings(model)
+        if config.fast_dropout and env.device.type == "cpu":
+            use_fast_dropout(model)
         if config.use_peft:
             model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         model = model.to(env.device)
