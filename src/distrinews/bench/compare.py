@@ -413,7 +413,8 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
         "settings": {
-            k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step")
+            k: getattr(a, k)
+            for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step", "ours_options", "bf16")
         },
     }
     if "compare" in what:
