@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .versioning import DEFAULT_MODEL_VERSION, is_version
+
 
 class ConfigError(ValueError):
     """A configuration value is unknown, ill-typed or out of range; the message names the field."""
@@ -36,6 +38,7 @@ class TrainConfig:
     max_length: int = 128
     group_by_length: bool = True
     dropout: float | None = None  # override the model's dropout (0.0 for exact-equivalence checks)
+    model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (versioning.py)
 
     # optimisation
     num_train_epochs: float = 1.0
@@ -111,6 +114,7 @@ class TrainConfig:
         need(self.eval_samples is None or self.eval_samples >= 1, "eval_samples", "must be >= 1 or null")
         need(self.dropout is None or 0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1) or null")
         need(bool(self.output_dir), "output_dir", "must not be empty")
+        need(is_version(self.model_version), "model_version", "must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
 
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict[str, Any]:
