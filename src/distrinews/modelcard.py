@@ -120,7 +120,10 @@ def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
     end = text.find("\n---\n", 3)
     if end < 0:
         raise ValueError("the YAML front matter is not closed by a '---' line")
-    meta = yaml.safe_load(text[4 : end + 1])
+    try:
+        meta = yaml.safe_load(text[4 : end + 1])
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the YAML front matter does not parse: {' '.join(str(exc).split())}") from None
     if not isinstance(meta, dict):
         raise ValueError("the YAML front matter is not a mapping")
     return meta, text[end + 5 :]
@@ -167,8 +170,9 @@ def training_command(info: dict[str, Any]) -> str | None:
     return " \\\n    ".join(parts)
 
 
-def body(info: dict[str, Any], load_path: str = "path/to/best") -> str:
-    """The card's Markdown after the front matter. ``load_path`` is what the loading examples load."""
+def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
+    """The card's Markdown after the front matter. ``load_path`` is what the loading examples load
+    (None: no loading section, for a folder that holds no transformers weights, like an ONNX Space)."""
     metrics = info.get("metrics") or {}
     base = base_model(info.get("model_name"))
     model_name = info.get("model_name") or "a transformer encoder"
@@ -206,24 +210,28 @@ def body(info: dict[str, Any], load_path: str = "path/to/best") -> str:
         lines += ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
         lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
         lines.append("")
-    lines += [
-        "## How to load",
-        "",
-        "```python",
-        "from transformers import pipeline",
-        "",
-        f'classifier = pipeline("text-classification", model="{load_path}")',
-        "classifier(\"Stocks rally as oil prices fall\")  # [{'label': ..., 'score': ...}]",
-        "```",
-        "",
-        "or with DistriNews:",
-        "",
-        "```bash",
-        f'distrinews predict --checkpoint {load_path} "Stocks rally as oil prices fall"',
-        f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
-        "```",
-        "",
-    ]
+    lines += (
+        []
+        if load_path is None
+        else [
+            "## How to load",
+            "",
+            "```python",
+            "from transformers import pipeline",
+            "",
+            f'classifier = pipeline("text-classification", model="{load_path}")',
+            "classifier(\"Stocks rally as oil prices fall\")  # [{'label': ..., 'score': ...}]",
+            "```",
+            "",
+            "or with DistriNews:",
+            "",
+            "```bash",
+            f'distrinews predict --checkpoint {load_path} "Stocks rally as oil prices fall"',
+            f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
+            "```",
+            "",
+        ]
+    )
     command = training_command(info)
     if command:
         lines += [
