@@ -11,6 +11,7 @@ configures the Space. ``bundle.export_space`` writes that folder from ``runs/X/b
     DIR/distrinews/        the serving modules of this package (``python -m distrinews.serve``)
     DIR/model/             the model files of the chosen runtime
     DIR/.gitattributes     large files through Git LFS, as the Hub wants them
+    DIR/.gitignore         a local torch wheel staged for a build (.whl/) stays out of the Space
 
 Runtimes: ``onnx-int8`` (default: the smallest), ``onnx`` (fp32) and ``torch``.
 """

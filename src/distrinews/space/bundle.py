@@ -34,6 +34,8 @@ ONNX_MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "s
 NOT_COPIED = (".onnx", ".pt", ".md")  # earlier exports and the model card (the Space README carries it)
 GITATTRIBUTES = "".join(f"*.{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in ("onnx", "safetensors", "bin", "pt"))
 DOCKERIGNORE = ".git\n**/__pycache__\n"
+# A local torch wheel (.whl/, staged by `make space-image-test`) is build input, never Space content.
+GITIGNORE = ".whl/\n__pycache__/\n"
 
 
 # ------------------------------------------------------------------ the code
@@ -176,6 +178,7 @@ def export_space(
         (staging / "README.md").write_text(readme.render(info, runtime, accuracy.note(runtime, check), repo_id))
         (staging / ".gitattributes").write_text(GITATTRIBUTES)
         (staging / ".dockerignore").write_text(DOCKERIGNORE)
+        (staging / ".gitignore").write_text(GITIGNORE)
         problems = checks.check_bundle(staging)
         if problems:  # a bug in this module, not the user's input: say exactly what
             raise RuntimeError("the Space bundle fails its own checks: " + "; ".join(problems))
