@@ -13,6 +13,8 @@ import io
 import math
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +173,20 @@ def _hub_offline() -> bool:
     return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def _hub_unreachable() -> str | None:
+    """Why the hub cannot be reached from here, when that is known at once (its host name does not
+    resolve), else None. Without this, ``datasets`` retries for ~25 s before failing the same way.
+    Behind a proxy the name may resolve only at the proxy, so nothing is probed there."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        return f"{host} does not resolve ({exc.strerror or exc})"
+    return None
+
+
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
@@ -188,6 +204,12 @@ def _load_from_hub(split: str) -> RawSplit:
         import datasets
     except ImportError:
         raise DataError(f"no data directory given, and the hub path needs the 'datasets' package (not installed); {GET_DATA}") from None
+    unreachable = None if _hub_offline() else _hub_unreachable()
+    if unreachable:
+        raise DataError(
+            f"no data directory given and the Hugging Face hub cannot be reached ({unreachable}; with HF_HUB_OFFLINE=1 a copy "
+            f"an earlier run downloaded is read from the cache); {GET_DATA}"
+        )
     try:
         ds = datasets.load_dataset(HUB_DATASET, split=split)
     except Exception as exc:  # network, offline mode, auth, a moved dataset: all leave the user the same two ways

@@ -7,6 +7,7 @@ them, ``label`` 0-3), or raises what ``datasets`` raises offline.
 
 from __future__ import annotations
 
+import socket
 import sys
 import types
 
@@ -115,9 +116,38 @@ def test_offline_without_data_says_both_ways(fake_hub, monkeypatch):
     assert "OfflineModeIsEnabled" in message
 
 
+def online(monkeypatch, resolves: bool = True) -> None:
+    """No offline switch, no proxy, and the hub's name resolving (or not)."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if not resolves:
+            raise socket.gaierror(-2, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_host_that_does_not_resolve_fails_at_once_without_the_retries(fake_hub, monkeypatch):
+    online(monkeypatch, resolves=False)
+    with pytest.raises(DataError) as caught:
+        load_split(None, "train")
+    _assert_names_both_ways(str(caught.value))
+    assert "huggingface.co does not resolve (Name or service not known" in str(caught.value)
+    assert "with HF_HUB_OFFLINE=1 a copy an earlier run downloaded is read from the cache" in str(caught.value)
+    assert fake_hub.calls == []  # the hub client, and its ~25 s of retries, never ran
+
+
+def test_behind_a_proxy_the_name_is_not_probed(fake_hub, monkeypatch):
+    online(monkeypatch, resolves=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    fake_hub.splits = {"test": hub_rows(ORIGINAL_ROWS)}
+    assert load_split(None, "test").labels == [2, 1, 3, 0]
+
+
 def test_unreachable_hub_without_data_says_both_ways(fake_hub, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    online(monkeypatch)
     fake_hub.error = ConnectionError("Couldn't reach 'fancyzhx/ag_news' on the Hub (LocalEntryNotFoundError)\nsecond line")
     with pytest.raises(DataError) as caught:
         load_split(None, "test")
