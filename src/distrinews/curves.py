@@ -145,6 +145,8 @@ PANELS = (
     ("Test set, each evaluation", "score", [("eval", "accuracy", "o-", "accuracy"), ("eval", "macro_f1", "s:", "macro-F1")]),
     ("Gradient norm (before clipping)", "L2 norm", [("train", "grad_norm", "-", "")]),
 )
+# Scores (0-1) shown over at least 2 points: one evaluation alone would otherwise fill the axis with 1e-4 of noise.
+MIN_SCORE_SPAN = 0.02
 
 
 def draw(runs: Sequence[RunLog]):
@@ -162,6 +164,11 @@ def draw(runs: Sequence[RunLog]):
                     continue
                 label = " ".join(part for part in ((run.name if len(runs) > 1 else ""), suffix) if part) or run.name
                 ax.plot(steps, values, style, color=color, label=label, markersize=4, linewidth=1.2)
+        if ylabel in ("accuracy", "score") and ax.lines:
+            low, high = ax.get_ylim()
+            if high - low < MIN_SCORE_SPAN:
+                middle = (low + high) / 2
+                ax.set_ylim(middle - MIN_SCORE_SPAN / 2, middle + MIN_SCORE_SPAN / 2)
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)

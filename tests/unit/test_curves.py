@@ -133,3 +133,10 @@ def test_report_without_matplotlib_prints_the_table_and_names_the_extra(tmp_path
     captured = capsys.readouterr()
     assert "80.00%" in captured.out
     assert "pip install 'distrinews[plot]'" in captured.err and not rd.curves.exists()
+
+
+def test_a_single_evaluation_is_not_drawn_on_a_noise_scale(tmp_path):
+    run = RunLog.load(fake_run(tmp_path / "run", accuracies=(0.9057,)).path)
+    evals = draw([run]).axes[4]
+    low, high = evals.get_ylim()
+    assert high - low >= curves.MIN_SCORE_SPAN - 1e-9 and low < 0.9053 and high > 0.9057
