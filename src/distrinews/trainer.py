@@ -26,6 +26,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
+from .curves import write_training_curves
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
 from .distributed import DistEnv, all_reduce_max, broadcast_object, distributed_context, main_process_first
 from .dropout import use_fast_dropout
@@ -543,6 +544,8 @@ class Trainer:
         if self.state.best_accuracy is not None:
             self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
         self.say(f"Checkpoint saved to: {self.run_dir.best}")
+        if self.env.is_main:
+            write_training_curves(self.run_dir, self.say)  # training_curves.png from the finished log
         return result
 
 
