@@ -29,7 +29,9 @@ def _watchdog(rank: int, timeout_s: float, failures: list[str]) -> Watchdog:
     env = DistEnv(rank=rank, local_rank=rank, world_size=2, local_world_size=2, device=torch.device("cpu"), backend="gloo")
     wd = Watchdog(env, timeout_s=timeout_s, progress=lambda: 7, interval_s=0.1)
     # a store client whose requests give up after half a second, as a loaded machine's would after 20 s
-    wd._connect = lambda: dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=0.5))
+    wd._connect = lambda: dist.TCPStore(
+        "127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=0.5)
+    )
     wd._fail = failures.append  # record instead of os._exit
     return wd
 
