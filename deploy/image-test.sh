@@ -1,9 +1,11 @@
 #!/bin/sh
 # Run the built image against a checkpoint and check it end to end (`make image-test`):
-# /health, /ready, /predict, a non-root server process, the HEALTHCHECK, a clean SIGTERM
-# stop. Prints the cold start (container start to the first /ready 200) and the image size.
+# /health, /ready, /predict, /predict/batch, a non-root server process, the HEALTHCHECK, a
+# clean SIGTERM stop. Prints the cold start (container start to the first /ready 200) and the
+# image size.
 #
 #   deploy/image-test.sh CHECKPOINT_DIR        # IMAGE=distrinews-serve ENGINE=... as for build-image.sh
+#   deploy/image-test.sh --model-in-image      # an image that holds its model (a Space bundle's)
 #
 # Needs curl and python3 on the host. The container serves on a free port of the host (so a
 # server already on 7860 does not matter) and is removed whatever happens.
@@ -13,12 +15,17 @@ cd "$(dirname "$0")/.."
 . deploy/container-engine.sh
 
 IMAGE=${IMAGE:-distrinews-serve}
-CHECKPOINT=${1:?usage: deploy/image-test.sh CHECKPOINT_DIR}
-[ -f "$CHECKPOINT/config.json" ] || { echo "image-test: $CHECKPOINT is not a servable checkpoint directory (no config.json)" >&2; exit 1; }
-CHECKPOINT=$(cd "$CHECKPOINT" && pwd)
-# The server runs as uid 10001: files the host keeps private are unreadable in the container.
-unreadable=$(find "$CHECKPOINT" -type f ! -perm -o+r | head -n 3)
-[ -z "$unreadable" ] || { echo "image-test: not readable by other users (the container's non-root server): $unreadable; chmod -R a+rX $CHECKPOINT" >&2; exit 1; }
+CHECKPOINT=${1:?usage: deploy/image-test.sh CHECKPOINT_DIR | --model-in-image}
+if [ "$CHECKPOINT" = --model-in-image ]; then
+    where="its own model"
+else
+    [ -f "$CHECKPOINT/config.json" ] || { echo "image-test: $CHECKPOINT is not a servable checkpoint directory (no config.json)" >&2; exit 1; }
+    CHECKPOINT=$(cd "$CHECKPOINT" && pwd)
+    # The server runs as uid 10001: files the host keeps private are unreadable in the container.
+    unreadable=$(find "$CHECKPOINT" -type f ! -perm -o+r | head -n 3)
+    [ -z "$unreadable" ] || { echo "image-test: not readable by other users (the container's non-root server): $unreadable; chmod -R a+rX $CHECKPOINT" >&2; exit 1; }
+    where="$CHECKPOINT mounted read-only at /models/best"
+fi
 READY_TIMEOUT=${READY_TIMEOUT:-300}
 
 NAME="distrinews-image-test-$$"
@@ -41,14 +48,15 @@ case "$ENGINE" in
     docker) publish="-p 127.0.0.1:$PORT:$PORT" ;;
 esac
 
-echo "image-test: $ENGINE run $IMAGE on port $PORT with $CHECKPOINT mounted read-only at /models/best"
+echo "image-test: $ENGINE run $IMAGE on port $PORT with $where"
 t0=$(now)
 # Podman without systemd logs "unable to get systemd connection to add healthchecks" here:
 # it cannot schedule the HEALTHCHECK on a timer, so it is run on demand below. Its stderr is
 # kept (also that of stop and rm, which say the same) and shown only if something fails.
+if [ "$CHECKPOINT" = --model-in-image ]; then set --; else set -- -v "$CHECKPOINT:/models/best:ro"; fi
 # shellcheck disable=SC2086
 $ENGINE_CMD run -d --name "$NAME" $ENGINE_RUN_FLAGS $publish \
-    -e PORT="$PORT" -v "$CHECKPOINT:/models/best:ro" "$IMAGE" >/dev/null 2>"$ERRLOG" \
+    -e PORT="$PORT" "$@" "$IMAGE" >/dev/null 2>"$ERRLOG" \
     || fail "$ENGINE run failed"
 
 # /ready: 503 while the model loads, 200 once it is loaded; a failed load shows in /health.
@@ -82,6 +90,16 @@ a = json.load(sys.stdin)
 assert a["label"] in ("World", "Sports", "Business", "Sci/Tech"), a
 assert abs(sum(a["probabilities"].values()) - 1) < 1e-3, a' || fail "/predict: $answer"
 echo "ok   /predict $answer"
+
+batch=$(curl -fsS -X POST "$URL/predict/batch" -H 'Content-Type: application/json' \
+    -d '{"texts": ["Stock market reaches all-time high", "Lakers win championship in overtime thriller"]}') \
+    || fail "/predict/batch did not answer 200"
+echo "$batch" | python3 -c '
+import json, sys
+b = json.load(sys.stdin)
+assert isinstance(b, list) and len(b) == 2, b
+assert all(set(r) == {"label", "label_id", "confidence", "probabilities"} for r in b), b' || fail "/predict/batch: $batch"
+echo "ok   /predict/batch $(echo "$batch" | python3 -c 'import json, sys; print([r["label"] for r in json.load(sys.stdin)])')"
 
 # Non-root: the image's USER and the uid of the server process (PID 1, exec-form CMD).
 user=$($ENGINE_CMD inspect --format '{{.Config.User}}' "$NAME")

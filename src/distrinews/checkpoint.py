@@ -32,6 +32,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
 from .model import LABELS, build_tokenizer, merged
+from .modelcard import write_model_card
+from .versioning import version_fields
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 SERVABLE_INFO = "distrinews.json"
@@ -365,7 +367,8 @@ def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn=print)
 def save_servable(
     directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer, info: dict[str, Any]
 ) -> Path:
-    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config).
+    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config,
+    model version and config hash) and ``README.md``, the model card.
 
     ``weights`` is the full state dict every rank gathered (``ParallelModel.full_state_dict``);
     ``model`` supplies the architecture's config and file layout.
@@ -375,16 +378,21 @@ def save_servable(
     tmp = _fresh_tmp(final)
     model.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
-    payload = {"label_names": list(LABELS), "package_version": __version__, **info}
+    payload = {"label_names": list(LABELS), "package_version": __version__, **version_fields(info), **info}
     (tmp / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
+    write_model_card(tmp, payload)  # README.md: the Hub's model card, from the same payload
     _publish_dir(tmp, final)
     return final
 
 
 # ------------------------------------------------------------------ the legacy single-file form
-def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir."""
+def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
+    """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir.
+
+    ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.
+    """
     model, tokenizer, info = load_for_inference(checkpoint)
+    versions = version_fields({**info, "model_version": model_version or info.get("model_version")})
     ckpt = Path(checkpoint)
     optimizer_state: dict[str, Any] = {}
     if (ckpt / "optimizer.pt").is_file():
@@ -403,6 +411,8 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
             "label_names": info.get("label_names", list(LABELS)),
             "hf_config": model.config.to_dict(),
             "tokenizer": tokenizer.name_or_path,
+            "model_version": versions["model_version"],
+            "config_hash": info.get("config_hash") or versions["config_hash"],
         },
     }
     out = Path(out)
@@ -467,6 +477,8 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
         "max_length": cfg.get("max_length", 128),
         "label_names": labels,
         "model_name": cfg.get("model_name"),
+        "model_version": cfg.get("model_version"),
+        "config_hash": cfg.get("config_hash"),
         "format": "pt",
     }
     return model, tokenizer, info

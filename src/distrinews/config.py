@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .versioning import DEFAULT_MODEL_VERSION, is_version
+
 
 class ConfigError(ValueError):
     """A configuration value is unknown, ill-typed or out of range; the message names the field."""
@@ -36,6 +38,14 @@ class TrainConfig:
     max_length: int = 128
     group_by_length: bool = True
     dropout: float | None = None  # override the model's dropout (0.0 for exact-equivalence checks)
+    # override the dropout on attention probabilities alone: 0 lets scaled_dot_product_attention run its fused
+    # kernel instead of softmax + dropout + matmul, and spares the step its largest random masks
+    attention_dropout: float | None = None
+    fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.dropout)
+    freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
+    pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
+    torch_compile: bool = False  # compile the model with torch.compile (inductor)
+    model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (versioning.py)
 
     # optimisation
     num_train_epochs: float = 1.0
@@ -126,7 +136,10 @@ class TrainConfig:
         need(self.train_samples is None or self.train_samples >= 4, "train_samples", "must be >= 4 or null")
         need(self.eval_samples is None or self.eval_samples >= 1, "eval_samples", "must be >= 1 or null")
         need(self.dropout is None or 0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1) or null")
+        need(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0, "attention_dropout", "must be in [0, 1) or null")
+        need(self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1, "pad_to_multiple_of", "must be >= 1 or null")
         need(bool(self.output_dir), "output_dir", "must not be empty")
+        need(is_version(self.model_version), "model_version", "must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
 
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import io
 import math
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,19 +161,77 @@ def load_split(data_dir: str | None, split: str) -> RawSplit:
     )
 
 
+# Both ways to get the data, for every message that has to say none was found.
+GET_DATA = (
+    f"get AG News either way: pass --data DIR (or set ${DATA_ENV}) to a directory holding train.csv[.gz] and test.csv[.gz] "
+    f"in the original layout (class 1-4, title, description; no header), or run where the Hugging Face hub is reachable, "
+    f"which downloads {HUB_DATASET} once and caches it (needs `pip install 'distrinews[hub]'`)"
+)
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _hub_unreachable() -> str | None:
+    """Why the hub cannot be reached from here, when that is known at once (its host name does not
+    resolve), else None. Without this, ``datasets`` retries for ~25 s before failing the same way.
+    Behind a proxy the name may resolve only at the proxy, so nothing is probed there."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        return f"{host} does not resolve ({exc.strerror or exc})"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
 def _load_from_hub(split: str) -> RawSplit:
-    hint = f"pass --data DIR or set ${DATA_ENV} to a local AG News directory"
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        raise DataError(f"no data directory given and the hub is offline (HF_HUB_OFFLINE=1): {hint}")
+    """``fancyzhx/ag_news`` through ``datasets`` (cached by it after the first download).
+
+    The hub's rows are the original CSV's, joined as ``title + " " + description`` with the
+    release's escapes still in them, so they are cleaned exactly like the local files: the same
+    article gives the same text (and the same token cache entry) either way. Offline
+    (``HF_HUB_OFFLINE=1``), ``datasets`` still reads a copy an earlier run cached.
+    """
     try:
         import datasets
     except ImportError:
-        raise DataError(f"no data directory given, and loading from the hub needs `pip install distrinews[hub]`: {hint}") from None
+        raise DataError(f"no data directory given, and the hub path needs the 'datasets' package (not installed); {GET_DATA}") from None
+    unreachable = None if _hub_offline() else _hub_unreachable()
+    if unreachable:
+        raise DataError(
+            f"no data directory given and the Hugging Face hub cannot be reached ({unreachable}; with HF_HUB_OFFLINE=1 a copy "
+            f"an earlier run downloaded is read from the cache); {GET_DATA}"
+        )
     try:
         ds = datasets.load_dataset(HUB_DATASET, split=split)
-    except Exception as exc:  # network, auth, missing dataset: all mean the same to the user
-        raise DataError(f"could not load {HUB_DATASET} from the hub ({exc}); {hint}") from None
-    return RawSplit([_SPACES.sub(" ", t).strip() for t in ds["text"]], list(ds["label"]), f"hub:{HUB_DATASET}/{split}")
+    except Exception as exc:  # network, offline mode, auth, a moved dataset: all leave the user the same two ways
+        why = "the hub is offline (HF_HUB_OFFLINE=1) and no copy is cached" if _hub_offline() else "could not download it"
+        raise DataError(f"no data directory given and {HUB_DATASET} is not available: {why} ({_first_line(exc)}); {GET_DATA}") from None
+    where = f"hub:{HUB_DATASET}/{split}"
+    missing = {"text", "label"} - set(ds.column_names)
+    if missing:
+        raise DataError(f"{where}: expected columns text and label, missing {sorted(missing)}")
+    texts: list[str] = []
+    labels: list[int] = []
+    for i, (raw_text, label) in enumerate(zip(ds["text"], ds["label"])):
+        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(LABELS):
+            raise DataError(f"{where} row {i}: label {label!r} is not an integer 0-{len(LABELS) - 1}")
+        text = clean_text(raw_text or "", "")
+        if not text:
+            raise DataError(f"{where} row {i}: empty text")
+        texts.append(text)
+        labels.append(label)
+    if not labels:
+        raise DataError(f"{where}: no rows")
+    return RawSplit(texts, labels, where)
 
 
 def stratified_sample(labels: Sequence[int], n: int | None, seed: int) -> list[int]:
@@ -268,13 +328,15 @@ def tokenize_cached(split: RawSplit, tokenizer, max_length: int, cache_dir: str 
 
 # ------------------------------------------------------------------ batching
 class Collator:
-    """Pad each batch to its own longest row (dynamic padding)."""
+    """Pad each batch to its own longest row (dynamic padding), rounded up to ``pad_to_multiple_of``."""
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
         self.pad_token_id = pad_token_id
+        self.multiple = pad_to_multiple_of or 1
 
     def __call__(self, batch: list[tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
         longest = max(ids.numel() for ids, _ in batch)
+        longest = -(-longest // self.multiple) * self.multiple
         input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
         for row, (ids, _) in enumerate(batch):

@@ -77,20 +77,37 @@ def tiny_config(dropout: float | None = None) -> BertConfig:
     )
 
 
-def build_model(name: str, dropout: float | None = None, seed: int = 42) -> torch.nn.Module:
+ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BERT's, DistilBERT's names
+
+
+def build_model(name: str, dropout: float | None = None, seed: int = 42, attention_dropout: float | None = None) -> torch.nn.Module:
     """A fresh classifier: pretrained encoder (or tiny random), new 4-way head, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.
     torch.manual_seed(seed)
     if name == TINY_RANDOM:
-        return AutoModelForSequenceClassification.from_config(tiny_config(dropout))
-    path = resolve_model_path(name)
-    config = AutoConfig.from_pretrained(path, num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
-    if dropout is not None:
-        for attr in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout", "seq_classif_dropout"):
+        config = tiny_config(dropout)
+    else:
+        path = resolve_model_path(name)
+        config = AutoConfig.from_pretrained(path, num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
+        if dropout is not None:
+            for attr in ("hidden_dropout_prob", *ATTENTION_DROPOUT, "dropout", "seq_classif_dropout"):
+                if hasattr(config, attr):
+                    setattr(config, attr, dropout)
+    if attention_dropout is not None:
+        for attr in ATTENTION_DROPOUT:
             if hasattr(config, attr):
-                setattr(config, attr, dropout)
+                setattr(config, attr, attention_dropout)
+    if name == TINY_RANDOM:
+        return AutoModelForSequenceClassification.from_config(config)
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
+
+
+def freeze_word_embeddings(model: torch.nn.Module) -> int:
+    """Stop training the vocabulary matrix; returns the number of parameters frozen."""
+    embeddings = model.get_input_embeddings()
+    embeddings.weight.requires_grad_(False)
+    return embeddings.weight.numel()
 
 
 def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str | None) -> torch.nn.Module:

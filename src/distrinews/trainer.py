@@ -26,12 +26,14 @@ from transformers import get_linear_schedule_with_warmup
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
+from .curves import write_training_curves
 from .data import Collator, TokenizedDataset, TrainSampler, load_split, stratified_sample, tokenize_cached
 from .distributed import DistEnv, all_reduce_max, broadcast_object, distributed_context, main_process_first
+from .dropout import use_fast_dropout
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
-from .model import add_lora, build_model, build_tokenizer, count_parameters, forward_loss, merged
+from .model import add_lora, build_model, build_tokenizer, count_parameters, forward_loss, freeze_word_embeddings, merged
 from .parallel import ParallelModel, wrap_model
 from .precision import Precision, check_precision_supported
 from .preemption import StopRequest
@@ -182,11 +184,17 @@ class Trainer:
         self.plan = StepPlan.of(config, len(self.sampler))
 
         self.precision = Precision.from_config(config, env.device)
-        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed)
+        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout)
+        if config.freeze_word_embeddings:
+            freeze_word_embeddings(model)
+        if config.fast_dropout and env.device.type == "cpu":
+            use_fast_dropout(model)
         if config.use_peft:
             model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         model = model.to(env.device)
         self.model: ParallelModel = wrap_model(model, config, env, param_dtype=self.precision.dtype)
+        if config.torch_compile:  # what forward and backward run through; checkpoints read the raw model
+            self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
         self.optimizer = build_optimizer(self.model.raw, config, env.device)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
         self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
@@ -292,7 +300,7 @@ class Trainer:
             self.data.train,
             batch_size=self.plan.micro_batch,
             sampler=self.sampler,
-            collate_fn=Collator(self.data.train.pad_token_id),
+            collate_fn=Collator(self.data.train.pad_token_id, self.config.pad_to_multiple_of),
             num_workers=self.config.dataloader_num_workers,
             pin_memory=self.env.device.type == "cuda",
             # Its own generator: an iterator draws a seed, which must not shift the global RNG
@@ -536,6 +544,8 @@ class Trainer:
         if self.state.best_accuracy is not None:
             self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
         self.say(f"Checkpoint saved to: {self.run_dir.best}")
+        if self.env.is_main:
+            write_training_curves(self.run_dir, self.say)  # training_curves.png from the finished log
         return result
 
 

@@ -39,6 +39,9 @@ class Watchdog:
         self.timeout_s = float(timeout_s)
         self.interval_s = interval_s or max(0.5, min(5.0, self.timeout_s / 6))
         self.progress = progress
+        # A store operation slower than this is retried at the next beat; only a store silent for
+        # ``timeout_s`` ends the run (a loaded machine can stall one request for many seconds).
+        self.store_timeout_s = max(10.0, self.interval_s * 4)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread()
@@ -66,7 +69,7 @@ class Watchdog:
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
             is_master=False,
-            timeout=datetime.timedelta(seconds=max(10.0, self.interval_s * 4)),
+            timeout=datetime.timedelta(seconds=self.store_timeout_s),
         )
 
     def _run(self) -> None:
@@ -82,18 +85,25 @@ class Watchdog:
     def _watch(self, store) -> None:
         beats = 0
         others = [r for r in range(self.env.world_size) if r != self.env.rank]
+        keys = {r: f"{self.prefix}{r}" for r in others}
         last_seen: dict[int, tuple[str | None, float]] = {r: (None, time.monotonic()) for r in others}
+        store_ok = time.monotonic()
         while not self._stop.wait(self.interval_s):
             beats += 1
             try:
                 store.set(f"{self.prefix}{self.env.rank}", json.dumps({"beat": beats, "step": self.progress()}))
-                values = store.multi_get([f"{self.prefix}{r}" for r in others]) if others else []
+                # ``get`` of a key a peer has not written yet would block until the store's timeout: a
+                # peer whose thread starts late (slow model load on a busy machine) is not a hang.
+                values = {r: store.get(k) for r, k in keys.items() if store.check([k])}
             except Exception as exc:  # the store's host (the launcher of the first node) is gone or stuck
-                self._fail(f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} stopped answering ({exc})")
-                return
-            now = time.monotonic()
+                if time.monotonic() - store_ok > self.timeout_s:
+                    self._fail(f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} stopped answering ({exc})")
+                    return
+                continue
+            now = store_ok = time.monotonic()
             silent = []
-            for r, raw in zip(others, values):
+            for r in others:
+                raw = values.get(r)
                 text = raw.decode() if raw else None
                 if text != last_seen[r][0]:
                     last_seen[r] = (text, now)

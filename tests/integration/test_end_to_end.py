@@ -64,6 +64,8 @@ def test_one_process_printed_logged_and_saved(trained_run):
     assert keys and max(keys.values()) == 1, "a log line was written twice"
     assert {k for k, _ in keys} >= {"train", "eval", "epoch", "summary"}
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+    assert out.count("Training curves: ") == 1 and (run / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run / "best" / "README.md").read_text().startswith("---\nlibrary_name: transformers\n")
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-8"]
     eval_rec = next(r for r in records if r["kind"] == "eval")
     assert eval_rec["samples"] == 256

@@ -77,3 +77,26 @@ def test_train_state_round_trip():
     fresh = TrainState()
     fresh.load_state_dict({**state.state_dict(), "an_older_field": 1})
     assert fresh == state
+
+
+def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
+    from distrinews.dropout import FastDropout, use_fast_dropout
+    from distrinews.model import build_model
+
+    torch.manual_seed(0)
+    drop = FastDropout(0.1).train()
+    x = torch.ones(400_000, requires_grad=True)
+    y = drop(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.003
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, kept), "backward passes gradient exactly where forward kept the input"
+    torch.manual_seed(1)
+    first = drop(torch.ones(1000))
+    torch.manual_seed(1)
+    assert torch.equal(drop(torch.ones(1000)), first), "the global generator decides the mask: runs repeat"
+    assert torch.equal(drop.eval()(x), x)
+    model = build_model("tiny-random", dropout=0.1)
+    assert use_fast_dropout(model) == 2 * 3 + 2  # per layer: attention probabilities, attention output, feed-forward; + 2
+    assert not any(type(m) is torch.nn.Dropout for m in model.modules())

@@ -137,3 +137,23 @@ def test_the_default_runtime_is_what_serve_help_shows_and_what_the_app_uses():
     serve_parser = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" serve"))
     assert f"(default: {DEFAULT_RUNTIME};" in " ".join(serve_parser.format_help().split())
     assert ServeConfig().runtime == DEFAULT_RUNTIME
+
+
+def test_both_entry_points_take_the_pipeline_options(tmp_path):
+    """serve/options.py is the one place for server options: distrinews serve and python -m distrinews.serve share it."""
+    import argparse
+
+    from distrinews.cli import build_parser
+    from distrinews.serve.options import ServeOptionError, add_arguments, validate
+
+    slim = argparse.ArgumentParser()
+    add_arguments(slim)
+    argv = ["--checkpoint", str(tmp_path), "--runtime", "onnx-int8", "--max-batch-tokens", "4096"]
+    for args in (slim.parse_args(argv), build_parser().parse_known_args(["serve", *argv])[0]):
+        validate(args)
+        assert (args.runtime, args.max_batch_tokens) == ("onnx-int8", 4096)
+    assert slim.parse_args(["--checkpoint", "x"]).max_batch_tokens == 0  # no limit
+    with pytest.raises(ServeOptionError, match="--max-batch-tokens must be >= 0"):
+        validate(slim.parse_args(["--checkpoint", str(tmp_path), "--max-batch-tokens", "-1"]))
+    with pytest.raises(ServeOptionError, match="--onnx-model needs --runtime onnx or onnx-int8"):
+        validate(slim.parse_args(["--checkpoint", str(tmp_path), "--runtime", "torch", "--onnx-model", "m.onnx"]))

@@ -193,18 +193,50 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- ablation
+# The knobs that are off in the reference loop's settings, and on, one by one, in ours.
+_REFERENCE = {"bf16": "false", "group_by_length": "false", "fast_dropout": "false"}
+_SPEED = ("fast_dropout", "attention_dropout", "freeze_word_embeddings", "torch_compile")
+
 ABLATION_STEPS = [
     # (label, scaling-worker flags, config overrides): cumulative, from the reference loop's settings to ours
     (
         "reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
         ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"],
-        ["--bf16", "false", "--group_by_length", "false"],
+        {**_REFERENCE},
     ),
-    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "false"]),
-    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "false", "--group_by_length", "true"]),
-    ("+ bf16 autocast (where the CPU has it)", ["--optimizer", "for-loop", "--host-sync"], ["--bf16", "auto", "--group_by_length", "true"]),
-    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], ["--bf16", "auto", "--group_by_length", "true"]),
-    ("+ no per-step host reads (= distrinews train)", ["--optimizer", "fused"], ["--bf16", "auto", "--group_by_length", "true"]),
+    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], {**_REFERENCE}),
+    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], {**_REFERENCE, "group_by_length": "true"}),
+    (
+        "+ bf16 autocast where the CPU computes it (auto)",
+        ["--optimizer", "for-loop", "--host-sync"],
+        {**_REFERENCE, "group_by_length": "true", "bf16": "auto"},
+    ),
+    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], {**_REFERENCE, "group_by_length": "true", "bf16": "auto"}),
+    ("+ no per-step host reads", ["--optimizer", "fused"], {**_REFERENCE, "group_by_length": "true", "bf16": "auto"}),
+    ("+ fast CPU dropout", ["--optimizer", "fused"], {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true"}),
+    (
+        "+ attention dropout 0 (fused attention kernel)",
+        ["--optimizer", "fused"],
+        {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true", "attention_dropout": "0"},
+    ),
+    (
+        "+ frozen word embeddings",
+        ["--optimizer", "fused"],
+        {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true", "attention_dropout": "0", "freeze_word_embeddings": "true"},
+    ),
+    (
+        "+ torch.compile (pad to a multiple of 16)",
+        ["--optimizer", "fused"],
+        {
+            "group_by_length": "true",
+            "bf16": "auto",
+            "fast_dropout": "true",
+            "attention_dropout": "0",
+            "freeze_word_embeddings": "true",
+            "torch_compile": "true",
+            "pad_to_multiple_of": "16",
+        },
+    ),
 ]
 
 
@@ -213,12 +245,14 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
     for label, flags, overrides in ABLATION_STEPS:
         parser = argparse.ArgumentParser()
         scaling.add_arguments(parser)
-        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", "1", "--no-sync-probe", "0", *flags])
+        # compiled points need warm-up steps for their first shapes; the others one
+        warmup = 8 if overrides.get("torch_compile") == "true" else 1
+        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", str(warmup), "--no-sync-probe", "0", *flags])
         args.cores_per_worker = threads_per_process(a.nproc)
         args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
         extra = [
             *ours_settings(a),
-            *overrides,
+            *[token for key, value in overrides.items() for token in (f"--{key}", value)],
             "--model_name_or_path",
             a.model,
             "--max_length",
@@ -344,6 +378,7 @@ def ours_settings(a: argparse.Namespace) -> list[str]:
         "true",
         "--seed",
         str(a.seed),
+        *a.ours_options.split(),
     ]
 
 
@@ -354,6 +389,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what", default="compare,ablation", help="compare, ablation, or both (comma-separated)")
     p.add_argument("--runs", default="ours,trainer,reference", help="which of ours,trainer,reference to compare")
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--ours-options", default="", help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'")
     p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
     p.add_argument("--ablation-steps", type=int, default=50)
     p.add_argument("--timeout", type=float, default=3600.0)
@@ -377,7 +413,8 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
         "settings": {
-            k: getattr(a, k) for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step")
+            k: getattr(a, k)
+            for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step", "ours_options", "bf16")
         },
     }
     if "compare" in what:

@@ -141,7 +141,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         collate = (
             PadToMaxLength(trainer.data.train.pad_token_id, config.max_length)
             if args.pad_to_max_length
-            else Collator(trainer.data.train.pad_token_id)
+            else Collator(trainer.data.train.pad_token_id, config.pad_to_multiple_of)
         )
 
         def batches():

@@ -19,12 +19,13 @@ from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..data import DataError
 from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
-from . import bench, doctor, evaluate, export, predict, serve, train
+from ..serve.options import ServeOptionError
+from . import bench, doctor, evaluate, export, predict, report, serve, train
 
 EXIT_USAGE = 2
-COMMANDS = (train, evaluate, predict, export, serve, bench, doctor)
+COMMANDS = (train, evaluate, predict, export, serve, report, bench, doctor)
 # Errors in what the user asked for: one line, exit 2, no traceback.
-USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, FileNotFoundError)
+USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,17 +1,34 @@
-"""``distrinews export``: the legacy single ``.pt`` file, or an ONNX model (optionally int8)."""
+"""``distrinews export``: the legacy single ``.pt`` file (named ``<model>_agnews_v<version>.pt``), an ONNX model
+(optionally int8), or a ready-to-push Hugging Face Docker Space (``--format space``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
+from pathlib import Path
+
+from ..config import ConfigError
+from ..versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
+
+SPACE_ONLY = ("runtime", "check_accuracy", "data", "push_to_hub", "private", "base_image")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write the legacy single .pt file or an ONNX model")
+    p = subparsers.add_parser("export", help="write the legacy .pt file, an ONNX model, or a Hugging Face Space folder")
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--format", choices=("pt", "onnx"), required=True)
-    p.add_argument("--output")
-    p.add_argument("--quantize", choices=("int8",), default=None)
+    p.add_argument("--format", choices=("pt", "onnx", "space"), required=True)
+    p.add_argument("--output", help="file (pt, onnx) or directory (space; default: RUN/space-RUNTIME beside the checkpoint)")
+    p.add_argument("--quantize", choices=("int8",), default=None, help="onnx: int8 dynamic quantization")
+    p.add_argument("--version", help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)")
+    space = p.add_argument_group("--format space")
+    space.add_argument("--runtime", choices=("onnx-int8", "onnx", "torch"), default=None, help="what the Space runs (default: onnx-int8)")
+    space.add_argument("--check-accuracy", action="store_true", help="onnx-int8: measure int8 against fp32 on the test split first")
+    space.add_argument("--data", help="AG News directory for --check-accuracy (default: $DISTRINEWS_DATA, else the HF hub)")
+    space.add_argument("--push-to-hub", metavar="REPO_ID", help="create the Docker Space OWNER/NAME if new and upload the folder")
+    space.add_argument("--private", action="store_true", help="with --push-to-hub: a private Space")
+    space.add_argument("--base-image", help="the Dockerfile's default BASE_IMAGE (default: python:3.X-slim of this Python)")
     p.set_defaults(func=run)
 
 
@@ -19,11 +36,21 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from . import no_extra_arguments, require_extra
 
     no_extra_arguments("export", extra)
+    if args.version is not None and not is_version(args.version):
+        raise ConfigError(f"--version {args.version!r}: must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
+    if args.format != "space":
+        given = [f"--{name.replace('_', '-')}" for name in SPACE_ONLY if getattr(args, name) not in (None, False)]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply to --format space")
+    if args.format == "space":
+        if args.quantize:
+            raise ConfigError("--quantize does not apply to --format space: choose --runtime onnx-int8")
+        return _space(args)
     if args.format == "pt":
         from ..checkpoint import export_legacy_pt
 
-        out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.pt")
-        print(f"wrote {export_legacy_pt(args.checkpoint, out)}")
+        out = args.output or os.path.join(args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version))
+        print(f"wrote {export_legacy_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
     require_extra("onnx", "onnx", "export --format onnx")
     require_extra("onnxruntime", "onnx", "export --format onnx")
@@ -33,3 +60,49 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.int8.onnx" if args.quantize else "model.onnx")
     print(f"wrote {export_onnx(args.checkpoint, out, quantize=args.quantize)}")
     return 0
+
+
+def _space(args: argparse.Namespace) -> int:
+    from ..space import DEFAULT_RUNTIME
+    from ..space.bundle import export_space
+    from . import require_extra
+
+    runtime = args.runtime or DEFAULT_RUNTIME
+    if runtime != "torch":
+        require_extra("onnx", "onnx", f"export --format space --runtime {runtime}")
+        require_extra("onnxruntime", "onnx", f"export --format space --runtime {runtime}")
+    if args.push_to_hub:
+        require_extra("huggingface_hub", "hub", "export --push-to-hub")
+    checkpoint = Path(args.checkpoint)
+    output = Path(args.output) if args.output else checkpoint.resolve().parent / f"space-{runtime}"
+    bundle = export_space(
+        checkpoint,
+        output,
+        runtime=runtime,
+        version=args.version,
+        check_accuracy=args.check_accuracy,
+        data_dir=args.data,
+        repo_id=args.push_to_hub,
+        base_image=args.base_image,
+    )
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file() and ".git" not in p.relative_to(bundle).parts)
+    print(f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)")
+    if args.push_to_hub:
+        from ..space.push import PushError, push_to_hub
+
+        info = json.loads((bundle / "model" / "distrinews.json").read_text())
+        message = f"DistriNews v{info['model_version']} ({runtime})"
+        try:
+            url = push_to_hub(bundle, args.push_to_hub, private=args.private, commit_message=message)
+        except PushError as exc:
+            print(f"distrinews: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"pushed to {url}")
+    return 0
+
+
+def _versioned_pt_name(checkpoint: str, version: str | None) -> str:
+    """``<model>_agnews_v<version>.pt``, from the checkpoint's ``distrinews.json`` when it has one."""
+    info_path = Path(checkpoint) / "distrinews.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    return artifact_name(info.get("model_name"), version or info.get("model_version") or DEFAULT_MODEL_VERSION)

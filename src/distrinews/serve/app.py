@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -371,12 +372,14 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     summarised by its type and first line, or by its type alone when it repeats torch's advice
     to retry with ``weights_only=False``. The full exception goes to the server log only.
     """
-    from ..checkpoint import CheckpointError
-
+    # A CheckpointError exists only if its module was imported; importing it here would pull in
+    # torch, which a slim ONNX Runtime server (the Space bundle) does not have.
+    checkpoint_module = sys.modules.get(f"{__package__.rsplit('.', 1)[0]}.checkpoint")
+    one_line_errors = (FileNotFoundError, *((checkpoint_module.CheckpointError,) if checkpoint_module else ()))
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
         return f"could not load the model from {checkpoint}: {type(exc).__name__} (refused; the server log has the details)"
-    if isinstance(exc, (CheckpointError, FileNotFoundError)):
+    if isinstance(exc, one_line_errors):
         return " ".join(text.split())
     first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
     return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")

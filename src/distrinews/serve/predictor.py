@@ -15,12 +15,20 @@ Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only 
 computes bf16 in hardware, ``precision.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
 ``onnx-int8`` (dynamic int8 quantization). The default is the one measured fastest on the
 serving benchmark while its test accuracy stays within 0.2 points of PyTorch fp32
-(benchmarks/serving.md). Importing this module imports neither torch nor transformers.
+(benchmarks/serving.md).
+
+Importing this module needs neither torch nor transformers. ONNX Runtime on a checkpoint
+directory that has its ONNX file, ``tokenizer.json`` and ``config.json`` needs only
+onnxruntime, tokenizers and numpy (the Space bundle's slim image, ``distrinews.space``);
+torch and transformers are imported where a runtime needs them: the PyTorch predictors, and
+the ONNX ones when they must export (or quantize) the model first or read a legacy ``.pt`` file.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import mmap
 import os
 import tempfile
 from collections.abc import Sequence
@@ -29,23 +37,22 @@ from typing import Any
 
 import numpy as np
 
-from .tokens import MODEL_INPUTS, Encoded, TextEncoder
+from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("torch", "torch-bf16", "onnx", "onnx-int8")
 DEFAULT_RUNTIME = "torch"
-__all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "make_predictor", "softmax"]
+__all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "is_quantized_file", "make_predictor", "softmax"]
+SERVABLE_INFO = "distrinews.json"  # the same name checkpoint.py writes (not imported: it needs torch)
+# Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
+QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.asarray(logits, dtype=np.float64)
     shifted = np.exp(shifted - shifted.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
-def _labels_of(model_config: Any) -> list[str]:
-    return [model_config.id2label[i] for i in range(model_config.num_labels)]
 
 
 class Predictor:
@@ -66,13 +73,13 @@ class Predictor:
         if bf16:
             self.runtime = "torch-bf16"
         self._init_common(_labels_of(self.model.config), max_batch_size, getattr(self.model.config, "name_or_path", None))
+        self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
     def _init_common(self, labels: list[str], max_batch_size: int, fallback_name: str | None = None) -> None:
         self.max_length = int(self.info.get("max_length", 128))
         self.labels = labels
         self.model_name = self.info.get("model_name") or fallback_name or str(self.checkpoint)
         self.max_batch_size = max_batch_size
-        self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
     # ------------------------------------------------------------------ tokenization (no model)
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
@@ -142,6 +149,8 @@ class Predictor:
         """What ``GET /info`` reports about the model."""
         return {
             "model_name": self.model_name,
+            "model_version": self.info.get("model_version"),
+            "config_hash": self.info.get("config_hash"),
             "checkpoint": str(self.checkpoint),
             "checkpoint_format": self.info.get("format"),
             "runtime": self.runtime,
@@ -153,6 +162,29 @@ class Predictor:
         }
 
 
+def _labels_of(model_config: Any) -> list[str]:
+    return [model_config.id2label[i] for i in range(model_config.num_labels)]
+
+
+def is_quantized_file(path: str | os.PathLike) -> bool:
+    """Whether an ONNX file holds quantized operators, without the ``onnx`` package (the slim image has none):
+    a protobuf stores each node's op type as plain bytes."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
+
+
+def _standalone_labels(directory: Path) -> list[str] | None:
+    """The labels of a Hugging Face folder that a slim server can run from alone (its tokenizer.json and
+    a config.json with id2label), else None."""
+    if not (directory.is_dir() and (directory / TOKENIZER_FILE).is_file() and (directory / "config.json").is_file()):
+        return None
+    config = json.loads((directory / "config.json").read_text())
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        return None  # e.g. a resumable step-N directory, whose config.json is the training config
+    return [id2label[key] for key in sorted(id2label, key=int)]
+
+
 class OnnxPredictor(Predictor):
     """The same predictor on ONNX Runtime (CPU).
 
@@ -161,6 +193,11 @@ class OnnxPredictor(Predictor):
     from the checkpoint, and for int8 quantized (dynamic, per-channel) from that export or from
     ``DIR/model.onnx`` when it exists. ``distrinews export --format onnx [--quantize int8]``
     writes the file beside the checkpoint once, so a server need not make it at every start.
+
+    With that ONNX file present and a checkpoint directory holding ``tokenizer.json`` and a
+    ``config.json`` with its labels, nothing but onnxruntime, tokenizers and numpy is imported
+    (``tokens.TextEncoder.from_tokenizer_json``); otherwise the checkpoint is loaded with
+    transformers (and exported, quantized, if needed).
     """
 
     runtime = "onnx"
@@ -175,21 +212,20 @@ class OnnxPredictor(Predictor):
     ):
         import onnxruntime as ort
 
-        from ..checkpoint import load_for_inference
-        from .onnx_export import is_quantized
-
         self.checkpoint = Path(checkpoint)
-        # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
-        # weights are only kept long enough to export them when no ONNX file exists yet.
-        model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
-        self._init_common(_labels_of(model.config), max_batch_size, getattr(model.config, "name_or_path", None))
         path = Path(onnx_model) if onnx_model else self.checkpoint / ("model.int8.onnx" if int8 else "model.onnx")
         if onnx_model and not path.is_file():
             raise FileNotFoundError(f"ONNX model {path} does not exist")
         self._tmpdir = None
-        if not path.is_file():
-            path = self._make_onnx(model, int8)
-        del model
+        labels = _standalone_labels(self.checkpoint) if path.is_file() else None
+        if labels is not None:
+            info_path = self.checkpoint / SERVABLE_INFO
+            self.info = {**(json.loads(info_path.read_text()) if info_path.is_file() else {}), "format": "pretrained"}
+            self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
+            self._init_common(labels, max_batch_size)
+            self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
+        else:
+            path = self._load_with_transformers(path, max_batch_size, int8)
         self.onnx_path = path
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -197,11 +233,25 @@ class OnnxPredictor(Predictor):
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         self._input_names = [i.name for i in self.session.get_inputs()]
-        self.quantized = is_quantized(path)
+        self.quantized = is_quantized_file(path)
         if int8:
             self.runtime = "onnx-int8"
             if not self.quantized:
                 raise ValueError(f"--runtime onnx-int8: {path} is not a quantized model (make one with distrinews export --quantize int8)")
+
+    def _load_with_transformers(self, path: Path, max_batch_size: int, int8: bool) -> Path:
+        """A legacy ``.pt`` file, a step-N directory, or no ONNX file yet: load (and export) with torch."""
+        from ..checkpoint import load_for_inference
+
+        # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
+        # weights are only kept long enough to export them when no ONNX file exists yet.
+        model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
+        self._init_common(_labels_of(model.config), max_batch_size, getattr(model.config, "name_or_path", None))
+        self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
+        if not path.is_file():
+            path = self._make_onnx(model, int8)
+        del model
+        return path
 
     def _make_onnx(self, model: Any, int8: bool) -> Path:
         from .onnx_export import export_model, quantize_int8

@@ -9,18 +9,32 @@ microseconds and runs on the forward thread just before the model.
 The ids are those of ``transformers``' fast tokenizer called as ``tokenizer(texts,
 truncation=True, max_length=N, padding=True)`` (a test checks all 7,600 test rows), computed by
 the Rust ``tokenizers`` library directly: the Python wrapper around it costs about as much as
-the tokenization itself, and the Rust call releases the GIL. Needs numpy and tokenizers only.
+the tokenization itself, and the Rust call releases the GIL. Needs numpy and tokenizers only:
+``TextEncoder.from_tokenizer_json`` builds one from a checkpoint's ``tokenizer.json`` without
+``transformers`` (the slim ONNX Runtime server), ``TextEncoder.from_transformers`` from a loaded
+fast tokenizer.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 # The inputs a BERT-style encoder takes; anything else the tokenizer returns is dropped.
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _token(value: object, default: str) -> str:
+    """A special token as ``tokenizer_config.json`` spells it: a string, or a serialized AddedToken."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else default
 
 
 class Encoded:
@@ -79,6 +93,31 @@ class TextEncoder:
             pad_type_id=getattr(tokenizer, "pad_token_type_id", 0) or 0,
             padding_side=tokenizer.padding_side,
             truncation_side=tokenizer.truncation_side,
+        )
+
+    @classmethod
+    def from_tokenizer_json(cls, directory: str | Path, max_length: int) -> TextEncoder:
+        """From a checkpoint directory's ``tokenizer.json`` (and ``tokenizer_config.json``: the padding token,
+        padding and truncation sides), through ``tokenizers`` alone. ``save_pretrained`` may have stored a
+        fixed padding and truncation in ``tokenizer.json``; both are replaced, as ``transformers`` does per call.
+        Every one of MODEL_INPUTS is made; the ONNX forward pass feeds those its graph takes."""
+        from tokenizers import Tokenizer
+
+        directory = Path(directory)
+        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+        config_path = directory / TOKENIZER_CONFIG
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        pad_token = _token(config.get("pad_token"), "[PAD]")
+        pad_id = tokenizer.token_to_id(pad_token)
+        if pad_id is None:
+            raise ValueError(f"{directory / TOKENIZER_FILE}: the padding token {pad_token!r} is not in the vocabulary")
+        return cls(
+            tokenizer,
+            max_length,
+            pad_id=pad_id,
+            pad_type_id=int(config.get("pad_token_type_id", 0)),
+            padding_side=config.get("padding_side", "right"),
+            truncation_side=config.get("truncation_side", "right"),
         )
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:

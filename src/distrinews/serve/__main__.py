@@ -1,0 +1,43 @@
+"""``python -m distrinews.serve``: the REST API without the training stack (the Space bundle's entry point).
+
+The same options, API and hardening as ``distrinews serve``, but this entry point imports
+only the serving modules: with ``--runtime onnx`` and a checkpoint directory holding its
+ONNX file and ``tokenizer.json``, neither torch nor transformers is imported, so it runs in
+an image with just onnxruntime, tokenizers, numpy, fastapi, uvicorn, pydantic and
+prometheus-client. With ``--runtime torch`` it loads the checkpoint with torch as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .options import ServeOptionError, add_arguments, validate
+from .server import run_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distrinews.serve", description="DistriNews REST API (AG News topic classifier)")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        validate(args)
+    except (ServeOptionError, FileNotFoundError) as exc:
+        return usage_error(exc)
+    if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
+        from ..checkpoint import CheckpointError, check_loadable
+
+        try:
+            check_loadable(args.checkpoint)
+        except CheckpointError as exc:
+            return usage_error(exc)
+    return run_server(args)
+
+
+def usage_error(exc: Exception) -> int:
+    print(f"distrinews: error: {exc}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

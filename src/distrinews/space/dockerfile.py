@@ -1,0 +1,222 @@
+"""The bundle's Dockerfile, and the invariants it must keep (read as text: no container engine needed).
+
+The image follows deploy/Dockerfile: ``ARG BASE_IMAGE`` (python:3.X-slim from a registry, or
+any Debian-like base with python3 and venv), a venv, CPU-only inference libraries, a non-root
+user, ``EXPOSE 7860``, a HEALTHCHECK on ``/health`` and an exec-form CMD so the server is PID 1
+and drains on SIGTERM. Differences: the model is copied into the image (a Space has nothing
+to mount), the user is uid 1000 (what Docker Spaces run as), and the server is the slim
+``python -m distrinews.serve``. Only the ``torch`` runtime installs torch: its ``+cpu`` build,
+from a wheel in ``.whl/`` of the build context when there is one, else the PyTorch CPU index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+
+from . import MODEL_DIR, MODEL_FILES, PORT
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+SPACE_UID = 1000  # Docker Spaces run the container as uid 1000 (huggingface.co/docs/hub/spaces-sdks-docker)
+
+# deploy/Dockerfile's: a request to /health from inside the container (the slim base has no curl).
+HEALTHCHECK_CMD = (
+    r"""python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"7860\")}/health', """
+    r"""timeout=4)" || exit 1"""
+)
+_PIP_CERT = "if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi"
+
+
+def default_base_image() -> str:
+    """python:3.X-slim for the Python this export runs on: the pins were resolved for it."""
+    return f"python:{sys.version_info.major}.{sys.version_info.minor}-slim"
+
+
+def server_command(runtime: str) -> list[str]:
+    """The CMD: paths are relative to the bundle (the image's WORKDIR /app), so it runs the same outside a container."""
+    command = ["python", "-m", "distrinews.serve", "--host", "0.0.0.0", "--checkpoint", MODEL_DIR]
+    if runtime in ("onnx", "onnx-int8"):
+        command += ["--runtime", "onnx", "--onnx-model", f"{MODEL_DIR}/{MODEL_FILES[runtime]}"]
+    return command
+
+
+def render(runtime: str, torch_version: str | None = None, base_image: str | None = None) -> str:
+    base_image = base_image or default_base_image()
+    lines = [
+        f"# DistriNews AG News classifier: a Hugging Face Docker Space (runtime {runtime}).",
+        "# Written by `distrinews export --format space`; the image design of DistriNews' deploy/Dockerfile:",
+        "# non-root, HEALTHCHECK on /health, port 7860, CPU-only inference libraries, the model inside.",
+        "#",
+        "#   docker build -t distrinews-space . && docker run --rm -p 7860:7860 distrinews-space",
+        "#",
+        "# BASE_IMAGE: any Debian-like image with python3 and its venv module, of the Python the",
+        "# requirements were pinned on. RUN --mount needs BuildKit (docker's default builder, the Hub's",
+        "# builder) or podman/buildah. Optional build secret pip_cert: a CA bundle pip should trust.",
+        f"ARG BASE_IMAGE={base_image}",
+        "FROM ${BASE_IMAGE}",
+        "",
+        "ENV PYTHONDONTWRITEBYTECODE=1 \\",
+        "    PYTHONUNBUFFERED=1 \\",
+        "    PIP_NO_CACHE_DIR=1 \\",
+        "    PIP_DISABLE_PIP_VERSION_CHECK=1 \\",
+        "    HF_HUB_OFFLINE=1 \\",
+        "    TOKENIZERS_PARALLELISM=false",
+        "",
+        "RUN python3 -m venv /opt/venv",
+        "ENV PATH=/opt/venv/bin:$PATH",
+        "",
+    ]
+    if runtime == "torch":
+        if not torch_version:
+            raise ValueError("the torch runtime needs the torch version to pin")
+        lines += [
+            f"ARG TORCH_VERSION={torch_version}",
+            f"ARG TORCH_INDEX_URL={CPU_INDEX}",
+            '# CPU-only PyTorch, its own layer: the "+cpu" local version exists only for CPU wheels, so',
+            "# neither source can resolve to a CUDA build. A wheel in .whl/ of the build context wins.",
+            "RUN --mount=type=bind,target=/context \\",
+            "    --mount=type=secret,id=pip_cert \\",
+            f"    {_PIP_CERT} \\",
+            ' && if ls /context/.whl/torch-"${TORCH_VERSION}"+cpu-*.whl >/dev/null 2>&1; then \\',
+            '        pip install --find-links /context/.whl "torch==${TORCH_VERSION}+cpu"; \\',
+            "    else \\",
+            '        pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu"; \\',
+            "    fi",
+            "",
+        ]
+    lines += [
+        "# The server's dependencies, pinned (no torch in this file: see above).",
+        "COPY requirements.txt /tmp/requirements.txt",
+        "RUN --mount=type=secret,id=pip_cert \\",
+        f"    {_PIP_CERT} \\",
+        " && pip install -r /tmp/requirements.txt",
+        "",
+        f"RUN useradd --create-home --uid {SPACE_UID} --shell /usr/sbin/nologin user",
+        "WORKDIR /app",
+        "COPY --chown=user:user distrinews /app/distrinews",
+        f"COPY --chown=user:user {MODEL_DIR} /app/{MODEL_DIR}",
+        "USER user",
+        "",
+        f"ENV PORT={PORT} \\",
+        "    HOME=/home/user",
+        f"EXPOSE {PORT}",
+        "",
+        "# Liveness from inside the container (the slim base has no curl).",
+        "HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \\",
+        "  CMD " + HEALTHCHECK_CMD,
+        "",
+        "# exec form: the server is PID 1 and receives SIGTERM itself (it drains, then exits 0).",
+        f"CMD {json.dumps(server_command(runtime))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ reading it back
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; comments dropped, backslash continuations joined."""
+    out, pending = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        if line.strip():
+            keyword, _, args = line.strip().partition(" ")
+            out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def _find(items: list[tuple[str, str]], keyword: str) -> list[tuple[int, str]]:
+    return [(i, args) for i, (k, args) in enumerate(items) if k == keyword]
+
+
+def cmd_argv(text: str) -> list[str] | None:
+    """The exec-form CMD as a list, or None when there is none or it is shell form."""
+    cmds = _find(instructions(text), "CMD")
+    if not cmds:
+        return None
+    try:
+        argv = json.loads(cmds[-1][1])
+    except ValueError:
+        return None
+    return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+
+
+def _pip_installs(items: list[tuple[str, str]]) -> list[list[str]]:
+    found = []
+    for _, args in _find(items, "RUN"):
+        body = re.sub(r"^(--\S+\s+)+", "", args)
+        for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", body):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
+            for i in range(len(words) - 1):
+                if words[i].endswith("pip") and words[i + 1] == "install":
+                    found.append(words[i + 1 :])
+    return found
+
+
+def problems(text: str, runtime: str) -> list[str]:
+    """What keeps this Dockerfile from being a safe, CPU-only, non-root Space image (empty when none)."""
+    items = instructions(text)
+    found: list[str] = []
+    froms = _find(items, "FROM")
+    args_before_from = {a.partition("=")[0] for i, a in _find(items, "ARG") if froms and i < froms[0][0]}
+    if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in args_before_from:
+        found.append("FROM must use ARG BASE_IMAGE (declared before it)")
+    cmds = _find(items, "CMD")
+    users = [a for i, a in _find(items, "USER") if cmds and i < cmds[-1][0]]
+    if not users:
+        found.append("no USER before CMD: the server would run as root")
+    elif users[-1].split(":")[0] in ("root", "0"):
+        found.append(f"the last USER before CMD is {users[-1]!r}: the server would run as root")
+    checks = _find(items, "HEALTHCHECK")
+    if not checks or "CMD" not in checks[-1][1].split() or not re.search(r"/health\b", checks[-1][1]):
+        found.append("no HEALTHCHECK whose CMD requests /health")
+    ports = [p.split("/")[0] for _, a in _find(items, "EXPOSE") for p in a.split()]
+    if str(PORT) not in ports:
+        found.append(f"EXPOSE {PORT} missing (exposed: {ports})")
+    argv = cmd_argv(text)
+    if argv is None:
+        found.append("CMD is missing or not exec form (a JSON array): the server would not be PID 1")
+    elif argv[1:3] != ["-m", "distrinews.serve"] or "0.0.0.0" not in argv:
+        found.append(f"CMD is {argv}, want python -m distrinews.serve --host 0.0.0.0 ...")
+    found += _torch_problems(items, runtime)
+    return found
+
+
+def _torch_problems(items: list[tuple[str, str]], runtime: str) -> list[str]:
+    """torch only for the torch runtime, and then only a pinned +cpu build from the CPU index or a local wheel dir."""
+    found = []
+    defaults = {name: value for _, a in _find(items, "ARG") for name, _, value in [a.partition("=")]}
+    torch_installs = 0
+    for words in _pip_installs(items):
+        if any(w.startswith("-r") or w == "--requirement" for w in words):
+            continue  # requirements.txt is checked on its own
+        specs = [w for w in words[1:] if not w.startswith("-") and re.match(r"torch\b", w)]
+        if not specs:
+            continue
+        torch_installs += 1
+        if runtime != "torch":
+            found.append(f"the {runtime} runtime must not install torch ({' '.join(words)})")
+            continue
+        for spec in specs:
+            if not re.fullmatch(r"torch==(\$\{TORCH_VERSION\}|[\d.]+)\+cpu", spec):
+                found.append(f"torch spec {spec!r} is not pinned to a +cpu build")
+        sources = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--index-url", "-i", "--find-links", "-f")}
+        sources = {defaults.get(s[2:-1], s) if s.startswith("${") else s for s in sources}
+        if not sources or not all(s == CPU_INDEX or s.startswith("/") for s in sources):
+            found.append(f"torch installed from {sorted(sources) or 'the default index'}, not the CPU index or a local wheel dir")
+        if "--extra-index-url" in words:
+            found.append("torch installed with --extra-index-url, which could reach a CUDA build")
+    if runtime == "torch" and torch_installs == 0:
+        found.append("the torch runtime's Dockerfile installs no torch")
+    return found
