@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
+from .errors import CheckpointError
 from .model import LABELS, build_tokenizer, merged
 from .modelcard import write_model_card
 from .versioning import version_fields
@@ -40,16 +41,6 @@ SERVABLE_INFO = "distrinews.json"
 
 
 # ------------------------------------------------------------------ errors
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded, as one line that names the file and says why.
-
-    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``
-    stops before running anything), damaged (a safetensors header that is invalid or truncated,
-    JSON that does not parse) or incomplete (missing weights or keys). The original exception
-    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
-    """
-
-
 def _first_line(exc: BaseException, limit: int = 200) -> str:
     text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its hints

@@ -18,12 +18,8 @@ from typing import Any
 
 import yaml
 
+from .errors import ConfigError
 from .versioning import DEFAULT_MODEL_VERSION, is_version
-
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, ill-typed or out of range; the message names the field."""
-
 
 STRATEGIES = ("ddp", "fsdp", "single")
 

@@ -23,15 +23,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset, DistributedSampler
 
+from .errors import DataError
 from .model import LABELS
 
 DATA_ENV = "DISTRINEWS_DATA"
 CACHE_ENV = "DISTRINEWS_CACHE"
 HUB_DATASET = "fancyzhx/ag_news"
-
-
-class DataError(ValueError):
-    """The data is missing or malformed; the message names the file (and line)."""
 
 
 @dataclass

@@ -325,32 +325,59 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
 
     world = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     start_ranks = world if args.start_ranks is None else args.start_ranks
+    port = _choose_port(args, rep)
+    if port is None:
+        return
+    procs, hung, states, tails = _run_ranks(args, world, start_ranks, port, rep)
+    results = [s["result"] for s in states.values() if s and "result" in s]
+    if len(results) == world:
+        _summarize(rep, sorted(results, key=lambda r: r["rank"]), world)
+        return
+    _diagnose(rep, args, world, port, procs, hung, states, tails)
+
+
+def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
+    """The rendezvous port: the one asked for if it can be bound (else None, with advice), or a free one."""
     host = args.host
-    if args.port:
-        port = args.port
-        free, why = port_free(host, port)
-        if not free:
-            owner = port_owner(port)
-            rep.fail(
-                f"port {port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
-                advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, port, args.timeout, []),
-            )
-            return
-        rep.ok(f"port {port} on {host} is free")
-    else:
+    if not args.port:
         from .launch import free_port
 
         port = free_port(host)
         rep.ok(f"free port found: {host}:{port}")
+        return port
+    free, why = port_free(host, args.port)
+    if not free:
+        owner = port_owner(args.port)
+        rep.fail(
+            f"port {args.port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
+            advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, args.port, args.timeout, []),
+        )
+        return None
+    rep.ok(f"port {args.port} on {host} is free")
+    return args.port
 
+
+def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report):
+    """Start ``start_ranks`` of ``world`` ranks, wait for them (stopping the ones that hang), read what each reported."""
     cores = threads_per_process(world)
     with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
         procs: dict[int, subprocess.Popen] = {}
         logs: dict[int, Any] = {}
+        command = [
+            sys.executable,
+            "-m",
+            "distrinews.doctor",
+            "--result-dir",
+            tmp,
+            "--timeout",
+            str(args.timeout),
+            "--bandwidth-bytes",
+            str(int(args.bandwidth_mb * 2**20)),
+        ]
         for rank in range(start_ranks):
             env = {
                 **os.environ,
-                "MASTER_ADDR": host,
+                "MASTER_ADDR": args.host,
                 "MASTER_PORT": str(port),
                 "RANK": str(rank),
                 "LOCAL_RANK": str(rank),
@@ -359,22 +386,7 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
                 "OMP_NUM_THREADS": str(cores),
             }
             logs[rank] = open(Path(tmp) / f"rank-{rank}.log", "w+")
-            procs[rank] = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distrinews.doctor",
-                    "--result-dir",
-                    tmp,
-                    "--timeout",
-                    str(args.timeout),
-                    "--bandwidth-bytes",
-                    str(int(args.bandwidth_mb * 2**20)),
-                ],
-                env=env,
-                stdout=logs[rank],
-                stderr=subprocess.STDOUT,
-            )
+            procs[rank] = subprocess.Popen(command, env=env, stdout=logs[rank], stderr=subprocess.STDOUT)
         rep.info(f"started {start_ranks} of {world} ranks (rendezvous timeout {args.timeout:g}s)")
         deadline = time.monotonic() + args.timeout + 60  # start-up + rendezvous + checks
         while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
@@ -397,11 +409,12 @@ def _parent(args: argparse.Namespace, rep: Report) -> None:
             log.seek(0)
             tails[rank] = log.read()[-1500:]
             log.close()
+    return procs, hung, states, tails
 
-    results = [s["result"] for s in states.values() if s and "result" in s]
-    if len(results) == world:
-        _summarize(rep, sorted(results, key=lambda r: r["rank"]), world)
-        return
+
+def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, procs, hung, states, tails) -> None:
+    """Name what went wrong with the ranks that did not all report a result, with advice for each."""
+    host = args.host
     not_started = [r for r in range(world) if r not in procs]
     crashed = [r for r in procs if r not in hung and (states[r] is None or ("error" not in states[r] and "result" not in states[r]))]
     errors = {r: s for r, s in states.items() if s and "error" in s}

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+from transformers.utils import logging as hf_logging
 
 from .config import ConfigError
 
@@ -24,6 +25,8 @@ LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 
 SHIPPED_MINILM = "minilm"
 TINY_RANDOM = "tiny-random"
+
+hf_logging.disable_progress_bar()  # every process that loads a model imports this module; our own bars are the only ones
 
 
 def shipped_minilm_path() -> Path:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -152,6 +151,21 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.d
     return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
 
 
+def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Hugging Face's ``get_linear_schedule_with_warmup``, the same multipliers step for step.
+
+    Written out because importing it from transformers pulls in its Trainer's utilities (and
+    peft where installed): seconds of start-up in every worker, for a two-line rule.
+    """
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
     """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
     window: list[dict[str, torch.Tensor]] = []
@@ -197,7 +211,7 @@ class Trainer:
             self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
         self.optimizer = build_optimizer(self.model.raw, config, env.device)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
+        self.scheduler = linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
         self.scaler = self.precision.grad_scaler()
 
         self.state = TrainState()

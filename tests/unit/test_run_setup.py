@@ -100,3 +100,22 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
     model = build_model("tiny-random", dropout=0.1)
     assert use_fast_dropout(model) == 2 * 3 + 2  # per layer: attention probabilities, attention output, feed-forward; + 2
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
+
+
+@pytest.mark.parametrize(("warmup", "total"), [(0, 10), (3, 10), (10, 10), (4, 1)])
+def test_the_learning_rate_schedule_is_hugging_faces_step_for_step(warmup, total):
+    from transformers import get_linear_schedule_with_warmup
+
+    from distrinews.trainer import linear_schedule_with_warmup
+
+    def lrs(make):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+        scheduler = make(optimizer, warmup, total)
+        out = []
+        for _ in range(total + 3):
+            out.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    assert lrs(linear_schedule_with_warmup) == lrs(get_linear_schedule_with_warmup)

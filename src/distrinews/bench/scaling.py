@@ -109,17 +109,15 @@ class PadToMaxLength:
 
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
-    """K timed training steps on this rank, each the trainer's own ``train_step``; rank 0 writes every rank's figures."""
+    """K timed training steps on this rank, each the trainer's own step; rank 0 writes every rank's figures."""
     cores = _pin(args.cores_per_worker)
     import torch
-    from torch.utils.data import DataLoader
 
     from ..config import load_config, parse_overrides
-    from ..data import Collator
     from ..distributed import all_gather_object, barrier, distributed_context
     from ..parallel import ddp_bucket_cap_mb
     from ..precision import check_precision_supported
-    from ..trainer import Trainer, optimizer_windows
+    from ..trainer import Trainer
 
     overrides = parse_overrides(extra)
     overrides["per_device_train_batch_size"] = args.per_worker_batch
@@ -131,81 +129,27 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     check_precision_supported(config)
     with distributed_context(threads=args.cores_per_worker) as env:
         trainer = Trainer(config, env)
-        device, B = env.device, config.per_device_train_batch_size
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
             trainer.optimizer = torch.optim.AdamW(
                 trainer.model.raw.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach"
             )
             trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
-        collate = (
-            PadToMaxLength(trainer.data.train.pad_token_id, config.max_length)
-            if args.pad_to_max_length
-            else Collator(trainer.data.train.pad_token_id, config.pad_to_multiple_of)
-        )
-
-        def batches():
-            for epoch in range(10**6):
-                trainer.sampler.set_epoch(epoch)
-                yield from DataLoader(
-                    trainer.data.train,
-                    batch_size=B,
-                    sampler=trainer.sampler,
-                    collate_fn=collate,
-                    num_workers=config.dataloader_num_workers,
-                    pin_memory=device.type == "cuda",
-                )
-
-        windows = optimizer_windows(batches(), config.gradient_accumulation_steps)
+        windows = _windows(trainer, args)
         torch.manual_seed(config.seed + env.rank)
         trainer.model.train()
-        phases = {k: [] for k in PHASES}
-        padded_tokens = 0
-
-        def one_step(timed: bool) -> None:
-            nonlocal padded_tokens
-            t0 = time.perf_counter()
-            window = next(windows)
-            t1 = time.perf_counter()
-            trainer.forward_backward(window)
-            sync()
-            t2 = time.perf_counter()
-            trainer.optimizer_step()
-            if args.host_sync:  # the reference loop's meter: loss and accuracy read back every step
-                trainer.window_counts.loss, trainer.window_counts.accuracy  # noqa: B018
-            sync()
-            t3 = time.perf_counter()
-            if timed:
-                for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2)):
-                    phases[name].append(dt)
-                padded_tokens += sum(b["input_ids"].numel() for b in window)
-
+        timer = _StepTimer(trainer, windows, args.host_sync)
         for _ in range(args.warmup):
-            one_step(timed=False)
-        trainer.window_counts = type(trainer.window_counts)(device)
+            timer.step(timed=False)
+        trainer.window_counts = type(trainer.window_counts)(env.device)
         barrier(env)
         started = time.perf_counter()
         for _ in range(args.steps):
-            one_step(timed=True)
+            timer.step(timed=True)
         barrier(env)
         elapsed = time.perf_counter() - started
         counts = type(trainer.window_counts)(values=trainer.window_counts.values.clone())  # the timed steps only
-
-        # The all-reduce backward could not hide: the same window's forward + backward without and with
-        # it (paired, because with length grouping consecutive batches differ a lot in length).
-        probe_local, probe_sync = [], []
-        if env.distributed and args.no_sync_probe > 0:
-            for _ in range(args.no_sync_probe):
-                window = next(windows)
-                for allreduce, times in ((False, probe_local), (True, probe_sync)):
-                    sync()
-                    t = time.perf_counter()
-                    trainer.forward_backward(window, sync=allreduce)
-                    sync()
-                    times.append(time.perf_counter() - t)
-                    trainer.optimizer.zero_grad(set_to_none=True)
-            barrier(env)
-
+        probe_local, probe_sync = _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
+        barrier(env)
         mine = {
             "rank": env.rank,
             "cores": cores,
@@ -214,15 +158,89 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
             "samples": counts.samples,
             "tokens": counts.tokens,
             "sum_sq_len": counts.squared_lengths,
-            "padded_tokens": padded_tokens,
-            "phases_ms": {k: 1000 * statistics.fmean(v) for k, v in phases.items()},
+            "padded_tokens": timer.padded_tokens,
+            "phases_ms": {k: 1000 * statistics.fmean(v) for k, v in timer.phases.items()},
             "fwd_bwd_no_sync_ms": 1000 * statistics.fmean(probe_local) if probe_local else None,
             "fwd_bwd_sync_ms": 1000 * statistics.fmean(probe_sync) if probe_sync else None,
         }
         ranks = all_gather_object(mine, env)
         if env.is_main:
-            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config, device)), indent=2))
+            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config, env.device)), indent=2))
     return 0
+
+
+def _windows(trainer, args: argparse.Namespace):
+    """Endless optimizer windows from the trainer's own data and sampler (optionally padded to max_length)."""
+    from torch.utils.data import DataLoader
+
+    from ..data import Collator
+    from ..trainer import optimizer_windows
+
+    config = trainer.config
+    pad = trainer.data.train.pad_token_id
+    collate = PadToMaxLength(pad, config.max_length) if args.pad_to_max_length else Collator(pad, config.pad_to_multiple_of)
+
+    def batches():
+        for epoch in range(10**6):
+            trainer.sampler.set_epoch(epoch)
+            yield from DataLoader(
+                trainer.data.train,
+                batch_size=config.per_device_train_batch_size,
+                sampler=trainer.sampler,
+                collate_fn=collate,
+                num_workers=config.dataloader_num_workers,
+                pin_memory=trainer.env.device.type == "cuda",
+            )
+
+    return optimizer_windows(batches(), config.gradient_accumulation_steps)
+
+
+class _StepTimer:
+    """The trainer's step with a clock around each phase: data, forward + backward, optimizer."""
+
+    def __init__(self, trainer, windows, host_sync: bool):
+        import torch
+
+        self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
+        self.sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+        self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
+        self.padded_tokens = 0
+
+    def step(self, timed: bool) -> None:
+        t0 = time.perf_counter()
+        window = next(self.windows)
+        t1 = time.perf_counter()
+        self.trainer.forward_backward(window)
+        self.sync()
+        t2 = time.perf_counter()
+        self.trainer.optimizer_step()
+        if self.host_sync:  # the reference loop's meter: loss and accuracy read back every step
+            self.trainer.window_counts.loss, self.trainer.window_counts.accuracy  # noqa: B018
+        self.sync()
+        t3 = time.perf_counter()
+        if timed:
+            for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2)):
+                self.phases[name].append(dt)
+            self.padded_tokens += sum(b["input_ids"].numel() for b in window)
+
+
+def _probe_exposed_allreduce(trainer, windows, probes: int) -> tuple[list[float], list[float]]:
+    """The all-reduce backward could not hide: the same window's forward + backward without and with it
+    (paired, because with length grouping consecutive batches differ a lot in length)."""
+    import torch
+
+    sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+    local, synced = [], []
+    for _ in range(probes):
+        window = next(windows)
+        for allreduce, times in ((False, local), (True, synced)):
+            sync()
+            t = time.perf_counter()
+            trainer.forward_backward(window, sync=allreduce)
+            sync()
+            times.append(time.perf_counter() - t)
+            trainer.optimizer.zero_grad(set_to_none=True)
+    return local, synced
 
 
 def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucket: float) -> dict[str, Any]:

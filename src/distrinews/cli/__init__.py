@@ -15,9 +15,7 @@ import argparse
 import os
 import sys
 
-from ..checkpoint import CheckpointError
-from ..config import ConfigError
-from ..data import DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..serve.options import ServeOptionError
 from . import bench, doctor, evaluate, export, predict, report, serve, train
@@ -43,9 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own bars are the only ones
     try:
         flags, rest = split_launch_flags(argv)
         args, extra = build_parser().parse_known_args(rest)

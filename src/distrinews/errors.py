@@ -1,0 +1,25 @@
+"""The errors a user can cause, each reported as one line and exit status 2, never a traceback.
+
+They live apart from the modules that raise them so that the command line (and the launcher
+process, which trains nothing) can catch them without importing torch or transformers.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, ill-typed or out of range; the message names the field."""
+
+
+class DataError(ValueError):
+    """The data is missing or malformed; the message names the file (and line)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded, as one line that names the file and says why.
+
+    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``
+    stops before running anything), damaged (a safetensors header that is invalid or truncated,
+    JSON that does not parse) or incomplete (missing weights or keys). The original exception
+    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
+    """
