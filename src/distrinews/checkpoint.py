@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
@@ -423,6 +422,8 @@ def _weights_file(directory: Path) -> Path:
 
 
 def _load_pretrained(path: Path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     with _loading(_weights_file(path)):
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     with _loading(path):
@@ -445,6 +446,8 @@ def _load_legacy_pt(path: Path):
 
 
 def _legacy_pt_model(path: Path, payload: dict[str, Any]):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
     cfg = payload["config"]
     hf_config = dict(cfg.get("hf_config") or {})
     if hf_config:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
-from transformers.utils import logging as hf_logging
 
 from .config import ConfigError
+
+if TYPE_CHECKING:  # transformers is imported where a model is built: the launcher never needs it
+    from transformers import BertConfig
 
 LABELS = ("World", "Sports", "Business", "Sci/Tech")
 ID2LABEL = {i: name for i, name in enumerate(LABELS)}
@@ -25,8 +27,6 @@ LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 
 SHIPPED_MINILM = "minilm"
 TINY_RANDOM = "tiny-random"
-
-hf_logging.disable_progress_bar()  # every process that loads a model imports this module; our own bars are the only ones
 
 
 def shipped_minilm_path() -> Path:
@@ -45,6 +45,8 @@ def resolve_model_path(name: str) -> str:
 
 
 def build_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
 
 
@@ -55,6 +57,8 @@ def check_model_available(name: str) -> None:
         return
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
         raise ConfigError(f"config field 'model_name_or_path': {name} does not exist (a local model directory was expected)")
+    from transformers import AutoConfig
+
     try:
         AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
@@ -64,6 +68,8 @@ def check_model_available(name: str) -> None:
 
 
 def tiny_config(dropout: float | None = None) -> BertConfig:
+    from transformers import BertConfig
+
     p = 0.1 if dropout is None else dropout
     return BertConfig(
         vocab_size=30522,
@@ -87,6 +93,8 @@ def build_model(name: str, dropout: float | None = None, seed: int = 42, attenti
     """A fresh classifier: pretrained encoder (or tiny random), new 4-way head, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
     torch.manual_seed(seed)
     if name == TINY_RANDOM:
         config = tiny_config(dropout)

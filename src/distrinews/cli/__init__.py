@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # ours are the only bars (transformers reads it at import)
     try:
         flags, rest = split_launch_flags(argv)
         args, extra = build_parser().parse_known_args(rest)
