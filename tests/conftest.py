@@ -93,6 +93,45 @@ def cli():
     return run
 
 
+# The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
+# A checkpoint every step, dropout on, evaluations mid-epoch and at each epoch end.
+THIRTY_STEPS = (
+    "--config",
+    str(ROOT / "configs" / "tiny.yaml"),
+    "--max_steps",
+    "30",
+    "--num_train_epochs",
+    "3",
+    "--dropout",
+    "0.1",
+    "--eval_samples",
+    "64",
+    "--save_steps",
+    "1",
+    "--eval_steps",
+    "5",
+    "--save_total_limit",
+    "null",
+    "--logging_steps",
+    "1",
+    "--report_to_tensorboard",
+    "false",
+    "--disable_tqdm",
+    "true",
+)
+
+
+@pytest.fixture(scope="session")
+def thirty_steps(tmp_path_factory, agnews_dir, cli):
+    """``(args, run)``: the train arguments of a 2-process, 30-step tiny run, and that run done without interruption.
+
+    The fault and resume tests stop copies of this run in every way they can and compare with it.
+    """
+    run = tmp_path_factory.mktemp("thirty-steps") / "run"
+    cli("train", *THIRTY_STEPS, "--output-dir", str(run), nproc=2)
+    return list(THIRTY_STEPS), run
+
+
 @pytest.fixture(scope="session")
 def spread_checkpoint():
     """``spread_checkpoint(path, calibration_texts)``: a servable tiny BERT whose predictions depend on the text.

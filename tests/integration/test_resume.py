@@ -12,38 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "configs"
-
-# The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
-KILL_RUN = [
-    "--config",
-    str(CONFIGS / "tiny.yaml"),
-    "--max_steps",
-    "30",
-    "--num_train_epochs",
-    "3",
-    "--dropout",
-    "0.1",
-    "--eval_samples",
-    "64",
-    "--save_steps",
-    "1",
-    "--eval_steps",
-    "5",
-    "--save_total_limit",
-    "null",
-    "--logging_steps",
-    "1",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
-]
 
 
 def _records(run: Path) -> list[dict]:
@@ -79,32 +51,31 @@ def _kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 300) -> N
         proc.wait()
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, agnews_dir):
-    run = tmp_path_factory.mktemp("full") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "distrinews", "train", *KILL_RUN, "--output-dir", str(run), "--nproc-per-node", "2"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run
+def _resumed_step(run: Path, killed_at: int) -> int:
+    """The step ``--resume auto`` will take: the newest checkpoint the kill left whole."""
+    steps = [int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*")]
+    assert max(steps) >= killed_at and 30 not in steps
+    return max(steps)
 
 
-@pytest.mark.parametrize("killed_at", [10, 13, 26])  # mid-epoch after an evaluation, and both epoch-boundary saves
-def test_resume_after_a_kill_equals_the_uninterrupted_run(uninterrupted, tmp_path, killed_at, cli):
+def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp_path, cli):
+    """Killed mid-epoch after an evaluation (10), then at both epoch-boundary saves (13, 26), each time
+    resumed with ``--resume auto`` by the next start: the end is the uninterrupted run's, bit for bit."""
+    args, uninterrupted = thirty_steps
     run = tmp_path / "run"
-    _kill_when(_start([*KILL_RUN, "--output-dir", str(run)]), run / "checkpoints" / f"step-{killed_at}")
-    assert not (run / "checkpoints" / "step-30").exists()
-    out = cli("train", *KILL_RUN, "--output-dir", str(run), "--resume", "auto", nproc=2).stdout
-    assert "Resumed from:" in out
+    _kill_when(_start([*args, "--output-dir", str(run)]), run / "checkpoints" / "step-10")
+    for killed_at, next_kill in ((10, 13), (13, 26), (26, None)):
+        resumed_from = _resumed_step(run, killed_at)
+        if next_kill is not None:
+            _kill_when(_start([*args, "--output-dir", str(run), "--resume", "auto"]), run / "checkpoints" / f"step-{next_kill}")
+            continue
+        out = cli("train", *args, "--output-dir", str(run), "--resume", "auto", nproc=2).stdout
+        assert "Resumed from:" in out and f"(step {resumed_from})" in out
 
     final_full = load_file(str(uninterrupted / "checkpoints" / "step-30" / "model.safetensors"))
     final_resumed = load_file(str(run / "checkpoints" / "step-30" / "model.safetensors"))
-    start = load_file(str(uninterrupted / "checkpoints" / f"step-{killed_at}" / "model.safetensors"))
-    assert any(not torch.equal(final_full[k], start[k]) for k in start), "training must move the weights after the kill point"
+    start = load_file(str(uninterrupted / "checkpoints" / "step-26" / "model.safetensors"))
+    assert any(not torch.equal(final_full[k], start[k]) for k in start), "training must move the weights after the last kill"
     for k in final_full:
         assert torch.equal(final_full[k], final_resumed[k]), k
 
@@ -112,57 +83,7 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(uninterrupted, tmp_pat
     assert _comparable(resumed_log) == _comparable(full_log)
     evals = [r["step"] for r in resumed_log if r["kind"] == "eval"]
     assert evals == [5, 10, 13, 15, 20, 25, 26, 30], "every evaluation, the epoch-end ones included, exactly once"
-
-
-def test_killed_run_resumes_with_auto(tmp_path, agnews_dir, cli):
-    run = tmp_path / "run"
-    args = [
-        "--config",
-        str(CONFIGS / "tiny.yaml"),
-        "--train_samples",
-        "160",
-        "--eval_samples",
-        "64",
-        "--per_device_train_batch_size",
-        "8",
-        "--max_steps",
-        "60",
-        "--num_train_epochs",
-        "6",
-        "--save_steps",
-        "3",
-        "--logging_steps",
-        "2",
-        "--report_to_tensorboard",
-        "false",
-        "--disable_tqdm",
-        "true",
-        "--output-dir",
-        str(run),
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not (run / "checkpoints" / "step-6").is_dir():
-            time.sleep(0.2)
-        assert (run / "checkpoints" / "step-6").is_dir(), "no checkpoint appeared"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    killed_at = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*"))
-    assert killed_at < 60, "the run finished before it was killed"
-
-    out = cli("train", *args, "--resume", "auto", nproc=2).stdout
-    assert f"(step {killed_at})" in out
-    state = json.loads((run / "checkpoints" / "step-60" / "trainer_state.json").read_text())
-    assert state["global_step"] == 60
-    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")], "no half-written checkpoint left"
     assert (run / "best" / "model.safetensors").is_file()
 
 
@@ -184,7 +105,7 @@ def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir):
     proc = _start(
         [
             "--config",
-            str(CONFIGS / "tiny.yaml"),
+            str(ROOT / "configs" / "tiny.yaml"),
             "--max_steps",
             "100000",
             "--num_train_epochs",
