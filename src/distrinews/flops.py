@@ -6,7 +6,9 @@ Kaplan et al. 2020, section 2.1):
     6 * N * sum(len_i)  +  12 * L * d * sum(len_i ** 2)
 
 - ``N`` = parameters that take part in matrix multiplies (everything but the embedding tables,
-  whose lookups cost no FLOPs); 2 FLOPs per parameter per token forward, 4 backward.
+  whose lookups cost no FLOPs); 2 FLOPs per parameter per token forward, 4 backward: 2 for the
+  gradient of the input, 2 for the gradient of the weight. A frozen weight (LoRA's base model,
+  ``freeze_word_embeddings``) has no weight gradient, so ``N_frozen`` parameters cost 4, not 6.
 - The second term is attention: per layer and sequence, Q @ K^T and softmax(.) @ V are each
   ``2 * T * T * d`` forward; times 3 for forward + backward. Bidirectional encoder: no causal halving.
 - Only real tokens count. Padding is work the device does but the model does not need, so a loop
@@ -117,23 +119,27 @@ class ModelShape:
     matmul_params: int  # N: parameters outside the embedding tables
     num_layers: int  # L
     hidden_size: int  # d
+    frozen_matmul_params: int = 0  # of N, those without a gradient (no weight-gradient matmul)
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ModelShape":
         model = getattr(model, "module", model)
         embedding_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-        n = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
+        matmul = [p for p in model.parameters() if id(p) not in embedding_ids]
+        n = sum(p.numel() for p in matmul)
+        frozen = sum(p.numel() for p in matmul if not p.requires_grad)
         cfg = model.config
         layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or cfg.num_layers
         hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or cfg.d_model
-        return cls(n, int(layers), int(hidden))
+        return cls(n, int(layers), int(hidden), frozen)
 
     def train_flops(self, tokens: float, sum_squared_lengths: float) -> float:
         """Model FLOPs of forward + backward over rows with ``sum(len) = tokens``."""
-        return 6.0 * self.matmul_params * tokens + 12.0 * self.num_layers * self.hidden_size * sum_squared_lengths
+        weights = 6.0 * self.matmul_params - 2.0 * self.frozen_matmul_params
+        return weights * tokens + 12.0 * self.num_layers * self.hidden_size * sum_squared_lengths
 
     def forward_flops(self, tokens: float, sum_squared_lengths: float) -> float:
-        return self.train_flops(tokens, sum_squared_lengths) / 3.0
+        return 2.0 * self.matmul_params * tokens + 4.0 * self.num_layers * self.hidden_size * sum_squared_lengths
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world_size: int) -> float:

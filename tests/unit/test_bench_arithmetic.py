@@ -114,6 +114,9 @@ def test_train_flops_formula():
     # two rows of 3 and 5 real tokens: 6 N (3 + 5) + 12 L d (9 + 25)
     assert shape.train_flops(8, 34) == 6 * 1000 * 8 + 12 * 2 * 8 * 34
     assert shape.forward_flops(8, 34) == pytest.approx(shape.train_flops(8, 34) / 3)
+    frozen = flops.ModelShape(matmul_params=1000, num_layers=2, hidden_size=8, frozen_matmul_params=600)
+    assert frozen.train_flops(8, 34) == (6 * 1000 - 2 * 600) * 8 + 12 * 2 * 8 * 34
+    assert frozen.forward_flops(8, 34) == shape.forward_flops(8, 34)
     from distrinews.metrics import Counts
 
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
@@ -135,6 +138,27 @@ def test_forward_flops_match_a_flop_counter():
     predicted = flops.ModelShape.of(model).forward_flops(T, T * T)
     # the formula charges the pooler and classifier for every token, torch counts them once: a few % high
     assert counted <= predicted <= 1.06 * counted
+
+
+def test_train_flops_of_a_mostly_frozen_model_match_a_flop_counter():
+    """LoRA-like: only the first layer's query projection trains, so the gradient flows through every
+    layer but frozen weights get no weight gradient (4 FLOPs per parameter and token, not 6).
+    Charging them 6 reported an MFU of 102% for a LoRA run."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _bert().train()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("bert.encoder.layer.0.attention.self.query"))
+    T = 48
+    ids = torch.randint(5, 1000, (1, T))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([1])).loss.backward()
+    counted = counter.get_total_flops()
+    shape = flops.ModelShape.of(model)
+    assert shape.frozen_matmul_params == shape.matmul_params - sum(p.numel() for p in model.parameters() if p.requires_grad)
+    predicted = shape.train_flops(T, T * T)
+    assert 0.97 * counted <= predicted <= 1.08 * counted, (predicted, counted)
 
 
 def test_mfu_and_peaks():
