@@ -114,6 +114,7 @@ def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -
     if world_size > 1:
         dist.init_process_group(
             backend=backend,
+            store=_attempt_store(datetime.timedelta(seconds=timeout_s)),
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
@@ -125,6 +126,20 @@ def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with a prefix of its own for this attempt of the worker group.
+
+    The agent keeps one rendezvous store for the whole job, and a restarted worker group (after
+    ``--max-restarts``) connects to it again with the same key names: a new rank 0 that reaches
+    gloo's connect before the new rank 1 has written its address reads the dead rank 1's and fails
+    with "Connection refused". None elsewhere: ``init_process_group`` reads the environment itself.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"distrinews/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
 
 
 def barrier(env: DistEnv) -> None:
