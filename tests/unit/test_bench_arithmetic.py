@@ -220,3 +220,13 @@ def test_ddp_bucket_default_depends_on_the_device():
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays
     assert ddp_bucket_cap_mb(TrainConfig(ddp_bucket_cap_mb=5), torch.device("cpu")) == 5.0
+
+
+def test_scaling_rejects_bad_input_before_starting_workers(capsys):
+    from distrinews.cli import main
+
+    assert main(["bench", "scaling", "--nproc", "1,8", "--cores-per-worker", "4"]) == 2
+    assert "need 32 cores" in capsys.readouterr().err
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    assert main(["bench", "scaling", "--nproc", "1,2", "--config", str(configs / "tiny.yaml"), "--ddp_comm_hook", "int4"]) == 2
+    assert "ddp_comm_hook" in capsys.readouterr().err
