@@ -16,7 +16,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Four steps of the tiny model; both ways of launching train exactly this.
+TRAIN_ARGS = (
+    "--config",
+    str(ROOT / "configs" / "tiny.yaml"),
+    "--max_steps",
+    "4",
+    "--train_samples",
+    "128",
+    "--eval_samples",
+    "64",
+    "--disable_tqdm",
+    "true",
+    "--report_to_tensorboard",
+    "false",
+)
 
 
 SUBNET = "10.231.{}.{}"
@@ -76,18 +90,7 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
             "-m",
             "distrinews",
             "train",
-            "--config",
-            str(CONFIGS / "tiny.yaml"),
-            "--max_steps",
-            "4",
-            "--train_samples",
-            "128",
-            "--eval_samples",
-            "64",
-            "--disable_tqdm",
-            "true",
-            "--report_to_tensorboard",
-            "false",
+            *TRAIN_ARGS,
             "--output-dir",
             str(run),
         ]
@@ -135,18 +138,7 @@ def _our_command(host: str, veth: str, addr: str, node_rank: int, endpoint: str,
         endpoint,
         "--rdzv-id",
         "job-42",
-        "--config",
-        str(CONFIGS / "tiny.yaml"),
-        "--max_steps",
-        "4",
-        "--train_samples",
-        "128",
-        "--eval_samples",
-        "64",
-        "--disable_tqdm",
-        "true",
-        "--report_to_tensorboard",
-        "false",
+        *TRAIN_ARGS,
         "--output-dir",
         str(run),
         *extra,

@@ -7,36 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest
 
+from distrinews.space import dockerfile
+from distrinews.space.dockerfile import find, instructions
+
 DOCKERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order; comments dropped, backslash continuations joined."""
-    out, pending = [], ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):  # a comment inside a continuation is skipped
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line, pending = pending + line, ""
-        if line.strip():
-            keyword, _, args = line.strip().partition(" ")
-            out.append((keyword.upper(), args.strip()))
-    return out
-
-
-def find(items: list[tuple[str, str]], keyword: str) -> list[tuple[int, str]]:
-    return [(i, args) for i, (k, args) in enumerate(items) if k == keyword]
 
 
 def arg_defaults(text: str, before_first_from: bool = False) -> dict[str, str]:
@@ -51,23 +30,8 @@ def arg_defaults(text: str, before_first_from: bool = False) -> dict[str, str]:
     return args
 
 
-def shell_commands(run_args: str) -> list[list[str]]:
-    """The simple commands of a RUN (``--mount`` options dropped), each as words."""
-    body = re.sub(r"^(--\S+\s+)+", "", run_args)
-    return [shlex.split(part) for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", body) if part.strip()]
-
-
 def pip_installs(text: str) -> list[list[str]]:
-    """Every ``pip install`` command in every RUN, as words from ``install`` on."""
-    found = []
-    for _, args in find(instructions(text), "RUN"):
-        for words in shell_commands(args):
-            for i in range(len(words) - 1):
-                if words[i].endswith("pip") and words[i + 1] == "install":
-                    found.append(words[i + 1 :])
-                elif words[i : i + 3] == ["-m", "pip", "install"]:
-                    found.append(words[i + 2 :])
-    return found
+    return dockerfile.pip_installs(instructions(text))
 
 
 def cpu_only_torch_problems(text: str) -> list[str]:
@@ -220,3 +184,11 @@ def test_each_check_catches_its_breakage(text, check, old, new):
     assert old in source, f"breakage {old!r} no longer matches the Dockerfile; update BREAKAGES"
     assert check(source) == []
     assert check(source.replace(old, new, 1)) != []
+
+
+def test_every_run_is_plain_shell_that_the_checks_can_read(text):
+    """The checks skip shell they cannot split; the Dockerfile must have none, or a check could miss it."""
+    import shlex
+
+    for _, args in find(instructions(text), "RUN"):
+        shlex.split(re.sub(r"^(--\S+\s+)+", "", args).replace("&&", ";"))

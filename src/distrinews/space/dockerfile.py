@@ -133,13 +133,14 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _find(items: list[tuple[str, str]], keyword: str) -> list[tuple[int, str]]:
+def find(items: list[tuple[str, str]], keyword: str) -> list[tuple[int, str]]:
+    """(position, arguments) of every ``keyword`` instruction."""
     return [(i, args) for i, (k, args) in enumerate(items) if k == keyword]
 
 
 def cmd_argv(text: str) -> list[str] | None:
     """The exec-form CMD as a list, or None when there is none or it is shell form."""
-    cmds = _find(instructions(text), "CMD")
+    cmds = find(instructions(text), "CMD")
     if not cmds:
         return None
     try:
@@ -149,17 +150,28 @@ def cmd_argv(text: str) -> list[str] | None:
     return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
 
 
-def _pip_installs(items: list[tuple[str, str]]) -> list[list[str]]:
+def shell_commands(run_args: str) -> list[list[str]]:
+    """The simple commands of a RUN (``--mount`` options dropped), each as words; a part the shell
+    syntax of which ``shlex`` cannot split (an unclosed quote) is left out."""
+    body = re.sub(r"^(--\S+\s+)+", "", run_args)
+    commands = []
+    for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", body):
+        try:
+            words = shlex.split(part)
+        except ValueError:
+            continue
+        if words:
+            commands.append(words)
+    return commands
+
+
+def pip_installs(items: list[tuple[str, str]]) -> list[list[str]]:
+    """Every ``pip install`` in every RUN, as words from ``install`` on."""
     found = []
-    for _, args in _find(items, "RUN"):
-        body = re.sub(r"^(--\S+\s+)+", "", args)
-        for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", body):
-            try:
-                words = shlex.split(part)
-            except ValueError:
-                continue
+    for _, args in find(items, "RUN"):
+        for words in shell_commands(args):
             for i in range(len(words) - 1):
-                if words[i].endswith("pip") and words[i + 1] == "install":
+                if words[i].endswith("pip") and words[i + 1] == "install":  # pip, pip3, python -m pip
                     found.append(words[i + 1 :])
     return found
 
@@ -168,20 +180,20 @@ def problems(text: str, runtime: str) -> list[str]:
     """What keeps this Dockerfile from being a safe, CPU-only, non-root Space image (empty when none)."""
     items = instructions(text)
     found: list[str] = []
-    froms = _find(items, "FROM")
-    args_before_from = {a.partition("=")[0] for i, a in _find(items, "ARG") if froms and i < froms[0][0]}
+    froms = find(items, "FROM")
+    args_before_from = {a.partition("=")[0] for i, a in find(items, "ARG") if froms and i < froms[0][0]}
     if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in args_before_from:
         found.append("FROM must use ARG BASE_IMAGE (declared before it)")
-    cmds = _find(items, "CMD")
-    users = [a for i, a in _find(items, "USER") if cmds and i < cmds[-1][0]]
+    cmds = find(items, "CMD")
+    users = [a for i, a in find(items, "USER") if cmds and i < cmds[-1][0]]
     if not users:
         found.append("no USER before CMD: the server would run as root")
     elif users[-1].split(":")[0] in ("root", "0"):
         found.append(f"the last USER before CMD is {users[-1]!r}: the server would run as root")
-    checks = _find(items, "HEALTHCHECK")
+    checks = find(items, "HEALTHCHECK")
     if not checks or "CMD" not in checks[-1][1].split() or not re.search(r"/health\b", checks[-1][1]):
         found.append("no HEALTHCHECK whose CMD requests /health")
-    ports = [p.split("/")[0] for _, a in _find(items, "EXPOSE") for p in a.split()]
+    ports = [p.split("/")[0] for _, a in find(items, "EXPOSE") for p in a.split()]
     if str(PORT) not in ports:
         found.append(f"EXPOSE {PORT} missing (exposed: {ports})")
     argv = cmd_argv(text)
@@ -196,9 +208,9 @@ def problems(text: str, runtime: str) -> list[str]:
 def _torch_problems(items: list[tuple[str, str]], runtime: str) -> list[str]:
     """torch only for the torch runtime, and then only a pinned +cpu build from the CPU index or a local wheel dir."""
     found = []
-    defaults = {name: value for _, a in _find(items, "ARG") for name, _, value in [a.partition("=")]}
+    defaults = {name: value for _, a in find(items, "ARG") for name, _, value in [a.partition("=")]}
     torch_installs = 0
-    for words in _pip_installs(items):
+    for words in pip_installs(items):
         if any(w.startswith("-r") or w == "--requirement" for w in words):
             continue  # requirements.txt is checked on its own
         specs = [w for w in words[1:] if not w.startswith("-") and re.match(r"torch\b", w)]
