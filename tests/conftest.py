@@ -93,6 +93,66 @@ def cli():
     return run
 
 
+@pytest.fixture(scope="session")
+def asgi_post():
+    """``await asgi_post(app, headers, chunks, hang_up=None)``: one POST /predict straight into an ASGI app with
+    exactly these extra headers and body chunks, below any HTTP server; ``(status, headers, body)``.
+    The client stays connected after the body until ``hang_up`` is set (never, without one)."""
+    import asyncio
+
+    async def post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], hang_up=None) -> tuple[int, dict, bytes]:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/predict",
+            "raw_path": b"/predict",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
+        }
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        sent: list[dict] = []
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await (hang_up or asyncio.Event()).wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+    return post
+
+
+@pytest.fixture(scope="session")
+def start_train():
+    """``start_train(*args, stdout=PIPE)``: ``distrinews train ARGS --nproc-per-node 2`` left running, in a
+    session of its own (``os.killpg`` ends the launcher and its workers together); stderr piped, text."""
+
+    def start(*args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    return start
+
+
 # The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
 # A checkpoint every step, dropout on, evaluations mid-epoch and at each epoch end.
 THIRTY_STEPS = (

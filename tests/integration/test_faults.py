@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,17 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -61,10 +49,10 @@ def _assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(thirty_steps, tmp_path):
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(thirty_steps, tmp_path, start_train):
     args, uninterrupted = thirty_steps
     run = tmp_path / "run"
-    proc = _start(*args, "--output-dir", str(run), "--max-restarts", "1")
+    proc = start_train(*args, "--output-dir", str(run), "--max-restarts", "1")
     try:
         _wait_for(run / "checkpoints" / "step-8", proc)
         os.kill(_worker_of_rank(proc.pid, 1), signal.SIGKILL)
@@ -77,10 +65,10 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(th
     _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
 
 
-def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(thirty_steps, tmp_path, cli):
+def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(thirty_steps, tmp_path, cli, start_train):
     args, uninterrupted = thirty_steps
     run = tmp_path / "run"
-    proc = _start(*args, "--output-dir", str(run), "--save_steps", "4")  # the stop's own save is the only one between
+    proc = start_train(*args, "--output-dir", str(run), "--save_steps", "4")  # the stop's own save is the only one between
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)
         time.sleep(0.3)  # somewhere inside the next few steps
@@ -101,10 +89,10 @@ def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(th
     _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
 
 
-def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_steps, tmp_path):
+def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_steps, tmp_path, start_train):
     args, _ = thirty_steps
     run = tmp_path / "run"
-    proc = _start(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "20")
+    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "20")
     stopped = None
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,16 +25,6 @@ def _comparable(records: list[dict]) -> list[tuple]:
     """The log without wall-clock fields: what must repeat exactly."""
     skip = {"time", "samples_per_s", "tokens_per_s", "mfu", "epoch_time_s", "total_time_s", "peak_memory_mib"}
     return [tuple(sorted((k, json.dumps(v)) for k, v in r.items() if k not in skip)) for r in records]
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distrinews", "train", *args, "--nproc-per-node", "2"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
 
 
 def _kill_when(proc: subprocess.Popen, appears: Path, timeout: float = 300) -> None:
@@ -58,16 +47,19 @@ def _resumed_step(run: Path, killed_at: int) -> int:
     return max(steps)
 
 
-def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp_path, cli):
+def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp_path, cli, start_train):
     """Killed mid-epoch after an evaluation (10), then at both epoch-boundary saves (13, 26), each time
     resumed with ``--resume auto`` by the next start: the end is the uninterrupted run's, bit for bit."""
     args, uninterrupted = thirty_steps
     run = tmp_path / "run"
-    _kill_when(_start([*args, "--output-dir", str(run)]), run / "checkpoints" / "step-10")
+    _kill_when(start_train(*args, "--output-dir", str(run), stdout=subprocess.DEVNULL), run / "checkpoints" / "step-10")
     for killed_at, next_kill in ((10, 13), (13, 26), (26, None)):
         resumed_from = _resumed_step(run, killed_at)
         if next_kill is not None:
-            _kill_when(_start([*args, "--output-dir", str(run), "--resume", "auto"]), run / "checkpoints" / f"step-{next_kill}")
+            _kill_when(
+                start_train(*args, "--output-dir", str(run), "--resume", "auto", stdout=subprocess.DEVNULL),
+                run / "checkpoints" / f"step-{next_kill}",
+            )
             continue
         out = cli("train", *args, "--output-dir", str(run), "--resume", "auto", nproc=2).stdout
         assert "Resumed from:" in out and f"(step {resumed_from})" in out
@@ -100,10 +92,10 @@ def _processes_running(marker: str) -> list[int]:
     return pids
 
 
-def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir):
+def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir, start_train):
     run = tmp_path / "run-killed-launcher"
-    proc = _start(
-        [
+    proc = start_train(
+        *[
             "--config",
             str(ROOT / "configs" / "tiny.yaml"),
             "--max_steps",
@@ -118,7 +110,8 @@ def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir):
             "true",
             "--output-dir",
             str(run),
-        ]
+        ],
+        stdout=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 240

@@ -120,41 +120,12 @@ class GatedStagedPredictor(FakePredictor):
         return self.predict(batch)
 
 
-async def _asgi_predict(app, text: str, hang_up: asyncio.Event | None = None) -> int:
-    """POST /predict straight into the ASGI app; the client stays connected until ``hang_up`` is set."""
-    body = json.dumps({"text": text}).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/predict",
-        "raw_path": b"/predict",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    status: list[int] = []
+def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post):
+    async def predict(app, text: str, hang_up: asyncio.Event | None = None) -> int:
+        body = json.dumps({"text": text}).encode()
+        status, _, _ = await asgi_post(app, [(b"content-length", str(len(body)).encode())], [body], hang_up)
+        return status
 
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await (hang_up or asyncio.Event()).wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-
-    await app(scope, receive, send)
-    return status[0]
-
-
-def test_a_client_that_hangs_up_while_queued_is_never_computed():
     predictor = GatedStagedPredictor()
     app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=lambda: predictor)
 
@@ -164,12 +135,12 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed():
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
             await _poll(client, "/ready", 200)
-            busy = asyncio.ensure_future(_asgi_predict(app, "keeps the model busy"))
+            busy = asyncio.ensure_future(predict(app, "keeps the model busy"))
             while not predictor.running.is_set():
                 await asyncio.sleep(0.001)
             hang_up = asyncio.Event()
-            gone = asyncio.ensure_future(_asgi_predict(app, "nobody waits for this", hang_up))
-            kept = asyncio.ensure_future(_asgi_predict(app, "still wanted"))
+            gone = asyncio.ensure_future(predict(app, "nobody waits for this", hang_up))
+            kept = asyncio.ensure_future(predict(app, "still wanted"))
             state = app.state.serve
             while state.batcher.queue_depth < 2 or state.batcher._tokenizing:
                 await asyncio.sleep(0.001)

@@ -10,7 +10,6 @@ class of bug found.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import pickle
 import struct
@@ -172,39 +171,6 @@ def test_json_media_types_are_accepted(client, content_type):
 
 
 # ---------------------------------------------------------------------- Content-Length the app sees
-async def _asgi_post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> tuple[int, dict, bytes]:
-    """One POST /predict straight into the ASGI app, with exactly these headers and body chunks."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/predict",
-        "raw_path": b"/predict",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
-    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
-    sent: list[dict] = []
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await asyncio.Event().wait()  # a client that stays connected: no message until it hangs up
-
-    async def send(message):
-        sent.append(message)
-
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
-
-
 BODY = b'{"text": "Oil prices jump"}'
 
 
@@ -223,16 +189,16 @@ BODY = b'{"text": "Oil prices jump"}'
     ],
     ids=["letters", "negative", "plus-sign", "underscore", "empty", "two-values", "short-body", "long-body", "long-streamed"],
 )
-def test_content_length_errors_the_app_sees_are_json(client, app, headers, chunks, phrase):
-    status, response_headers, body = client.portal.call(_asgi_post, app, headers, chunks)
+def test_content_length_errors_the_app_sees_are_json(client, app, asgi_post, headers, chunks, phrase):
+    status, response_headers, body = client.portal.call(asgi_post, app, headers, chunks)
     assert status == 400, body
     assert response_headers["content-type"] == "application/json"
     detail = json.loads(body)["detail"]
     assert isinstance(detail, str) and phrase in detail
 
 
-def test_a_correct_content_length_is_served(client, app):
-    status, _, body = client.portal.call(_asgi_post, app, [(b"content-length", b"27")], [BODY[:10], BODY[10:]])
+def test_a_correct_content_length_is_served(client, app, asgi_post):
+    status, _, body = client.portal.call(asgi_post, app, [(b"content-length", b"27")], [BODY[:10], BODY[10:]])
     assert status == 200 and json.loads(body)["label"] == "World"
 
 
