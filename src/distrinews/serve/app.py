@@ -18,7 +18,6 @@ import hmac
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..errors import CheckpointError
 from .batcher import BatcherClosedError, BatchStats, MicroBatcher, QueueFullError
 from .predictor import DEFAULT_RUNTIME
 
@@ -372,14 +372,10 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     summarised by its type and first line, or by its type alone when it repeats torch's advice
     to retry with ``weights_only=False``. The full exception goes to the server log only.
     """
-    # A CheckpointError exists only if its module was imported; importing it here would pull in
-    # torch, which a slim ONNX Runtime server (the Space bundle) does not have.
-    checkpoint_module = sys.modules.get(f"{__package__.rsplit('.', 1)[0]}.checkpoint")
-    one_line_errors = (FileNotFoundError, *((checkpoint_module.CheckpointError,) if checkpoint_module else ()))
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
         return f"could not load the model from {checkpoint}: {type(exc).__name__} (refused; the server log has the details)"
-    if isinstance(exc, one_line_errors):
+    if isinstance(exc, (FileNotFoundError, CheckpointError)):
         return " ".join(text.split())
     first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
     return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")
