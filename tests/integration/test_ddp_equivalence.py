@@ -31,6 +31,9 @@ COMMON = [
     "true",
     "--logging_steps",
     "2",
+    # Equal to 1e-5 holds in fp32; bf16 autocast rounds differently in each layout (1e-3 apart).
+    "--bf16",
+    "false",
 ]
 
 

@@ -30,6 +30,8 @@ TRAIN_ARGS = (
     "true",
     "--report_to_tensorboard",
     "false",
+    "--bf16",
+    "false",
 )
 
 
