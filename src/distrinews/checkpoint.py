@@ -1,7 +1,9 @@
 """Checkpoints: resumable ``checkpoints/step-N/``, the servable ``best/``, and the legacy single ``.pt`` file.
 
 Every directory is written under a temporary name and moved into place with ``os.replace``,
-so a kill mid-save leaves the previous checkpoint whole. Tensors are stored as safetensors;
+so a kill mid-save leaves the previous checkpoint whole. A save that fails (a full disk) removes its
+temporary directory, and the ranks agree on the outcome (``saving_together``): out of space, every
+rank raises the same one-line :class:`DiskFullError`. Tensors are stored as safetensors;
 whatever goes through ``torch.load`` is loaded with ``weights_only=True``.
 
 The legacy ``.pt`` form is the one the reference system (``../shared/seeds``) saved:
@@ -10,6 +12,7 @@ The legacy ``.pt`` form is the one the reference system (``../shared/seeds``) sa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,7 +21,8 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
-from .errors import CheckpointError
+from .errors import CheckpointError, DiskFullError
 from .model import LABELS, build_tokenizer, merged
 from .modelcard import write_model_card
 from .versioning import version_fields
@@ -94,6 +98,20 @@ def _fresh_tmp(final: Path) -> Path:
     return tmp
 
 
+@contextmanager
+def _removed_on_failure(tmp: Path | None) -> Iterator[None]:
+    """Remove the temp directory ``tmp`` (None: this rank made none) when the block raises.
+
+    Only errors: a save stopped by KeyboardInterrupt or SystemExit leaves it to ``clean_stale_tmp``.
+    """
+    try:
+        yield
+    except Exception:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _fsync_tree(directory: Path) -> None:
     for p in directory.iterdir():
         if p.is_file():
@@ -125,6 +143,164 @@ def _publish_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+# ------------------------------------------------------------------ running out of space
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota used up is a full disk to the writer
+# Writers that raise no OSError: safetensors passes Rust's io::Error text along ("... (os error 28)").
+# torch's zip writer says only "unexpected pos" or "file write failed"; the free space tells then.
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", f"(os error {errno.ENOSPC})", f"(os error {errno.EDQUOT})")
+
+
+def _says_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, reports a full disk or a used-up quota."""
+    pending, seen = [exc], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return True
+        if any(word in str(e).lower() for word in _FULL_WORDS):
+            return True
+        pending += [e.__cause__, e.__context__]
+    return False
+
+
+def _close_failed_writers(exc: BaseException) -> None:
+    """Free what the frames of ``exc`` (and of what it was raised from) hold: torch's zip writer keeps its
+    file open until it is collected, so the space of the removed temp directory is not free until then."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+def _existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _mount_point(path: Path) -> Path:
+    path = _existing(path)
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def _fs_type(mount: Path) -> str | None:
+    """The type /proc/self/mounts gives the filesystem mounted at ``mount`` (the last mount there wins)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        fields = line.split()
+        # the kernel writes a space in a mount point as \040 (octal), and so on
+        if len(fields) >= 3 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]) == str(mount):
+            found = fields[2]
+    return found
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{int(n)} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _tensor_bytes(obj: Any, seen: set | None = None) -> int:
+    """Bytes of the tensors in a nested state dict, an aliased tensor once; a sharded tensor counts whole."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        try:
+            key: Any = (obj.data_ptr(), obj.dtype, tuple(obj.shape))
+        except Exception:  # tensors without storage of their own here (DTensor, meta)
+            key = id(obj)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def space_needed(previous: Path | None, state: Any) -> tuple[int, str]:
+    """How many bytes a save takes, and in words: about the size of ``previous`` (the last complete save
+    of the same kind) when there is one, else at least the bytes of the tensors in ``state``."""
+    if previous is not None and previous.is_dir():
+        size = sum(p.stat().st_size for p in previous.rglob("*") if p.is_file())
+        return size, f"about {_size(size)}, the size of {previous.name}"
+    size = _tensor_bytes(state)
+    return size, f"at least {_size(size)} for its tensors"
+
+
+def _disk_full_message(target: Path, checkpoints: Path, needed: tuple[int, str]) -> str:
+    where = _existing(target.parent)
+    mount = _mount_point(where)
+    kind = _fs_type(mount)
+    free = shutil.disk_usage(where).free
+    newest = resolve_resume("auto", checkpoints, warn=lambda _line: None)
+    if newest is not None:
+        then = f"the newest complete checkpoint is {newest}: free some space, then continue with --resume auto"
+    else:
+        then = "there is no complete checkpoint to resume from: free some space, then run again with --resume auto (it starts over)"
+    return (
+        f"no space left to save {target}: the filesystem mounted at {mount}{f' ({kind})' if kind else ''} has {_size(free)} free, "
+        f"the save needs {needed[1]}; the half-written copy was removed; {then}"
+    )
+
+
+@contextmanager
+def saving_together(env: DistEnv, target: Path, checkpoints: Path, needed: Callable[[], tuple[int, str]]) -> Iterator[None]:
+    """Around the part of a save that some ranks write (rank 0 alone, or every rank): all ranks leave it
+    together, through one all-gather of how it went, which each rank reaches whether it wrote or not.
+
+    When any rank ran out of space, every rank raises the same :class:`DiskFullError`: one line that
+    the command line prints (our launcher once for all ranks), exit status 2, and no rank left
+    waiting in a collective the others never reach. Another failure is raised again on its rank, and
+    the other ranks raise a RuntimeError naming it. The block must remove its temp directory when it
+    fails (``_removed_on_failure``), so that the free space reported is what a new try would find,
+    and must not skip a collective that another rank reaches.
+
+    ``target`` is the directory being saved, ``checkpoints`` where to look for one to resume from,
+    ``needed`` says (lazily, only after a failure) about how many bytes the save takes (``space_needed``).
+    """
+    failure: Exception | None = None
+    try:
+        yield
+    except Exception as exc:
+        failure = exc
+    outcome: tuple[str, str] | None = None
+    if failure is not None:
+        _close_failed_writers(failure)
+        full = _says_disk_full(failure)
+        if not full and getattr(failure, "errno", None) is None:
+            # No errno to go by (torch's writer): a failed write with less room left than the save takes
+            full = shutil.disk_usage(_existing(target.parent)).free < needed()[0]
+        if full:
+            outcome = ("full", _disk_full_message(target, checkpoints, needed()))
+        else:
+            outcome = ("failed", f"rank {env.rank} could not save {target}: {type(failure).__name__}: {_first_line(failure)}")
+    outcomes = [o for o in all_gather_object(outcome, env) if o is not None]
+    full_message = next((text for kind, text in outcomes if kind == "full"), None)
+    if full_message is not None:
+        raise DiskFullError(full_message) from failure
+    if failure is not None:
+        raise failure
+    if outcomes:
+        raise RuntimeError(outcomes[0][1])
 
 
 # ------------------------------------------------------------------ weights
@@ -211,30 +387,48 @@ class Checkpointer:
     ) -> Path | None:
         rng_states = all_gather_object(capture_rng_state(), self.env)
         final = self.root / f"step-{step}"
-        tmp = broadcast_object(_fresh_tmp(final) if self.env.is_main else None, self.env)
+        main = self.env.is_main
         if model.sharded:
             import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.api import CheckpointException
             from torch.distributed.checkpoint.state_dict import get_state_dict
 
             model_state, optim_state = get_state_dict(model.module, optimizer)
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDED))
-            barrier(self.env)  # every rank's shards are on disk before rank 0 seals the directory
         else:
-            weights = model.full_state_dict()
-            if self.env.is_main:
-                save_weights(weights, tmp / "model.safetensors")
-                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if not self.env.is_main:
+            model_state = model.full_state_dict()
+            optim_state = optimizer.state_dict() if main else {}
+
+        def needed() -> tuple[int, str]:
+            published = list_checkpoints(self.root)
+            return space_needed(published[-1] if published else None, (model_state, optim_state))
+
+        # Two steps, so that no rank waits for the temp directory's name while rank 0 reports a failure to make it.
+        with saving_together(self.env, final, self.root, needed):
+            tmp = _fresh_tmp(final) if main else None
+        tmp = broadcast_object(tmp, self.env)
+        with saving_together(self.env, final, self.root, needed), _removed_on_failure(tmp if main else None):
+            if model.sharded:
+                try:
+                    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDED))
+                except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
+                    first = next(iter(exc.failures.values()))[0] if exc.failures else None
+                    raise RuntimeError(f"torch.distributed.checkpoint could not save {tmp / SHARDED}") from (first or exc)
+                barrier(self.env)  # every rank's shards are on disk before rank 0 seals the directory
+            elif main:
+                save_weights(model_state, tmp / "model.safetensors")
+                torch.save(optim_state, tmp / "optimizer.pt")
+            if main:
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                if scaler is not None:
+                    torch.save(scaler.state_dict(), tmp / "scaler.pt")
+                torch.save(rng_states, tmp / "rng_state.pt")
+                state = {**trainer_state, "global_step": step, "world_size": self.env.world_size, "sharded": bool(model.sharded)}
+                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+                (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+                write_manifest(tmp, step)  # last: a checkpoint without one never finished
+                _publish_dir(tmp, final)
+        if not main:
             return None
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        if scaler is not None:
-            torch.save(scaler.state_dict(), tmp / "scaler.pt")
-        torch.save(rng_states, tmp / "rng_state.pt")
-        state = {**trainer_state, "global_step": step, "world_size": self.env.world_size, "sharded": bool(model.sharded)}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
-        write_manifest(tmp, step)  # last: a checkpoint without one never finished
-        _publish_dir(tmp, final)
         rotate_checkpoints(self.root, self.limit)
         return final
 
@@ -366,12 +560,14 @@ def save_servable(
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _fresh_tmp(final)
-    model.save_pretrained(str(tmp), state_dict=weights, safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    payload = {"label_names": list(LABELS), "package_version": __version__, **version_fields(info), **info}
-    (tmp / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
-    write_model_card(tmp, payload)  # README.md: the Hub's model card, from the same payload
-    _publish_dir(tmp, final)
+    with _removed_on_failure(tmp):
+        # a copy: save_pretrained empties the dict it is given, and the caller may still need it
+        model.save_pretrained(str(tmp), state_dict=dict(weights), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        payload = {"label_names": list(LABELS), "package_version": __version__, **version_fields(info), **info}
+        (tmp / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
+        write_model_card(tmp, payload)  # README.md: the Hub's model card, from the same payload
+        _publish_dir(tmp, final)
     return final
 
 

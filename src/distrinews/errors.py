@@ -23,3 +23,10 @@ class CheckpointError(ValueError):
     JSON that does not parse) or incomplete (missing weights or keys). The original exception
     is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
     """
+
+
+class DiskFullError(Exception):
+    """A save that ran out of space, as one line: where it was written, the filesystem, the space it
+    needs and the space free, and the newest complete checkpoint to resume from. The half-written
+    temporary directory is already removed when this is raised.
+    """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -170,6 +171,9 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     os.environ[LAUNCHED_ENV] = "1"
     previous = signal.signal(signal.SIGTERM, _forward_to_workers)
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if args.max_restarts == 0:  # with restarts, the agent's line is all that shows a worker failed and was restarted
+        agent_log.addFilter(_restated_by_us)
     try:
         run(args)
         return 0
@@ -183,7 +187,14 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
         print(f"distrinews: stopped by {exc.sigval.name}", file=sys.stderr)
         return 128 + int(exc.sigval)
     finally:
+        agent_log.removeFilter(_restated_by_us)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _restated_by_us(record: logging.LogRecord) -> bool:
+    """Drop the agent's lines on a failed worker ("failed (exitcode: 2) local_rank: 0 ...", "Sending
+    process N closing signal SIGTERM"): ``report_failures`` says the same, once, in one line."""
+    return not str(record.msg).startswith(("failed (exitcode", "Sending process"))
 
 
 def _rollcall(args, flags: dict[str, str]):
@@ -237,19 +248,21 @@ def child_pids(parent: int) -> list[int]:
 
 
 def report_failures(failures: dict[int, Any]) -> int:
-    """Say why the run failed in as few lines as it takes; 2 when every worker stopped on a usage error.
+    """Say why the run failed in as few lines as it takes; 2 when every worker that failed by itself
+    stopped on a usage error.
 
     A usage error (``distrinews: error: ...``, handed over by ``record_worker_error``) is printed
-    once however many ranks hit it. Otherwise the first worker to fail is named; the others were
-    stopped by the launcher because of it.
+    once however many ranks hit it; a rank the launcher stopped (SIGTERM) before it got to exit
+    with the same error does not change that. Otherwise the first worker to fail is named; the
+    others were stopped by the launcher because of it.
     """
-    messages = {f.message for f in failures.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")}
-    if messages and all(f.exitcode == 2 for f in failures.values()):
+    stopped_by_us = {r for r, f in failures.items() if f.exitcode == -int(signal.SIGTERM)}
+    causes = {r: f for r, f in failures.items() if r not in stopped_by_us} or failures
+    messages = {f.message for f in causes.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")}
+    if messages and all(f.exitcode == 2 for f in causes.values()):
         for message in sorted(messages):
             print(message, file=sys.stderr)
         return 2
-    stopped_by_us = {r for r, f in failures.items() if f.exitcode == -int(signal.SIGTERM)}
-    causes = {r: f for r, f in failures.items() if r not in stopped_by_us} or failures
     rank, first = min(causes.items(), key=lambda item: (item[1].timestamp, item[0]))
     if isinstance(first.message, str) and first.message.startswith("distrinews: error:"):
         print(first.message, file=sys.stderr)

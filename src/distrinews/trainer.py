@@ -439,23 +439,27 @@ class Trainer:
         if best is None or metrics["accuracy"] > best:
             self.state.best_accuracy = metrics["accuracy"]
             weights = self.model.full_state_dict()  # every rank: a collective under sharded strategies
-            if self.env.is_main:
-                servable = merged(self.model.raw)  # LoRA folded in: best/ loads without peft
-                ckpt.save_servable(
-                    self.run_dir.best,
-                    servable,
-                    servable.state_dict() if servable is not self.model.raw else weights,
-                    self.data.tokenizer,
-                    {
-                        "metrics": metrics,
-                        "epoch": self.epoch_float,
-                        "global_step": self.state.global_step,
-                        "max_length": self.config.max_length,
-                        "model_name": self.config.model_name_or_path,
-                        "training_config": self.config.to_dict(),
-                        "world_size": self.env.world_size,
-                    },
-                )
+            target = self.run_dir.best
+            with ckpt.saving_together(
+                self.env, target, self.run_dir.checkpoints, lambda: ckpt.space_needed(target if target.is_dir() else None, weights)
+            ):
+                if self.env.is_main:
+                    servable = merged(self.model.raw)  # LoRA folded in: best/ loads without peft
+                    ckpt.save_servable(
+                        target,
+                        servable,
+                        servable.state_dict() if servable is not self.model.raw else weights,
+                        self.data.tokenizer,
+                        {
+                            "metrics": metrics,
+                            "epoch": self.epoch_float,
+                            "global_step": self.state.global_step,
+                            "max_length": self.config.max_length,
+                            "model_name": self.config.model_name_or_path,
+                            "training_config": self.config.to_dict(),
+                            "world_size": self.env.world_size,
+                        },
+                    )
         return metrics
 
     def save(self) -> None:

@@ -1,5 +1,8 @@
+import errno
 import json
 import os
+import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -199,3 +202,83 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(tmp_
         "no-manifest": "no manifest.json",
     }[damage]
     assert expected in message
+
+
+def _fill_disk_midway(monkeypatch, free: int):
+    """torch.save as it fails on a full disk: part of the file written, then the zip writer's error
+    (no errno in it); ``shutil.disk_usage`` reports ``free`` bytes left."""
+    real_save = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if str(path).endswith("optimizer.pt"):
+            path.write_bytes(b"\0" * 4096)
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 9664 vs 9556")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: SimpleNamespace(total=1 << 50, used=(1 << 50) - free, free=free))
+
+
+def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_checkpoint_to_resume(tmp_path, tiny, monkeypatch):
+    model, _ = tiny
+    previous = _save_step(tmp_path, 1, model)
+    size = sum(p.stat().st_size for p in previous.iterdir())
+    _fill_disk_midway(monkeypatch, free=5000)
+    with pytest.raises(ckpt.DiskFullError) as exc:
+        _save_step(tmp_path, 2, model)
+    message = str(exc.value)
+    assert "\n" not in message and "inline_container" not in message
+    assert message.startswith(f"no space left to save {tmp_path / 'step-2'}: the filesystem mounted at /"), message
+    assert f"has 4.9 KiB free, the save needs about {ckpt._size(size)}, the size of step-1" in message, message
+    assert message.endswith(f"the newest complete checkpoint is {previous}: free some space, then continue with --resume auto")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"], "the half-written step-2 is removed"
+
+
+def test_with_no_checkpoint_yet_the_error_says_so_and_estimates_from_the_tensors(tmp_path, tiny, monkeypatch):
+    model, _ = tiny
+    _fill_disk_midway(monkeypatch, free=0)
+    with pytest.raises(ckpt.DiskFullError, match=r"needs at least [\d.]+ MiB for its tensors; .*there is no complete checkpoint"):
+        _save_step(tmp_path, 1, model)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_with_room_to_spare_is_not_called_a_full_disk(tmp_path, tiny, monkeypatch):
+    model, _ = tiny
+    _fill_disk_midway(monkeypatch, free=1 << 40)
+    with pytest.raises(RuntimeError, match="inline_container") as exc:
+        _save_step(tmp_path, 1, model)
+    assert not isinstance(exc.value, ckpt.DiskFullError)
+    assert list(tmp_path.iterdir()) == [], "the half-written save is removed whatever stopped it"
+
+
+@pytest.mark.parametrize(
+    ("exc", "full"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"), True),  # safetensors
+        (RuntimeError("unexpected pos 576 vs 534"), False),  # torch: decided by the free space instead
+        (PermissionError(errno.EACCES, "Permission denied"), False),
+    ],
+)
+def test_what_reads_as_a_full_disk(exc, full):
+    assert ckpt._says_disk_full(exc) is full
+    try:
+        try:
+            raise exc
+        except Exception as inner:
+            raise RuntimeError("torch.distributed.checkpoint could not save") from inner
+    except RuntimeError as outer:
+        assert ckpt._says_disk_full(outer) is full, "found through the chain too"
+
+
+def test_a_servable_save_that_fails_leaves_no_temp_dir(tmp_path, tiny, monkeypatch):
+    model, tok = tiny
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "write_model_card", full)
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+    assert list(tmp_path.iterdir()) == []

@@ -104,6 +104,12 @@ def test_a_usage_error_on_every_rank_is_printed_once_with_exit_2(capsys):
     assert capsys.readouterr().err.splitlines() == [msg]
 
 
+def test_a_usage_error_is_still_exit_2_when_the_launcher_stopped_the_other_ranks_first(capsys):
+    msg = "distrinews: error: no space left to save runs/x/checkpoints/step-3: ..."
+    assert report_failures({0: _failure(2, msg, timestamp=1), 1: _failure(-int(signal.SIGTERM), timestamp=1)}) == 2
+    assert capsys.readouterr().err.splitlines() == [msg]
+
+
 def test_the_first_real_failure_is_named_not_the_ranks_the_launcher_stopped(capsys):
     failures = {0: _failure(-int(signal.SIGTERM), timestamp=5), 1: _failure(-int(signal.SIGKILL), timestamp=3)}
     assert report_failures(failures) == 1

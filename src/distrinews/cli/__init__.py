@@ -15,15 +15,15 @@ import argparse
 import os
 import sys
 
-from ..errors import CheckpointError, ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
 from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..serve.options import ServeOptionError
 from . import bench, doctor, evaluate, export, predict, report, serve, train
 
 EXIT_USAGE = 2
 COMMANDS = (train, evaluate, predict, export, serve, report, bench, doctor)
-# Errors in what the user asked for: one line, exit 2, no traceback.
-USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError)
+# Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
+USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError, DiskFullError)
 
 
 def build_parser() -> argparse.ArgumentParser:
