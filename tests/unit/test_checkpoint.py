@@ -199,3 +199,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(tmp_
         "no-manifest": "no manifest.json",
     }[damage]
     assert expected in message
+
+
+@pytest.mark.parametrize("load", [ckpt.check_loadable, ckpt.load_for_inference], ids=["check_loadable", "load_for_inference"])
+def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load):
+    """Without its tokenizer files transformers would build an empty vocabulary ([UNK] for every word) and serve it."""
+    from distrinews.model import resolve_model_path
+
+    model, tok = tiny
+    best = ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64, "model_name": "tiny-random"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (best / name).unlink(missing_ok=True)
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        load(best)
+    message = str(refused.value)
+    assert message.startswith(f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json")
+    assert f"from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{best}')" in message
+    assert "\n" not in message
