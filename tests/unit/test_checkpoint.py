@@ -147,6 +147,7 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
         b = loaded(**enc).logits
     assert torch.allclose(a, b, atol=1e-6)
     assert info["max_length"] == 64
+    assert info["tokenizer"] == {"source": "recorded_path", "path": str(tmp_path / "best")}  # the .pt names the folder it came from
 
 
 def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
