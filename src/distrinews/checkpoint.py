@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import pickle
 import random
@@ -35,9 +36,12 @@ from safetensors.torch import load_file, save_file
 from . import __version__
 from .distributed import DistEnv, all_gather_object, barrier, broadcast_object
 from .errors import CheckpointError, DiskFullError
-from .model import LABELS, build_tokenizer, merged
+from .model import LABELS, SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
 from .modelcard import write_model_card
+from .tokenizer_files import has_tokenizer, needs_own_tokenizer, require_tokenizer
 from .versioning import version_fields
+
+log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 SERVABLE_INFO = "distrinews.json"
@@ -617,9 +621,22 @@ def _weights_file(directory: Path) -> Path:
     return directory
 
 
+def _base_model_of(directory: Path) -> str | None:
+    """Where the base model that ``distrinews.json`` names loads from (our short names mapped to their path)."""
+    info = _read_json(directory / SERVABLE_INFO) if (directory / SERVABLE_INFO).is_file() else {}
+    name = info.get("model_name") if isinstance(info, dict) else None
+    if name in (SHIPPED_MINILM, TINY_RANDOM):
+        try:
+            return resolve_model_path(name)
+        except RuntimeError:  # its package is not installed here: the name alone
+            pass
+    return name
+
+
 def _load_pretrained(path: Path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    require_tokenizer(path, _base_model_of(path))
     with _loading(_weights_file(path)):
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     with _loading(path):
@@ -642,7 +659,7 @@ def _load_legacy_pt(path: Path):
 
 
 def _legacy_pt_model(path: Path, payload: dict[str, Any]):
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     cfg = payload["config"]
     hf_config = dict(cfg.get("hf_config") or {})
@@ -659,8 +676,7 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
     if all(k.startswith("model.") for k in state):  # the reference system wrapped the HF model as `self.model`
         state = {k[len("model.") :]: v for k, v in state.items()}
     model.load_state_dict(state, strict=False)
-    tok_name = cfg.get("tokenizer") or cfg["model_name"]
-    tokenizer = AutoTokenizer.from_pretrained(tok_name) if Path(tok_name).exists() else build_tokenizer(cfg.get("model_name", tok_name))
+    tokenizer, tokenizer_source = _legacy_tokenizer(path, cfg)
     info = {
         "epoch": payload.get("epoch"),
         "metrics": {"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
@@ -670,8 +686,27 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
         "model_version": cfg.get("model_version"),
         "config_hash": cfg.get("config_hash"),
         "format": "pt",
+        "tokenizer": tokenizer_source,
     }
     return model, tokenizer, info
+
+
+def _legacy_tokenizer(path: Path, cfg: dict[str, Any]):
+    """(tokenizer, where it came from): a ``.pt`` file holds none, so the tokenizer directory its config
+    records if that still holds one, else the base model's. Said in one warning either way, since the
+    predictions are only right with the tokenizer the model was trained with."""
+    from transformers import AutoTokenizer
+
+    recorded = cfg.get("tokenizer")
+    if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
+        tokenizer, source = AutoTokenizer.from_pretrained(recorded), {"source": "recorded_path", "path": str(recorded)}
+        where = f"the tokenizer at {recorded}, which its config names"
+    else:
+        name = cfg.get("model_name") or recorded
+        tokenizer, source = build_tokenizer(name), {"source": "base_model", "name": name}
+        where = f"the tokenizer of its base model {name}"
+    log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)
+    return tokenizer, source
 
 
 def check_loadable(path: str | os.PathLike) -> None:
@@ -694,6 +729,8 @@ def check_loadable(path: str | os.PathLike) -> None:
     for name in ("config.json", SERVABLE_INFO, "trainer_state.json"):
         if (path / name).is_file():
             _read_json(path / name)
+    if needs_own_tokenizer(path):
+        require_tokenizer(path, _base_model_of(path))
     for weights in sorted(path.glob("*.safetensors")):
         with _loading(weights), safe_open(str(weights), framework="pt") as fh:
             fh.keys()
@@ -711,7 +748,7 @@ def load_for_inference(path: str | os.PathLike):
     if path.is_file():
         model, tokenizer, info = _load_legacy_pt(path)
     elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
-        info = {**_read_json(path / SERVABLE_INFO), "format": "pretrained"}
+        info = {**_read_json(path / SERVABLE_INFO), "format": "pretrained", "tokenizer": {"source": "checkpoint", "path": str(path)}}
         model, tokenizer = _load_pretrained(path)
     elif (path / "trainer_state.json").is_file():
         # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
@@ -737,11 +774,13 @@ def load_for_inference(path: str | os.PathLike):
             "label_names": list(LABELS),
             "model_name": name,
             "format": "resumable",
+            # A resumable checkpoint tokenizes with the base model its training config names.
+            "tokenizer": {"source": "base_model", "name": name},
         }
     elif (path / "config.json").is_file():  # any HF sequence-classification folder
         model, tokenizer = _load_pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        info = {"label_names": labels, "max_length": 128, "format": "pretrained"}
+        info = {"label_names": labels, "max_length": 128, "format": "pretrained", "tokenizer": {"source": "checkpoint", "path": str(path)}}
     else:
         raise CheckpointError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
     model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference

@@ -3,7 +3,8 @@
 A real ``distrinews serve`` (uvicorn, h11) on a loopback port: hostile bodies are 4xx JSON, a
 body not sent as JSON is 415, and what uvicorn answers itself (malformed HTTP) is pinned
 down. Refused checkpoints: ``distrinews predict`` / ``eval`` print one line and exit 2 without
-running the pickled payload, and ``serve`` refuses to start on one.
+running the pickled payload, and ``serve`` refuses to start on one; the same for a model folder whose
+tokenizer files are gone, which ``serve`` refuses before it listens.
 
 The server is the ``server_process`` fixture of ``tests/conftest.py``.
 """
@@ -16,6 +17,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -161,3 +163,85 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp
     assert ("pickled code" in lines[0]) if kind == "pickle" else ("safetensors" in lines[0])
     assert "weights_only" not in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists(), "the pickled payload ran"
+
+
+# ---------------------------------------------------------------------- a model folder without its tokenizer
+@pytest.fixture(scope="module")
+def tokenizerless(tmp_path_factory) -> Path:
+    """A servable tiny model whose tokenizer files were deleted: transformers would fill in an empty vocabulary."""
+    from distrinews.checkpoint import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    best = tmp_path_factory.mktemp("no-tokenizer") / "best"
+    save_servable(best, model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32, "model_name": "tiny-random"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (best / name).unlink(missing_ok=True)
+    return best
+
+
+def _assert_tokenizer_refusal(output: str, folder: Path) -> None:
+    from distrinews.model import resolve_model_path
+
+    lines = output.splitlines()
+    assert len(lines) == 1, output
+    assert lines[0].startswith(f"distrinews: error: could not load checkpoint {folder}: its tokenizer is missing (no tokenizer.json, ")
+    assert f"AutoTokenizer.from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{folder}')" in lines[0]
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("entry", [["--runtime", "torch"], ["--runtime", "onnx"]], ids=["distrinews-serve", "distrinews-serve-onnx"])
+def test_serve_refuses_a_model_folder_without_its_tokenizer_before_it_listens(tokenizerless, tmp_path, server_process, entry):
+    srv = server_process(tokenizerless, tmp_path / "server.log", *entry)
+    listened = False
+    try:
+        deadline = time.monotonic() + 120
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            listened = listened or _listens(srv.port)
+            time.sleep(0.05)
+    finally:
+        code = srv.stop()
+    assert not listened, f"the server bound port {srv.port}:\n{srv.log()}"
+    assert code == 2, srv.log()
+    _assert_tokenizer_refusal(srv.log(), tokenizerless)
+
+
+def test_the_slim_server_refuses_a_model_folder_without_its_tokenizer_without_torch(tokenizerless):
+    """``python -m distrinews.serve`` runs where neither torch nor transformers is installed (the Space image)."""
+    argv = ["--checkpoint", str(tokenizerless), "--runtime", "onnx", "--host", "127.0.0.1", "--port", "0"]
+    code = (
+        "import sys; sys.modules['torch'] = sys.modules['transformers'] = None; "  # importing either now fails
+        f"from distrinews.serve.__main__ import main; sys.exit(main({argv!r}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert not proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        f"distrinews: error: could not load checkpoint {tokenizerless}: its tokenizer is missing (no tokenizer.json, "
+    )
+
+
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_predict_and_eval_refuse_a_model_folder_without_its_tokenizer(tokenizerless, command, tmp_path):
+    extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")]}[command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrinews", command, "--checkpoint", str(tokenizerless), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert not proc.stdout
+    _assert_tokenizer_refusal(proc.stderr, tokenizerless)

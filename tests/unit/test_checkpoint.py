@@ -150,6 +150,7 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
         b = loaded(**enc).logits
     assert torch.allclose(a, b, atol=1e-6)
     assert info["max_length"] == 64
+    assert info["tokenizer"] == {"source": "recorded_path", "path": str(tmp_path / "best")}  # the .pt names the folder it came from
 
 
 def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
@@ -282,3 +283,20 @@ def test_a_servable_save_that_fails_leaves_no_temp_dir(tmp_path, tiny, monkeypat
     with pytest.raises(OSError, match="No space left"):
         ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("load", [ckpt.check_loadable, ckpt.load_for_inference], ids=["check_loadable", "load_for_inference"])
+def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load):
+    """Without its tokenizer files transformers would build an empty vocabulary ([UNK] for every word) and serve it."""
+    from distrinews.model import resolve_model_path
+
+    model, tok = tiny
+    best = ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64, "model_name": "tiny-random"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (best / name).unlink(missing_ok=True)
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        load(best)
+    message = str(refused.value)
+    assert message.startswith(f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json")
+    assert f"from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{best}')" in message
+    assert "\n" not in message

@@ -186,9 +186,31 @@ def test_each_check_catches_its_breakage(text, check, old, new):
     assert check(source.replace(old, new, 1)) != []
 
 
-def test_every_run_is_plain_shell_that_the_checks_can_read(text):
-    """The checks skip shell they cannot split; the Dockerfile must have none, or a check could miss it."""
-    import shlex
+def unreadable_shell_problems(text: str) -> list[str]:
+    """The checks read a RUN's shell by splitting it at ``&&``, ``;``, ``then`` ... and skip a part ``shlex``
+    cannot split (e.g. a quote that spans a ``;``), so a ``pip install`` written there escapes every check."""
+    runs = [args for _, args in find(instructions(text), "RUN")]
+    written = [m.group(0).strip() for args in runs for m in re.finditer(r"\bpip3?\s+install\b[^;&|]*", args)]
+    seen = len(pip_installs(text))
+    return [] if seen == len(written) else [f"the checks read {seen} of the {len(written)} pip installs written: {written}"]
 
-    for _, args in find(instructions(text), "RUN"):
-        shlex.split(re.sub(r"^(--\S+\s+)+", "", args).replace("&&", ";"))
+
+# Shell the checks cannot read, each hiding a pip install from them.
+UNREADABLE = [
+    # an environment marker: pip's own syntax, and a ';' inside quotes; an unpinned torch from the default index
+    ('pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu";', "pip install \"torch; sys_platform == 'linux'\";"),
+    ("pip install -r /app/requirements.txt", 'pip install -r "/app/requirements.txt'),
+]
+
+
+def test_the_checks_see_every_pip_install(text):
+    assert pip_installs(text), "no pip install found: the comparison below would hold for nothing"
+    assert unreadable_shell_problems(text) == []
+
+
+@pytest.mark.parametrize(("old", "new"), UNREADABLE)
+def test_a_pip_install_the_checks_cannot_read_is_caught(text, old, new):
+    source = _collapse(text)
+    assert old in source, f"{old!r} no longer matches the Dockerfile; update UNREADABLE"
+    assert unreadable_shell_problems(source) == []
+    assert unreadable_shell_problems(source.replace(old, new, 1)) != []

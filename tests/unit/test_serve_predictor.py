@@ -157,3 +157,53 @@ def test_both_entry_points_take_the_pipeline_options(tmp_path):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--max-batch-tokens", "-1"]))
     with pytest.raises(ServeOptionError, match="--onnx-model needs --runtime onnx or onnx-int8"):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--runtime", "torch", "--onnx-model", "m.onnx"]))
+
+
+# ---------------------------------------------------------------------- where the tokenizer comes from
+@pytest.fixture(scope="module")
+def tiny_best(tmp_path_factory):
+    from distrinews.checkpoint import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    best = tmp_path_factory.mktemp("tokenizer") / "best"
+    return save_servable(best, model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32, "model_name": "tiny-random"})
+
+
+def _served_info(checkpoint) -> dict:
+    app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime="torch", api_key=""))
+
+    async def main():
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+        ):
+            for _ in range(3000):
+                if (await client.get("/ready")).status_code == 200:
+                    return (await client.get("/info")).json()
+                await asyncio.sleep(0.01)
+            raise AssertionError((await client.get("/health")).json())
+
+    return asyncio.run(main())
+
+
+def test_info_names_the_checkpoint_as_the_tokenizer_of_a_best_folder(tiny_best):
+    assert _served_info(tiny_best)["tokenizer"] == {"source": "checkpoint", "path": str(tiny_best)}
+
+
+def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(tiny_best, tmp_path, caplog):
+    """A .pt file holds no tokenizer; once the folder it was exported from is gone, the base model's is used,
+    and both the log (one line) and /info say so."""
+    import logging
+    import shutil
+
+    from distrinews.checkpoint import export_legacy_pt
+
+    source = shutil.copytree(tiny_best, tmp_path / "best")
+    pt = export_legacy_pt(source, tmp_path / "model.pt")
+    shutil.rmtree(source)  # the tokenizer directory the .pt records: gone, as on another machine
+    with caplog.at_level(logging.INFO, logger="distrinews"):
+        info = _served_info(pt)
+    assert info["tokenizer"] == {"source": "base_model", "name": "tiny-random"}
+    said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint"]
+    assert len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0], said

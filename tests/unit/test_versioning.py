@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from distrinews.config import ConfigError, TrainConfig, load_config
@@ -32,7 +34,34 @@ def test_config_hash_names_the_recipe_not_the_run():
     assert config_hash(base) == config_hash(same_recipe)
     assert config_hash(base) != config_hash(TrainConfig(learning_rate=2e-4).to_dict())
     assert config_hash(base) != config_hash(TrainConfig(learning_rate=1e-4, seed=7).to_dict())
-    assert len(config_hash(base)) == 12 and int(config_hash(base), 16) >= 0
+
+
+def test_config_hash_is_12_hex_digits_of_sha256_over_canonical_json():
+    """Pinned to a literal: a change of canonical form would silently give every existing model a new hash."""
+    recipe = {"learning_rate": 0.0001, "seed": 42, "model_name_or_path": "minilm"}
+    assert config_hash(recipe) == "8ca1fa9045a9"  # sha256(b'{"learning_rate":0.0001,"model_name_or_path":"minilm","seed":42}')[:12]
+    assert config_hash(dict(reversed(recipe.items()))) == "8ca1fa9045a9"  # key order is not part of the recipe
+    assert re.fullmatch(r"[0-9a-f]{12}", config_hash(TrainConfig().to_dict()))
+
+
+def test_config_hash_covers_every_field_but_where_and_how_a_run_reports():
+    not_the_recipe = {
+        "output_dir",
+        "resume_from_checkpoint",
+        "overwrite_output_dir",
+        "disable_tqdm",
+        "report_to_tensorboard",
+        "cache_dir",
+        "model_version",
+    }
+    base = TrainConfig().to_dict()
+    assert set(base) >= not_the_recipe
+    for field in base:
+        changed = config_hash({**base, field: "something else"})
+        if field in not_the_recipe:
+            assert changed == config_hash(base), f"{field} changed the hash"
+        else:
+            assert changed != config_hash(base), f"{field} is not in the hash"
 
 
 def test_version_fields_prefer_the_payload_then_the_config():

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import CheckpointError
+from ..tokenizer_files import needs_own_tokenizer, require_tokenizer
 from .options import ServeOptionError, add_arguments, validate
 from .server import run_server
 
@@ -22,10 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         validate(args)
-    except (ServeOptionError, FileNotFoundError) as exc:
+        if needs_own_tokenizer(args.checkpoint):  # every runtime, torch or not: a model folder without its tokenizer
+            require_tokenizer(args.checkpoint)
+    except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
         return usage_error(exc)
     if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
-        from ..checkpoint import CheckpointError, check_loadable
+        from ..checkpoint import check_loadable
 
         try:
             check_loadable(args.checkpoint)

@@ -153,6 +153,8 @@ class Predictor:
             "config_hash": self.info.get("config_hash"),
             "checkpoint": str(self.checkpoint),
             "checkpoint_format": self.info.get("format"),
+            # Where the token ids come from: a model is only right with the tokenizer it was trained with.
+            "tokenizer": self.info.get("tokenizer"),
             "runtime": self.runtime,
             "labels": list(self.labels),
             "max_length": self.max_length,
@@ -220,7 +222,11 @@ class OnnxPredictor(Predictor):
         labels = _standalone_labels(self.checkpoint) if path.is_file() else None
         if labels is not None:
             info_path = self.checkpoint / SERVABLE_INFO
-            self.info = {**(json.loads(info_path.read_text()) if info_path.is_file() else {}), "format": "pretrained"}
+            self.info = {
+                **(json.loads(info_path.read_text()) if info_path.is_file() else {}),
+                "format": "pretrained",
+                "tokenizer": {"source": "checkpoint", "path": str(self.checkpoint)},
+            }
             self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
             self._init_common(labels, max_batch_size)
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
