@@ -87,6 +87,15 @@ def test_the_lock_of_a_killed_run_does_not_block_the_next(tmp_path):
         pass
 
 
+def test_the_train_command_locks_before_checking_and_lets_go_when_refused(tmp_path, capsys, configs_dir):
+    run = RunDir(tmp_path / "run")
+    with run.lock():
+        assert main(["train", "--config", str(configs_dir / "tiny.yaml"), "--output-dir", str(run.path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run.path} is locked by a run in progress (pid {os.getpid()} on" in err[0]
+    assert not run.path.exists()
+
+
 def test_single_strategy_refuses_several_processes():
     model = torch.nn.Linear(2, 2)
     two = DistEnv(0, 0, 2, 2, torch.device("cpu"), "gloo")
