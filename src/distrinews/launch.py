@@ -37,7 +37,7 @@ LAUNCH_FLAGS = (
     "master-port",
     "monitor-interval",
 )
-# Set in the workers of our launcher: the launcher has already checked the run, and collects their errors.
+# Set in the workers of our launcher: it has already checked the run (on one node it also holds the lock), and collects their errors.
 LAUNCHED_ENV = "DISTRINEWS_LAUNCHED"
 
 
@@ -96,6 +96,12 @@ def wants_launch(flags: dict[str, str]) -> bool:
     if under_torchrun():
         return False
     return bool(flags) or any(os.environ.get(f"PET_{v}") for v in ("NPROC_PER_NODE", "NNODES"))
+
+
+def spans_nodes(flags: dict[str, str]) -> bool:
+    """Whether the run may take more than this node (``--nnodes 2``, ``1:4``, or torchrun's ``PET_NNODES``)."""
+    raw = flags.get("nnodes") or os.environ.get("PET_NNODES") or "1"
+    return max((int(part) for part in raw.split(":") if part.isdigit()), default=1) > 1
 
 
 def nproc_per_node(flags: dict[str, str]) -> int | None:

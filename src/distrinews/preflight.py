@@ -7,6 +7,8 @@ launcher's own.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .checkpoint import resolve_resume
@@ -18,8 +20,15 @@ from .precision import check_precision_supported
 from .rundir import RunDir
 
 
-def preflight_train(config: TrainConfig, nproc_per_node: int | None = None, read_data: bool = True) -> None:
-    """Raise ``ConfigError``/``DataError``/``FileNotFoundError`` naming what is wrong; touches nothing."""
+def preflight_train(
+    config: TrainConfig, nproc_per_node: int | None = None, read_data: bool = True, lock: bool = True
+) -> contextlib.ExitStack:
+    """Raise ``ConfigError``/``DataError``/``FileNotFoundError`` naming what is wrong.
+
+    With ``lock``, the run directory is locked first and checked under the lock; the lock is in
+    the returned context, which the caller holds for the whole run. Touches nothing but the
+    lock file, and removes that (and a directory made for it) when a check fails.
+    """
     check_precision_supported(config)
     if nproc_per_node is not None:
         if torch.cuda.is_available():
@@ -27,10 +36,14 @@ def preflight_train(config: TrainConfig, nproc_per_node: int | None = None, read
         if config.strategy == "single" and nproc_per_node > 1:
             raise ConfigError(f"config field 'strategy': 'single' cannot run with {nproc_per_node} processes; use ddp")
     run_dir = RunDir(config.output_dir)
-    run_dir.check_usable(config.resume_from_checkpoint, config.overwrite_output_dir)
-    if config.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
-        resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
-    check_model_available(config.model_name_or_path)
-    if read_data:  # every row, as the workers will: a malformed one fails here with file:line
-        for split in ("train", "test"):
-            load_split(config.data_dir, split)
+    with contextlib.ExitStack() as held:
+        if lock:
+            held.enter_context(run_dir.lock())
+        run_dir.check_usable(config.resume_from_checkpoint, config.overwrite_output_dir)
+        if config.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
+            resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
+        check_model_available(config.model_name_or_path)
+        if read_data:  # every row, as the workers will: a malformed one fails here with file:line
+            for split in ("train", "test"):
+                load_split(config.data_dir, split)
+        return held.pop_all()

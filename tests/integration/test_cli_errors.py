@@ -4,6 +4,9 @@ With ``--nproc-per-node 2`` the launcher checks the run before any worker starts
 appears once, never once per rank, and never with torchrun's ChildFailedError traceback.
 """
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,43 @@ def test_launcher_flags_on_a_single_process_command(tmp_path, cli):
 def test_predict_rejects_empty_text(tmp_path, cli):
     proc = cli("predict", "--checkpoint", str(tmp_path), "   ", check=False)
     _one_line_error(proc, "text #1 is empty")
+
+
+# Long enough that the winner still holds the directory when the other command, started with it, gets there.
+RACE = ("--max_steps", "12", "--eval_samples", "64", "--bf16", "false", "--report_to_tensorboard", "false", "--disable_tqdm", "true")
+
+
+@pytest.mark.parametrize("how", ["one process", "launcher", "plain torchrun"])
+def test_two_runs_started_together_into_one_directory_one_is_refused(tmp_path, agnews_dir, how):
+    run = tmp_path / "run"
+    launcher = {
+        "one process": [sys.executable, "-m", "distrinews"],
+        "launcher": [sys.executable, "-m", "distrinews", "--nproc-per-node", "2"],
+        "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "distrinews"],
+    }[how]
+    cmd = [*launcher, "train", "--config", str(CONFIGS / "tiny.yaml"), *RACE, "--output-dir", str(run)]
+    procs = [subprocess.Popen(cmd, cwd=CONFIGS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    done = [subprocess.CompletedProcess(cmd, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+    codes = sorted(d.returncode for d in done)
+    assert codes[0] == 0 and codes[1] != 0, f"both ran into {run}: exit codes {codes}\n{done[0].stderr[-2000:]}\n{done[1].stderr[-2000:]}"
+    winner, loser = (0, 1) if done[0].returncode == 0 else (1, 0)
+    refusal = f"distrinews: error: config field 'output_dir': {run} is locked by a run in progress (pid "
+    if how == "plain torchrun":  # the refusal is rank 0's; torchrun's agent then adds its own report, exit 1
+        assert refusal in done[loser].stderr, done[loser].stderr[-3000:]
+    else:
+        assert codes[1] == 2
+        _one_line_error(done[loser], refusal, f"(pid {procs[winner].pid} on ", ".distrinews.lock")
+    assert "TRAINING CONFIGURATION" not in done[loser].stdout, "the refused run trained nothing"
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in log].count("summary") == 1, "one run's log only"
+    train_steps = [r["step"] for r in log if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-12"]
+    assert (run / "best" / "model.safetensors").is_file()
+    assert not (run / ".distrinews.lock").exists(), "the winner let go when it ended"

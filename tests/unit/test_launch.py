@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from distrinews import launch
-from distrinews.launch import LaunchError, report_failures, split_launch_flags, torchrun_args, wants_launch
+from distrinews.launch import LaunchError, report_failures, spans_nodes, split_launch_flags, torchrun_args, wants_launch
 
 PET = (
     "PET_NPROC_PER_NODE",
@@ -75,6 +75,13 @@ def test_launch_when_flags_or_a_pet_layout_are_given_but_never_inside_a_worker(m
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert not wants_launch({"nproc-per-node": "2"})
+
+
+def test_a_run_spans_nodes_when_more_than_one_node_may_join(monkeypatch):
+    assert not spans_nodes({}) and not spans_nodes({"nnodes": "1"}) and not spans_nodes({"nproc-per-node": "4"})
+    assert spans_nodes({"nnodes": "2"}) and spans_nodes({"nnodes": "1:4"})
+    monkeypatch.setenv("PET_NNODES", "2")
+    assert spans_nodes({})
 
 
 def test_torchrun_arguments(monkeypatch):

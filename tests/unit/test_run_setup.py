@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -9,7 +15,7 @@ from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig
 from distrinews.distributed import DistEnv, GpuShareError, check_one_gpu_per_process
 from distrinews.parallel import wrap_model
-from distrinews.rundir import RunDir
+from distrinews.rundir import LOCK_FILE, RunDir
 from distrinews.trainer import StepPlan, TrainState, optimizer_windows
 
 
@@ -44,6 +50,50 @@ def test_overwrite_removes_the_runs_artifacts_and_nothing_else(tmp_path):
     _previous_run(tmp_path)
     RunDir(tmp_path).prepare(TrainConfig(output_dir=str(tmp_path), overwrite_output_dir=True), resumed=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
+
+
+def test_a_locked_run_directory_refuses_a_second_run_naming_the_holder(tmp_path):
+    run = RunDir(tmp_path / "runs" / "a")
+    with run.lock():
+        assert run.lock_file.is_file()
+        # flock is per open file: a second open in this same process is refused like another process would be
+        with pytest.raises(ConfigError, match=rf"'output_dir': .*runs/a is locked by a run in progress \(pid {os.getpid()} on "):
+            run.lock()
+        (run.path / "log.jsonl").write_text("{}\n")
+        assert run.previous_run() == ["log.jsonl"], "the lock file is not a previous run"
+        run.clear()  # what --overwrite_output_dir does, under the lock
+        assert sorted(p.name for p in run.path.iterdir()) == [LOCK_FILE]
+        with pytest.raises(ConfigError, match="is locked by a run in progress"):
+            run.lock()
+    assert not (tmp_path / "runs").exists(), "a directory made only for the lock goes with it"
+    with run.lock():
+        run.config.write_text("x")
+    assert sorted(p.name for p in run.path.iterdir()) == ["config.yaml"]
+
+
+def test_the_lock_of_a_killed_run_does_not_block_the_next(tmp_path):
+    run = RunDir(tmp_path / "run")
+    hold = "import sys, time; from distrinews.rundir import RunDir; RunDir(sys.argv[1]).lock(); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run.path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(ConfigError, match=rf"\(pid {holder.pid} on {socket.gethostname()} since "):
+            run.lock()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert run.lock_file.is_file(), "SIGKILL left the file"
+    with run.lock():
+        pass
+
+
+def test_the_train_command_locks_before_checking_and_lets_go_when_refused(tmp_path, capsys, configs_dir):
+    run = RunDir(tmp_path / "run")
+    with run.lock():
+        assert main(["train", "--config", str(configs_dir / "tiny.yaml"), "--output-dir", str(run.path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run.path} is locked by a run in progress (pid {os.getpid()} on" in err[0]
+    assert not run.path.exists()
 
 
 def test_single_strategy_refuses_several_processes():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ..config import TrainConfig, load_config, parse_overrides
-from ..launch import LAUNCHED_ENV, launch, nproc_per_node, wants_launch
+from ..launch import launch, nproc_per_node, spans_nodes, wants_launch
 
 
 def register(subparsers) -> None:
@@ -29,22 +30,34 @@ def config_from(args: argparse.Namespace, extra: list[str]) -> TrainConfig:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..preflight import preflight_train
+    from ..rundir import LOCK_HELD_ENV, RunDir
 
     config = config_from(args, extra)
+    run_dir = RunDir(config.output_dir)
     if wants_launch(args.launch_flags):
+        # Over several nodes only global rank 0 writes, and the rendezvous decides which node runs it: its worker
+        # takes the lock. (Every node's launcher locking a shared output_dir would refuse all nodes but one.)
+        lock = not spans_nodes(args.launch_flags)
         # Everything that can fail before a worker starts fails here, once, in one line.
-        preflight_train(config, nproc_per_node=nproc_per_node(args.launch_flags), read_data=True)
-        return launch(args.launch_flags, args.argv)
+        with preflight_train(config, nproc_per_node=nproc_per_node(args.launch_flags), read_data=True, lock=lock):
+            if lock:
+                os.environ[LOCK_HELD_ENV] = str(run_dir.lock_file.resolve())
+            try:
+                return launch(args.launch_flags, args.argv)
+            finally:
+                os.environ.pop(LOCK_HELD_ENV, None)
     from . import is_global_rank_zero, write_json
 
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and config.resume_from_checkpoint is None:
         # A worker group restarted by --max-restarts continues from the newest complete checkpoint.
         config.resume_from_checkpoint = "auto"
-    if not os.environ.get(LAUNCHED_ENV) and is_global_rank_zero():
-        preflight_train(config, read_data=False)  # one process, or plain torchrun: the data is read next anyway
-    from ..trainer import train
+    with contextlib.ExitStack() as held:
+        if is_global_rank_zero() and not run_dir.locked_by_launcher():
+            # One process, plain torchrun, or our launcher over several nodes: the process that writes holds the lock.
+            held.enter_context(preflight_train(config, read_data=False))  # the data is read next anyway
+        from ..trainer import train
 
-    result = train(config)
-    if args.result_json and is_global_rank_zero():
-        write_json(args.result_json, result)
+        result = train(config)
+        if args.result_json and is_global_rank_zero():
+            write_json(args.result_json, result)
     return 0
