@@ -226,7 +226,7 @@ def spread_checkpoint():
     """
     import torch
 
-    from distrinews.checkpoint import save_servable
+    from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     def build(path: Path, calibration_texts: list[str]) -> Path:
@@ -255,7 +255,7 @@ class ServerProcess:
     """``python -m distrinews serve`` on a free loopback port, output in a log file."""
 
     def __init__(self, checkpoint: Path | None, log_path: Path, *args: str, env: dict[str, str] | None = None):
-        from distrinews.launch import free_port
+        from distrinews.distributed.launch import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -37,7 +37,7 @@ class TrainConfig:
     # override the dropout on attention probabilities alone: 0 lets scaled_dot_product_attention run its fused
     # kernel instead of softmax + dropout + matmul, and spares the step its largest random masks
     attention_dropout: float | None = None
-    fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.dropout)
+    fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)
     freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
     pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
     torch_compile: bool = False  # compile the model with torch.compile (inductor)

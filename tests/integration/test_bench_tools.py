@@ -117,9 +117,9 @@ def test_collectives_table_and_model_section(tmp_path, agnews_dir, cli):
 
 
 def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir, monkeypatch):
-    from distrinews import flops
     from distrinews.config import load_config
-    from distrinews.trainer import train
+    from distrinews.train import flops
+    from distrinews.train.trainer import train
 
     monkeypatch.setenv(flops.PEAK_ENV, FIXED_PEAK[flops.PEAK_ENV])
     flops.device_peak.cache_clear()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.checkpoint import list_checkpoints, resolve_resume, verify_checkpoint
+from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 ranks x 16 rows of the tiny preset's 400: 13 steps an epoch, so no evaluation before step 6 unless asked.

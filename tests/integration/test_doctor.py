@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from distrinews import doctor
+from distrinews.cli.doctor import checks as doctor
 
 
 def test_healthy_two_process_rendezvous(tmp_path, cli):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.launch import free_port
+from distrinews.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from distrinews.checkpoint import save_servable
+from distrinews.checkpoint.servable import save_servable
 from distrinews.model import build_model, build_tokenizer
 
 

@@ -62,10 +62,10 @@ def test_fsdp_reaches_the_same_parameters_as_ddp(runs):
 
 RESUME_CHECK = textwrap.dedent("""
     import sys, torch
-    from distrinews.checkpoint import load_for_inference
+    from distrinews.checkpoint.servable import load_for_inference
     from distrinews.config import load_config
-    from distrinews.distributed import distributed_context
-    from distrinews.trainer import Trainer
+    from distrinews.distributed.process_group import distributed_context
+    from distrinews.train.trainer import Trainer
 
     checkpoint, output = sys.argv[1], sys.argv[2]
     config = load_config(None, {"model_name_or_path": "tiny-random", "strategy": "fsdp", "dropout": 0.0, "bf16": False,

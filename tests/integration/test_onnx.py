@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
-    from distrinews.data import load_split
+    from distrinews.data.splits import load_split
 
     train = load_split(agnews_dir, "train")
     return spread_checkpoint(tmp_path_factory.mktemp("onnx") / "best", train.texts[:256])
@@ -17,7 +17,7 @@ def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
 
 @pytest.fixture(scope="module")
 def rows(agnews_dir):
-    from distrinews.data import load_split
+    from distrinews.data.splits import load_split
 
     return load_split(agnews_dir, "test").texts[::25][:304]  # 304 real rows, all four classes
 
@@ -38,7 +38,7 @@ def fp32_onnx(checkpoint, tmp_path_factory, cli):
 
 
 def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, rows, torch_results, fp32_onnx):
-    from distrinews.serve.onnx_export import is_quantized
+    from distrinews.export.onnx import is_quantized
     from distrinews.serve.predictor import OnnxPredictor
 
     assert not is_quantized(fp32_onnx)
@@ -66,7 +66,7 @@ def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx)
 
 
 def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
-    from distrinews.serve.onnx_export import export_onnx, is_quantized
+    from distrinews.export.onnx import export_onnx, is_quantized
     from distrinews.serve.predictor import OnnxPredictor
 
     out = export_onnx(checkpoint, tmp_path / "model.int8.onnx", quantize="int8")
@@ -87,7 +87,7 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
-    from distrinews.checkpoint import export_legacy_pt
+    from distrinews.export.legacy_pt import export_legacy_pt
     from distrinews.serve.predictor import Predictor, make_predictor
 
     texts = ["Oil prices jump after OPEC agrees to cut production", "Federer wins again"]
@@ -103,7 +103,7 @@ def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(
 
 
 def test_bad_export_arguments_are_refused(checkpoint, tmp_path):
-    from distrinews.serve.onnx_export import export_onnx
+    from distrinews.export.onnx import export_onnx
     from distrinews.serve.predictor import make_predictor
 
     with pytest.raises(ValueError, match="quantize"):
@@ -116,8 +116,8 @@ def test_bad_export_arguments_are_refused(checkpoint, tmp_path):
 
 def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
     """The exporter restores its wrapper's training flag; that must not switch the model's dropout on."""
+    from distrinews.export.onnx import compare_with_torch, export_model
     from distrinews.model import build_model, build_tokenizer
-    from distrinews.serve.onnx_export import compare_with_torch, export_model
 
     model = build_model("tiny-random", dropout=0.3, seed=0).eval()
     tokenizer = build_tokenizer("tiny-random")

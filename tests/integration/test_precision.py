@@ -22,7 +22,7 @@ STEPS = 3
 
 def _train(out: Path, bf16: bool, capsys) -> tuple[str, dict, list[dict]]:
     from distrinews.config import load_config
-    from distrinews.trainer import train
+    from distrinews.train.trainer import train
 
     overrides = {
         "bf16": bf16,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 WORKER = """
 import torch, torch.distributed as dist
-from distrinews.distributed import distributed_context
+from distrinews.distributed.process_group import distributed_context
 with distributed_context(timeout_s=60) as env:
     t = torch.ones(1) * (env.rank + 1)
     dist.all_reduce(t)

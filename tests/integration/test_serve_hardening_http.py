@@ -40,7 +40,7 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    from distrinews.checkpoint import save_servable
+    from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
@@ -169,7 +169,7 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp
 @pytest.fixture(scope="module")
 def tokenizerless(tmp_path_factory) -> Path:
     """A servable tiny model whose tokenizer files were deleted: transformers would fill in an empty vocabulary."""
-    from distrinews.checkpoint import save_servable
+    from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()

@@ -34,7 +34,7 @@ API_KEY = "test-key-1234"
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def test_rows(agnews_dir):
-    from distrinews.data import load_split
+    from distrinews.data.splits import load_split
 
     raw = load_split(agnews_dir, "test")
     return raw.texts[::19][:400]
@@ -42,7 +42,7 @@ def test_rows(agnews_dir):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
-    from distrinews.data import load_split
+    from distrinews.data.splits import load_split
 
     train = load_split(agnews_dir, "train")
     return spread_checkpoint(tmp_path_factory.mktemp("serve") / "best", train.texts[:256])

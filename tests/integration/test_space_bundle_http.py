@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.launch import free_port
-from distrinews.space import dockerfile
-from distrinews.space.bundle import export_space
+from distrinews.distributed.launch import free_port
+from distrinews.export.space import dockerfile
+from distrinews.export.space.bundle import export_space
 
 pytest.importorskip("onnxruntime")
 httpx = pytest.importorskip("httpx")

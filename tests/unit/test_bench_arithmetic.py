@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews import flops
 from distrinews.bench import collectives, compare, scaling
+from distrinews.train import flops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +117,7 @@ def test_train_flops_formula():
     frozen = flops.ModelShape(matmul_params=1000, num_layers=2, hidden_size=8, frozen_matmul_params=600)
     assert frozen.train_flops(8, 34) == (6 * 1000 - 2 * 600) * 8 + 12 * 2 * 8 * 34
     assert frozen.forward_flops(8, 34) == shape.forward_flops(8, 34)
-    from distrinews.metrics import Counts
+    from distrinews.train.metrics import Counts
 
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     counts = Counts.of_batch(torch.tensor(0.5), torch.zeros(2, 4), {"attention_mask": mask, "labels": torch.tensor([0, 1])})
@@ -215,7 +215,7 @@ def test_cuda_peak_comes_from_the_table_by_device_name(monkeypatch):
 
 def test_ddp_bucket_default_depends_on_the_device():
     from distrinews.config import TrainConfig
-    from distrinews.parallel import ddp_bucket_cap_mb
+    from distrinews.distributed.parallel import ddp_bucket_cap_mb
 
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
     assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays

@@ -8,11 +8,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distrinews import checkpoint as ckpt
-from distrinews.distributed import DistEnv
+from distrinews.checkpoint import servable
+from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
+from distrinews.checkpoint.resumable import Checkpointer, capture_rng_state, load_weights, restore_rng_state, save_weights
+from distrinews.checkpoint.rundir import clean_stale_tmp
+from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
+from distrinews.checkpoint.space import _says_disk_full, _size
+from distrinews.distributed.parallel import ParallelModel
+from distrinews.distributed.process_group import DistEnv
+from distrinews.errors import CheckpointError, DiskFullError
+from distrinews.export.legacy_pt import export_legacy_pt
 from distrinews.model import build_model, build_tokenizer
-from distrinews.parallel import ParallelModel
-from distrinews.rundir import clean_stale_tmp
 
 ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
@@ -30,7 +36,7 @@ def _parts(model):
 
 def _save_step(root, step, model, limit=None):
     wrapped, opt, sched = _parts(model)
-    checkpointer = ckpt.Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
+    checkpointer = Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
     return checkpointer.save(step, wrapped, opt, sched, None, {"epoch": 0, "step_in_epoch": step})
 
 
@@ -49,14 +55,14 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     fresh = build_model("tiny-random", dropout=0.0, seed=1)
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     wrapped, opt, sched = _parts(fresh)
-    loaded = ckpt.Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
+    loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
     assert loaded.trainer_state["global_step"] == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k
     torch.manual_seed(0)
-    before = ckpt.capture_rng_state()
+    before = capture_rng_state()
     expected = torch.rand(3)
-    ckpt.restore_rng_state(before)
+    restore_rng_state(before)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -67,13 +73,13 @@ def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypa
     def boom(*a, **k):
         raise KeyboardInterrupt("killed mid-save")
 
-    monkeypatch.setattr(ckpt.torch, "save", boom)
+    monkeypatch.setattr(torch, "save", boom)
     with pytest.raises(KeyboardInterrupt):
         _save_step(tmp_path, 2, model)
     monkeypatch.undo()
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-1"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-1"]
     assert load_file(str(tmp_path / "step-1" / "model.safetensors"))
-    assert ckpt.resolve_resume("auto", tmp_path).name == "step-1", "auto resumes from the last whole checkpoint"
+    assert resolve_resume("auto", tmp_path).name == "step-1", "auto resumes from the last whole checkpoint"
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     assert leftovers, "the half-written save stays under a temp name"
     clean_stale_tmp(tmp_path)
@@ -84,47 +90,47 @@ def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypa
 def test_tied_weights_are_stored_once_and_load_back(tmp_path):
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight  # tied, as language-model heads are
-    ckpt.save_weights(model.state_dict(), tmp_path / "w.safetensors")
+    save_weights(model.state_dict(), tmp_path / "w.safetensors")
     assert list(load_file(str(tmp_path / "w.safetensors"))) == ["0.weight"]
     fresh = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     fresh[1].weight = fresh[0].weight
-    ckpt.load_weights(fresh, tmp_path / "w.safetensors")
+    load_weights(fresh, tmp_path / "w.safetensors")
     assert torch.equal(fresh[1].weight, model[0].weight)
     untied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     with pytest.raises(ValueError, match="do not match"):
-        ckpt.load_weights(untied, tmp_path / "w.safetensors")
+        load_weights(untied, tmp_path / "w.safetensors")
 
 
 def test_rotation_keeps_the_newest(tmp_path, tiny):
     model, _ = tiny
     for step in (10, 2, 30, 20):
         _save_step(tmp_path, step, model)
-    removed = ckpt.rotate_checkpoints(tmp_path, 2)
+    removed = rotate_checkpoints(tmp_path, 2)
     assert sorted(p.name for p in removed) == ["step-10", "step-2"]
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-20", "step-30"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-20", "step-30"]
     _save_step(tmp_path, 40, model, limit=2)  # the checkpointer rotates after each save
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-30", "step-40"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-30", "step-40"]
 
 
 def test_resolve_resume(tmp_path, tiny):
     model, _ = tiny
     checkpoints = tmp_path / "run" / "checkpoints"
-    assert ckpt.resolve_resume("auto", checkpoints) is None
-    assert ckpt.resolve_resume(None, checkpoints) is None
+    assert resolve_resume("auto", checkpoints) is None
+    assert resolve_resume(None, checkpoints) is None
     _save_step(checkpoints, 3, model)
     _save_step(checkpoints, 12, model)
-    assert ckpt.resolve_resume("auto", checkpoints).name == "step-12"
-    assert ckpt.resolve_resume(str(checkpoints / "step-3"), checkpoints).name == "step-3"
+    assert resolve_resume("auto", checkpoints).name == "step-12"
+    assert resolve_resume(str(checkpoints / "step-3"), checkpoints).name == "step-3"
     with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
-        ckpt.resolve_resume(str(tmp_path / "nope"), checkpoints)
+        resolve_resume(str(tmp_path / "nope"), checkpoints)
 
 
 def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
     from transformers import pipeline
 
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
-    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
     assert sorted(os.listdir(tmp_path)) == ["best"]
     info = json.loads((tmp_path / "best" / "distrinews.json").read_text())
     assert info["metrics"]["accuracy"] == 0.2 and info["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
@@ -136,14 +142,14 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
 
 def test_legacy_pt_export_and_load(tmp_path, tiny):
     model, tok = tiny
-    ckpt.save_servable(
+    save_servable(
         tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1}
     )
-    out = ckpt.export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
+    out = export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
     assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
     assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
-    loaded, _tok2, info = ckpt.load_for_inference(out)
+    loaded, _tok2, info = load_for_inference(out)
     enc = tok(["Stocks rally on Wall Street"], return_tensors="pt")
     with torch.no_grad():
         a = model.eval()(**enc).logits
@@ -156,20 +162,20 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
 def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
     """The reference system saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
     model, tok = tiny
-    ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
-    path = ckpt.export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+    path = export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
     payload = torch.load(path, weights_only=True)
     payload["model_state_dict"] = {f"model.{k}": v for k, v in payload["model_state_dict"].items()}
     torch.save(payload, path)
-    loaded, _, _ = ckpt.load_for_inference(path)
+    loaded, _, _ = load_for_inference(path)
     assert torch.equal(loaded.classifier.weight, model.classifier.weight)
 
 
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint"):
-        ckpt.load_for_inference(tmp_path)
+        load_for_inference(tmp_path)
     with pytest.raises(FileNotFoundError):
-        ckpt.load_for_inference(tmp_path / "missing")
+        load_for_inference(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "flip", "no-manifest"])
@@ -177,7 +183,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(tmp_
     model, _ = tiny
     _save_step(tmp_path, 10, model)
     newest = _save_step(tmp_path, 20, model)
-    ckpt.verify_checkpoint(newest)
+    verify_checkpoint(newest)
     weights = newest / "model.safetensors"
     if damage == "truncate":
         weights.write_bytes(weights.read_bytes()[:1000])
@@ -190,10 +196,10 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(tmp_
     else:
         (newest / "manifest.json").unlink()  # killed before the save finished
     warnings = []
-    assert ckpt.resolve_resume("auto", tmp_path, warn=warnings.append).name == "step-10"
+    assert resolve_resume("auto", tmp_path, warn=warnings.append).name == "step-10"
     assert len(warnings) == 1 and warnings[0].startswith("warning: skipping step-20: ")
-    with pytest.raises(ckpt.CheckpointError) as exc:
-        ckpt.resolve_resume(str(newest), tmp_path)
+    with pytest.raises(CheckpointError) as exc:
+        resolve_resume(str(newest), tmp_path)
     message = str(exc.value)
     assert "\n" not in message and str(newest) in message
     expected = {
@@ -216,7 +222,7 @@ def _fill_disk_midway(monkeypatch, free: int):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 9664 vs 9556")
         return real_save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt.torch, "save", save)
+    monkeypatch.setattr(torch, "save", save)
     monkeypatch.setattr(shutil, "disk_usage", lambda _path: SimpleNamespace(total=1 << 50, used=(1 << 50) - free, free=free))
 
 
@@ -225,12 +231,12 @@ def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_che
     previous = _save_step(tmp_path, 1, model)
     size = sum(p.stat().st_size for p in previous.iterdir())
     _fill_disk_midway(monkeypatch, free=5000)
-    with pytest.raises(ckpt.DiskFullError) as exc:
+    with pytest.raises(DiskFullError) as exc:
         _save_step(tmp_path, 2, model)
     message = str(exc.value)
     assert "\n" not in message and "inline_container" not in message
     assert message.startswith(f"no space left to save {tmp_path / 'step-2'}: the filesystem mounted at /"), message
-    assert f"has 4.9 KiB free, the save needs about {ckpt._size(size)}, the size of step-1" in message, message
+    assert f"has 4.9 KiB free, the save needs about {_size(size)}, the size of step-1" in message, message
     assert message.endswith(f"the newest complete checkpoint is {previous}: free some space, then continue with --resume auto")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"], "the half-written step-2 is removed"
 
@@ -238,7 +244,7 @@ def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_che
 def test_with_no_checkpoint_yet_the_error_says_so_and_estimates_from_the_tensors(tmp_path, tiny, monkeypatch):
     model, _ = tiny
     _fill_disk_midway(monkeypatch, free=0)
-    with pytest.raises(ckpt.DiskFullError, match=r"needs at least [\d.]+ MiB for its tensors; .*there is no complete checkpoint"):
+    with pytest.raises(DiskFullError, match=r"needs at least [\d.]+ MiB for its tensors; .*there is no complete checkpoint"):
         _save_step(tmp_path, 1, model)
     assert list(tmp_path.iterdir()) == []
 
@@ -248,7 +254,7 @@ def test_a_failed_write_with_room_to_spare_is_not_called_a_full_disk(tmp_path, t
     _fill_disk_midway(monkeypatch, free=1 << 40)
     with pytest.raises(RuntimeError, match="inline_container") as exc:
         _save_step(tmp_path, 1, model)
-    assert not isinstance(exc.value, ckpt.DiskFullError)
+    assert not isinstance(exc.value, DiskFullError)
     assert list(tmp_path.iterdir()) == [], "the half-written save is removed whatever stopped it"
 
 
@@ -263,14 +269,14 @@ def test_a_failed_write_with_room_to_spare_is_not_called_a_full_disk(tmp_path, t
     ],
 )
 def test_what_reads_as_a_full_disk(exc, full):
-    assert ckpt._says_disk_full(exc) is full
+    assert _says_disk_full(exc) is full
     try:
         try:
             raise exc
         except Exception as inner:
             raise RuntimeError("torch.distributed.checkpoint could not save") from inner
     except RuntimeError as outer:
-        assert ckpt._says_disk_full(outer) is full, "found through the chain too"
+        assert _says_disk_full(outer) is full, "found through the chain too"
 
 
 def test_a_servable_save_that_fails_leaves_no_temp_dir(tmp_path, tiny, monkeypatch):
@@ -279,22 +285,22 @@ def test_a_servable_save_that_fails_leaves_no_temp_dir(tmp_path, tiny, monkeypat
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "write_model_card", full)
+    monkeypatch.setattr(servable, "write_model_card", full)
     with pytest.raises(OSError, match="No space left"):
-        ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+        save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("load", [ckpt.check_loadable, ckpt.load_for_inference], ids=["check_loadable", "load_for_inference"])
+@pytest.mark.parametrize("load", [check_loadable, load_for_inference], ids=["check_loadable", "load_for_inference"])
 def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load):
     """Without its tokenizer files transformers would build an empty vocabulary ([UNK] for every word) and serve it."""
     from distrinews.model import resolve_model_path
 
     model, tok = tiny
-    best = ckpt.save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64, "model_name": "tiny-random"})
+    best = save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64, "model_name": "tiny-random"})
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (best / name).unlink(missing_ok=True)
-    with pytest.raises(ckpt.CheckpointError) as refused:
+    with pytest.raises(CheckpointError) as refused:
         load(best)
     message = str(refused.value)
     assert message.startswith(f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json")

@@ -4,7 +4,7 @@ import pytest
 
 from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig, load_config, parse_overrides
-from distrinews.precision import check_precision_supported
+from distrinews.train.precision import check_precision_supported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

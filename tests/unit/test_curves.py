@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from distrinews import curves
+from distrinews.checkpoint.rundir import RunDir
 from distrinews.cli import main
 from distrinews.config import TrainConfig
-from distrinews.curves import RunLog, draw, results_table, write_training_curves
-from distrinews.metrics import MetricsLogger
-from distrinews.rundir import RunDir
+from distrinews.train import curves
+from distrinews.train.curves import RunLog, draw, results_table, write_training_curves
+from distrinews.train.metrics import MetricsLogger
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.space import dockerfile
-from distrinews.space.dockerfile import find, instructions
+from distrinews.export.space import dockerfile
+from distrinews.export.space.dockerfile import find, instructions
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from distrinews import launch
-from distrinews.launch import LaunchError, report_failures, spans_nodes, split_launch_flags, torchrun_args, wants_launch
+from distrinews.distributed import launch
+from distrinews.distributed.launch import LaunchError, report_failures, spans_nodes, split_launch_flags, torchrun_args, wants_launch
 
 PET = (
     "PET_NPROC_PER_NODE",

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from distrinews.metrics import MetricsLogger, classification_metrics, confusion_matrix, read_log
+from distrinews.train.metrics import MetricsLogger, classification_metrics, confusion_matrix, read_log
 
 
 def test_confusion_matrix_counts_true_by_predicted():

@@ -8,10 +8,10 @@ import shlex
 import pytest
 import yaml
 
-from distrinews.checkpoint import SERVABLE_INFO, save_servable
+from distrinews.checkpoint.modelcard import CARD_FILE, base_model, split_front_matter, training_command
+from distrinews.checkpoint.servable import SERVABLE_INFO, save_servable
 from distrinews.config import TrainConfig, load_config, parse_overrides
 from distrinews.model import build_model, build_tokenizer
-from distrinews.modelcard import CARD_FILE, base_model, split_front_matter, training_command
 from distrinews.versioning import NOT_HASHED
 
 METRICS = {

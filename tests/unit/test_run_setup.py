@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
+from distrinews.checkpoint.rundir import LOCK_FILE, RunDir
 from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig
-from distrinews.distributed import DistEnv, GpuShareError, check_one_gpu_per_process
-from distrinews.parallel import wrap_model
-from distrinews.rundir import LOCK_FILE, RunDir
-from distrinews.trainer import StepPlan, TrainState, optimizer_windows
+from distrinews.distributed.parallel import wrap_model
+from distrinews.distributed.process_group import DistEnv, GpuShareError, check_one_gpu_per_process
+from distrinews.train.trainer import StepPlan, TrainState, optimizer_windows
 
 
 def _previous_run(path):
@@ -73,7 +73,10 @@ def test_a_locked_run_directory_refuses_a_second_run_naming_the_holder(tmp_path)
 
 def test_the_lock_of_a_killed_run_does_not_block_the_next(tmp_path):
     run = RunDir(tmp_path / "run")
-    hold = "import sys, time; from distrinews.rundir import RunDir; RunDir(sys.argv[1]).lock(); print('held', flush=True); time.sleep(600)"
+    hold = (
+        "import sys, time; from distrinews.checkpoint.rundir import RunDir; "
+        "RunDir(sys.argv[1]).lock(); print('held', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(run.path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
@@ -130,8 +133,8 @@ def test_train_state_round_trip():
 
 
 def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
-    from distrinews.dropout import FastDropout, use_fast_dropout
     from distrinews.model import build_model
+    from distrinews.train.dropout import FastDropout, use_fast_dropout
 
     torch.manual_seed(0)
     drop = FastDropout(0.1).train()
@@ -156,7 +159,7 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
 def test_the_learning_rate_schedule_is_hugging_faces_step_for_step(warmup, total):
     from transformers import get_linear_schedule_with_warmup
 
-    from distrinews.trainer import linear_schedule_with_warmup
+    from distrinews.train.trainer import linear_schedule_with_warmup
 
     def lrs(make):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)

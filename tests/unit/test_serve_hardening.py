@@ -22,12 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from distrinews.serve.app import (
-    MAX_JSON_DEPTH,
-    MAX_NUMBER_CHARS,
-    ServeConfig,
-    create_app,
-)
+from distrinews.serve.app import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, ServeConfig, create_app
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
@@ -238,7 +233,7 @@ def write_malicious_pt(path: Path, marker: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def servable(tmp_path_factory) -> Path:
-    from distrinews.checkpoint import save_servable
+    from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
@@ -255,7 +250,8 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_a_pickle_with_code_in_it_is_refused_in_one_line(tmp_path):
-    from distrinews.checkpoint import CheckpointError, load_for_inference
+    from distrinews.checkpoint.servable import load_for_inference
+    from distrinews.errors import CheckpointError
 
     marker = tmp_path / "PWNED"
     evil = write_malicious_pt(tmp_path / "evil.pt", marker)
@@ -295,7 +291,8 @@ def _truncate(file: Path) -> None:
     ids=["header-length", "header-json", "truncated"],
 )
 def test_a_broken_safetensors_file_is_named_in_one_line(servable, tmp_path, damage, phrase):
-    from distrinews.checkpoint import CheckpointError, load_for_inference
+    from distrinews.checkpoint.servable import load_for_inference
+    from distrinews.errors import CheckpointError
 
     broken = _copy(servable, tmp_path / "broken")
     damage(broken / "model.safetensors")
@@ -309,7 +306,8 @@ def test_a_broken_safetensors_file_is_named_in_one_line(servable, tmp_path, dama
 def test_other_unloadable_checkpoints_raise_checkpoint_error(servable, tmp_path, case):
     import torch
 
-    from distrinews.checkpoint import CheckpointError, load_for_inference
+    from distrinews.checkpoint.servable import load_for_inference
+    from distrinews.errors import CheckpointError
 
     if case == "no-weights":
         target = _copy(servable, tmp_path / "c")

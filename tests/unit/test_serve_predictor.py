@@ -17,7 +17,7 @@ from distrinews.serve.tokens import Encoded, TextEncoder
 
 @pytest.fixture(scope="module")
 def rows(agnews_dir):
-    from distrinews.data import load_split
+    from distrinews.data.splits import load_split
 
     return load_split(agnews_dir, "test").texts
 
@@ -111,17 +111,17 @@ def test_predict_sorts_by_length_and_answers_in_order(checkpoint, rows, padding_
 
 
 def test_torch_bf16_is_refused_where_bf16_is_emulated(checkpoint, monkeypatch):
-    import distrinews.precision
+    import distrinews.train.precision
 
-    monkeypatch.setattr(distrinews.precision, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(distrinews.train.precision, "bf16_is_fast", lambda device: False)
     with pytest.raises(ValueError, match="no bf16 matrix hardware"):
         make_predictor(checkpoint, runtime="torch-bf16")
 
 
 def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
-    import distrinews.precision
+    import distrinews.train.precision
 
-    monkeypatch.setattr(distrinews.precision, "bf16_is_fast", lambda device: True)
+    monkeypatch.setattr(distrinews.train.precision, "bf16_is_fast", lambda device: True)
     predictor = make_predictor(checkpoint, runtime="torch-bf16")
     assert predictor.runtime == "torch-bf16" and predictor.describe()["runtime"] == "torch-bf16"
     assert len(predictor.predict(rows[:3])) == 3
@@ -162,7 +162,7 @@ def test_both_entry_points_take_the_pipeline_options(tmp_path):
 # ---------------------------------------------------------------------- where the tokenizer comes from
 @pytest.fixture(scope="module")
 def tiny_best(tmp_path_factory):
-    from distrinews.checkpoint import save_servable
+    from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
@@ -197,7 +197,7 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     import logging
     import shutil
 
-    from distrinews.checkpoint import export_legacy_pt
+    from distrinews.export.legacy_pt import export_legacy_pt
 
     source = shutil.copytree(tiny_best, tmp_path / "best")
     pt = export_legacy_pt(source, tmp_path / "model.pt")
@@ -205,5 +205,5 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     with caplog.at_level(logging.INFO, logger="distrinews"):
         info = _served_info(pt)
     assert info["tokenizer"] == {"source": "base_model", "name": "tiny-random"}
-    said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint"]
+    said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint.legacy"]
     assert len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0], said

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.checkpoint import save_servable
+from distrinews.checkpoint.modelcard import split_front_matter
+from distrinews.checkpoint.servable import save_servable
 from distrinews.config import ConfigError, TrainConfig
+from distrinews.export.space import accuracy, checks, dockerfile, readme, requirements
+from distrinews.export.space.bundle import PACKAGE_ROOT, export_space, server_files
 from distrinews.model import build_model, build_tokenizer
-from distrinews.modelcard import split_front_matter
-from distrinews.space import accuracy, checks, dockerfile, readme, requirements
-from distrinews.space.bundle import PACKAGE_ROOT, export_space, server_files
 
 pytest.importorskip("onnxruntime")
 
@@ -84,8 +84,9 @@ def test_model_files_and_code_per_runtime(bundles):
         "tokenizer_config.json",
     ]
     assert (torch_bundle / "model" / "model.safetensors").is_file() and not list((torch_bundle / "model").glob("*.onnx"))
-    assert not (int8 / "distrinews" / "trainer.py").exists() and not (int8 / "distrinews" / "checkpoint.py").exists()
-    assert (torch_bundle / "distrinews" / "checkpoint.py").is_file() and not (torch_bundle / "distrinews" / "trainer.py").exists()
+    trainer, servable = Path("distrinews", "train", "trainer.py"), Path("distrinews", "checkpoint", "servable.py")
+    assert not (int8 / trainer).exists() and not (int8 / servable).exists()
+    assert (torch_bundle / servable).is_file() and not (torch_bundle / trainer).exists()
     from distrinews.serve.predictor import is_quantized_file
 
     assert is_quantized_file(int8 / "model" / "model.int8.onnx")
@@ -268,7 +269,7 @@ def test_without_the_check_the_readme_says_which_measurement_it_relies_on(bundle
 
 
 def test_compare_int8_measures_both_graphs_on_the_test_split(checkpoint, tmp_path, write_csv):
-    from distrinews.serve.onnx_export import export_onnx, quantize_int8
+    from distrinews.export.onnx import export_onnx, quantize_int8
 
     rows = [(str(1 + i % 4), f"headline {i}", f"words about topic {i % 4}") for i in range(40)]
     write_csv(tmp_path / "test.csv", rows)

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import pytest
 
-from distrinews.checkpoint import save_servable
+from distrinews.checkpoint.servable import save_servable
 from distrinews.cli import main
 from distrinews.model import build_model, build_tokenizer
 

@@ -91,7 +91,7 @@ def test_short_names_keep_a_stem():
 
 
 def test_export_pt_is_named_and_stamped_by_version(tmp_path, spread_checkpoint, capsys):
-    from distrinews.checkpoint import load_for_inference
+    from distrinews.checkpoint.servable import load_for_inference
     from distrinews.cli import main
 
     best = spread_checkpoint(tmp_path / "best", ["Stocks rally", "Team wins final"])

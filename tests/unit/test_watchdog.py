@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distrinews.distributed import DistEnv
-from distrinews.watchdog import Watchdog
+from distrinews.distributed.process_group import DistEnv
+from distrinews.distributed.watchdog import Watchdog
 
 
 @pytest.fixture

@@ -1,1 +1,4 @@
-"""Benchmarks and diagnostics: scaling, collectives, serving, and the model-FLOPs arithmetic (MFU)."""
+"""Benchmarks and their reports: training scaling, collectives, serving (and its stages), fault
+overhead, and comparisons with a plain PyTorch loop and the Hugging Face Trainer. Each tool runs as
+``python -m distrinews.bench.NAME`` (under torchrun where it trains) or ``distrinews bench NAME``.
+"""

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..machine import cores_available, describe, threads_per_process
+from ..distributed.machine import cores_available, describe, threads_per_process
 from .report import write_report
 
 OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
@@ -102,7 +102,7 @@ def _timed(fn, iters: int, warmup: int, sync, env) -> float:
     import torch
     import torch.distributed as dist
 
-    from ..distributed import barrier
+    from ..distributed.process_group import barrier
 
     for _ in range(warmup):
         fn()
@@ -188,12 +188,13 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     from torch.utils.data import DataLoader
 
     from ..config import TrainConfig
-    from ..data import Collator, TrainSampler
-    from ..flops import ModelShape, peak_for
-    from ..metrics import Counts
+    from ..data.collate import Collator
+    from ..data.sampler import TrainSampler
     from ..model import build_model, count_parameters, forward_loss
-    from ..precision import Precision
-    from ..trainer import prepare_data
+    from ..train.flops import ModelShape, peak_for
+    from ..train.metrics import Counts
+    from ..train.precision import Precision
+    from ..train.trainer import prepare_data
 
     config = TrainConfig(
         model_name_or_path=args.model,
@@ -263,7 +264,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
     """Every rank runs this under torchrun; rank 0 returns the report."""
     import torch
 
-    from ..distributed import distributed_context
+    from ..distributed.process_group import distributed_context
 
     cores = cores_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -390,7 +391,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
-    from ..launch import torchrun_command, under_torchrun
+    from ..distributed.launch import torchrun_command, under_torchrun
 
     if extra and not args.worker:
         raise ConfigError(f"bench collectives: unexpected arguments: {' '.join(extra)}")

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..distributed import distributed_context
-from ..preemption import StopRequest
-from ..watchdog import Watchdog
+from ..distributed.preemption import StopRequest
+from ..distributed.process_group import distributed_context
+from ..distributed.watchdog import Watchdog
 
 
 def _thread_cpu_s(thread: threading.Thread | None) -> float | None:

@@ -24,11 +24,12 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
-from ..data import load_split, stratified_sample, tokenize_cached
-from ..distributed import DistEnv
-from ..evaluation import evaluate
+from ..data.splits import load_split, stratified_sample
+from ..data.tokenized import tokenize_cached
+from ..distributed.process_group import DistEnv
 from ..model import build_model, build_tokenizer
-from ..precision import Precision
+from ..train.evaluation import evaluate
+from ..train.precision import Precision
 from .common import comparison_parser
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args()
     if args.bf16 is None:
-        from ..precision import bf16_is_fast
+        from ..train.precision import bf16_is_fast
 
         args.bf16 = bf16_is_fast("cpu")
 

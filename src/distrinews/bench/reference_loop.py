@@ -27,11 +27,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
-from ..data import load_split, stratified_sample, tokenize_cached
-from ..distributed import DistEnv
-from ..evaluation import evaluate
+from ..data.splits import load_split, stratified_sample
+from ..data.tokenized import tokenize_cached
+from ..distributed.process_group import DistEnv
 from ..model import build_model, build_tokenizer
-from ..precision import Precision
+from ..train.evaluation import evaluate
+from ..train.precision import Precision
 from .common import comparison_parser
 
 

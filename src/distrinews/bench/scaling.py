@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..machine import cores_available
-from ..machine import describe as machine_description
+from ..distributed.machine import cores_available
+from ..distributed.machine import describe as machine_description
 from .report import write_report
 
 PHASES = ("data", "forward_backward", "optimizer")
@@ -114,10 +114,10 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
     from ..config import load_config, parse_overrides
-    from ..distributed import all_gather_object, barrier, distributed_context
-    from ..parallel import ddp_bucket_cap_mb
-    from ..precision import check_precision_supported
-    from ..trainer import Trainer
+    from ..distributed.parallel import ddp_bucket_cap_mb
+    from ..distributed.process_group import all_gather_object, barrier, distributed_context
+    from ..train.precision import check_precision_supported
+    from ..train.trainer import Trainer
 
     overrides = parse_overrides(extra)
     overrides["per_device_train_batch_size"] = args.per_worker_batch
@@ -173,8 +173,8 @@ def _windows(trainer, args: argparse.Namespace):
     """Endless optimizer windows from the trainer's own data and sampler (optionally padded to max_length)."""
     from torch.utils.data import DataLoader
 
-    from ..data import Collator
-    from ..trainer import optimizer_windows
+    from ..data.collate import Collator
+    from ..train.trainer import optimizer_windows
 
     config = trainer.config
     pad = trainer.data.train.pad_token_id
@@ -245,8 +245,8 @@ def _probe_exposed_allreduce(trainer, windows, probes: int) -> tuple[list[float]
 
 def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucket: float) -> dict[str, Any]:
     """Rank 0's summary of one scaling point from every rank's figures."""
-    from ..flops import mfu
     from ..model import count_parameters
+    from ..train.flops import mfu
 
     config, env = trainer.config, trainer.env
     W, B = env.world_size, config.per_device_train_batch_size
@@ -329,7 +329,7 @@ def worker_argv(args: argparse.Namespace, workers: int, bucket_cap_mb: float | N
 
 def run_point(args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, extra: list[str], log=print) -> dict[str, Any]:
     """One torchrun job of ``workers`` pinned processes; returns rank 0's figures."""
-    from ..launch import torchrun_command
+    from ..distributed.launch import torchrun_command
 
     with tempfile.TemporaryDirectory(prefix="distrinews-scaling-") as tmp:
         result = os.path.join(tmp, "result.json")
@@ -362,7 +362,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.worker:
         return run_worker(args, extra)
     from ..config import ConfigError
-    from ..launch import under_torchrun
+    from ..distributed.launch import under_torchrun
 
     if under_torchrun():
         raise ConfigError("bench scaling starts its own workers: run it without --nproc-per-node or torchrun")

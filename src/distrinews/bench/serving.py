@@ -39,8 +39,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..launch import free_port
-from ..machine import describe as machine_description
+from ..distributed.launch import free_port
+from ..distributed.machine import describe as machine_description
 
 REFERENCE = "reference server (the reference system's: 1 request = 1 forward pass, padded to max_length, no batching)"
 ACCURACY_TOLERANCE_POINTS = 0.2  # the default runtime's accuracy stays within this of PyTorch fp32
@@ -58,7 +58,7 @@ def reference_app(checkpoint: str):
     import torch
     from fastapi import FastAPI, HTTPException
 
-    from ..checkpoint import load_for_inference
+    from ..checkpoint.servable import load_for_inference
 
     state: dict[str, Any] = {}
 
@@ -261,7 +261,7 @@ class _Server:
 
 def _load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     """(full texts = title + description as the model sees them, headlines = titles), from the test split."""
-    from ..data import load_split
+    from ..data.splits import load_split
 
     directory = data_dir or os.environ.get("DISTRINEWS_DATA")
     if not directory:
@@ -297,7 +297,7 @@ def bf16_matmul_gflops(n: int = 1024, repeats: int = 5) -> dict[str, float]:
 
 def runtime_accuracy(checkpoint: str, runtimes: list[str], data_dir: str | None, rows: int | None) -> list[dict[str, Any]]:
     """Each runtime on the test split (all rows unless ``rows``): accuracy, label agreement with PyTorch fp32, seconds."""
-    from ..data import load_split
+    from ..data.splits import load_split
     from ..serve.predictor import make_predictor
 
     split = load_split(data_dir or os.environ["DISTRINEWS_DATA"], "test")
@@ -394,15 +394,15 @@ def _start(name: str, cmd: list[str], port: int, ready: str, out: Path) -> _Serv
 
 
 def _default_runtimes() -> list[str]:
-    from ..precision import bf16_is_fast
+    from ..train.precision import bf16_is_fast
 
     runtimes = ["torch", "onnx", "onnx-int8"]
     return [*runtimes[:1], "torch-bf16", *runtimes[1:]] if bf16_is_fast("cpu") else runtimes
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..precision import bf16_is_fast
     from ..serve.predictor import DEFAULT_RUNTIME, RUNTIMES
+    from ..train.precision import bf16_is_fast
 
     if extra:
         from ..config import ConfigError

@@ -151,9 +151,9 @@ def _serve(argv: list[str]) -> int:
     atexit.register(lambda: Path(out).write_text(json.dumps(_TIMES)))
     if kind == "ours":
         _install_ours()
-        from distrinews.cli import main
+        from distrinews.serve.__main__ import main
 
-        return main(["serve", *rest])
+        return main(rest)
     _install_reference()
     import uvicorn
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from distrinews.bench.serving import _load_texts
-    from distrinews.launch import free_port
+    from distrinews.distributed.launch import free_port
 
     full, headlines = _load_texts(args.data, args.requests + args.warmup)
     texts = full if args.texts == "full" else headlines

@@ -6,7 +6,7 @@ optional dependency is missing is still listed; running it says which extra to i
 
 Launcher flags (``--nproc-per-node``, ``--nnodes``, ``--rdzv-endpoint``, ``--max-restarts`` ...)
 are taken out of the command line first: with them, ``train``, ``eval`` and ``doctor`` run as
-torchrun workers on this node (``distrinews.launch``).
+torchrun workers on this node (``distrinews.distributed.launch``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 import os
 import sys
 
+from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
-from ..launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..serve.options import ServeOptionError
 from . import bench, doctor, evaluate, export, predict, report, serve, train
 

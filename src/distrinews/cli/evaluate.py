@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from pathlib import Path
 
-    from ..launch import launch, wants_launch
+    from ..distributed.launch import launch, wants_launch
     from . import no_extra_arguments, write_json
 
     no_extra_arguments("eval", extra)
@@ -40,11 +40,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     import torch
 
-    from ..checkpoint import load_for_inference
-    from ..data import load_split, stratified_sample, tokenize_cached
-    from ..distributed import distributed_context, main_process_first
-    from ..evaluation import evaluate
-    from ..precision import Precision, bf16_is_fast
+    from ..checkpoint.servable import load_for_inference
+    from ..data.splits import load_split, stratified_sample
+    from ..data.tokenized import tokenize_cached
+    from ..distributed.process_group import distributed_context, main_process_first
+    from ..train.evaluation import evaluate
+    from ..train.precision import Precision, bf16_is_fast
 
     with distributed_context() as env:
         model, tokenizer, info = load_for_inference(args.checkpoint)

@@ -47,14 +47,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             raise ConfigError("--quantize does not apply to --format space: choose --runtime onnx-int8")
         return _space(args)
     if args.format == "pt":
-        from ..checkpoint import export_legacy_pt
+        from ..export.legacy_pt import export_legacy_pt
 
         out = args.output or os.path.join(args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version))
         print(f"wrote {export_legacy_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
     require_extra("onnx", "onnx", "export --format onnx")
     require_extra("onnxruntime", "onnx", "export --format onnx")
-    from ..serve.onnx_export import export_onnx
+    from ..export.onnx import export_onnx
 
     # An int8 file never takes the fp32 file's default name, which --runtime onnx would pick up.
     out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.int8.onnx" if args.quantize else "model.onnx")
@@ -63,8 +63,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _space(args: argparse.Namespace) -> int:
-    from ..space import DEFAULT_RUNTIME
-    from ..space.bundle import export_space
+    from ..export.space import DEFAULT_RUNTIME
+    from ..export.space.bundle import export_space
     from . import require_extra
 
     runtime = args.runtime or DEFAULT_RUNTIME
@@ -88,7 +88,7 @@ def _space(args: argparse.Namespace) -> int:
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file() and ".git" not in p.relative_to(bundle).parts)
     print(f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)")
     if args.push_to_hub:
-        from ..space.push import PushError, push_to_hub
+        from ..export.space.push import PushError, push_to_hub
 
         info = json.loads((bundle / "model" / "distrinews.json").read_text())
         message = f"DistriNews v{info['model_version']} ({runtime})"

@@ -19,8 +19,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..curves import PLOT_HINT, have_matplotlib, load_runs, plot_runs, results_table
-    from ..rundir import RunDir
+    from ..checkpoint.rundir import RunDir
+    from ..train.curves import PLOT_HINT, have_matplotlib, load_runs, plot_runs, results_table
     from . import EXIT_USAGE, no_extra_arguments
 
     no_extra_arguments("report", extra)

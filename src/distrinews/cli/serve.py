@@ -20,7 +20,7 @@ def register(subparsers) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..checkpoint import check_loadable
+    from ..checkpoint.servable import check_loadable
     from ..serve.server import run_server
     from . import no_extra_arguments, require_extra
 

@@ -7,7 +7,7 @@ import contextlib
 import os
 
 from ..config import TrainConfig, load_config, parse_overrides
-from ..launch import launch, nproc_per_node, spans_nodes, wants_launch
+from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 
 
 def register(subparsers) -> None:
@@ -29,8 +29,8 @@ def config_from(args: argparse.Namespace, extra: list[str]) -> TrainConfig:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..preflight import preflight_train
-    from ..rundir import LOCK_HELD_ENV, RunDir
+    from ..checkpoint.rundir import LOCK_HELD_ENV, RunDir
+    from ..train.preflight import preflight_train
 
     config = config_from(args, extra)
     run_dir = RunDir(config.output_dir)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if is_global_rank_zero() and not run_dir.locked_by_launcher():
             # One process, plain torchrun, or our launcher over several nodes: the process that writes holds the lock.
             held.enter_context(preflight_train(config, read_data=False))  # the data is read next anyway
-        from ..trainer import train
+        from ..train.trainer import train
 
         result = train(config)
         if args.result_json and is_global_rank_zero():

@@ -1,1 +1,5 @@
-"""Serving: the predictor, the micro-batcher and the HTTP app."""
+"""Serving a checkpoint over HTTP: the FastAPI app (routes, limits, metrics, middleware), the
+micro-batcher, the predictor runtimes (torch, onnx, onnx-int8) and their tokenization, the serve
+options, and ``python -m distrinews.serve``, the entry point that needs neither torch nor the
+training stack for an ONNX runtime.
+"""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..checkpoint.tokenizer_files import needs_own_tokenizer, require_tokenizer
 from ..errors import CheckpointError
-from ..tokenizer_files import needs_own_tokenizer, require_tokenizer
 from .options import ServeOptionError, add_arguments, validate
 from .server import run_server
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
         return usage_error(exc)
     if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
-        from ..checkpoint import check_loadable
+        from ..checkpoint.servable import check_loadable
 
         try:
             check_loadable(args.checkpoint)

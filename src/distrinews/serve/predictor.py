@@ -19,7 +19,7 @@ serving benchmark while its test accuracy stays within 0.2 points of PyTorch fp3
 
 Importing this module needs neither torch nor transformers. ONNX Runtime on a checkpoint
 directory that has its ONNX file, ``tokenizer.json`` and ``config.json`` needs only
-onnxruntime, tokenizers and numpy (the Space bundle's slim image, ``distrinews.space``);
+onnxruntime, tokenizers and numpy (the Space bundle's slim image, ``distrinews.export.space``);
 torch and transformers are imported where a runtime needs them: the PyTorch predictors, and
 the ONNX ones when they must export (or quantize) the model first or read a legacy ``.pt`` file.
 """
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 RUNTIMES = ("torch", "torch-bf16", "onnx", "onnx-int8")
 DEFAULT_RUNTIME = "torch"
 __all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "is_quantized_file", "make_predictor", "softmax"]
-SERVABLE_INFO = "distrinews.json"  # the same name checkpoint.py writes (not imported: it needs torch)
+SERVABLE_INFO = "distrinews.json"  # the same name checkpoint/servable.py writes (not imported: it needs torch)
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
@@ -63,7 +63,7 @@ class Predictor:
     def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
         import torch
 
-        from ..checkpoint import load_for_inference
+        from ..checkpoint.servable import load_for_inference
 
         self.checkpoint = Path(checkpoint)
         self.model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
@@ -247,7 +247,7 @@ class OnnxPredictor(Predictor):
 
     def _load_with_transformers(self, path: Path, max_batch_size: int, int8: bool) -> Path:
         """A legacy ``.pt`` file, a step-N directory, or no ONNX file yet: load (and export) with torch."""
-        from ..checkpoint import load_for_inference
+        from ..checkpoint.servable import load_for_inference
 
         # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
         # weights are only kept long enough to export them when no ONNX file exists yet.
@@ -260,7 +260,7 @@ class OnnxPredictor(Predictor):
         return path
 
     def _make_onnx(self, model: Any, int8: bool) -> Path:
-        from .onnx_export import export_model, quantize_int8
+        from ..export.onnx import export_model, quantize_int8
 
         self._tmpdir = tempfile.TemporaryDirectory(prefix="distrinews-onnx-")
         tmp = Path(self._tmpdir.name)
@@ -288,7 +288,7 @@ class OnnxPredictor(Predictor):
 
 def bf16_refusal(device: str = "cpu") -> str | None:
     """Why ``torch-bf16`` is refused on ``device`` (None where bf16 runs in hardware)."""
-    from ..precision import bf16_is_fast
+    from ..train.precision import bf16_is_fast
 
     if bf16_is_fast(device):
         return None

@@ -1,0 +1,5 @@
+"""What a run leaves on disk and how it is read back: atomic directory writes, the resumable ``step-N``
+checkpoints with their manifests, the servable ``best/`` with its model card, the legacy single
+``.pt``, the run directory, and running out of space. This file imports nothing: the slim server
+imports ``tokenizer_files`` without torch.
+"""

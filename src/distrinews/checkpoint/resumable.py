@@ -1,0 +1,182 @@
+"""Resumable checkpoints, ``checkpoints/step-N/``: weights, optimizer, scheduler, scaler, every rank's RNG state.
+
+Tensors are stored as safetensors; whatever goes through ``torch.load`` is loaded with
+``weights_only=True``. Replicated (DDP) and sharded (FSDP) runs write different weight layouts;
+``Checkpointer`` hides which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..distributed.process_group import DistEnv, all_gather_object, barrier, broadcast_object
+from ..errors import CheckpointError
+from .atomic import fresh_tmp, publish_dir, removed_on_failure
+from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
+from .space import saving_together, space_needed
+
+
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """A state dict as safetensors; a tensor that aliases an earlier one (tied weights) is stored once."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    unique = {}
+    for name, tensor in weights.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        unique[name] = tensor.detach().contiguous().cpu()
+    save_file(unique, str(path), metadata={"format": "pt"})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load what ``save_weights`` wrote; only aliases of stored tensors may be missing from the file."""
+    state = load_file(str(path), device=str(next(model.parameters()).device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    stored = {own[k].untyped_storage().data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].untyped_storage().data_ptr() not in stored]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def capture_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class LoadedCheckpoint:
+    trainer_state: dict[str, Any]
+    rng_states: list[dict[str, Any]]  # one per rank of the run that wrote it
+
+    @property
+    def world_size(self) -> int | None:
+        return self.trainer_state.get("world_size")
+
+
+SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
+
+
+class Checkpointer:
+    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
+
+    Replicated models (DDP, one process): rank 0 writes the weights (``model.safetensors``) and the
+    optimizer state. Sharded models (FSDP): every rank writes its shards of both with
+    ``torch.distributed.checkpoint`` into ``sharded/``, which loads back at any world size. Either
+    way rank 0 adds the scheduler, scaler, every rank's RNG state, the trainer state and the
+    config, then the manifest, last, and publishes the directory.
+    """
+
+    def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
+        self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
+
+    def save(
+        self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: dict[str, Any]
+    ) -> Path | None:
+        rng_states = all_gather_object(capture_rng_state(), self.env)
+        final = self.root / f"step-{step}"
+        main = self.env.is_main
+        if model.sharded:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.api import CheckpointException
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optim_state = get_state_dict(model.module, optimizer)
+        else:
+            model_state = model.full_state_dict()
+            optim_state = optimizer.state_dict() if main else {}
+
+        def needed() -> tuple[int, str]:
+            published = list_checkpoints(self.root)
+            return space_needed(published[-1] if published else None, (model_state, optim_state))
+
+        # Two steps, so that no rank waits for the temp directory's name while rank 0 reports a failure to make it.
+        with saving_together(self.env, final, self.root, needed):
+            tmp = fresh_tmp(final) if main else None
+        tmp = broadcast_object(tmp, self.env)
+        with saving_together(self.env, final, self.root, needed), removed_on_failure(tmp if main else None):
+            if model.sharded:
+                try:
+                    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDED))
+                except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
+                    first = next(iter(exc.failures.values()))[0] if exc.failures else None
+                    raise RuntimeError(f"torch.distributed.checkpoint could not save {tmp / SHARDED}") from (first or exc)
+                barrier(self.env)  # every rank's shards are on disk before rank 0 seals the directory
+            elif main:
+                save_weights(model_state, tmp / "model.safetensors")
+                torch.save(optim_state, tmp / "optimizer.pt")
+            if main:
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                if scaler is not None:
+                    torch.save(scaler.state_dict(), tmp / "scaler.pt")
+                torch.save(rng_states, tmp / "rng_state.pt")
+                state = {**trainer_state, "global_step": step, "world_size": self.env.world_size, "sharded": bool(model.sharded)}
+                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+                (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+                write_manifest(tmp, step)  # last: a checkpoint without one never finished
+                publish_dir(tmp, final)
+        if not main:
+            return None
+        rotate_checkpoints(self.root, self.limit)
+        return final
+
+    def load(self, path: str | os.PathLike, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> LoadedCheckpoint:
+        path = Path(path)
+        if (path / SHARDED).is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_state, optim_state = get_state_dict(model.module, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
+            set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        elif model.sharded:
+            raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
+        else:
+            load_weights(model.raw, path / "model.safetensors")
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        if scaler is not None and (path / "scaler.pt").is_file():
+            scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+        rng = torch.load(path / "rng_state.pt", weights_only=True)
+        return LoadedCheckpoint(json.loads((path / "trainer_state.json").read_text()), rng)
+
+
+def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:
+    """The model weights of a sharded checkpoint, consolidated in this one process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    # no_dist: this process alone, even inside a process group (e.g. rank 0 of an evaluation).
+    dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=True)
+    model.load_state_dict(state["model"])

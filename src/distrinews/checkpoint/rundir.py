@@ -1,0 +1,249 @@
+"""The run directory's layout, and the rule that one directory holds one run.
+
+    runs/<name>/
+      config.yaml            resolved config of the run
+      log.jsonl              one JSON object per logged step / eval (rank 0)
+      tb/                    TensorBoard event files
+      checkpoints/step-N/    resumable checkpoints
+      best/                  the servable model with the best test accuracy so far
+
+A directory that already holds a run is continued (``--resume auto``) or replaced
+(``--overwrite_output_dir true``), never silently mixed with a new one: a new run's
+checkpoints would be rotated away by the old run's higher step numbers, its log appended to
+the old one, and a later ``--resume auto`` would pick the old run. The rule holds while the
+run does: the process that writes (or the launcher of its workers) keeps an exclusive lock on
+the directory (``RunLock``), taken before the directory is checked, so that two runs started
+at the same moment cannot both find it free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..config import ConfigError, TrainConfig
+
+# What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
+RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png")
+# Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
+LOCK_FILE = ".distrinews.lock"
+# Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
+LOCK_HELD_ENV = "DISTRINEWS_RUN_DIR_LOCKED"
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def log(self) -> Path:
+        return self.path / "log.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        return self.path / "best"
+
+    @property
+    def curves(self) -> Path:
+        return self.path / "training_curves.png"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_FILE
+
+    def lock(self) -> RunLock:
+        """Take the run's lock (creating the directory), or fail naming the run that holds it."""
+        return RunLock(self).acquire()
+
+    def locked_by_launcher(self) -> bool:
+        return os.environ.get(LOCK_HELD_ENV) == str(self.lock_file.resolve())
+
+    def previous_run(self) -> list[str]:
+        """The artifacts of an earlier run found here (empty for a new or empty directory)."""
+        found = []
+        for name in RUN_ARTIFACTS:
+            p = self.path / name
+            if p.is_file() or (p.is_dir() and any(p.iterdir())):
+                found.append(name)
+        return found
+
+    def check_usable(self, resume: str | None, overwrite: bool) -> None:
+        """Fail, naming the field, when the directory cannot take this run; touches nothing."""
+        self.check_writable()
+        previous = self.previous_run()
+        if previous and resume is None and not overwrite:
+            raise ConfigError(
+                f"config field 'output_dir': {self.path} already holds a run ({', '.join(previous)}); "
+                "pass --resume auto to continue it, or --overwrite_output_dir true to replace it"
+            )
+
+    def check_writable(self) -> None:
+        for parent in (self.path, *self.path.parents):
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ConfigError(f"config field 'output_dir': {self.path} is under {parent}, which is a file, not a directory")
+                if not os.access(parent, os.W_OK | os.X_OK):
+                    raise ConfigError(f"config field 'output_dir': cannot write to {parent} (permission denied)")
+                break
+
+    def prepare(self, config: TrainConfig, resumed: bool) -> None:
+        """Rank 0, before anything is written: save the config, remove leftovers of killed saves.
+
+        A run that does not continue a checkpoint starts from a clean directory: ``check_usable``
+        let it in only when the directory was empty, replaced on purpose, or held a run that
+        ``--resume auto`` found no checkpoint of.
+        """
+        if not resumed:
+            self.clear()
+        self.path.mkdir(parents=True, exist_ok=True)
+        for directory in (self.path, self.checkpoints):
+            clean_stale_tmp(directory)
+        config.save_yaml(self.config)
+
+    def clear(self) -> None:
+        for name in RUN_ARTIFACTS:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run dir>/.distrinews.lock``, held until ``release()`` or the process ends.
+
+    The kernel drops a ``flock`` when its holder dies, SIGKILL included, so a killed run never
+    blocks the next one, and nobody has to guess whether a pid in a file is still alive; the
+    pid and host written in the file only name the holder to the run that is refused.
+    """
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+        self.path = run_dir.lock_file
+        self._fd: int | None = None
+        self._created: list[Path] = []
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> RunLock:
+        self.run_dir.check_writable()
+        self._created = [p for p in (self.run_dir.path, *self.run_dir.path.parents) if not p.exists()]
+        try:
+            self._make_dir()
+            self._fd = self._lock()
+        except BaseException:
+            self._remove_created()
+            raise
+        if self._fd is not None:
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+            with contextlib.suppress(OSError):  # only ever read to word the refusal: a full disk must not stop the run here
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, json.dumps(holder).encode(), 0)
+        return self
+
+    def _lock(self) -> int | None:
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:
+                # A run that wrote nothing removed the directory as it ended; make it again.
+                self._make_dir()
+                continue
+            except OSError as exc:
+                raise ConfigError(f"config field 'output_dir': cannot create the lock file {self.path}: {exc.strerror}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise ConfigError(
+                    f"config field 'output_dir': {self.run_dir.path} is locked by a run in progress ({holder}, lock file {self.path}); "
+                    "wait for it to end, or choose another --output-dir"
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                # Some network file systems are mounted without lock support; refusing every run there would be worse.
+                print(f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory", file=sys.stderr)
+                return None
+            if _same_file(fd, self.path):
+                return fd
+            # Its holder removed the file as it let go, between our open and our lock: lock the one there now.
+            os.close(fd)
+
+    def _make_dir(self) -> None:
+        try:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"config field 'output_dir': cannot create {self.run_dir.path}: {exc.strerror}") from exc
+
+    def release(self) -> None:
+        """Let go, and leave the directory as it was found: no lock file, no directory made only for it."""
+        if self._fd is not None:
+            if _same_file(self._fd, self.path):  # removed while held, so whoever opens it next locks a fresh one
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            os.close(self._fd)
+            self._fd = None
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        for p in self._created:
+            try:
+                p.rmdir()
+            except OSError:
+                break  # the run wrote into it (or someone else did): keep it and everything above
+        self._created = []
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _holder(fd: int) -> str:
+    # The holder writes its name just after it gets the lock: give it a moment to do so.
+    for _ in range(20):
+        raw = os.pread(fd, 4096, 0)
+        if raw:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                info = json.loads(raw)
+                return f"pid {info['pid']} on {info['host']} since {info['since']}"
+        time.sleep(0.05)
+    return "holder unknown"
+
+
+def clean_stale_tmp(directory: Path) -> None:
+    """Remove leftovers of saves that were killed midway (never a published checkpoint)."""
+    if directory.is_dir():
+        for p in directory.iterdir():
+            if p.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(p, ignore_errors=True)

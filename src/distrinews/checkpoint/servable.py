@@ -1,0 +1,158 @@
+"""The servable checkpoint, ``best/``: a Hugging Face folder plus ``distrinews.json`` and the model card,
+and loading any checkpoint (``best/``, ``step-N`` or a legacy ``.pt``) for inference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..errors import CheckpointError
+from ..model import LABELS, SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
+from ..versioning import version_fields
+from .atomic import fresh_tmp, publish_dir, removed_on_failure
+from .legacy import load_legacy_pt
+from .load_errors import loading, read_json
+from .modelcard import write_model_card
+from .resumable import SHARDED, load_sharded_weights, load_weights
+from .tokenizer_files import needs_own_tokenizer, require_tokenizer
+
+SERVABLE_INFO = "distrinews.json"
+
+
+def save_servable(
+    directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer, info: dict[str, Any]
+) -> Path:
+    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (metrics, max_length, labels, config,
+    model version and config hash) and ``README.md``, the model card.
+
+    ``weights`` is the full state dict every rank gathered (``ParallelModel.full_state_dict``);
+    ``model`` supplies the architecture's config and file layout.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = fresh_tmp(final)
+    with removed_on_failure(tmp):
+        # a copy: save_pretrained empties the dict it is given, and the caller may still need it
+        model.save_pretrained(str(tmp), state_dict=dict(weights), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        payload = {"label_names": list(LABELS), "package_version": __version__, **version_fields(info), **info}
+        (tmp / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
+        write_model_card(tmp, payload)  # README.md: the Hub's model card, from the same payload
+        publish_dir(tmp, final)
+    return final
+
+
+def _weights_file(directory: Path) -> Path:
+    """The file a Hugging Face folder keeps its weights in (for messages), else the folder itself."""
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return directory / name
+    return directory
+
+
+def _base_model_of(directory: Path) -> str | None:
+    """Where the base model that ``distrinews.json`` names loads from (our short names mapped to their path)."""
+    info = read_json(directory / SERVABLE_INFO) if (directory / SERVABLE_INFO).is_file() else {}
+    name = info.get("model_name") if isinstance(info, dict) else None
+    if name in (SHIPPED_MINILM, TINY_RANDOM):
+        try:
+            return resolve_model_path(name)
+        except RuntimeError:  # its package is not installed here: the name alone
+            pass
+    return name
+
+
+def _load_pretrained(path: Path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    require_tokenizer(path, _base_model_of(path))
+    with loading(_weights_file(path)):
+        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+    with loading(path):
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return model, tokenizer
+
+
+def check_loadable(path: str | os.PathLike) -> None:
+    """A cheap look at a checkpoint before a server starts: the weights' header (safetensors) or the
+    pickle (``weights_only=True``, memory-mapped, so no tensor is read) and the JSON files parse.
+    Raises :class:`CheckpointError` (one line naming the file) or ``FileNotFoundError``; runs nothing."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.is_file():
+        with loading(path):
+            torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
+        return
+    if not (path / "config.json").is_file() and not (path / "trainer_state.json").is_file():
+        raise CheckpointError(f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+    for name in ("config.json", SERVABLE_INFO, "trainer_state.json"):
+        if (path / name).is_file():
+            read_json(path / name)
+    if needs_own_tokenizer(path):
+        require_tokenizer(path, _base_model_of(path))
+    for weights in sorted(path.glob("*.safetensors")):
+        with loading(weights), safe_open(str(weights), framework="pt") as fh:
+            fh.keys()
+
+
+def load_for_inference(path: str | os.PathLike):
+    """(model in eval mode, tokenizer, info) from a ``best/``-style directory, a ``step-N`` directory or a ``.pt`` file.
+
+    A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
+    naming the file and why); a path that does not exist raises ``FileNotFoundError``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.is_file():
+        model, tokenizer, info = load_legacy_pt(path)
+    elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
+        info = {**read_json(path / SERVABLE_INFO), "format": "pretrained", "tokenizer": {"source": "checkpoint", "path": str(path)}}
+        model, tokenizer = _load_pretrained(path)
+    elif (path / "trainer_state.json").is_file():
+        # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
+        # Only the fields that define the architecture are read, so checkpoints of other versions load too.
+        from ..model import add_lora, build_model
+
+        values, state = read_json(path / "config.json"), read_json(path / "trainer_state.json")
+        name = values.get("model_name_or_path", "minilm")
+        model = build_model(name, dropout=values.get("dropout"), seed=values.get("seed", 42))
+        if values.get("use_peft"):
+            model = add_lora(model, values.get("lora_r", 16), values.get("lora_alpha", 32), 0.0, values.get("lora_target_modules"))
+        if (path / SHARDED).is_dir():
+            with loading(path / SHARDED):
+                load_sharded_weights(model, path)
+        else:
+            with loading(path / "model.safetensors"):
+                load_weights(model, path / "model.safetensors")
+        tokenizer = build_tokenizer(name)
+        info = {
+            "epoch": state.get("epoch"),
+            "metrics": state.get("last_eval", {}),
+            "max_length": values.get("max_length", 128),
+            "label_names": list(LABELS),
+            "model_name": name,
+            "format": "resumable",
+            # A resumable checkpoint tokenizes with the base model its training config names.
+            "tokenizer": {"source": "base_model", "name": name},
+        }
+    elif (path / "config.json").is_file():  # any HF sequence-classification folder
+        model, tokenizer = _load_pretrained(path)
+        labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        info = {"label_names": labels, "max_length": 128, "format": "pretrained", "tokenizer": {"source": "checkpoint", "path": str(path)}}
+    else:
+        raise CheckpointError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+    model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference
+    model.eval()
+    return model, tokenizer, info

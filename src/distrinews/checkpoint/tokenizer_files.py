@@ -1,0 +1,64 @@
+"""Whether a Hugging Face model folder holds its own tokenizer, told from its file names (no torch, no transformers).
+
+A model folder is only servable with the tokenizer it was trained with. Without the tokenizer's
+files ``AutoTokenizer.from_pretrained`` does not fail: it builds one from ``config.json`` with an
+empty vocabulary, which maps every word to ``[UNK]``, and the model then gives nearly the same
+answer for every text. So the files are looked for before anything is loaded, and their absence
+is a :class:`CheckpointError`. The slim ONNX server imports this module too, hence no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+# Any one of these holds a vocabulary: a fast tokenizer, WordPiece, BPE, SentencePiece.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+# What save_pretrained writes for the BERT-style tokenizers trained here (the names the message gives).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+SERVABLE_INFO = "distrinews.json"  # the name checkpoint/servable.py writes (importing it would import torch)
+
+
+def has_tokenizer(directory: str | os.PathLike) -> bool:
+    directory = Path(directory)
+    return any((directory / name).is_file() for name in VOCABULARY_FILES)
+
+
+def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
+    """A Hugging Face model folder (``config.json``), which must carry its tokenizer. Not a resumable
+    ``step-N`` folder (``trainer_state.json`` and no ``distrinews.json``): that one tokenizes with the
+    base model named in its training config, by design."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        return False
+    return (directory / SERVABLE_INFO).is_file() or not (directory / "trainer_state.json").is_file()
+
+
+def require_tokenizer(directory: str | os.PathLike, base_model: str | None = None) -> None:
+    """Raise :class:`CheckpointError`, one line that names the missing files and how to put them back,
+    when ``directory`` holds no vocabulary. ``base_model`` is where the tokenizer it was trained with
+    loads from (a path or hub id; default: the ``model_name`` in ``distrinews.json``)."""
+    directory = Path(directory)
+    if has_tokenizer(directory):
+        return
+    missing = [name for name in TOKENIZER_FILES if not (directory / name).is_file()]
+    base = base_model or _recorded_base_model(directory)
+    if base:
+        fix = (
+            "save its base model's tokenizer into it: python -c "
+            f"\"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('{base}').save_pretrained('{directory}')\""
+        )
+    else:
+        fix = "copy the tokenizer files of the model it was fine-tuned from into it"
+    raise CheckpointError(f"could not load checkpoint {directory}: its tokenizer is missing (no {', '.join(missing)}); {fix}")
+
+
+def _recorded_base_model(directory: Path) -> str | None:
+    try:
+        name = json.loads((directory / SERVABLE_INFO).read_text()).get("model_name")
+    except (OSError, ValueError, AttributeError):
+        return None  # no or damaged distrinews.json: the message just names no base model
+    return name if isinstance(name, str) and name else None

@@ -1,0 +1,23 @@
+"""``distrinews doctor``: check the distributed setup end to end (the checklist is in ``checks``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    from .checks import add_arguments
+
+    p = subparsers.add_parser("doctor", help="versions, devices, backends, a real N-process rendezvous and collective check")
+    add_arguments(p)
+    p.set_defaults(func=run, distributed=True)
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from ...distributed.launch import launch, wants_launch
+
+    if wants_launch(args.launch_flags):
+        return launch(args.launch_flags, args.argv)
+    from .checks import run as run_doctor
+
+    return run_doctor(args, extra)

@@ -1,0 +1,24 @@
+"""Rows into a batch: padded to the batch's own longest row (dynamic padding)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Collator:
+    """Pad each batch to its own longest row (dynamic padding), rounded up to ``pad_to_multiple_of``."""
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+        self.pad_token_id = pad_token_id
+        self.multiple = pad_to_multiple_of or 1
+
+    def __call__(self, batch: list[tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
+        longest = max(ids.numel() for ids, _ in batch)
+        longest = -(-longest // self.multiple) * self.multiple
+        input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, (ids, _) in enumerate(batch):
+            input_ids[row, : ids.numel()] = ids
+            attention_mask[row, : ids.numel()] = 1
+        labels = torch.tensor([y for _, y in batch], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

@@ -1,0 +1,63 @@
+"""A split of AG News as rows of (text, class), and the one way their text is cleaned, whatever the source."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DATA_ENV = "DISTRINEWS_DATA"
+
+
+HUB_DATASET = "fancyzhx/ag_news"
+
+
+@dataclass
+class RawSplit:
+    texts: list[str]
+    labels: list[int]  # 0-based class ids
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: Sequence[int]) -> "RawSplit":
+        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source)
+
+
+_ESCAPED_DOLLAR = re.compile(r"\\\$")
+
+
+_BACKSLASH_BREAK = re.compile(r"\\+n?(?=[A-Z\s\"']|$)|\\+")
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def clean_text(title: str, description: str) -> str:
+    """Title + " " + description, with the original release's escapes undone.
+
+    The release replaced line breaks with a backslash (``dwindling\\band`` is "dwindling band")
+    and sometimes wrote them as a literal ``\\n``; ``\\$`` is an escaped dollar sign; ``#39;``
+    and ``quot;`` are the remains of HTML entities.
+    """
+    text = f"{title} {description}"
+    text = _ESCAPED_DOLLAR.sub("$", text)
+    text = _BACKSLASH_BREAK.sub(" ", text)
+    text = (
+        text.replace(" #39;", "'")
+        .replace("#39;", "'")
+        .replace(" quot;", ' "')
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+    )
+    return _SPACES.sub(" ", text).strip()
+
+
+# Both ways to get the data, for every message that has to say none was found.
+GET_DATA = (
+    f"get AG News either way: pass --data DIR (or set ${DATA_ENV}) to a directory holding train.csv[.gz] and test.csv[.gz] "
+    f"in the original layout (class 1-4, title, description; no header), or run where the Hugging Face hub is reachable, "
+    f"which downloads {HUB_DATASET} once and caches it (needs `pip install 'distrinews[hub]'`)"
+)

@@ -1,0 +1,77 @@
+"""Which rows each rank reads, in which order: the training sampler (length grouping, resume offset) and the eval shard."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from .tokenized import TokenizedDataset
+
+
+class TrainSampler(DistributedSampler):
+    """``DistributedSampler`` with optional length grouping and a resume offset.
+
+    Without grouping it is torch's sampler (rank r takes every world-size-th index of a seeded
+    per-epoch permutation). ``batch_size`` is a rank's rows per optimizer step (per-device batch x
+    accumulation steps). With grouping, the permutation is cut into mega-batches of
+    ``50 x batch x world`` rows, each sorted by length, then cut into global batches of
+    ``batch x world`` that are dealt out round-robin: every rank's batch k has rows of similar
+    length, and the union of the ranks' batch k is the same set of rows whatever the split of
+    the global batch into ranks, so 2 x B and 1 x 2B see the same samples.
+    ``set_epoch(epoch, skip=n)`` drops this rank's first n samples (resume mid-epoch).
+    """
+
+    MEGABATCH_MULT = 50
+
+    def __init__(self, dataset: TokenizedDataset, num_replicas: int, rank: int, batch_size: int, seed: int, group_by_length: bool):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.batch_size = batch_size
+        self.group_by_length = group_by_length
+        self.lengths = dataset.lengths
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.skip = skip
+
+    def _rank_indices(self) -> list[int]:
+        if not self.group_by_length:
+            return list(super().__iter__())
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g).tolist()
+        order += order[: self.total_size - len(order)]  # pad like DistributedSampler
+        global_batch = self.batch_size * self.num_replicas
+        mega = global_batch * self.MEGABATCH_MULT
+        mine: list[int] = []
+        for start in range(0, len(order), mega):
+            chunk = order[start : start + mega]
+            chunk.sort(key=lambda i: -int(self.lengths[i]))  # stable: ties keep permutation order
+            for b in range(0, len(chunk), global_batch):
+                mine.extend(chunk[b : b + global_batch][self.rank :: self.num_replicas])
+        return mine
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rank_indices()[self.skip :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+def eval_shard(lengths: torch.Tensor, rank: int, world_size: int) -> list[int]:
+    """This rank's share of the eval rows, no padding and no duplicates, longest first.
+
+    Every row belongs to exactly one rank (i % world_size == rank), so summing the ranks'
+    counts gives exact metrics for any world size.
+    """
+    mine = list(range(rank, lengths.numel(), world_size))
+    mine.sort(key=lambda i: -int(lengths[i]))
+    return mine
+
+
+def steps_per_epoch(num_rows: int, world_size: int, batch_size: int, grad_accum: int) -> int:
+    per_rank = math.ceil(num_rows / world_size)
+    micro = math.ceil(per_rank / batch_size)
+    return math.ceil(micro / grad_accum)

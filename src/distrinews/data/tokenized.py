@@ -1,0 +1,84 @@
+"""A split tokenized once: token ids stored flat, cached as safetensors keyed by the rows and the tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch.utils.data import Dataset
+
+from .rows import RawSplit
+
+CACHE_ENV = "DISTRINEWS_CACHE"
+
+
+class TokenizedDataset(Dataset):
+    """Token ids stored flat (one int32 tensor + offsets): small, fast to cache and to slice."""
+
+    def __init__(self, flat_ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor, pad_token_id: int):
+        self.flat_ids = flat_ids
+        self.offsets = offsets
+        self.labels = labels
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.flat_ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+def _cache_key(split: RawSplit, tokenizer, max_length: int) -> str:
+    h = hashlib.sha256()
+    h.update(f"v1|{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
+    h.update(hashlib.sha256("\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97)))).encode()).digest())
+    for text, label in zip(split.texts, split.labels):
+        h.update(f"{label}\x1e{text}\x1f".encode())
+    return h.hexdigest()[:24]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distrinews")
+
+
+def tokenize(split: RawSplit, tokenizer, max_length: int) -> TokenizedDataset:
+    enc = tokenizer(split.texts, truncation=True, max_length=max_length, padding=False, return_attention_mask=False)
+    ids = enc["input_ids"]
+    lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+    offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    flat = torch.tensor([t for x in ids for t in x], dtype=torch.int32)
+    return TokenizedDataset(flat, offsets, torch.tensor(split.labels, dtype=torch.int64), tokenizer.pad_token_id)
+
+
+def tokenize_cached(split: RawSplit, tokenizer, max_length: int, cache_dir: str | os.PathLike | None, build: bool) -> TokenizedDataset:
+    """Load the tokenized split from the cache; if ``build`` and it is missing, tokenize and write it atomically.
+
+    The caller makes one process per node build (``build=True``) while the others wait at a
+    barrier and then read (``build=False``).
+    """
+    directory = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = directory / f"agnews-{_cache_key(split, tokenizer, max_length)}.safetensors"
+    if path.is_file():
+        try:
+            t = load_file(str(path))
+            return TokenizedDataset(t["flat_ids"], t["offsets"], t["labels"], tokenizer.pad_token_id)
+        except Exception:
+            if not build:
+                raise
+            # A corrupt cache entry is rebuilt, never trusted.
+    if not build:
+        raise FileNotFoundError(f"tokenized cache {path} was not built by the main process")
+    ds = tokenize(split, tokenizer, max_length)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({"flat_ids": ds.flat_ids, "offsets": ds.offsets, "labels": ds.labels}, str(tmp))
+    os.replace(tmp, path)
+    return ds

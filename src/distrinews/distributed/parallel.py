@@ -1,0 +1,205 @@
+"""How the model is spread over the processes: one entry point, ``wrap_model``, per ``strategy``.
+
+- ``ddp`` (default): every rank holds the whole model; gradients are averaged by
+  DistributedDataParallel in buckets while backward runs. With one process it is the plain
+  module, so world size 1 and N share one code path.
+- ``fsdp``: the parameters, gradients and optimizer state are sharded over the ranks with
+  FSDP2 (``fully_shard``), one unit per transformer block plus the root: a block's parameters
+  are all-gathered just before it runs and freed after, gradients are reduce-scattered.
+- ``single``: one process only; refuses to start under N processes (a guard for runs that must
+  not be split, e.g. a reference measurement).
+
+What differs between strategies lives here and nowhere else: skipping the gradient sync on
+the micro-steps of an accumulation window, gradient clipping, the communication a step costs,
+and gathering a full state dict for saving (a collective every rank must enter, even though
+only rank 0 writes). Sharded checkpoints are ``checkpoint.Checkpointer``'s business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..config import ConfigError, TrainConfig
+from .process_group import DistEnv, all_gather_object
+
+
+class ParallelModel:
+    """The wrapped model (call it like the module) plus the strategy's own operations."""
+
+    sharded = False  # parameters split over the ranks (checkpoints are then written by every rank)
+
+    def __init__(self, module: torch.nn.Module, raw: torch.nn.Module, strategy: str, env: DistEnv):
+        self.module = module  # what forward and backward run through (DDP, or the model itself)
+        self.raw = raw  # the unwrapped model: its config, save_pretrained and (unless sharded) its tensors
+        self.strategy = strategy
+        self.env = env
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ParallelModel:
+        self.module.train(mode)
+        return self
+
+    @property
+    def replicated(self) -> bool:
+        """True when every rank holds the whole model and gradients are all-reduced (DDP, N processes)."""
+        return isinstance(self.module, DDP)
+
+    def trainable_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
+
+    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
+        """Enter around forward + backward; ``sync=False`` keeps the gradients local (accumulation)."""
+        if sync or not self.replicated:
+            return contextlib.nullcontext()
+        return self.module.no_sync()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor | None:
+        """Clip the (already averaged) gradients to ``max_norm``; returns the norm before clipping."""
+        if max_norm <= 0:
+            return None
+        return torch.nn.utils.clip_grad_norm_([p for p in self.raw.parameters() if p.grad is not None], max_norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on rank 0 (empty elsewhere when sharded). Every rank must call it."""
+        return {k: v.detach() for k, v in self.raw.state_dict().items()}
+
+    def replica_digests(self) -> list[str]:
+        """Every rank's SHA-256 of its parameters (a collective): replicas must all show the same one."""
+        digest = hashlib.sha256()
+        for tensor in self.raw.state_dict().values():
+            digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return all_gather_object(digest.hexdigest()[:16], self.env)
+
+    def gradient_bytes(self) -> int:
+        """Bytes one rank sends into the gradient all-reduce each optimizer step (0 with one process)."""
+        return self.trainable_bytes() if self.replicated else 0
+
+    def communication(self) -> str:
+        """What one optimizer step sends between the ranks, for the banner."""
+        if not self.replicated:
+            return "none (one process)"
+        return f"all-reduce of {_size(self.gradient_bytes())} of gradients"
+
+
+class ShardedModel(ParallelModel):
+    """FSDP2: ``module`` and ``raw`` are the same model, whose parameters are DTensor shards."""
+
+    sharded = True
+
+    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
+        # FSDP2's no_sync: keep unsharded gradients until the window's last micro-batch reduce-scatters them.
+        self.module.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def gradient_bytes(self) -> int:
+        return self.trainable_bytes()
+
+    def communication(self) -> str:
+        size = _size(self.trainable_bytes())
+        return (
+            f"all-gather of {size} of parameters (forward, and again in backward) and reduce-scatter of "
+            f"{size} of gradients; each rank keeps 1/{self.env.world_size}"
+        )
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:
+    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
+
+    ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
+    gathered parameters to; gradients are reduced in fp32 either way.
+    """
+    if config.strategy == "single":
+        if env.distributed:
+            raise ConfigError(f"config field 'strategy': 'single' cannot run with {env.world_size} processes; use ddp")
+        return ParallelModel(model, model, "single", env)
+    if config.strategy == "ddp":
+        if not env.distributed:
+            return ParallelModel(model, model, "ddp", env)
+        return ParallelModel(_ddp(model, config, env), model, "ddp", env)
+    if config.strategy == "fsdp":
+        if not env.distributed:
+            return ParallelModel(model, model, "fsdp", env)  # one process holds everything: nothing to shard
+        return ShardedModel(_fsdp(model, param_dtype), model, "fsdp", env)
+    raise ConfigError(f"config field 'strategy': unknown strategy {config.strategy!r}")
+
+
+# ---------------------------------------------------------------------- FSDP2
+def _fsdp(model: torch.nn.Module, param_dtype: torch.dtype | None) -> torch.nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # One unit per block the model says must not be split (Hugging Face's _no_split_modules, as
+    # accelerate's auto-wrap uses): its parameters are gathered together, just before it runs.
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in block_names and module is not model:
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+# ---------------------------------------------------------------------- DDP
+def ddp_bucket_cap_mb(config: TrainConfig, device: torch.device) -> float:
+    if config.ddp_bucket_cap_mb is not None:
+        return config.ddp_bucket_cap_mb
+    # One bucket for MiniLM's 87 MiB of gradients on CPU, where gloo reduces on the core that
+    # computes backward (measured fastest, benchmarks/README.md); torch's 25 MB on GPU, where
+    # overlapping the all-reduce with backward pays.
+    return 25.0 if device.type == "cuda" else 100.0
+
+
+def _ddp(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> DDP:
+    ddp = DDP(
+        model,
+        device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        bucket_cap_mb=ddp_bucket_cap_mb(config, env.device),
+        gradient_as_bucket_view=True,
+        **_no_buffer_sync(),
+    )
+    if config.ddp_comm_hook != "none":  # half the bytes on the wire; the optimizer still sees fp32 gradients
+        dtype = torch.bfloat16 if config.ddp_comm_hook == "bf16" else torch.float16
+        ddp.register_comm_hook(None, compressed_allreduce_hook(dtype))
+    return ddp
+
+
+def compressed_allreduce_hook(dtype: torch.dtype):
+    """A DDP comm hook: average each gradient bucket in ``dtype``. torch's own bf16 hook refuses
+    anything but NCCL; gloo reduces bf16 and fp16 fine."""
+
+    def hook(state, bucket):
+        compressed = bucket.buffer().to(dtype).div_(dist.get_world_size())
+        future = dist.all_reduce(compressed, async_op=True).get_future()
+
+        def decompress(fut):
+            out = bucket.buffer()
+            out.copy_(fut.value()[0])
+            return out
+
+        return future.then(decompress)
+
+    return hook
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """BERT's buffers (position ids) are constants: syncing them costs a collective per forward."""
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:  # torch >= 2.13 spelling
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}

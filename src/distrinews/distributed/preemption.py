@@ -1,0 +1,55 @@
+"""Stopping on request: SIGTERM (a preemption, ``scancel``, an evicted pod) ends the run at a step
+boundary with a checkpoint, and exit status 0.
+
+The signal may reach the ranks at different moments (each node's launcher forwards it to its
+own workers), so the ranks agree before acting: after every optimizer step each rank offers
+whether it has been asked to stop, and all of them stop at the first step where any has. That
+is one one-element all-reduce a step.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+from .process_group import DistEnv
+
+
+class StopRequest:
+    """``with StopRequest(env) as stop: ... if stop.agreed(): save and leave``."""
+
+    def __init__(self, env: DistEnv, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
+        self.env = env
+        self.signals = signals
+        self.received: signal.Signals | None = None  # what this rank was sent
+        self.stopped = False  # what the ranks agreed
+        self._previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._record) for sig in self.signals}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _record(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
+
+    @property
+    def reason(self) -> str:
+        return self.received.name if self.received else "a stop request to another rank"
+
+    def agreed(self) -> bool:
+        """True once any rank has been asked to stop (a collective: every rank calls it at the same step)."""
+        if not self.stopped:
+            asked = torch.tensor([1.0 if self.received else 0.0], device=self.env.device)
+            if self.env.distributed:
+                dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+            self.stopped = bool(asked.item())
+        return self.stopped

@@ -1,0 +1,194 @@
+"""Process-group setup and teardown from torchrun's environment, and the few collectives we use.
+
+World size 1 makes no process group at all: every helper here then degrades to the identity,
+so the trainer has one code path for 1 and N processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+from .machine import threads_per_process
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None when world_size == 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise RuntimeError(f"environment variable {name}={raw!r} is not an integer") from exc
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, ask Linux to kill this worker if its launcher dies.
+
+    torchrun starts each worker in a session of its own, so a launcher killed with SIGKILL
+    (OOM killer, a scheduler's hard stop) would otherwise leave workers training on as orphans,
+    writing into the run directory while a resumed run starts.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not glibc
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os._exit(1)
+
+
+class GpuShareError(ConfigError):
+    """More processes on a node than GPUs."""
+
+
+def check_one_gpu_per_process(local_world_size: int) -> None:
+    """Refuse to put two ranks on one GPU: they would share its memory and compute, and nccl forbids it."""
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
+        raise GpuShareError(
+            f"{local_world_size} processes on this node but {gpus} GPU(s) visible: one process per GPU. "
+            f"Use --nproc-per-node {gpus} (or set CUDA_VISIBLE_DEVICES to more GPUs)"
+        )
+
+
+@contextlib.contextmanager
+def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -> Iterator[DistEnv]:
+    """Join the process group torchrun describes (if any); always tear it down.
+
+    nccl when CUDA is present, gloo otherwise. On CPU each process gets cores / local world size
+    threads unless ``threads`` says otherwise (torchrun's default of one thread wastes cores when
+    there are fewer processes than cores).
+    """
+    die_with_launcher()
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+
+    if torch.cuda.is_available():
+        check_one_gpu_per_process(local_world_size)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", torch.cuda.current_device())
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(threads or threads_per_process(local_world_size))
+
+    if world_size > 1:
+        dist.init_process_group(
+            backend=backend,
+            store=_attempt_store(datetime.timedelta(seconds=timeout_s)),
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    env = DistEnv(rank, local_rank, world_size, local_world_size, device, backend if world_size > 1 else None)
+    try:
+        yield env
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with a prefix of its own for this attempt of the worker group.
+
+    The agent keeps one rendezvous store for the whole job, and a restarted worker group (after
+    ``--max-restarts``) connects to it again with the same key names: a new rank 0 that reaches
+    gloo's connect before the new rank 1 has written its address reads the dead rank 1's and fails
+    with "Connection refused". None elsewhere: ``init_process_group`` reads the environment itself.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"distrinews/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        if env.backend == "nccl":
+            dist.barrier(device_ids=[env.device.index])
+        else:
+            dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum over ranks in place (and return it). Every rank must call it."""
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The maximum over ranks, in place (and returned). Every rank must call it."""
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
+    """``src``'s ``obj`` on every rank (a collective: every rank must call it)."""
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+@contextlib.contextmanager
+def main_process_first(env: DistEnv, local: bool = True) -> Iterator[None]:
+    """The (local) main process runs the block first; the others wait, then run it (e.g. read a cache)."""
+    first = env.is_local_main if local else env.is_main
+    if not first:
+        barrier(env)
+    try:
+        yield
+    finally:
+        if first:
+            barrier(env)

@@ -1,0 +1,54 @@
+"""Export a checkpoint as the single ``.pt`` file the reference system (``../shared/seeds``) saved.
+
+The form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``; ``config``
+also carries the model version and config hash, so the file says which model it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.servable import load_for_inference
+from ..model import LABELS
+from ..versioning import version_fields
+
+
+def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
+    """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir.
+
+    ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.
+    """
+    model, tokenizer, info = load_for_inference(checkpoint)
+    versions = version_fields({**info, "model_version": model_version or info.get("model_version")})
+    ckpt = Path(checkpoint)
+    optimizer_state: dict[str, Any] = {}
+    if (ckpt / "optimizer.pt").is_file():
+        optimizer_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
+    metrics = info.get("metrics", {})
+    payload = {
+        "epoch": info.get("epoch", 0),
+        "model_state_dict": {k: v.contiguous() for k, v in model.state_dict().items()},
+        "optimizer_state_dict": optimizer_state,
+        "loss": metrics.get("loss"),
+        "accuracy": None if metrics.get("accuracy") is None else 100.0 * metrics["accuracy"],
+        "config": {
+            "model_name": info.get("model_name", model.config.name_or_path),
+            "num_labels": model.config.num_labels,
+            "max_length": info.get("max_length", 128),
+            "label_names": info.get("label_names", list(LABELS)),
+            "hf_config": model.config.to_dict(),
+            "tokenizer": tokenizer.name_or_path,
+            "model_version": versions["model_version"],
+            "config_hash": info.get("config_hash") or versions["config_hash"],
+        },
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,224 @@
+"""``export_space``: write the Space folder for a servable checkpoint (see the package docstring for its layout).
+
+The folder is built beside ``output`` and moved into place when complete, after its own
+checks pass. Re-exporting into a folder that holds an earlier bundle replaces the bundle but
+keeps its ``.git`` (the user may have pushed it with git); any other non-empty folder is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ...config import ConfigError
+from ...versioning import is_version, version_fields
+from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews
+PACKAGE = PACKAGE_ROOT.name
+# The modules the server runs from, per runtime; everything they import at module level comes with them.
+# (The server imports its app, and the app its predictor, inside functions: so they are roots here.)
+SERVER_ROOTS = ("serve/__main__.py", "serve/app.py", "serve/predictor.py")
+RUNTIME_ROOTS = {"onnx-int8": (), "onnx": (), "torch": ("checkpoint/servable.py",)}
+STATIC_FILES = ("serve/static/index.html",)
+# The tokenizer and config files a slim ONNX server reads; the torch runtime takes the whole folder.
+ONNX_MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+NOT_COPIED = (".onnx", ".pt", ".md")  # earlier exports and the model card (the Space README carries it)
+GITATTRIBUTES = "".join(f"*.{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in ("onnx", "safetensors", "bin", "pt"))
+DOCKERIGNORE = ".git\n**/__pycache__\n"
+# A local torch wheel (.whl/, staged by `make space-image-test`) is build input, never Space content.
+GITIGNORE = ".whl/\n__pycache__/\n"
+
+
+# ------------------------------------------------------------------ the code
+def _module_file(dotted: str) -> Path | None:
+    """``distrinews.serve.app`` -> its file under PACKAGE_ROOT (a package's __init__.py), or None if not ours."""
+    parts = dotted.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = PACKAGE_ROOT.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_level_imports(path: Path) -> list[str]:
+    """Our modules that ``path`` imports when it is imported (not inside functions or classes)."""
+    package = list(path.relative_to(PACKAGE_ROOT.parent).parts[:-1])  # a module's package; an __init__'s own
+    found: list[str] = []
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue  # runs later, if ever: the roots name what the server imports lazily
+            if isinstance(child, ast.Import):
+                found.extend(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - (child.level - 1)] if child.level else []
+                module = ".".join([*base, *(child.module.split(".") if child.module else [])])
+                found.append(module)
+                found.extend(f"{module}.{alias.name}" for alias in child.names)  # submodules imported by name
+            walk(child)
+
+    walk(ast.parse(path.read_text()))
+    return found
+
+
+def server_files(runtime: str) -> list[Path]:
+    """Every file of this package the bundle's server needs, relative to the package's parent."""
+    todo = [PACKAGE_ROOT / r for r in (*SERVER_ROOTS, *RUNTIME_ROOTS[runtime])]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        # Importing a module imports every package above it.
+        for parent in path.relative_to(PACKAGE_ROOT).parents:
+            init = PACKAGE_ROOT / parent / "__init__.py"
+            if init.is_file() and init not in seen:
+                todo.append(init)
+        for dotted in _module_level_imports(path):
+            if (target := _module_file(dotted)) is not None:
+                todo.append(target)
+    files = sorted(p.relative_to(PACKAGE_ROOT.parent) for p in seen)
+    return files + [Path(PACKAGE) / s for s in STATIC_FILES]
+
+
+# ------------------------------------------------------------------ the folder
+def _is_bundle(path: Path) -> bool:
+    return (path / "Dockerfile").is_file() and (path / PACKAGE / "serve" / "__main__.py").is_file()
+
+
+def _check_output(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file, not a directory")
+    if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not _is_bundle(output):
+        raise ConfigError(f"--output {output} is not empty and holds no earlier Space bundle; choose a new or empty directory")
+
+
+def _publish(staging: Path, output: Path) -> None:
+    """Move the finished folder into place; an earlier bundle there is replaced, its .git kept."""
+    if not output.exists():
+        os.replace(staging, output)
+        return
+    for p in output.iterdir():
+        if p.name != ".git":
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in staging.iterdir():
+        os.replace(p, output / p.name)
+    staging.rmdir()
+
+
+def _read_checkpoint(checkpoint: Path) -> dict[str, Any]:
+    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file() or not (checkpoint / "distrinews.json").is_file():
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: export --format space needs a servable checkpoint directory "
+            "(runs/NAME/best, with config.json and distrinews.json)"
+        )
+    if not (checkpoint / "tokenizer.json").is_file():
+        raise ConfigError(f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads")
+    return json.loads((checkpoint / "distrinews.json").read_text())
+
+
+def _torch_version() -> str:
+    return metadata.version("torch").split("+", 1)[0]
+
+
+def export_space(
+    checkpoint: str | os.PathLike,
+    output: str | os.PathLike,
+    runtime: str = DEFAULT_RUNTIME,
+    version: str | None = None,
+    check_accuracy: bool = False,
+    data_dir: str | None = None,
+    repo_id: str | None = None,
+    base_image: str | None = None,
+    say: Callable[[str], Any] = print,
+) -> Path:
+    """Write the Space folder for ``checkpoint`` into ``output`` and return it (raises ConfigError for bad input)."""
+    checkpoint, output = Path(checkpoint), Path(output)
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if version is not None and not is_version(version):
+        raise ConfigError(f"--version {version!r}: must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
+    if check_accuracy and runtime != "onnx-int8":
+        raise ConfigError("--check-accuracy compares int8 with fp32: it applies to --runtime onnx-int8 only")
+    info = _read_checkpoint(checkpoint)
+    _check_output(output)
+    info = {**info, **version_fields({**info, "model_version": version or info.get("model_version")})}
+    if info.get("config_hash") is None:
+        info.pop("config_hash")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
+    try:
+        check = _write_model(checkpoint, staging / MODEL_DIR, runtime, check_accuracy, data_dir, say)
+        info["export"] = {
+            "runtime": runtime,
+            "model_file": f"{MODEL_DIR}/{MODEL_FILES[runtime]}",
+            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "int8_accuracy_check": check,
+        }
+        (staging / MODEL_DIR / "distrinews.json").write_text(json.dumps(info, indent=2))
+        for rel in server_files(runtime):
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(PACKAGE_ROOT.parent / rel, staging / rel)
+        (staging / "requirements.txt").write_text(requirements.render(runtime))
+        torch_version = _torch_version() if runtime == "torch" else None
+        (staging / "Dockerfile").write_text(dockerfile.render(runtime, torch_version, base_image))
+        (staging / "README.md").write_text(readme.render(info, runtime, accuracy.note(runtime, check), repo_id))
+        (staging / ".gitattributes").write_text(GITATTRIBUTES)
+        (staging / ".dockerignore").write_text(DOCKERIGNORE)
+        (staging / ".gitignore").write_text(GITIGNORE)
+        problems = checks.check_bundle(staging)
+        if problems:  # a bug in this module, not the user's input: say exactly what
+            raise RuntimeError("the Space bundle fails its own checks: " + "; ".join(problems))
+        _publish(staging, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def _write_model(checkpoint: Path, model_dir: Path, runtime: str, check_accuracy: bool, data_dir: str | None, say) -> dict | None:
+    """The runtime's model files into ``model_dir``; for int8 with ``check_accuracy``, the comparison with fp32."""
+    model_dir.mkdir(parents=True)
+    if runtime == "torch":
+        for p in checkpoint.iterdir():
+            if p.is_file() and not p.name.endswith(NOT_COPIED):
+                shutil.copyfile(p, model_dir / p.name)
+        return None
+    for name in ONNX_MODEL_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copyfile(checkpoint / name, model_dir / name)
+    from ..onnx import export_onnx, quantize_int8
+
+    with tempfile.TemporaryDirectory(prefix="distrinews-space-") as tmp:
+        say(f"exporting {checkpoint} to ONNX (fp32, checked against PyTorch)")
+        fp32 = export_onnx(checkpoint, Path(tmp) / "model.onnx")
+        if runtime == "onnx":
+            shutil.move(str(fp32), model_dir / MODEL_FILES["onnx"])
+            return None
+        int8 = quantize_int8(fp32, model_dir / MODEL_FILES["onnx-int8"])
+        if not check_accuracy:
+            return None
+        say("measuring int8 against fp32 on the test split (--check-accuracy)")
+        result = accuracy.compare_int8(checkpoint, fp32, int8, data_dir)
+        say(
+            f"int8 {100 * result['int8_accuracy']:.2f}% vs fp32 {100 * result['fp32_accuracy']:.2f}% on {result['rows']:,} rows "
+            f"({result['difference_points']:+.2f} points)"
+        )
+        if not result["within_tolerance"]:
+            raise ConfigError(
+                f"int8 loses {-result['difference_points']:.2f} accuracy points against fp32 (tolerance "
+                f"{accuracy.INT8_TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
+            )
+        return result

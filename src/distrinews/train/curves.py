@@ -1,0 +1,220 @@
+"""Training curves: ``training_curves.png`` drawn from a run's ``log.jsonl``, for one run or several overlaid.
+
+Six panels against the optimizer step: loss (train, and test at each evaluation), accuracy
+(likewise), learning rate, training samples/s, test accuracy and macro-F1 per evaluation, and
+the gradient norm. The trainer draws one run's at its end (rank 0); ``distrinews report``
+draws them again, or overlays runs to compare them, and prints a table of each run's result.
+matplotlib is the optional ``plot`` extra; without it the table still works and the plot says
+how to get it. TensorBoard (``tb/``) gets the same scalars as the run goes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.rundir import RunDir
+from .metrics import read_log
+
+PLOT_HINT = "pip install 'distrinews[plot]'"
+
+
+@dataclass
+class RunLog:
+    """One run's records, split by kind (train, eval, epoch, summary)."""
+
+    path: Path
+    name: str
+    train: list[dict[str, Any]] = field(default_factory=list)
+    eval: list[dict[str, Any]] = field(default_factory=list)
+    epoch: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    model: str | None = None
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike, name: str | None = None) -> RunLog:
+        """Raises FileNotFoundError (one line) when ``run_dir`` has no log to draw."""
+        rd = RunDir(run_dir)
+        if not rd.log.is_file():
+            what = "does not exist" if not rd.path.exists() else "has no log.jsonl"
+            raise FileNotFoundError(f"{rd.path} {what}: not a run directory (distrinews train --output-dir DIR writes one)")
+        run = cls(rd.path, name or rd.path.name)
+        for record in read_log(rd.log):
+            kind = record.get("kind")
+            if kind == "summary":
+                run.summary = record  # the last one: a resumed run's
+            elif kind in ("train", "eval", "epoch"):
+                getattr(run, kind).append(record)
+        run.model = _model_name(rd)
+        return run
+
+    def series(self, kind: str, key: str) -> tuple[list[int], list[float]]:
+        points = [(r["step"], r[key]) for r in getattr(self, kind) if isinstance(r.get(key), (int, float)) and "step" in r]
+        return [s for s, _ in points], [float(v) for _, v in points]
+
+    def result(self) -> dict[str, Any]:
+        """The table row: final and best test accuracy, throughput, steps, wall time."""
+        accuracies = [r["accuracy"] for r in self.eval if r.get("accuracy") is not None]
+        best = max(range(len(accuracies)), key=accuracies.__getitem__) if accuracies else None
+        # Training samples/s over the whole run: samples (rate x time) over time, epoch by epoch.
+        timed = [(r["samples_per_s"], r["epoch_time_s"]) for r in self.epoch if r.get("samples_per_s") and r.get("epoch_time_s")]
+        rate = sum(s * t for s, t in timed) / sum(t for _, t in timed) if timed else None
+        if rate is None and self.train:
+            rates = [r["samples_per_s"] for r in self.train if r.get("samples_per_s")]
+            rate = sum(rates) / len(rates) if rates else None
+        steps = max((r.get("step", 0) for r in (*self.train, *self.eval, *self.epoch)), default=0)
+        return {
+            "run": self.name,
+            "model": self.model,
+            "steps": steps,
+            "final_accuracy": accuracies[-1] if accuracies else None,
+            "best_accuracy": accuracies[best] if best is not None else None,
+            "best_macro_f1": self.eval[best].get("macro_f1") if best is not None else None,
+            "samples_per_s": rate,
+            "wall_time_s": (self.summary or {}).get("total_time_s"),
+        }
+
+
+def _model_name(rd: RunDir) -> str | None:
+    try:
+        import yaml
+
+        return (yaml.safe_load(rd.config.read_text()) or {}).get("model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _unique_names(paths: Sequence[Path]) -> list[str]:
+    """Each run's directory name, with its parent's when two runs share a name."""
+    names = [p.name for p in paths]
+    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+
+
+def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[RunLog]:
+    paths = [Path(p).resolve() for p in run_dirs]
+    return [RunLog.load(p, name) for p, name in zip(paths, _unique_names(paths))]
+
+
+# ------------------------------------------------------------------ the table
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
+
+
+def results_table(runs: Sequence[RunLog]) -> str:
+    header = ("run", "model", "steps", "final test acc", "best test acc", "best macro-F1", "samples/s", "wall time")
+    rows = [header]
+    for run in runs:
+        r = run.result()
+        rate = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.1f}"
+        rows.append(
+            (
+                r["run"],
+                r["model"] or "-",
+                str(r["steps"]),
+                _pct(r["final_accuracy"]),
+                _pct(r["best_accuracy"]),
+                _pct(r["best_macro_f1"]),
+                rate,
+                _duration(r["wall_time_s"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the plot
+PANELS = (
+    # title, y label, [(kind, key, style, label suffix)]
+    ("Loss", "cross-entropy", [("train", "loss", "-", "train"), ("eval", "loss", "o--", "test")]),
+    ("Accuracy", "accuracy", [("train", "accuracy", "-", "train"), ("eval", "accuracy", "o--", "test")]),
+    ("Learning rate", "learning rate", [("train", "learning_rate", "-", "")]),
+    ("Training throughput", "samples/s", [("train", "samples_per_s", "-", "")]),
+    ("Test set, each evaluation", "score", [("eval", "accuracy", "o-", "accuracy"), ("eval", "macro_f1", "s:", "macro-F1")]),
+    ("Gradient norm (before clipping)", "L2 norm", [("train", "grad_norm", "-", "")]),
+)
+# Scores (0-1) shown over at least 2 points: one evaluation alone would otherwise fill the axis with 1e-4 of noise.
+MIN_SCORE_SPAN = 0.02
+
+
+def draw(runs: Sequence[RunLog]):
+    """A matplotlib Figure of the runs' curves (no pyplot: no display, no global state)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 8.5), layout="constrained")
+    axes = fig.subplots(2, 3).ravel()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    for ax, (title, ylabel, series) in zip(axes, PANELS):
+        for run, color in zip(runs, colors):
+            for kind, key, style, suffix in series:
+                steps, values = run.series(kind, key)
+                if not steps:
+                    continue
+                label = " ".join(part for part in ((run.name if len(runs) > 1 else ""), suffix) if part) or run.name
+                ax.plot(steps, values, style, color=color, label=label, markersize=4, linewidth=1.2)
+        if ylabel in ("accuracy", "score") and ax.lines:
+            low, high = ax.get_ylim()
+            if high - low < MIN_SCORE_SPAN:
+                middle = (low + high) / 2
+                ax.set_ylim(middle - MIN_SCORE_SPAN / 2, middle + MIN_SCORE_SPAN / 2)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines and (len(runs) > 1 or len(series) > 1):
+            ax.legend(fontsize=8)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    title = runs[0].name if len(runs) == 1 else f"{len(runs)} runs: " + ", ".join(r.name for r in runs)
+    fig.suptitle(f"DistriNews training curves — {title}")
+    return fig
+
+
+def save_figure(fig, output: str | os.PathLike) -> Path:
+    """Write the PNG atomically (a reader never sees half a file)."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, output)
+    return output
+
+
+def plot_runs(run_dirs: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
+    return save_figure(draw(load_runs(run_dirs)), output)
+
+
+def have_matplotlib() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # a module set to None in sys.modules (tests) or broken metadata
+        return False
+
+
+def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) -> Path | None:
+    """The end of a run (rank 0): ``training_curves.png``, or one line on why not. Never fails the run:
+    the model is saved by now, and a plot is not worth losing the exit status of a finished training."""
+    if not have_matplotlib():
+        say(f"Training curves: not drawn (matplotlib is missing): {PLOT_HINT}, then distrinews report {run_dir.path}")
+        return None
+    try:
+        path = plot_runs([run_dir.path], run_dir.curves)
+    except Exception as exc:  # reported in one line; the run itself succeeded
+        say(f"Training curves: not drawn ({type(exc).__name__}: {exc}); distrinews report {run_dir.path} tries again")
+        return None
+    say(f"Training curves: {path}")
+    return path

@@ -1,0 +1,68 @@
+"""Exact evaluation: every test row scored by exactly one rank, counts summed across ranks.
+
+Nothing here draws from the random number generators, so an evaluation in the middle of
+training leaves the training's dropout masks (and hence a resumed run) untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data.collate import Collator
+from ..data.sampler import eval_shard
+from ..data.tokenized import TokenizedDataset
+from ..distributed.process_group import DistEnv, all_reduce_max, all_reduce_sum
+from ..model import forward_loss
+from .metrics import classification_metrics, confusion_matrix
+from .precision import Precision
+
+
+@torch.inference_mode()
+def evaluate(
+    model: torch.nn.Module,
+    dataset: TokenizedDataset,
+    env: DistEnv,
+    batch_size: int,
+    precision: Precision,
+    progress: bool = False,
+    label_names: Sequence[str] | None = None,
+    lockstep: bool = False,
+) -> dict[str, Any]:
+    """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size.
+
+    ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so
+    their numbers of batches can differ. ``lockstep`` is for sharded models, whose every forward
+    pass gathers parameters from all ranks: then every rank runs as many forward passes as the
+    busiest one, the extra ones on a placeholder row that is not counted.
+    """
+    was_training = model.training
+    model.eval()
+    num_labels = model.config.num_labels
+    shard = eval_shard(dataset.lengths, env.rank, env.world_size)
+    batches = -(-len(shard) // batch_size)
+    if lockstep and env.distributed:
+        batches = int(all_reduce_max(torch.tensor([batches], device=env.device), env).item())
+    collate = Collator(dataset.pad_token_id)
+    confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=env.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+    # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
+    bar = tqdm(total=len(shard), desc="eval", unit="row", leave=False, disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    for b in range(batches):
+        rows = shard[b * batch_size : (b + 1) * batch_size]
+        batch = {k: v.to(env.device, non_blocking=True) for k, v in collate([dataset[i] for i in rows or [0]]).items()}
+        loss, logits = forward_loss(model, batch, precision.autocast, reduction="sum")
+        if not rows:
+            continue  # a lockstep placeholder
+        loss_sum += loss.double()
+        confusion += confusion_matrix(logits.argmax(-1), batch["labels"], num_labels)
+        bar.update(len(rows))
+    bar.close()
+    all_reduce_sum(confusion, env)
+    all_reduce_sum(loss_sum, env)
+    model.train(was_training)
+    names = label_names or [model.config.id2label[i] for i in range(num_labels)]
+    return classification_metrics(confusion, loss_sum.item(), names)

@@ -1,0 +1,182 @@
+"""Training and evaluation metrics, and the run's metric sinks (JSONL, TensorBoard).
+
+Ranks add up counts (confusion matrix, loss sums, samples), never averages of averages, so
+metrics are exact for any world size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.rundir import RunDir
+from ..distributed.process_group import DistEnv, all_reduce_sum
+from ..model import LABELS
+
+
+# ---------------------------------------------------------------------- counts while training
+class Counts:
+    """Sums over a stretch of training, in one float64 tensor so that ranks add them with one all-reduce.
+
+    Nothing here reads a value back to the host until a log line needs it.
+    """
+
+    FIELDS = ("loss_sum", "correct", "samples", "tokens", "squared_lengths")
+
+    def __init__(self, device: torch.device | str = "cpu", values: torch.Tensor | None = None):
+        self.values = values if values is not None else torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device)
+
+    @classmethod
+    def of_batch(cls, loss: torch.Tensor, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> Counts:
+        """One micro-batch: mean loss x rows, correct predictions, rows, real tokens, sum of squared real lengths."""
+        with torch.no_grad():
+            labels = batch["labels"]
+            n = torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device)
+            lengths = batch["attention_mask"].sum(dim=1, dtype=torch.float64)
+            correct = (logits.argmax(-1) == labels).sum().double()
+            return cls(values=torch.stack([loss.detach().double() * n, correct, n, lengths.sum(), lengths.square().sum()]))
+
+    @classmethod
+    def from_list(cls, values: list[float], device: torch.device | str = "cpu") -> Counts:
+        return cls(values=torch.tensor(values, dtype=torch.float64, device=device))
+
+    def __iadd__(self, other: Counts) -> Counts:
+        self.values += other.values
+        return self
+
+    def all_reduced(self, env: DistEnv) -> Counts:
+        """The sum over every rank (a collective: every rank must call it)."""
+        return Counts(values=all_reduce_sum(self.values.clone(), env))
+
+    def _get(self, name: str) -> float:
+        return float(self.values[self.FIELDS.index(name)])
+
+    @property
+    def samples(self) -> float:
+        return self._get("samples")
+
+    @property
+    def tokens(self) -> float:
+        return self._get("tokens")
+
+    @property
+    def squared_lengths(self) -> float:
+        return self._get("squared_lengths")
+
+    @property
+    def loss(self) -> float:
+        return self._get("loss_sum") / max(self.samples, 1.0)
+
+    @property
+    def accuracy(self) -> float:
+        return self._get("correct") / max(self.samples, 1.0)
+
+
+# ---------------------------------------------------------------------- classification metrics
+def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int = len(LABELS)) -> torch.Tensor:
+    """Counts[true, predicted] as int64."""
+    idx = labels.to(torch.int64) * num_classes + preds.to(torch.int64)
+    return torch.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names=LABELS) -> dict[str, Any]:
+    cm = confusion.to(torch.float64).cpu()
+    total = cm.sum().item()
+    correct = cm.diag().sum().item()
+    support = cm.sum(dim=1)
+    predicted = cm.sum(dim=0)
+    tp = cm.diag()
+    recall = torch.where(support > 0, tp / support.clamp(min=1), torch.zeros_like(tp))
+    precision = torch.where(predicted > 0, tp / predicted.clamp(min=1), torch.zeros_like(tp))
+    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall).clamp(min=1e-12), torch.zeros_like(tp))
+    return {
+        "samples": int(total),
+        "loss": loss_sum / total if total else float("nan"),
+        "accuracy": correct / total if total else float("nan"),
+        "macro_f1": f1.mean().item(),
+        "per_class_accuracy": {name: recall[i].item() for i, name in enumerate(label_names)},
+    }
+
+
+# ---------------------------------------------------------------------- sinks
+class MetricsLogger:
+    """Rank 0's sinks: ``log.jsonl`` (one object per line, flushed) and TensorBoard scalars.
+
+    Other ranks get a logger with ``enabled=False`` that does nothing, so call sites need no
+    rank checks. ``resume_step``: the run continues a checkpoint of that step, so whatever the
+    interrupted run logged after it is dropped (it is about to be logged again).
+    """
+
+    def __init__(self, run_dir: RunDir | str | os.PathLike, enabled: bool, tensorboard: bool = True, resume_step: int | None = None):
+        self.enabled = enabled
+        run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self._jsonl = None
+        self._tb = None
+        if not enabled:
+            return
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            truncate_log(run_dir.log, resume_step)
+        self._jsonl = open(run_dir.log, "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(run_dir.tensorboard), purge_step=purge)
+
+    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in _flatten(values).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
+    records = []
+    p = Path(path)
+    if not p.is_file():
+        return records
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep the records up to ``last_step`` (atomically): a checkpoint is the last thing written for its step."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_log(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}/"))
+        else:
+            out[name] = value
+    return out
