@@ -1,5 +1,9 @@
 """What a run leaves on disk and how it is read back: atomic directory writes, the resumable ``step-N``
 checkpoints with their manifests, the servable ``best/`` with its model card, the legacy single
-``.pt``, the run directory, and running out of space. This file imports nothing: the slim server
-imports ``tokenizer_files`` without torch.
+``.pt``, the run directory, and running out of space. Importing this package imports none of them:
+the slim server imports ``tokenizer_files`` without torch.
 """
+
+from .._moved import moved_attribute
+
+__getattr__ = moved_attribute(__name__)  # the names of the deprecated distrinews.checkpoint module, on demand

@@ -1,5 +1,9 @@
 """Several processes as one job: the launcher (``--nproc-per-node``, ``--nnodes``, restarts), the process
 group and its collectives, the rendezvous roll-call, the watchdog that names a silent rank, agreed
 preemption on SIGTERM, the parallel strategies (ddp | fsdp | lora) and each process's share of the
-machine.
+machine. Importing this package imports none of them.
 """
+
+from .._moved import moved_attribute
+
+__getattr__ = moved_attribute(__name__)  # the names of the deprecated distrinews.distributed module, on demand
