@@ -79,6 +79,55 @@ def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp
     assert (run / "best" / "model.safetensors").is_file()
 
 
+# 192 rows are 64 a rank over 3 ranks: two micro-batches of 16 a step, two optimizer steps an epoch.
+THREE_RANKS = (
+    "--config",
+    str(ROOT / "configs" / "tiny.yaml"),
+    "--train_samples",
+    "192",
+    "--eval_samples",
+    "64",
+    "--gradient_accumulation_steps",
+    "2",
+    "--max_steps",
+    "4",
+    "--num_train_epochs",
+    "2",
+    "--dropout",
+    "0.1",
+    "--bf16",
+    "false",
+    "--save_total_limit",
+    "null",
+    "--logging_steps",
+    "1",
+    "--report_to_tensorboard",
+    "false",
+    "--disable_tqdm",
+    "true",
+)
+
+
+def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_uninterrupted_run(tmp_path, agnews_dir, cli):
+    """With three ranks the order in which gloo adds the ranks' gradients depends on where each one sits
+    in DDP's bucket (with two it cannot matter: a + b == b + a), so every step of a resumed run must
+    reduce in the layout the uninterrupted run used. Continuing that run's own epoch-end checkpoint
+    is continuing a run stopped there."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    cli("train", *THREE_RANKS, "--output-dir", str(full), nproc=3)
+    out = cli("train", *THREE_RANKS, "--output-dir", str(resumed), "--resume", str(full / "checkpoints" / "step-2"), nproc=3).stdout
+    assert "(step 2)" in out
+
+    start = load_file(str(full / "checkpoints" / "step-2" / "model.safetensors"))
+    final_full = load_file(str(full / "checkpoints" / "step-4" / "model.safetensors"))
+    final_resumed = load_file(str(resumed / "checkpoints" / "step-4" / "model.safetensors"))
+    assert any(not torch.equal(final_full[k], start[k]) for k in start), "training must move the weights after the resume"
+    differing = {k: float((v - final_resumed[k]).abs().max()) for k, v in final_full.items() if not torch.equal(v, final_resumed[k])}
+    assert not differing, f"{len(differing)} of {len(final_full)} tensors differ, by up to {max(differing.values(), default=0):.3g}"
+    after = [r for r in _records(full) if r["step"] > 2]
+    assert _comparable(_records(resumed)) == _comparable(after)
+
+
 def _processes_running(marker: str) -> list[int]:
     """PIDs whose command line mentions ``marker`` (this run's output directory)."""
     pids = []
