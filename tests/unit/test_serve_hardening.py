@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from distrinews.serve.app import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, ServeConfig, create_app
+from distrinews.serve.app import ServeConfig, create_app
+from distrinews.serve.limits import MAX_JSON_DEPTH, MAX_NUMBER_CHARS
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 

@@ -2,9 +2,10 @@
 
 ``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a
 worker thread: the server answers ``/health`` (and ``/ready`` with 503) while the model
-loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``; bad
-input is a 4xx, never a 500, and parsing it is bounded (``_parse_json``). Metrics live in a
-registry of the app's own, so several apps (tests) never collide in the process-global one.
+loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``
+(``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded
+(``limits``). Around the routes sit the middlewares (``middleware``) and the app's own
+Prometheus registry (``metrics``).
 
 Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
 a number, two different ``Content-Length`` headers) is answered by the HTTP server (uvicorn's
@@ -14,8 +15,6 @@ h11 protocol) with a plain-text 400 before the app is called; the app cannot cha
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import os
 import time
@@ -27,24 +26,21 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import CheckpointError
-from .batcher import BatcherClosedError, BatchStats, MicroBatcher, QueueFullError
+from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
+from .limits import clean_text, parse_body
+from .metrics import ServeMetrics
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from .predictor import DEFAULT_RUNTIME
+from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
 
 log = logging.getLogger("distrinews.serve")
 
 API_KEY_ENV = "DISTRINEWS_API_KEY"
-# Request bodies: JSON arrays/objects nest at most this deep (ours need 2), and a number may
-# have at most this many characters (ours have none; Python's int() refuses 4,300+ digits).
-MAX_JSON_DEPTH = 32
-MAX_NUMBER_CHARS = 100
-# Reachable without the API key: the demo page (it asks for the key itself) and the probes.
-PUBLIC_PATHS = frozenset({"/", "/health", "/ready"})
 
 
 @dataclass
@@ -63,308 +59,6 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
 
 
-# ---------------------------------------------------------------------- schemas
-class PredictRequest(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"text": "Apple unveils a new iPhone with a faster chip"}]})
-    text: StrictStr = Field(description="the news text to classify (1 to 10,000 characters after stripping)")
-
-
-class BatchPredictRequest(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]}
-    )
-    texts: list[StrictStr] = Field(description="1 to 64 texts (the server's --max-batch-texts)")
-
-
-class PredictResponse(BaseModel):
-    label: str
-    label_id: int
-    confidence: float
-    probabilities: dict[str, float]
-
-
-class ApiError(Exception):
-    """An error with an HTTP status and a message for the person who sent the request."""
-
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any):
-        super().__init__(detail)
-        self.status, self.detail, self.headers, self.extra = status, detail, headers, extra
-
-
-def _error_response(status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
-
-
-def _is_json_media_type(content_type: str | None) -> bool:
-    """``application/json`` (any parameters, any case) or an ``application/*+json`` type."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
-class _LongNumber:
-    """Stands in for a JSON number spelled with more than MAX_NUMBER_CHARS characters (never converted)."""
-
-    __slots__ = ("chars",)
-
-    def __init__(self, chars: int):
-        self.chars = chars
-
-
-_TOO_DEEP = f"request body is nested too deeply: JSON arrays and objects may nest at most {MAX_JSON_DEPTH} levels"
-
-
-def _too_deep(payload: Any) -> bool:
-    """Whether arrays/objects nest deeper than MAX_JSON_DEPTH: one level at a time, no recursion."""
-    level = [payload] if isinstance(payload, (dict, list)) else []
-    for _ in range(MAX_JSON_DEPTH):
-        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, (dict, list))]
-        if not level:
-            return False
-    return True
-
-
-def _find_long_number(value: Any, path: tuple[str, ...] = ()) -> tuple[str, _LongNumber] | None:
-    """Where the first over-long number is, as ``texts.1`` (recursion is bounded: depth was checked)."""
-    for key, child in value.items() if isinstance(value, dict) else enumerate(value):
-        if isinstance(child, _LongNumber):
-            return ".".join((*path, str(key))), child
-        if isinstance(child, (dict, list)) and (found := _find_long_number(child, (*path, str(key)))):
-            return found
-    return None
-
-
-def _parse_json(text: str) -> Any:
-    """``json.loads`` with bounded work; every failure is a 422 ApiError.
-
-    Nesting: the C decoder recurses once per level and the interpreter's recursion guard stops
-    it after ~1,000 levels, so a body nested 100,000 deep (or 4 MB of ``[``) raises
-    RecursionError in well under a millisecond, whatever its length; shallower bodies that
-    parse are then checked level by level for depth > MAX_JSON_DEPTH. (A character pre-scan
-    in Python bounds this too, but measured up to 40x slower than the parse on 4 MB of brackets.)
-    Numbers: literals longer than MAX_NUMBER_CHARS are never converted (int() would raise
-    "Exceeds the limit (4300 digits)" after quadratic work); the error names where they are.
-    """
-    long_numbers: list[_LongNumber] = []
-
-    def number(convert: Callable[[str], Any]) -> Callable[[str], Any]:
-        def parse(literal: str) -> Any:
-            if len(literal) <= MAX_NUMBER_CHARS:
-                return convert(literal)
-            long_numbers.append(_LongNumber(len(literal)))
-            return long_numbers[-1]
-
-        return parse
-
-    try:
-        payload = json.loads(text, parse_int=number(int), parse_float=number(float))
-    except RecursionError:
-        raise ApiError(422, _TOO_DEEP) from None
-    except json.JSONDecodeError as exc:
-        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    # Text with at most MAX_JSON_DEPTH brackets in all cannot nest deeper: skip the walk (C-speed count).
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):
-        raise ApiError(422, _TOO_DEEP)
-    if long_numbers:
-        found = _find_long_number(payload) if isinstance(payload, (dict, list)) else None
-        where, long_number = found or ("body", long_numbers[0])
-        raise ApiError(
-            422,
-            f"{where}: a number of {long_number.chars:,} characters is too long; numbers may have at most "
-            f"{MAX_NUMBER_CHARS} (send text as a JSON string)",
-        )
-    return payload
-
-
-def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
-    """Pydantic's error list as one sentence: ``texts.2: Input should be a valid string``."""
-    parts = []
-    for err in errors:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "invalid request body: " + "; ".join(parts)
-
-
-# ---------------------------------------------------------------------- metrics
-class ServeMetrics:
-    """Prometheus metrics in a registry owned by one app."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "distrinews_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "distrinews_http_request_duration_seconds",
-            "HTTP request latency by route, method and status",
-            ["route", "method", "status"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-            registry=self.registry,
-        )
-        self.batch_size = Histogram(
-            "distrinews_batch_size", "texts per forward job", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
-        )
-        self.batch_tokens = Histogram(
-            "distrinews_batch_padded_tokens",
-            "padded tokens per forward job (longest text x texts, summed over its passes)",
-            buckets=(16, 64, 256, 512, 1024, 2048, 4096, 8192),
-            registry=self.registry,
-        )
-        self.batch_requests = Histogram(
-            "distrinews_batch_requests",
-            "requests coalesced into one forward pass",
-            buckets=(1, 2, 4, 8, 16, 32, 64),
-            registry=self.registry,
-        )
-        stage_buckets = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-        self.inference = Histogram(
-            "distrinews_inference_duration_seconds",
-            "time of one forward job on the forward thread (pad the batch, model, softmax)",
-            buckets=stage_buckets,
-            registry=self.registry,
-        )
-        self.tokenize = Histogram(
-            "distrinews_tokenize_duration_seconds",
-            "time to tokenize one request's texts on the tokenizer thread",
-            buckets=stage_buckets,
-            registry=self.registry,
-        )
-        self.queue_wait = Histogram(
-            "distrinews_queue_duration_seconds",
-            "time a tokenized request waited for its forward pass",
-            buckets=stage_buckets,
-            registry=self.registry,
-        )
-        self.dropped = Counter(
-            "distrinews_requests_dropped",
-            "requests taken out of the queue uncomputed because their client went away",
-            registry=self.registry,
-        )
-        self.queue_depth = Gauge("distrinews_queue_depth", "texts waiting for a forward pass", registry=self.registry)
-        self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
-
-    def observe_batch(self, stats: BatchStats) -> None:
-        self.batch_size.observe(stats.texts)
-        self.batch_requests.observe(stats.requests)
-        self.batch_tokens.observe(stats.padded_tokens)
-        self.inference.observe(stats.forward_s)
-        for seconds in stats.queue_s:
-            self.queue_wait.observe(seconds)
-        for seconds in stats.tokenize_s:
-            self.tokenize.observe(seconds)
-
-
-# ---------------------------------------------------------------------- ASGI middleware
-class MetricsMiddleware:
-    """Count and time every HTTP request by route template (not raw path: bounded label values)."""
-
-    def __init__(self, app, metrics: ServeMetrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start = time.perf_counter()
-        status = 500  # what the client gets if the app raises before answering
-
-        async def send_with_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "<unmatched>"
-            key = (label, scope["method"], str(status))
-            self.metrics.requests.labels(*key).inc()
-            self.metrics.latency.labels(*key).observe(time.perf_counter() - start)
-
-
-async def _send_json(send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(payload).encode()
-    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class ApiKeyMiddleware:
-    """``Authorization: Bearer <key>`` on every route but the public ones (401 otherwise)."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
-            return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        # compare_digest: the time taken does not reveal how much of the key was right.
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
-            return await self.app(scope, receive, send)
-        detail = "invalid API key" if header else "this server requires an API key: send the header 'Authorization: Bearer <key>'"
-        await _send_json(send, 401, {"detail": detail}, {"www-authenticate": "Bearer"})
-
-
-class BodyLimitMiddleware:
-    """Answer 413 for a body over ``max_bytes``, whether it declares its length or streams chunks.
-
-    The body is read here (it is small by construction) and handed on whole, so the app
-    never sees a partial body.
-    """
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        too_big = {"detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"}
-        # uvicorn (h11) already refuses a malformed Content-Length in plain text before calling
-        # us; other servers and in-process transports may not, so check it here too.
-        values = {v.strip() for k, v in scope["headers"] if k.lower() == b"content-length"}
-        declared = None
-        if values:
-            if len(values) > 1 or not next(iter(values)).isdigit():  # bytes.isdigit(): ASCII digits only, no sign
-                shown = ", ".join(sorted(v.decode("latin-1") for v in values))
-                return await _send_json(
-                    send,
-                    400,
-                    {"detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"},
-                )
-            declared = int(next(iter(values)))
-            if declared > self.max_bytes:
-                return await _send_json(send, 413, too_big)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return await _send_json(send, 413, too_big)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        if declared is not None and size != declared:
-            detail = f"the request body has {size:,} bytes but its Content-Length header says {declared:,}"
-            return await _send_json(send, 400, {"detail": detail})
-        body, delivered = b"".join(chunks), False
-
-        async def replay():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-# ---------------------------------------------------------------------- the app
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     """One line for /health and the 503s: what failed and where, never how to unpickle anyway.
 
@@ -390,11 +84,6 @@ def _default_factory(config: ServeConfig) -> Callable[[], Any]:
         return make_predictor(config.checkpoint, runtime=config.runtime, max_batch_size=config.max_batch_size, onnx_model=config.onnx_model)
 
     return load
-
-
-def _json_schema_body(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI request body for routes that parse their own body (so /docs still shows it)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 class ServingState:
@@ -484,43 +173,6 @@ async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.
     return False
 
 
-async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
-    """The request's JSON body as ``model``; every way it can be wrong is a 4xx that says how."""
-    content_type = request.headers.get("content-type")
-    if not _is_json_media_type(content_type):
-        got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
-        raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
-    raw = await request.body()
-    if not raw.strip():
-        example = json.dumps(model.model_config.get("json_schema_extra", {}).get("examples", [{}])[0])
-        raise ApiError(422, "request body is empty: send a JSON object, e.g. " + example)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ApiError(422, f"request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
-    payload = _parse_json(text)
-    if not isinstance(payload, dict):
-        raise ApiError(422, f"request body must be a JSON object, got {type(payload).__name__}")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(422, _describe_validation_errors(exc.errors()), errors=errors) from None
-
-
-def clean_text(text: str, where: str, max_chars: int) -> str:
-    stripped = text.strip()
-    if not stripped:
-        raise ApiError(422, f"{where} is empty (or only whitespace): send 1 to {max_chars:,} characters of text")
-    if len(stripped) > max_chars:
-        raise ApiError(422, f"{where} has {len(stripped):,} characters; the limit is {max_chars:,}")
-    try:  # JSON may smuggle in lone surrogates ("\ud800") that no tokenizer can encode
-        stripped.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ApiError(422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text") from None
-    return stripped
-
-
 def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[], Any] | None = None) -> FastAPI:
     """The API. ``predictor_factory`` (tests) replaces loading ``config.checkpoint``."""
     config = config or ServeConfig()
@@ -569,16 +221,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return _error_response(exc.status, exc.detail, exc.headers, **exc.extra)
+        return error_response(exc.status, exc.detail, exc.headers, **exc.extra)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        return _error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+        return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
+        return error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
 
 
 def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
@@ -605,7 +257,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         state.require_ready()
         return {"status": "ready"}
 
-    @app.post("/predict", response_model=PredictResponse, summary="classify one text", openapi_extra=_json_schema_body(PredictRequest))
+    @app.post("/predict", response_model=PredictResponse, summary="classify one text", openapi_extra=json_schema_body(PredictRequest))
     async def predict(request: Request):
         state.require_ready()
         body = await parse_body(request, PredictRequest)
@@ -618,7 +270,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         "/predict/batch",
         response_model=list[PredictResponse],
         summary="classify up to 64 texts, results in order",
-        openapi_extra=_json_schema_body(BatchPredictRequest),
+        openapi_extra=json_schema_body(BatchPredictRequest),
     )
     async def predict_batch(request: Request):
         state.require_ready()
