@@ -4,6 +4,7 @@ hangs up while its request is queued is never computed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 
@@ -157,3 +158,12 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post):
     assert statuses == [200, 499, 200]
     assert "distrinews_requests_dropped_total 1.0" in metrics
     assert 'route="/predict",status="499"' in metrics
+
+
+def test_create_app_leaves_the_callers_config_as_it_was(monkeypatch):
+    monkeypatch.setenv("DISTRINEWS_API_KEY", "from-the-environment")
+    config = ServeConfig(checkpoint="unused")
+    before = dataclasses.replace(config)
+    app = create_app(config, predictor_factory=FakePredictor)
+    assert config == before and config.api_key is None
+    assert app.state.config.api_key == "from-the-environment"

@@ -15,6 +15,7 @@ h11 protocol) with a plain-text 400 before the app is called; the app cannot cha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -177,7 +178,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     """The API. ``predictor_factory`` (tests) replaces loading ``config.checkpoint``."""
     config = config or ServeConfig()
     if config.api_key is None:
-        config.api_key = os.environ.get(API_KEY_ENV) or None
+        # A copy: the caller's config may serve for other apps, each reading the environment afresh.
+        config = dataclasses.replace(config, api_key=os.environ.get(API_KEY_ENV) or None)
     metrics = ServeMetrics()
     state = ServingState(config, predictor_factory or _default_factory(config), metrics)
 
