@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import httpx
@@ -157,6 +158,20 @@ def test_both_entry_points_take_the_pipeline_options(tmp_path):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--max-batch-tokens", "-1"]))
     with pytest.raises(ServeOptionError, match="--onnx-model needs --runtime onnx or onnx-int8"):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--runtime", "torch", "--onnx-model", "m.onnx"]))
+
+
+def test_the_flags_are_the_config_fields_and_parse_back_to_the_default_config():
+    import argparse
+
+    from distrinews.serve.options import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {a.dest for a in parser._actions if a.dest != "help"}
+    assert flags == {f.name for f in dataclasses.fields(ServeConfig)} - {"api_key"}
+    assert ServeConfig.from_args(parser.parse_args([])) == ServeConfig()
+    config = ServeConfig.from_args(parser.parse_args(["--max-wait-ms", "2.5", "--no-access-log", "--port", "9000"]))
+    assert (config.max_wait_ms, config.no_access_log, config.port) == (2.5, True, 9000)
 
 
 # ---------------------------------------------------------------------- where the tokenizer comes from

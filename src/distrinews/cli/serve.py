@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..serve.options import add_arguments, validate
+from ..serve.options import ServeConfig, add_arguments, validate
 
 
 def register(subparsers) -> None:
@@ -30,4 +30,4 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if args.runtime.startswith("onnx"):
         require_extra("onnxruntime", "onnx", f"serve --runtime {args.runtime}")
         require_extra("onnx", "onnx", f"serve --runtime {args.runtime}")
-    return run_server(args)
+    return run_server(ServeConfig.from_args(args))

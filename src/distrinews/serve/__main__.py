@@ -14,7 +14,7 @@ import sys
 
 from ..checkpoint.tokenizer_files import needs_own_tokenizer, require_tokenizer
 from ..errors import CheckpointError
-from .options import ServeOptionError, add_arguments, validate
+from .options import ServeConfig, ServeOptionError, add_arguments, validate
 from .server import run_server
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             check_loadable(args.checkpoint)
         except CheckpointError as exc:
             return usage_error(exc)
-    return run_server(args)
+    return run_server(ServeConfig.from_args(args))
 
 
 def usage_error(exc: Exception) -> int:

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import resources
 from typing import Any
 
@@ -36,28 +36,12 @@ from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body
 from .metrics import ServeMetrics
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
-from .predictor import DEFAULT_RUNTIME
+from .options import ServeConfig
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
 
 log = logging.getLogger("distrinews.serve")
 
 API_KEY_ENV = "DISTRINEWS_API_KEY"
-
-
-@dataclass
-class ServeConfig:
-    checkpoint: str | None = None
-    runtime: str = DEFAULT_RUNTIME
-    onnx_model: str | None = None
-    max_batch_size: int = 32  # texts per forward pass
-    max_batch_tokens: int | None = None  # padded tokens per forward pass (longest text x texts); None: no limit
-    max_wait_ms: float = 5.0  # how long a batch may wait for company
-    max_queue: int = 1024  # texts waiting before the server answers 429
-    max_batch_texts: int = 64  # texts in one /predict/batch request (413 above)
-    max_text_chars: int = 10_000  # characters of one text after stripping (422 above)
-    # 64 texts of 10,000 characters fit even when every character is a 6-byte JSON escape.
-    max_body_bytes: int = 4 * 1024 * 1024
-    api_key: str | None = field(default=None, repr=False)
 
 
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
@@ -115,7 +99,7 @@ class ServingState:
                 config.max_queue,
                 on_batch=self.metrics.observe_batch,
                 encode=predictor.encode if staged else None,
-                max_batch_tokens=config.max_batch_tokens,
+                max_batch_tokens=config.max_batch_tokens or None,
                 on_dropped=self.metrics.dropped.inc,
             )
             await batcher.start()
@@ -292,7 +276,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
             "version": __version__,
             "batching": {
                 "max_batch_size": config.max_batch_size,
-                "max_batch_tokens": config.max_batch_tokens,
+                "max_batch_tokens": config.max_batch_tokens or None,
                 "max_wait_ms": config.max_wait_ms,
                 "max_queue": config.max_queue,
             },

@@ -9,45 +9,70 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .predictor import DEFAULT_RUNTIME, RUNTIMES
 
 DEFAULT_PORT = 7860
-DEFAULT_MAX_BATCH_TOKENS = 0  # no limit
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 class ServeOptionError(ValueError):
     """A server option is missing or out of range; the message says which and what to use."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default=None, help="best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 in a container)")
-    p.add_argument("--port", type=int, default=None, help=f"port (default: $PORT, else {DEFAULT_PORT})")
-    p.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default=DEFAULT_RUNTIME,
-        help=f"inference runtime (default: {DEFAULT_RUNTIME}; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, made at "
+def _flag(default: Any, help: str | None = None, **argparse_kwargs: Any) -> Any:
+    """A field that is also the command-line flag ``--field-name``: its default and help live here only."""
+    return field(default=default, metadata={"flag": True, "help": help, "argparse": argparse_kwargs})
+
+
+@dataclass
+class ServeConfig:
+    """Every option of the server: its flags (``add_arguments``) are built from these fields, in this order."""
+
+    checkpoint: str | None = _flag(None, "best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)")
+    host: str = _flag("127.0.0.1", "interface to listen on (0.0.0.0 in a container)")
+    port: int | None = _flag(None, f"port (default: $PORT, else {DEFAULT_PORT})", type=int)
+    runtime: str = _flag(
+        DEFAULT_RUNTIME,
+        f"inference runtime (default: {DEFAULT_RUNTIME}; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, made at "
         "start if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
+        choices=RUNTIMES,
     )
-    p.add_argument("--onnx-model", default=None, help="ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)")
-    p.add_argument("--max-batch-size", type=int, default=32, help="texts per forward pass")
-    p.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=DEFAULT_MAX_BATCH_TOKENS,
-        help="padded tokens per forward pass (the batch's longest text x its texts); 0: no limit",
-    )
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="longest a batch waits for more requests")
-    p.add_argument("--max-queue", type=int, default=1024, help="texts waiting before new requests get 429")
-    p.add_argument("--max-batch-texts", type=int, default=64, help="texts allowed in one /predict/batch request (413 above)")
-    p.add_argument("--max-text-chars", type=int, default=10_000, help="characters allowed in one text after stripping (422 above)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request body cap in bytes (413 above)")
-    p.add_argument("--timeout-graceful-shutdown", type=float, default=30.0, help="seconds SIGTERM waits for in-flight requests")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    p.add_argument("--no-access-log", action="store_true", help="do not log every request")
+    onnx_model: str | None = _flag(None, "ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)")
+    max_batch_size: int = _flag(32, "texts per forward pass")
+    max_batch_tokens: int = _flag(0, "padded tokens per forward pass (the batch's longest text x its texts); 0: no limit")
+    max_wait_ms: float = _flag(5.0, "longest a batch waits for more requests")
+    max_queue: int = _flag(1024, "texts waiting before new requests get 429")
+    max_batch_texts: int = _flag(64, "texts allowed in one /predict/batch request (413 above)")
+    max_text_chars: int = _flag(10_000, "characters allowed in one text after stripping (422 above)")
+    # 64 texts of 10,000 characters fit even when every character is a 6-byte JSON escape.
+    max_body_bytes: int = _flag(4 * 1024 * 1024, "request body cap in bytes (413 above)")
+    timeout_graceful_shutdown: float = _flag(30.0, "seconds SIGTERM waits for in-flight requests")
+    log_level: str = _flag("info", choices=LOG_LEVELS)
+    no_access_log: bool = _flag(False, "do not log every request", action="store_true")
+    # Not a flag: create_app reads $DISTRINEWS_API_KEY, which keeps the secret off the process's command line.
+    api_key: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeConfig:
+        """The config of parsed ``add_arguments`` flags."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.metadata.get("flag")})
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per ServeConfig field that is a flag, with the field's default, type and help."""
+    for f in fields(ServeConfig):
+        if not f.metadata.get("flag"):
+            continue
+        kwargs = {"default": f.default, "help": f.metadata["help"], **f.metadata["argparse"]}
+        if "action" not in kwargs and isinstance(f.default, (int, float)) and not isinstance(f.default, bool):
+            kwargs.setdefault("type", type(f.default))
+        if kwargs["help"] is None:
+            del kwargs["help"]
+        p.add_argument("--" + f.name.replace("_", "-"), **kwargs)
 
 
 def _env_port() -> int:

@@ -6,40 +6,29 @@ batcher's queue, then exits 0.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 
+from .options import ServeConfig
 
-def run_server(args: argparse.Namespace) -> int:
-    """Serve with the options of ``options.add_arguments`` (already validated)."""
+
+def run_server(config: ServeConfig) -> int:
+    """Serve with ``config`` (its options already validated)."""
     import uvicorn
 
-    from .app import ServeConfig, config_summary, create_app
+    from .app import config_summary, create_app
 
-    config = ServeConfig(
-        checkpoint=args.checkpoint,
-        runtime=args.runtime,
-        onnx_model=args.onnx_model,
-        max_batch_size=args.max_batch_size,
-        max_batch_tokens=args.max_batch_tokens or None,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        max_batch_texts=args.max_batch_texts,
-        max_text_chars=args.max_text_chars,
-        max_body_bytes=args.max_body_bytes,
-    )
     app = create_app(config)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     logging.getLogger("distrinews.serve").info("serving %s", config_summary(app.state.config))
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=not args.no_access_log,
-            timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=not config.no_access_log,
+            timeout_graceful_shutdown=config.timeout_graceful_shutdown,
             lifespan="on",
         )
     )
