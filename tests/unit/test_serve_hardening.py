@@ -28,21 +28,6 @@ from distrinews.serve.limits import MAX_JSON_DEPTH, MAX_NUMBER_CHARS
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
-class FakePredictor:
-    runtime = "fake"
-
-    def warmup(self) -> None:
-        pass
-
-    def predict(self, texts):
-        return [
-            {"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(zip(LABELS, (1.0, 0.0, 0.0, 0.0)))} for _ in texts
-        ]
-
-    def describe(self):
-        return {"model_name": "fake", "runtime": self.runtime, "labels": LABELS, "max_length": 8, "metrics": {}}
-
-
 def _wait_for(client: TestClient, path: str, status: int, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while True:
@@ -53,8 +38,8 @@ def _wait_for(client: TestClient, path: str, status: int, timeout: float = 60.0)
 
 
 @pytest.fixture(scope="module")
-def app():
-    return create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=FakePredictor)
+def app(fake_predictor):
+    return create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=fake_predictor)
 
 
 @pytest.fixture(scope="module")

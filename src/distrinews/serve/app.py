@@ -37,6 +37,7 @@ from .limits import clean_text, parse_body
 from .metrics import ServeMetrics
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from .options import ServeConfig
+from .protocol import ServingPredictor
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
 
 log = logging.getLogger("distrinews.serve")
@@ -60,7 +61,7 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")
 
 
-def _default_factory(config: ServeConfig) -> Callable[[], Any]:
+def _default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
     def load():
         from .predictor import make_predictor
 
@@ -74,9 +75,9 @@ def _default_factory(config: ServeConfig) -> Callable[[], Any]:
 class ServingState:
     """The model behind the API: loaded in the background, then a micro-batcher in front of it."""
 
-    def __init__(self, config: ServeConfig, load_predictor: Callable[[], Any], metrics: ServeMetrics):
+    def __init__(self, config: ServeConfig, load_predictor: Callable[[], ServingPredictor], metrics: ServeMetrics):
         self.config, self.load_predictor, self.metrics = config, load_predictor, metrics
-        self.predictor: Any = None
+        self.predictor: ServingPredictor | None = None
         self.batcher: MicroBatcher | None = None
         self.load_error: str | None = None
         self.started = time.time()
@@ -89,16 +90,13 @@ class ServingState:
             t0 = time.perf_counter()
             predictor = await asyncio.to_thread(self.load_predictor)
             await asyncio.to_thread(predictor.warmup)
-            # A predictor that tokenizes apart from its forward pass (ours) gets the tokenizer thread;
-            # one that only has predict(texts) (test doubles) gets the texts as they are.
-            staged = hasattr(predictor, "encode") and hasattr(predictor, "predict_encoded")
             batcher = MicroBatcher(
-                predictor.predict_encoded if staged else predictor.predict,
+                predictor.predict_encoded,
                 config.max_batch_size,
                 config.max_wait_ms,
                 config.max_queue,
                 on_batch=self.metrics.observe_batch,
-                encode=predictor.encode if staged else None,
+                encode=predictor.encode,
                 max_batch_tokens=config.max_batch_tokens or None,
                 on_dropped=self.metrics.dropped.inc,
             )
@@ -158,7 +156,7 @@ async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.
     return False
 
 
-def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[], Any] | None = None) -> FastAPI:
+def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[], ServingPredictor] | None = None) -> FastAPI:
     """The API. ``predictor_factory`` (tests) replaces loading ``config.checkpoint``."""
     config = config or ServeConfig()
     if config.api_key is None:

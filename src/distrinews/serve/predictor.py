@@ -1,8 +1,8 @@
 """Batched inference over a checkpoint directory (or the seed's ``.pt`` file), with PyTorch or ONNX Runtime.
 
-Every runtime shares one interface and one output format, so the HTTP app and the CLI do not
-care which one runs. A prediction is three steps, kept apart so the server can run them on
-different threads:
+Every runtime shares one interface (the HTTP app's part of it: ``protocol.ServingPredictor``) and
+one output format, so the HTTP app and the CLI do not care which one runs. A prediction is three
+steps, kept apart so the server can run them on different threads:
 
 - ``encode(texts)``: tokenization only (``tokens.TextEncoder``; no model, any thread);
 - ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);

@@ -1,0 +1,27 @@
+"""What the app asks of a predictor: the one interface every runtime (``predictor.Predictor``,
+``predictor.OnnxPredictor``) and every test double implements.
+
+A prediction is two calls on two threads: ``encode`` on the micro-batcher's tokenizer thread as
+a request arrives, ``predict_encoded`` on its forward thread over a whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Sized
+from typing import Any, Protocol
+
+
+class ServingPredictor(Protocol):
+    runtime: str
+
+    def warmup(self) -> None:
+        """Run the model once or more, so the first real requests do not pay for lazy initialisation."""
+
+    def encode(self, texts: Sequence[str]) -> Sequence[Sized]:
+        """One item per text, its ``len()`` its length in tokens; thread-safe, no model."""
+
+    def predict_encoded(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
+        """One forward pass over ``encode``'s items: ``{"label", "label_id", "confidence", "probabilities"}`` each, in order."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``GET /info`` reports about the model: ``model_name``, ``runtime``, ``labels``, ``max_length``, ``metrics``, ..."""
