@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -270,19 +269,14 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        import httpx
+        """Wait with the benchmarks' poller; a server that exits or never gets ready fails the test with its log."""
+        from distrinews.bench.serving import ServerNotReady, wait_ready
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode} before it was ready:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready after {timeout}s:\n{self.log()}")
+        try:
+            wait_ready(self.url + "/ready", self.proc, timeout)
+        except ServerNotReady as exc:
+            raise AssertionError(f"server {exc}:\n{self.log()}") from None
+        return self
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
