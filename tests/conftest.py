@@ -27,6 +27,11 @@ SHARED_DATA = Path(os.environ.get("DISTRINEWS_DATA") or ROOT.parent / "shared" /
 # off by tenths, so this still catches every ordering or batching mistake.
 PADDING_ATOL = 1e-3
 
+# Train arguments most integration tests start from (``from conftest import TINY, QUIET``): the tiny preset,
+# and a run that draws no progress bars and writes no TensorBoard files.
+TINY = ("--config", str(ROOT / "configs" / "tiny.yaml"))
+QUIET = ("--report_to_tensorboard", "false", "--disable_tqdm", "true")
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -175,8 +180,7 @@ def start_train():
 # The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
 # A checkpoint every step, dropout on, evaluations mid-epoch and at each epoch end.
 THIRTY_STEPS = (
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--max_steps",
     "30",
     "--num_train_epochs",
@@ -193,10 +197,7 @@ THIRTY_STEPS = (
     "null",
     "--logging_steps",
     "1",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
     # Interrupted runs are compared with this one bit for bit: the same precision on every CPU.
     "--bf16",
     "false",
