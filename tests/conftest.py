@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,11 @@ SHARED_DATA = Path(os.environ.get("DISTRINEWS_DATA") or ROOT.parent / "shared" /
 # turn that into up to ~1e-4 of a probability with AVX-512 kernels. A text answered in another's place would be
 # off by tenths, so this still catches every ordering or batching mistake.
 PADDING_ATOL = 1e-3
+
+# Train arguments most integration tests start from (``from conftest import TINY, QUIET``): the tiny preset,
+# and a run that draws no progress bars and writes no TensorBoard files.
+TINY = ("--config", str(ROOT / "configs" / "tiny.yaml"))
+QUIET = ("--report_to_tensorboard", "false", "--disable_tqdm", "true")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -225,8 +229,7 @@ def start_train():
 # The tiny preset's 400 rows over 2 ranks x 16 = 13 steps an epoch: epochs end at steps 13 and 26.
 # A checkpoint every step, dropout on, evaluations mid-epoch and at each epoch end.
 THIRTY_STEPS = (
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--max_steps",
     "30",
     "--num_train_epochs",
@@ -243,10 +246,7 @@ THIRTY_STEPS = (
     "null",
     "--logging_steps",
     "1",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
     # Interrupted runs are compared with this one bit for bit: the same precision on every CPU.
     "--bf16",
     "false",
@@ -319,19 +319,14 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        import httpx
+        """Wait with the benchmarks' poller; a server that exits or never gets ready fails the test with its log."""
+        from distrinews.bench.serving import ServerNotReady, wait_ready
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode} before it was ready:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready after {timeout}s:\n{self.log()}")
+        try:
+            wait_ready(self.url + "/ready", self.proc, timeout)
+        except ServerNotReady as exc:
+            raise AssertionError(f"server {exc}:\n{self.log()}") from None
+        return self
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import QUIET, TINY
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -18,7 +20,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def train(cli):
     def run(*args, data=None, nproc=None):
         data_args = ["--data", str(data)] if data is not None else []
-        return cli("train", "--config", str(CONFIGS / "tiny.yaml"), *data_args, "--disable_tqdm", "true", *args, nproc=nproc, check=False)
+        return cli("train", *TINY, *data_args, "--disable_tqdm", "true", *args, nproc=nproc, check=False)
 
     return run
 
@@ -85,7 +87,7 @@ def test_predict_rejects_empty_text(tmp_path, cli):
 
 
 # Long enough that the winner still holds the directory when the other command, started with it, gets there.
-RACE = ("--max_steps", "12", "--eval_samples", "64", "--bf16", "false", "--report_to_tensorboard", "false", "--disable_tqdm", "true")
+RACE = ("--max_steps", "12", "--eval_samples", "64", "--bf16", "false", *QUIET)
 
 
 @pytest.mark.parametrize("how", ["one process", "launcher", "plain torchrun"])
@@ -96,7 +98,7 @@ def test_two_runs_started_together_into_one_directory_one_is_refused(tmp_path, a
         "launcher": [sys.executable, "-m", "distrinews", "--nproc-per-node", "2"],
         "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "distrinews"],
     }[how]
-    cmd = [*launcher, "train", "--config", str(CONFIGS / "tiny.yaml"), *RACE, "--output-dir", str(run)]
+    cmd = [*launcher, "train", *TINY, *RACE, "--output-dir", str(run)]
     procs = [subprocess.Popen(cmd, cwd=CONFIGS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:
         outs = [p.communicate(timeout=600) for p in procs]

@@ -1,18 +1,13 @@
 """DDP over 2 processes is the same optimisation as 1 process with the global batch."""
 
-from pathlib import Path
-
 from safetensors.torch import load_file
 
+from conftest import QUIET, TINY
 from distrinews.model import build_model
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
 
 STEPS = 6
 COMMON = [
-    "--config",
-    str(CONFIGS / "tiny.yaml"),
+    *TINY,
     "--dropout",
     "0.0",
     "--max_steps",
@@ -25,10 +20,7 @@ COMMON = [
     "2e-3",
     "--warmup_ratio",
     "0",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
     "--logging_steps",
     "2",
     # Equal to 1e-5 holds in fp32; bf16 autocast rounds differently in each layout (1e-3 apart).

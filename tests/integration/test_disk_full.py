@@ -13,19 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import QUIET, TINY
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, verify_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
 # 2 ranks x 16 rows of the tiny preset's 400: 13 steps an epoch, so no evaluation before step 6 unless asked.
 ARGS = (
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--bf16",
     "false",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
     "--eval_samples",
     "64",
     "--max_steps",

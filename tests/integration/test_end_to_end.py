@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY
 from distrinews.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,7 @@ def trained_run(tmp_path_factory, agnews_dir):
         "-m",
         "distrinews",
         "train",
-        "--config",
-        str(CONFIGS / "tiny.yaml"),
+        *TINY,
         "--model_name_or_path",
         "minilm",
         "--train_samples",

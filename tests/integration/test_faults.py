@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import QUIET, TINY
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -139,22 +139,21 @@ def test_a_truncated_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(th
 
 def test_the_lock_of_a_sigkilled_run_does_not_block_the_next_run(tmp_path, cli, start_train, agnews_dir):
     run = tmp_path / "run"
-    tiny = ("--config", str(ROOT / "configs" / "tiny.yaml"), "--eval_samples", "64", "--bf16", "false")
-    quiet = ("--report_to_tensorboard", "false", "--disable_tqdm", "true")
-    proc = start_train(*tiny, *quiet, "--max_steps", "100000", "--num_train_epochs", "1000", "--save_steps", "2", "--output-dir", str(run))
+    args = (*TINY, "--eval_samples", "64", "--bf16", "false", *QUIET)
+    proc = start_train(*args, "--max_steps", "100000", "--num_train_epochs", "1000", "--save_steps", "2", "--output-dir", str(run))
     try:
         _wait_for(run / "checkpoints" / "step-2", proc)
         holder = json.loads((run / ".distrinews.lock").read_text())
         assert holder["pid"] == proc.pid, "the launcher the user started holds the lock, not a worker"
-        refused = cli("train", *tiny, *quiet, "--output-dir", str(run), "--resume", "auto", check=False)
+        refused = cli("train", *args, "--output-dir", str(run), "--resume", "auto", check=False)
         assert refused.returncode == 2 and f"is locked by a run in progress (pid {proc.pid} on " in refused.stderr, refused.stderr
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers, with no chance to let go of anything
         proc.wait()
     assert (run / ".distrinews.lock").is_file(), "the killed run left its lock file"
 
-    again = cli("train", *tiny, *quiet, "--output-dir", str(run), "--max_steps", "4", check=False)
+    again = cli("train", *args, "--output-dir", str(run), "--max_steps", "4", check=False)
     assert again.returncode == 2 and "already holds a run" in again.stderr, "refused for the run it holds, not for the lock"
-    cli("train", *tiny, *quiet, "--output-dir", str(run), "--max_steps", "4", "--overwrite_output_dir", "true", nproc=2)
+    cli("train", *args, "--output-dir", str(run), "--max_steps", "4", "--overwrite_output_dir", "true", nproc=2)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4"]
     assert not (run / ".distrinews.lock").exists()

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from conftest import QUIET, TINY
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--dropout",
     "0.0",
     "--max_steps",
@@ -28,10 +29,7 @@ RUN = [
     "2e-3",
     "--warmup_ratio",
     "0",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
     "--bf16",
     "false",
 ]

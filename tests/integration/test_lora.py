@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import QUIET, TINY
+
 pytest.importorskip("peft")
 
-ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets", "New chip doubles battery life"]
 
 
@@ -19,8 +18,7 @@ def lora_run(tmp_path_factory, agnews_dir, cli):
     run = tmp_path_factory.mktemp("lora") / "run"
     out = cli(
         "train",
-        "--config",
-        str(ROOT / "configs" / "tiny.yaml"),
+        *TINY,
         "--use_peft",
         "true",
         "--lora_r",
@@ -35,10 +33,7 @@ def lora_run(tmp_path_factory, agnews_dir, cli):
         "3",
         "--eval_samples",
         "64",
-        "--report_to_tensorboard",
-        "false",
-        "--disable_tqdm",
-        "true",
+        *QUIET,
         "--output-dir",
         str(run),
         nproc=2,

@@ -15,21 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from conftest import QUIET, TINY
+
 ROOT = Path(__file__).resolve().parents[2]
 # Four steps of the tiny model; both ways of launching train exactly this.
 TRAIN_ARGS = (
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--max_steps",
     "4",
     "--train_samples",
     "128",
     "--eval_samples",
     "64",
-    "--disable_tqdm",
-    "true",
-    "--report_to_tensorboard",
-    "false",
+    *QUIET,
     "--bf16",
     "false",
 )

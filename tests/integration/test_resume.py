@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import QUIET, TINY
 
 
 def _records(run: Path) -> list[dict]:
@@ -81,8 +81,7 @@ def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp
 
 # 192 rows are 64 a rank over 3 ranks: two micro-batches of 16 a step, two optimizer steps an epoch.
 THREE_RANKS = (
-    "--config",
-    str(ROOT / "configs" / "tiny.yaml"),
+    *TINY,
     "--train_samples",
     "192",
     "--eval_samples",
@@ -101,10 +100,7 @@ THREE_RANKS = (
     "null",
     "--logging_steps",
     "1",
-    "--report_to_tensorboard",
-    "false",
-    "--disable_tqdm",
-    "true",
+    *QUIET,
 )
 
 
@@ -145,18 +141,14 @@ def test_killing_the_launcher_kills_every_worker(tmp_path, agnews_dir, start_tra
     run = tmp_path / "run-killed-launcher"
     proc = start_train(
         *[
-            "--config",
-            str(ROOT / "configs" / "tiny.yaml"),
+            *TINY,
             "--max_steps",
             "100000",
             "--num_train_epochs",
             "1000",
             "--save_steps",
             "2",
-            "--report_to_tensorboard",
-            "false",
-            "--disable_tqdm",
-            "true",
+            *QUIET,
             "--output-dir",
             str(run),
         ],

@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from distrinews.bench.serving import ServerNotReady, wait_ready
 from distrinews.distributed.launch import free_port
 from distrinews.export.space import dockerfile
 from distrinews.export.space.bundle import export_space
@@ -71,18 +71,10 @@ def test_bundle_server_answers_the_reference_calls(checkpoint, tmp_path, runtime
         proc = subprocess.Popen([sys.executable, *argv[1:]], cwd=bundle, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"the bundle's server exited {proc.returncode}:\n{_log(log_path)}"
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-                health = httpx.get(f"{url}/health", timeout=2).json()
-                assert "error" not in health, f"the model did not load: {health['error']}\n{_log(log_path)}"
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"not ready after 90 s:\n{_log(log_path)}"
-            time.sleep(0.2)
+        try:
+            wait_ready(f"{url}/ready", proc, timeout=90)
+        except ServerNotReady as exc:  # a model that fails to load keeps /ready at 503: the log says why
+            raise AssertionError(f"the bundle's server {exc}:\n{_log(log_path)}") from None
 
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "healthy" and health["model_loaded"] is True

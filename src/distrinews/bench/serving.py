@@ -213,6 +213,33 @@ async def _closed_loop(port: int, texts: list[str], concurrency: int, duration: 
 
 
 # ---------------------------------------------------------------------- servers under test
+class ServerNotReady(RuntimeError):
+    """The server process exited, or did not answer ready in time; the message says which."""
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600, interval: float = 0.3) -> None:
+    """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false``.
+
+    Our ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200
+    at once and says ``model_loaded``. Raises ``ServerNotReady`` once ``proc`` (when given) has
+    exited, or after ``timeout`` seconds; the benchmarks and the HTTP tests wait with this.
+    """
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerNotReady(f"exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and json.loads(r.read()).get("model_loaded", True):
+                    return
+        except (OSError, ValueError):  # not listening yet, 503 (HTTPError), or not JSON yet
+            pass
+        time.sleep(interval)
+    raise ServerNotReady(f"not ready after {timeout:g}s")
+
+
 class _Server:
     def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log_path: Path):
         self.name, self.port, self.ready_path = name, port, ready_path
@@ -224,23 +251,11 @@ class _Server:
         self.ready_s: float | None = None
 
     def wait_ready(self, timeout: float = 600) -> None:
-        import urllib.error
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode} (see {self.log_file.name})")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2) as r:
-                    body = json.loads(r.read())
-                    if r.status == 200 and body.get("model_loaded", True):
-                        self.ready_s = time.monotonic() - self.started
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{self.name} server not ready after {timeout}s")
+        try:
+            wait_ready(f"http://127.0.0.1:{self.port}{self.ready_path}", self.proc, timeout)
+        except ServerNotReady as exc:
+            raise RuntimeError(f"{self.name} server {exc} (see {self.log_file.name})") from None
+        self.ready_s = time.monotonic() - self.started
 
     def info(self) -> dict[str, Any]:
         import urllib.request

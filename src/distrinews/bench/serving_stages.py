@@ -188,23 +188,6 @@ async def _one_client(port: int, bodies: list[bytes], warmup: int) -> list[float
     return latencies
 
 
-def _wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-                if r.status == 200 and json.loads(r.read()).get("model_loaded", True):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit("server not ready")
-
-
 def _derive(times: dict[str, list[float]], client: list[float], n: int) -> list[tuple[str, float]]:
     """Mean milliseconds per request of each stage; nested stages are shown as their own share."""
 
@@ -267,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
 
-    from distrinews.bench.serving import _load_texts
+    from distrinews.bench.serving import ServerNotReady, _load_texts, wait_ready
     from distrinews.distributed.launch import free_port
 
     full, headlines = _load_texts(args.data, args.requests + args.warmup)
@@ -287,8 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     log = open(out.with_name("server.log"), "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(port, ready, proc)
+        wait_ready(f"http://127.0.0.1:{port}{ready}", proc)
         client = asyncio.run(_one_client(port, bodies, args.warmup))
+    except ServerNotReady as exc:
+        raise SystemExit(f"server {exc}") from None
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
