@@ -86,6 +86,7 @@ class TrainConfig:
     overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
     report_to_tensorboard: bool = True
+    save_training_curves: bool = True  # training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)
     cache_dir: str | None = None  # tokenized-data cache; default ~/.cache/distrinews
 
     def __post_init__(self) -> None:

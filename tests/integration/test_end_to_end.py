@@ -42,6 +42,8 @@ def trained_run(tmp_path_factory, agnews_dir):
         "1e-4",
         "--logging_steps",
         "2",
+        "--save_training_curves",
+        "true",
         "--output-dir",
         str(run),
     ]

@@ -37,6 +37,7 @@ def _train(out: Path, bf16: bool, capsys) -> tuple[str, dict, list[dict]]:
         "output_dir": str(out),
     }
     train(load_config(ROOT / "configs" / "tiny.yaml", overrides))
+    assert not (out / "training_curves.png").exists(), "the tiny preset draws no curves"
     weights = load_file(str(out / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     return capsys.readouterr().out, weights, log

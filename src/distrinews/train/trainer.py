@@ -568,7 +568,7 @@ class Trainer:
         if self.state.best_accuracy is not None:
             self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
         self.say(f"Checkpoint saved to: {self.run_dir.best}")
-        if self.env.is_main:
+        if self.env.is_main and self.config.save_training_curves:
             write_training_curves(self.run_dir, self.say)  # training_curves.png from the finished log
         return result
 
