@@ -141,14 +141,11 @@ def test_none_of_it_was_a_5xx(server):
 
 
 # ---------------------------------------------------------------------- refused checkpoints on the command line
-@pytest.mark.parametrize("command", ["predict", "eval", "serve"])
-@pytest.mark.parametrize("kind", ["pickle", "safetensors"])
-def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp_path):
-    target, named = refused[kind]
-    marker = refused["marker"][0]
+def _load_with(command: str, checkpoint: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``distrinews predict|eval|serve --checkpoint CHECKPOINT`` with what else the command needs, output captured."""
     extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")], "serve": ["--port", "0"]}[command]
-    proc = subprocess.run(
-        [sys.executable, "-m", "distrinews", command, "--checkpoint", str(target), *extra],
+    return subprocess.run(
+        [sys.executable, "-m", "distrinews", command, "--checkpoint", str(checkpoint), *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -156,6 +153,14 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp
         cwd=ROOT,
         check=False,
     )
+
+
+@pytest.mark.parametrize("command", ["predict", "eval", "serve"])
+@pytest.mark.parametrize("kind", ["pickle", "safetensors"])
+def test_a_refused_checkpoint_is_one_line_and_exit_2(refused, command, kind, tmp_path):
+    target, named = refused[kind]
+    marker = refused["marker"][0]
+    proc = _load_with(command, target, tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
@@ -232,16 +237,7 @@ def test_the_slim_server_refuses_a_model_folder_without_its_tokenizer_without_to
 
 @pytest.mark.parametrize("command", ["predict", "eval"])
 def test_predict_and_eval_refuse_a_model_folder_without_its_tokenizer(tokenizerless, command, tmp_path):
-    extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")]}[command]
-    proc = subprocess.run(
-        [sys.executable, "-m", "distrinews", command, "--checkpoint", str(tokenizerless), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-        cwd=ROOT,
-        check=False,
-    )
+    proc = _load_with(command, tokenizerless, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert not proc.stdout
     _assert_tokenizer_refusal(proc.stderr, tokenizerless)
