@@ -138,6 +138,31 @@ class TrainConfig:
         need(bool(self.output_dir), "output_dir", "must not be empty")
         need(is_version(self.model_version), "model_version", "must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
 
+    # ------------------------------------------------------------------ the components' slices
+    @property
+    def model(self) -> ModelConfig:
+        return _slice(ModelConfig, self)
+
+    @property
+    def data(self) -> DataConfig:
+        return _slice(DataConfig, self)
+
+    @property
+    def batches(self) -> BatchConfig:
+        return _slice(BatchConfig, self)
+
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        return _slice(OptimizerConfig, self)
+
+    @property
+    def precision(self) -> PrecisionConfig:
+        return _slice(PrecisionConfig, self)
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return _slice(ParallelConfig, self)
+
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,6 +187,99 @@ class TrainConfig:
                 raise ConfigError(f"unknown config field '{key}'{hint}")
             kwargs[name] = _coerce(name, value, hints[name])
         return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------- slices
+# Each component reads only its own few fields, typed (torchtitan's way): the model, the data, the
+# step plan, the optimizer, the precision policy, the parallel strategy. The slices are built from
+# the flat ``TrainConfig`` by its properties below and nowhere else, and declare no defaults of
+# their own: every default lives once, in ``TrainConfig``. The YAML and the command line stay flat.
+@dataclass(frozen=True)
+class ModelConfig:
+    """What ``train.build.build_train_model`` builds."""
+
+    model_name_or_path: str
+    dropout: float | None
+    attention_dropout: float | None
+    fast_dropout: bool
+    freeze_word_embeddings: bool
+    torch_compile: bool
+    pad_to_multiple_of: int | None
+    use_peft: bool
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_target_modules: str | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What ``train.trainer.prepare_data`` reads, samples and tokenizes."""
+
+    model_name_or_path: str  # whose tokenizer
+    data_dir: str | None
+    train_samples: int | None
+    eval_samples: int | None
+    max_length: int
+    cache_dir: str | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How rows become micro-batches and optimizer steps (``train.trainer.StepPlan``, the sampler, the loader)."""
+
+    per_device_train_batch_size: int
+    per_device_eval_batch_size: int
+    gradient_accumulation_steps: int
+    num_train_epochs: float
+    max_steps: int
+    group_by_length: bool
+    pad_to_multiple_of: int | None
+    dataloader_num_workers: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW, its linear schedule with warm-up, and gradient clipping."""
+
+    learning_rate: float
+    weight_decay: float
+    warmup_ratio: float
+    max_grad_norm: float
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """The mixed-precision policy (``train.precision.Precision``): bf16 true, false or auto (None); fp16."""
+
+    bf16: bool | None
+    fp16: bool
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is spread over the processes (``distributed.parallel.wrap_model``)."""
+
+    strategy: str
+    ddp_bucket_cap_mb: float | None
+    ddp_comm_hook: str
+    ddp_timeout: int
+
+
+SLICES = (ModelConfig, DataConfig, BatchConfig, OptimizerConfig, PrecisionConfig, ParallelConfig)
+
+
+def _slice(cls: type, config: TrainConfig) -> Any:
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def field_default(name: str) -> Any:
+    """``TrainConfig``'s default for field ``name``: for code that must fill a field an old file lacks."""
+    f = TrainConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -271,4 +389,18 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     raise bad()
 
 
-__all__ = ["STRATEGIES", "ConfigError", "TrainConfig", "load_config", "parse_overrides"]
+__all__ = [
+    "SLICES",
+    "STRATEGIES",
+    "BatchConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ParallelConfig",
+    "PrecisionConfig",
+    "TrainConfig",
+    "field_default",
+    "load_config",
+    "parse_overrides",
+]

@@ -89,7 +89,7 @@ def tiny_config(dropout: float | None = None) -> BertConfig:
 ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BERT's, DistilBERT's names
 
 
-def build_model(name: str, dropout: float | None = None, seed: int = 42, attention_dropout: float | None = None) -> torch.nn.Module:
+def build_model(name: str, seed: int, dropout: float | None = None, attention_dropout: float | None = None) -> torch.nn.Module:
     """A fresh classifier: pretrained encoder (or tiny random), new 4-way head, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.

@@ -217,9 +217,9 @@ def test_ddp_bucket_default_depends_on_the_device():
     from distrinews.config import TrainConfig
     from distrinews.distributed.parallel import ddp_bucket_cap_mb
 
-    assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
-    assert ddp_bucket_cap_mb(TrainConfig(), torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays
-    assert ddp_bucket_cap_mb(TrainConfig(ddp_bucket_cap_mb=5), torch.device("cpu")) == 5.0
+    assert ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
+    assert ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays
+    assert ddp_bucket_cap_mb(TrainConfig(ddp_bucket_cap_mb=5).parallel, torch.device("cpu")) == 5.0
 
 
 def test_scaling_rejects_bad_input_before_starting_workers(capsys):

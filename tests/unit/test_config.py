@@ -52,7 +52,7 @@ def test_fp16_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("this check is for machines without CUDA")
     with pytest.raises(ConfigError, match=r"'fp16'.*needs CUDA"):
-        check_precision_supported(TrainConfig(fp16=True))
+        check_precision_supported(TrainConfig(fp16=True).precision)
 
 
 def test_command_line_strings_are_typed():

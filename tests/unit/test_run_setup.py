@@ -103,9 +103,9 @@ def test_single_strategy_refuses_several_processes():
     model = torch.nn.Linear(2, 2)
     two = DistEnv(0, 0, 2, 2, torch.device("cpu"), "gloo")
     with pytest.raises(ConfigError, match="'single' cannot run with 2 processes"):
-        wrap_model(model, TrainConfig(strategy="single"), two)
+        wrap_model(model, TrainConfig(strategy="single").parallel, two)
     one = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
-    wrapped = wrap_model(model, TrainConfig(strategy="ddp"), one)
+    wrapped = wrap_model(model, TrainConfig(strategy="ddp").parallel, one)
     assert wrapped.module is model and not wrapped.replicated and wrapped.gradient_bytes() == 0
 
 
@@ -117,11 +117,11 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_step_plan_and_windows():
-    plan = StepPlan.of(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3), rows_per_rank=50)
+    plan = StepPlan.of(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3).batches, rows_per_rank=50)
     assert (plan.micro_per_epoch, plan.steps_per_epoch, plan.total_steps, plan.num_epochs) == (13, 5, 5, 1)
     windows = list(optimizer_windows(range(13), 3))
     assert [len(w) for w in windows] == [3, 3, 3, 3, 1]
-    capped = StepPlan.of(TrainConfig(per_device_train_batch_size=4, max_steps=12), rows_per_rank=50)
+    capped = StepPlan.of(TrainConfig(per_device_train_batch_size=4, max_steps=12).batches, rows_per_rank=50)
     assert (capped.steps_per_epoch, capped.total_steps, capped.num_epochs) == (13, 12, 1)
 
 
@@ -150,7 +150,7 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
     torch.manual_seed(1)
     assert torch.equal(drop(torch.ones(1000)), first), "the global generator decides the mask: runs repeat"
     assert torch.equal(drop.eval()(x), x)
-    model = build_model("tiny-random", dropout=0.1)
+    model = build_model("tiny-random", seed=0, dropout=0.1)
     assert use_fast_dropout(model) == 2 * 3 + 2  # per layer: attention probabilities, attention output, feed-forward; + 2
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
 

@@ -116,7 +116,7 @@ def test_every_rank_runs_the_same_steps_whatever_the_sizes(group, world, rows, b
         indices = list(sampler)
         micro = [indices[i : i + batch] for i in range(0, len(indices), batch)]
         windows = [len(w) for w in optimizer_windows(micro, accum)]
-        plan = StepPlan.of(config, len(sampler))
+        plan = StepPlan.of(config.batches, len(sampler))
         assert len(indices) == -(-rows // world) and len(micro) == plan.micro_per_epoch
         assert len(windows) == plan.steps_per_epoch
         per_rank.append((windows, plan))

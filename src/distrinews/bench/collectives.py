@@ -205,7 +205,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
         output_dir=tempfile.gettempdir(),
     )
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
-    data = prepare_data(config, env)
+    data = prepare_data(config.data, env)
     model = build_model(config.model_name_or_path, seed=config.seed).to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -217,7 +217,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     loader = iter(
         DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id))
     )
-    precision = Precision.from_config(config, env.device)
+    precision = Precision.from_config(config.precision, env.device)
     shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)
     times, flops = [], []
     for i in range(args.compute_batches + 1):

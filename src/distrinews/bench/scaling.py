@@ -126,28 +126,29 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         overrides["ddp_bucket_cap_mb"] = float(args.bucket_cap_mb)
     overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-scaling-run-"))
     config = load_config(args.config, overrides)
-    check_precision_supported(config)
+    check_precision_supported(config.precision)
+    make_optimizer = None
+    if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
+
+        def make_optimizer(model):
+            return torch.optim.AdamW(model.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach")
+
     with distributed_context(threads=args.cores_per_worker) as env:
-        trainer = Trainer(config, env)
-        if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
-            trainer.optimizer = torch.optim.AdamW(
-                trainer.model.raw.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach"
-            )
-            trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
+        trainer = Trainer(config, env, make_optimizer=make_optimizer)
         windows = _windows(trainer, args)
         torch.manual_seed(config.seed + env.rank)
         trainer.model.train()
         timer = _StepTimer(trainer, windows, args.host_sync)
         for _ in range(args.warmup):
             timer.step(timed=False)
-        trainer.window_counts = type(trainer.window_counts)(env.device)
+        trainer.take_window_counts()  # the warm-up steps' counts, dropped
         barrier(env)
         started = time.perf_counter()
         for _ in range(args.steps):
             timer.step(timed=True)
         barrier(env)
         elapsed = time.perf_counter() - started
-        counts = type(trainer.window_counts)(values=trainer.window_counts.values.clone())  # the timed steps only
+        counts = trainer.take_window_counts()  # the timed steps only
         probe_local, probe_sync = _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
         barrier(env)
         mine = {
@@ -165,7 +166,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         }
         ranks = all_gather_object(mine, env)
         if env.is_main:
-            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config, env.device)), indent=2))
+            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device)), indent=2))
     return 0
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, ParallelConfig
 from ..model import forward_loss
 from .process_group import DistEnv, all_gather_object
 
@@ -121,7 +121,7 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def wrap_model(model: torch.nn.Module, config: TrainConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:
+def wrap_model(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:
     """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
 
     ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
@@ -158,7 +158,7 @@ def _fsdp(model: torch.nn.Module, param_dtype: torch.dtype | None) -> torch.nn.M
 
 
 # ---------------------------------------------------------------------- DDP
-def ddp_bucket_cap_mb(config: TrainConfig, device: torch.device) -> float:
+def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
     if config.ddp_bucket_cap_mb is not None:
         return config.ddp_bucket_cap_mb
     # One bucket for MiniLM's 87 MiB of gradients on CPU, where gloo reduces on the core that
@@ -167,7 +167,7 @@ def ddp_bucket_cap_mb(config: TrainConfig, device: torch.device) -> float:
     return 25.0 if device.type == "cuda" else 100.0
 
 
-def _ddp(model: torch.nn.Module, config: TrainConfig, env: DistEnv) -> DDP:
+def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> DDP:
     ddp = DDP(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
+from ..config import ConfigError, field_default
 from .machine import threads_per_process
 
 
@@ -88,14 +88,19 @@ def check_one_gpu_per_process(local_world_size: int) -> None:
 
 
 @contextlib.contextmanager
-def distributed_context(timeout_s: float = 1800.0, threads: int | None = None) -> Iterator[DistEnv]:
+def distributed_context(timeout_s: float | None = None, threads: int | None = None) -> Iterator[DistEnv]:
     """Join the process group torchrun describes (if any); always tear it down.
+
+    ``timeout_s``: how long a collective may wait for the other ranks; None = the config's
+    ``ddp_timeout`` default.
 
     nccl when CUDA is present, gloo otherwise. On CPU each process gets cores / local world size
     threads unless ``threads`` says otherwise (torchrun's default of one thread wastes cores when
     there are fewer processes than cores).
     """
     die_with_launcher()
+    if timeout_s is None:
+        timeout_s = float(field_default("ddp_timeout"))
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, PrecisionConfig
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Precision:
     dtype: torch.dtype | None  # the autocast dtype; None = fp32 throughout
 
     @classmethod
-    def from_config(cls, config: TrainConfig, device: torch.device) -> Precision:
+    def from_config(cls, config: PrecisionConfig, device: torch.device) -> Precision:
         if config.fp16:
             return cls(device.type, torch.float16)
         bf16 = bf16_is_fast(device) if config.bf16 is None else config.bf16
@@ -70,7 +70,7 @@ def bf16_is_fast(device: torch.device | str) -> bool:
     return any(check() for check in checks if check is not None)
 
 
-def check_precision_supported(config: TrainConfig) -> None:
+def check_precision_supported(config: PrecisionConfig) -> None:
     """Checks that depend on the machine, made before any process group exists."""
     if config.fp16 and not torch.cuda.is_available():
         raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")

@@ -29,7 +29,7 @@ def preflight_train(
     the returned context, which the caller holds for the whole run. Touches nothing but the
     lock file, and removes that (and a directory made for it) when a check fails.
     """
-    check_precision_supported(config)
+    check_precision_supported(config.precision)
     if nproc_per_node is not None:
         if torch.cuda.is_available():
             check_one_gpu_per_process(nproc_per_node)

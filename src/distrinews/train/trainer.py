@@ -5,49 +5,60 @@
     Trainer.train          resume, banner, then per epoch: train_step, log, evaluate, save
     Trainer.train_step     one optimizer step over a window of micro-batches (gradient accumulation)
 
-Only rank 0 prints, shows the progress bar, writes logs and saves; every rank reaches every
-collective (metric sums, RNG and state-dict gathering), and none of them sits inside
-``if is_main``. A checkpoint is the last thing written for its step, after that step's log,
-evaluation and best model, so a run resumed from it continues exactly as if never stopped.
+The pieces it is built from are in ``components.py`` (each from its slice of the config); what
+it prints is ``report.py``; ``best/`` is kept by ``checkpoint/best.py`` and the resumable
+checkpoints by ``checkpoint/resumable.py``. Only rank 0 prints, shows the progress bar, writes
+logs and saves; every rank reaches every collective (metric sums, RNG and state-dict
+gathering), and none of them sits inside ``if is_main``. A checkpoint is the last thing written
+for its step, after that step's log, evaluation and best model, so a run resumed from it
+continues exactly as if never stopped.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
+from ..checkpoint.best import BestModel
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
-from ..checkpoint.servable import save_servable
-from ..checkpoint.space import saving_together, space_needed
 from ..config import TrainConfig
 from ..data.collate import Collator
 from ..data.sampler import TrainSampler
-from ..data.splits import load_split, stratified_sample
-from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.parallel import ParallelModel, wrap_model
 from ..distributed.preemption import StopRequest
-from ..distributed.process_group import DistEnv, all_reduce_max, broadcast_object, distributed_context, main_process_first
+from ..distributed.process_group import DistEnv, broadcast_object, distributed_context
 from ..distributed.watchdog import Watchdog
-from ..model import add_lora, build_model, build_tokenizer, count_parameters, forward_loss, freeze_word_embeddings, merged
+from ..model import count_parameters, forward_loss
+from .components import (
+    StepPlan,
+    TrainClock,
+    TrainState,
+    build_optimizer,
+    build_train_model,
+    linear_schedule_with_warmup,
+    optimizer_windows,
+    peak_memory_mib,
+    prepare_data,
+)
 from .curves import write_training_curves
-from .dropout import use_fast_dropout
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
 from .precision import Precision, check_precision_supported
+from .report import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
+
+__all__ = ["StepPlan", "TrainState", "Trainer", "linear_schedule_with_warmup", "optimizer_windows", "prepare_data", "train"]
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    check_precision_supported(config)
+    check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
         distributed_context(timeout_s=config.ddp_timeout + 60) as env,
@@ -59,179 +70,57 @@ def train(config: TrainConfig) -> dict[str, Any]:
         return trainer.train()
 
 
-# ---------------------------------------------------------------------- state
-@dataclass
-class TrainState:
-    """Where the run is: what a checkpoint must hold to continue it exactly."""
-
-    global_step: int = 0
-    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
-    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
-    best_accuracy: float | None = None
-    last_eval: dict[str, Any] = field(default_factory=dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for f in fields(self):
-            if f.name in state:
-                setattr(self, f.name, state[f.name])
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
 
-@dataclass(frozen=True)
-class StepPlan:
-    """How the rows divide into micro-batches and optimizer steps."""
-
-    micro_batch: int  # rows per forward pass on one rank
-    accumulation: int  # micro-batches per optimizer step
-    micro_per_epoch: int
-    steps_per_epoch: int
-    total_steps: int
-
-    @classmethod
-    def of(cls, config: TrainConfig, rows_per_rank: int) -> StepPlan:
-        micro = math.ceil(rows_per_rank / config.per_device_train_batch_size)
-        per_epoch = math.ceil(micro / config.gradient_accumulation_steps)
-        total = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * per_epoch)
-        return cls(config.per_device_train_batch_size, config.gradient_accumulation_steps, micro, per_epoch, total)
-
-    @property
-    def num_epochs(self) -> int:
-        return math.ceil(self.total_steps / self.steps_per_epoch)
-
-
-class TrainClock:
-    """Seconds spent training: evaluation and saving are paused out, so logged rates count training only."""
-
-    def __init__(self) -> None:
-        self._started = time.perf_counter()
-        self._paused = 0.0
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._started - self._paused
-
-    def pause(self) -> _Pause:
-        return _Pause(self)
-
-
-class _Pause:
-    def __init__(self, clock: TrainClock):
-        self.clock = clock
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.clock._paused += time.perf_counter() - self.t0
-
-
-@dataclass
-class Datasets:
-    train: TokenizedDataset | None
-    test: TokenizedDataset
-    tokenizer: Any
-
-
-def prepare_data(config: TrainConfig, env: DistEnv, need_train: bool = True) -> Datasets:
-    """Read, sample and tokenize; each node's first process builds the token cache, the others read it."""
-    tokenizer = build_tokenizer(config.model_name_or_path)
-    splits: dict[str, TokenizedDataset] = {}
-    with main_process_first(env, local=True):
-        for name, limit in (("train", config.train_samples), ("test", config.eval_samples)):
-            if name == "train" and not need_train:
-                continue
-            raw = load_split(config.data_dir, name)
-            raw = raw.subset(stratified_sample(raw.labels, limit, config.seed))
-            splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
-    return Datasets(splits.get("train"), splits["test"], tokenizer)
-
-
-def build_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
-
-
-def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Hugging Face's ``get_linear_schedule_with_warmup``, the same multipliers step for step.
-
-    Written out because importing it from transformers pulls in its Trainer's utilities (and
-    peft where installed): seconds of start-up in every worker, for a two-line rule.
-    """
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return step / max(1, warmup_steps)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-    """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
-    window: list[dict[str, torch.Tensor]] = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == accumulation:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
-# ---------------------------------------------------------------------- the trainer
 class Trainer:
-    def __init__(self, config: TrainConfig, env: DistEnv, stop: StopRequest | None = None):
+    def __init__(self, config: TrainConfig, env: DistEnv, stop: StopRequest | None = None, make_optimizer: OptimizerFactory | None = None):
+        """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW)."""
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.output_dir)
-        self.say = print if env.is_main else (lambda *a, **k: None)
-        if not env.is_main:
-            from transformers.utils import logging as hf_logging
+        self.report = Report(env, config.disable_tqdm)
 
-            hf_logging.set_verbosity_error()  # one copy of the library's warnings, from rank 0
-
-        self.data = prepare_data(config, env)
+        self.data = prepare_data(config.data, env)
         # The sampler deals out whole optimizer steps (batch x accumulation rows a rank), so the rows
         # of step k are the same however they are split into processes and micro-batches.
-        rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, config.seed, config.group_by_length)
-        self.plan = StepPlan.of(config, len(self.sampler))
+        batches = config.batches
+        rows_per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps
+        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, batches.seed, batches.group_by_length)
+        self.plan = StepPlan.of(batches, len(self.sampler))
 
-        self.precision = Precision.from_config(config, env.device)
-        model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout)
-        if config.freeze_word_embeddings:
-            freeze_word_embeddings(model)
-        if config.fast_dropout and env.device.type == "cpu":
-            use_fast_dropout(model)
-        if config.use_peft:
-            model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
-        model = model.to(env.device)
-        self.model: ParallelModel = wrap_model(model, config, env, param_dtype=self.precision.dtype)
+        self.precision = Precision.from_config(config.precision, env.device)
+        model = build_train_model(config.model, env.device)
+        self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype)
         if config.torch_compile:  # what forward and backward run through; checkpoints read the raw model
             self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
-        self.optimizer = build_optimizer(self.model.raw, config, env.device)
+        self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
         self.scheduler = linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
         self.scaler = self.precision.grad_scaler()
 
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.save_total_limit, config.to_dict())
+        self.best = BestModel(self.run_dir.best, self.run_dir.checkpoints, env, self.data.tokenizer, config.to_dict())
         self.shape = ModelShape.of(self.model.raw)
         self.peak = peak_for(env.device, self.precision.compute_dtype)
-        self.window_counts = Counts(env.device)  # since the last log line
-        self.epoch_counts = Counts(env.device)  # since the epoch started
+        self._window_counts = Counts(env.device)  # since the last log line
+        self._epoch_counts = Counts(env.device)  # since the epoch started
         self.clock = TrainClock()
         self.window_started = 0.0
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
         self.logger: MetricsLogger | None = None
-        self.progress: Any = None
+
+    @property
+    def window_counts(self) -> Counts:
+        """This rank's loss and accuracy counts since the last log line (read-only; ``take_window_counts`` resets)."""
+        return self._window_counts
+
+    def take_window_counts(self) -> Counts:
+        """This rank's counts since the last log line or call, and a fresh window from here."""
+        counts, self._window_counts = self._window_counts, Counts(self.env.device)
+        return counts
 
     # ------------------------------------------------------------------ the story
     def train(self) -> dict[str, Any]:
@@ -258,7 +147,7 @@ class Trainer:
             grad_norm = self.train_step(window)
             self.state.global_step += 1
             self.state.step_in_epoch += 1
-            self.progress.update(1)
+            self.report.step_done()
             if self.state.global_step % self.config.logging_steps == 0:
                 self.log_train(grad_norm)
             if self.epoch_complete or self.done:
@@ -281,8 +170,8 @@ class Trainer:
                 scaled = loss / len(window)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             counts = Counts.of_batch(loss, logits, batch)
-            self.window_counts += counts
-            self.epoch_counts += counts
+            self._window_counts += counts
+            self._epoch_counts += counts
 
     def optimizer_step(self) -> torch.Tensor | None:
         if self.scaler:
@@ -340,10 +229,10 @@ class Trainer:
         self.state.load_state_dict(saved.trainer_state)
         running = saved.trainer_state.get("running_counts")
         if running and self.env.is_main:
-            self.window_counts = Counts.from_list(running["window"], self.env.device)
-            self.epoch_counts = Counts.from_list(running["epoch"], self.env.device)
+            self._window_counts = Counts.from_list(running["window"], self.env.device)
+            self._epoch_counts = Counts.from_list(running["epoch"], self.env.device)
         if saved.world_size != self.env.world_size:
-            self.say(
+            self.report.say(
                 f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
                 f"{self.env.world_size}: data order differs from an uninterrupted run"
             )
@@ -361,51 +250,29 @@ class Trainer:
             tensorboard=self.config.report_to_tensorboard,
             resume_step=self.state.global_step if resumed_from else None,
         )
-        self.progress = tqdm(
-            total=self.plan.total_steps,
-            initial=self.state.global_step,
-            desc="train",
-            unit="step",
-            disable=not self.env.is_main or self.config.disable_tqdm,
-            dynamic_ncols=True,
-            mininterval=1.0,
-        )
+        self.report.open_progress(self.plan.total_steps, self.state.global_step)
 
     def print_banner(self, resumed_from: str | None) -> None:
-        c, env, say = self.config, self.env, self.say
-        per_step = c.per_device_train_batch_size * c.gradient_accumulation_steps * env.world_size
-        threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
-        say("=" * 60)
-        say(
-            "DDP TRAINING CONFIGURATION"
-            if self.model.replicated
-            else "FSDP TRAINING CONFIGURATION"
-            if self.model.sharded
-            else "TRAINING CONFIGURATION"
+        raw = self.model.raw
+        facts = RunFacts(
+            strategy=self.model.strategy,
+            replicated=self.model.replicated,
+            sharded=self.model.sharded,
+            communication=self.model.communication(),
+            precision=self.precision.name,
+            total_steps=self.plan.total_steps,
+            parameters=count_parameters(raw),
+            trainable=count_parameters(raw, trainable_only=True),
+            train_rows=len(self.data.train),
+            rows_per_rank=len(self.sampler),
+            test_rows=len(self.data.test),
+            mfu_peak=self.peak.source,
         )
-        say("=" * 60)
-        say(f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {self.model.strategy})")
-        say(f"Batch size per device: {c.per_device_train_batch_size}")
-        say(f"Gradient accumulation: {c.gradient_accumulation_steps}")
-        say(f"Effective batch size: {per_step}")
-        say(f"Learning rate:        {c.learning_rate:g}")
-        say(f"Epochs:               {c.num_train_epochs:g} ({self.plan.total_steps} optimizer steps)")
-        say(f"Device:               {env.device}{threads}")
-        say(f"Precision:            {self.precision.name}")
-        total, trainable = count_parameters(self.model.raw), count_parameters(self.model.raw, trainable_only=True)
-        say(f"Model:                {c.model_name_or_path} ({total / 1e6:.1f}M parameters)")
-        say(f"Trainable:            {trainable:,} parameters ({100 * trainable / total:.2f}%)" + (" with LoRA" if c.use_peft else ""))
-        say(f"Communication a step: {self.model.communication()}")
-        say(f"Train samples:        {len(self.data.train):,} (each process sees {len(self.sampler):,})")
-        say(f"Test samples:         {len(self.data.test):,}")
-        say(f"MFU peak:             {self.peak.source}")
-        if resumed_from is not None:
-            say(f"Resumed from:         {resumed_from} (step {self.state.global_step})")
-        say("=" * 60)
+        self.report.say(*banner_lines(self.config, self.env, facts, resumed_from, self.state.global_step))
 
     # ------------------------------------------------------------------ log, evaluate, save
     def log_train(self, grad_norm: torch.Tensor | None) -> None:
-        counts = self.window_counts.all_reduced(self.env)  # every rank: a collective
+        counts = self.take_window_counts().all_reduced(self.env)  # every rank: a collective
         values = {
             "epoch": round(self.epoch_float, 4),
             "loss": counts.loss,
@@ -416,8 +283,7 @@ class Trainer:
         if grad_norm is not None:
             values["grad_norm"] = float(grad_norm)
         self.logger.log("train", self.state.global_step, values)
-        self.progress.set_postfix(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
-        self.window_counts = Counts(self.env.device)
+        self.report.show(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
         self.window_started = self.clock.elapsed()
 
     def evaluate_and_save_if_due(self) -> None:
@@ -441,31 +307,8 @@ class Trainer:
         )
         self.state.last_eval = metrics
         self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
-        best = self.state.best_accuracy
-        if best is None or metrics["accuracy"] > best:
+        if self.best.offer(self.model, metrics, self.state.best_accuracy, self.epoch_float, self.state.global_step):
             self.state.best_accuracy = metrics["accuracy"]
-            weights = self.model.full_state_dict()  # every rank: a collective under sharded strategies
-            target = self.run_dir.best
-            with saving_together(
-                self.env, target, self.run_dir.checkpoints, lambda: space_needed(target if target.is_dir() else None, weights)
-            ):
-                if self.env.is_main:
-                    servable = merged(self.model.raw)  # LoRA folded in: best/ loads without peft
-                    save_servable(
-                        target,
-                        servable,
-                        servable.state_dict() if servable is not self.model.raw else weights,
-                        self.data.tokenizer,
-                        {
-                            "metrics": metrics,
-                            "epoch": self.epoch_float,
-                            "global_step": self.state.global_step,
-                            "max_length": self.config.max_length,
-                            "model_name": self.config.model_name_or_path,
-                            "training_config": self.config.to_dict(),
-                            "world_size": self.env.world_size,
-                        },
-                    )
         return metrics
 
     def save(self) -> None:
@@ -475,8 +318,8 @@ class Trainer:
         # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
         # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
         running = {
-            "window": self.window_counts.all_reduced(self.env).values.tolist(),
-            "epoch": self.epoch_counts.all_reduced(self.env).values.tolist(),
+            "window": self._window_counts.all_reduced(self.env).values.tolist(),
+            "epoch": self._epoch_counts.all_reduced(self.env).values.tolist(),
         }
         self.checkpointer.save(
             self.state.global_step,
@@ -495,8 +338,8 @@ class Trainer:
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
         """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
         with self.clock.pause():
-            totals = self.epoch_counts.all_reduced(self.env)
-            self.epoch_counts = Counts(self.env.device)
+            totals = self._epoch_counts.all_reduced(self.env)
+            self._epoch_counts = Counts(self.env.device)
             metrics = self.evaluate()
             summary = {
                 "epoch": round(self.epoch_float, 4),
@@ -510,24 +353,15 @@ class Trainer:
                 **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
             }
             self.logger.log("epoch", self.state.global_step, summary)
-            self.progress.clear()
-            self.say(f"\nEpoch [{epoch + 1}/{self.plan.num_epochs}] - {_fmt_time(train_seconds)}")
-            self.say(f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%")
-            self.say(
-                f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | "
-                f"Macro-F1: {100 * metrics['macro_f1']:.2f}%"
-            )
-            self.say(
-                f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
-                f"MFU {100 * summary['mfu']:.1f}%, peak memory {summary['peak_memory_mib']:.0f} MiB a process"
-            )
+            self.report.clear_progress()
+            self.report.say(*epoch_lines(epoch, self.plan.num_epochs, train_seconds, totals, metrics, summary))
             if self.epoch_complete:
                 self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
             self.save()
         return summary
 
     def finish(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        self.progress.close()
+        self.report.close_progress()
         total_time = time.perf_counter() - self.started
         result = {
             "output_dir": str(self.run_dir.path),
@@ -540,16 +374,13 @@ class Trainer:
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
             self.logger.close()
-            if self.last_saved_step is not None:
-                saved = f"checkpoint {self.run_dir.checkpoints / f'step-{self.last_saved_step}'}; continue with --resume auto"
-            else:
-                saved = "no step trained in this run, nothing saved"
-            self.say(f"\nStopped by {self.stop.reason} at step {self.state.global_step} of {self.plan.total_steps}: {saved}.")
+            saved = self.run_dir.checkpoints / f"step-{self.last_saved_step}" if self.last_saved_step is not None else None
+            self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             return result
         digests = self.model.replica_digests() if self.model.replicated else []
         if digests:
             same = len(set(digests)) == 1
-            self.say(f"Replicas: {'identical' if same else 'DIFFERENT'} parameters on the {len(digests)} ranks ({', '.join(digests)})")
+            self.report.say(replicas_line(digests))
             result["replicas_identical"] = same
         self.logger.log(
             "summary",
@@ -561,30 +392,7 @@ class Trainer:
             },
         )
         self.logger.close()
-        self.say("=" * 60)
-        self.say("TRAINING COMPLETE")
-        self.say("=" * 60)
-        self.say(f"Total time: {_fmt_time(total_time)}")
-        if self.state.best_accuracy is not None:
-            self.say(f"Best test accuracy: {100 * self.state.best_accuracy:.2f}%")
-        self.say(f"Checkpoint saved to: {self.run_dir.best}")
+        self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best))
         if self.env.is_main and self.config.save_training_curves:
-            write_training_curves(self.run_dir, self.say)  # training_curves.png from the finished log
+            write_training_curves(self.run_dir, self.report.say)  # training_curves.png from the finished log
         return result
-
-
-def peak_memory_mib(env: DistEnv) -> float:
-    """The largest peak memory of any rank (a collective): resident set on CPU, allocated on CUDA."""
-    import resource
-
-    if env.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(env.device) / 2**20
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return float(all_reduce_max(torch.tensor([peak], dtype=torch.float64, device=env.device), env).item())
-
-
-def _fmt_time(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"

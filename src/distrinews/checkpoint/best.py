@@ -1,0 +1,49 @@
+"""``best/``: the servable model of the best evaluation so far, kept while a run trains.
+
+Every rank calls ``BestModel.offer`` after each exact evaluation: gathering a sharded model's
+weights is a collective, and the ranks agree on a full disk before anyone writes. Rank 0 alone
+writes the folder (``servable.save_servable``, atomically), with LoRA adapters folded in, so
+``best/`` loads without peft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..distributed.process_group import DistEnv
+from ..model import merged
+from .servable import save_servable
+from .space import saving_together, space_needed
+
+
+class BestModel:
+    def __init__(self, directory: Path, checkpoints: Path, env: DistEnv, tokenizer: Any, training_config: dict[str, Any]):
+        self.directory, self.checkpoints, self.env = directory, checkpoints, env
+        self.tokenizer, self.training_config = tokenizer, training_config
+
+    def offer(self, model, metrics: dict[str, Any], best_so_far: float | None, epoch: float, global_step: int) -> bool:
+        """Keep ``model`` in ``best/`` if ``metrics`` beat ``best_so_far`` (the run's state holds it); every rank calls this."""
+        if best_so_far is not None and metrics["accuracy"] <= best_so_far:
+            return False
+        weights = model.full_state_dict()  # every rank: a collective under sharded strategies
+        target = self.directory
+        with saving_together(self.env, target, self.checkpoints, lambda: space_needed(target if target.is_dir() else None, weights)):
+            if self.env.is_main:
+                servable = merged(model.raw)  # LoRA folded in: best/ loads without peft
+                save_servable(
+                    target,
+                    servable,
+                    servable.state_dict() if servable is not model.raw else weights,
+                    self.tokenizer,
+                    {
+                        "metrics": metrics,
+                        "epoch": epoch,
+                        "global_step": global_step,
+                        "max_length": self.training_config["max_length"],
+                        "model_name": self.training_config["model_name_or_path"],
+                        "training_config": self.training_config,
+                        "world_size": self.env.world_size,
+                    },
+                )
+        return True

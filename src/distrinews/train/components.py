@@ -1,0 +1,167 @@
+"""The pieces the ``Trainer`` is built from: where the run is, the step plan, the data, the model,
+the optimizer and its schedule. Each takes its own slice of the config (``config.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+from ..config import BatchConfig, DataConfig, ModelConfig, OptimizerConfig
+from ..data.splits import load_split, stratified_sample
+from ..data.tokenized import TokenizedDataset, tokenize_cached
+from ..distributed.process_group import DistEnv, all_reduce_max, main_process_first
+from ..model import add_lora, build_model, build_tokenizer, freeze_word_embeddings
+from .dropout import use_fast_dropout
+
+
+# ---------------------------------------------------------------------- state
+@dataclass
+class TrainState:
+    """Where the run is: what a checkpoint must hold to continue it exactly."""
+
+    global_step: int = 0
+    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
+    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
+    best_accuracy: float | None = None
+    last_eval: dict[str, Any] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the rows divide into micro-batches and optimizer steps."""
+
+    micro_batch: int  # rows per forward pass on one rank
+    accumulation: int  # micro-batches per optimizer step
+    micro_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
+
+    @classmethod
+    def of(cls, config: BatchConfig, rows_per_rank: int) -> StepPlan:
+        micro = math.ceil(rows_per_rank / config.per_device_train_batch_size)
+        per_epoch = math.ceil(micro / config.gradient_accumulation_steps)
+        total = config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * per_epoch)
+        return cls(config.per_device_train_batch_size, config.gradient_accumulation_steps, micro, per_epoch, total)
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.total_steps / self.steps_per_epoch)
+
+
+class TrainClock:
+    """Seconds spent training: evaluation and saving are paused out, so logged rates count training only."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self._paused = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started - self._paused
+
+    def pause(self) -> _Pause:
+        return _Pause(self)
+
+
+class _Pause:
+    def __init__(self, clock: TrainClock):
+        self.clock = clock
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock._paused += time.perf_counter() - self.t0
+
+
+def build_train_model(config: ModelConfig, device: torch.device) -> torch.nn.Module:
+    """The classifier as it trains: dropout overrides, frozen embeddings, fast dropout on CPU, LoRA; on ``device``."""
+    model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout)
+    if config.freeze_word_embeddings:
+        freeze_word_embeddings(model)
+    if config.fast_dropout and device.type == "cpu":
+        use_fast_dropout(model)
+    if config.use_peft:
+        model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+    return model.to(device)
+
+
+@dataclass
+class Datasets:
+    train: TokenizedDataset | None
+    test: TokenizedDataset
+    tokenizer: Any
+
+
+def prepare_data(config: DataConfig, env: DistEnv, need_train: bool = True) -> Datasets:
+    """Read, sample and tokenize; each node's first process builds the token cache, the others read it."""
+    tokenizer = build_tokenizer(config.model_name_or_path)
+    splits: dict[str, TokenizedDataset] = {}
+    with main_process_first(env, local=True):
+        for name, limit in (("train", config.train_samples), ("test", config.eval_samples)):
+            if name == "train" and not need_train:
+                continue
+            raw = load_split(config.data_dir, name)
+            raw = raw.subset(stratified_sample(raw.labels, limit, config.seed))
+            splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
+    return Datasets(splits.get("train"), splits["test"], tokenizer)
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
+
+
+def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Hugging Face's ``get_linear_schedule_with_warmup``, the same multipliers step for step.
+
+    Written out because importing it from transformers pulls in its Trainer's utilities (and
+    peft where installed): seconds of start-up in every worker, for a two-line rule.
+    """
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
+    window: list[dict[str, torch.Tensor]] = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == accumulation:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def peak_memory_mib(env: DistEnv) -> float:
+    """The largest peak memory of any rank (a collective): resident set on CPU, allocated on CUDA."""
+    if env.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(env.device) / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return float(all_reduce_max(torch.tensor([peak], dtype=torch.float64, device=env.device), env).item())

@@ -1,0 +1,144 @@
+"""What a run tells its user: the banner, the progress bar, each epoch's lines, the end.
+
+The lines are built by pure functions (tested without a run); ``Report`` prints them on rank 0
+only and owns the progress bar. The machine-readable record of the same figures is
+``train/metrics.py``'s ``log.jsonl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import TrainConfig
+from ..distributed.process_group import DistEnv
+from .metrics import Counts
+
+RULE = "=" * 60
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the banner states about the run, gathered by the trainer once it is built."""
+
+    strategy: str
+    replicated: bool
+    sharded: bool
+    communication: str
+    precision: str
+    total_steps: int
+    parameters: int
+    trainable: int
+    train_rows: int
+    rows_per_rank: int
+    test_rows: int
+    mfu_peak: str
+
+
+def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
+    per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * env.world_size
+    threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
+    kind = "DDP " if facts.replicated else "FSDP " if facts.sharded else ""
+    lines = [
+        RULE,
+        f"{kind}TRAINING CONFIGURATION",
+        RULE,
+        f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {facts.strategy})",
+        f"Batch size per device: {config.per_device_train_batch_size}",
+        f"Gradient accumulation: {config.gradient_accumulation_steps}",
+        f"Effective batch size: {per_step}",
+        f"Learning rate:        {config.learning_rate:g}",
+        f"Epochs:               {config.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
+        f"Device:               {env.device}{threads}",
+        f"Precision:            {facts.precision}",
+        f"Model:                {config.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
+        f"Trainable:            {facts.trainable:,} parameters ({100 * facts.trainable / facts.parameters:.2f}%)"
+        + (" with LoRA" if config.use_peft else ""),
+        f"Communication a step: {facts.communication}",
+        f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
+        f"Test samples:         {facts.test_rows:,}",
+        f"MFU peak:             {facts.mfu_peak}",
+    ]
+    if resumed_from is not None:
+        lines.append(f"Resumed from:         {resumed_from} (step {step})")
+    return [*lines, RULE]
+
+
+def epoch_lines(epoch: int, num_epochs: int, seconds: float, totals: Counts, metrics: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The seed's epoch lines, plus throughput, MFU and memory."""
+    return [
+        f"\nEpoch [{epoch + 1}/{num_epochs}] - {fmt_time(seconds)}",
+        f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%",
+        f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%",
+        f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
+        f"MFU {100 * summary['mfu']:.1f}%, peak memory {summary['peak_memory_mib']:.0f} MiB a process",
+    ]
+
+
+def replicas_line(digests: list[str]) -> str:
+    same = len(set(digests)) == 1
+    return f"Replicas: {'identical' if same else 'DIFFERENT'} parameters on the {len(digests)} ranks ({', '.join(digests)})"
+
+
+def stopped_line(reason: str | None, step: int, total_steps: int, saved: str | None) -> str:
+    """The last line of a run stopped early (SIGTERM, a preemption), naming what to resume from."""
+    where = f"checkpoint {saved}; continue with --resume auto" if saved else "no step trained in this run, nothing saved"
+    return f"\nStopped by {reason} at step {step} of {total_steps}: {where}."
+
+
+def final_lines(total_seconds: float, best_accuracy: float | None, best_dir: Any) -> list[str]:
+    lines = [RULE, "TRAINING COMPLETE", RULE, f"Total time: {fmt_time(total_seconds)}"]
+    if best_accuracy is not None:
+        lines.append(f"Best test accuracy: {100 * best_accuracy:.2f}%")
+    return [*lines, f"Checkpoint saved to: {best_dir}"]
+
+
+def fmt_time(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"
+
+
+class Report:
+    """Rank 0's voice: ``say`` prints there and nowhere else; the progress bar likewise."""
+
+    def __init__(self, env: DistEnv, disable_tqdm: bool):
+        self.enabled = env.is_main
+        self.disable_tqdm = disable_tqdm
+        self.progress: Any = None
+        if not env.is_main:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()  # one copy of the library's warnings, from rank 0
+
+    def say(self, *lines: str) -> None:
+        if self.enabled:
+            for line in lines:
+                print(line)
+
+    def open_progress(self, total: int, initial: int) -> None:
+        self.progress = tqdm(
+            total=total,
+            initial=initial,
+            desc="train",
+            unit="step",
+            disable=not self.enabled or self.disable_tqdm,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+
+    def step_done(self) -> None:
+        self.progress.update(1)
+
+    def show(self, **postfix: str) -> None:
+        self.progress.set_postfix(**postfix)
+
+    def clear_progress(self) -> None:
+        self.progress.clear()
+
+    def close_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.close()

@@ -1,0 +1,92 @@
+"""The lines a run prints (train/report.py) and the config slices each component takes (config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+import torch
+
+from distrinews.config import SLICES, TrainConfig, field_default
+from distrinews.distributed.process_group import DistEnv
+from distrinews.train.metrics import Counts
+from distrinews.train.report import RunFacts, banner_lines, epoch_lines, final_lines, fmt_time, replicas_line, stopped_line
+
+
+def env(world_size: int) -> DistEnv:
+    return DistEnv(rank=0, world_size=world_size, local_rank=0, local_world_size=world_size, device=torch.device("cpu"), backend="gloo")
+
+
+FACTS = RunFacts(
+    strategy="ddp",
+    replicated=True,
+    sharded=False,
+    communication="all-reduce of 3.9 MiB of gradients",
+    precision="fp32",
+    total_steps=125,
+    parameters=22_700_000,
+    trainable=22_700_000,
+    train_rows=4000,
+    rows_per_rank=2000,
+    test_rows=800,
+    mfu_peak="stated",
+)
+
+
+def test_banner_states_the_effective_batch_and_the_resume_point():
+    config = TrainConfig(per_device_train_batch_size=8, gradient_accumulation_steps=4, learning_rate=3e-5)
+    lines = banner_lines(config, env(2), FACTS, resumed_from="runs/x/checkpoints/step-50", step=50)
+    text = "\n".join(lines)
+    assert lines[1] == "DDP TRAINING CONFIGURATION"
+    assert "Effective batch size: 64" in text  # 8 x 4 accumulation x 2 processes
+    assert "World size:           2 (gloo, strategy ddp)" in text
+    assert "Learning rate:        3e-05" in text
+    assert "Train samples:        4,000 (each process sees 2,000)" in text
+    assert "Resumed from:         runs/x/checkpoints/step-50 (step 50)" in text
+    assert lines[0] == lines[-1] == "=" * 60
+    fresh = banner_lines(config, env(1), dataclasses.replace(FACTS, replicated=False), resumed_from=None, step=0)
+    assert fresh[1] == "TRAINING CONFIGURATION" and not any("Resumed" in line for line in fresh)
+
+
+def test_epoch_lines_are_the_seeds_plus_throughput():
+    totals = Counts(values=torch.tensor([2 * 0.5, 1.0, 2.0, 20.0, 200.0], dtype=torch.float64))
+    lines = epoch_lines(
+        0,
+        3,
+        125.4,
+        totals,
+        {"loss": 0.25, "accuracy": 0.9123, "macro_f1": 0.9},
+        {"samples_per_s": 10.0, "tokens_per_s": 500.0, "mfu": 0.012, "peak_memory_mib": 900.0},
+    )
+    assert lines[0] == "\nEpoch [1/3] - 2m 5s"
+    assert "Test Acc:  91.23%" in lines[2] and "Macro-F1: 90.00%" in lines[2]
+    assert "MFU 1.2%" in lines[3]
+
+
+def test_end_lines():
+    assert fmt_time(3725) == "1h 2m 5s" and fmt_time(59.6) == "1m 0s"
+    assert "Best test accuracy: 90.79%" in final_lines(10, 0.9079, "runs/x/best")
+    assert not any("Best" in line for line in final_lines(10, None, "runs/x/best"))
+    assert "DIFFERENT" in replicas_line(["a", "b"]) and "identical" in replicas_line(["a", "a"])
+    assert "continue with --resume auto" in stopped_line("SIGTERM", 7, 20, "runs/x/checkpoints/step-7")
+    assert "nothing saved" in stopped_line("SIGTERM", 0, 20, None)
+
+
+@pytest.mark.parametrize("slice_cls", SLICES, ids=lambda c: c.__name__)
+def test_each_slice_is_typed_like_the_flat_config_and_has_no_defaults_of_its_own(slice_cls):
+    flat = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(slice_cls):
+        assert f.name in flat, f"{slice_cls.__name__}.{f.name} is not a TrainConfig field"
+        assert typing.get_type_hints(slice_cls)[f.name] == flat[f.name], f.name
+        assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f"{f.name}: the default lives in TrainConfig"
+
+
+def test_slices_carry_the_configs_values():
+    config = TrainConfig(strategy="fsdp", bf16=False, learning_rate=2e-5, per_device_train_batch_size=7, max_length=64, lora_r=4)
+    assert config.parallel.strategy == "fsdp" and config.precision.bf16 is False
+    assert config.optimizer.learning_rate == 2e-5 and config.batches.per_device_train_batch_size == 7
+    assert config.data.max_length == 64 and config.model.lora_r == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.parallel.strategy = "ddp"  # type: ignore[misc]
+    assert field_default("ddp_timeout") == TrainConfig().ddp_timeout and field_default("max_length") == 128
