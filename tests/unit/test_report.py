@@ -20,8 +20,7 @@ def env(world_size: int) -> DistEnv:
 
 FACTS = RunFacts(
     strategy="ddp",
-    replicated=True,
-    sharded=False,
+    title="DDP",
     communication="all-reduce of 3.9 MiB of gradients",
     precision="fp32",
     total_steps=125,
@@ -45,7 +44,7 @@ def test_banner_states_the_effective_batch_and_the_resume_point():
     assert "Train samples:        4,000 (each process sees 2,000)" in text
     assert "Resumed from:         runs/x/checkpoints/step-50 (step 50)" in text
     assert lines[0] == lines[-1] == "=" * 60
-    fresh = banner_lines(config, env(1), dataclasses.replace(FACTS, replicated=False), resumed_from=None, step=0)
+    fresh = banner_lines(config, env(1), dataclasses.replace(FACTS, title=""), resumed_from=None, step=0)
     assert fresh[1] == "TRAINING CONFIGURATION" and not any("Resumed" in line for line in fresh)
 
 

@@ -35,6 +35,9 @@ class ParallelModel:
     """The wrapped model (call it like the module) plus the strategy's own operations."""
 
     sharded = False  # parameters split over the ranks (checkpoints are then written by every rank)
+    # Every rank's forward needs every other rank (parameters are all-gathered per block), so an
+    # evaluation's ranks must run the same number of forwards, padding with dummy batches.
+    lockstep = False
 
     def __init__(self, module: torch.nn.Module, raw: torch.nn.Module, strategy: str, env: DistEnv):
         self.module = module  # what forward and backward run through (DDP, or the model itself)
@@ -53,6 +56,11 @@ class ParallelModel:
     def replicated(self) -> bool:
         """True when every rank holds the whole model and gradients are all-reduced (DDP, N processes)."""
         return isinstance(self.module, DDP)
+
+    @property
+    def title(self) -> str:
+        """The banner's name for how the model is spread: DDP, FSDP, or nothing with one process."""
+        return "DDP" if self.replicated else ""
 
     def trainable_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
@@ -74,7 +82,10 @@ class ParallelModel:
         return {k: v.detach() for k, v in self.raw.state_dict().items()}
 
     def replica_digests(self) -> list[str]:
-        """Every rank's SHA-256 of its parameters (a collective): replicas must all show the same one."""
+        """Every rank's SHA-256 of its parameters (a collective): replicas must all show the same one.
+        Empty where there are no replicas to compare (one process, or sharded parameters)."""
+        if not self.replicated:
+            return []
         digest = hashlib.sha256()
         for tensor in self.raw.state_dict().values():
             digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
@@ -95,6 +106,8 @@ class ShardedModel(ParallelModel):
     """FSDP2: ``module`` and ``raw`` are the same model, whose parameters are DTensor shards."""
 
     sharded = True
+    lockstep = True
+    title = "FSDP"
 
     def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
         # FSDP2's no_sync: keep unsharded gradients until the window's last micro-batch reduce-scatters them.

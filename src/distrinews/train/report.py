@@ -25,8 +25,7 @@ class RunFacts:
     """What the banner states about the run, gathered by the trainer once it is built."""
 
     strategy: str
-    replicated: bool
-    sharded: bool
+    title: str  # DDP, FSDP, or empty with one process
     communication: str
     precision: str
     total_steps: int
@@ -41,10 +40,9 @@ class RunFacts:
 def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * env.world_size
     threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
-    kind = "DDP " if facts.replicated else "FSDP " if facts.sharded else ""
     lines = [
         RULE,
-        f"{kind}TRAINING CONFIGURATION",
+        f"{facts.title} TRAINING CONFIGURATION".lstrip(),
         RULE,
         f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {facts.strategy})",
         f"Batch size per device: {config.per_device_train_batch_size}",

@@ -256,8 +256,7 @@ class Trainer:
         raw = self.model.raw
         facts = RunFacts(
             strategy=self.model.strategy,
-            replicated=self.model.replicated,
-            sharded=self.model.sharded,
+            title=self.model.title,
             communication=self.model.communication(),
             precision=self.precision.name,
             total_steps=self.plan.total_steps,
@@ -303,7 +302,7 @@ class Trainer:
             self.config.per_device_eval_batch_size,
             self.precision,
             progress=self.env.is_main and not self.config.disable_tqdm,
-            lockstep=self.model.sharded,
+            lockstep=self.model.lockstep,
         )
         self.state.last_eval = metrics
         self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
@@ -377,7 +376,7 @@ class Trainer:
             saved = self.run_dir.checkpoints / f"step-{self.last_saved_step}" if self.last_saved_step is not None else None
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             return result
-        digests = self.model.replica_digests() if self.model.replicated else []
+        digests = self.model.replica_digests()
         if digests:
             same = len(set(digests)) == 1
             self.report.say(replicas_line(digests))
