@@ -112,17 +112,17 @@ def test_predict_sorts_by_length_and_answers_in_order(checkpoint, rows, padding_
 
 
 def test_torch_bf16_is_refused_where_bf16_is_emulated(checkpoint, monkeypatch):
-    import distrinews.train.precision
+    import distrinews.distributed.machine
 
-    monkeypatch.setattr(distrinews.train.precision, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(distrinews.distributed.machine, "bf16_is_fast", lambda device: False)
     with pytest.raises(ValueError, match="no bf16 matrix hardware"):
         make_predictor(checkpoint, runtime="torch-bf16")
 
 
 def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
-    import distrinews.train.precision
+    import distrinews.distributed.machine
 
-    monkeypatch.setattr(distrinews.train.precision, "bf16_is_fast", lambda device: True)
+    monkeypatch.setattr(distrinews.distributed.machine, "bf16_is_fast", lambda device: True)
     predictor = make_predictor(checkpoint, runtime="torch-bf16")
     assert predictor.runtime == "torch-bf16" and predictor.describe()["runtime"] == "torch-bf16"
     assert len(predictor.predict(rows[:3])) == 3

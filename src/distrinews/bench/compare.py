@@ -404,7 +404,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"bench compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
     if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
-        from ..train.precision import bf16_is_fast
+        from ..distributed.machine import bf16_is_fast
 
         a.bf16 = bf16_is_fast("cpu")
     what = {w.strip() for w in a.what.split(",")}

@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args()
     if args.bf16 is None:
-        from ..train.precision import bf16_is_fast
+        from ..distributed.machine import bf16_is_fast
 
         args.bf16 = bf16_is_fast("cpu")
 

@@ -409,15 +409,15 @@ def _start(name: str, cmd: list[str], port: int, ready: str, out: Path) -> _Serv
 
 
 def _default_runtimes() -> list[str]:
-    from ..train.precision import bf16_is_fast
+    from ..distributed.machine import bf16_is_fast
 
     runtimes = ["torch", "onnx", "onnx-int8"]
     return [*runtimes[:1], "torch-bf16", *runtimes[1:]] if bf16_is_fast("cpu") else runtimes
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..distributed.machine import bf16_is_fast
     from ..serve.predictor import DEFAULT_RUNTIME, RUNTIMES
-    from ..train.precision import bf16_is_fast
 
     if extra:
         from ..config import ConfigError

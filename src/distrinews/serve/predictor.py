@@ -12,7 +12,7 @@ steps, kept apart so the server can run them on different threads:
 ``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
 
 Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only where the device
-computes bf16 in hardware, ``precision.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
+computes bf16 in hardware, ``distributed.machine.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
 ``onnx-int8`` (dynamic int8 quantization). The default is the one measured fastest on the
 serving benchmark while its test accuracy stays within 0.2 points of PyTorch fp32
 (benchmarks/serving.md).
@@ -288,9 +288,9 @@ class OnnxPredictor(Predictor):
 
 def bf16_refusal(device: str = "cpu") -> str | None:
     """Why ``torch-bf16`` is refused on ``device`` (None where bf16 runs in hardware)."""
-    from ..train.precision import bf16_is_fast
+    from ..distributed import machine
 
-    if bf16_is_fast(device):
+    if machine.bf16_is_fast(device):
         return None
     return (
         f"--runtime torch-bf16: this {device.upper()} has no bf16 matrix hardware (AVX512-BF16 or AMX), so every bf16 matmul "

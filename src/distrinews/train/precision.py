@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ConfigError, PrecisionConfig
+from ..distributed.machine import bf16_is_fast
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,7 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
 
 
-def bf16_is_fast(device: torch.device | str) -> bool:
-    """Whether ``device`` computes bf16 matmuls in hardware: what ``bf16: auto`` decides by.
-
-    A CPU without AVX512-BF16 or AMX converts every bf16 matmul to fp32 in software: measured on
-    an AVX2-only AMD EPYC, 0.9 GFLOP/s against 89 in fp32 (benchmarks/README.md).
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(check() for check in checks if check is not None)
+__all__ = ["Precision", "bf16_is_fast", "check_precision_supported"]
 
 
 def check_precision_supported(config: PrecisionConfig) -> None:
