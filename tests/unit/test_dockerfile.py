@@ -18,84 +18,33 @@ DOCKERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def arg_defaults(text: str, before_first_from: bool = False) -> dict[str, str]:
-    """``ARG name=default``: all of them, or only the global ones (usable in FROM)."""
-    items = instructions(text)
-    if before_first_from:
-        items = items[: find(items, "FROM")[0][0]]
-    args = {}
-    for _, a in find(items, "ARG"):
-        name, _, default = a.partition("=")
-        args[name] = default.strip('"')
-    return args
-
-
 def pip_installs(text: str) -> list[list[str]]:
     return dockerfile.pip_installs(instructions(text))
 
 
-def cpu_only_torch_problems(text: str) -> list[str]:
-    """Each ``pip install`` naming torch must pin a ``+cpu`` build (only CPU wheels have that
-    local version) from the PyTorch CPU index or a local wheel directory; and nothing else may
-    install torch through a requirements file."""
-    problems, torch_installs = [], 0
-    args = arg_defaults(text)
-    for words in pip_installs(text):
-        specs = [w for w in words[1:] if not w.startswith("-") and re.match(r"torch\b", w)]
-        if not specs:
-            continue
-        torch_installs += 1
-        for spec in specs:
-            if not re.fullmatch(r"torch==(\$\{TORCH_VERSION\}|[\d.]+)\+cpu", spec):
-                problems.append(f"torch spec {spec!r} is not pinned to a +cpu build")
-        sources = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--index-url", "-i", "--find-links", "-f")}
-        sources = {args.get(s[2:-1], s) if s.startswith("${") else s for s in sources}
-        if not sources or not all(s == CPU_INDEX or s.startswith("/") for s in sources):
-            problems.append(f"torch installed from {sorted(sources) or 'the default index'}, not the CPU index or a local wheel dir")
-        if "--extra-index-url" in words:
-            problems.append("torch install with --extra-index-url could reach a CUDA build")
-    if torch_installs == 0:
-        problems.append("no pip install of torch found")
-    requirements = DOCKERFILE.parent / "requirements.txt"
-    for line in requirements.read_text().splitlines():
-        if re.match(r"\s*torch\b", line):
-            problems.append(f"deploy/requirements.txt installs torch ({line.strip()}) from the default index")
-    return problems
-
-
+# The checks the Space bundle's Dockerfile keeps too are the product's own (export/space/dockerfile.py);
+# the ones below them are deploy/Dockerfile's alone (its base image, its CMD).
 def user_problems(text: str) -> list[str]:
-    items = instructions(text)
-    cmd = find(items, "CMD")
-    users = find(items, "USER")
-    if not cmd:
-        return ["no CMD"]
-    before = [a for i, a in users if i < cmd[-1][0]]
-    if not before:
-        return ["no USER before CMD: the server would run as root"]
-    if before[-1].split(":")[0] in ("root", "0"):
-        return [f"the last USER before CMD is {before[-1]!r}"]
-    return []
+    return dockerfile.user_problems(instructions(text))
 
 
 def healthcheck_problems(text: str) -> list[str]:
-    checks = find(instructions(text), "HEALTHCHECK")
-    if not checks:
-        return ["no HEALTHCHECK"]
-    args = checks[-1][1]
-    if "CMD" not in args.split():
-        return [f"HEALTHCHECK has no CMD: {args!r}"]
-    if not re.search(r"/health\b", args):
-        return ["HEALTHCHECK does not hit /health"]
-    return []
+    return dockerfile.healthcheck_problems(instructions(text))
 
 
 def expose_problems(text: str) -> list[str]:
-    ports = [p.split("/")[0] for _, a in find(instructions(text), "EXPOSE") for p in a.split()]
-    return [] if "7860" in ports else [f"EXPOSE 7860 missing (exposed: {ports})"]
+    return dockerfile.expose_problems(instructions(text), 7860)
+
+
+def cpu_only_torch_problems(text: str) -> list[str]:
+    """Each ``pip install`` naming torch pins a ``+cpu`` build from the CPU index or a local wheel
+    directory, and deploy/requirements.txt does not name torch."""
+    requirements = (DOCKERFILE.parent / "requirements.txt").read_text()
+    return dockerfile.torch_install_problems(instructions(text), "torch", requirements)
 
 
 def base_image_problems(text: str) -> list[str]:
-    args = arg_defaults(text, before_first_from=True)
+    args = dockerfile.arg_defaults(instructions(text), before_first_from=True)
     froms = find(instructions(text), "FROM")
     problems = []
     if args.get("BASE_IMAGE") != "python:3.11-slim":

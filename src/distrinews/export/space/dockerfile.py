@@ -181,39 +181,63 @@ def problems(text: str, runtime: str) -> list[str]:
     items = instructions(text)
     found: list[str] = []
     froms = find(items, "FROM")
-    args_before_from = {a.partition("=")[0] for i, a in find(items, "ARG") if froms and i < froms[0][0]}
-    if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in args_before_from:
+    if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in arg_defaults(items, True):
         found.append("FROM must use ARG BASE_IMAGE (declared before it)")
-    cmds = find(items, "CMD")
-    users = [a for i, a in find(items, "USER") if cmds and i < cmds[-1][0]]
-    if not users:
-        found.append("no USER before CMD: the server would run as root")
-    elif users[-1].split(":")[0] in ("root", "0"):
-        found.append(f"the last USER before CMD is {users[-1]!r}: the server would run as root")
-    checks = find(items, "HEALTHCHECK")
-    if not checks or "CMD" not in checks[-1][1].split() or not re.search(r"/health\b", checks[-1][1]):
-        found.append("no HEALTHCHECK whose CMD requests /health")
-    ports = [p.split("/")[0] for _, a in find(items, "EXPOSE") for p in a.split()]
-    if str(PORT) not in ports:
-        found.append(f"EXPOSE {PORT} missing (exposed: {ports})")
+    found += user_problems(items) + healthcheck_problems(items) + expose_problems(items, PORT)
     argv = cmd_argv(text)
     if argv is None:
         found.append("CMD is missing or not exec form (a JSON array): the server would not be PID 1")
     elif argv[1:3] != ["-m", "distrinews.serve"] or "0.0.0.0" not in argv:
         found.append(f"CMD is {argv}, want python -m distrinews.serve --host 0.0.0.0 ...")
-    found += _torch_problems(items, runtime)
-    return found
+    return found + torch_install_problems(items, runtime)
 
 
-def _torch_problems(items: list[tuple[str, str]], runtime: str) -> list[str]:
-    """torch only for the torch runtime, and then only a pinned +cpu build from the CPU index or a local wheel dir."""
+# Each check below is shared with deploy/Dockerfile's test (tests/unit/test_dockerfile.py).
+def arg_defaults(items: list[tuple[str, str]], before_first_from: bool = False) -> dict[str, str]:
+    """``ARG name=default`` (quotes removed): all of them, or only the global ones (usable in FROM)."""
+    froms = find(items, "FROM")
+    end = froms[0][0] if before_first_from and froms else len(items)
+    defaults = {}
+    for _, a in find(items[:end], "ARG"):
+        name, _, default = a.partition("=")
+        defaults[name.strip()] = default.strip().strip("\"'")
+    return defaults
+
+
+def user_problems(items: list[tuple[str, str]]) -> list[str]:
+    cmds = find(items, "CMD")
+    users = [a for i, a in find(items, "USER") if cmds and i < cmds[-1][0]]
+    if not users:
+        return ["no USER before CMD: the server would run as root"]
+    if users[-1].split(":")[0] in ("root", "0"):
+        return [f"the last USER before CMD is {users[-1]!r}: the server would run as root"]
+    return []
+
+
+def healthcheck_problems(items: list[tuple[str, str]]) -> list[str]:
+    checks = find(items, "HEALTHCHECK")
+    if not checks or "CMD" not in checks[-1][1].split() or not re.search(r"/health\b", checks[-1][1]):
+        return ["no HEALTHCHECK whose CMD requests /health"]
+    return []
+
+
+def expose_problems(items: list[tuple[str, str]], port: int) -> list[str]:
+    ports = [p.split("/")[0] for _, a in find(items, "EXPOSE") for p in a.split()]
+    return [] if str(port) in ports else [f"EXPOSE {port} missing (exposed: {ports})"]
+
+
+_VALUED = {"--index-url", "-i", "--extra-index-url", "--find-links", "-f", "-r", "--requirement", "-c", "--constraint", "--target", "-t"}
+
+
+def torch_install_problems(items: list[tuple[str, str]], runtime: str = "torch", requirements: str | None = None) -> list[str]:
+    """torch only for the torch runtime, and then only a pinned +cpu build from the CPU index or a
+    local wheel dir; a requirements file (``requirements``, its text) must not name torch at all,
+    since it installs from the default index, where torch is the multi-GB CUDA build."""
     found = []
-    defaults = {name: value for _, a in find(items, "ARG") for name, _, value in [a.partition("=")]}
+    defaults = arg_defaults(items)
     torch_installs = 0
     for words in pip_installs(items):
-        if any(w.startswith("-r") or w == "--requirement" for w in words):
-            continue  # requirements.txt is checked on its own
-        specs = [w for w in words[1:] if not w.startswith("-") and re.match(r"torch\b", w)]
+        specs = [w for i, w in enumerate(words[1:], 1) if not w.startswith("-") and words[i - 1] not in _VALUED and re.match(r"torch\b", w)]
         if not specs:
             continue
         torch_installs += 1
@@ -231,4 +255,7 @@ def _torch_problems(items: list[tuple[str, str]], runtime: str) -> list[str]:
             found.append("torch installed with --extra-index-url, which could reach a CUDA build")
     if runtime == "torch" and torch_installs == 0:
         found.append("the torch runtime's Dockerfile installs no torch")
+    for line in (requirements or "").splitlines():
+        if re.match(r"\s*torch\b", line):
+            found.append(f"the requirements file installs torch ({line.strip()}) from the default index")
     return found
