@@ -143,6 +143,12 @@ DOCKERFILE_BREAKAGES = [
         'CMD ["python", "-m", "distrinews.serve", "--host", "127.0.0.1"',
     ),
     ("onnx-int8", "pip install -r /tmp/requirements.txt", "pip install torch && pip install -r /tmp/requirements.txt"),
+    ("onnx-int8", "pip install -r /tmp/requirements.txt", "pip install torch -r /tmp/requirements.txt"),  # was skipped for its -r
+    (
+        "torch",
+        '"torch==${TORCH_VERSION}+cpu"; fi',
+        '"torch==${TORCH_VERSION}+cpu"; fi && pip install "torch>=2.4" -r /tmp/requirements.txt',
+    ),
     ("torch", '"torch==${TORCH_VERSION}+cpu"; fi', '"torch==${TORCH_VERSION}"; fi'),
     ("torch", '--index-url "${TORCH_INDEX_URL}"', "--extra-index-url https://pypi.org/simple"),
     ("torch", "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", "ARG TORCH_INDEX_URL=https://pypi.org/simple"),
