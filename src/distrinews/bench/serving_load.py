@@ -1,0 +1,145 @@
+"""The load generator of ``distrinews bench serving``: the request texts (AG News test rows, full and headlines
+only), a minimal keep-alive HTTP client, and the closed loop that drives C such clients against one server (a
+client answered 429 waits the ``Retry-After`` it was given), measured into latency percentiles, throughput and
+429 counts; ``find_result`` picks one measured row back out of the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import gzip
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+class _Client:
+    """A minimal HTTP/1.1 keep-alive client: the load generator must cost little CPU next to the server."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, float | None]:
+        """(status, Retry-After seconds or None)."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.writer.write(head.encode() + body)
+        await self.writer.drain()
+        assert self.reader is not None
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(header.split(b" ", 2)[1])
+        length, retry_after = 0, None
+        for line in header.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+            elif name.lower() == b"retry-after":
+                retry_after = float(value)
+        await self.reader.readexactly(length)
+        if b"connection: close" in header.lower():
+            self.close()
+        return status, retry_after
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def percentile_ms(sorted_seconds: list[float], q: float) -> float:
+    """The q-quantile (nearest rank, no interpolation) of sorted latencies, in milliseconds."""
+    if not sorted_seconds:
+        return float("nan")
+    return 1000 * sorted_seconds[min(len(sorted_seconds) - 1, int(q * len(sorted_seconds)))]
+
+
+async def closed_loop(port: int, texts: list[str], concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+    bodies = [json.dumps({"text": t}).encode() for t in texts]
+    latencies: list[float] = []
+    rejected: list[float] = []
+    retry_after_missing = errors = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    measure_from, stop_at = start + warmup, start + warmup + duration
+
+    async def worker(k: int) -> None:
+        nonlocal errors, retry_after_missing
+        client = _Client(port)
+        i = k
+        try:
+            while True:
+                t0 = loop.time()
+                if t0 >= stop_at:
+                    return
+                try:
+                    status, retry_after = await client.post("/predict", bodies[i % len(bodies)])
+                except (OSError, asyncio.IncompleteReadError):
+                    status, retry_after = 0, None
+                    client.close()
+                t1 = loop.time()
+                if t0 >= measure_from:
+                    if status == 200:
+                        latencies.append(t1 - t0)
+                    elif status == 429:
+                        rejected.append(t1 - t0)
+                        retry_after_missing += retry_after is None
+                    else:
+                        errors += 1
+                i += concurrency
+                if status == 429:  # back off as told (never past the end of the run)
+                    await asyncio.sleep(max(0.0, min(retry_after or 1.0, stop_at - loop.time())))
+        finally:
+            client.close()
+
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    latencies.sort()
+    rejected.sort()
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "rejected_429": len(rejected),
+        "rejected_p50_ms": percentile_ms(rejected, 0.50),
+        "rejected_p99_ms": percentile_ms(rejected, 0.99),
+        "retry_after_missing": retry_after_missing,
+        "errors": errors,
+        "duration_s": duration,
+        "throughput_rps": len(latencies) / duration,
+        "p50_ms": percentile_ms(latencies, 0.50),
+        "p95_ms": percentile_ms(latencies, 0.95),
+        "p99_ms": percentile_ms(latencies, 0.99),
+        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+    }
+
+
+def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
+    """(full texts = title + description as the model sees them, headlines = titles), from the test split."""
+    from ..data.splits import load_split
+
+    directory = data_dir or os.environ.get("DISTRINEWS_DATA")
+    if not directory:
+        raise SystemExit("bench serving needs AG News: --data DIR or DISTRINEWS_DATA")
+    full = load_split(directory, "test").texts[:n]
+    path = Path(directory) / "test.csv.gz"
+    opener = gzip.open if path.is_file() else open
+    path = path if path.is_file() else Path(directory) / "test.csv"
+    with opener(path, "rt", encoding="utf-8", newline="") as fh:
+        headlines = [row[1].strip() for _, row in zip(range(n), csv.reader(fh))]
+    return full, headlines
+
+
+def find_result(results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None):
+    """The result of one server, runtime, text kind and concurrency (and overload queue), or None."""
+    return next(
+        (
+            r
+            for r in results
+            if (r["server"], r["runtime"], r["texts"], r["concurrency"]) == (server, runtime, texts, c) and r.get("max_queue") == max_queue
+        ),
+        None,
+    )

@@ -1,0 +1,209 @@
+"""The results of ``distrinews bench serving``: the report (every measured row, ours against the reference
+server's throughput and p50 at each concurrency, the runtimes' accuracy and the default rule applied) as it goes
+to ``serving.json``, its tables as ``serving.md``, and throughput and latency against concurrency as ``serving.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..distributed.machine import describe as machine_description
+from .serving_load import find_result
+from .serving_reference import REFERENCE
+from .serving_runtimes import choose_default
+
+
+def build_report(
+    args: argparse.Namespace,
+    results: list[dict[str, Any]],
+    levels: list[int],
+    runtimes: list[str],
+    servers: dict[str, Any],
+    accuracy: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Everything ``serving.json`` holds: the command, machine and settings, every row, the ratios, accuracy, the rule."""
+    ratios = []
+    for runtime in runtimes:
+        for c in levels:
+            ours, reference = find_result(results, "ours", runtime, "full", c), find_result(results, "reference", "torch", "full", c)
+            if ours and reference and reference["throughput_rps"] > 0 and ours["requests"] > 0:
+                ratios.append(
+                    {
+                        "runtime": runtime,
+                        "concurrency": c,
+                        "throughput_ratio": ours["throughput_rps"] / reference["throughput_rps"],
+                        "p50_ratio": ours["p50_ms"] / reference["p50_ms"],
+                    }
+                )
+    busiest = 32 if 32 in levels else max(levels)
+    return {
+        "command": "distrinews bench serving " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        if sys.argv[1:3] == ["bench", "serving"]
+        else " ".join(shlex.quote(a) for a in sys.argv),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "note": "servers and the load generator shared the same cores; servers ran one at a time",
+        "checkpoint": str(args.checkpoint),
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "max_batch_size": args.max_batch_size,
+            "max_batch_tokens": args.max_batch_tokens,
+            "max_wait_ms": args.max_wait_ms,
+            "overload_queue": args.overload_queue,
+            "texts": args.texts,
+        },
+        "servers": servers,
+        "results": results,
+        "ratios_vs_reference": ratios,
+        "accuracy": accuracy,
+        "default_rule": choose_default(accuracy, results, busiest) if accuracy else None,
+    }
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "—" if value != value else f"{value:.{digits}f}"  # NaN: no requests of that kind
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """``serving.md``: the load, ours-vs-reference, overload and runtime tables."""
+    machine = report["machine"]
+    batching = next((s["batching"] for s in report["servers"].values() if s.get("batching")), None) or {}
+    lines = [
+        "# Serving benchmark",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Machine: {machine['cpu']} ({', '.join(machine.get('cpu_flags') or []) or 'no AVX2/AVX-512 flags'}), "
+        f"{machine['cores_available']} cores, torch {machine['torch']}; {report['note']}.  ",
+        f"Date: {report['date']}  ",
+        f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:g} s measured per row after "
+        f"{report['settings']['warmup_s']:g} s warm-up; ours with max_batch_size {batching.get('max_batch_size')}, "
+        f"max_batch_tokens {batching.get('max_batch_tokens')}, max_wait_ms {batching.get('max_wait_ms')}, "
+        f"max_queue {batching.get('max_queue')}.",
+        "",
+        "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
+        f"Reference = {REFERENCE}.",
+        "",
+        "## Load",
+        "",
+        "| server | runtime | texts | clients | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) | 429s | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["results"]:
+        if r.get("max_queue") is not None:
+            continue
+        lines.append(
+            f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | "
+            f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} |"
+        )
+    if report["ratios_vs_reference"]:
+        lines += [
+            "",
+            "## Ours vs the reference server (same texts, same clients)",
+            "",
+            "| runtime | clients | throughput × | p50 × |",
+            "|---|---:|---:|---:|",
+        ]
+        for q in report["ratios_vs_reference"]:
+            lines.append(f"| {q['runtime']} | {q['concurrency']} | {q['throughput_ratio']:.2f} | {q['p50_ratio']:.2f} |")
+    overload = [r for r in report["results"] if r.get("max_queue") is not None]
+    if overload:
+        lines += [
+            "",
+            f"## Overload: --max-queue {overload[0]['max_queue']} (429 behaviour)",
+            "",
+            "Clients answered 429 wait the `Retry-After` they are given before their next request.",
+            "",
+            "| runtime | clients | accepted (req/s) | accepted p50 (ms) | accepted p99 (ms) | 429s | 429 p50 (ms) | 429 p99 (ms) "
+            "| 429s without Retry-After |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in overload:
+            lines.append(
+                f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} | "
+                f"{r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | {_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
+            )
+    if report["accuracy"]:
+        rows = report["accuracy"][0]["rows"]
+        lines += [
+            "",
+            f"## Runtimes on the test split ({rows:,} rows)",
+            "",
+            "| runtime | accuracy | vs torch fp32 (points) | label agreement with torch fp32 | labels changed | seconds |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        base = report["accuracy"][0]["accuracy"]
+        for a in report["accuracy"]:
+            lines.append(
+                f"| {a['runtime']} | {100 * a['accuracy']:.2f}% | {100 * (a['accuracy'] - base):+.2f} | "
+                f"{100 * a['agreement_with_torch_fp32']:.2f}% | {a['changed_labels']} | {a['seconds']:.1f} |"
+            )
+        rule = report.get("default_rule")
+        if rule:
+            default = report.get("default_runtime")
+            verdict = "the default of `distrinews serve`" if rule["runtime"] == default else f"not the default ({default})"
+            lines += [
+                "",
+                f"Default rule (the fastest within {rule['tolerance_points']} points of torch fp32, by throughput at "
+                f"{rule['concurrency']} clients): **{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
+            ]
+    bf16 = report.get("bf16")
+    if bf16:
+        gf = bf16["matmul_gflops"]
+        lines += [
+            "",
+            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a 1024³ matmul runs at {gf['bf16']:.1f} GFLOP/s "
+            f"in bf16 against {gf['fp32']:.1f} in fp32"
+            + ("." if bf16["bf16_is_fast_cpu"] else ", so torch-bf16 is not offered here (serve refuses it)."),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (nothing without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG (pip install 'distrinews[plot]')")
+        return
+    fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = [("reference", "torch", "reference server")]
+    series += sorted({("ours", r["runtime"], f"ours, {r['runtime']}") for r in report["results"] if r["server"] == "ours"})
+    for server, runtime, label in series:
+        rows = sorted(
+            (
+                r
+                for r in report["results"]
+                if r["server"] == server and r["runtime"] == runtime and r["texts"] == "full" and r.get("max_queue") is None
+            ),
+            key=lambda r: r["concurrency"],
+        )
+        if not rows:
+            continue
+        cs = [r["concurrency"] for r in rows]
+        ax_t.plot(cs, [r["throughput_rps"] for r in rows], marker="o", label=label)
+        line = ax_l.plot(cs, [r["p50_ms"] for r in rows], marker="o", label=f"{label} p50")[0]
+        ax_l.plot(cs, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{label} p99")
+    for ax in (ax_t, ax_l):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients (closed loop)")
+        ax.grid(alpha=0.3)
+    ax_t.set_ylabel("requests / s")
+    ax_t.set_title("Throughput (AG News test texts)")
+    ax_l.set_ylabel("latency (ms)")
+    ax_l.set_yscale("log")
+    ax_l.set_title("Latency p50 / p99")
+    ax_t.legend(fontsize=8)
+    ax_l.legend(fontsize=6)
+    fig.suptitle(f"distrinews serving — {report['machine']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
