@@ -1,4 +1,4 @@
-"""``distrinews doctor``: check the distributed setup end to end (the checklist is in ``checks``)."""
+"""``distrinews doctor``: check the distributed setup end to end (the command is ``checks``; each kind of check sits beside it)."""
 
 from __future__ import annotations
 

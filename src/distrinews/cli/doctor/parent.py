@@ -1,0 +1,145 @@
+"""``distrinews doctor`` without torchrun: this process is the parent. It chooses the rendezvous port (the one
+asked for if it can be bound, or a free one), starts the ranks itself with the environment torchrun would give
+them, waits for them (stopping any that hang past the deadline), and reads what each reported, so that it can
+tell a port in use, a rank that never joined, a rank that crashed and a rank that hung apart, with advice for
+each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ...distributed.machine import threads_per_process
+from .advice import advise
+from .facts import port_free, port_owner
+from .report import Report, report_results
+
+
+def run_parent(args: argparse.Namespace, rep: Report) -> None:
+    """Start the ranks ourselves and watch them."""
+    import torch
+
+    world = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    start_ranks = world if args.start_ranks is None else args.start_ranks
+    port = _choose_port(args, rep)
+    if port is None:
+        return
+    procs, hung, states, tails = _run_ranks(args, world, start_ranks, port, rep)
+    results = [s["result"] for s in states.values() if s and "result" in s]
+    if len(results) == world:
+        report_results(rep, sorted(results, key=lambda r: r["rank"]), world)
+        return
+    _diagnose(rep, args, world, port, procs, hung, states, tails)
+
+
+def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
+    """The rendezvous port: the one asked for if it can be bound (else None, with advice), or a free one."""
+    host = args.host
+    if not args.port:
+        from ...distributed.launch import free_port
+
+        port = free_port(host)
+        rep.ok(f"free port found: {host}:{port}")
+        return port
+    free, why = port_free(host, args.port)
+    if not free:
+        owner = port_owner(args.port)
+        rep.fail(
+            f"port {args.port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
+            advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, args.port, args.timeout, []),
+        )
+        return None
+    rep.ok(f"port {args.port} on {host} is free")
+    return args.port
+
+
+def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report):
+    """Start ``start_ranks`` of ``world`` ranks, wait for them (stopping the ones that hang), read what each reported."""
+    cores = threads_per_process(world)
+    with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
+        procs: dict[int, subprocess.Popen] = {}
+        logs: dict[int, Any] = {}
+        command = [
+            sys.executable,
+            "-m",
+            "distrinews.cli.doctor.checks",
+            "--result-dir",
+            tmp,
+            "--timeout",
+            str(args.timeout),
+            "--bandwidth-bytes",
+            str(int(args.bandwidth_mb * 2**20)),
+        ]
+        for rank in range(start_ranks):
+            env = {
+                **os.environ,
+                "MASTER_ADDR": args.host,
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
+                "OMP_NUM_THREADS": str(cores),
+            }
+            logs[rank] = open(Path(tmp) / f"rank-{rank}.log", "w+")
+            procs[rank] = subprocess.Popen(command, env=env, stdout=logs[rank], stderr=subprocess.STDOUT)
+        rep.info(f"started {start_ranks} of {world} ranks (rendezvous timeout {args.timeout:g}s)")
+        deadline = time.monotonic() + args.timeout + 60  # start-up + rendezvous + checks
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            time.sleep(0.2)
+        hung = [r for r, p in procs.items() if p.poll() is None]
+        for r in hung:  # only the ranks we started
+            procs[r].terminate()
+        for r in hung:
+            try:
+                procs[r].wait(5)
+            except subprocess.TimeoutExpired:
+                procs[r].kill()
+                procs[r].wait()
+        states = {}
+        for rank in range(world):
+            f = Path(tmp) / f"rank-{rank}.json"
+            states[rank] = json.loads(f.read_text()) if f.is_file() else None
+        tails = {}
+        for rank, log in logs.items():
+            log.seek(0)
+            tails[rank] = log.read()[-1500:]
+            log.close()
+    return procs, hung, states, tails
+
+
+def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, procs, hung, states, tails) -> None:
+    """Name what went wrong with the ranks that did not all report a result, with advice for each."""
+    host = args.host
+    not_started = [r for r in range(world) if r not in procs]
+    crashed = [r for r in procs if r not in hung and (states[r] is None or ("error" not in states[r] and "result" not in states[r]))]
+    errors = {r: s for r, s in states.items() if s and "error" in s}
+    stuck = {r: states[r]["phase"] if states[r] else "start" for r in hung}
+    missing = sorted(set(not_started) | {r for r in crashed if states[r] is None or states[r]["phase"] in ("start", "rendezvous")})
+    for r in crashed:
+        rep.fail(
+            f"rank {r} exited (code {procs[r].returncode}) in phase '{states[r]['phase'] if states[r] else 'start'}' without a result",
+            f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output ---\n{tails[r]}",
+        )
+    for r, phase in stuck.items():
+        rep.fail(
+            f"rank {r} hung in phase '{phase}' past the deadline and was stopped",
+            advise(phase, "timed out", host, port, args.timeout, missing),
+        )
+    if errors:
+        r, s = next(iter(sorted(errors.items())))
+        rep.fail(
+            f"rank(s) {sorted(errors)} failed in phase '{s['phase']}': {s['error'].splitlines()[0][:300]}",
+            advise(s["phase"], s["error"], host, port, args.timeout, missing),
+        )
+    if not_started and not errors and not stuck:
+        rep.fail(f"rank(s) {not_started} never joined", advise("rendezvous", "", host, port, args.timeout, missing))
+    rep.data["rank_states"] = states

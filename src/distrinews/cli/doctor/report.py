@@ -1,0 +1,77 @@
+"""The checklist ``distrinews doctor`` prints: ``Report`` keeps each ``[ OK ]`` and ``[FAIL]`` line (printed as
+it comes), the advice for each failure and the data for ``--json``; ``report_facts`` adds the machine's facts
+(failing where torch has no usable backend) and ``report_results`` the ranks' answers and bandwidth.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .facts import backends, devices, versions
+
+
+class Report:
+    """The checklist as it is printed: its lines, the advice for each failure, and the data ``--json`` writes."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.failures: list[str] = []
+        self.data: dict[str, Any] = {}
+
+    def ok(self, what: str) -> None:
+        self.lines.append(f"[ OK ] {what}")
+        print(self.lines[-1], flush=True)
+
+    def info(self, what: str) -> None:
+        self.lines.append(f"       {what}")
+        print(self.lines[-1], flush=True)
+
+    def fail(self, what: str, advice: str) -> None:
+        self.lines.append(f"[FAIL] {what}")
+        self.failures.append(advice)
+        print(self.lines[-1], flush=True)
+
+
+def report_facts(rep: Report) -> None:
+    """Versions, devices and backends; a failure when this torch build cannot run a distributed job."""
+    v, d, b = versions(), devices(), backends()
+    rep.data.update(versions=v, devices=d, backends=b)
+    rep.ok(f"python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, distrinews {v['distrinews']}")
+    rep.info(f"CUDA {v['cuda'] or 'none (CPU build)'}, cuDNN {v['cudnn'] or '-'}, NCCL {v['nccl'] or '-'}")
+    rep.info(f"CPU: {d['cpu']} ({d['cores_available']} cores available to this process, {d['cpu_capability']})")
+    for g in d["cuda_devices"]:
+        rep.info(f"GPU {g['index']}: {g['name']} ({g['memory_gib']} GiB, compute capability {g['capability']})")
+    if not d["cuda_devices"]:
+        rep.info("GPU: none visible (training uses gloo on CPU)")
+    rep.info("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in b.items()))
+    if not b["distributed"] or not (b["gloo"] or b["nccl"]):
+        rep.fail(
+            "this torch build has no usable distributed backend",
+            "install a torch build with distributed support (the official wheels have gloo; CUDA wheels add nccl)",
+        )
+    elif b["cuda"] and not b["nccl"]:
+        rep.fail("CUDA is available but NCCL is not", "install a CUDA build of torch with NCCL, or train on CPU with gloo")
+
+
+def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> None:
+    """Every rank's results: the rendezvous, each collective's answer (a failure naming the wrong ranks), the bandwidth."""
+    first = results[0]
+    rep.ok(f"rendezvous of {world} processes ({first['backend']}, {first['device']} on rank 0) in {first['rendezvous_s']:.2f}s")
+    for name in ("all_reduce", "all_gather", "broadcast"):
+        bad = [r["rank"] for r in results if not r["checks"][name]["ok"]]
+        c = first["checks"][name]
+        if bad:
+            got = {r["rank"]: r["checks"][name]["got"] for r in results}
+            rep.fail(
+                f"{name} gave the wrong answer on rank(s) {bad}: got {got}, expected {c['expected']}",
+                f"{name} returned wrong values: the processes disagree about the group (mixed torch versions across "
+                f"nodes?) or the network corrupts data; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL",
+            )
+        else:
+            rep.ok(f"{name} correct on every rank (got {c['got']}, expected {c['expected']})")
+    bw = first["bandwidth"]
+    rep.ok(
+        f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.1f} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
+        f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)"
+    )
+    rep.data["rendezvous"] = results
