@@ -60,6 +60,8 @@ def percentile_ms(sorted_seconds: list[float], q: float) -> float:
 
 
 async def closed_loop(port: int, texts: list[str], concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+    """One level: ``concurrency`` clients, each sending the next request once answered, for ``warmup`` + ``duration``
+    seconds; the figures count only requests sent after the warm-up."""
     bodies = [json.dumps({"text": t}).encode() for t in texts]
     latencies: list[float] = []
     rejected: list[float] = []
