@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
+from distrinews.checkpoint.records import TrainerStateRecord
 from distrinews.checkpoint.resumable import Checkpointer, capture_rng_state, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
@@ -37,7 +38,7 @@ def _parts(model):
 def _save_step(root, step, model, limit=None):
     wrapped, opt, sched = _parts(model)
     checkpointer = Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
-    return checkpointer.save(step, wrapped, opt, sched, None, {"epoch": 0, "step_in_epoch": step})
+    return checkpointer.save(step, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=step))
 
 
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):
@@ -56,7 +57,7 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     wrapped, opt, sched = _parts(fresh)
     loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
-    assert loaded.trainer_state["global_step"] == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
+    assert loaded.trainer_state.global_step == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k
     torch.manual_seed(0)

@@ -19,6 +19,7 @@ from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .legacy import load_legacy_pt
 from .load_errors import loading, read_json
 from .modelcard import write_model_card
+from .records import TRAINER_STATE, TrainerStateRecord
 from .resumable import SHARDED, load_sharded_weights, load_weights
 from .tokenizer_files import needs_own_tokenizer, require_tokenizer
 
@@ -54,6 +55,11 @@ def _weights_file(directory: Path) -> Path:
         if (directory / name).is_file():
             return directory / name
     return directory
+
+
+def read_trainer_state(directory: Path) -> TrainerStateRecord:
+    """``directory/trainer_state.json``, parsed and checked (a one-line :class:`CheckpointError` otherwise)."""
+    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
 
 
 def _base_model_of(directory: Path) -> str | None:
@@ -96,9 +102,11 @@ def check_loadable(path: str | os.PathLike) -> None:
         return
     if not (path / "config.json").is_file() and not (path / "trainer_state.json").is_file():
         raise CheckpointError(f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
-    for name in ("config.json", SERVABLE_INFO, "trainer_state.json"):
+    for name in ("config.json", SERVABLE_INFO):
         if (path / name).is_file():
             read_json(path / name)
+    if (path / TRAINER_STATE).is_file():
+        read_trainer_state(path)  # and its format version, keys and types
     if needs_own_tokenizer(path):
         require_tokenizer(path, _base_model_of(path))
     for weights in sorted(path.glob("*.safetensors")):
@@ -125,7 +133,7 @@ def load_for_inference(path: str | os.PathLike):
         # Only the fields that define the architecture are read, so checkpoints of other versions load too.
         from ..model import add_lora, build_model
 
-        values, state = read_json(path / "config.json"), read_json(path / "trainer_state.json")
+        values, state = read_json(path / "config.json"), read_trainer_state(path)
         name = values.get("model_name_or_path", "minilm")
         model = build_model(name, dropout=values.get("dropout"), seed=values.get("seed", 42))
         if values.get("use_peft"):
@@ -138,8 +146,8 @@ def load_for_inference(path: str | os.PathLike):
                 load_weights(model, path / "model.safetensors")
         tokenizer = build_tokenizer(name)
         info = {
-            "epoch": state.get("epoch"),
-            "metrics": state.get("last_eval", {}),
+            "epoch": state.epoch,
+            "metrics": state.last_eval,
             "max_length": values.get("max_length", 128),
             "label_names": list(LABELS),
             "model_name": name,

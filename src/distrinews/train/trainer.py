@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..checkpoint.manifest import resolve_resume
+from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.servable import save_servable
@@ -337,11 +338,11 @@ class Trainer:
             torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
         saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler)
-        self.state.load_state_dict(saved.trainer_state)
-        running = saved.trainer_state.get("running_counts")
+        self.state.load_state_dict(asdict(saved.trainer_state))
+        running = saved.trainer_state.running_counts
         if running and self.env.is_main:
-            self.window_counts = Counts.from_list(running["window"], self.env.device)
-            self.epoch_counts = Counts.from_list(running["epoch"], self.env.device)
+            self.window_counts = Counts.from_list(running.window, self.env.device)
+            self.epoch_counts = Counts.from_list(running.epoch, self.env.device)
         if saved.world_size != self.env.world_size:
             self.say(
                 f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
@@ -474,22 +475,22 @@ class Trainer:
         self.last_saved_step = self.state.global_step
         # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
         # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
-        running = {
-            "window": self.window_counts.all_reduced(self.env).values.tolist(),
-            "epoch": self.epoch_counts.all_reduced(self.env).values.tolist(),
-        }
+        running = RunningCounts(
+            window=self.window_counts.all_reduced(self.env).values.tolist(),
+            epoch=self.epoch_counts.all_reduced(self.env).values.tolist(),
+        )
         self.checkpointer.save(
             self.state.global_step,
             self.model,
             self.optimizer,
             self.scheduler,
             self.scaler,
-            {
+            TrainerStateRecord(
                 **self.state.state_dict(),
-                "running_counts": running,
-                "per_device_train_batch_size": self.config.per_device_train_batch_size,
-                "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
-            },
+                running_counts=running,
+                per_device_train_batch_size=self.config.per_device_train_batch_size,
+                gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+            ),
         )
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
