@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..checkpoint.manifest import resolve_resume
-from ..checkpoint.records import RunningCounts, TrainerStateRecord
+from ..checkpoint.records import RunningCounts, ServableInfo, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.servable import save_servable
@@ -457,15 +457,15 @@ class Trainer:
                         servable,
                         servable.state_dict() if servable is not self.model.raw else weights,
                         self.data.tokenizer,
-                        {
-                            "metrics": metrics,
-                            "epoch": self.epoch_float,
-                            "global_step": self.state.global_step,
-                            "max_length": self.config.max_length,
-                            "model_name": self.config.model_name_or_path,
-                            "training_config": self.config.to_dict(),
-                            "world_size": self.env.world_size,
-                        },
+                        ServableInfo(
+                            metrics=metrics,
+                            epoch=self.epoch_float,
+                            global_step=self.state.global_step,
+                            max_length=self.config.max_length,
+                            model_name=self.config.model_name_or_path,
+                            training_config=self.config.to_dict(),
+                            world_size=self.env.world_size,
+                        ),
                     )
         return metrics
 
