@@ -174,3 +174,162 @@ def test_model_info_carries_the_servable_fields_its_format_and_tokenizer():
         ModelInfo(checkpoint_format="onnx", tokenizer=TokenizerSource.checkpoint("/x"), label_names=["a"])
     with pytest.raises(ValueError, match="tokenizer source 'hub'"):
         TokenizerSource("hub")
+
+
+def test_the_writers_take_records_not_dicts(tmp_path):
+    from distrinews.checkpoint.resumable import Checkpointer
+    from distrinews.checkpoint.servable import save_servable
+
+    with pytest.raises(TypeError, match="save_servable takes a ServableInfo"):
+        save_servable(tmp_path / "best", None, {}, None, {"max_length": 64})
+    with pytest.raises(TypeError, match=r"Checkpointer\.save takes a TrainerStateRecord"):
+        Checkpointer(tmp_path, None, None, {}).save(1, None, None, None, None, {"epoch": 0})
+
+
+# ---------------------------------------------------------------------- on real checkpoints, through every reader
+NEWER = "it was written by a newer DistriNews (format 99); this one reads format 1: upgrade distrinews"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from distrinews.model import build_model, build_tokenizer
+
+    return build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+
+
+def _edit(path, change) -> None:
+    """Change a checkpoint's JSON file; a step-N's manifest is rewritten to agree (a complete checkpoint, as a
+    newer DistriNews would leave it, not a damaged one)."""
+    from distrinews.checkpoint.manifest import verify_checkpoint, write_manifest
+
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2))
+    if (path.parent / "manifest.json").is_file():
+        write_manifest(path.parent, json.loads((path.parent / "manifest.json").read_text())["step"])
+        verify_checkpoint(path.parent)
+
+
+def _set(key, value):
+    return lambda data: data.update({key: value})
+
+
+def _drop(key):
+    return lambda data: data.pop(key)
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (_set("format_version", 99), NEWER),
+        (_drop("label_names"), "missing key 'label_names'"),
+        (_set("max_length", "64"), "key 'max_length' must be an integer, not '64'"),
+    ],
+    ids=["newer-format", "missing-key", "wrong-type"],
+)
+def test_a_best_folder_it_cannot_read_is_refused_in_one_line_by_every_reader(tmp_path, tiny, capsys, change, why):
+    from distrinews.checkpoint.records import SERVABLE_INFO
+    from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
+    from distrinews.cli import main
+
+    model, tokenizer = tiny
+    best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random"))
+    assert load_for_inference(best)[2].max_length == 64
+    _edit(best / SERVABLE_INFO, change)
+    expected = f"could not load checkpoint {best / SERVABLE_INFO}: {why}"
+    for read in (check_loadable, load_for_inference):
+        with pytest.raises(CheckpointError) as refused:
+            read(best)
+        assert str(refused.value) == expected
+    capsys.readouterr()
+    for command in (
+        ["serve", "--checkpoint", str(best)],  # check_loadable, before the server starts
+        ["export", "--checkpoint", str(best), "--format", "pt"],
+        ["export", "--checkpoint", str(best), "--format", "space", "--runtime", "torch", "--output", str(tmp_path / "space")],
+    ):
+        assert main(command) == 2, command
+        assert capsys.readouterr().err == f"distrinews: error: {expected}\n", command
+    assert not (tmp_path / "space").exists()
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (_set("format_version", 99), NEWER),
+        (_drop("global_step"), "missing key 'global_step'"),
+        (_set("running_counts", {"window": [1.0], "epoch": None}), "key 'running_counts.epoch' must be a list of numbers, not None"),
+    ],
+    ids=["newer-format", "missing-key", "wrong-type"],
+)
+def test_a_step_checkpoint_it_cannot_read_is_refused_before_any_tensor_loads(tmp_path, tiny, capsys, change, why):
+    import torch
+
+    from distrinews.checkpoint.records import TRAINER_STATE
+    from distrinews.checkpoint.resumable import Checkpointer
+    from distrinews.checkpoint.servable import check_loadable, load_for_inference
+    from distrinews.cli import main
+    from distrinews.distributed.parallel import ParallelModel
+    from distrinews.distributed.process_group import DistEnv
+    from distrinews.model import build_model
+
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+
+    def parts(model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return ParallelModel(model, model, "ddp", env), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+    model, _ = tiny
+    checkpointer = Checkpointer(tmp_path / "checkpoints", env, None, TrainConfig(model_name_or_path="tiny-random", max_length=64).to_dict())
+    step = checkpointer.save(3, *parts(model), None, TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}))
+    info = load_for_inference(step)[2]
+    assert (info.checkpoint_format, info.max_length, info.metrics, info.tokenizer.to_json()) == (
+        "resumable",
+        64,
+        {"accuracy": 0.5},
+        {"source": "base_model", "name": "tiny-random"},
+    )
+    _edit(step / TRAINER_STATE, change)
+    expected = f"could not load checkpoint {step / TRAINER_STATE}: {why}"
+    for read in (check_loadable, load_for_inference):
+        with pytest.raises(CheckpointError) as refused:
+            read(step)
+        assert str(refused.value) == expected
+    fresh = build_model("tiny-random", dropout=0.0, seed=1)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointError) as refused:
+        checkpointer.load(step, *parts(fresh), None)  # what Trainer.resume calls
+    assert str(refused.value) == expected
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in before.items()), "no weight was loaded"
+    capsys.readouterr()
+    assert main(["serve", "--checkpoint", str(step)]) == 2
+    assert capsys.readouterr().err == f"distrinews: error: {expected}\n"
+
+
+def test_what_a_checkpoint_lacks_takes_train_configs_defaults(tmp_path, tiny, monkeypatch):
+    """The architecture and max_length of a step-N whose config.json predates a field, and a plain Hugging Face
+    folder's max_length: TrainConfig's defaults, not copies of them."""
+    import torch
+
+    from distrinews.checkpoint.resumable import Checkpointer
+    from distrinews.checkpoint.servable import load_for_inference
+    from distrinews.distributed.parallel import ParallelModel
+    from distrinews.distributed.process_group import DistEnv
+
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+    model, _ = tiny
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    checkpointer = Checkpointer(tmp_path, env, None, {"model_name_or_path": "tiny-random"})  # no max_length, seed, lora_*
+    step = checkpointer.save(1, ParallelModel(model, model, "ddp", env), optimizer, scheduler, None, TrainerStateRecord())
+    model.save_pretrained(tmp_path / "plain")
+    tiny[1].save_pretrained(tmp_path / "plain")
+    monkeypatch.setattr(TrainConfig.__dataclass_fields__["max_length"], "default", 96)
+    _, _, info = load_for_inference(step)
+    assert (info.checkpoint_format, info.max_length, info.model_name, info.epoch) == ("resumable", 96, "tiny-random", 0)
+    _, _, info = load_for_inference(tmp_path / "plain")
+    assert (info.checkpoint_format, info.max_length, info.model_name, info.label_names) == (
+        "pretrained",
+        96,
+        None,
+        ["World", "Sports", "Business", "Sci/Tech"],
+    )
