@@ -275,6 +275,7 @@ def spread_checkpoint():
     """
     import torch
 
+    from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
@@ -295,7 +296,7 @@ def spread_checkpoint():
             weight = torch.randn(model.config.num_labels, pooled.shape[1], generator=g) / std / pooled.shape[1] ** 0.5 * 2
             model.classifier.weight.copy_(weight)
             model.classifier.bias.copy_(-(weight @ mean))
-        return save_servable(path, model, model.state_dict(), tokenizer, {"max_length": 64, "model_name": "tiny-random-spread"})
+        return save_servable(path, model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random-spread"))
 
     return build
 

@@ -37,14 +37,14 @@ def config_hash(training_config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def version_fields(info: dict[str, Any]) -> dict[str, Any]:
+def version_fields(training_config: dict[str, Any] | None, model_version: str | None = None) -> dict[str, Any]:
     """``model_version`` and ``config_hash`` for a servable checkpoint's ``distrinews.json``.
 
-    The version comes from ``info`` itself, else its training config, else the default; the
+    The version is ``model_version`` if given, else the training config's, else the default; the
     hash is None when the weights did not come from a training run (no training config).
     """
-    training = info.get("training_config") or {}
-    version = info.get("model_version") or training.get("model_version") or DEFAULT_MODEL_VERSION
+    training = training_config or {}
+    version = model_version or training.get("model_version") or DEFAULT_MODEL_VERSION
     return {"model_version": version, "config_hash": config_hash(training) if training else None}
 
 

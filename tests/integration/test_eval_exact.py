@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.model import build_model, build_tokenizer
 
@@ -16,7 +17,7 @@ def spread_checkpoint(tmp_path_factory):
     with torch.no_grad():
         model.classifier.weight.mul_(200.0)
     path = tmp_path_factory.mktemp("ckpt") / "best"
-    save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 64})
+    save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=64))
     return path
 
 

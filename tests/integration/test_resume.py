@@ -6,6 +6,7 @@ losses), the same evaluations in ``log.jsonl``.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -122,6 +123,62 @@ def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_un
     assert not differing, f"{len(differing)} of {len(final_full)} tensors differ, by up to {max(differing.values(), default=0):.3g}"
     after = [r for r in _records(full) if r["step"] > 2]
     assert _comparable(_records(resumed)) == _comparable(after)
+
+
+ONE_PROCESS = (
+    *TINY,
+    "--max_steps",
+    "4",
+    "--save_steps",
+    "2",
+    "--save_total_limit",
+    "null",
+    "--dropout",
+    "0.1",
+    "--logging_steps",
+    "1",
+    *QUIET,
+)
+
+
+def _rewrite_trainer_state(step: Path, change) -> None:
+    """Edit ``step/trainer_state.json`` and rewrite the manifest to agree: a complete checkpoint, as another
+    DistriNews would have written it."""
+    from distrinews.checkpoint.manifest import verify_checkpoint, write_manifest
+
+    state = json.loads((step / "trainer_state.json").read_text())
+    change(state)
+    (step / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    write_manifest(step, int(step.name.split("-")[1]))
+    verify_checkpoint(step)
+
+
+def test_checkpoints_of_older_runs_resume_and_those_of_a_newer_distrinews_are_refused(tmp_path, agnews_dir, cli):
+    """A trainer_state.json without format_version (every run before it was recorded) resumes exactly; one whose
+    format_version is newer than this DistriNews reads stops the run in one line that says so."""
+    full, resumed, refused = tmp_path / "full", tmp_path / "resumed", tmp_path / "refused"
+    cli("train", *ONE_PROCESS, "--output-dir", str(full))
+    assert json.loads((full / "checkpoints" / "step-2" / "trainer_state.json").read_text())["format_version"] == 1
+
+    older = shutil.copytree(full / "checkpoints" / "step-2", tmp_path / "older" / "step-2")
+    _rewrite_trainer_state(older, lambda state: state.pop("format_version"))
+    out = cli("train", *ONE_PROCESS, "--output-dir", str(resumed), "--resume", str(older)).stdout
+    assert "(step 2)" in out
+    final_full = load_file(str(full / "checkpoints" / "step-4" / "model.safetensors"))
+    final_resumed = load_file(str(resumed / "checkpoints" / "step-4" / "model.safetensors"))
+    assert all(torch.equal(v, final_resumed[k]) for k, v in final_full.items())
+    assert _comparable(_records(resumed)) == _comparable([r for r in _records(full) if r["step"] > 2])
+
+    newer = shutil.copytree(full / "checkpoints" / "step-2", tmp_path / "newer" / "step-2")
+    _rewrite_trainer_state(newer, lambda state: state.update(format_version=99))
+    proc = cli("train", *ONE_PROCESS, "--output-dir", str(refused), "--resume", str(newer), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        f"distrinews: error: could not load checkpoint {newer / 'trainer_state.json'}: it was written by a newer DistriNews "
+        "(format 99); this one reads format 1: upgrade distrinews"
+    ) in proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr
+    assert not (refused / "checkpoints").exists() or not any((refused / "checkpoints").iterdir())
 
 
 def _processes_running(marker: str) -> list[int]:

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
+from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
 from distrinews.checkpoint.resumable import Checkpointer, capture_rng_state, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
@@ -37,7 +38,7 @@ def _parts(model):
 def _save_step(root, step, model, limit=None):
     wrapped, opt, sched = _parts(model)
     checkpointer = Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
-    return checkpointer.save(step, wrapped, opt, sched, None, {"epoch": 0, "step_in_epoch": step})
+    return checkpointer.save(step, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=step))
 
 
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):
@@ -56,7 +57,7 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     wrapped, opt, sched = _parts(fresh)
     loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
-    assert loaded.trainer_state["global_step"] == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
+    assert loaded.trainer_state.global_step == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k
     torch.manual_seed(0)
@@ -129,8 +130,8 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
     from transformers import pipeline
 
     model, tok = tiny
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.1}, "max_length": 64})
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.2}, "max_length": 64})
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64))
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64))
     assert sorted(os.listdir(tmp_path)) == ["best"]
     info = json.loads((tmp_path / "best" / "distrinews.json").read_text())
     assert info["metrics"]["accuracy"] == 0.2 and info["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
@@ -143,7 +144,7 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
 def test_legacy_pt_export_and_load(tmp_path, tiny):
     model, tok = tiny
     save_servable(
-        tmp_path / "best", model, model.state_dict(), tok, {"metrics": {"accuracy": 0.25, "loss": 1.3}, "max_length": 64, "epoch": 1}
+        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.25, "loss": 1.3}, max_length=64, epoch=1)
     )
     out = export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
@@ -155,14 +156,14 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
         a = model.eval()(**enc).logits
         b = loaded(**enc).logits
     assert torch.allclose(a, b, atol=1e-6)
-    assert info["max_length"] == 64
-    assert info["tokenizer"] == {"source": "recorded_path", "path": str(tmp_path / "best")}  # the .pt names the folder it came from
+    assert info.max_length == 64
+    assert info.tokenizer.to_json() == {"source": "recorded_path", "path": str(tmp_path / "best")}  # the .pt names the folder it came from
 
 
 def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
     """The reference system saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
     model, tok = tiny
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64))
     path = export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
     payload = torch.load(path, weights_only=True)
     payload["model_state_dict"] = {f"model.{k}": v for k, v in payload["model_state_dict"].items()}
@@ -287,7 +288,7 @@ def test_a_servable_save_that_fails_leaves_no_temp_dir(tmp_path, tiny, monkeypat
 
     monkeypatch.setattr(servable, "write_model_card", full)
     with pytest.raises(OSError, match="No space left"):
-        save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64})
+        save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -297,7 +298,7 @@ def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load
     from distrinews.model import resolve_model_path
 
     model, tok = tiny
-    best = save_servable(tmp_path / "best", model, model.state_dict(), tok, {"max_length": 64, "model_name": "tiny-random"})
+    best = save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64, model_name="tiny-random"))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (best / name).unlink(missing_ok=True)
     with pytest.raises(CheckpointError) as refused:

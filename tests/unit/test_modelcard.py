@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from distrinews.checkpoint.modelcard import CARD_FILE, base_model, split_front_matter, training_command
+from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import SERVABLE_INFO, save_servable
 from distrinews.config import TrainConfig, load_config, parse_overrides
 from distrinews.model import build_model, build_tokenizer
@@ -31,15 +32,15 @@ def tiny():
 def save(path, tiny, model_name="minilm", **extra):
     model, tokenizer = tiny
     config = TrainConfig(model_name_or_path=model_name, train_samples=16000, learning_rate=1e-4, output_dir="runs/cpu-quick", **extra)
-    info = {
-        "metrics": METRICS,
-        "epoch": 1.0,
-        "global_step": 500,
-        "max_length": 128,
-        "model_name": model_name,
-        "training_config": config.to_dict(),
-        "world_size": 2,
-    }
+    info = ServableInfo(
+        metrics=METRICS,
+        epoch=1.0,
+        global_step=500,
+        max_length=128,
+        model_name=model_name,
+        training_config=config.to_dict(),
+        world_size=2,
+    )
     return save_servable(path, model, model.state_dict(), tokenizer, info)
 
 
@@ -80,7 +81,7 @@ def test_body_has_version_metrics_loading_and_terms(tmp_path, tiny):
 
 def test_training_command_reproduces_the_config(tmp_path, tiny):
     _, body, info = read(save(tmp_path / "best", tiny, num_train_epochs=2.0, bf16=None))
-    command = training_command(info)
+    command = training_command(ServableInfo.from_json(info, tmp_path / "best" / SERVABLE_INFO))
     assert command in body
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:4] == ["distrinews", "train", "--nproc-per-node", "2"]
@@ -106,7 +107,7 @@ def test_random_weights_and_local_paths_have_no_base_model(tmp_path, tiny):
 
 def test_a_checkpoint_never_evaluated_has_no_results_but_still_parses(tmp_path, tiny):
     model, tokenizer = tiny
-    best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, {"max_length": 64, "model_name": "tiny-random"})
+    best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random"))
     meta, body, info = read(best)
     assert "model-index" not in meta and meta["pipeline_tag"] == "text-classification"
     assert info["model_version"] == "1.0.0" and info["config_hash"] is None

@@ -219,12 +219,13 @@ def write_malicious_pt(path: Path, marker: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def servable(tmp_path_factory) -> Path:
+    from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
     return save_servable(
-        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32}
+        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
     )
 
 

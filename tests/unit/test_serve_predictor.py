@@ -177,12 +177,15 @@ def test_the_flags_are_the_config_fields_and_parse_back_to_the_default_config():
 # ---------------------------------------------------------------------- where the tokenizer comes from
 @pytest.fixture(scope="module")
 def tiny_best(tmp_path_factory):
+    from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", dropout=0.0, seed=0).eval()
     best = tmp_path_factory.mktemp("tokenizer") / "best"
-    return save_servable(best, model, model.state_dict(), build_tokenizer("tiny-random"), {"max_length": 32, "model_name": "tiny-random"})
+    return save_servable(
+        best, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32, model_name="tiny-random")
+    )
 
 
 def _served_info(checkpoint) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from distrinews.checkpoint.modelcard import split_front_matter
+from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.config import ConfigError, TrainConfig
 from distrinews.export.space import accuracy, checks, dockerfile, readme, requirements
@@ -30,15 +31,15 @@ METRICS = {"samples": 7600, "loss": 0.29, "accuracy": 0.9053, "macro_f1": 0.9049
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     model, tokenizer = build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
-    info = {
-        "metrics": METRICS,
-        "epoch": 1.0,
-        "global_step": 500,
-        "max_length": 64,
-        "model_name": "minilm",
-        "training_config": TrainConfig(output_dir="runs/cpu-quick").to_dict(),
-        "world_size": 2,
-    }
+    info = ServableInfo(
+        metrics=METRICS,
+        epoch=1.0,
+        global_step=500,
+        max_length=64,
+        model_name="minilm",
+        training_config=TrainConfig(output_dir="runs/cpu-quick").to_dict(),
+        world_size=2,
+    )
     return save_servable(tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), tokenizer, info)
 
 

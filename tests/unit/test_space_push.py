@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import pytest
 
+from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.cli import main
 from distrinews.model import build_model, build_tokenizer
@@ -16,7 +17,9 @@ huggingface_hub = pytest.importorskip("huggingface_hub")
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     model, tokenizer = build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
-    return save_servable(tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), tokenizer, {"model_name": "tiny-random"})
+    return save_servable(
+        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), tokenizer, ServableInfo(model_name="tiny-random")
+    )
 
 
 class FakeApi:

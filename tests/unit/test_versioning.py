@@ -66,9 +66,9 @@ def test_config_hash_covers_every_field_but_where_and_how_a_run_reports():
 
 def test_version_fields_prefer_the_payload_then_the_config():
     training = TrainConfig(model_version="1.2.0").to_dict()
-    assert version_fields({"training_config": training}) == {"model_version": "1.2.0", "config_hash": config_hash(training)}
-    assert version_fields({"training_config": training, "model_version": "3.0.0"})["model_version"] == "3.0.0"
-    assert version_fields({}) == {"model_version": "1.0.0", "config_hash": None}
+    assert version_fields(training) == {"model_version": "1.2.0", "config_hash": config_hash(training)}
+    assert version_fields(training, "3.0.0")["model_version"] == "3.0.0"
+    assert version_fields(None) == {"model_version": "1.0.0", "config_hash": None}
 
 
 @pytest.mark.parametrize(
@@ -99,6 +99,6 @@ def test_export_pt_is_named_and_stamped_by_version(tmp_path, spread_checkpoint, 
     assert (best / "tiny-random-spread_agnews_v1.0.0.pt").is_file()
     assert main(["export", "--checkpoint", str(best), "--format", "pt", "--version", "1.1.0"]) == 0
     _, _, info = load_for_inference(best / "tiny-random-spread_agnews_v1.1.0.pt")
-    assert info["model_version"] == "1.1.0"
+    assert info.model_version == "1.1.0"
     assert main(["export", "--checkpoint", str(best), "--format", "pt", "--version", "v2"]) == 2
     assert "--version 'v2': must be MAJOR.MINOR.PATCH" in capsys.readouterr().err

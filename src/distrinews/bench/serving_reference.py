@@ -46,9 +46,7 @@ def reference_app(checkpoint: str):
         if "model" not in state:
             raise HTTPException(status_code=503, detail="Model not loaded")
         model, tokenizer = state["model"], state["tokenizer"]
-        enc = tokenizer(
-            request.text, truncation=True, padding="max_length", max_length=int(state["info"].get("max_length", 128)), return_tensors="pt"
-        )
+        enc = tokenizer(request.text, truncation=True, padding="max_length", max_length=state["info"].max_length, return_tensors="pt")
         with torch.no_grad():
             probs = torch.softmax(model(**enc).logits, dim=-1)[0]
         labels = [model.config.id2label[i] for i in range(len(probs))]

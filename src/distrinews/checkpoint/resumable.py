@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ from safetensors.torch import load_file, save_file
 from ..distributed.process_group import DistEnv, all_gather_object, barrier, broadcast_object
 from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
+from .load_errors import read_json
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
+from .records import TRAINER_STATE, TrainerStateRecord
 from .space import saving_together, space_needed
 
 
@@ -76,12 +78,12 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 @dataclass
 class LoadedCheckpoint:
-    trainer_state: dict[str, Any]
+    trainer_state: TrainerStateRecord
     rng_states: list[dict[str, Any]]  # one per rank of the run that wrote it
 
     @property
     def world_size(self) -> int | None:
-        return self.trainer_state.get("world_size")
+        return self.trainer_state.world_size
 
 
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
@@ -95,14 +97,22 @@ class Checkpointer:
     ``torch.distributed.checkpoint`` into ``sharded/``, which loads back at any world size. Either
     way rank 0 adds the scheduler, scaler, every rank's RNG state, the trainer state and the
     config, then the manifest, last, and publishes the directory.
+
+    The trainer state is a :class:`~.records.TrainerStateRecord` (``trainer_state.json``); ``save``
+    fills in its ``global_step``, ``world_size`` and ``sharded``, and ``load`` reads and checks it
+    (format version, keys, types) before any tensor.
     """
 
     def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
 
     def save(
-        self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: dict[str, Any]
+        self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: TrainerStateRecord
     ) -> Path | None:
+        if not isinstance(trainer_state, TrainerStateRecord):
+            raise TypeError(
+                f"Checkpointer.save takes a TrainerStateRecord (distrinews.checkpoint.records), not {type(trainer_state).__name__}"
+            )
         rng_states = all_gather_object(capture_rng_state(), self.env)
         final = self.root / f"step-{step}"
         main = self.env.is_main
@@ -140,8 +150,8 @@ class Checkpointer:
                 if scaler is not None:
                     torch.save(scaler.state_dict(), tmp / "scaler.pt")
                 torch.save(rng_states, tmp / "rng_state.pt")
-                state = {**trainer_state, "global_step": step, "world_size": self.env.world_size, "sharded": bool(model.sharded)}
-                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+                state = replace(trainer_state, global_step=step, world_size=self.env.world_size, sharded=bool(model.sharded))
+                (tmp / TRAINER_STATE).write_text(json.dumps(state.to_json(), indent=2))
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
                 write_manifest(tmp, step)  # last: a checkpoint without one never finished
                 publish_dir(tmp, final)
@@ -152,6 +162,8 @@ class Checkpointer:
 
     def load(self, path: str | os.PathLike, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> LoadedCheckpoint:
         path = Path(path)
+        # First: a file this DistriNews cannot read (a newer format, a missing key) is refused before any tensor loads.
+        trainer_state = TrainerStateRecord.from_json(read_json(path / TRAINER_STATE), path / TRAINER_STATE)
         if (path / SHARDED).is_dir():
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -169,7 +181,7 @@ class Checkpointer:
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
         rng = torch.load(path / "rng_state.pt", weights_only=True)
-        return LoadedCheckpoint(json.loads((path / "trainer_state.json").read_text()), rng)
+        return LoadedCheckpoint(trainer_state, rng)
 
 
 def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:

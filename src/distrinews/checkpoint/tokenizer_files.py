@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .records import SERVABLE_INFO, TRAINER_STATE, ServableInfo
 
 # Any one of these holds a vocabulary: a fast tokenizer, WordPiece, BPE, SentencePiece.
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
 # What save_pretrained writes for the BERT-style tokenizers trained here (the names the message gives).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
-SERVABLE_INFO = "distrinews.json"  # the name checkpoint/servable.py writes (importing it would import torch)
 
 
 def has_tokenizer(directory: str | os.PathLike) -> bool:
@@ -34,7 +34,7 @@ def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         return False
-    return (directory / SERVABLE_INFO).is_file() or not (directory / "trainer_state.json").is_file()
+    return (directory / SERVABLE_INFO).is_file() or not (directory / TRAINER_STATE).is_file()
 
 
 def require_tokenizer(directory: str | os.PathLike, base_model: str | None = None) -> None:
@@ -57,8 +57,9 @@ def require_tokenizer(directory: str | os.PathLike, base_model: str | None = Non
 
 
 def _recorded_base_model(directory: Path) -> str | None:
+    path = directory / SERVABLE_INFO
     try:
-        name = json.loads((directory / SERVABLE_INFO).read_text()).get("model_name")
-    except (OSError, ValueError, AttributeError):
-        return None  # no or damaged distrinews.json: the message just names no base model
-    return name if isinstance(name, str) and name else None
+        name = ServableInfo.from_json(json.loads(path.read_text()), path).model_name
+    except (OSError, ValueError):  # CheckpointError is a ValueError
+        return None  # no, damaged or unreadable distrinews.json: the message just names no base model
+    return name or None

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     with distributed_context() as env:
         model, tokenizer, info = load_for_inference(args.checkpoint)
         model.to(env.device)
-        max_length = int(info.get("max_length", 128))
+        max_length = info.max_length
         with main_process_first(env):
             raw = load_split(args.data, "test")
             raw = raw.subset(stratified_sample(raw.labels, args.samples, seed=args.seed))

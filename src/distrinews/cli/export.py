@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from ..checkpoint.records import SERVABLE_INFO, ServableInfo
 from ..config import ConfigError
 from ..versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 
@@ -90,8 +90,7 @@ def _space(args: argparse.Namespace) -> int:
     if args.push_to_hub:
         from ..export.space.push import PushError, push_to_hub
 
-        info = json.loads((bundle / "model" / "distrinews.json").read_text())
-        message = f"DistriNews v{info['model_version']} ({runtime})"
+        message = f"DistriNews v{_servable_info(bundle / 'model').model_version} ({runtime})"
         try:
             url = push_to_hub(bundle, args.push_to_hub, private=args.private, commit_message=message)
         except PushError as exc:
@@ -101,8 +100,16 @@ def _space(args: argparse.Namespace) -> int:
     return 0
 
 
+def _servable_info(directory: Path) -> ServableInfo | None:
+    """``directory/distrinews.json`` (checked), or None where there is none."""
+    from ..checkpoint.load_errors import read_json
+
+    path = directory / SERVABLE_INFO
+    return ServableInfo.from_json(read_json(path), path) if path.is_file() else None
+
+
 def _versioned_pt_name(checkpoint: str, version: str | None) -> str:
     """``<model>_agnews_v<version>.pt``, from the checkpoint's ``distrinews.json`` when it has one."""
-    info_path = Path(checkpoint) / "distrinews.json"
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    return artifact_name(info.get("model_name"), version or info.get("model_version") or DEFAULT_MODEL_VERSION)
+    info = _servable_info(Path(checkpoint))
+    model_name, recorded = (info.model_name, info.model_version) if info else (None, None)
+    return artifact_name(model_name, version or recorded or DEFAULT_MODEL_VERSION)

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from ..checkpoint.servable import load_for_inference
-from ..model import LABELS
 from ..versioning import version_fields
 
 
@@ -23,27 +22,27 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, mode
     ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.
     """
     model, tokenizer, info = load_for_inference(checkpoint)
-    versions = version_fields({**info, "model_version": model_version or info.get("model_version")})
+    versions = version_fields(info.training_config, model_version or info.model_version)
     ckpt = Path(checkpoint)
     optimizer_state: dict[str, Any] = {}
     if (ckpt / "optimizer.pt").is_file():
         optimizer_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
-    metrics = info.get("metrics", {})
+    metrics = info.metrics
     payload = {
-        "epoch": info.get("epoch", 0),
+        "epoch": 0 if info.epoch is None else info.epoch,  # the reference format's epoch is a number
         "model_state_dict": {k: v.contiguous() for k, v in model.state_dict().items()},
         "optimizer_state_dict": optimizer_state,
         "loss": metrics.get("loss"),
         "accuracy": None if metrics.get("accuracy") is None else 100.0 * metrics["accuracy"],
         "config": {
-            "model_name": info.get("model_name", model.config.name_or_path),
+            "model_name": info.model_name or model.config.name_or_path,
             "num_labels": model.config.num_labels,
-            "max_length": info.get("max_length", 128),
-            "label_names": info.get("label_names", list(LABELS)),
+            "max_length": info.max_length,
+            "label_names": list(info.label_names),
             "hf_config": model.config.to_dict(),
             "tokenizer": tokenizer.name_or_path,
             "model_version": versions["model_version"],
-            "config_hash": info.get("config_hash") or versions["config_hash"],
+            "config_hash": info.config_hash or versions["config_hash"],
         },
     }
     out = Path(out)

@@ -123,7 +123,7 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     model, tokenizer, info = load_for_inference(checkpoint)
     out = Path(out)
-    max_length = int(info.get("max_length", 128))
+    max_length = info.max_length
     if quantize is None:
         export_model(model, tokenizer, out)
         check = compare_with_torch(model, tokenizer, out, max_length=max_length)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.records import SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
 from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 RUNTIMES = ("torch", "torch-bf16", "onnx", "onnx-int8")
 DEFAULT_RUNTIME = "torch"
 __all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "is_quantized_file", "make_predictor", "softmax"]
-SERVABLE_INFO = "distrinews.json"  # the same name checkpoint/servable.py writes (not imported: it needs torch)
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
@@ -59,6 +59,7 @@ class Predictor:
     """PyTorch: tokenize, pad each batch to its own longest text, one forward pass per batch, softmax, named labels."""
 
     runtime = "torch"
+    info: ModelInfo  # what the checkpoint says about its model (checkpoint.records)
 
     def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
         import torch
@@ -76,9 +77,9 @@ class Predictor:
         self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
     def _init_common(self, labels: list[str], max_batch_size: int, fallback_name: str | None = None) -> None:
-        self.max_length = int(self.info.get("max_length", 128))
+        self.max_length = int(self.info.max_length)
         self.labels = labels
-        self.model_name = self.info.get("model_name") or fallback_name or str(self.checkpoint)
+        self.model_name = self.info.model_name or fallback_name or str(self.checkpoint)
         self.max_batch_size = max_batch_size
 
     # ------------------------------------------------------------------ tokenization (no model)
@@ -149,18 +150,18 @@ class Predictor:
         """What ``GET /info`` reports about the model."""
         return {
             "model_name": self.model_name,
-            "model_version": self.info.get("model_version"),
-            "config_hash": self.info.get("config_hash"),
+            "model_version": self.info.model_version,
+            "config_hash": self.info.config_hash,
             "checkpoint": str(self.checkpoint),
-            "checkpoint_format": self.info.get("format"),
+            "checkpoint_format": self.info.checkpoint_format,
             # Where the token ids come from: a model is only right with the tokenizer it was trained with.
-            "tokenizer": self.info.get("tokenizer"),
+            "tokenizer": self.info.tokenizer.to_json(),
             "runtime": self.runtime,
             "labels": list(self.labels),
             "max_length": self.max_length,
-            "metrics": self.info.get("metrics") or {},
-            "epoch": self.info.get("epoch"),
-            "global_step": self.info.get("global_step"),
+            "metrics": self.info.metrics,
+            "epoch": self.info.epoch,
+            "global_step": self.info.global_step,
         }
 
 
@@ -222,11 +223,12 @@ class OnnxPredictor(Predictor):
         labels = _standalone_labels(self.checkpoint) if path.is_file() else None
         if labels is not None:
             info_path = self.checkpoint / SERVABLE_INFO
-            self.info = {
-                **(json.loads(info_path.read_text()) if info_path.is_file() else {}),
-                "format": "pretrained",
-                "tokenizer": {"source": "checkpoint", "path": str(self.checkpoint)},
-            }
+            servable = ServableInfo.from_json(json.loads(info_path.read_text()), info_path) if info_path.is_file() else None
+            self.info = ModelInfo.of(
+                servable or ServableInfo(label_names=labels),  # a plain folder: its labels, TrainConfig's max_length
+                checkpoint_format="pretrained",
+                tokenizer=TokenizerSource.checkpoint(self.checkpoint),
+            )
             self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
             self._init_common(labels, max_batch_size)
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint.best import BestModel
 from ..checkpoint.manifest import resolve_resume
+from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..config import TrainConfig
@@ -226,11 +228,11 @@ class Trainer:
             torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
         saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler)
-        self.state.load_state_dict(saved.trainer_state)
-        running = saved.trainer_state.get("running_counts")
+        self.state.load_state_dict(asdict(saved.trainer_state))
+        running = saved.trainer_state.running_counts
         if running and self.env.is_main:
-            self._window_counts = Counts.from_list(running["window"], self.env.device)
-            self._epoch_counts = Counts.from_list(running["epoch"], self.env.device)
+            self._window_counts = Counts.from_list(running.window, self.env.device)
+            self._epoch_counts = Counts.from_list(running.epoch, self.env.device)
         if saved.world_size != self.env.world_size:
             self.report.say(
                 f"warning: checkpoint was written with {saved.world_size} processes, resuming with "
@@ -316,22 +318,22 @@ class Trainer:
         self.last_saved_step = self.state.global_step
         # The running sums of the current log window and epoch, summed over ranks (collectives): a resumed
         # run logs the same averages. Rank 0 takes them back; the other ranks start from zero.
-        running = {
-            "window": self._window_counts.all_reduced(self.env).values.tolist(),
-            "epoch": self._epoch_counts.all_reduced(self.env).values.tolist(),
-        }
+        running = RunningCounts(
+            window=self._window_counts.all_reduced(self.env).values.tolist(),
+            epoch=self._epoch_counts.all_reduced(self.env).values.tolist(),
+        )
         self.checkpointer.save(
             self.state.global_step,
             self.model,
             self.optimizer,
             self.scheduler,
             self.scaler,
-            {
+            TrainerStateRecord(
                 **self.state.state_dict(),
-                "running_counts": running,
-                "per_device_train_batch_size": self.config.per_device_train_batch_size,
-                "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
-            },
+                running_counts=running,
+                per_device_train_batch_size=self.config.per_device_train_batch_size,
+                gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+            ),
         )
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:

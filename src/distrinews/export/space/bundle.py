@@ -14,10 +14,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ...checkpoint.load_errors import read_json
+from ...checkpoint.records import SERVABLE_INFO, ServableInfo
 from ...config import ConfigError
 from ...versioning import is_version, version_fields
 from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
@@ -119,15 +122,15 @@ def _publish(staging: Path, output: Path) -> None:
     staging.rmdir()
 
 
-def _read_checkpoint(checkpoint: Path) -> dict[str, Any]:
-    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file() or not (checkpoint / "distrinews.json").is_file():
+def _read_checkpoint(checkpoint: Path) -> ServableInfo:
+    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file() or not (checkpoint / SERVABLE_INFO).is_file():
         raise ConfigError(
             f"--checkpoint {checkpoint}: export --format space needs a servable checkpoint directory "
             "(runs/NAME/best, with config.json and distrinews.json)"
         )
     if not (checkpoint / "tokenizer.json").is_file():
         raise ConfigError(f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads")
-    return json.loads((checkpoint / "distrinews.json").read_text())
+    return ServableInfo.from_json(read_json(checkpoint / SERVABLE_INFO), checkpoint / SERVABLE_INFO)
 
 
 def _torch_version() -> str:
@@ -155,20 +158,22 @@ def export_space(
         raise ConfigError("--check-accuracy compares int8 with fp32: it applies to --runtime onnx-int8 only")
     info = _read_checkpoint(checkpoint)
     _check_output(output)
-    info = {**info, **version_fields({**info, "model_version": version or info.get("model_version")})}
-    if info.get("config_hash") is None:
-        info.pop("config_hash")
+    info = replace(info, **version_fields(info.training_config, version or info.model_version))
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
     try:
         check = _write_model(checkpoint, staging / MODEL_DIR, runtime, check_accuracy, data_dir, say)
-        info["export"] = {
+        export = {
             "runtime": runtime,
             "model_file": f"{MODEL_DIR}/{MODEL_FILES[runtime]}",
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "int8_accuracy_check": check,
         }
-        (staging / MODEL_DIR / "distrinews.json").write_text(json.dumps(info, indent=2))
+        info = replace(info, extra={**info.extra, "export": export})
+        payload = info.to_json()
+        if payload["config_hash"] is None:  # weights from no training run: the bundle names no hash
+            del payload["config_hash"]
+        (staging / MODEL_DIR / SERVABLE_INFO).write_text(json.dumps(payload, indent=2))
         for rel in server_files(runtime):
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PACKAGE_ROOT.parent / rel, staging / rel)

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from ...checkpoint import modelcard
+from ...checkpoint.records import ServableInfo
 from ...data.rows import HUB_DATASET
 from . import MODEL_DIR, MODEL_FILES, PORT
 
@@ -30,7 +31,7 @@ def space_url(repo_id: str | None) -> str:
     return "https://" + re.sub(r"[^a-z0-9]+", "-", repo_id.lower().replace("/", "-")).strip("-") + ".hf.space"
 
 
-def metadata(info: dict[str, Any], runtime: str) -> dict[str, Any]:
+def metadata(info: ServableInfo, runtime: str) -> dict[str, Any]:
     card = modelcard.metadata(info)
     return {
         "title": "DistriNews",
@@ -73,11 +74,11 @@ def _curl_examples(url: str) -> list[str]:
     ]
 
 
-def render(info: dict[str, Any], runtime: str, accuracy_note: str, repo_id: str | None = None) -> str:
+def render(info: ServableInfo, runtime: str, accuracy_note: str, repo_id: str | None = None) -> str:
     url = space_url(repo_id)
     remote = f"https://huggingface.co/spaces/{repo_id}" if repo_id else "https://huggingface.co/spaces/YOUR-USER/YOUR-SPACE"
     lines = [
-        f"# DistriNews: AG News topic classifier (v{info.get('model_version', '1.0.0')})",
+        f"# DistriNews: AG News topic classifier (v{modelcard.model_version(info)})",
         "",
         f"A REST API that classifies news text into World, Sports, Business or Sci/Tech. Runtime: {RUNTIME_WORDS[runtime]}; "
         f"model file `{MODEL_DIR}/{MODEL_FILES[runtime]}`.",
@@ -99,7 +100,7 @@ def render(info: dict[str, Any], runtime: str, accuracy_note: str, repo_id: str 
         "```bash",
         "git init -b main && git lfs install",
         f"git remote add origin {remote}",
-        'git add . && git commit -m "DistriNews model v' + str(info.get("model_version", "1.0.0")) + '"',
+        'git add . && git commit -m "DistriNews model v' + modelcard.model_version(info) + '"',
         "git push -u origin main       # the Space builds the Dockerfile and starts the server on port 7860",
         "```",
         "",

@@ -1,0 +1,324 @@
+"""Typed records for what crosses module boundaries about a checkpoint, with a format version on disk.
+
+    trainer_state.json  TrainerStateRecord  a resumable ``step-N``: where the run is. Written by
+                                            ``Checkpointer.save``; read to resume (``Checkpointer.load``)
+                                            and to serve a ``step-N`` (``load_for_inference``).
+    distrinews.json     ServableInfo        a servable ``best/``: labels, max_length, metrics, the training
+                                            config, model version and config hash. Written by
+                                            ``save_servable`` (and the Space export); read by the server,
+                                            the exports and the model card.
+    (in memory)         ModelInfo           what ``load_for_inference`` says about any checkpoint it loads
+                                            (``best/``, ``step-N``, a legacy ``.pt``, a plain Hugging Face
+                                            folder): the ServableInfo fields, the checkpoint's format and
+                                            where its tokenizer came from (``TokenizerSource``).
+
+Each file records ``format_version``. Reading (``from_json(data, path)``):
+
+- a file without ``format_version`` was written before versions were recorded: it reads as version 1;
+- a version above the one this code reads was written by a newer DistriNews: one-line
+  :class:`CheckpointError` naming the file, its version and ours;
+- a missing required key or a value of the wrong type: one-line :class:`CheckpointError` naming the
+  file and the key.
+
+Keys a ``distrinews.json`` holds beyond the known fields (the Space export adds ``export``) are kept
+in ``ServableInfo.extra`` and written back by ``to_json``. Unknown keys of ``trainer_state.json`` are
+ignored. Defaults that belong to other modules are looked up there, not copied: ``max_length`` is
+``TrainConfig``'s default, ``label_names`` the model's labels.
+
+Standard library only (and ``distrinews.errors``): the slim ONNX server imports this module without
+torch, transformers or yaml. ``config`` (yaml) and ``model`` (torch) are imported only when a record
+is built without the value they supply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, ClassVar
+
+from ..errors import CheckpointError
+
+SERVABLE_INFO = "distrinews.json"  # in a servable checkpoint (best/)
+TRAINER_STATE = "trainer_state.json"  # in a resumable checkpoint (step-N)
+TRAINER_STATE_FORMAT = 1  # the trainer_state.json format this code writes and the newest it reads
+SERVABLE_INFO_FORMAT = 1  # likewise for distrinews.json
+CHECKPOINT_FORMATS = ("pretrained", "resumable", "pt")  # ModelInfo.checkpoint_format
+TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSource.source
+
+
+# ---------------------------------------------------------------------- defaults owned elsewhere
+def train_config_default(name: str) -> Any:
+    """``TrainConfig``'s own default for field ``name`` (imported here, on demand: config.py needs yaml)."""
+    from ..config import TrainConfig
+
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == name:
+            return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    raise KeyError(f"TrainConfig has no field {name!r}")
+
+
+def _default_max_length() -> int:
+    return train_config_default("max_length")
+
+
+def _default_labels() -> list[str]:
+    from ..model import LABELS  # torch: only when a record is built without its labels
+
+    return list(LABELS)
+
+
+# ---------------------------------------------------------------------- reading checks
+_Check = tuple[Callable[[Any], bool], str]  # (accepts the value, what it must be: for the message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+INT: _Check = (_is_int, "an integer")
+NUMBER: _Check = (_is_number, "a number")
+BOOL: _Check = (lambda v: isinstance(v, bool), "true or false")
+STR: _Check = (lambda v: isinstance(v, str), "a string")
+OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
+STR_LIST: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+NUMBER_LIST: _Check = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
+
+
+def optional(check: _Check) -> _Check:
+    accepts, what = check
+    return (lambda v: v is None or accepts(v), f"{what} or null")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)  # one line: repr escapes newlines
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse(path: str | PathLike, why: str) -> CheckpointError:
+    return CheckpointError(f"could not load checkpoint {path}: {why}")
+
+
+def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: int) -> int:
+    """The file's ``format_version`` (absent: 1, an older run's file); a newer one than ``newest`` is refused."""
+    version = data.get("format_version", 1)
+    if not _is_int(version) or version < 1:
+        raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
+    if version > newest:
+        raise _refuse(path, f"it was written by a newer DistriNews (format {version}); this one reads format {newest}: upgrade distrinews")
+    return version
+
+
+def read_fields(data: Any, path: str | PathLike, checks: Mapping[str, _Check], required: tuple[str, ...], newest: int) -> dict[str, Any]:
+    """The known keys of ``data`` (those in ``checks``), each checked; the format version first, then required keys."""
+    if not isinstance(data, dict):
+        raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
+    check_format_version(data, path, newest)
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise _refuse(path, "missing key " + ", ".join(f"'{key}'" for key in missing))
+    values = {}
+    for key, (accepts, what) in checks.items():
+        if key in data:
+            if not accepts(data[key]):
+                raise _refuse(path, f"key '{key}' must be {what}, not {_short(data[key])}")
+            values[key] = data[key]
+    return values
+
+
+# ---------------------------------------------------------------------- trainer_state.json
+@dataclass(frozen=True)
+class RunningCounts:
+    """The running sums (``train.metrics.Counts.values``) of the current log window and of the epoch so far,
+    summed over ranks, so that a resumed run logs the same averages."""
+
+    window: list[float]
+    epoch: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window": list(self.window), "epoch": list(self.epoch)}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str | PathLike) -> RunningCounts:
+        if not isinstance(data, dict):
+            raise _refuse(path, f"key 'running_counts' must be a JSON object, not {_short(data)}")
+        for key in ("window", "epoch"):
+            if key not in data:
+                raise _refuse(path, f"missing key 'running_counts.{key}'")
+            if not NUMBER_LIST[0](data[key]):
+                raise _refuse(path, f"key 'running_counts.{key}' must be {NUMBER_LIST[1]}, not {_short(data[key])}")
+        return cls(window=list(data["window"]), epoch=list(data["epoch"]))
+
+
+@dataclass(frozen=True)
+class TrainerStateRecord:
+    """``trainer_state.json``: what a resumable checkpoint holds besides tensors, to continue the run exactly.
+
+    The trainer builds it from its ``TrainState`` (the first five fields) and the batch layout;
+    ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``, which it knows.
+    """
+
+    global_step: int = 0
+    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
+    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
+    best_accuracy: float | None = None
+    last_eval: dict[str, Any] = field(default_factory=dict)  # the last evaluation's metrics
+    running_counts: RunningCounts | None = None  # absent in older runs' files
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    world_size: int | None = None  # processes of the run that wrote it
+    sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
+    format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
+
+    # Every DistriNews has written these; the rest default as above when an older file lacks them.
+    REQUIRED: ClassVar[tuple[str, ...]] = ("global_step", "epoch", "step_in_epoch")
+    CHECKS: ClassVar[dict[str, _Check]] = {
+        "global_step": INT,
+        "epoch": INT,
+        "step_in_epoch": INT,
+        "best_accuracy": optional(NUMBER),
+        "last_eval": OBJECT,
+        "running_counts": optional(OBJECT),
+        "per_device_train_batch_size": optional(INT),
+        "gradient_accumulation_steps": optional(INT),
+        "world_size": optional(INT),
+        "sharded": BOOL,
+    }
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"format_version": self.format_version}
+        for f in dataclasses.fields(self):
+            if f.name != "format_version":
+                data[f.name] = getattr(self, f.name)
+        data["running_counts"] = None if self.running_counts is None else self.running_counts.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, path: str | PathLike) -> TrainerStateRecord:
+        """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors); see the module docstring."""
+        values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, TRAINER_STATE_FORMAT)
+        if values.get("running_counts") is not None:
+            values["running_counts"] = RunningCounts.from_json(values["running_counts"], path)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------- distrinews.json
+@dataclass(frozen=True)
+class ServableInfo:
+    """``distrinews.json``: what a servable checkpoint says about its model, beside the Hugging Face files.
+
+    The trainer builds it with the metrics, position, max_length, model name, training config and
+    world size; ``save_servable`` stamps ``package_version``, ``model_version`` and ``config_hash``
+    (``versioning.version_fields``) where they are not given. ``extra`` holds keys this code does not
+    know (the Space export's ``export``): read, kept and written back as they were.
+    """
+
+    label_names: list[str] = field(default_factory=_default_labels)
+    package_version: str | None = None  # the DistriNews that wrote it
+    model_version: str | None = None  # MAJOR.MINOR.PATCH (versioning.py)
+    config_hash: str | None = None  # None: the weights did not come from a training run
+    metrics: dict[str, Any] = field(default_factory=dict)  # the evaluation it was kept for; {} if never evaluated
+    epoch: float | None = None
+    global_step: int | None = None
+    max_length: int = field(default_factory=_default_max_length)  # tokens per text, as trained
+    model_name: str | None = None  # the base model (our short name, a hub id or a path)
+    training_config: dict[str, Any] | None = None  # TrainConfig.to_dict() of the run
+    world_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    format_version: int = field(default=SERVABLE_INFO_FORMAT, init=False)
+
+    # save_servable has always written label_names; the other keys may be absent from a file.
+    REQUIRED: ClassVar[tuple[str, ...]] = ("label_names",)
+    CHECKS: ClassVar[dict[str, _Check]] = {
+        "label_names": STR_LIST,
+        "package_version": optional(STR),
+        "model_version": optional(STR),
+        "config_hash": optional(STR),
+        "metrics": OBJECT,
+        "epoch": optional(NUMBER),
+        "global_step": optional(INT),
+        "max_length": INT,
+        "model_name": optional(STR),
+        "training_config": optional(OBJECT),
+        "world_size": optional(INT),
+    }
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``distrinews.json`` payload: the format version, the known fields (null where unknown), then ``extra``."""
+        data: dict[str, Any] = {"format_version": self.format_version}
+        data.update({key: getattr(self, key) for key in self.CHECKS})
+        data.update({key: value for key, value in self.extra.items() if key not in data})
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, path: str | PathLike) -> ServableInfo:
+        """The record of a parsed ``distrinews.json`` (``path`` names the file in errors); see the module docstring."""
+        values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, SERVABLE_INFO_FORMAT)
+        extra = {key: value for key, value in data.items() if key not in cls.CHECKS and key != "format_version"}
+        return cls(**values, extra=extra)
+
+
+# ---------------------------------------------------------------------- what load_for_inference returns
+@dataclass(frozen=True)
+class TokenizerSource:
+    """Where a loaded model's tokenizer came from (a model is only right with the one it was trained with).
+
+    ``checkpoint``: the checkpoint's own files (``path``); ``recorded_path``: the directory a legacy
+    ``.pt`` file's config names (``path``); ``base_model``: the base model's tokenizer (``name``), for a
+    resumable checkpoint or a ``.pt`` whose recorded directory is gone.
+    """
+
+    source: str
+    path: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.source not in TOKENIZER_SOURCES:
+            raise ValueError(f"tokenizer source {self.source!r}: expected one of {', '.join(TOKENIZER_SOURCES)}")
+
+    @classmethod
+    def checkpoint(cls, path: str | PathLike) -> TokenizerSource:
+        return cls("checkpoint", path=str(path))
+
+    @classmethod
+    def recorded_path(cls, path: str | PathLike) -> TokenizerSource:
+        return cls("recorded_path", path=str(path))
+
+    @classmethod
+    def base_model(cls, name: str | None) -> TokenizerSource:
+        return cls("base_model", name=name)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``GET /info`` reports: ``{"source", "path"}`` or, for a base model, ``{"source", "name"}``."""
+        if self.source == "base_model":
+            return {"source": self.source, "name": self.name}
+        return {"source": self.source, "path": self.path}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo(ServableInfo):
+    """What ``load_for_inference`` says about the model it loaded, for every kind of checkpoint.
+
+    The ServableInfo fields come from ``distrinews.json`` (``best/``), or stand in for it: a
+    ``step-N`` gives its epoch, last evaluation, max_length and base model; a legacy ``.pt`` its
+    config; a plain Hugging Face folder its labels. Unknown values are None, and ``max_length``
+    TrainConfig's default. ``to_json`` is the ServableInfo payload (without the two fields below).
+    """
+
+    checkpoint_format: str  # one of CHECKPOINT_FORMATS: pretrained (a Hugging Face folder), resumable (step-N), pt
+    tokenizer: TokenizerSource
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(f"checkpoint format {self.checkpoint_format!r}: expected one of {', '.join(CHECKPOINT_FORMATS)}")
+
+    @classmethod
+    def of(cls, servable: ServableInfo, *, checkpoint_format: str, tokenizer: TokenizerSource) -> ModelInfo:
+        """A servable checkpoint's record, with its format and tokenizer source."""
+        values = {f.name: getattr(servable, f.name) for f in dataclasses.fields(ServableInfo) if f.init}
+        return cls(**values, checkpoint_format=checkpoint_format, tokenizer=tokenizer)
