@@ -89,14 +89,74 @@ class LoadedCheckpoint:
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
 
 
+class ReplicatedLayout:
+    """Every rank holds the whole model (DDP, one process): rank 0 writes ``model.safetensors`` and ``optimizer.pt``."""
+
+    sharded = False
+
+    def gather(self, model, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
+        """The states to write (every rank calls this: gathering may be a collective)."""
+        return model.full_state_dict(), optimizer.state_dict() if env.is_main else {}
+
+    def write(self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv) -> None:
+        if env.is_main:
+            save_weights(states[0], tmp / "model.safetensors")
+            torch.save(states[1], tmp / "optimizer.pt")
+
+    def read(self, path: Path, model, optimizer: torch.optim.Optimizer) -> None:
+        if (path / SHARDED).is_dir():  # a sharded checkpoint: this layout reads it too, resharded to the whole model
+            ShardedLayout().read(path, model, optimizer)
+            return
+        load_weights(model.raw, path / "model.safetensors")
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+
+
+class ShardedLayout:
+    """Parameters split over the ranks (FSDP): every rank writes its shards of both states with
+    ``torch.distributed.checkpoint`` into ``sharded/``, which loads back at any world size."""
+
+    sharded = True
+
+    def gather(self, model, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        return get_state_dict(model.module, optimizer)
+
+    def write(self, states: tuple[Any, Any], tmp: Path, env: DistEnv) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            dcp.save({"model": states[0], "optim": states[1]}, checkpoint_id=str(tmp / SHARDED))
+        except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
+            first = next(iter(exc.failures.values()))[0] if exc.failures else None
+            raise RuntimeError(f"torch.distributed.checkpoint could not save {tmp / SHARDED}") from (first or exc)
+        barrier(env)  # every rank's shards are on disk before rank 0 seals the directory
+
+    def read(self, path: Path, model, optimizer: torch.optim.Optimizer) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not (path / SHARDED).is_dir():
+            raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
+        model_state, optim_state = get_state_dict(model.module, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
+        set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def layout_for(model) -> ReplicatedLayout | ShardedLayout:
+    """How ``model``'s weights and optimizer state lie in a checkpoint: the one place that asks the strategy."""
+    return ShardedLayout() if model.sharded else ReplicatedLayout()
+
+
 class Checkpointer:
     """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
 
-    Replicated models (DDP, one process): rank 0 writes the weights (``model.safetensors``) and the
-    optimizer state. Sharded models (FSDP): every rank writes its shards of both with
-    ``torch.distributed.checkpoint`` into ``sharded/``, which loads back at any world size. Either
-    way rank 0 adds the scheduler, scaler, every rank's RNG state, the trainer state and the
-    config, then the manifest, last, and publishes the directory.
+    The model and optimizer states go in the model's layout (``layout_for``: replicated, written
+    by rank 0, or sharded, written by every rank). Then rank 0 adds the scheduler, scaler, every
+    rank's RNG state, the trainer state and the config, then the manifest, last, and publishes
+    the directory.
 
     The trainer state is a :class:`~.records.TrainerStateRecord` (``trainer_state.json``); ``save``
     fills in its ``global_step``, ``world_size`` and ``sharded``, and ``load`` reads and checks it
@@ -116,41 +176,25 @@ class Checkpointer:
         rng_states = all_gather_object(capture_rng_state(), self.env)
         final = self.root / f"step-{step}"
         main = self.env.is_main
-        if model.sharded:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.api import CheckpointException
-            from torch.distributed.checkpoint.state_dict import get_state_dict
-
-            model_state, optim_state = get_state_dict(model.module, optimizer)
-        else:
-            model_state = model.full_state_dict()
-            optim_state = optimizer.state_dict() if main else {}
+        layout = layout_for(model)
+        states = layout.gather(model, optimizer, self.env)
 
         def needed() -> tuple[int, str]:
             published = list_checkpoints(self.root)
-            return space_needed(published[-1] if published else None, (model_state, optim_state))
+            return space_needed(published[-1] if published else None, states)
 
         # Two steps, so that no rank waits for the temp directory's name while rank 0 reports a failure to make it.
         with saving_together(self.env, final, self.root, needed):
             tmp = fresh_tmp(final) if main else None
         tmp = broadcast_object(tmp, self.env)
         with saving_together(self.env, final, self.root, needed), removed_on_failure(tmp if main else None):
-            if model.sharded:
-                try:
-                    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDED))
-                except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
-                    first = next(iter(exc.failures.values()))[0] if exc.failures else None
-                    raise RuntimeError(f"torch.distributed.checkpoint could not save {tmp / SHARDED}") from (first or exc)
-                barrier(self.env)  # every rank's shards are on disk before rank 0 seals the directory
-            elif main:
-                save_weights(model_state, tmp / "model.safetensors")
-                torch.save(optim_state, tmp / "optimizer.pt")
+            layout.write(states, tmp, self.env)
             if main:
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
                 if scaler is not None:
                     torch.save(scaler.state_dict(), tmp / "scaler.pt")
                 torch.save(rng_states, tmp / "rng_state.pt")
-                state = replace(trainer_state, global_step=step, world_size=self.env.world_size, sharded=bool(model.sharded))
+                state = replace(trainer_state, global_step=step, world_size=self.env.world_size, sharded=layout.sharded)
                 (tmp / TRAINER_STATE).write_text(json.dumps(state.to_json(), indent=2))
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
                 write_manifest(tmp, step)  # last: a checkpoint without one never finished
@@ -164,19 +208,7 @@ class Checkpointer:
         path = Path(path)
         # First: a file this DistriNews cannot read (a newer format, a missing key) is refused before any tensor loads.
         trainer_state = TrainerStateRecord.from_json(read_json(path / TRAINER_STATE), path / TRAINER_STATE)
-        if (path / SHARDED).is_dir():
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-            model_state, optim_state = get_state_dict(model.module, optimizer)
-            state = {"model": model_state, "optim": optim_state}
-            dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
-            set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        elif model.sharded:
-            raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
-        else:
-            load_weights(model.raw, path / "model.safetensors")
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        layout_for(model).read(path, model, optimizer)
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))

@@ -12,7 +12,7 @@
 What differs between strategies lives here and nowhere else: skipping the gradient sync on
 the micro-steps of an accumulation window, gradient clipping, the communication a step costs,
 and gathering a full state dict for saving (a collective every rank must enter, even though
-only rank 0 writes). Sharded checkpoints are ``checkpoint.Checkpointer``'s business.
+only rank 0 writes). How each strategy lies on disk is ``checkpoint/resumable.py``'s ``layout_for``.
 """
 
 from __future__ import annotations
