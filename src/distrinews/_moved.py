@@ -34,6 +34,8 @@ MOVED_MODULES = {
     ),
     "distrinews.doctor": "distrinews.cli.doctor.checks",
     "distrinews.serve.onnx_export": "distrinews.export.onnx",
+    "distrinews.serve.predictor": "distrinews.predict.runtimes",
+    "distrinews.serve.tokens": "distrinews.predict.tokens",
 }
 
 

@@ -24,7 +24,7 @@ def rows(agnews_dir):
 
 @pytest.fixture(scope="module")
 def torch_results(checkpoint, rows):
-    from distrinews.serve.predictor import Predictor
+    from distrinews.predict.runtimes import Predictor
 
     return Predictor(checkpoint, device="cpu").predict(rows)
 
@@ -39,7 +39,7 @@ def fp32_onnx(checkpoint, tmp_path_factory, cli):
 
 def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, rows, torch_results, fp32_onnx):
     from distrinews.export.onnx import is_quantized
-    from distrinews.serve.predictor import OnnxPredictor
+    from distrinews.predict.runtimes import OnnxPredictor
 
     assert not is_quantized(fp32_onnx)
     predictor = OnnxPredictor(checkpoint, onnx_model=fp32_onnx)
@@ -54,7 +54,7 @@ def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, row
 
 def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx):
     """Dynamic axes: one unpadded text, a long truncated one, and a ragged batch all match PyTorch."""
-    from distrinews.serve.predictor import OnnxPredictor, Predictor
+    from distrinews.predict.runtimes import OnnxPredictor, Predictor
 
     texts = ["Markets", rows[0] * 20, *rows[1:40]]
     reference = Predictor(checkpoint, device="cpu")
@@ -67,7 +67,7 @@ def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx)
 
 def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
     from distrinews.export.onnx import export_onnx, is_quantized
-    from distrinews.serve.predictor import OnnxPredictor
+    from distrinews.predict.runtimes import OnnxPredictor
 
     out = export_onnx(checkpoint, tmp_path / "model.int8.onnx", quantize="int8")
     assert is_quantized(out)
@@ -88,7 +88,7 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
     from distrinews.export.legacy_pt import export_legacy_pt
-    from distrinews.serve.predictor import Predictor, make_predictor
+    from distrinews.predict.runtimes import Predictor, make_predictor
 
     texts = ["Oil prices jump after OPEC agrees to cut production", "Federer wins again"]
     expected = Predictor(checkpoint, device="cpu").predict(texts)
@@ -104,7 +104,7 @@ def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(
 
 def test_bad_export_arguments_are_refused(checkpoint, tmp_path):
     from distrinews.export.onnx import export_onnx
-    from distrinews.serve.predictor import make_predictor
+    from distrinews.predict.runtimes import make_predictor
 
     with pytest.raises(ValueError, match="quantize"):
         export_onnx(checkpoint, tmp_path / "x.onnx", quantize="int4")
@@ -128,7 +128,7 @@ def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
 
 
 def test_the_onnx_int8_runtime_quantizes_at_start_when_no_int8_file_exists(checkpoint, rows):
-    from distrinews.serve.predictor import make_predictor
+    from distrinews.predict.runtimes import make_predictor
 
     before = sorted(p.name for p in checkpoint.iterdir())
     predictor = make_predictor(checkpoint, runtime="onnx-int8")
@@ -140,7 +140,7 @@ def test_the_onnx_int8_runtime_quantizes_at_start_when_no_int8_file_exists(check
 
 
 def test_the_onnx_int8_runtime_refuses_an_fp32_file(checkpoint, fp32_onnx):
-    from distrinews.serve.predictor import make_predictor
+    from distrinews.predict.runtimes import make_predictor
 
     with pytest.raises(ValueError, match="not a quantized model"):
         make_predictor(checkpoint, runtime="onnx-int8", onnx_model=fp32_onnx)

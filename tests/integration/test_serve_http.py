@@ -488,7 +488,7 @@ def test_a_saturated_server_answers_429_and_recovers(strict_server):
 
 
 def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_server, cli):
-    from distrinews.serve.predictor import DEFAULT_RUNTIME
+    from distrinews.predict.runtimes import DEFAULT_RUNTIME
 
     help_text = " ".join(cli("serve", "--help").stdout.split())
     assert f"(default: {DEFAULT_RUNTIME};" in help_text

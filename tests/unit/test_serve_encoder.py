@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distrinews.model import build_tokenizer
-from distrinews.serve.tokens import TextEncoder
+from distrinews.predict.tokens import TextEncoder
 
 TEXTS = [
     "Stocks rally as oil prices fall",

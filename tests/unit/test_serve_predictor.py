@@ -10,10 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
+from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
+from distrinews.predict.tokens import Encoded, TextEncoder
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
-from distrinews.serve.predictor import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
-from distrinews.serve.tokens import Encoded, TextEncoder
 
 
 @pytest.fixture(scope="module")

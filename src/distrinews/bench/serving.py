@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..distributed.machine import bf16_is_fast
-    from ..serve.predictor import DEFAULT_RUNTIME, RUNTIMES
+    from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
     if extra:
         from ..config import ConfigError

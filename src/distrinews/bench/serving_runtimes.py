@@ -45,7 +45,7 @@ def bf16_matmul_gflops(n: int = 1024, repeats: int = 5) -> dict[str, float]:
 def runtime_accuracy(checkpoint: str, runtimes: list[str], data_dir: str | None, rows: int | None) -> list[dict[str, Any]]:
     """Each runtime on the test split (all rows unless ``rows``): accuracy, label agreement with PyTorch fp32, seconds."""
     from ..data.splits import load_split
-    from ..serve.predictor import make_predictor
+    from ..predict.runtimes import make_predictor
 
     split = load_split(data_dir or os.environ["DISTRINEWS_DATA"], "test")
     texts, labels = split.texts[:rows], split.labels[:rows]

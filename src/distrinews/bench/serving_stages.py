@@ -92,9 +92,9 @@ def _install_ours() -> None:
     import fastapi.routing
     import starlette.responses
 
+    import distrinews.predict.runtimes as predictor_module
     import distrinews.serve.app as app_module
     import distrinews.serve.batcher as batcher_module
-    import distrinews.serve.predictor as predictor_module
 
     _wrap(app_module, "parse_body", "parse_body")
     _wrap(app_module, "clean_text", "clean_text")

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ConfigError(f"text #{empty[0] + 1} is empty")
-    from ..serve.predictor import Predictor
+    from ..predict.runtimes import Predictor
 
     results = Predictor(args.checkpoint).predict(texts)
     if args.json:

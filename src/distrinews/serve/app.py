@@ -63,7 +63,7 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
 
 def _default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
     def load():
-        from .predictor import make_predictor
+        from ..predict.runtimes import make_predictor
 
         if not config.checkpoint:
             raise ValueError("no checkpoint: pass --checkpoint or set MODEL_CHECKPOINT")

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tokens import padded_tokens
+from ..predict.tokens import padded_tokens
 
 TOKENIZER_THREAD = "distrinews-tokenize"
 FORWARD_THREAD = "distrinews-forward"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .predictor import DEFAULT_RUNTIME, RUNTIMES
+from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 DEFAULT_PORT = 7860
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -118,7 +118,7 @@ def _check_bf16() -> None:
         import torch
     except ImportError:
         raise ServeOptionError("--runtime torch-bf16 needs torch, which is not installed here; use --runtime onnx-int8 or onnx") from None
-    from .predictor import bf16_refusal
+    from ..predict.runtimes import bf16_refusal
 
     if (why := bf16_refusal("cuda" if torch.cuda.is_available() else "cpu")) is not None:
         raise ServeOptionError(why)

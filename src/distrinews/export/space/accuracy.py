@@ -17,7 +17,7 @@ RECORDED = {"fp32_accuracy": 0.9017, "int8_accuracy": 0.9022, "rows": 7600, "sou
 def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: str | None) -> dict[str, Any]:
     """Accuracy of both graphs on every test row, and whether int8 is within the tolerance."""
     from ...data.splits import load_split
-    from ...serve.predictor import OnnxPredictor
+    from ...predict.runtimes import OnnxPredictor
 
     test = load_split(data_dir, "test")
     result: dict[str, Any] = {"rows": len(test), "source": test.source}

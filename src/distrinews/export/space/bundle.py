@@ -29,7 +29,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews
 PACKAGE = PACKAGE_ROOT.name
 # The modules the server runs from, per runtime; everything they import at module level comes with them.
 # (The server imports its app, and the app its predictor, inside functions: so they are roots here.)
-SERVER_ROOTS = ("serve/__main__.py", "serve/app.py", "serve/predictor.py")
+SERVER_ROOTS = ("serve/__main__.py", "serve/app.py", "predict/runtimes.py")
 RUNTIME_ROOTS = {"onnx-int8": (), "onnx": (), "torch": ("checkpoint/servable.py",)}
 STATIC_FILES = ("serve/static/index.html",)
 # The tokenizer and config files a slim ONNX server reads; the torch runtime takes the whole folder.

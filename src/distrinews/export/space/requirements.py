@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-# What `python -m distrinews.serve` imports, per runtime (serve/__main__.py, serve/predictor.py).
+# What `python -m distrinews.serve` imports, per runtime (serve/__main__.py, predict/runtimes.py).
 SERVER_PACKAGES = ("fastapi", "uvicorn", "pydantic", "prometheus-client", "numpy", "tokenizers")
 RUNTIME_PACKAGES = {
     "onnx-int8": ("onnxruntime",),

@@ -262,7 +262,7 @@ class OnnxPredictor(Predictor):
         return path
 
     def _make_onnx(self, model: Any, int8: bool) -> Path:
-        from ..export.onnx import export_model, quantize_int8
+        from .onnx import export_model, quantize_int8
 
         self._tmpdir = tempfile.TemporaryDirectory(prefix="distrinews-onnx-")
         tmp = Path(self._tmpdir.name)
