@@ -87,6 +87,9 @@ class TrainConfig:
     disable_tqdm: bool = False
     report_to_tensorboard: bool = True
     save_training_curves: bool = True  # training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)
+    # best/model.int8.onnx when the run ends, checked against fp32 on the test split: what `serve` (--runtime auto)
+    # serves where the check passes (distrinews.predict.int8). Needs onnxruntime; skipped, with a line, without it.
+    int8_model: bool = True
     cache_dir: str | None = None  # tokenized-data cache; default ~/.cache/distrinews
 
     def __post_init__(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("onnxruntime")
@@ -144,3 +146,28 @@ def test_the_onnx_int8_runtime_refuses_an_fp32_file(checkpoint, fp32_onnx):
 
     with pytest.raises(ValueError, match="not a quantized model"):
         make_predictor(checkpoint, runtime="onnx-int8", onnx_model=fp32_onnx)
+
+
+def test_training_ends_with_a_checked_int8_model_that_serve_takes_by_default(tmp_path, agnews_dir):
+    """``int8_model: true`` (the default outside the tiny preset): best/model.int8.onnx, checked against fp32 on the
+    test rows the run evaluated on, is what ``--runtime auto`` then serves without making anything."""
+    import onnxruntime
+
+    from distrinews.config import load_config
+    from distrinews.predict.int8 import INT8_FILE, read_check
+    from distrinews.predict.runtimes import make_predictor
+    from distrinews.train.trainer import train
+
+    root = Path(__file__).resolve().parents[2]
+    overrides = {"output_dir": str(tmp_path / "run"), "max_steps": "3", "eval_samples": "200", "int8_model": "true"}
+    overrides.update({"data_dir": str(agnews_dir), "disable_tqdm": "true", "report_to_tensorboard": "false"})
+    train(load_config(root / "configs" / "tiny.yaml", overrides))
+    best = tmp_path / "run" / "best"
+    made = best / INT8_FILE
+    check = read_check(onnxruntime.InferenceSession(str(made), providers=["CPUExecutionProvider"]))
+    assert check["kind"] == "accuracy on labelled test rows" and check["rows"] == 200
+    assert check["passed"] is (check["difference_points"] >= -check["tolerance_points"])
+    before = made.stat().st_mtime_ns
+    predictor = make_predictor(best)
+    assert predictor.choice["check"] == check and made.stat().st_mtime_ns == before
+    assert predictor.runtime == ("onnx-int8" if check["passed"] else "torch")

@@ -487,15 +487,26 @@ def test_a_saturated_server_answers_429_and_recovers(strict_server):
     assert httpx.post(strict_server.url + "/predict", json={"text": HEADLINES[0]}, headers=auth).status_code == 200
 
 
-def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_server, cli):
+def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_server, checkpoint, cli):
     from distrinews.predict.runtimes import DEFAULT_RUNTIME
 
     help_text = " ".join(cli("serve", "--help").stdout.split())
     assert f"(default: {DEFAULT_RUNTIME};" in help_text
+    assert DEFAULT_RUNTIME == "auto"
     with httpx.Client(base_url=default_server.url, timeout=30) as client:
         info = client.get("/info").json()
-        assert info["runtime"] == DEFAULT_RUNTIME == client.get("/health").json()["runtime"]
-        assert info.get("onnx_quantized", False) is (DEFAULT_RUNTIME == "onnx-int8")
+        choice = info["runtime_choice"]
+        assert choice["requested"] == "auto" and choice["reason"]
+        assert info["runtime"] == choice["runtime"] == client.get("/health").json()["runtime"]
+        # The rule's verdict is the check recorded in the int8 file it made beside the checkpoint at this first start.
+        import onnxruntime
+
+        from distrinews.predict.int8 import INT8_FILE, read_check
+
+        recorded = read_check(onnxruntime.InferenceSession(str(checkpoint / INT8_FILE), providers=["CPUExecutionProvider"]))
+        assert recorded == choice["check"]
+        assert info["runtime"] == ("onnx-int8" if recorded["passed"] else "torch")
+        assert info.get("onnx_quantized", False) is recorded["passed"]
         one = client.post("/predict", json={"text": HEADLINES[0]})
         assert one.status_code == 200
         _assert_prediction(one.json())

@@ -13,9 +13,10 @@ steps, kept apart so the server can run them on different threads:
 
 Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only where the device
 computes bf16 in hardware, ``distributed.machine.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
-``onnx-int8`` (dynamic int8 quantization). The default is the one measured fastest on the
-serving benchmark while its test accuracy stays within 0.2 points of PyTorch fp32
-(benchmarks/serving.md).
+``onnx-int8`` (dynamic int8 quantization). The default, ``auto``, is a rule, not a runtime: the
+fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32, which is ``onnx-int8``
+on every CPU measured (benchmarks/serving.md) where this checkpoint's int8 model passed its check
+(``int8.py``); otherwise ``torch``, said in one log line and in ``/info``'s ``runtime_choice``.
 
 Importing this module needs neither torch nor transformers. ONNX Runtime on a checkpoint
 directory that has its ONNX file, ``tokenizer.json`` and ``config.json`` needs only
@@ -42,8 +43,8 @@ from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("torch", "torch-bf16", "onnx", "onnx-int8")
-DEFAULT_RUNTIME = "torch"
+RUNTIMES = ("auto", "torch", "torch-bf16", "onnx", "onnx-int8")
+DEFAULT_RUNTIME = "auto"
 __all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "is_quantized_file", "make_predictor", "softmax"]
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
@@ -59,6 +60,8 @@ class Predictor:
     """PyTorch: tokenize, pad each batch to its own longest text, one forward pass per batch, softmax, named labels."""
 
     runtime = "torch"
+    # How the runtime was chosen: asked for by name, or picked by ``auto`` (and why). ``/info`` reports it.
+    choice: dict[str, Any] | None = None
     info: ModelInfo  # what the checkpoint says about its model (checkpoint.records)
 
     def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
@@ -157,6 +160,7 @@ class Predictor:
             # Where the token ids come from: a model is only right with the tokenizer it was trained with.
             "tokenizer": self.info.tokenizer.to_json(),
             "runtime": self.runtime,
+            "runtime_choice": self.choice or {"requested": self.runtime, "runtime": self.runtime, "reason": "asked for by name"},
             "labels": list(self.labels),
             "max_length": self.max_length,
             "metrics": self.info.metrics,
@@ -306,11 +310,13 @@ def make_predictor(
     max_batch_size: int = 64,
     onnx_model: str | os.PathLike | None = None,
 ) -> Predictor:
-    """The predictor for ``--runtime``: ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``."""
+    """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if onnx_model and not runtime.startswith("onnx"):
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
+    if runtime == "auto":
+        return auto_predictor(checkpoint, max_batch_size)
     if runtime == "torch":
         return Predictor(checkpoint, max_batch_size=max_batch_size)
     if runtime == "torch-bf16":
@@ -321,3 +327,60 @@ def make_predictor(
             raise ValueError(why)
         return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
     return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, int8=runtime == "onnx-int8")
+
+
+def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64) -> Predictor:
+    """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
+    first start if missing, ``int8.py``), else PyTorch fp32, with the reason in one log line and in ``choice``."""
+    from . import int8
+
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return _fall_back(checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')")
+    beside = int8.int8_path(checkpoint)
+    cached = _cache_path(beside)  # where it goes when the checkpoint's folder is read-only
+    path = cached if cached.is_file() and not beside.is_file() else beside
+    predictor, check = None, None
+    if path.is_file():
+        predictor = OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, int8=True)
+        check = int8.read_check(predictor.session)
+    if check is None:  # none yet, or one made before checks were recorded
+        try:
+            labelled = int8.labelled_rows(_training_data_dir(checkpoint), int8.SERVE_CHECK_ROWS)
+            path, check = int8.make_int8(checkpoint, labelled, out=path if os.access(path.parent, os.W_OK) else cached)
+        except Exception as exc:
+            return _fall_back(checkpoint, max_batch_size, f"its int8 model could not be made ({type(exc).__name__}: {exc})")
+        predictor = None
+    if not check["passed"]:
+        return _fall_back(checkpoint, max_batch_size, f"its int8 model failed its check ({check['kind']}: {check['summary']})", check)
+    predictor = predictor or OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, int8=True)
+    reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
+    predictor.choice = {"requested": "auto", "runtime": "onnx-int8", "reason": reason, "check": check, "onnx_model": str(path)}
+    log.info("runtime auto: onnx-int8 (%s)", reason)
+    return predictor
+
+
+def _fall_back(checkpoint: str | os.PathLike, max_batch_size: int, reason: str, check: dict[str, Any] | None = None) -> Predictor:
+    log.warning("runtime auto: torch, because %s", reason)
+    predictor = Predictor(checkpoint, max_batch_size=max_batch_size)
+    predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason, **({"check": check} if check else {})}
+    return predictor
+
+
+def _training_data_dir(checkpoint: str | os.PathLike) -> str | None:
+    """The AG News folder the checkpoint was trained on, as its ``distrinews.json`` records it (None if unknown)."""
+    path = Path(checkpoint) / SERVABLE_INFO
+    try:
+        training = json.loads(path.read_text()).get("training_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return training.get("data_dir") if isinstance(training, dict) else None
+
+
+def _cache_path(path: Path) -> Path:
+    """The same file name in a per-checkpoint folder of the user's cache (for a read-only checkpoint folder)."""
+    import hashlib
+
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "distrinews" / "int8" / key / path.name

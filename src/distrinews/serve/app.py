@@ -227,7 +227,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         body = {
             "status": "unhealthy" if state.load_error else "healthy",
             "model_loaded": state.batcher is not None,
-            "runtime": config.runtime,
+            "runtime": state.predictor.runtime if state.predictor is not None else config.runtime,
             "version": __version__,
             "uptime_s": round(time.time() - state.started, 3),
         }

@@ -37,8 +37,10 @@ class ServeConfig:
     port: int | None = _flag(None, f"port (default: $PORT, else {DEFAULT_PORT})", type=int)
     runtime: str = _flag(
         DEFAULT_RUNTIME,
-        f"inference runtime (default: {DEFAULT_RUNTIME}; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, made at "
-        "start if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
+        f"inference runtime (default: {DEFAULT_RUNTIME}; auto = onnx-int8 where the checkpoint's int8 model passed its accuracy "
+        "check against fp32 (made and checked at the first start if missing), else torch; onnx-int8/onnx use "
+        "CHECKPOINT/model.int8.onnx / model.onnx, made at start if missing; torch-bf16 only where the CPU or GPU computes bf16 "
+        "in hardware)",
         choices=RUNTIMES,
     )
     onnx_model: str | None = _flag(None, "ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)")

@@ -396,4 +396,24 @@ class Trainer:
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best))
         if self.env.is_main and self.config.save_training_curves:
             write_training_curves(self.run_dir, self.report.say)  # training_curves.png from the finished log
+        if self.env.is_main and self.config.int8_model and self.run_dir.best.is_dir():
+            self.make_int8_model()
         return result
+
+    def make_int8_model(self) -> None:
+        """best/model.int8.onnx, checked against fp32 on the rows the run evaluated on (rank 0, after the run)."""
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            self.report.say("int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch")
+            return
+        from ..predict.int8 import labelled_rows, make_int8
+
+        c = self.config
+        try:
+            path, check = make_int8(self.run_dir.best, labelled_rows(c.data_dir, c.eval_samples, c.seed))
+        except Exception as exc:  # the run is saved; serving falls back to PyTorch
+            self.report.say(f"int8 model: not made ({type(exc).__name__}: {exc}); serve runs PyTorch")
+            return
+        verdict = "passed its check, served by default" if check["passed"] else "FAILED its check, serve runs PyTorch"
+        self.report.say(f"int8 model: {path} {verdict} ({check['summary']}; {check['seconds']:.0f} s)")

@@ -1,0 +1,202 @@
+"""The int8 model a checkpoint is served with by default, made once and kept beside it with its check.
+
+``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within
+``TOLERANCE_POINTS`` of PyTorch fp32: ONNX Runtime int8 on every CPU measured so far
+(benchmarks/serving.md), provided this checkpoint's int8 model passed its check. The model is
+``CHECKPOINT/model.int8.onnx``; the check it passed is in the ONNX file's own metadata
+(``CHECK_KEY``), so the file and its verdict cannot part. It is made once, written to a temporary
+name and renamed into place (a reader never sees half a file), by
+
+- ``train``, for ``best/`` after the final evaluation: int8 against fp32 accuracy on the test split;
+- ``export --format onnx --quantize int8``;
+- the first ``auto`` start of a checkpoint without it: accuracy on up to ``SERVE_CHECK_ROWS`` test
+  rows when labelled AG News data is at hand (``$DISTRINEWS_DATA`` or the training config's
+  ``data_dir``), else label agreement with fp32 on ``FIXED_SAMPLE``.
+
+Both graphs of a check run through ONNX Runtime; the fp32 graph itself is held to PyTorch's
+probabilities within 1e-3 (``onnx.FP32_PROB_TOLERANCE``). A later start only reads the file's
+metadata: no torch, well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+INT8_FILE = "model.int8.onnx"
+CHECK_KEY = "distrinews_int8_check"
+TOLERANCE_POINTS = 0.2  # int8 accuracy may be at most this far below fp32's
+MIN_AGREEMENT = 0.95  # without labels: the share of FIXED_SAMPLE on which int8 and fp32 agree
+SERVE_CHECK_ROWS = 2000  # a first start checks on this many test rows, not all 7,600 (seconds, not a minute)
+# Without labelled data: news-like sentences of every kind and length (written for this check, not AG News rows).
+FIXED_SAMPLE = (
+    "Stocks rally as oil prices fall",
+    "The home team won the championship game last night after a dramatic overtime finish, fans said.",
+    "New chip doubles battery life",
+    "Central bank raises interest rates for the third time this year to curb inflation",
+    "Rebels and government troops clash near the border as peace talks stall",
+    "Quarterback injured in practice will miss the season opener, coach says",
+    "Software giant reports record quarterly profit on cloud growth",
+    "Scientists sequence the genome of a rare deep-sea fish",
+    "Prime minister calls early election after coalition collapses",
+    "Striker signs a four-year contract with the league champions",
+    "Airline cuts flights as fuel costs climb and demand weakens",
+    "Space agency delays rocket launch because of high winds",
+    "United Nations warns of famine in the drought-hit region",
+    "Tennis star advances to the semifinals in straight sets",
+    "Retail sales rose more than expected in October, government data showed",
+    "Researchers unveil a battery that charges in five minutes",
+    "Earthquake of magnitude 6.8 strikes off the coast; no tsunami warning issued",
+    "Olympic committee picks host city for the 2032 summer games",
+    "Merger talks between the two telecom firms collapse over price",
+    "Hackers exploit a flaw in a popular web browser, security firm says",
+    "Parliament passes a law on data privacy after months of debate",
+    "Marathon runner breaks the world record by eleven seconds",
+    "Oil company to cut 5,000 jobs as profits slump",
+    "Astronomers spot water vapour in the atmosphere of a distant planet",
+    "Protesters gather in the capital demanding the minister's resignation",
+    "Basketball team trades its star guard for two draft picks",
+    "Carmaker recalls 300,000 vehicles over faulty airbags",
+    "Open-source project releases a faster database engine",
+    "Ceasefire holds for a second day as aid convoys reach the city",
+    "Golfer wins his first major title with a birdie on the final hole",
+    "Shares of the chipmaker jump after it raises its sales forecast",
+    "Study finds that a common virus can be detected by a smartphone app",
+    "Foreign ministers meet to discuss sanctions on the regime",
+    "Cycling team withdraws from the race after a doping scandal",
+    "Housing prices fall for the sixth straight month",
+    "Engineers test a robot that can climb stairs and open doors",
+    "Flooding forces thousands from their homes across the south",
+    "Underdog club knocks the holders out of the cup",
+    "Bank agrees to pay a record fine to settle fraud charges",
+    "Internet search company launches an email service with a gigabyte of storage",
+)
+
+
+def int8_path(checkpoint: str | os.PathLike) -> Path:
+    """Where ``checkpoint``'s int8 model lives: beside it in its folder; for a ``.pt`` file, ``FILE.int8.onnx``."""
+    checkpoint = Path(checkpoint)
+    return checkpoint / INT8_FILE if checkpoint.is_dir() else checkpoint.with_name(f"{checkpoint.name}.int8.onnx")
+
+
+def read_check(session: Any) -> dict[str, Any] | None:
+    """The check an int8 model passed (or failed), from an ONNX Runtime session's metadata; None if never checked."""
+    raw = session.get_modelmeta().custom_metadata_map.get(CHECK_KEY)
+    if raw is None:
+        return None
+    try:
+        check = json.loads(raw)
+    except ValueError:
+        return None
+    return check if isinstance(check, dict) and isinstance(check.get("passed"), bool) else None
+
+
+def labelled_rows(data_dir: str | None, limit: int | None, seed: int = 42) -> tuple[list[str], list[int]] | None:
+    """A seeded, class-stratified sample of AG News test rows, or None when no labelled data is at hand."""
+    from ..data.rows import DATA_ENV
+    from ..data.splits import load_split, stratified_sample
+
+    data_dir = data_dir or os.environ.get(DATA_ENV)
+    if not data_dir or not Path(data_dir).is_dir():
+        return None
+    try:
+        test = load_split(data_dir, "test")
+    except (OSError, ValueError) as exc:
+        log.info("no labelled rows for the int8 check (%s): label agreement on the fixed sample instead", exc)
+        return None
+    test = test.subset(stratified_sample(test.labels, limit, seed))
+    return list(test.texts), list(test.labels)
+
+
+def make_int8(
+    checkpoint: str | os.PathLike, labelled: tuple[Sequence[str], Sequence[int]] | None, out: str | os.PathLike | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
+    (with the check in its metadata) atomically at ``out`` (default ``int8_path``). Returns (path, check).
+
+    The file is published whether the check passed or not, so that a failed check is not repeated at
+    every start; ``auto`` serves it only where ``check["passed"]``.
+    """
+    from ..checkpoint.servable import load_for_inference
+    from .onnx import export_model, quantize_int8
+
+    started = time.perf_counter()
+    out = Path(out) if out is not None else int8_path(checkpoint)
+    model, tokenizer, _info = load_for_inference(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="distrinews-int8-") as tmp:
+        fp32 = export_model(model, tokenizer, Path(tmp) / "model.onnx")
+        int8 = quantize_int8(fp32, Path(tmp) / INT8_FILE)
+        del model
+        check = compare(checkpoint, fp32, int8, labelled)
+        check["seconds"] = round(time.perf_counter() - started, 2)
+        _write_with_metadata(int8, out, check)
+    verdict = "passed" if check["passed"] else "FAILED"
+    log.info("int8 model %s %s its check (%s): %s", out, verdict, check["kind"], check["summary"])
+    return out, check
+
+
+def compare(checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[int]] | None) -> dict[str, Any]:
+    """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
+    from .runtimes import OnnxPredictor
+
+    texts = list(labelled[0]) if labelled else list(FIXED_SAMPLE)
+    labels_fp32 = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=fp32).predict(texts)]
+    labels_int8 = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=int8, int8=True).predict(texts)]
+    agreement = sum(a == b for a, b in zip(labels_fp32, labels_int8)) / len(texts)
+    check: dict[str, Any] = {
+        "rows": len(texts),
+        "label_agreement": round(agreement, 6),
+        "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if labelled:
+        gold = list(labelled[1])
+        fp32_acc = sum(a == y for a, y in zip(labels_fp32, gold)) / len(gold)
+        int8_acc = sum(a == y for a, y in zip(labels_int8, gold)) / len(gold)
+        diff = round(100 * (int8_acc - fp32_acc), 4)
+        check.update(
+            kind="accuracy on labelled test rows",
+            fp32_accuracy=round(fp32_acc, 6),
+            int8_accuracy=round(int8_acc, 6),
+            difference_points=diff,
+            tolerance_points=TOLERANCE_POINTS,
+            passed=diff >= -TOLERANCE_POINTS,
+            summary=f"{100 * int8_acc:.2f}% vs fp32 {100 * fp32_acc:.2f}% on {len(gold):,} rows "
+            f"({diff:+.2f} points, tolerance -{TOLERANCE_POINTS})",
+        )
+    else:
+        check.update(
+            kind="label agreement with fp32 on the fixed sample",
+            min_agreement=MIN_AGREEMENT,
+            passed=agreement >= MIN_AGREEMENT,
+            summary=f"{100 * agreement:.1f}% of {len(texts)} texts labelled as fp32 labels them (at least {100 * MIN_AGREEMENT:.0f}%)",
+        )
+    return check
+
+
+def _write_with_metadata(model_path: Path, out: Path, check: dict[str, Any]) -> None:
+    import onnx
+
+    model = onnx.load(str(model_path))
+    for prop in list(model.metadata_props):
+        if prop.key == CHECK_KEY:
+            model.metadata_props.remove(prop)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = CHECK_KEY, json.dumps(check, sort_keys=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(model.SerializeToString())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,103 @@
+"""``--runtime auto``: the int8 model made once beside the checkpoint with its check, served where the
+check passed, PyTorch (and the reason) where it did not or cannot be made (predict/int8.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import onnxruntime
+import pytest
+
+from distrinews.predict import int8
+from distrinews.predict.runtimes import make_predictor
+
+
+@pytest.fixture(scope="module")
+def texts(agnews_dir) -> list[str]:
+    from distrinews.data.splits import load_split
+
+    return load_split(agnews_dir, "train").texts[:256]
+
+
+@pytest.fixture
+def best(tmp_path, monkeypatch):
+    """A tiny model as initialised: int8 keeps its labels (its check passes)."""
+    from distrinews.checkpoint.records import ServableInfo
+    from distrinews.checkpoint.servable import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    monkeypatch.delenv("DISTRINEWS_DATA", raising=False)  # no labelled data at hand: the fixed-sample check
+    model = build_model("tiny-random", seed=0, dropout=0.0).eval()
+    return save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=64))
+
+
+@pytest.fixture
+def spread(tmp_path, spread_checkpoint, texts, monkeypatch):
+    """Large random weights: int8 rounding moves most of its labels (its check fails, for real)."""
+    monkeypatch.delenv("DISTRINEWS_DATA", raising=False)
+    return spread_checkpoint(tmp_path / "spread", texts)
+
+
+def _check_in(path) -> dict | None:
+    return int8.read_check(onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+
+
+def test_first_start_makes_and_checks_the_int8_model_and_a_later_start_only_loads_it(best, texts):
+    first = make_predictor(best)
+    path = best / int8.INT8_FILE
+    assert path.is_file() and not list(best.glob(".*tmp*")), "published whole, no temp file left"
+    check = _check_in(path)
+    assert check["kind"].startswith("label agreement") and check["rows"] == len(int8.FIXED_SAMPLE)
+    assert check["passed"] and check["label_agreement"] >= int8.MIN_AGREEMENT
+    assert first.runtime == "onnx-int8" and first.choice["check"] == check
+    assert first.describe()["runtime_choice"]["requested"] == "auto"
+
+    made = path.stat().st_mtime_ns
+    second = make_predictor(best)
+    assert path.stat().st_mtime_ns == made, "a later start reads the recorded check, it does not make the model again"
+    assert second.runtime == "onnx-int8" and second.choice["check"] == check
+    fp32 = make_predictor(best, runtime="torch").predict(texts[:64])
+    assert [p["label"] for p in second.predict(texts[:64])] == [p["label"] for p in fp32]
+
+
+def test_a_failed_check_serves_pytorch_says_why_and_is_not_repeated(spread):
+    predictor = make_predictor(spread)
+    check = _check_in(spread / int8.INT8_FILE)
+    assert not check["passed"] and check["label_agreement"] < int8.MIN_AGREEMENT
+    choice = predictor.describe()["runtime_choice"]
+    assert predictor.runtime == choice["runtime"] == "torch"
+    assert "failed its check" in choice["reason"] and check["summary"] in choice["reason"]
+    made = (spread / int8.INT8_FILE).stat().st_mtime_ns
+    assert make_predictor(spread).runtime == "torch" and (spread / int8.INT8_FILE).stat().st_mtime_ns == made
+
+
+def test_labelled_rows_make_it_an_accuracy_check(best, agnews_dir):
+    labelled = int8.labelled_rows(str(agnews_dir), 200)
+    assert labelled is not None and len(labelled[0]) == len(labelled[1]) == 200
+    _, check = int8.make_int8(best, labelled)
+    assert check["kind"] == "accuracy on labelled test rows" and check["rows"] == 200
+    assert check["passed"] is (check["difference_points"] >= -int8.TOLERANCE_POINTS)
+    assert _check_in(best / int8.INT8_FILE) == check
+
+
+def test_without_onnxruntime_auto_serves_pytorch_and_says_so(best, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
+    predictor = make_predictor(best)
+    assert predictor.runtime == "torch" and "onnxruntime is not installed" in predictor.choice["reason"]
+    assert not (best / int8.INT8_FILE).exists()
+
+
+def test_a_read_only_checkpoint_keeps_its_int8_model_in_the_cache(best, tmp_path, monkeypatch):
+    import distrinews.predict.runtimes as runtimes
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # As root (CI) chmod does not stop a write, so the folder is reported read-only the way os.access would.
+    real_access = runtimes.os.access
+    monkeypatch.setattr(runtimes.os, "access", lambda p, mode: False if str(p) == str(best) else real_access(p, mode))
+    first = make_predictor(best)
+    assert not (best / int8.INT8_FILE).exists()
+    cached = list((tmp_path / "cache" / "distrinews" / "int8").glob(f"*/{int8.INT8_FILE}"))
+    assert len(cached) == 1 and _check_in(cached[0]) == first.choice["check"] and first.runtime == "onnx-int8"
+    made = cached[0].stat().st_mtime_ns
+    again = make_predictor(best)
+    assert again.choice["check"] == first.choice["check"] and cached[0].stat().st_mtime_ns == made
