@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
-import json
 
 import pytest
 
@@ -18,29 +15,8 @@ ROWS = [{"id": f"r{i}", "text": f"headline number {i}", "n": i} for i in range(7
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
-def write_rows(path, rows, fmt=None):
-    """``rows`` (dicts) as JSONL, CSV (header from the first row) or Parquet, by the file's suffix."""
-    fmt = fmt or format_of(path)
-    if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)
-        return path
-    if fmt == "jsonl":
-        data = "".join(json.dumps(r) + "\n" for r in rows)
-    else:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        data = buf.getvalue()
-    path.write_bytes(gzip.compress(data.encode()) if path.name.endswith(".gz") else data.encode())
-    return path
-
-
 @pytest.mark.parametrize("name", ["x.jsonl", "x.jsonl.gz", "x.csv", "x.csv.gz", "x.parquet"])
-def test_every_format_gives_the_same_rows_from_any_start(tmp_path, name):
+def test_every_format_gives_the_same_rows_from_any_start(tmp_path, name, write_rows):
     if name.endswith(".parquet"):
         pytest.importorskip("pyarrow")
     shard = Shard(write_rows(tmp_path / name, ROWS), format_of(name))
@@ -85,7 +61,7 @@ def test_bad_csv_records_are_rows_and_multiline_records_keep_their_first_line(tm
 
 
 @pytest.mark.parametrize("name", ["cut.jsonl.gz", "cut.csv.gz"])
-def test_a_truncated_gzip_file_is_its_rows_then_one_bad_row(tmp_path, name):
+def test_a_truncated_gzip_file_is_its_rows_then_one_bad_row(tmp_path, name, write_rows):
     data = gzip.compress(write_rows(tmp_path / name.removesuffix(".gz"), ROWS).read_bytes())
     path = tmp_path / name
     path.write_bytes(data[: len(data) // 2])
@@ -105,7 +81,7 @@ def test_an_unreadable_parquet_file_is_one_bad_row(tmp_path):
     assert count_rows(shard) == len(rows) == 1 and rows[0].error.startswith("not a readable Parquet file")
 
 
-def test_inputs_are_files_folders_and_globs_in_name_order(tmp_path):
+def test_inputs_are_files_folders_and_globs_in_name_order(tmp_path, write_rows):
     shards = tmp_path / "shards"
     shards.mkdir()
     for name in ("b.jsonl", "a.csv", "c.jsonl.gz"):
