@@ -351,3 +351,28 @@ def test_progress_lines_say_rows_speed_and_time_left():
     progress.ready()
     progress.advance(150, 140, 10)
     assert out.getvalue().startswith("predict: 250/1,000 rows (25.0%), ") and " left, 10 rejected" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- eval --input
+def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_present(
+    tmp_path, checkpoint, predictor, news, expected, write_rows, monkeypatch, capsys
+):
+    monkeypatch.setattr(worker, "load_predictor", lambda *a, **k: predictor)
+    truth = [i % 2 for i in range(N_ROWS)]  # two classes present: World and Sports
+    rows = [{"text": t, "label": ["world", 1][y] if i % 3 else y} for i, (t, y) in enumerate(zip(news, truth))]
+    path = write_rows(tmp_path / "labelled.jsonl", [*rows, {"text": "no label"}, {"label": "Sports"}])
+    metrics_path = tmp_path / "metrics.json"
+    assert cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), "--output-json", str(metrics_path)]) == 0
+    out = capsys.readouterr().out
+    predicted = [predictor.labels.index(e["label"]) for e in expected]
+    accuracy = sum(p == y for p, y in zip(predicted, truth)) / N_ROWS
+    f1 = []
+    for c in (0, 1):
+        tp = sum(p == y == c for p, y in zip(predicted, truth))
+        precision, recall = tp / max(1, predicted.count(c)), tp / truth.count(c)
+        f1.append(2 * precision * recall / (precision + recall) if tp else 0.0)
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["samples"] == N_ROWS and metrics["skipped"] == 2 and metrics["classes_present"] == ["World", "Sports"]
+    assert metrics["accuracy"] == pytest.approx(accuracy) and metrics["macro_f1"] == pytest.approx(sum(f1) / 2)
+    assert f"Samples: {N_ROWS} labelled rows" in out and "2 rows skipped; labelled.jsonl:151: no label field 'label'" in out
+    assert f"Accuracy: {100 * accuracy:.2f}% | Macro-F1: {100 * sum(f1) / 2:.2f}% (over the 2 classes present)" in out
