@@ -39,11 +39,7 @@ class Progress:
         self.computing: float | None = None  # when the first worker had its model loaded
         self.every_s = every_s
         self._last_line = self.started
-        self._bar = None
-        if mode == "bar":
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=done_before, unit="rows", unit_scale=True, file=self.stream, dynamic_ncols=True)
+        self._bar = None  # drawn once a model is loaded, so its rate and time left leave the loading out
 
     @property
     def elapsed(self) -> float:
@@ -57,6 +53,11 @@ class Progress:
     def ready(self) -> None:
         if self.computing is None:
             self.computing = time.monotonic()
+        if self.mode == "bar" and self._bar is None:
+            from tqdm import tqdm
+
+            initial = self.done_before + self.rows
+            self._bar = tqdm(total=self.total, initial=initial, unit="rows", unit_scale=True, file=self.stream, dynamic_ncols=True)
 
     def rate(self) -> float:
         return self.rows / self.computing_s if self.computing_s > 0 else 0.0
@@ -65,7 +66,8 @@ class Progress:
         self.rows += rows
         self.labelled += labelled
         self.rejected += rejected
-        if self._bar is not None:
+        if self.mode == "bar":
+            self.ready()  # a worker's first rows arrived before its ready event
             self._bar.update(rows)
             if rejected:
                 self._bar.set_postfix(rejected=self.rejected, refresh=False)
