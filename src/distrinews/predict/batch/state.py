@@ -163,7 +163,8 @@ class JobRecord:
             return f"checkpoint {self.checkpoint} changed since (its files' SHA-256)"
         for name in ("runtime", "text_field", "id_field"):
             if getattr(self, name) != getattr(other, name):
-                return f"--{name.replace('_', '-')} {getattr(self, name)}"
+                flag = f"--{name.replace('_', '-')}"
+                return f"{flag} {getattr(self, name)}" if getattr(self, name) is not None else f"no {flag}"
         return None
 
     def to_json(self) -> dict[str, Any]:
