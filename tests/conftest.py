@@ -11,6 +11,7 @@ import csv
 import functools
 import gzip
 import io
+import json
 import os
 import signal
 import subprocess
@@ -88,6 +89,33 @@ def write_csv():
         csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
         data = buf.getvalue().encode()
         path.write_bytes(gzip.compress(data) if gz else data)
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def write_rows():
+    """``write_rows(path, rows)``: dicts as JSONL, CSV with a header (the first row's keys) or Parquet (row groups of
+    3 rows), by the file's suffix (``.gz`` for JSONL and CSV): the batch engine's inputs."""
+
+    def write(path: Path, rows: list[dict]) -> Path:
+        name = path.name
+        if name.endswith(".parquet"):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)
+            return path
+        if ".jsonl" in name:
+            data = "".join(json.dumps(row) + "\n" for row in rows)
+        else:
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+            data = buf.getvalue()
+        path.write_bytes(gzip.compress(data.encode()) if name.endswith(".gz") else data.encode())
         return path
 
     return write

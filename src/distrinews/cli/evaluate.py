@@ -1,10 +1,13 @@
-"""``distrinews eval``: exact metrics of a checkpoint on the test split, with 1 or N processes."""
+"""``distrinews eval``: exact metrics of a checkpoint on the test split, with 1 or N processes, or on labelled files (``--input``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..config import ConfigError
+from ..data.fields import DEFAULT_TEXT_FIELD
+from ..predict.batch.evaluate import DEFAULT_LABEL_FIELD
+from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 
 def register(subparsers) -> None:
@@ -21,6 +24,11 @@ def register(subparsers) -> None:
         help="bf16 autocast (auto: where the device computes bf16 in hardware)",
     )
     p.add_argument("--output-json")
+    files = p.add_argument_group("labelled files instead of the test split (--input; one process)")
+    files.add_argument("--input", nargs="+", metavar="PATH", help="JSONL, CSV (with a header) or Parquet files, folders or globs")
+    files.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, help="the text (default: text, or AG News's title + description)")
+    files.add_argument("--label-field", default=DEFAULT_LABEL_FIELD, help="the label: a class name (any case) or a 0-based id")
+    files.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})")
     p.set_defaults(func=run, distributed=True)
 
 
@@ -35,6 +43,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"eval: --batch-size must be >= 1, got {args.batch_size}")
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
+    if args.input:
+        return run_files(args)
     if wants_launch(args.launch_flags):
         return launch(args.launch_flags, args.argv)
 
@@ -67,3 +77,43 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             if args.output_json:
                 write_json(args.output_json, metrics)
     return 0
+
+
+def run_files(args: argparse.Namespace) -> int:
+    """Accuracy and macro-F1 on labelled files, read as ``predict --input`` reads them."""
+    from ..data.files import resolve_inputs
+    from ..distributed.launch import wants_launch
+    from ..errors import DataError
+    from ..predict.batch.evaluate import evaluate_files
+    from ..predict.batch.job import describe_inputs
+    from ..predict.batch.worker import load_predictor
+    from . import write_json
+
+    if wants_launch(args.launch_flags):
+        raise ConfigError("eval --input runs in one process: drop the launcher flags")
+    shards = resolve_inputs(args.input)
+    predictor = load_predictor(args.checkpoint, args.runtime, threads_for_one_process(), args.batch_size)
+    result = evaluate_files(shards, predictor, args.text_field, args.label_field, batch_size=args.batch_size)
+    skipped = ""
+    if result.skipped:
+        skipped = f" ({result.skipped:,} row{'s' if result.skipped != 1 else ''} skipped; {'; '.join(result.skipped_examples)})"
+    if not result.rows:
+        raise DataError(f"eval: no row of {describe_inputs(shards)} has a text and a label{skipped}")
+    present = result.present
+    print(f"Samples: {result.rows:,} labelled rows of {describe_inputs(shards)}{skipped}")
+    print(
+        f"Accuracy: {100 * result.accuracy():.2f}% | Macro-F1: {100 * result.macro_f1():.2f}% "
+        f"(over the {len(present)} class{'es' if len(present) != 1 else ''} present)"
+    )
+    metrics = result.to_json()
+    for name, acc in metrics["per_class_accuracy"].items():
+        print(f"  {name:<10} {100 * acc:.2f}%  ({metrics['support'][name]:,} rows)")
+    if args.output_json:
+        write_json(args.output_json, metrics)
+    return 0
+
+
+def threads_for_one_process() -> int:
+    from ..distributed.machine import threads_per_process
+
+    return threads_per_process(1)

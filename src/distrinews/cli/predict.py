@@ -1,17 +1,60 @@
-"""``distrinews predict``: classify texts given on the command line."""
+"""``distrinews predict``: classify texts given on the command line, or a corpus of files (``--input``/``--output``).
+
+With ``--input``, the batch engine (``predict.batch``) streams the rows through the model and writes
+one labelled row per input row, in input order; killed, the same command continues where it stopped.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..config import ConfigError
+from ..predict.batch.engine import EXIT_REJECTED
+from ..predict.batch.job import PROGRESS_MODES, BatchJob
+from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
+
+ENGINES = ("local",)  # ray: issue 16's second engine, not built yet
+EXIT_FAILED = 1
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("predict", help="classify one or more texts")
+    p = subparsers.add_parser(
+        "predict",
+        help="classify texts, or a corpus of JSONL/CSV/Parquet files",
+        description="Classify the texts given, or with --input/--output every row of JSONL, CSV (with a header) or Parquet "
+        "files: output in input order (id, label, confidence), bad rows to OUTPUT.rejects.jsonl; a killed run continues "
+        "when the same command is run again (progress in OUTPUT.partial/).",
+    )
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="texts form: print the answers as JSON")
+    p.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})")
+    batch = p.add_argument_group("corpus form (--input/--output)")
+    batch.add_argument("--input", nargs="+", metavar="PATH", help="files, folders or globs (.jsonl, .csv, .parquet; .jsonl.gz, .csv.gz)")
+    batch.add_argument("--output", metavar="FILE", help="the labelled rows: .jsonl, .csv or .parquet (.jsonl.gz, .csv.gz)")
+    batch.add_argument(
+        "--text-field",
+        default=BatchJob.text_field,
+        help="the field holding the text (default: text; AG News rows with title and description are joined as in training)",
+    )
+    batch.add_argument("--id-field", default=BatchJob.id_field, help="the field written as each row's id (default: the row number, from 0)")
+    batch.add_argument("--probabilities", action="store_true", help="also write every class's probability")
+    batch.add_argument("--nproc", type=int, default=BatchJob.nproc, help="worker processes, each on its own range of rows")
+    batch.add_argument("--threads", type=int, default=BatchJob.threads, help="threads per worker (default: the cores / --nproc)")
+    batch.add_argument("--batch-size", type=int, default=BatchJob.batch_size, help="texts per forward pass")
+    batch.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=BatchJob.max_batch_tokens,
+        help="padded tokens per forward pass (the pass's longest text x its texts); 0: no limit",
+    )
+    batch.add_argument("--overwrite", action="store_true", help="start again: drop the output, its rejects and its progress")
+    batch.add_argument("--strict", action="store_true", help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)")
+    batch.add_argument(
+        "--progress", choices=PROGRESS_MODES, default=BatchJob.progress, help="auto: a bar on a terminal, else a line every 10 s"
+    )
+    batch.add_argument("--engine", choices=ENGINES, default=ENGINES[0], help="where the workers run (local: this machine)")
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=run)
 
@@ -19,15 +62,21 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"predict: unexpected arguments {' '.join(extra)} (put texts that start with '-' after --)")
+    if args.input or args.output:
+        return run_corpus(args)
     texts = list(args.texts)
     if not texts:
         raise ConfigError('predict needs at least one text: distrinews predict --checkpoint DIR "Some headline"')
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ConfigError(f"text #{empty[0] + 1} is empty")
-    from ..predict.runtimes import Predictor
+    from ..predict.runtimes import make_predictor
 
-    results = Predictor(args.checkpoint).predict(texts)
+    try:
+        predictor = make_predictor(args.checkpoint, args.runtime)
+    except ValueError as exc:
+        raise ConfigError(f"predict: {exc}") from None
+    results = predictor.predict(texts)
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], indent=2))
     else:
@@ -35,3 +84,36 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             probs = "  ".join(f"{k}={v:.3f}" for k, v in r["probabilities"].items())
             print(f"{r['label']} ({r['confidence']:.1%})  {text[:80]}\n    {probs}")
     return 0
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    if not (args.input and args.output):
+        raise ConfigError("predict: --input and --output go together: distrinews predict --checkpoint DIR --input FILES --output FILE")
+    if args.texts:
+        raise ConfigError(f"predict: texts ({args.texts[0]!r}...) and --input are two forms; give one")
+    from ..predict.batch.engine import WorkerFailed, run
+
+    job = BatchJob(
+        checkpoint=args.checkpoint,
+        inputs=list(args.input),
+        output=args.output,
+        text_field=args.text_field,
+        id_field=args.id_field,
+        probabilities=args.probabilities,
+        nproc=args.nproc,
+        threads=args.threads,
+        runtime=args.runtime,
+        batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        overwrite=args.overwrite,
+        strict=args.strict,
+        progress=args.progress,
+    )
+    try:
+        return run(job)
+    except WorkerFailed as exc:
+        print(f"distrinews: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"distrinews: interrupted; run the same command again to continue {args.output}", file=sys.stderr)
+        return 130

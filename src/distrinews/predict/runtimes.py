@@ -309,6 +309,7 @@ def make_predictor(
     runtime: str = DEFAULT_RUNTIME,
     max_batch_size: int = 64,
     onnx_model: str | os.PathLike | None = None,
+    threads: int | None = None,
 ) -> Predictor:
     """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``."""
     if runtime not in RUNTIMES:
@@ -316,7 +317,7 @@ def make_predictor(
     if onnx_model and not runtime.startswith("onnx"):
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
     if runtime == "auto":
-        return auto_predictor(checkpoint, max_batch_size)
+        return auto_predictor(checkpoint, max_batch_size, threads)
     if runtime == "torch":
         return Predictor(checkpoint, max_batch_size=max_batch_size)
     if runtime == "torch-bf16":
@@ -326,10 +327,10 @@ def make_predictor(
         if (why := bf16_refusal(device)) is not None:
             raise ValueError(why)
         return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
-    return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, int8=runtime == "onnx-int8")
+    return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, threads=threads, int8=runtime == "onnx-int8")
 
 
-def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64) -> Predictor:
+def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
     first start if missing, ``int8.py``), else PyTorch fp32, with the reason in one log line and in ``choice``."""
     from . import int8
@@ -343,7 +344,7 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64) -> P
     path = cached if cached.is_file() and not beside.is_file() else beside
     predictor, check = None, None
     if path.is_file():
-        predictor = OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, int8=True)
+        predictor = OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
         check = int8.read_check(predictor.session)
     if check is None:  # none yet, or one made before checks were recorded
         try:
@@ -354,7 +355,7 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64) -> P
         predictor = None
     if not check["passed"]:
         return _fall_back(checkpoint, max_batch_size, f"its int8 model failed its check ({check['kind']}: {check['summary']})", check)
-    predictor = predictor or OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, int8=True)
+    predictor = predictor or OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {"requested": "auto", "runtime": "onnx-int8", "reason": reason, "check": check, "onnx_model": str(path)}
     log.info("runtime auto: onnx-int8 (%s)", reason)

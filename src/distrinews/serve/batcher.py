@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..predict.passes import plan_passes
 from ..predict.tokens import padded_tokens
 
 TOKENIZER_THREAD = "distrinews-tokenize"
@@ -75,27 +76,6 @@ class BatchStats:
     forward_s: float  # the forward thread's whole job: collate, model, softmax
     queue_s: list[float]  # per request: tokenized and waiting for the model
     tokenize_s: list[float]  # per request: on the tokenizer thread
-
-
-def plan_passes(lengths: Sequence[int], max_texts: int, max_tokens: int | None) -> list[list[int]]:
-    """Split one batch into forward passes that respect both limits: indices, shortest texts first.
-
-    A batch within the limits is one pass in its own order. Otherwise texts are sorted by length
-    (less padding) and cut greedily; a single text longer than ``max_tokens`` is a pass alone.
-    """
-    n = len(lengths)
-    if n <= max_texts and (max_tokens is None or padded_tokens(lengths) <= max_tokens):
-        return [list(range(n))]
-    passes: list[list[int]] = []
-    current: list[int] = []
-    for i in sorted(range(n), key=lambda i: lengths[i]):
-        # Sorted ascending: the newcomer is the longest, so the padded cost is its length x (count + 1).
-        if current and (len(current) >= max_texts or (max_tokens is not None and lengths[i] * (len(current) + 1) > max_tokens)):
-            passes.append(current)
-            current = []
-        current.append(i)
-    passes.append(current)
-    return passes
 
 
 class MicroBatcher:

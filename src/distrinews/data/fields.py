@@ -1,0 +1,91 @@
+"""Which fields of a corpus row are its text, its id and its label, and why a row has none to give.
+
+The text is ``text_field`` (default ``text``). A row with no such field but ``title`` and
+``description`` (AG News's own layout) is the two joined as in training (``rows.clean_text``)
+when the text field is the default. The id is ``id_field`` when one is named, else the caller's
+row number. The label (for evaluation) is a class name (any case) or a 0-based class id.
+A row that lacks any of them raises :class:`BadRow`, whose message is the rejects file's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .rows import clean_text
+
+DEFAULT_TEXT_FIELD = "text"
+AG_NEWS_FIELDS = ("title", "description")
+
+
+class BadRow(ValueError):
+    """A row that cannot be used; the message says why (the rejects file's ``reason``)."""
+
+
+@dataclass(frozen=True)
+class RowFields:
+    text_field: str = DEFAULT_TEXT_FIELD
+    id_field: str | None = None
+    label_field: str | None = None
+
+    def columns(self) -> list[str]:
+        """The fields a reader needs to read (Parquet reads only these)."""
+        names = [self.text_field]
+        if self.text_field == DEFAULT_TEXT_FIELD:
+            names += AG_NEWS_FIELDS
+        names += [name for name in (self.id_field, self.label_field) if name]
+        return names
+
+    def text(self, fields: dict[str, Any]) -> str:
+        if self.text_field in fields:
+            text = _string(fields, self.text_field)
+        elif self.text_field == DEFAULT_TEXT_FIELD and all(name in fields for name in AG_NEWS_FIELDS):
+            text = clean_text(*(_string(fields, name, null_ok=True) for name in AG_NEWS_FIELDS))
+        else:
+            also = f" (nor {' and '.join(map(repr, AG_NEWS_FIELDS))})" if self.text_field == DEFAULT_TEXT_FIELD else ""
+            raise BadRow(f"no field {self.text_field!r}{also}")
+        if not text.strip():
+            raise BadRow(f"empty text in {self.text_field!r}" if self.text_field in fields else "empty text (title and description)")
+        return text
+
+    def id(self, fields: dict[str, Any], row_number: int) -> Any:
+        if self.id_field is None:
+            return row_number
+        if self.id_field not in fields:
+            raise BadRow(f"no id field {self.id_field!r}")
+        value = fields[self.id_field]
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise BadRow(f"empty id in {self.id_field!r}")
+        if isinstance(value, (dict, list)):
+            raise BadRow(f"id {self.id_field!r} is a {type(value).__name__}, not a string or number")
+        return value
+
+    def label(self, fields: dict[str, Any], names: Sequence[str]) -> int:
+        """The row's class as a 0-based id into ``names``."""
+        assert self.label_field is not None
+        if self.label_field not in fields:
+            raise BadRow(f"no label field {self.label_field!r}")
+        return parse_label(fields[self.label_field], names)
+
+
+def parse_label(value: Any, names: Sequence[str]) -> int:
+    """A class name (any case) or a 0-based id (``2``, ``"2"``) as an id into ``names``."""
+    if isinstance(value, bool) or value is None:
+        raise BadRow(f"label {value!r} is not a class name or id")
+    text = str(value).strip()
+    lowered = [name.lower() for name in names]
+    if text.lower() in lowered:
+        return lowered.index(text.lower())
+    if text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+        return int(text)
+    raise BadRow(f"label {value!r} is none of {', '.join(names)} (or an id 0-{len(names) - 1})")
+
+
+def _string(fields: dict[str, Any], name: str, null_ok: bool = False) -> str:
+    value = fields[name]
+    if value is None and null_ok:
+        return ""
+    if not isinstance(value, str):
+        raise BadRow(f"field {name!r} is {'null' if value is None else 'a ' + type(value).__name__}, not text")
+    return value

@@ -1,0 +1,340 @@
+"""Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad one.
+
+An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files
+such as ``_SUCCESS`` and subfolders left out) or a glob; ``.gz`` is allowed for JSONL and CSV. Its
+format is its suffix: ``.jsonl``, ``.csv``, ``.parquet`` (``.jsonl.gz``, ``.csv.gz``).
+
+:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad
+content: a line that is not UTF-8 or not a JSON object, a CSV record with the wrong number of
+fields, a truncated gzip stream or an unreadable Parquet row group is a row with ``error`` set
+(``file:line`` and the raw text are kept for the rejects file). Blank lines are not rows. So the
+rows of a file are numbered the same way by every reader, :func:`count_rows` included, and a
+reader can start at row N of a file (``start=N``) without parsing the rows before it.
+
+Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the
+header is line 1); for Parquet, ``line`` is the row's 1-based position in the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+FORMATS = ("jsonl", "csv", "parquet")
+SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet"}
+PARQUET_EXTRA = "parquet"
+PARQUET_BATCH = 1024  # rows decoded at a time: memory stays bounded whatever the row group size
+RAW_LIMIT = 10_000  # characters of a bad row kept for the rejects file
+_STREAM_ERRORS = (EOFError, OSError, zlib.error)  # gzip.BadGzipFile is an OSError
+_SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as surrogateescape decodes them
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One input file and its format."""
+
+    path: Path
+    format: str  # one of FORMATS
+
+    @property
+    def compressed(self) -> bool:
+        return self.path.name.endswith(".gz")
+
+
+@dataclass
+class RawRow:
+    """One row as read: its fields (a dict), or why it could not be read (``error``), and its raw text."""
+
+    line: int
+    fields: dict[str, Any] | None
+    error: str | None = None
+    raw: str = ""
+
+
+def format_of(path: str | os.PathLike) -> str | None:
+    """``jsonl``, ``csv`` or ``parquet`` from the file name's suffix, else None."""
+    name = Path(path).name.lower()
+    for suffix, fmt in SUFFIXES.items():
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return fmt
+    return None
+
+
+def _known_suffixes() -> str:
+    return ", ".join(SUFFIXES)
+
+
+def require_pyarrow(what: str) -> None:
+    """Fail in one line, naming the extra, when pyarrow (Parquet) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise ConfigError(f"{what} needs pyarrow: pip install 'distrinews[{PARQUET_EXTRA}]'")
+
+
+def resolve_inputs(specs: Iterable[str]) -> list[Shard]:
+    """The files ``specs`` name (files, folders, globs), in order, each once; one-line ``ConfigError`` otherwise.
+
+    A file must have a known suffix; a folder or a glob contributes its files of a known format.
+    """
+    shards: list[Shard] = []
+    seen: set[Path] = set()
+    for spec in specs:
+        for path in _expand(spec):
+            resolved = path.resolve()
+            if resolved in seen:
+                continue
+            seen.add(resolved)
+            fmt = format_of(path)
+            if fmt is None:  # _expand only returns unknown formats for a file named on its own
+                raise ConfigError(f"--input {spec}: unknown format (use one of {_known_suffixes()})")
+            shards.append(Shard(resolved, fmt))
+    if any(s.format == "parquet" for s in shards):
+        require_pyarrow("reading Parquet")
+    return shards
+
+
+def _listed(paths: Iterable[Path]) -> list[Path]:
+    """The data files among ``paths``: plain files of a known format, not hidden, not ``_SUCCESS``-style markers."""
+    return sorted(p for p in paths if p.is_file() and not p.name.startswith((".", "_")) and format_of(p) is not None)
+
+
+def _expand(spec: str) -> list[Path]:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = _listed(path.iterdir())
+        if not files:
+            raise ConfigError(f"--input {spec}: the folder holds no {_known_suffixes()} files")
+        return files
+    if glob.has_magic(spec):
+        files = _listed(Path(p) for p in glob.glob(os.path.expanduser(spec)))
+        if not files:
+            raise ConfigError(f"--input {spec}: no {_known_suffixes()} files match")
+        return files
+    raise ConfigError(f"--input {spec} does not exist")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_rows(shard: Shard, start: int = 0, columns: list[str] | None = None) -> Iterator[RawRow]:
+    """Rows ``start``, ``start + 1``, ... of ``shard`` (0-based row positions), to the end of the file.
+
+    ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
+    """
+    if shard.format == "jsonl":
+        yield from _jsonl_rows(shard.path, start, parse=True)
+    elif shard.format == "csv":
+        yield from _csv_rows(shard.path, start)
+    else:
+        yield from _parquet_rows(shard.path, start, columns)
+
+
+def count_rows(shard: Shard) -> int:
+    """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
+    if shard.format == "jsonl":
+        return sum(1 for _ in _jsonl_rows(shard.path, 0, parse=False))
+    if shard.format == "csv":
+        return sum(1 for _ in _csv_rows(shard.path, 0))
+    return _parquet_count(shard.path)
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    raw = open(path, "rb")
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _clip(text: str) -> str:
+    text = text.rstrip("\r\n")
+    return text if len(text) <= RAW_LIMIT else text[:RAW_LIMIT] + f"... ({len(text):,} characters)"
+
+
+def _stream_error(path: Path, exc: BaseException) -> str:
+    kind = "truncated or damaged gzip stream" if path.name.endswith(".gz") else "read error"
+    return f"{kind}: {exc}"
+
+
+def _jsonl_rows(path: Path, start: int, parse: bool) -> Iterator[RawRow]:
+    row = 0
+    line_no = 0
+    try:
+        with _open_binary(path) as fh:
+            for line_no, line in enumerate(fh, 1):  # line_no is read after the loop on a stream error
+                if line_no == 1 and line.startswith(_BOM):
+                    line = line[len(_BOM) :]
+                if not line.strip():
+                    continue
+                row += 1
+                if row <= start:
+                    continue
+                yield _jsonl_row(line_no, line) if parse else RawRow(line_no, None)
+    except _STREAM_ERRORS as exc:
+        row += 1
+        if row > start:
+            yield RawRow(line_no + 1, None, _stream_error(path, exc))
+
+
+def _jsonl_row(line_no: int, line: bytes) -> RawRow:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return RawRow(line_no, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", _clip(line.decode("utf-8", "replace")))
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return RawRow(line_no, None, f"not JSON ({exc})", _clip(text))
+    if not isinstance(value, dict):
+        return RawRow(line_no, None, f"not a JSON object (a {type(value).__name__})", _clip(text))
+    return RawRow(line_no, value, raw=text)
+
+
+class _LineRecorder:
+    """The lines a ``csv.reader`` consumes, kept until the record they make is read (its raw text)."""
+
+    def __init__(self, lines: Iterable[str]):
+        self._lines = iter(lines)
+        self.taken: list[str] = []
+
+    def __iter__(self) -> _LineRecorder:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.taken.append(line)
+        return line
+
+    def pop(self) -> str:
+        text = "".join(self.taken)
+        self.taken.clear()
+        return text
+
+
+def _csv_rows(path: Path, start: int) -> Iterator[RawRow]:
+    row = 0
+    line_no = 1
+    try:
+        with _open_binary(path) as binary:
+            # surrogateescape: bytes that are not UTF-8 survive decoding, and only the rows holding them are rejected
+            text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
+            recorder = _LineRecorder(text)
+            reader = csv.reader(recorder)
+            header: list[str] | None = None
+            while True:
+                line_no = reader.line_num + 1
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:
+                    raw = recorder.pop()
+                    if header is None:
+                        header = []  # every row is rejected: no field names
+                        continue
+                    row += 1
+                    if row > start:
+                        yield RawRow(line_no, None, f"not valid CSV ({exc})", _clip(_readable(raw)))
+                    continue
+                raw = recorder.pop()
+                if not record:  # a blank line
+                    continue
+                if header is None:
+                    header = [name.strip() for name in record]
+                    continue
+                row += 1
+                if row <= start:
+                    continue
+                yield _csv_row(line_no, record, header, raw)
+    except _STREAM_ERRORS as exc:
+        row += 1
+        if row > start:
+            yield RawRow(line_no, None, _stream_error(path, exc))
+
+
+def _readable(raw: str) -> str:
+    """Raw CSV text with any non-UTF-8 bytes shown as U+FFFD."""
+    return raw.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _csv_row(line_no: int, record: list[str], header: list[str], raw: str) -> RawRow:
+    if any(_SURROGATE.search(field) for field in record if not field.isascii()):
+        return RawRow(line_no, None, "not UTF-8", _clip(_readable(raw)))
+    if len(record) != len(header):
+        return RawRow(line_no, None, f"expected {len(header)} fields (the header's), found {len(record)}", _clip(raw))
+    return RawRow(line_no, dict(zip(header, record)), raw=raw)
+
+
+def _parquet_file(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path)
+
+
+def _parquet_count(path: Path) -> int:
+    try:
+        return _parquet_file(path).metadata.num_rows
+    except Exception:  # an unreadable file is one bad row, as read_rows yields it
+        return 1
+
+
+def _parquet_rows(path: Path, start: int, columns: list[str] | None) -> Iterator[RawRow]:
+    try:
+        parquet = _parquet_file(path)
+    except Exception as exc:
+        if start == 0:
+            yield RawRow(1, None, f"not a readable Parquet file ({exc})")
+        return
+    names = set(parquet.schema_arrow.names)
+    wanted = [c for c in dict.fromkeys(columns) if c in names] if columns is not None else None
+    first = 0  # the file's row number of the group's first row (0-based)
+    for group in range(parquet.metadata.num_row_groups):
+        size = parquet.metadata.row_group(group).num_rows
+        if first + size > start:
+            yield from _parquet_group(parquet, group, first, size, max(0, start - first), wanted)
+        first += size
+
+
+def _parquet_group(parquet, group: int, first: int, size: int, skip: int, columns: list[str] | None) -> Iterator[RawRow]:
+    """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad rows."""
+    i = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):
+            n = batch.num_rows
+            if i + n <= skip:
+                i += n
+                continue
+            rows = batch.to_pylist() if batch.num_columns else [{} for _ in range(n)]
+            for j in range(max(0, skip - i), n):
+                yield RawRow(first + i + j + 1, rows[j])
+            i += n
+    except Exception as exc:
+        for j in range(max(i, skip), size):
+            yield RawRow(first + j + 1, None, f"unreadable Parquet row group {group} ({exc})")
+        return
+    for j in range(max(i, skip), size):  # fewer rows than its metadata says
+        yield RawRow(first + j + 1, None, f"row missing from Parquet row group {group}")
+
+
+def raw_text(row: RawRow) -> str:
+    """What the rejects file shows of a row: the text read, or the row's fields as JSON (Parquet)."""
+    if row.raw:
+        return _clip(row.raw)
+    if row.fields is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            return _clip(json.dumps(row.fields, ensure_ascii=False, default=str))
+    return ""

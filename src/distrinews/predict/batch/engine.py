@@ -1,0 +1,189 @@
+"""The local engine: a batch job on this machine, in one process or ``--nproc`` worker processes, resumable.
+
+``run(job)``:
+
+1. ``job.check``: every check that needs no model (one-line ``ConfigError``, exit 2, nothing written);
+2. the progress folder ``OUTPUT.partial/``, locked: with the same input, checkpoint, runtime, fields
+   and ``--nproc`` as the run that made it, the job continues; with another and rows already done, it
+   is refused (``--overwrite`` starts again); new, the rows are counted and split into one
+   contiguous range per worker (``job.json``);
+3. the workers (``worker.run_worker``; in this process for ``--nproc 1``, else spawned processes
+   with ``cores / N`` threads each), which commit every forward pass (the protocol is in ``worker``);
+4. ``assemble``: the output and rejects files, in input order, published whole.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+from dataclasses import replace
+from typing import Any, TextIO
+
+from ...data.files import count_rows
+from ...errors import ConfigError
+from .assemble import Totals, assemble
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, requested_record, split_rows
+from .progress import Progress, summary
+from .state import LOCK_FILE, FileLock, JobRecord, StateError
+from .worker import WorkerSettings, run_worker, spawned
+
+EXIT_REJECTED = 3  # --strict and some rows were rejected
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died or raised; what it committed is kept, and the same command continues."""
+
+
+def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None, predictor: Any = None) -> int:
+    """Run ``job`` to its published output; the exit status (0, or ``EXIT_REJECTED`` with ``--strict``).
+
+    ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint.
+    """
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    checked = check(job)
+    state = checked.state
+    state.path.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(state.path / LOCK_FILE)
+    if not lock.acquire():
+        raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
+    try:
+        try:
+            record = _prepare(checked)
+            totals, progress = _compute(checked, record, stderr, predictor)
+        except StateError as exc:
+            raise ConfigError(f"predict: {exc}; pass --overwrite to start again") from None
+        except BaseException:
+            if state.path.is_dir() and not state.committed_rows():
+                shutil.rmtree(state.path, ignore_errors=True)  # nothing done yet: leave nothing behind
+            raise
+    finally:
+        lock.release()
+    rejects = display(checked.rejects) if totals.rejected else None
+    print(summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects), file=stdout, flush=True)
+    return EXIT_REJECTED if job.strict and totals.rejected else 0
+
+
+def _prepare(checked: CheckedJob) -> JobRecord:
+    """The job in the progress folder: this one continued, or started (its rows counted and split)."""
+    job, state = checked.job, checked.state
+    if job.overwrite:
+        state.clear()
+        checked.output.unlink(missing_ok=True)
+        checked.rejects.unlink(missing_ok=True)
+    request = requested_record(checked)
+    existing = state.read_job()
+    if existing is not None:
+        difference = existing.difference(request)
+        if difference is None and len(existing.ranges) != job.nproc:
+            difference = f"--nproc {len(existing.ranges)}"
+        if difference is None:
+            return existing
+        if state.committed_rows():
+            raise ConfigError(
+                f"predict: {display(checked.output)} is partly computed by a run with {difference} ({display(state.path)}); "
+                "repeat that command to finish it, or pass --overwrite to start again"
+            )
+        state.clear()  # nothing was done: nothing is lost
+    counted = [replace(shard, rows=count_rows(source)) for shard, source in zip(request.inputs, checked.shards)]
+    record = replace(request, inputs=counted)
+    record.ranges = split_rows(record.total_rows, job.nproc)
+    state.write_job(record)
+    return record
+
+
+def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: Any) -> tuple[Totals, Progress]:
+    job, state = checked.job, checked.state
+    manifests = state.manifests(record)
+    done_before = sum(m.done for m in manifests)
+    settings = WorkerSettings(checked.threads, job.batch_size, job.max_batch_tokens)
+    if job.progress != "none":
+        resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
+        stderr.write(
+            f"predict: {record.total_rows:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: "
+            f"{job.nproc} worker{'s' if job.nproc > 1 else ''} x {checked.threads} thread{'s' if checked.threads > 1 else ''}, "
+            f"runtime {job.runtime}, passes of <= {job.batch_size} texts"
+            f"{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}{resuming}\n"
+        )
+        stderr.flush()
+    progress = Progress(record.total_rows, done_before, job.progress if job.progress != "none" else "none", stderr)
+    try:
+        pending = [k for k, m in enumerate(manifests) if not m.complete]
+        if len(record.ranges) == 1 and pending:
+            run_worker(state, record, 0, settings, progress.advance, progress.ready, predictor)
+        elif pending:
+            _run_processes(checked, pending, settings, progress)
+    finally:
+        progress.close()
+    return assemble(checked, record, state.manifests(record)), progress
+
+
+def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSettings, progress: Progress) -> None:
+    """One spawned process per pending worker, each reporting through its own pipe; raises if any fails."""
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("spawn")
+    processes: dict[int, Any] = {}
+    pipes: dict[Any, int] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
+    os.environ.update({name: str(settings.threads) for name in THREAD_VARIABLES})  # inherited: no worker takes every core
+    try:
+        for k in pending:
+            reader, writer = context.Pipe(duplex=False)
+            processes[k] = context.Process(
+                target=spawned, args=(str(checked.state.path), k, settings, writer, os.getpid()), name=f"distrinews-predict-{k}"
+            )
+            processes[k].start()
+            writer.close()  # the worker holds the only writer: its exit is the pipe's end
+            pipes[reader] = k
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    errors: list[str] = []
+    crashes: list[str] = []
+    try:
+        while pipes:
+            for reader in wait(list(pipes), timeout=0.5):
+                try:
+                    _handle(reader.recv(), progress, errors, crashes)
+                except EOFError:
+                    pipes.pop(reader)
+                    reader.close()
+            if any(p.exitcode not in (None, 0) for p in processes.values()):
+                for p in processes.values():
+                    if p.exitcode is None:
+                        p.terminate()
+    finally:
+        for p in processes.values():
+            if p.exitcode is None and (errors or crashes or any(q.exitcode not in (None, 0) for q in processes.values())):
+                p.terminate()
+            p.join(timeout=30)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+    if errors:
+        raise ConfigError(errors[0])
+    failed = {k: p.exitcode for k, p in processes.items() if p.exitcode != 0}
+    if failed:
+        # the first that failed on its own, not one stopped (SIGTERM) because another had failed
+        k, code = min(failed.items(), key=lambda item: (item[1] == -signal.SIGTERM, item[0]))
+        why = crashes[0] if crashes else (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        raise WorkerFailed(f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue")
+
+
+def _handle(event: tuple, progress: Progress, errors: list[str], crashes: list[str]) -> None:
+    kind, k, *rest = event
+    if kind == "progress":
+        progress.advance(*rest)
+    elif kind == "ready":
+        progress.ready()
+    elif kind == "error":
+        errors.append(rest[0])
+    else:
+        crashes.append(f"worker {k}: {rest[0]}")

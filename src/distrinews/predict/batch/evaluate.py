@@ -1,0 +1,108 @@
+"""A checkpoint's accuracy and macro-F1 on labelled corpus files (``distrinews eval --input FILES``), streamed.
+
+The files are read as ``distrinews predict --input`` reads them (``data.files``); each row needs a
+text and a label (``--label-field``, default ``label``: a class name in any case, or a 0-based id).
+Rows without one are skipped and counted, never fatal. Texts go through the model in passes cut as
+the batch engine cuts them (``plan_passes``), a window at a time, so memory stays bounded; only the
+confusion matrix is kept. Macro-F1 averages the classes present among the labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...data.fields import BadRow, RowFields
+from ...data.files import Shard, read_rows
+from ..passes import plan_passes
+
+DEFAULT_LABEL_FIELD = "label"
+WINDOW_ROWS = 512
+SKIPPED_EXAMPLES = 3
+
+
+@dataclass
+class Evaluation:
+    labels: list[str]
+    confusion: np.ndarray  # [true class, predicted class] -> rows
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)  # "file:line: reason" of the first few
+
+    @property
+    def rows(self) -> int:
+        return int(self.confusion.sum())
+
+    @property
+    def present(self) -> list[int]:
+        """The classes that occur among the true labels."""
+        return [i for i in range(len(self.labels)) if self.confusion[i].sum() > 0]
+
+    def accuracy(self) -> float:
+        return float(np.trace(self.confusion) / self.rows) if self.rows else float("nan")
+
+    def f1(self) -> np.ndarray:
+        tp = np.diag(self.confusion).astype(np.float64)
+        support, predicted = self.confusion.sum(axis=1), self.confusion.sum(axis=0)
+        precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+        recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
+        total = precision + recall
+        return np.divide(2 * precision * recall, total, out=np.zeros_like(tp), where=total > 0)
+
+    def macro_f1(self) -> float:
+        present = self.present
+        return float(self.f1()[present].mean()) if present else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        support = self.confusion.sum(axis=1)
+        recall = [float(self.confusion[i, i] / support[i]) if support[i] else None for i in range(len(self.labels))]
+        return {
+            "samples": self.rows,
+            "skipped": self.skipped,
+            "accuracy": self.accuracy(),
+            "macro_f1": self.macro_f1(),
+            "classes_present": [self.labels[i] for i in self.present],
+            "per_class_accuracy": {name: recall[i] for i, name in enumerate(self.labels) if recall[i] is not None},
+            "per_class_f1": {self.labels[i]: float(self.f1()[i]) for i in self.present},
+            "support": {name: int(self.confusion[i].sum()) for i, name in enumerate(self.labels)},
+            "confusion": self.confusion.tolist(),
+        }
+
+
+def _labelled(shards: list[Shard], fields: RowFields, labels: list[str], evaluation: Evaluation) -> Iterator[tuple[str, int]]:
+    for shard in shards:
+        for raw in read_rows(shard, columns=fields.columns()):
+            try:
+                if raw.error is not None:
+                    raise BadRow(raw.error)
+                yield fields.text(raw.fields), fields.label(raw.fields, labels)
+            except BadRow as exc:
+                evaluation.skipped += 1
+                if len(evaluation.skipped_examples) < SKIPPED_EXAMPLES:
+                    evaluation.skipped_examples.append(f"{Path(shard.path).name}:{raw.line}: {exc}")
+
+
+def evaluate_files(
+    shards: list[Shard],
+    predictor: Any,
+    text_field: str,
+    label_field: str = DEFAULT_LABEL_FIELD,
+    batch_size: int = 64,
+    max_batch_tokens: int | None = 4096,
+    progress: Callable[[int], None] = lambda rows: None,
+) -> Evaluation:
+    """The confusion matrix of ``predictor`` (``encode``/``predict_encoded``/``labels``) over the files' labelled rows."""
+    labels = list(predictor.labels)
+    evaluation = Evaluation(labels, np.zeros((len(labels), len(labels)), dtype=np.int64))
+    rows = _labelled(shards, RowFields(text_field, label_field=label_field), labels, evaluation)
+    while window := list(islice(rows, WINDOW_ROWS)):
+        encoded = predictor.encode([text for text, _ in window])
+        for indices in plan_passes([len(e) for e in encoded], batch_size, max_batch_tokens or None):
+            for i, result in zip(indices, predictor.predict_encoded([encoded[i] for i in indices]), strict=True):
+                evaluation.confusion[window[i][1], result["label_id"]] += 1
+        progress(len(window))
+    return evaluation

@@ -1,0 +1,181 @@
+"""What a batch job is asked to do (``BatchJob``: the command's options) and the checks made before any model loads.
+
+``check`` turns a ``BatchJob`` into a ``CheckedJob`` or raises a one-line ``ConfigError`` (exit 2): a
+missing input or checkpoint, an unknown input or output format, an output that is already complete
+(without ``--overwrite``), an output that would be read back as input. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
+from ...data.files import SUFFIXES, Shard, format_of, require_pyarrow, resolve_inputs
+from ...errors import ConfigError
+from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
+from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
+
+# Files of a checkpoint folder that decide its answers (the model card, README.md, does not).
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".model")
+
+
+@dataclass
+class BatchJob:
+    """``distrinews predict --input ... --output ...``: every option, with its default (the flags' defaults are these)."""
+
+    checkpoint: str
+    inputs: list[str]
+    output: str
+    text_field: str = DEFAULT_TEXT_FIELD
+    id_field: str | None = None
+    probabilities: bool = False
+    nproc: int = 1
+    threads: int | None = None  # per worker; None: the cores this process may use / nproc
+    runtime: str = DEFAULT_RUNTIME
+    batch_size: int = 64  # texts per forward pass
+    max_batch_tokens: int = 4096  # padded tokens per forward pass (longest text x texts); 0: no limit
+    overwrite: bool = False
+    strict: bool = False
+    progress: str = "auto"  # auto: a bar on a terminal, else a line every PROGRESS_EVERY_S; or bar | lines | none
+
+
+PROGRESS_MODES = ("auto", "bar", "lines", "none")
+
+
+@dataclass
+class CheckedJob:
+    job: BatchJob
+    shards: list[Shard]
+    output: Path
+    output_format: str
+    output_compressed: bool
+    state: StateDir
+    rejects: Path
+    fields: RowFields
+    threads: int
+
+    @property
+    def checkpoint(self) -> Path:
+        return Path(self.job.checkpoint).resolve()
+
+
+def check(job: BatchJob) -> CheckedJob:
+    """Every check that needs no model, in the order a user fixes them; raises one-line ``ConfigError``s."""
+    from ...distributed.machine import threads_per_process
+
+    for name, value, least in (("nproc", job.nproc, 1), ("batch-size", job.batch_size, 1), ("max-batch-tokens", job.max_batch_tokens, 0)):
+        if value < least:
+            raise ConfigError(f"predict: --{name} must be >= {least}, got {value}")
+    if job.threads is not None and job.threads < 1:
+        raise ConfigError(f"predict: --threads must be >= 1, got {job.threads}")
+    if job.runtime not in RUNTIMES:
+        raise ConfigError(f"predict: unknown --runtime {job.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if job.progress not in PROGRESS_MODES:
+        raise ConfigError(f"predict: --progress must be one of {', '.join(PROGRESS_MODES)}")
+    if not job.text_field.strip():
+        raise ConfigError("predict: --text-field is empty")
+    if not Path(job.checkpoint).exists():
+        raise ConfigError(f"predict: checkpoint {job.checkpoint} does not exist")
+    output = Path(job.output).expanduser()
+    output_format = format_of(output)
+    if output_format is None:
+        raise ConfigError(f"predict: --output {job.output}: unknown format (use one of {', '.join(SUFFIXES)})")
+    if output_format == "parquet":
+        require_pyarrow("writing Parquet")
+    shards = resolve_inputs(job.inputs)
+    _refuse_output_among_inputs(output, shards, job.inputs)
+    if output.is_dir():
+        raise ConfigError(f"predict: --output {output} is a folder; name the file to write")
+    if output.exists() and not job.overwrite:
+        raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
+    if job.runtime == "torch-bf16":
+        from ..runtimes import bf16_refusal
+
+        device = _torch_device()
+        if (why := bf16_refusal(device)) is not None:
+            raise ConfigError(why)
+    output = output.absolute()
+    return CheckedJob(
+        job=job,
+        shards=shards,
+        output=output,
+        output_format=output_format,
+        output_compressed=output.name.endswith(".gz"),
+        state=StateDir(state_dir_of(output)),
+        rejects=rejects_path_of(output),
+        fields=RowFields(job.text_field, job.id_field),
+        threads=job.threads or threads_per_process(job.nproc),
+    )
+
+
+def _torch_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[str]) -> None:
+    target = output.resolve()
+    if any(s.path == target for s in shards):
+        raise ConfigError(f"predict: --output {output} is one of the input files")
+    for spec in specs:
+        folder = Path(spec).expanduser()
+        if folder.is_dir() and target.parent == folder.resolve():
+            raise ConfigError(f"predict: --output {output} is inside the input folder {spec}, which a later run would read as input")
+
+
+def requested_record(checked: CheckedJob) -> JobRecord:
+    """This run's request as a ``JobRecord`` (rows not yet counted): compared with the one in the progress folder."""
+    inputs = []
+    for shard in checked.shards:
+        stat = shard.path.stat()
+        inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns))
+    return JobRecord(
+        inputs=inputs,
+        checkpoint=str(checked.checkpoint),
+        checkpoint_sha256=checkpoint_sha256(checked.checkpoint, checked.job.runtime),
+        runtime=checked.job.runtime,
+        text_field=checked.job.text_field,
+        id_field=checked.job.id_field,
+    )
+
+
+def checkpoint_sha256(path: Path, runtime: str) -> str:
+    """SHA-256 over the files that decide a checkpoint's answers: weights, configs, tokenizer files (and, for the
+    ONNX runtimes, the ONNX graphs beside them); a single ``.pt`` file is hashed whole. Names are hashed too."""
+    digest = hashlib.sha256()
+    if path.is_file():
+        files = [path]
+    else:
+        suffixes = _MODEL_SUFFIXES + ((".onnx",) if runtime.startswith("onnx") else ())
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split_rows(total: int, workers: int) -> list[tuple[int, int]]:
+    """Contiguous row ranges, one per worker, sizes differing by at most one: concatenated, they are the input order."""
+    return [(total * k // workers, total * (k + 1) // workers) for k in range(workers)]
+
+
+def describe_inputs(shards: list[Shard]) -> str:
+    if len(shards) == 1:
+        return str(shards[0].path)
+    folders = {s.path.parent for s in shards}
+    where = f" in {next(iter(folders))}" if len(folders) == 1 else ""
+    return f"{len(shards)} files{where}"
+
+
+def display(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, else as is."""
+    try:
+        return str(path.relative_to(Path(os.getcwd())))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,167 @@
+"""The files a batch job publishes: the results (JSONL, CSV or Parquet, by the output's suffix) and the rejects (JSONL).
+
+Results, one row per labelled input row, in input order:
+
+- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--probabilities`` also
+  ``"probabilities": {"World": ..., "Sports": ..., ...}`` (the shape of the HTTP API's answers);
+- CSV: a header ``id,label,confidence`` (then ``prob_World,prob_Sports,...``);
+- Parquet: the same columns as CSV; ``id`` is int64 for row numbers, a string for ``--id-field``
+  values; row groups of ``PARQUET_ROWS`` rows, so memory stays bounded.
+
+Rejects, one per rejected row: ``{"file", "line", "row", "reason", "raw"}``.
+
+Writers write to a temporary file; ``close()`` flushes and fsyncs it, and the caller renames it into
+place: a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PARQUET_ROWS = 65_536
+
+
+class ResultWriter:
+    """``write(id, label_id, probabilities)`` per row, ``close()`` once."""
+
+    def __init__(self, path: Path, labels: Sequence[str], probabilities: bool, compressed: bool = False):
+        self.labels = list(labels)
+        self.probabilities = probabilities
+        self.rows = 0
+        self._raw = open(path, "wb")
+        self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
+
+    def _binary(self) -> io.RawIOBase:
+        return self._gzip or self._raw  # type: ignore[return-value]
+
+    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+
+
+class JsonlResults(ResultWriter):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="\n", write_through=False)
+
+    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
+        record: dict[str, Any] = {"id": row_id, "label": self.labels[label_id], "confidence": probs[label_id]}
+        if self.probabilities:
+            record["probabilities"] = dict(zip(self.labels, probs))
+        self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.rows += 1
+
+    def close(self) -> None:
+        self._text.flush()
+        self._text.detach()
+        super().close()
+
+
+class CsvResults(ResultWriter):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="", write_through=False)
+        self._csv = csv.writer(self._text, lineterminator="\n")
+        self._csv.writerow(columns(self.labels, self.probabilities))
+
+    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
+        row = [row_id, self.labels[label_id], repr(float(probs[label_id]))]
+        if self.probabilities:
+            row += [repr(float(p)) for p in probs]
+        self._csv.writerow(row)
+        self.rows += 1
+
+    def close(self) -> None:
+        self._text.flush()
+        self._text.detach()
+        super().close()
+
+
+class ParquetResults(ResultWriter):
+    def __init__(self, path: Path, labels: Sequence[str], probabilities: bool, string_ids: bool = False):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.labels = list(labels)
+        self.probabilities = probabilities
+        self.rows = 0
+        self.path = path
+        self._pa = pa
+        names = columns(self.labels, probabilities)
+        types = [pa.string() if string_ids else pa.int64(), pa.string()] + [pa.float64()] * (len(names) - 2)
+        self._schema = pa.schema(list(zip(names, types)))
+        self._string_ids = string_ids
+        self._columns: list[list[Any]] = [[] for _ in names]
+        self._writer = pq.ParquetWriter(str(path), self._schema)
+
+    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
+        values = [str(row_id) if self._string_ids else row_id, self.labels[label_id], float(probs[label_id])]
+        if self.probabilities:
+            values += [float(p) for p in probs]
+        for column, value in zip(self._columns, values):
+            column.append(value)
+        self.rows += 1
+        if len(self._columns[0]) >= PARQUET_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._columns[0]:
+            self._writer.write_table(self._pa.Table.from_arrays(self._columns, schema=self._schema))
+            self._columns = [[] for _ in self._columns]
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def columns(labels: Sequence[str], probabilities: bool) -> list[str]:
+    return ["id", "label", "confidence"] + ([f"prob_{label}" for label in labels] if probabilities else [])
+
+
+def open_results(
+    path: Path, output_format: str, labels: Sequence[str], probabilities: bool, compressed: bool, string_ids: bool
+) -> ResultWriter:
+    if output_format == "jsonl":
+        return JsonlResults(path, labels, probabilities, compressed=compressed)
+    if output_format == "csv":
+        return CsvResults(path, labels, probabilities, compressed=compressed)
+    return ParquetResults(path, labels, probabilities, string_ids=string_ids)
+
+
+class RejectsWriter:
+    """``OUTPUT.rejects.jsonl``: one JSON object per rejected row; the file is made at the first one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows = 0
+        self._fh: io.TextIOWrapper | None = None
+
+    def write(self, reject: dict[str, Any]) -> None:
+        if self._fh is None:
+            self._fh = open(self.path, "w", encoding="utf-8", newline="\n")
+        self._fh.write(json.dumps(reject, ensure_ascii=False) + "\n")
+        self.rows += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()

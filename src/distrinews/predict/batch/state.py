@@ -1,0 +1,299 @@
+"""The progress folder beside the output, ``OUTPUT.partial/``, and the records in it.
+
+    OUTPUT.partial/
+      lock                  flock'ed by the run that owns the folder (one run at a time)
+      job.json              JobRecord: the input files (path, size, mtime, rows), the checkpoint
+                            (path, SHA-256 of its files), runtime, fields, each worker's row range
+      worker-K/
+        lock                flock'ed by worker K
+        rows.jsonl          worker K's results in commit order, one line per row (a result or a
+                            rejected row); only its first ``committed_bytes`` bytes count
+        manifest.json       WorkerManifest: which rows are done, how many bytes of rows.jsonl
+      output.tmp, rejects.tmp   the final files while they are assembled
+
+Every JSON record is written whole (temporary name, fsync, rename): a kill at any moment leaves
+the previous version or the new one, never half of either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_SUFFIX = ".partial"
+REJECTS_SUFFIX = ".rejects.jsonl"
+JOB_FILE = "job.json"
+MANIFEST_FILE = "manifest.json"
+ROWS_FILE = "rows.jsonl"
+LOCK_FILE = "lock"
+JOB_FORMAT = 1
+
+
+class StateError(RuntimeError):
+    """The progress folder contradicts itself (a bug, or a file edited by hand): start again with --overwrite."""
+
+
+def state_dir_of(output: Path) -> Path:
+    return output.with_name(output.name + STATE_SUFFIX)
+
+
+def rejects_path_of(output: Path) -> Path:
+    return output.with_name(output.name + REJECTS_SUFFIX)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> None:
+    """``path`` holds ``payload`` whole, or its previous content: temporary name, fsync, rename (then fsync the folder).
+
+    ``durable_rename=False`` skips the folder's fsync: after a power cut the rename may be undone and the
+    previous content read instead, which for a worker's manifest only means one more pass computed again.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, separators=(",", ":"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if durable_rename:
+        fsync_dir(path.parent)
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (created if missing), held until ``release`` or the process ends.
+
+    The kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 0.0) -> bool:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.ftruncate(self._fd, 0)
+                os.write(self._fd, f"{os.getpid()}\n".encode())
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    os.close(self._fd)
+                    self._fd = None
+                    return False
+                time.sleep(0.05)
+
+    def holder(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.path.read_text().strip() or "?"
+        return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One input file as it was when the job started: a changed size or mtime means other input."""
+
+    path: str
+    format: str
+    size: int
+    mtime_ns: int
+    rows: int = -1  # counted once, when the job starts
+
+    def same_file(self, other: ShardRecord) -> bool:
+        return (self.path, self.format, self.size, self.mtime_ns) == (other.path, other.format, other.size, other.mtime_ns)
+
+
+@dataclass
+class JobRecord:
+    """``job.json``: what the rows in the folder were computed from, and how the rows are split among workers."""
+
+    inputs: list[ShardRecord]
+    checkpoint: str
+    checkpoint_sha256: str
+    runtime: str
+    text_field: str
+    id_field: str | None
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # worker K does rows [start, end)
+    format_version: int = JOB_FORMAT
+
+    @property
+    def total_rows(self) -> int:
+        return sum(s.rows for s in self.inputs)
+
+    def offsets(self) -> list[int]:
+        """The global row number of each input file's first row."""
+        out, total = [], 0
+        for shard in self.inputs:
+            out.append(total)
+            total += shard.rows
+        return out
+
+    def difference(self, other: JobRecord) -> str | None:
+        """What makes ``other`` (this run's request) a different job from this one, in words; None if it is the same."""
+        if [s.path for s in self.inputs] != [s.path for s in other.inputs]:
+            return "other input files"
+        for mine, theirs in zip(self.inputs, other.inputs):
+            if not mine.same_file(theirs):
+                return f"input {theirs.path} changed since (size or modification time)"
+        if self.checkpoint != other.checkpoint:
+            return f"another checkpoint ({self.checkpoint})"
+        if self.checkpoint_sha256 != other.checkpoint_sha256:
+            return f"checkpoint {self.checkpoint} changed since (its files' SHA-256)"
+        for name in ("runtime", "text_field", "id_field"):
+            if getattr(self, name) != getattr(other, name):
+                flag = f"--{name.replace('_', '-')}"
+                return f"{flag} {getattr(self, name)}" if getattr(self, name) is not None else f"no {flag}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload["ranges"] = [list(r) for r in self.ranges]
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> JobRecord:
+        if payload.get("format_version") != JOB_FORMAT:
+            raise StateError(f"job.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
+        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload["inputs"] = [ShardRecord(**s) for s in payload["inputs"]]
+        payload["ranges"] = [tuple(r) for r in payload["ranges"]]
+        return cls(**payload)
+
+
+@dataclass
+class WorkerManifest:
+    """``worker-K/manifest.json``: rows ``[start, done_through)`` are done, and so are ``window_done`` of the
+    window ``[window[0], window[1])`` being worked on; ``rows.jsonl`` holds them in its first ``committed_bytes``."""
+
+    worker: int
+    start: int
+    end: int
+    done_through: int
+    window: tuple[int, int] | None = None
+    window_done: list[int] = field(default_factory=list)
+    committed_bytes: int = 0
+    labels: list[str] | None = None
+    labelled: int = 0
+    rejected: int = 0
+    format_version: int = JOB_FORMAT
+
+    @classmethod
+    def fresh(cls, worker: int, start: int, end: int) -> WorkerManifest:
+        return cls(worker, start, end, done_through=start)
+
+    @property
+    def done(self) -> int:
+        return self.done_through - self.start + len(self.window_done)
+
+    @property
+    def complete(self) -> bool:
+        return self.done_through >= self.end
+
+    def to_json(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload["window"] = list(self.window) if self.window else None
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> WorkerManifest:
+        if payload.get("format_version") != JOB_FORMAT:
+            raise StateError(f"manifest.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
+        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload["window"] = tuple(payload["window"]) if payload.get("window") else None
+        return cls(**payload)
+
+
+class StateDir:
+    """Paths and records of one ``OUTPUT.partial/`` folder."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @property
+    def job_path(self) -> Path:
+        return self.path / JOB_FILE
+
+    def worker_dir(self, k: int) -> Path:
+        return self.path / f"worker-{k}"
+
+    def rows_path(self, k: int) -> Path:
+        return self.worker_dir(k) / ROWS_FILE
+
+    def manifest_path(self, k: int) -> Path:
+        return self.worker_dir(k) / MANIFEST_FILE
+
+    def read_job(self) -> JobRecord | None:
+        if not self.job_path.is_file():
+            return None
+        try:
+            return JobRecord.from_json(json.loads(self.job_path.read_text()))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(f"{self.job_path} cannot be read ({exc})") from None
+
+    def write_job(self, job: JobRecord) -> None:
+        write_json_atomic(self.job_path, job.to_json())
+
+    def read_manifest(self, k: int) -> WorkerManifest | None:
+        path = self.manifest_path(k)
+        if not path.is_file():
+            return None
+        try:
+            return WorkerManifest.from_json(json.loads(path.read_text()))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(f"{path} cannot be read ({exc})") from None
+
+    def write_manifest(self, manifest: WorkerManifest) -> None:
+        write_json_atomic(self.manifest_path(manifest.worker), manifest.to_json(), durable_rename=False)
+
+    def manifests(self, job: JobRecord) -> list[WorkerManifest]:
+        """Each worker's manifest; a worker that has not started yet has a fresh one."""
+        out = []
+        for k, (start, end) in enumerate(job.ranges):
+            manifest = self.read_manifest(k) or WorkerManifest.fresh(k, start, end)
+            if (manifest.start, manifest.end) != (start, end):
+                raise StateError(f"{self.manifest_path(k)} covers rows {manifest.start}-{manifest.end}, job.json says {start}-{end}")
+            out.append(manifest)
+        return out
+
+    def committed_rows(self) -> int:
+        """Rows any worker has committed (0 when nothing would be lost by starting again)."""
+        total = 0
+        for path in self.path.glob(f"worker-*/{MANIFEST_FILE}"):
+            with contextlib.suppress(ValueError, KeyError, TypeError, OSError, StateError):
+                manifest = WorkerManifest.from_json(json.loads(path.read_text()))
+                total += manifest.done
+        return total
+
+    def clear(self) -> None:
+        """Everything but the lock file (which the caller holds)."""
+        import shutil
+
+        for child in self.path.iterdir():
+            if child.name == LOCK_FILE:
+                continue
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()

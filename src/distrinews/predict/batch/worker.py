@@ -1,0 +1,335 @@
+"""One worker of a batch job: its row range, read, tokenized, batched, computed and committed, in a pipeline.
+
+A reader thread takes the worker's rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size``
+rows, in input order), sets its bad rows apart, tokenizes the rest (the predictor's ``encode``, the
+Rust tokenizer, which releases the GIL) and cuts them into forward passes the way the server does
+(``predict.passes.plan_passes``: sorted by length, at most ``--batch-size`` texts and
+``--max-batch-tokens`` padded tokens a pass). At most ``PREFETCH`` windows wait for the model, so
+memory does not grow with the corpus. The calling thread runs the passes (``predict_encoded``).
+
+The commit protocol (after the window's rejected rows, and after every forward pass):
+
+1. append the rows' lines to ``worker-K/rows.jsonl``, flush, fsync;
+2. write ``worker-K/manifest.json`` whole (``state.write_json_atomic``): the rows now done and the
+   length of ``rows.jsonl`` that holds them.
+
+A kill between 1 and 2 leaves lines past ``committed_bytes``; the next start truncates them and
+computes that pass again: at most one forward pass per worker is ever computed twice. The window
+being worked on is recorded with the rows of it that are done; on a restart the rest of it is
+planned again, and since passes are cut from the length-sorted window in order, the remaining
+passes are the same passes (the same texts padded together, so the same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ...data.fields import BadRow, RowFields
+from ...data.files import RawRow, Shard, raw_text, read_rows
+from ...errors import CheckpointError, ConfigError, DataError
+from ..passes import plan_passes
+from .state import FileLock, JobRecord, StateDir, StateError, WorkerManifest
+
+WINDOW_BATCHES = 8  # a window is this many batches' worth of rows: the span within which texts are sorted by length
+PREFETCH = 2  # windows read and tokenized ahead of the model
+LOCK_WAIT_S = 10.0  # for a worker of a killed run to be gone (it dies with its parent: PR_SET_PDEATHSIG)
+USAGE_ERRORS = (ConfigError, DataError, CheckpointError, FileNotFoundError)
+
+Report = Callable[[int, int, int], None]  # rows done, of which labelled, of which rejected
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker computes; none of it changes the results' identity, so it may differ between a run and its restart."""
+
+    threads: int
+    batch_size: int
+    max_batch_tokens: int  # 0: no limit
+
+    @property
+    def window_rows(self) -> int:
+        return WINDOW_BATCHES * self.batch_size
+
+
+def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int) -> Any:
+    """The runtime's predictor, using ``threads`` cores (torch's intra-op threads, or ONNX Runtime's)."""
+    from ..runtimes import OnnxPredictor, make_predictor
+
+    try:
+        if runtime.startswith("onnx"):
+            return OnnxPredictor(checkpoint, max_batch_size=batch_size, threads=threads, int8=runtime == "onnx-int8")
+        import torch
+
+        torch.set_num_threads(threads)
+        # auto: the int8 model beside the checkpoint where it passed its check (made at the first start: with
+        # --nproc N the workers may each make it once; each publishes it whole, the last rename wins).
+        return make_predictor(checkpoint, runtime, max_batch_size=batch_size, threads=threads)
+    except USAGE_ERRORS:
+        raise
+    except ValueError as exc:  # make_predictor's refusals (a runtime this machine or checkpoint cannot run)
+        raise ConfigError(f"predict: {exc}") from None
+
+
+@dataclass
+class _Window:
+    start: int
+    end: int
+    rejects: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (row, what the rejects file says)
+    batches: list[list[tuple[int, Any, Any]]] = field(default_factory=list)  # passes of (row, id, encoded text)
+
+
+def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[tuple[int, Path, RawRow]]:
+    """Rows ``lo`` .. ``hi - 1`` of the job's input (global row numbers, input order), each with its file."""
+    for record, offset in zip(job.inputs, job.offsets()):
+        stop = min(offset + record.rows, hi)
+        if stop <= lo or offset >= hi:
+            continue
+        path = Path(record.path)
+        row = max(offset, lo)
+        for raw in read_rows(Shard(path, record.format), start=row - offset, columns=columns):
+            if row >= stop:
+                break
+            yield row, path, raw
+            row += 1
+        while row < stop:  # the file has fewer rows than when the job started
+            yield row, path, RawRow(0, None, "row missing when the file was read again (did it change during the job?)")
+            row += 1
+
+
+def _windows(job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings) -> Iterator[_Window]:
+    size = settings.window_rows
+    if manifest.window is not None:  # resuming inside a window: its done rows are left out
+        start, end = manifest.window
+        skip = set(manifest.window_done)
+    else:
+        start, end, skip = manifest.done_through, min(manifest.done_through + size, manifest.end), set()
+    rows = job_rows(job, fields.columns(), start, manifest.end)
+    max_tokens = settings.max_batch_tokens or None
+    while start < manifest.end:
+        window = _Window(start, end)
+        texts: list[str] = []
+        keys: list[tuple[int, Any]] = []
+        for row, path, raw in islice(rows, end - start):
+            if row in skip:
+                continue
+            reason = raw.error
+            if reason is None:
+                try:
+                    text, row_id = fields.text(raw.fields), fields.id(raw.fields, row)
+                except BadRow as exc:
+                    reason = str(exc)
+            if reason is not None:
+                window.rejects.append((row, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}))
+            else:
+                texts.append(text)
+                keys.append((row, row_id))
+        if texts:
+            encoded = encode(texts)
+            for indices in plan_passes([len(e) for e in encoded], settings.batch_size, max_tokens):
+                window.batches.append([(keys[i][0], keys[i][1], encoded[i]) for i in indices])
+        yield window
+        start, end, skip = end, min(end + size, manifest.end), set()
+
+
+class _Prefetch:
+    """Runs an iterator on its own thread, at most ``depth`` items ahead; its exceptions surface in the consumer."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Any], depth: int = PREFETCH):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items,), name="distrinews-predict-reader", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(_Failure(exc))
+            return
+        self._put(self._END)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class _Failure:
+    exc: BaseException
+
+
+class _Committer:
+    """Appends committed rows to ``rows.jsonl`` and records them in the manifest (the module's commit protocol)."""
+
+    def __init__(self, state: StateDir, manifest: WorkerManifest, log, report: Report):
+        self.state, self.manifest, self.log, self.report = state, manifest, log, report
+
+    def begin(self, window: _Window) -> None:
+        if self.manifest.window != (window.start, window.end):
+            self.manifest.window = (window.start, window.end)
+            self.manifest.window_done = []
+
+    def commit(self, lines: list[str], rows: list[int], labelled: int = 0, rejected: int = 0) -> None:
+        data = "".join(lines).encode("utf-8")
+        self.log.write(data)
+        self.log.flush()
+        os.fsync(self.log.fileno())
+        m = self.manifest
+        m.committed_bytes += len(data)
+        m.window_done.extend(rows)
+        m.labelled += labelled
+        m.rejected += rejected
+        self._advance_if_done()
+        self.state.write_manifest(m)
+        self.report(len(rows), labelled, rejected)
+
+    def end(self, window: _Window) -> None:
+        """A window with nothing left to commit (all of it done before a restart) is closed here."""
+        if self.manifest.window == (window.start, window.end):
+            self.manifest.window_done = list(range(window.start, window.end))
+            self._advance_if_done()
+            self.state.write_manifest(self.manifest)
+
+    def _advance_if_done(self) -> None:
+        m = self.manifest
+        if m.window is not None and len(m.window_done) >= m.window[1] - m.window[0]:
+            m.done_through, m.window, m.window_done = m.window[1], None, []
+
+
+def result_lines(batch: list[tuple[int, Any, Any]], results: list[dict[str, Any]], with_id: bool) -> list[str]:
+    lines = []
+    for (row, row_id, _), result in zip(batch, results, strict=True):
+        record: dict[str, Any] = {"r": row, "l": result["label_id"], "p": list(result["probabilities"].values())}
+        if with_id:
+            record["id"] = row_id
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    return lines
+
+
+def run_worker(
+    state: StateDir,
+    job: JobRecord,
+    k: int,
+    settings: WorkerSettings,
+    report: Report,
+    ready: Callable[[], None] = lambda: None,
+    predictor: Any = None,
+) -> WorkerManifest:
+    """Do worker ``k``'s remaining rows; returns its final manifest. ``ready()`` is called once the model is loaded;
+    ``predictor``: one already loaded (else loaded here)."""
+    state.worker_dir(k).mkdir(exist_ok=True)
+    lock = FileLock(state.worker_dir(k) / "lock")
+    if not lock.acquire(wait_s=LOCK_WAIT_S):
+        raise ConfigError(f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output")
+    try:
+        manifest = state.read_manifest(k) or WorkerManifest.fresh(k, *job.ranges[k])
+        if manifest.complete:
+            return manifest
+        if predictor is None:
+            predictor = load_predictor(job.checkpoint, job.runtime, settings.threads, settings.batch_size)
+        ready()
+        labels = list(predictor.labels)
+        if manifest.labels not in (None, labels):
+            raise StateError(f"{state.manifest_path(k)} has labels {manifest.labels}, the model {labels}")
+        manifest.labels = labels
+        rows_path = state.rows_path(k)
+        size = rows_path.stat().st_size if rows_path.exists() else 0
+        if size < manifest.committed_bytes:
+            raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
+        with open(rows_path, "ab") as log:
+            log.truncate(manifest.committed_bytes)  # lines written after the last commit: their pass is computed again
+            _work(state, job, manifest, settings, predictor, _Committer(state, manifest, log, report))
+        return manifest
+    finally:
+        lock.release()
+
+
+def _work(state: StateDir, job: JobRecord, manifest: WorkerManifest, settings: WorkerSettings, predictor: Any, committer: _Committer):
+    fields = RowFields(job.text_field, job.id_field)
+    with_id = job.id_field is not None
+    windows = _Prefetch(_windows(job, manifest, fields, predictor.encode, settings))
+    try:
+        for window in windows:
+            committer.begin(window)
+            if window.rejects:
+                lines = [json.dumps({"r": row, "x": reject}, ensure_ascii=False) + "\n" for row, reject in window.rejects]
+                committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
+            for batch in window.batches:
+                results = predictor.predict_encoded([encoded for _, _, encoded in batch])
+                committer.commit(result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch))
+            committer.end(window)
+    finally:
+        windows.close()
+
+
+# ---------------------------------------------------------------------------------------------- as a process
+def die_with_parent(parent_pid: int) -> None:
+    """Be killed when the process that started this one dies (SIGKILL included), so no orphan keeps writing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's lock on the folder still keeps a new run out
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, parent_pid: int) -> None:
+    """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
+    die_with_parent(parent_pid)
+    state = StateDir(Path(state_path))
+    try:
+        job = state.read_job()
+        assert job is not None, f"{state.job_path} is missing"
+        run_worker(
+            state,
+            job,
+            k,
+            settings,
+            report=lambda rows, labelled, rejected: events.send(("progress", k, rows, labelled, rejected)),
+            ready=lambda: events.send(("ready", k)),
+        )
+    except USAGE_ERRORS as exc:
+        events.send(("error", k, str(exc)))
+        sys.exit(2)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            sys.exit(130)
+        events.send(("crash", k, f"{type(exc).__name__}: {exc}"))
+        traceback.print_exc()
+        sys.exit(1)

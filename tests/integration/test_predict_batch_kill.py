@@ -1,0 +1,98 @@
+"""``distrinews predict --input/--output`` killed for real: SIGKILL mid-run, the same command again, every row exactly once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from distrinews.predict.batch.state import FileLock, StateDir, state_dir_of
+
+ROWS = 2_000
+# Small passes, so the run is many commits long and the kill lands in the middle of it.
+ARGS = ("--nproc", "2", "--threads", "1", "--batch-size", "4", "--id-field", "id", "--probabilities")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
+    from distrinews.data.csv_files import read_csv
+
+    root = tmp_path_factory.mktemp("predict-kill")
+    texts = read_csv(agnews_dir / "test.csv.gz").texts[:ROWS]
+    checkpoint = spread_checkpoint(root / "best", texts[:256])
+    corpus = write_rows(root / "news.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts)])
+    return root, checkpoint, corpus, ["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), *ARGS]
+
+
+def uninterrupted(checkpoint, corpus, output):
+    """The same job run whole, in this process (one worker, larger passes: the labels are the same)."""
+    import io
+
+    import torch
+
+    from distrinews.predict.batch.engine import run
+    from distrinews.predict.batch.job import BatchJob
+    from distrinews.predict.runtimes import Predictor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        job = BatchJob(str(checkpoint), [str(corpus)], str(output), id_field="id", probabilities=True, progress="none")
+        assert run(job, stdout=io.StringIO(), predictor=Predictor(checkpoint, device="cpu")) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+def done_rows(state: StateDir) -> int:
+    total = 0
+    for path in state.path.glob("worker-*/manifest.json"):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        total += manifest["done_through"] - manifest["start"] + len(manifest["window_done"])
+    return total
+
+
+def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job, cli, padding_atol):
+    root, checkpoint, corpus, args = job
+    output = root / "out.jsonl"
+    state = StateDir(state_dir_of(output))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrinews", *args, "--output", str(output)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while done_rows(state) < ROWS // 5:
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no rows committed in 180 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # the parent alone: its workers must die with it
+    proc.wait()
+    killed_at = done_rows(state)
+    assert ROWS // 5 <= killed_at < ROWS
+    assert not output.exists()  # never a half-written output
+    for path in state.path.glob("worker-*/lock"):  # the workers are gone (PR_SET_PDEATHSIG): their locks are free
+        lock = FileLock(path)
+        assert lock.acquire(wait_s=10), f"{path.parent.name} outlived its parent"
+        lock.release()
+
+    again = cli(*args, "--output", str(output))
+    assert "done by an earlier run" in again.stdout and f"{ROWS:,} rows read, {ROWS:,} labelled, 0 rejected" in again.stdout
+    got = [json.loads(line) for line in output.read_text().splitlines()]
+    want = uninterrupted(checkpoint, corpus, root / "uninterrupted.jsonl")
+    assert [r["id"] for r in got] == [f"n{i}" for i in range(ROWS)]  # every row exactly once, in input order
+    assert [r["label"] for r in got] == [r["label"] for r in want]
+    for a, b in zip(got, want):
+        assert list(a["probabilities"].values()) == pytest.approx(list(b["probabilities"].values()), abs=padding_atol)
+    assert not state.path.exists() and not output.with_name(output.name + ".rejects.jsonl").exists()
+    assert len({r["label"] for r in got}) > 1  # the model tells texts apart: equal labels mean something

@@ -1,0 +1,381 @@
+"""The batch engine in process (``predict.batch``): formats, rejects, input order, atomic output, resuming, refusals, memory.
+
+A real (tiny, spread) model answers, loaded once; each job runs with ``--nproc 1`` in this process.
+Kills are stood in for by exceptions raised where a kill would land; ``tests/integration`` kills
+the real command with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+
+import pytest
+
+from distrinews import cli
+from distrinews.data.rows import clean_text
+from distrinews.predict.batch import engine, worker
+from distrinews.predict.batch.job import BatchJob
+from distrinews.predict.batch.progress import Progress
+from distrinews.predict.batch.state import StateDir, state_dir_of
+from distrinews.predict.runtimes import Predictor
+
+N_ROWS = 150
+
+
+@pytest.fixture(scope="module")
+def news(agnews_dir):
+    from distrinews.data.csv_files import read_csv
+
+    return read_csv(agnews_dir / "test.csv.gz").texts[:N_ROWS]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, news, spread_checkpoint):
+    return spread_checkpoint(tmp_path_factory.mktemp("batch") / "best", news)
+
+
+@pytest.fixture(scope="module")
+def predictor(checkpoint):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what --threads does in a worker; two busy cores shared with other tests run a tiny model faster on one
+    yield Predictor(checkpoint, device="cpu")
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def expected(predictor, news):
+    """What ``Predictor.predict`` answers for the texts, one by one in input order."""
+    return predictor.predict(news)
+
+
+def run_job(checkpoint, inputs, output, predictor=None, **options):
+    """``(exit status, summary line)`` of a job run in this process."""
+    job = BatchJob(checkpoint=str(checkpoint), inputs=[str(i) for i in inputs], output=str(output), progress="none", **options)
+    out = io.StringIO()
+    status = engine.run(job, stdout=out, stderr=io.StringIO(), predictor=predictor)
+    return status, out.getvalue().strip()
+
+
+def read_output(path):
+    name = path.name
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raw = gzip.decompress(path.read_bytes()).decode() if name.endswith(".gz") else path.read_text()
+    if ".jsonl" in name:
+        return [json.loads(line) for line in raw.splitlines()]
+    return list(csv.DictReader(io.StringIO(raw)))
+
+
+def read_rejects(output):
+    path = output.with_name(output.name + ".rejects.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# ---------------------------------------------------------------------------------------------- formats
+@pytest.mark.parametrize(
+    "source,target",
+    [
+        ("in.jsonl", "out.jsonl"),
+        ("in.jsonl.gz", "out.csv"),
+        ("in.csv", "out.jsonl.gz"),
+        ("in.csv.gz", "out.parquet"),
+        ("in.parquet", "out.csv.gz"),
+    ],
+)
+def test_labels_equal_predictor_predict_in_every_format(
+    tmp_path, checkpoint, predictor, news, expected, padding_atol, write_rows, source, target
+):
+    if "parquet" in source + target:
+        pytest.importorskip("pyarrow")
+    rows = [{"key": f"k{i}", "text": text} for i, text in enumerate(news)]
+    path = write_rows(tmp_path / source, rows)
+    output = tmp_path / target
+    status, line = run_job(checkpoint, [path], output, predictor, id_field="key", probabilities=True, batch_size=16)
+    assert status == 0 and f"{N_ROWS} rows read, {N_ROWS} labelled, 0 rejected" in line
+    got = read_output(output)
+    assert [r["id"] for r in got] == [r["key"] for r in rows]  # input order
+    assert [r["label"] for r in got] == [e["label"] for e in expected]
+    for row, answer in zip(got, expected):
+        probs = row["probabilities"] if "probabilities" in row else {k: float(row[f"prob_{k}"]) for k in answer["probabilities"]}
+        assert list(probs.values()) == pytest.approx(list(answer["probabilities"].values()), abs=padding_atol)
+        assert float(row["confidence"]) == max(probs.values())
+    assert not state_dir_of(output).exists() and not read_rejects(output)
+
+
+def test_a_folder_of_shards_is_read_in_name_order_and_rows_are_numbered_across_files(tmp_path, checkpoint, predictor, news, write_rows):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    # AG News's own layout (title, description): the text is the two joined as in training
+    rows = [{"title": t.split(" ", 3)[0], "description": t.split(" ", 1)[1]} for t in news[:90]]
+    write_rows(folder / "part-2.jsonl", rows[60:])
+    write_rows(folder / "part-0.csv", rows[:30])
+    write_rows(folder / "part-1.jsonl.gz", rows[30:60])
+    (folder / "_SUCCESS").write_text("")
+    output = tmp_path / "labels.jsonl"
+    status, _ = run_job(checkpoint, [folder], output, predictor, batch_size=8)
+    got = read_output(output)
+    assert status == 0 and [r["id"] for r in got] == list(range(90))
+    texts = [clean_text(r["title"], r["description"]) for r in rows]
+    assert [r["label"] for r in got] == [a["label"] for a in predictor.predict(texts)]
+    assert "probabilities" not in got[0]
+
+
+def test_every_kind_of_bad_row_goes_to_rejects_with_file_and_line_and_the_run_exits_0(tmp_path, checkpoint, predictor):
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(
+        b'{"text": "Oil prices jump after OPEC cuts output"}\n'
+        b'{"text": "   "}\n'  # empty text
+        b'{"body": "no text field"}\n'  # missing field
+        b"this is not json\n"
+        b'{"text": "caf\xe9"}\n'  # not UTF-8
+        b'{"text": "Stocks rally on strong earnings"}\n'
+    )
+    bad_csv = tmp_path / "b.csv"
+    bad_csv.write_bytes(b'text,source\n"Team wins the final",wire\none field only\n"caf\xe9",wire\n')
+    cut = gzip.compress(b"".join(b'{"text": "headline %d"}\n' % i for i in range(400)))
+    (tmp_path / "c.jsonl.gz").write_bytes(cut[: len(cut) // 2])
+    output = tmp_path / "out.jsonl"
+    status, line = run_job(checkpoint, [jsonl, bad_csv, tmp_path / "c.jsonl.gz"], output, predictor)
+    rejects = read_rejects(output)
+    got = read_output(output)
+    assert status == 0
+    reasons = [(r["file"].rsplit("/", 1)[1], r["line"], r["reason"].split(" (")[0]) for r in rejects[:6]]
+    assert reasons == [
+        ("a.jsonl", 2, "empty text in 'text'"),
+        ("a.jsonl", 3, "no field 'text'"),
+        ("a.jsonl", 4, "not JSON"),
+        ("a.jsonl", 5, "not UTF-8"),
+        ("b.csv", 3, "expected 2 fields"),
+        ("b.csv", 4, "not UTF-8"),
+    ]
+    assert rejects[3]["raw"] == '{"text": "caf\ufffd"}' and rejects[4]["raw"] == "one field only"
+    assert rejects[-1]["file"].endswith("c.jsonl.gz") and rejects[-1]["reason"].startswith("truncated or damaged gzip stream")
+    assert len(rejects) == 7
+    every = sorted([r["id"] for r in got] + [r["row"] for r in rejects])
+    assert every == list(range(len(every)))  # each row once: labelled or rejected
+    assert f"{len(every):,} rows read, {len(got):,} labelled, 7 rejected (see {output}.rejects.jsonl)" in line
+    status, _ = run_job(checkpoint, [jsonl], output, predictor, strict=True, overwrite=True)
+    assert status == engine.EXIT_REJECTED == 3 and len(read_rejects(output)) == 4
+
+
+# ---------------------------------------------------------------------------------------------- resuming
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing on the way out handles it."""
+
+
+class DiesAfter:
+    """The predictor, killed when its ``n``-th forward pass has run; counts the texts it computed."""
+
+    def __init__(self, predictor, n=None):
+        self.predictor, self.n, self.passes, self.texts = predictor, n, 0, 0
+        self.labels, self.encode = predictor.labels, predictor.encode
+
+    def predict_encoded(self, batch):
+        results = self.predictor.predict_encoded(batch)
+        self.passes += 1
+        self.texts += len(batch)
+        if self.passes == self.n:
+            raise Killed
+        return results
+
+
+@pytest.fixture
+def corpus(tmp_path, news, write_rows):
+    rows = [{"text": t} for t in news] + [{"text": ""}]  # one rejected row among them
+    return write_rows(tmp_path / "corpus.jsonl", rows)
+
+
+@pytest.fixture
+def uninterrupted(tmp_path, checkpoint, predictor, corpus):
+    output = tmp_path / "uninterrupted.jsonl"
+    run_job(checkpoint, [corpus], output, predictor, batch_size=8, probabilities=True)
+    return read_output(output)
+
+
+def test_a_killed_run_leaves_no_output_and_the_same_command_finishes_it_exactly(tmp_path, checkpoint, predictor, corpus, uninterrupted):
+    output = tmp_path / "out.jsonl"
+    dying = DiesAfter(predictor, n=5)
+    with pytest.raises(Killed):
+        run_job(checkpoint, [corpus], output, dying, batch_size=8, probabilities=True)
+    assert not output.exists()  # atomic: no output while incomplete
+    state = StateDir(state_dir_of(output))
+    (manifest,) = state.manifests(state.read_job())
+    done = manifest.done
+    assert done == 4 * 8  # four committed passes; the fifth was computed, never committed
+    again = DiesAfter(predictor)
+    status, line = run_job(checkpoint, [corpus], output, again, batch_size=8, probabilities=True)
+    assert status == 0 and f"{done} done by an earlier run" in line
+    assert again.texts == N_ROWS - done  # everything not committed, the lost pass included, computed once more
+    assert read_output(output) == uninterrupted  # the same passes as an uninterrupted run: the same numbers
+    assert read_rejects(output)[0]["row"] == N_ROWS and not state.path.exists()
+
+
+def test_lines_written_after_the_last_commit_are_dropped_and_computed_again(
+    tmp_path, checkpoint, predictor, corpus, uninterrupted, monkeypatch
+):
+    output = tmp_path / "out.jsonl"
+    real = StateDir.write_manifest
+    calls = []
+
+    def killed_before_the_fourth_manifest(self, manifest):
+        calls.append(1)
+        if len(calls) == 4:
+            raise Killed  # the pass's lines are in rows.jsonl, the manifest does not count them
+        real(self, manifest)
+
+    monkeypatch.setattr(StateDir, "write_manifest", killed_before_the_fourth_manifest)
+    with pytest.raises(Killed):
+        run_job(checkpoint, [corpus], output, predictor, batch_size=8, probabilities=True)
+    monkeypatch.setattr(StateDir, "write_manifest", real)
+    state = StateDir(state_dir_of(output))
+    (manifest,) = state.manifests(state.read_job())
+    assert state.rows_path(0).stat().st_size > manifest.committed_bytes
+    again = DiesAfter(predictor)
+    run_job(checkpoint, [corpus], output, again, batch_size=8, probabilities=True)
+    assert again.texts == N_ROWS - manifest.done == N_ROWS - 3 * 8
+    assert read_output(output) == uninterrupted
+
+
+def test_the_batch_size_may_change_on_a_restart(tmp_path, checkpoint, predictor, corpus, uninterrupted, padding_atol):
+    output = tmp_path / "out.jsonl"
+    with pytest.raises(Killed):
+        run_job(checkpoint, [corpus], output, DiesAfter(predictor, n=3), batch_size=8, probabilities=True)
+    run_job(checkpoint, [corpus], output, predictor, batch_size=32, max_batch_tokens=0, probabilities=True)
+    got = read_output(output)
+    assert [r["id"] for r in got] == [r["id"] for r in uninterrupted]
+    assert [r["label"] for r in got] == [r["label"] for r in uninterrupted]
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def one_line_error(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distrinews: error: "), lines
+    return lines[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fails the test if a model is loaded."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(worker, "load_predictor", refuse)
+
+
+def test_bad_requests_are_one_line_and_exit_2_before_any_model_loads(tmp_path, checkpoint, corpus, no_model, capsys):
+    out = str(tmp_path / "o.jsonl")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "done.jsonl").write_text("{}\n")
+
+    def argv(*, checkpoint=checkpoint, source=corpus, output=out):
+        return ["predict", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output)]
+
+    cases = [
+        (argv(source=tmp_path / "missing.jsonl"), "missing.jsonl does not exist"),
+        (argv(source=tmp_path / "notes.txt"), "unknown format"),
+        (argv(output=tmp_path / "o.txt"), "--output"),
+        (argv(output=tmp_path / "done.jsonl"), "already exists (a finished run); pass --overwrite"),
+        ([*argv(), "--nproc", "0"], "--nproc must be >= 1"),
+        (argv(checkpoint=tmp_path / "nope"), "nope does not exist"),
+        (argv()[:-2], "--input and --output go together"),
+        ([*argv(), "A headline"], "two forms"),
+    ]
+    for argv, phrase in cases:
+        assert phrase in one_line_error(capsys, argv)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_an_output_partly_computed_from_other_input_is_refused(tmp_path, checkpoint, predictor, corpus, write_rows, capsys, monkeypatch):
+    output = tmp_path / "out.jsonl"
+    with pytest.raises(Killed):
+        run_job(checkpoint, [corpus], output, DiesAfter(predictor, n=2), batch_size=8)
+    other = write_rows(tmp_path / "other.jsonl", [{"text": "another corpus"}])
+    monkeypatch.setattr(worker, "load_predictor", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = ["predict", "--checkpoint", str(checkpoint), "--output", str(output), "--batch-size", "8", "--input"]
+    assert "partly computed by a run with other input files" in one_line_error(capsys, [*argv, str(other)])
+    assert "--overwrite" in one_line_error(capsys, [*argv, str(corpus), "--nproc", "2"])
+    corpus.write_text(corpus.read_text() + '{"text": "one more row"}\n')
+    assert f"input {corpus} changed since" in one_line_error(capsys, [*argv, str(corpus)])
+    assert state_dir_of(output).is_dir() and not output.exists()  # nothing was touched
+
+
+def test_overwrite_starts_again(tmp_path, checkpoint, predictor, corpus):
+    output = tmp_path / "out.csv"
+    with pytest.raises(Killed):
+        run_job(checkpoint, [corpus], output, DiesAfter(predictor, n=2), batch_size=8)
+    status, line = run_job(checkpoint, [corpus], output, predictor, overwrite=True)
+    assert status == 0 and "done by an earlier run" not in line and len(read_output(output)) == N_ROWS
+
+
+# ---------------------------------------------------------------------------------------------- streaming
+class Constant:
+    """A predictor with no model: the shipped tokenizer, and the same answer for every text."""
+
+    labels = ("World", "Sports", "Business", "Sci/Tech")
+
+    def __init__(self, encoder):
+        self.encode = encoder.encode
+        self.answer = {"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(zip(self.labels, (1.0, 0, 0, 0)))}
+
+    def predict_encoded(self, batch):
+        return [self.answer] * len(batch)
+
+
+def test_memory_does_not_grow_with_the_corpus(tmp_path, checkpoint, predictor, write_rows, monkeypatch):
+    import os
+    import tracemalloc
+
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # memory is measured here, not durability: a commit costs microseconds
+
+    def peak(rows: int) -> int:
+        path = write_rows(tmp_path / f"{rows}.jsonl", [{"text": f"headline {i} " + "word " * (i % 40)} for i in range(rows)])
+        tracemalloc.start()
+        run_job(checkpoint, [path], tmp_path / f"{rows}-out.jsonl", Constant(predictor.encoder), batch_size=8)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    small, large = peak(600), peak(3_000)
+    assert large < small * 1.25 + 256 * 1024, (small, large)  # 5x the rows, about the same peak
+
+
+def test_progress_lines_say_rows_speed_and_time_left():
+    out = io.StringIO()
+    progress = Progress(total=1_000, done_before=100, mode="lines", stream=out, every_s=0)
+    progress.ready()
+    progress.advance(150, 140, 10)
+    assert out.getvalue().startswith("predict: 250/1,000 rows (25.0%), ") and " left, 10 rejected" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- eval --input
+def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_present(
+    tmp_path, checkpoint, predictor, news, expected, write_rows, monkeypatch, capsys
+):
+    monkeypatch.setattr(worker, "load_predictor", lambda *a, **k: predictor)
+    truth = [i % 2 for i in range(N_ROWS)]  # two classes present: World and Sports
+    rows = [{"text": t, "label": ["world", 1][y] if i % 3 else y} for i, (t, y) in enumerate(zip(news, truth))]
+    path = write_rows(tmp_path / "labelled.jsonl", [*rows, {"text": "no label"}, {"label": "Sports"}])
+    metrics_path = tmp_path / "metrics.json"
+    assert cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), "--output-json", str(metrics_path)]) == 0
+    out = capsys.readouterr().out
+    predicted = [predictor.labels.index(e["label"]) for e in expected]
+    accuracy = sum(p == y for p, y in zip(predicted, truth)) / N_ROWS
+    f1 = []
+    for c in (0, 1):
+        tp = sum(p == y == c for p, y in zip(predicted, truth))
+        precision, recall = tp / max(1, predicted.count(c)), tp / truth.count(c)
+        f1.append(2 * precision * recall / (precision + recall) if tp else 0.0)
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["samples"] == N_ROWS and metrics["skipped"] == 2 and metrics["classes_present"] == ["World", "Sports"]
+    assert metrics["accuracy"] == pytest.approx(accuracy) and metrics["macro_f1"] == pytest.approx(sum(f1) / 2)
+    assert f"Samples: {N_ROWS} labelled rows" in out and "2 rows skipped; labelled.jsonl:151: no label field 'label'" in out
+    assert f"Accuracy: {100 * accuracy:.2f}% | Macro-F1: {100 * sum(f1) / 2:.2f}% (over the 2 classes present)" in out
