@@ -92,7 +92,10 @@ def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(th
 def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_steps, tmp_path, start_train):
     args, _ = thirty_steps
     run = tmp_path / "run"
-    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "20")
+    # 10 s, the watchdog's floor: it lets one store request take up to 10 s (store_timeout_s) on a loaded machine,
+    # so a shorter timeout could end a live run. It beats every ddp_timeout / 6 s (1.7 s), and notices in 10-12 s.
+    # (torch's agent then waits 30 s for the stopped worker to obey SIGTERM before it sends SIGKILL.)
+    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "10")
     stopped = None
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)
@@ -108,7 +111,7 @@ def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_ste
             with pytest.raises(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)  # gone: the launcher took it down
     assert proc.returncode != 0
-    assert "rank(s) 1 stopped answering: no heartbeat for 20 s" in err, err[-3000:]
+    assert "rank(s) 1 stopped answering: no heartbeat for 10 s" in err, err[-3000:]
     assert "rank 0 was waiting in" in err
     assert elapsed < 120, f"the run took {elapsed:.0f} s to fail"
 
