@@ -283,6 +283,43 @@ def thirty_steps(tmp_path_factory, agnews_dir, cli):
     return list(THIRTY_STEPS), run
 
 
+# 256 rows, 6 optimizer steps of 16 rows, no dropout, no warmup, fp32, a checkpoint at step 3: the run that
+# test_ddp_equivalence (one process, and DDP in other layouts) and test_fsdp (FSDP) reach the same parameters as.
+SIX_STEPS = (
+    *TINY,
+    "--dropout",
+    "0.0",
+    "--max_steps",
+    "6",
+    "--save_steps",
+    "3",
+    "--train_samples",
+    "256",
+    "--eval_samples",
+    "64",
+    "--learning_rate",
+    "2e-3",
+    "--warmup_ratio",
+    "0",
+    *QUIET,
+    "--logging_steps",
+    "2",
+    # Equal to 1e-5 holds in fp32; bf16 autocast rounds differently in each layout (1e-3 apart).
+    "--bf16",
+    "false",
+)
+# That run over 2 processes with DDP: 8 rows a rank, no accumulation, length-grouped batches.
+SIX_STEPS_DDP = (*SIX_STEPS, "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--group_by_length", "true")
+
+
+@pytest.fixture(scope="session")
+def six_steps_ddp(tmp_path_factory, agnews_dir, cli):
+    """``(run, stdout)``: ``SIX_STEPS_DDP`` trained once for the session, by ``--nproc-per-node 2``."""
+    run = tmp_path_factory.mktemp("six-steps") / "ddp"
+    out = cli("train", *SIX_STEPS_DDP, "--output-dir", str(run), nproc=2).stdout
+    return run, out
+
+
 @pytest.fixture(scope="session")
 def spread_checkpoint():
     """``spread_checkpoint(path, calibration_texts)``: a servable tiny BERT whose predictions depend on the text.
