@@ -35,11 +35,11 @@ def test_port_in_use_is_named_with_advice(cli):
 
 
 def test_a_rank_that_never_joins_times_out_with_advice(cli):
-    proc = cli("doctor", "--nproc", "2", "--start-ranks", "1", "--timeout", "4", check=False)
+    proc = cli("doctor", "--nproc", "2", "--start-ranks", "1", "--timeout", "2", check=False)
     assert proc.returncode == 1
     assert "started 1 of 2 ranks" in proc.stdout
     assert "failed in phase 'rendezvous'" in proc.stdout
-    assert "rank(s) 1 never joined the rendezvous" in proc.stdout and "within 4s" in proc.stdout
+    assert "rank(s) 1 never joined the rendezvous" in proc.stdout and "within 2s" in proc.stdout
     assert "same MASTER_ADDR:MASTER_PORT" in proc.stdout
 
 

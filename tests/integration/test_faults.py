@@ -1,8 +1,9 @@
 """Faults provoked for real: a worker SIGKILLed under --max-restarts, a preemption (SIGTERM), a stopped
-rank (SIGSTOP), a truncated checkpoint. Each run must end the way the README promises."""
+rank (SIGSTOP), a truncated checkpoint, a SIGKILLed launcher. Each run must end the way the README promises."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -92,7 +93,10 @@ def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(th
 def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_steps, tmp_path, start_train):
     args, _ = thirty_steps
     run = tmp_path / "run"
-    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "20")
+    # 10 s, the watchdog's floor: it lets one store request take up to 10 s (store_timeout_s) on a loaded machine,
+    # so a shorter timeout could end a live run. It beats every ddp_timeout / 6 s (1.7 s), and notices in 10-12 s.
+    # (torch's agent then waits 30 s for the stopped worker to obey SIGTERM before it sends SIGKILL.)
+    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "10")
     stopped = None
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)
@@ -108,7 +112,7 @@ def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_ste
             with pytest.raises(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)  # gone: the launcher took it down
     assert proc.returncode != 0
-    assert "rank(s) 1 stopped answering: no heartbeat for 20 s" in err, err[-3000:]
+    assert "rank(s) 1 stopped answering: no heartbeat for 10 s" in err, err[-3000:]
     assert "rank 0 was waiting in" in err
     assert elapsed < 120, f"the run took {elapsed:.0f} s to fail"
 
@@ -137,23 +141,76 @@ def test_a_truncated_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(th
     _assert_same_weights(_weights(run, 30), _weights(uninterrupted, 30))
 
 
-def test_the_lock_of_a_sigkilled_run_does_not_block_the_next_run(tmp_path, cli, start_train, agnews_dir):
-    run = tmp_path / "run"
-    args = (*TINY, "--eval_samples", "64", "--bf16", "false", *QUIET)
-    proc = start_train(*args, "--max_steps", "100000", "--num_train_epochs", "1000", "--save_steps", "2", "--output-dir", str(run))
+def _processes_running(marker: str) -> list[int]:
+    """PIDs whose command line mentions ``marker`` (this run's output directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+LOCKED = (*TINY, "--eval_samples", "64", "--bf16", "false", *QUIET)
+ENDLESS = (*LOCKED, "--max_steps", "100000", "--num_train_epochs", "1000")
+
+
+@pytest.fixture(scope="module")
+def sigkilled_launcher(tmp_path_factory, cli, start_train, agnews_dir):
+    """An endless 2-process run whose launcher was SIGKILLed (as an OOM killer or a hard stop would) once it had
+    saved, and what was seen on the way: the lock's holder and a second run refused while it trained, the
+    processes of the run before and after the kill, the checkpoints soon after and two seconds later.
+
+    Two tests read it: the workers die with their launcher, and the lock it held does not block the next run.
+    """
+    run = tmp_path_factory.mktemp("sigkilled-launcher") / "run"
+    seen = {"run": run}
+    proc = start_train(*ENDLESS, "--save_steps", "2", "--output-dir", str(run), stdout=subprocess.DEVNULL)
     try:
-        _wait_for(run / "checkpoints" / "step-2", proc)
-        holder = json.loads((run / ".distrinews.lock").read_text())
-        assert holder["pid"] == proc.pid, "the launcher the user started holds the lock, not a worker"
-        refused = cli("train", *args, "--output-dir", str(run), "--resume", "auto", check=False)
-        assert refused.returncode == 2 and f"is locked by a run in progress (pid {proc.pid} on " in refused.stderr, refused.stderr
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers, with no chance to let go of anything
+        _wait_for(run / "checkpoints" / "step-2", proc, timeout=240)
+        seen["holder"] = json.loads((run / ".distrinews.lock").read_text())
+        seen["refused"] = cli("train", *LOCKED, "--output-dir", str(run), "--resume", "auto", check=False)
+        seen["before"] = _processes_running(str(run))
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers, and its lock, must not outlive it
         proc.wait()
+        deadline = time.monotonic() + 30
+        while _processes_running(str(run)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        seen["after"] = _processes_running(str(run))
+        seen["checkpoints"] = sorted((run / "checkpoints").iterdir())
+        time.sleep(2)
+        seen["checkpoints_2s_later"] = sorted((run / "checkpoints").iterdir())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in _processes_running(str(run)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    seen["launcher"] = proc.pid
+    return seen
+
+
+def test_killing_the_launcher_kills_every_worker(sigkilled_launcher):
+    seen = sigkilled_launcher
+    assert len(seen["before"]) >= 3 and seen["launcher"] in seen["before"], "the launcher and two workers"
+    assert not seen["after"], "workers outlived their launcher"
+    assert seen["checkpoints_2s_later"] == seen["checkpoints"], "nothing writes into the run directory any more"
+
+
+def test_the_lock_of_a_sigkilled_run_does_not_block_the_next_run(sigkilled_launcher, cli):
+    seen, run = sigkilled_launcher, sigkilled_launcher["run"]
+    launcher = seen["launcher"]
+    assert seen["holder"]["pid"] == launcher, "the launcher the user started holds the lock, not a worker"
+    refused = seen["refused"]
+    assert refused.returncode == 2 and f"is locked by a run in progress (pid {launcher} on " in refused.stderr, refused.stderr
     assert (run / ".distrinews.lock").is_file(), "the killed run left its lock file"
 
-    again = cli("train", *args, "--output-dir", str(run), "--max_steps", "4", check=False)
+    again = cli("train", *LOCKED, "--output-dir", str(run), "--max_steps", "4", check=False)
     assert again.returncode == 2 and "already holds a run" in again.stderr, "refused for the run it holds, not for the lock"
-    cli("train", *args, "--output-dir", str(run), "--max_steps", "4", "--overwrite_output_dir", "true", nproc=2)
+    cli("train", *LOCKED, "--output-dir", str(run), "--max_steps", "4", "--overwrite_output_dir", "true", nproc=2)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4"]
     assert not (run / ".distrinews.lock").exists()

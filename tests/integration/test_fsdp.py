@@ -10,39 +10,25 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import QUIET, TINY
+from conftest import SIX_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = [
-    *TINY,
-    "--dropout",
-    "0.0",
-    "--max_steps",
-    "6",
-    "--save_steps",
-    "3",
-    "--train_samples",
-    "256",
-    "--eval_samples",
-    "64",
-    "--learning_rate",
-    "2e-3",
-    "--warmup_ratio",
-    "0",
-    *QUIET,
-    "--bf16",
-    "false",
-]
 # FSDP averages the same gradients as DDP but reduce-scatters them in another order of float additions.
 TOLERANCE = 1e-5
 
 
+# 8 rows a rank: the layout of the session's DDP run (conftest.SIX_STEPS_DDP), which this module compares with.
+RUN = [*SIX_STEPS, "--per_device_train_batch_size", "8"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, agnews_dir, cli):
+def runs(tmp_path_factory, six_steps_ddp, cli):
+    """``runs / "ddp"`` (the session's SIX_STEPS_DDP run) and ``runs / "fsdp"``: the same run with FSDP."""
     root = tmp_path_factory.mktemp("fsdp")
-    for strategy in ("ddp", "fsdp"):
-        out = cli("train", *RUN, "--strategy", strategy, "--output-dir", str(root / strategy), nproc=2).stdout
-        assert ("FSDP TRAINING CONFIGURATION" in out) == (strategy == "fsdp")
+    ddp, ddp_out = six_steps_ddp
+    (root / "ddp").symlink_to(ddp, target_is_directory=True)
+    out = cli("train", *RUN, "--strategy", "fsdp", "--output-dir", str(root / "fsdp"), nproc=2).stdout
+    assert "FSDP TRAINING CONFIGURATION" in out and "FSDP TRAINING CONFIGURATION" not in ddp_out
     return root
 
 
@@ -68,6 +54,7 @@ RESUME_CHECK = textwrap.dedent("""
     checkpoint, output = sys.argv[1], sys.argv[2]
     config = load_config(None, {"model_name_or_path": "tiny-random", "strategy": "fsdp", "dropout": 0.0, "bf16": False,
                                 "train_samples": 256, "eval_samples": 64, "max_length": 64, "max_steps": 6,
+                                "per_device_train_batch_size": 8,
                                 "resume_from_checkpoint": checkpoint, "output_dir": output})
     with distributed_context() as env:
         trainer = Trainer(config, env)

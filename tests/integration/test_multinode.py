@@ -173,7 +173,8 @@ def test_two_nodes_through_our_command_hold_identical_parameters(two_hosts, tmp_
 def test_a_node_that_never_joins_is_named(two_hosts, tmp_path, agnews_dir):
     (host_a, veth_a, addr_a) = two_hosts[0]
     endpoint = f"{addr_a}:29535"
-    proc = _our_command(host_a, veth_a, addr_a, 0, endpoint, tmp_path / "run", "--rdzv-conf", "join_timeout=15")
+    # 5 s of waiting for node 1: this node signs in to the roll call as soon as its own rendezvous store is up.
+    proc = _our_command(host_a, veth_a, addr_a, 0, endpoint, tmp_path / "run", "--rdzv-conf", "join_timeout=5")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode != 0
     line = err.strip().splitlines()[-1]
