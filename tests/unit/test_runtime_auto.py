@@ -101,3 +101,18 @@ def test_a_read_only_checkpoint_keeps_its_int8_model_in_the_cache(best, tmp_path
     made = cached[0].stat().st_mtime_ns
     again = make_predictor(best)
     assert again.choice["check"] == first.choice["check"] and cached[0].stat().st_mtime_ns == made
+
+
+def test_an_int8_model_of_other_weights_is_made_again(best, tmp_path):
+    """Weights replaced (or broken) after the int8 model was made: the stale int8 model is not served as theirs."""
+    make_predictor(best)
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(best, other)
+    weights = other / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated: no longer loadable
+    from distrinews.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+        make_predictor(other)

@@ -11,6 +11,7 @@ import json
 import sys
 
 from ..config import ConfigError
+from ..errors import CheckpointError
 from ..predict.batch.engine import EXIT_REJECTED
 from ..predict.batch.job import PROGRESS_MODES, BatchJob
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
@@ -74,7 +75,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     try:
         predictor = make_predictor(args.checkpoint, args.runtime)
-    except ValueError as exc:
+    except CheckpointError:
+        raise  # already one line naming the file
+    except ValueError as exc:  # a runtime this machine or checkpoint cannot run
         raise ConfigError(f"predict: {exc}") from None
     results = predictor.predict(texts)
     if args.json:

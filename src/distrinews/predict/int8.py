@@ -87,6 +87,32 @@ def int8_path(checkpoint: str | os.PathLike) -> Path:
     return checkpoint / INT8_FILE if checkpoint.is_dir() else checkpoint.with_name(f"{checkpoint.name}.int8.onnx")
 
 
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
+    """SHA-256 of the checkpoint's PyTorch weights (None where it has none, e.g. a slim ONNX bundle):
+    an int8 model checked against other weights than the ones there now is made again."""
+    import hashlib
+
+    checkpoint = Path(checkpoint)
+    files = [checkpoint / n for n in WEIGHTS_FILES] if checkpoint.is_dir() else [checkpoint]
+    path = next((f for f in files if f.is_file()), None)
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_current(check: dict[str, Any], checkpoint: str | os.PathLike) -> bool:
+    """Whether ``check`` was made from the weights the checkpoint holds now (trusted where it holds none)."""
+    now = weights_fingerprint(checkpoint)
+    return now is None or check.get("weights_sha256") == now
+
+
 def read_check(session: Any) -> dict[str, Any] | None:
     """The check an int8 model passed (or failed), from an ONNX Runtime session's metadata; None if never checked."""
     raw = session.get_modelmeta().custom_metadata_map.get(CHECK_KEY)
@@ -136,6 +162,7 @@ def make_int8(
         int8 = quantize_int8(fp32, Path(tmp) / INT8_FILE)
         del model
         check = compare(checkpoint, fp32, int8, labelled)
+        check["weights_sha256"] = weights_fingerprint(checkpoint)
         check["seconds"] = round(time.perf_counter() - started, 2)
         _write_with_metadata(int8, out, check)
     verdict = "passed" if check["passed"] else "FAILED"

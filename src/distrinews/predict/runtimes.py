@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.records import SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
+from ..errors import CheckpointError
+from . import int8
 from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
@@ -333,8 +335,6 @@ def make_predictor(
 def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
     first start if missing, ``int8.py``), else PyTorch fp32, with the reason in one log line and in ``choice``."""
-    from . import int8
-
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -346,11 +346,16 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
     if path.is_file():
         predictor = OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
         check = int8.read_check(predictor.session)
-    if check is None:  # none yet, or one made before checks were recorded
+        if check is not None and not int8.is_current(check, checkpoint):
+            log.info("runtime auto: %s was checked against other weights than %s holds now: making it again", path, checkpoint)
+            check = None
+    if check is None:  # none yet, one made before checks were recorded, or one of other weights
         try:
             labelled = int8.labelled_rows(_training_data_dir(checkpoint), int8.SERVE_CHECK_ROWS)
             path, check = int8.make_int8(checkpoint, labelled, out=path if os.access(path.parent, os.W_OK) else cached)
-        except Exception as exc:
+        except (CheckpointError, FileNotFoundError):
+            raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
+        except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
             return _fall_back(checkpoint, max_batch_size, f"its int8 model could not be made ({type(exc).__name__}: {exc})")
         predictor = None
     if not check["passed"]:

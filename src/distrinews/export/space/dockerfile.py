@@ -39,6 +39,8 @@ def server_command(runtime: str) -> list[str]:
     command = ["python", "-m", "distrinews.serve", "--host", "0.0.0.0", "--checkpoint", MODEL_DIR]
     if runtime in ("onnx", "onnx-int8"):
         command += ["--runtime", "onnx", "--onnx-model", f"{MODEL_DIR}/{MODEL_FILES[runtime]}"]
+    else:  # the bundle's runtime is fixed at export: never the first-start int8 making of --runtime auto
+        command += ["--runtime", runtime]
     return command
 
 
