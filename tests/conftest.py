@@ -361,10 +361,11 @@ def spread_checkpoint():
 
     from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
+    from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model, build_tokenizer
 
     def build(path: Path, calibration_texts: list[str]) -> Path:
-        model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+        model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
         tokenizer = build_tokenizer("tiny-random")
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():

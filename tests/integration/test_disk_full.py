@@ -15,6 +15,7 @@ import pytest
 
 from conftest import QUIET, TINY
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, verify_checkpoint
+from distrinews.data.rows import AG_NEWS_LABELS
 
 # 2 ranks x 16 rows of the tiny preset's 400: 13 steps an epoch, so no evaluation before step 6 unless asked.
 ARGS = (
@@ -55,7 +56,7 @@ def weights_bytes() -> int:
     """The tiny model's weights; a resumable checkpoint is about three times that (weights, AdamW's two moments)."""
     from distrinews.model import build_model
 
-    model = build_model("tiny-random", dropout=0.0, seed=0)
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0)
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 

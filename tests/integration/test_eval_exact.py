@@ -7,13 +7,14 @@ import torch
 
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")
 def spread_checkpoint(tmp_path_factory):
     """A tiny model whose predictions vary across inputs (a random tiny BERT predicts one class)."""
-    model = build_model("tiny-random", dropout=0.0, seed=3)
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=3)
     with torch.no_grad():
         model.classifier.weight.mul_(200.0)
     path = tmp_path_factory.mktemp("ckpt") / "best"

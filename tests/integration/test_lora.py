@@ -44,9 +44,10 @@ def lora_run(tmp_path_factory, agnews_dir, cli):
 
 
 def _initial_lora_model():
+    from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import add_lora, build_model
 
-    return add_lora(build_model("tiny-random", seed=42), 4, 32, 0.05, "query,value")
+    return add_lora(build_model("tiny-random", labels=AG_NEWS_LABELS, seed=42), 4, 32, 0.05, "query,value")
 
 
 def test_only_adapters_and_the_head_change(lora_run):

@@ -118,10 +118,11 @@ def test_bad_export_arguments_are_refused(checkpoint, tmp_path):
 
 def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
     """The exporter restores its wrapper's training flag; that must not switch the model's dropout on."""
+    from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.export.onnx import compare_with_torch, export_model
     from distrinews.model import build_model, build_tokenizer
 
-    model = build_model("tiny-random", dropout=0.3, seed=0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.3, seed=0).eval()
     tokenizer = build_tokenizer("tiny-random")
     export_model(model, tokenizer, tmp_path / "model.onnx")
     assert not any(m.training for m in model.modules())

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_bf16_and_fp32_both_train_and_differ_only_by_rounding(tmp_path, agnews_d
     # updates differ by bf16's rounding of the gradients, a fraction of the update itself.
     assert bf16_weights.keys() == fp32_weights.keys()
     assert all(w.dtype == torch.float32 for w in bf16_weights.values())
-    init = build_model("tiny-random", dropout=0.0, seed=42).state_dict()
+    init = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=42).state_dict()
     bf16_update = torch.cat([(bf16_weights[k] - init[k]).flatten() for k in bf16_weights])
     fp32_update = torch.cat([(fp32_weights[k] - init[k]).flatten() for k in fp32_weights])
     apart = (bf16_update - fp32_update).norm() / fp32_update.norm()

@@ -42,9 +42,10 @@ class _Payload:
 def checkpoint(tmp_path_factory) -> Path:
     from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
+    from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model, build_tokenizer
 
-    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     return save_servable(
         tmp_path_factory.mktemp("serve") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
     )
@@ -177,9 +178,10 @@ def tokenizerless(tmp_path_factory) -> Path:
     """A servable tiny model whose tokenizer files were deleted: transformers would fill in an empty vocabulary."""
     from distrinews.checkpoint.records import ServableInfo
     from distrinews.checkpoint.servable import save_servable
+    from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model, build_tokenizer
 
-    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     best = tmp_path_factory.mktemp("no-tokenizer") / "best"
     save_servable(best, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32, model_name="tiny-random"))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):

@@ -15,6 +15,7 @@ from distrinews.checkpoint.resumable import Checkpointer, capture_rng_state, loa
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
 from distrinews.checkpoint.space import _says_disk_full, _size
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import ParallelModel
 from distrinews.distributed.process_group import DistEnv
 from distrinews.errors import CheckpointError, DiskFullError
@@ -26,7 +27,7 @@ ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build_model("tiny-random", dropout=0.0, seed=0), build_tokenizer("tiny-random")
+    return build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0), build_tokenizer("tiny-random")
 
 
 def _parts(model):
@@ -53,7 +54,7 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
         "scheduler.pt",
         "trainer_state.json",
     ]
-    fresh = build_model("tiny-random", dropout=0.0, seed=1)
+    fresh = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=1)
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     wrapped, opt, sched = _parts(fresh)
     loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)

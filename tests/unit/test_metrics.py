@@ -1,23 +1,49 @@
 import math
 
+import pytest
 import torch
 
 from distrinews.train.metrics import MetricsLogger, classification_metrics, confusion_matrix, read_log
 
 
 def test_confusion_matrix_counts_true_by_predicted():
-    cm = confusion_matrix(torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 2, 3]))
+    cm = confusion_matrix(torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 2, 3]), 4)
     assert cm.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1]]
 
 
 def test_metrics_arithmetic():
     cm = torch.tensor([[8, 2, 0, 0], [0, 10, 0, 0], [0, 5, 5, 0], [0, 0, 0, 0]])
-    m = classification_metrics(cm, loss_sum=15.0)
+    m = classification_metrics(cm, loss_sum=15.0, label_names=["World", "Sports", "Business", "Sci/Tech"])
     assert m["samples"] == 30 and math.isclose(m["loss"], 0.5)
     assert math.isclose(m["accuracy"], 23 / 30)
-    assert m["per_class_accuracy"] == {"World": 0.8, "Sports": 1.0, "Business": 0.5, "Sci/Tech": 0.0}
-    f1 = [2 * 1 * 0.8 / 1.8, 2 * (10 / 17) * 1 / (10 / 17 + 1), 2 * 1 * 0.5 / 1.5, 0.0]
-    assert math.isclose(m["macro_f1"], sum(f1) / 4)
+    # Sci/Tech is not among the rows: not scored
+    assert m["per_class_accuracy"] == {"World": 0.8, "Sports": 1.0, "Business": 0.5}
+    assert m["classes_present"] == ["World", "Sports", "Business"]
+    f1 = [2 * 1 * 0.8 / 1.8, 2 * (10 / 17) * 1 / (10 / 17 + 1), 2 * 1 * 0.5 / 1.5]
+    assert math.isclose(m["macro_f1"], sum(f1) / 3)
+    assert m["per_class"]["Sports"] == {"precision": 10 / 17, "recall": 1.0, "f1": f1[1], "support": 10}
+    assert m["confusion"] == cm.tolist()
+
+
+def test_scores_agree_with_scikit_learn_for_any_number_of_classes():  # macro-F1 over the classes present
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    gen = torch.Generator().manual_seed(0)
+    for k in (2, 4, 20):
+        truth = torch.randint(0, k, (500,), generator=gen)
+        truth[truth == k - 1] = 0  # the last class is never a true label (only predicted): not scored
+        noisy = torch.randint(0, k, (500,), generator=gen)
+        pred = torch.where(torch.rand(500, generator=gen) < 0.6, truth, noisy)
+        names = [f"c{i}" for i in range(k)]
+        m = classification_metrics(confusion_matrix(pred, truth, k), 0.0, names)
+        present = sorted(set(truth.tolist()))
+        assert m["classes_present"] == [names[i] for i in present]
+        assert math.isclose(m["macro_f1"], sklearn_metrics.f1_score(truth, pred, labels=present, average="macro"), rel_tol=1e-12)
+        assert math.isclose(m["accuracy"], sklearn_metrics.accuracy_score(truth, pred), rel_tol=1e-12)
+        p, r, f, support = sklearn_metrics.precision_recall_fscore_support(truth, pred, labels=list(range(k)), zero_division=0)
+        for i, name in enumerate(names):
+            got = m["per_class"][name]
+            assert math.isclose(got["precision"], p[i], abs_tol=1e-12) and math.isclose(got["recall"], r[i], abs_tol=1e-12)
+            assert math.isclose(got["f1"], f[i], abs_tol=1e-12) and got["support"] == support[i]
 
 
 def test_logger_writes_jsonl_only_when_enabled(tmp_path):

@@ -12,6 +12,7 @@ from distrinews.checkpoint.modelcard import CARD_FILE, base_model, split_front_m
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import SERVABLE_INFO, save_servable
 from distrinews.config import TrainConfig, load_config, parse_overrides
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model, build_tokenizer
 from distrinews.versioning import NOT_HASHED
 
@@ -26,7 +27,7 @@ METRICS = {
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    return build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
 
 
 def save(path, tiny, model_name="minilm", **extra):

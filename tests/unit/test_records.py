@@ -22,6 +22,7 @@ from distrinews.checkpoint.records import (
     train_config_default,
 )
 from distrinews.config import TrainConfig
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.errors import CheckpointError
 
 STATE = TrainerStateRecord(
@@ -154,9 +155,10 @@ def test_running_counts_and_the_top_level_are_checked():
 
 
 def test_defaults_come_from_where_they_are_owned(monkeypatch):
-    from distrinews.model import LABELS
+    from distrinews.data.rows import AG_NEWS_LABELS
 
-    assert ServableInfo().max_length == TrainConfig().max_length and ServableInfo().label_names == list(LABELS)
+    # a distrinews.json from before own data sets: AG News's labels
+    assert ServableInfo().max_length == TrainConfig().max_length and ServableInfo().label_names == list(AG_NEWS_LABELS)
     # Not a copy: change TrainConfig's default and the record's follows.
     monkeypatch.setattr(TrainConfig.__dataclass_fields__["max_length"], "default", 96)
     assert train_config_default("max_length") == 96 and ServableInfo().max_length == 96
@@ -194,7 +196,7 @@ NEWER = "it was written by a newer DistriNews (format 99); this one reads format
 def tiny():
     from distrinews.model import build_model, build_tokenizer
 
-    return build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    return build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
 
 
 def _edit(path, change) -> None:
@@ -294,7 +296,7 @@ def test_a_step_checkpoint_it_cannot_read_is_refused_before_any_tensor_loads(tmp
         with pytest.raises(CheckpointError) as refused:
             read(step)
         assert str(refused.value) == expected
-    fresh = build_model("tiny-random", dropout=0.0, seed=1)
+    fresh = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=1)
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(CheckpointError) as refused:
         checkpointer.load(step, *parts(fresh), None)  # what Trainer.resume calls

@@ -30,6 +30,10 @@ FACTS = RunFacts(
     rows_per_rank=2000,
     test_rows=800,
     mfu_peak="stated",
+    label_names=["World", "Sports", "Business", "Sci/Tech"],
+    train_counts=[1000, 1000, 1000, 1000],
+    eval_counts=[200, 200, 200, 200],
+    eval_from="the test split (test.csv.gz)",
 )
 
 
@@ -61,6 +65,35 @@ def test_epoch_lines_are_the_seeds_plus_throughput():
     assert lines[0] == "\nEpoch [1/3] - 2m 5s"
     assert "Test Acc:  91.23%" in lines[2] and "Macro-F1: 90.00%" in lines[2]
     assert "MFU 1.2%" in lines[3]
+
+
+def test_the_banner_lists_every_class_with_its_rows_wrapped_and_the_loss_weights():
+    names = [f"desk-{i:02d}" for i in range(20)]
+    facts = dataclasses.replace(
+        FACTS, label_names=names, train_counts=list(range(100, 120)), eval_counts=[5] * 20, class_weights=[1.0] * 19 + [2.5]
+    )
+    lines = banner_lines(TrainConfig(), env(1), facts, resumed_from=None, step=0)
+    classes = [line for line in lines if line.startswith("Classes (20, train/test rows): ")]
+    assert len(classes) == 1
+    block = lines[lines.index(classes[0]) : lines.index(classes[0]) + 5]
+    assert all(len(line) <= 100 for line in block)
+    text = "\n".join(lines)
+    assert all(f"desk-{i:02d} {100 + i}/5" in text for i in range(20))
+    assert "Class weights:" in text and "desk-19 2.5" in text and "(balanced)" in text
+    assert "Test samples:         800 from the test split (test.csv.gz)" in text
+
+
+def test_the_end_shows_the_best_models_per_class_scores_and_confusion_matrix():
+    from distrinews.scores import classification_scores
+
+    scores = classification_scores([[8, 2, 0], [0, 10, 0], [0, 5, 5]], ["business", "sport", "tech"])
+    lines = final_lines(10, 0.7667, "runs/x/best", scores)
+    text = "\n".join(lines)
+    row = next(line for line in lines if line.strip().startswith("sport"))
+    assert "58.82%" in row and "100.00%" in row and "74.07%" in row and row.rstrip().endswith("10")  # 10/17 precision, F1 20/27
+    assert "Confusion matrix" in text
+    matrix = lines[lines.index(next(line for line in lines if "true \\ predicted" in line)) + 1 :][:3]
+    assert [line.split()[-3:] for line in matrix] == [["8", "2", "0"], ["0", "10", "0"], ["0", "5", "5"]]
 
 
 def test_end_lines():

@@ -14,6 +14,7 @@ import torch
 from distrinews.checkpoint.rundir import LOCK_FILE, RunDir
 from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import wrap_model
 from distrinews.distributed.process_group import DistEnv, GpuShareError, check_one_gpu_per_process
 from distrinews.train.trainer import StepPlan, TrainState, optimizer_windows
@@ -150,7 +151,7 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
     torch.manual_seed(1)
     assert torch.equal(drop(torch.ones(1000)), first), "the global generator decides the mask: runs repeat"
     assert torch.equal(drop.eval()(x), x)
-    model = build_model("tiny-random", seed=0, dropout=0.1)
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0, dropout=0.1)
     assert use_fast_dropout(model) == 2 * 3 + 2  # per layer: attention probabilities, attention output, feed-forward; + 2
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
 

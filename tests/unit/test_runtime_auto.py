@@ -8,6 +8,7 @@ import sys
 import onnxruntime
 import pytest
 
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict import int8
 from distrinews.predict.runtimes import make_predictor
 
@@ -27,7 +28,7 @@ def best(tmp_path, monkeypatch):
     from distrinews.model import build_model, build_tokenizer
 
     monkeypatch.delenv("DISTRINEWS_DATA", raising=False)  # no labelled data at hand: the fixed-sample check
-    model = build_model("tiny-random", seed=0, dropout=0.0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0, dropout=0.0).eval()
     return save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=64))
 
 
@@ -72,7 +73,7 @@ def test_a_failed_check_serves_pytorch_says_why_and_is_not_repeated(spread):
 
 
 def test_labelled_rows_make_it_an_accuracy_check(best, agnews_dir):
-    labelled = int8.labelled_rows(str(agnews_dir), 200)
+    labelled = int8.labelled_rows({"data_dir": str(agnews_dir)}, 200, ["World", "Sports", "Business", "Sci/Tech"])
     assert labelled is not None and len(labelled[0]) == len(labelled[1]) == 200
     _, check = int8.make_int8(best, labelled)
     assert check["kind"] == "accuracy on labelled test rows" and check["rows"] == 200

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.limits import MAX_JSON_DEPTH, MAX_NUMBER_CHARS
 
@@ -223,7 +224,7 @@ def servable(tmp_path_factory) -> Path:
     from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
-    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     return save_servable(
         tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
     )

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
 from distrinews.serve.app import ServeConfig, create_app
@@ -181,7 +182,7 @@ def tiny_best(tmp_path_factory):
     from distrinews.checkpoint.servable import save_servable
     from distrinews.model import build_model, build_tokenizer
 
-    model = build_model("tiny-random", dropout=0.0, seed=0).eval()
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     best = tmp_path_factory.mktemp("tokenizer") / "best"
     return save_servable(
         best, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32, model_name="tiny-random")

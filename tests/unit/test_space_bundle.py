@@ -19,6 +19,7 @@ from distrinews.checkpoint.modelcard import split_front_matter
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.config import ConfigError, TrainConfig
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.export.space import accuracy, checks, dockerfile, readme, requirements
 from distrinews.export.space.bundle import PACKAGE_ROOT, export_space, server_files
 from distrinews.model import build_model, build_tokenizer
@@ -30,7 +31,7 @@ METRICS = {"samples": 7600, "loss": 0.29, "accuracy": 0.9053, "macro_f1": 0.9049
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    model, tokenizer = build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    model, tokenizer = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
     info = ServableInfo(
         metrics=METRICS,
         epoch=1.0,

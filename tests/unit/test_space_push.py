@@ -9,6 +9,7 @@ import pytest
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.cli import main
+from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model, build_tokenizer
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
@@ -16,7 +17,7 @@ huggingface_hub = pytest.importorskip("huggingface_hub")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model, tokenizer = build_model("tiny-random", dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    model, tokenizer = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
     return save_servable(
         tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), tokenizer, ServableInfo(model_name="tiny-random")
     )

@@ -206,7 +206,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     )
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     data = prepare_data(config.data, env)
-    model = build_model(config.model_name_or_path, seed=config.seed).to(env.device).train()
+    model = build_model(config.model_name_or_path, seed=config.seed, labels=data.label_names).to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     payload = [torch.ones(grad_bytes // 4, device=env.device)]

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
+from ..data.rows import AG_NEWS_LABELS
 from ..data.splits import load_split, stratified_sample
 from ..data.tokenized import tokenize_cached
 from ..distributed.process_group import DistEnv
@@ -74,7 +75,7 @@ def main() -> None:
     raw = raw.subset(stratified_sample(raw.labels, args.train_samples, args.seed))
     # Every rank reads the same cache file; it was written by an earlier run or is written atomically here.
     train = tokenize_cached(raw, tokenizer, args.max_length, None, build=True)
-    model = build_model(args.model, seed=args.seed)
+    model = build_model(args.model, seed=args.seed, labels=AG_NEWS_LABELS)
 
     out_dir = tempfile.mkdtemp(prefix="hf-trainer-")
     targs = TrainingArguments(

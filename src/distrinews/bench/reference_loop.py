@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
+from ..data.rows import AG_NEWS_LABELS
 from ..data.splits import load_split, stratified_sample
 from ..data.tokenized import tokenize_cached
 from ..distributed.process_group import DistEnv
@@ -84,7 +85,7 @@ def main() -> None:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
         loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=0)
 
-        model = build_model(args.model, seed=args.seed).to(device)
+        model = build_model(args.model, seed=args.seed, labels=AG_NEWS_LABELS).to(device)
         ddp_model = DDP(model) if world > 1 else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
         total_steps = len(loader)

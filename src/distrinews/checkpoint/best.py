@@ -23,9 +23,9 @@ class BestModel:
         self.directory, self.checkpoints, self.env = directory, checkpoints, env
         self.tokenizer, self.training_config = tokenizer, training_config
 
-    def offer(self, model, metrics: dict[str, Any], best_so_far: float | None, epoch: float, global_step: int) -> bool:
-        """Keep ``model`` in ``best/`` if ``metrics`` beat ``best_so_far`` (the run's state holds it); every rank calls this."""
-        if best_so_far is not None and metrics["accuracy"] <= best_so_far:
+    def offer(self, model, metrics: dict[str, Any], metric: str, best_so_far: float | None, epoch: float, global_step: int) -> bool:
+        """Keep ``model`` in ``best/`` if ``metrics[metric]`` beats ``best_so_far`` (the run's state holds it); every rank calls this."""
+        if best_so_far is not None and metrics[metric] <= best_so_far:
             return False
         weights = model.full_state_dict()  # every rank: a collective under sharded strategies
         target = self.directory
@@ -38,6 +38,7 @@ class BestModel:
                     servable.state_dict() if servable is not model.raw else weights,
                     self.tokenizer,
                     ServableInfo(
+                        label_names=[servable.config.id2label[i] for i in range(servable.config.num_labels)],
                         metrics=metrics,
                         epoch=epoch,
                         global_step=global_step,

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
-from ..model import LABELS, build_tokenizer
+from ..model import build_tokenizer
 from .load_errors import loading
 from .records import ModelInfo, TokenizerSource, train_config_default
 from .tokenizer_files import has_tokenizer

@@ -64,9 +64,9 @@ def _default_max_length() -> int:
 
 
 def _default_labels() -> list[str]:
-    from ..model import LABELS  # torch: only when a record is built without its labels
+    from ..data.rows import AG_NEWS_LABELS  # a file from before own data sets: AG News's
 
-    return list(LABELS)
+    return list(AG_NEWS_LABELS)
 
 
 # ---------------------------------------------------------------------- reading checks
@@ -173,6 +173,8 @@ class TrainerStateRecord:
     gradient_accumulation_steps: int | None = None
     world_size: int | None = None  # processes of the run that wrote it
     sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
+    label_names: list[str] | None = None  # the model's labels in id order; absent (None) in older runs: AG News's
+    best_metric: float | None = None  # the best value of metric_for_best_model so far; absent in older runs
     format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
 
     # Every DistriNews has written these; the rest default as above when an older file lacks them.
@@ -188,6 +190,8 @@ class TrainerStateRecord:
         "gradient_accumulation_steps": optional(INT),
         "world_size": optional(INT),
         "sharded": BOOL,
+        "label_names": optional(STR_LIST),
+        "best_metric": optional(NUMBER),
     }
 
     def to_json(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from ..config import ConfigError, TrainConfig
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
-RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png")
+RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png")
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
 # Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
@@ -66,6 +66,10 @@ class RunDir:
     @property
     def curves(self) -> Path:
         return self.path / "training_curves.png"
+
+    @property
+    def confusion(self) -> Path:
+        return self.path / "confusion_matrix.png"
 
     @property
     def lock_file(self) -> Path:

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..data.rows import AG_NEWS_LABELS
 from ..errors import CheckpointError
-from ..model import LABELS, SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
+from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
 from ..versioning import version_fields
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .legacy import load_legacy_pt
@@ -161,7 +162,8 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
             return values[key] if key in values else train_config_default(key)
 
         name = setting("model_name_or_path")
-        model = build_model(name, dropout=setting("dropout"), seed=setting("seed"))
+        labels = list(state.label_names or AG_NEWS_LABELS)  # older runs trained on AG News alone
+        model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
         if (path / SHARDED).is_dir():
@@ -172,7 +174,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
                 load_weights(model, path / "model.safetensors")
         tokenizer = build_tokenizer(name)
         info = ModelInfo(
-            label_names=list(LABELS),
+            label_names=labels,
             epoch=state.epoch,
             metrics=state.last_eval,
             max_length=setting("max_length"),

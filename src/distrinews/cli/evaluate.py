@@ -8,6 +8,7 @@ from ..config import ConfigError
 from ..data.fields import DEFAULT_TEXT_FIELD
 from ..predict.batch.evaluate import DEFAULT_LABEL_FIELD
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
+from ..scores import confusion_table, per_class_table
 
 
 def register(subparsers) -> None:
@@ -72,8 +73,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if env.is_main:
             print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
             print(f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%")
-            for name, acc in metrics["per_class_accuracy"].items():
-                print(f"  {name:<10} {100 * acc:.2f}%")
+            print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
             if args.output_json:
                 write_json(args.output_json, metrics)
     return 0
@@ -99,15 +99,14 @@ def run_files(args: argparse.Namespace) -> int:
         skipped = f" ({result.skipped:,} row{'s' if result.skipped != 1 else ''} skipped; {'; '.join(result.skipped_examples)})"
     if not result.rows:
         raise DataError(f"eval: no row of {describe_inputs(shards)} has a text and a label{skipped}")
-    present = result.present
+    metrics = result.to_json()
+    present = metrics["classes_present"]
     print(f"Samples: {result.rows:,} labelled rows of {describe_inputs(shards)}{skipped}")
     print(
-        f"Accuracy: {100 * result.accuracy():.2f}% | Macro-F1: {100 * result.macro_f1():.2f}% "
+        f"Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}% "
         f"(over the {len(present)} class{'es' if len(present) != 1 else ''} present)"
     )
-    metrics = result.to_json()
-    for name, acc in metrics["per_class_accuracy"].items():
-        print(f"  {name:<10} {100 * acc:.2f}%  ({metrics['support'][name]:,} rows)")
+    print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
     if args.output_json:
         write_json(args.output_json, metrics)
     return 0

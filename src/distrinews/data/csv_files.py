@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..errors import DataError
-from ..model import LABELS
+from .rows import AG_NEWS_LABELS as LABELS
 from .rows import RawSplit, clean_text
 
 

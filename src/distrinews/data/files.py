@@ -86,22 +86,23 @@ def require_pyarrow(what: str) -> None:
         raise ConfigError(f"{what} needs pyarrow: pip install 'distrinews[{PARQUET_EXTRA}]'")
 
 
-def resolve_inputs(specs: Iterable[str]) -> list[Shard]:
+def resolve_inputs(specs: Iterable[str], what: str = "--input") -> list[Shard]:
     """The files ``specs`` name (files, folders, globs), in order, each once; one-line ``ConfigError`` otherwise.
 
     A file must have a known suffix; a folder or a glob contributes its files of a known format.
+    ``what`` names the option in messages.
     """
     shards: list[Shard] = []
     seen: set[Path] = set()
     for spec in specs:
-        for path in _expand(spec):
+        for path in _expand(spec, what):
             resolved = path.resolve()
             if resolved in seen:
                 continue
             seen.add(resolved)
             fmt = format_of(path)
             if fmt is None:  # _expand only returns unknown formats for a file named on its own
-                raise ConfigError(f"--input {spec}: unknown format (use one of {_known_suffixes()})")
+                raise ConfigError(f"{what} {spec}: unknown format (use one of {_known_suffixes()})")
             shards.append(Shard(resolved, fmt))
     if any(s.format == "parquet" for s in shards):
         require_pyarrow("reading Parquet")
@@ -113,21 +114,21 @@ def _listed(paths: Iterable[Path]) -> list[Path]:
     return sorted(p for p in paths if p.is_file() and not p.name.startswith((".", "_")) and format_of(p) is not None)
 
 
-def _expand(spec: str) -> list[Path]:
+def _expand(spec: str, what: str) -> list[Path]:
     path = Path(spec).expanduser()
     if path.is_file():
         return [path]
     if path.is_dir():
         files = _listed(path.iterdir())
         if not files:
-            raise ConfigError(f"--input {spec}: the folder holds no {_known_suffixes()} files")
+            raise ConfigError(f"{what} {spec}: the folder holds no {_known_suffixes()} files")
         return files
     if glob.has_magic(spec):
         files = _listed(Path(p) for p in glob.glob(os.path.expanduser(spec)))
         if not files:
-            raise ConfigError(f"--input {spec}: no {_known_suffixes()} files match")
+            raise ConfigError(f"{what} {spec}: no {_known_suffixes()} files match")
         return files
-    raise ConfigError(f"--input {spec} does not exist")
+    raise ConfigError(f"{what} {spec} does not exist")
 
 
 # ---------------------------------------------------------------------------------------------- reading

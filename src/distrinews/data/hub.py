@@ -7,7 +7,7 @@ import socket
 import urllib.parse
 
 from ..errors import DataError
-from ..model import LABELS
+from .rows import AG_NEWS_LABELS as LABELS
 from .rows import GET_DATA, HUB_DATASET, RawSplit, clean_text
 
 

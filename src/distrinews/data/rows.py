@@ -10,6 +10,7 @@ DATA_ENV = "DISTRINEWS_DATA"
 
 
 HUB_DATASET = "fancyzhx/ag_news"
+AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")  # classes 1-4 of the release, in order
 
 
 @dataclass

@@ -39,6 +39,5 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
     del model
     from ..predict.int8 import SERVE_CHECK_ROWS, labelled_rows, make_int8
 
-    data_dir = (info.training_config or {}).get("data_dir")
-    path, _check = make_int8(checkpoint, labelled_rows(data_dir, SERVE_CHECK_ROWS), out=out)
+    path, _check = make_int8(checkpoint, labelled_rows(info.training_config, SERVE_CHECK_ROWS, info.label_names), out=out)
     return path

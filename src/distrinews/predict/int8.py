@@ -125,21 +125,34 @@ def read_check(session: Any) -> dict[str, Any] | None:
     return check if isinstance(check, dict) and isinstance(check.get("passed"), bool) else None
 
 
-def labelled_rows(data_dir: str | None, limit: int | None, seed: int = 42) -> tuple[list[str], list[int]] | None:
-    """A seeded, class-stratified sample of AG News test rows, or None when no labelled data is at hand."""
+def labelled_rows(
+    training_config: dict[str, Any] | None, limit: int | None, labels: Sequence[str], seed: int = 42
+) -> tuple[list[str], list[int]] | None:
+    """A seeded, class-stratified sample of the evaluation rows of the data a checkpoint was trained on (its
+    ``training_config``: AG News's test split, or the user's validation rows), or None when they are not at
+    hand here or their labels are not the model's ``labels``."""
+    from ..config import TrainConfig
+    from ..data.labelled import load_labelled, uses_own_data
     from ..data.rows import DATA_ENV
-    from ..data.splits import load_split, stratified_sample
+    from ..data.splits import stratified_sample
 
-    data_dir = data_dir or os.environ.get(DATA_ENV)
-    if not data_dir or not Path(data_dir).is_dir():
-        return None
+    known = set(TrainConfig.field_names())
+    values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     try:
-        test = load_split(data_dir, "test")
-    except (OSError, ValueError) as exc:
+        config = TrainConfig.from_dict(values)
+        if not uses_own_data(config.data):
+            config.data_dir = config.data_dir or os.environ.get(DATA_ENV)
+            if not config.data_dir or not Path(config.data_dir).is_dir():
+                return None  # never the hub: a server starting must not wait on a download
+        data = load_labelled(config.data, need_train=uses_own_data(config.data))
+    except (OSError, ValueError) as exc:  # ConfigError and DataError are ValueErrors
         log.info("no labelled rows for the int8 check (%s): label agreement on the fixed sample instead", exc)
         return None
-    test = test.subset(stratified_sample(test.labels, limit, seed))
-    return list(test.texts), list(test.labels)
+    if data.label_names != list(labels):
+        log.info("the training data's labels are not the model's: label agreement on the fixed sample instead")
+        return None
+    rows = data.eval.subset(stratified_sample(data.eval.labels, limit, seed))
+    return list(rows.texts), list(rows.labels)
 
 
 def make_int8(

@@ -351,7 +351,8 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
             check = None
     if check is None:  # none yet, one made before checks were recorded, or one of other weights
         try:
-            labelled = int8.labelled_rows(_training_data_dir(checkpoint), int8.SERVE_CHECK_ROWS)
+            training, labels = _training_config_and_labels(checkpoint)
+            labelled = int8.labelled_rows(training, int8.SERVE_CHECK_ROWS, labels)
             path, check = int8.make_int8(checkpoint, labelled, out=path if os.access(path.parent, os.W_OK) else cached)
         except (CheckpointError, FileNotFoundError):
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
@@ -374,14 +375,15 @@ def _fall_back(checkpoint: str | os.PathLike, max_batch_size: int, reason: str, 
     return predictor
 
 
-def _training_data_dir(checkpoint: str | os.PathLike) -> str | None:
-    """The AG News folder the checkpoint was trained on, as its ``distrinews.json`` records it (None if unknown)."""
+def _training_config_and_labels(checkpoint: str | os.PathLike) -> tuple[dict[str, Any] | None, list[str]]:
+    """The training config and the labels a checkpoint's ``distrinews.json`` records (None, [] if unknown)."""
     path = Path(checkpoint) / SERVABLE_INFO
     try:
-        training = json.loads(path.read_text()).get("training_config") or {}
+        info = json.loads(path.read_text())
+        training, labels = info.get("training_config"), info.get("label_names")
     except (OSError, ValueError, AttributeError):
-        return None
-    return training.get("data_dir") if isinstance(training, dict) else None
+        return None, []
+    return (training if isinstance(training, dict) else None), (labels if isinstance(labels, list) else [])
 
 
 def _cache_path(path: Path) -> Path:

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from ..config import BatchConfig, DataConfig, ModelConfig, OptimizerConfig
-from ..data.splits import load_split, stratified_sample
+from ..data.labelled import LabelledData, load_labelled
+from ..data.rows import RawSplit
+from ..data.splits import stratified_sample
 from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.process_group import DistEnv, all_reduce_max, main_process_first
 from ..model import add_lora, build_model, build_tokenizer, freeze_word_embeddings
@@ -29,7 +31,8 @@ class TrainState:
     global_step: int = 0
     epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
     step_in_epoch: int = 0  # optimizer steps done in ``epoch``
-    best_accuracy: float | None = None
+    best_accuracy: float | None = None  # the accuracy of the model in best/
+    best_metric: float | None = None  # the best value of metric_for_best_model so far (what best/ was kept for)
     last_eval: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
@@ -88,9 +91,11 @@ class _Pause:
         self.clock._paused += time.perf_counter() - self.t0
 
 
-def build_train_model(config: ModelConfig, device: torch.device) -> torch.nn.Module:
-    """The classifier as it trains: dropout overrides, frozen embeddings, fast dropout on CPU, LoRA; on ``device``."""
-    model = build_model(config.model_name_or_path, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout)
+def build_train_model(config: ModelConfig, device: torch.device, labels: list[str]) -> torch.nn.Module:
+    """The classifier as it trains, one output per label: dropout overrides, frozen embeddings, fast dropout on CPU, LoRA; on ``device``."""
+    model = build_model(
+        config.model_name_or_path, labels=labels, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout
+    )
     if config.freeze_word_embeddings:
         freeze_word_embeddings(model)
     if config.fast_dropout and device.type == "cpu":
@@ -103,22 +108,34 @@ def build_train_model(config: ModelConfig, device: torch.device) -> torch.nn.Mod
 @dataclass
 class Datasets:
     train: TokenizedDataset | None
-    test: TokenizedDataset
+    test: TokenizedDataset  # the evaluation split (AG News's test split, or the user's validation rows)
     tokenizer: Any
+    label_names: list[str]
+    labelled: LabelledData  # the rows as read (sampled), their source and the warnings about them
+    eval_rows: RawSplit  # the evaluation rows as text (the int8 model's check reads them)
 
 
 def prepare_data(config: DataConfig, env: DistEnv, need_train: bool = True) -> Datasets:
-    """Read, sample and tokenize; each node's first process builds the token cache, the others read it."""
+    """Read, check, sample and tokenize; each node's first process builds the token cache, the others read it."""
     tokenizer = build_tokenizer(config.model_name_or_path)
     splits: dict[str, TokenizedDataset] = {}
     with main_process_first(env, local=True):
-        for name, limit in (("train", config.train_samples), ("test", config.eval_samples)):
-            if name == "train" and not need_train:
-                continue
-            raw = load_split(config.data_dir, name)
-            raw = raw.subset(stratified_sample(raw.labels, limit, config.seed))
-            splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
-    return Datasets(splits.get("train"), splits["test"], tokenizer)
+        labelled = load_labelled(config, need_train=need_train)
+        if labelled.train is not None:
+            labelled.train = labelled.train.subset(stratified_sample(labelled.train.labels, config.train_samples, config.seed))
+        labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, config.seed))
+        for name, raw in (("train", labelled.train), ("test", labelled.eval)):
+            if raw is not None:
+                splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
+    return Datasets(splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval)
+
+
+def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.device) -> torch.Tensor:
+    """scikit-learn's "balanced" weights, ``rows / (classes x rows of the class)``; 0 for a class without rows."""
+    counts = torch.bincount(dataset.labels, minlength=num_labels).double()
+    present = int((counts > 0).sum())
+    weights = torch.where(counts > 0, counts.sum() / (present * counts.clamp(min=1)), torch.zeros_like(counts))
+    return weights.float().to(device)
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -218,3 +218,40 @@ def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) ->
         return None
     say(f"Training curves: {path}")
     return path
+
+
+def draw_confusion(metrics: dict[str, Any]):
+    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written in."""
+    from matplotlib.figure import Figure
+
+    cm, names = metrics["confusion"], list(metrics["per_class"])
+    k = len(names)
+    size = min(4 + 0.45 * k, 16)
+    fig = Figure(figsize=(size + 1.5, size), layout="constrained")
+    ax = fig.add_subplot()
+    shares = [[x / max(sum(row), 1) for x in row] for row in cm]
+    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, label="share of the true label's rows")
+    ax.set_xticks(range(k), names, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+    ax.set_yticks(range(k), names)
+    ax.set_xlabel("predicted label")
+    ax.set_ylabel("true label")
+    if k <= 30:  # counts stay legible
+        for i in range(k):
+            for j in range(k):
+                ax.text(j, i, f"{cm[i][j]:,}", ha="center", va="center", fontsize=8, color="white" if shares[i][j] > 0.5 else "black")
+    ax.set_title(f"Confusion matrix: accuracy {_pct(metrics.get('accuracy'))}, macro-F1 {_pct(metrics.get('macro_f1'))}")
+    return fig
+
+
+def write_confusion_matrix(run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print) -> Path | None:
+    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the run."""
+    if not metrics or not metrics.get("confusion") or not have_matplotlib():
+        return None  # the curves' line has said why matplotlib is missing
+    try:
+        path = save_figure(draw_confusion(metrics), run_dir.confusion)
+    except Exception as exc:
+        say(f"Confusion matrix: not drawn ({type(exc).__name__}: {exc})")
+        return None
+    say(f"Confusion matrix: {path}")
+    return path

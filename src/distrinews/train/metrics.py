@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
-from ..model import LABELS
+from ..scores import classification_scores
 
 
 # ---------------------------------------------------------------------- counts while training
@@ -78,29 +79,17 @@ class Counts:
 
 
 # ---------------------------------------------------------------------- classification metrics
-def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int = len(LABELS)) -> torch.Tensor:
+def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Counts[true, predicted] as int64."""
     idx = labels.to(torch.int64) * num_classes + preds.to(torch.int64)
     return torch.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
 
-def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names=LABELS) -> dict[str, Any]:
-    cm = confusion.to(torch.float64).cpu()
-    total = cm.sum().item()
-    correct = cm.diag().sum().item()
-    support = cm.sum(dim=1)
-    predicted = cm.sum(dim=0)
-    tp = cm.diag()
-    recall = torch.where(support > 0, tp / support.clamp(min=1), torch.zeros_like(tp))
-    precision = torch.where(predicted > 0, tp / predicted.clamp(min=1), torch.zeros_like(tp))
-    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall).clamp(min=1e-12), torch.zeros_like(tp))
-    return {
-        "samples": int(total),
-        "loss": loss_sum / total if total else float("nan"),
-        "accuracy": correct / total if total else float("nan"),
-        "macro_f1": f1.mean().item(),
-        "per_class_accuracy": {name: recall[i].item() for i, name in enumerate(label_names)},
-    }
+def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names: Sequence[str]) -> dict[str, Any]:
+    """Loss and ``scores.classification_scores`` (accuracy, macro-F1, per class, the confusion matrix)."""
+    scores = classification_scores(confusion.cpu().tolist(), label_names)
+    total = scores["samples"]
+    return {"samples": total, "loss": loss_sum / total if total else float("nan"), **{k: v for k, v in scores.items() if k != "samples"}}
 
 
 # ---------------------------------------------------------------------- sinks

@@ -8,13 +8,14 @@ launcher's own.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.rundir import RunDir
 from ..config import ConfigError, TrainConfig
-from ..data.splits import load_split
+from ..data.labelled import load_labelled
 from ..distributed.process_group import check_one_gpu_per_process
 from ..model import check_model_available
 from .precision import check_precision_supported
@@ -44,6 +45,6 @@ def preflight_train(
             resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
         check_model_available(config.model_name_or_path)
         if read_data:  # every row, as the workers will: a malformed one fails here with file:line
-            for split in ("train", "test"):
-                load_split(config.data_dir, split)
+            for warning in load_labelled(config.data).warnings:
+                print(warning, file=sys.stderr, flush=True)
         return held.pop_all()

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..distributed.process_group import DistEnv
+from ..scores import confusion_table, per_class_table
 from .metrics import Counts
 
 RULE = "=" * 60
@@ -35,6 +36,11 @@ class RunFacts:
     rows_per_rank: int
     test_rows: int
     mfu_peak: str
+    label_names: list[str]
+    train_counts: list[int]  # rows of each label, in label order
+    eval_counts: list[int]
+    eval_from: str  # where the evaluation rows come from
+    class_weights: list[float] | None = None  # the loss's, when class_weights is balanced
 
 
 def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
@@ -57,12 +63,31 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         + (" with LoRA" if config.use_peft else ""),
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
-        f"Test samples:         {facts.test_rows:,}",
+        f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
+        *class_lines(facts),
         f"MFU peak:             {facts.mfu_peak}",
     ]
     if resumed_from is not None:
         lines.append(f"Resumed from:         {resumed_from} (step {step})")
     return [*lines, RULE]
+
+
+def class_lines(facts: RunFacts, width: int = 100) -> list[str]:
+    """The labels with their rows in each split (train / test), wrapped to ``width``; the loss weights if any."""
+    cells = [f"{name} {train:,}/{test:,}" for name, train, test in zip(facts.label_names, facts.train_counts, facts.eval_counts)]
+    head = f"Classes ({len(cells)}, train/test rows): "
+    lines, line = [], head
+    for i, cell in enumerate(cells):
+        piece = cell + (" · " if i < len(cells) - 1 else "")
+        if len(line) + len(piece) > width and line.strip() != head.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += piece
+    lines.append(line.rstrip())
+    if facts.class_weights is not None:
+        weights = ", ".join(f"{name} {w:.3g}" for name, w in zip(facts.label_names, facts.class_weights))
+        lines.append(f"Class weights:        {weights} (balanced)")
+    return lines
 
 
 def epoch_lines(epoch: int, num_epochs: int, seconds: float, totals: Counts, metrics: dict[str, Any], summary: dict[str, Any]) -> list[str]:
@@ -87,10 +112,14 @@ def stopped_line(reason: str | None, step: int, total_steps: int, saved: str | N
     return f"\nStopped by {reason} at step {step} of {total_steps}: {where}."
 
 
-def final_lines(total_seconds: float, best_accuracy: float | None, best_dir: Any) -> list[str]:
+def final_lines(total_seconds: float, best_accuracy: float | None, best_dir: Any, best_metrics: dict[str, Any] | None = None) -> list[str]:
+    """The end: time, best accuracy, and the best model's per-class scores and confusion matrix."""
     lines = [RULE, "TRAINING COMPLETE", RULE, f"Total time: {fmt_time(total_seconds)}"]
     if best_accuracy is not None:
         lines.append(f"Best test accuracy: {100 * best_accuracy:.2f}%")
+    if best_metrics and best_metrics.get("per_class"):
+        lines += ["Per class (the best model, on the test rows):", *per_class_table(best_metrics)]
+        lines += ["Confusion matrix (rows: true label, columns: predicted, numbered as the rows):", *confusion_table(best_metrics)]
     return [*lines, f"Checkpoint saved to: {best_dir}"]
 
 

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,13 +31,16 @@ from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
+from ..checkpoint.servable import read_trainer_state
 from ..config import TrainConfig
 from ..data.collate import Collator
+from ..data.labelled import class_counts
 from ..data.sampler import TrainSampler
 from ..distributed.parallel import ParallelModel, wrap_model
 from ..distributed.preemption import StopRequest
 from ..distributed.process_group import DistEnv, broadcast_object, distributed_context
 from ..distributed.watchdog import Watchdog
+from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
 from .components import (
     StepPlan,
@@ -44,12 +48,13 @@ from .components import (
     TrainState,
     build_optimizer,
     build_train_model,
+    class_weights,
     linear_schedule_with_warmup,
     optimizer_windows,
     peak_memory_mib,
     prepare_data,
 )
-from .curves import write_training_curves
+from .curves import write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
@@ -92,7 +97,7 @@ class Trainer:
         self.plan = StepPlan.of(batches, len(self.sampler))
 
         self.precision = Precision.from_config(config.precision, env.device)
-        model = build_train_model(config.model, env.device)
+        model = build_train_model(config.model, env.device, self.data.label_names)
         self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype)
         if config.torch_compile:  # what forward and backward run through; checkpoints read the raw model
             self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
@@ -100,6 +105,10 @@ class Trainer:
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
         self.scheduler = linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
         self.scaler = self.precision.grad_scaler()
+        # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
+        self.class_weights = (
+            class_weights(self.data.train, len(self.data.label_names), env.device) if config.class_weights == "balanced" else None
+        )
 
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.save_total_limit, config.to_dict())
@@ -113,6 +122,7 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
         self.logger: MetricsLogger | None = None
+        self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
 
     @property
     def window_counts(self) -> Counts:
@@ -168,7 +178,7 @@ class Trainer:
         for i, batch in enumerate(window):
             batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
             with self.model.sync_gradients(sync and i == len(window) - 1):
-                loss, logits = forward_loss(self.model, batch, self.precision.autocast)
+                loss, logits = forward_loss(self.model, batch, self.precision.autocast, class_weights=self.class_weights)
                 scaled = loss / len(window)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             counts = Counts.of_batch(loss, logits, batch)
@@ -227,8 +237,11 @@ class Trainer:
         if path is None:
             torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
+        self.check_same_labels(read_trainer_state(Path(path)).label_names, path)  # before its weights meet this model
         saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler)
         self.state.load_state_dict(asdict(saved.trainer_state))
+        if self.state.best_metric is None and self.config.metric_for_best_model == "accuracy":
+            self.state.best_metric = self.state.best_accuracy  # a checkpoint from before best_metric was kept
         running = saved.trainer_state.running_counts
         if running and self.env.is_main:
             self._window_counts = Counts.from_list(running.window, self.env.device)
@@ -242,6 +255,17 @@ class Trainer:
         if self.epoch_complete:  # written on an epoch's last step before that epoch closed (older runs)
             self.state.epoch, self.state.step_in_epoch = self.state.epoch + 1, 0
         return str(path)
+
+    def check_same_labels(self, saved: list[str] | None, path) -> None:
+        """A checkpoint continues only the run of the same label set (an older one, without labels: AG News's)."""
+        from ..data.rows import AG_NEWS_LABELS
+
+        saved = list(saved or AG_NEWS_LABELS)
+        if saved != self.data.label_names:
+            raise CheckpointError(
+                f"{path}: trained on the labels {', '.join(saved)}, but this run's data has {', '.join(self.data.label_names)}; "
+                "resume it with the data it was trained on, or start a new run (another output_dir, or --overwrite_output_dir)"
+            )
 
     def open_logs(self, resumed_from: str | None) -> None:
         if self.env.is_main:
@@ -267,6 +291,11 @@ class Trainer:
             train_rows=len(self.data.train),
             rows_per_rank=len(self.sampler),
             test_rows=len(self.data.test),
+            label_names=self.data.label_names,
+            train_counts=class_counts(self.data.labelled.train, self.data.label_names),
+            eval_counts=class_counts(self.data.eval_rows, self.data.label_names),
+            eval_from=self.data.labelled.eval_from,
+            class_weights=None if self.class_weights is None else self.class_weights.tolist(),
             mfu_peak=self.peak.source,
         )
         self.report.say(*banner_lines(self.config, self.env, facts, resumed_from, self.state.global_step))
@@ -308,8 +337,10 @@ class Trainer:
         )
         self.state.last_eval = metrics
         self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
-        if self.best.offer(self.model, metrics, self.state.best_accuracy, self.epoch_float, self.state.global_step):
-            self.state.best_accuracy = metrics["accuracy"]
+        metric = self.config.metric_for_best_model
+        if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
+            self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
+            self.best_eval = metrics
         return metrics
 
     def save(self) -> None:
@@ -333,6 +364,7 @@ class Trainer:
                 running_counts=running,
                 per_device_train_batch_size=self.config.per_device_train_batch_size,
                 gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+                label_names=list(self.data.label_names),
             ),
         )
 
@@ -393,9 +425,11 @@ class Trainer:
             },
         )
         self.logger.close()
-        self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best))
+        best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
+        self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
         if self.env.is_main and self.config.save_training_curves:
             write_training_curves(self.run_dir, self.report.say)  # training_curves.png from the finished log
+            write_confusion_matrix(self.run_dir, best, self.report.say)
         if self.env.is_main and self.config.int8_model and self.run_dir.best.is_dir():
             self.make_int8_model()
         return result
@@ -407,11 +441,11 @@ class Trainer:
         except ImportError:
             self.report.say("int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch")
             return
-        from ..predict.int8 import labelled_rows, make_int8
+        from ..predict.int8 import make_int8
 
-        c = self.config
+        rows = self.data.eval_rows
         try:
-            path, check = make_int8(self.run_dir.best, labelled_rows(c.data_dir, c.eval_samples, c.seed))
+            path, check = make_int8(self.run_dir.best, (list(rows.texts), list(rows.labels)))
         except Exception as exc:  # the run is saved; serving falls back to PyTorch
             self.report.say(f"int8 model: not made ({type(exc).__name__}: {exc}); serve runs PyTorch")
             return

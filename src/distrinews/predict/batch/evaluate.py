@@ -4,7 +4,7 @@ The files are read as ``distrinews predict --input`` reads them (``data.files``)
 text and a label (``--label-field``, default ``label``: a class name in any case, or a 0-based id).
 Rows without one are skipped and counted, never fatal. Texts go through the model in passes cut as
 the batch engine cuts them (``plan_passes``), a window at a time, so memory stays bounded; only the
-confusion matrix is kept. Macro-F1 averages the classes present among the labels.
+confusion matrix is kept; the scores are ``scores.classification_scores``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from ...data.fields import BadRow, RowFields
 from ...data.files import Shard, read_rows
+from ...scores import classification_scores
 from ..passes import plan_passes
 
 DEFAULT_LABEL_FIELD = "label"
@@ -37,40 +38,9 @@ class Evaluation:
     def rows(self) -> int:
         return int(self.confusion.sum())
 
-    @property
-    def present(self) -> list[int]:
-        """The classes that occur among the true labels."""
-        return [i for i in range(len(self.labels)) if self.confusion[i].sum() > 0]
-
-    def accuracy(self) -> float:
-        return float(np.trace(self.confusion) / self.rows) if self.rows else float("nan")
-
-    def f1(self) -> np.ndarray:
-        tp = np.diag(self.confusion).astype(np.float64)
-        support, predicted = self.confusion.sum(axis=1), self.confusion.sum(axis=0)
-        precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
-        recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
-        total = precision + recall
-        return np.divide(2 * precision * recall, total, out=np.zeros_like(tp), where=total > 0)
-
-    def macro_f1(self) -> float:
-        present = self.present
-        return float(self.f1()[present].mean()) if present else float("nan")
-
     def to_json(self) -> dict[str, Any]:
-        support = self.confusion.sum(axis=1)
-        recall = [float(self.confusion[i, i] / support[i]) if support[i] else None for i in range(len(self.labels))]
-        return {
-            "samples": self.rows,
-            "skipped": self.skipped,
-            "accuracy": self.accuracy(),
-            "macro_f1": self.macro_f1(),
-            "classes_present": [self.labels[i] for i in self.present],
-            "per_class_accuracy": {name: recall[i] for i, name in enumerate(self.labels) if recall[i] is not None},
-            "per_class_f1": {self.labels[i]: float(self.f1()[i]) for i in self.present},
-            "support": {name: int(self.confusion[i].sum()) for i, name in enumerate(self.labels)},
-            "confusion": self.confusion.tolist(),
-        }
+        scores = classification_scores(self.confusion.tolist(), self.labels)
+        return {"samples": scores.pop("samples"), "skipped": self.skipped, **scores}
 
 
 def _labelled(shards: list[Shard], fields: RowFields, labels: list[str], evaluation: Evaluation) -> Iterator[tuple[str, int]]:

@@ -1,0 +1,343 @@
+"""The labelled rows a run trains and evaluates on, and the label set, read from the data.
+
+Three sources, one result (:class:`LabelledData`):
+
+- **AG News** (the default): ``--data`` / ``$DISTRINEWS_DATA`` or the hub (``splits.load_split``),
+  its four classes in their release order;
+- **files**: ``train_file`` (+ ``validation_file`` or ``test_file``): CSV with a header, JSONL or
+  Parquet (``.gz`` for the first two), a file, a folder of shards or a glob (``files.resolve_inputs``);
+- **a data set**: ``dataset_name`` (+ ``dataset_config_name``) through ``datasets``: a hub id, or a
+  folder that ``datasets`` wrote (``save_to_disk``) or that holds a hub-style repository.
+
+The text of a row is its ``text_column_names`` joined with a space (runs of whitespace made one,
+as the server does with a request's text). The label is the ``label_column_name`` value, a string
+or an integer; the label set is the training split's labels, sorted (numerically when they are
+all integers), or in the order ``label_names`` gives, or a hub ``ClassLabel``'s own names. The
+evaluation split is checked against it: a label it has that training never saw is an error that
+names the label and a row holding it. Without an evaluation split, one is carved from training:
+``validation_split_percentage`` of the rows, stratified by label, seeded.
+
+Everything that would make training fail or mislead is found here, before any worker starts,
+each as one line: a missing column (naming the columns there are), an empty text or label (file
+and line), a label column with one class, a class with a single row where a split must be
+stratified. What training survives becomes a warning: a class with one row, classes of
+``label_names`` with no training rows, texts that occur with different labels.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import DataConfig
+from ..errors import ConfigError, DataError
+from .files import read_rows, resolve_inputs
+from .rows import AG_NEWS_LABELS, RawSplit
+from .splits import load_split, stratified_sample
+
+MAX_EXAMPLES = 3  # rows a warning shows
+
+
+@dataclass
+class LabelledData:
+    train: RawSplit | None  # None when only the evaluation split was asked for
+    eval: RawSplit
+    label_names: list[str]
+    eval_from: str  # where the evaluation rows come from, for the banner
+    warnings: list[str] = field(default_factory=list)
+    own_data: bool = False  # not AG News
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+@dataclass
+class _Rows:
+    """Rows as read, before labels become ids: text, raw label and where each came from."""
+
+    texts: list[str]
+    labels: list[str]
+    where: list[str]
+    source: str
+    classlabel_names: list[str] | None = None  # a hub ClassLabel's names: the labels are their ids
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: Sequence[int]) -> _Rows:
+        pick = list(indices)
+        return _Rows(
+            [self.texts[i] for i in pick], [self.labels[i] for i in pick], [self.where[i] for i in pick], self.source, self.classlabel_names
+        )
+
+
+def uses_own_data(config: DataConfig) -> bool:
+    return bool(config.train_file or config.dataset_name)
+
+
+def text_columns(config: DataConfig) -> list[str]:
+    return [name.strip() for name in config.text_column_names.split(",") if name.strip()]
+
+
+def given_label_names(config: DataConfig) -> list[str] | None:
+    if config.label_names is None:
+        return None
+    names = [name.strip() for name in config.label_names.split(",") if name.strip()]
+    duplicated = [name for name, n in Counter(names).items() if n > 1]
+    if len(names) < 2 or duplicated:
+        why = f"names {duplicated[0]!r} twice" if duplicated else "must name at least two labels"
+        raise ConfigError(f"config field 'label_names': {why} (got {config.label_names!r})")
+    return names
+
+
+def load_labelled(config: DataConfig, need_train: bool = True) -> LabelledData:
+    """The run's training and evaluation rows with label ids, and the label names (see the module docstring)."""
+    if not uses_own_data(config):
+        train = load_split(config.data_dir, "train") if need_train else None
+        test = load_split(config.data_dir, "test")
+        return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
+    columns = text_columns(config)
+    if config.train_file:
+        train_rows = read_file_rows(config.train_file, "train_file", columns, config.label_column_name)
+        eval_field = "validation_file" if config.validation_file else "test_file" if config.test_file else None
+        eval_rows = read_file_rows(getattr(config, eval_field), eval_field, columns, config.label_column_name) if eval_field else None
+    else:
+        train_rows, eval_rows = read_dataset_rows(config, columns)
+    warnings: list[str] = []
+    names, to_id = label_set(train_rows, given_label_names(config), warnings)
+    check_training_rows(train_rows, to_id, names, config.label_column_name, warnings)  # all of them, before any is held out
+    if eval_rows is None:
+        train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, config.seed)
+    else:
+        eval_from = eval_rows.source
+    train = _labelled(train_rows, to_id, names, "training")
+    evaluation = _labelled(eval_rows, to_id, names, "the evaluation split")
+    return LabelledData(train if need_train else None, evaluation, names, eval_from, warnings, own_data=True)
+
+
+# ---------------------------------------------------------------------- reading
+def read_file_rows(spec: str, field_name: str, columns: list[str], label_column: str) -> _Rows:
+    """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
+    shards = resolve_inputs([spec], what=f"config field '{field_name}':")
+    if not shards:
+        raise DataError(f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)")
+    rows = _Rows(
+        [], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)"
+    )
+    needed = [*columns, label_column]
+    for shard in shards:
+        for row in read_rows(shard, columns=needed):
+            where = f"{shard.path}:{row.line}" if shard.format != "parquet" else f"{shard.path} row {row.line}"
+            if row.error is not None:
+                raise DataError(f"{where}: {row.error}")
+            _add_row(rows, row.fields or {}, where, columns, label_column)
+    if not rows.texts:
+        raise DataError(f"config field '{field_name}': {spec} has no rows")
+    return rows
+
+
+def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _Rows | None]:
+    """The training split and the validation (else test) split of a ``datasets`` data set, or None for the latter."""
+    splits = _load_dataset(config.dataset_name, config.dataset_config_name)
+    if "train" not in splits:
+        raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
+    label_column = config.label_column_name
+    out: list[_Rows | None] = []
+    for split in ("train", next((s for s in ("validation", "test") if s in splits), None)):
+        if split is None:
+            out.append(None)
+            continue
+        ds = splits[split]
+        where = f"{config.dataset_name}/{split}"
+        _require_columns(where, [*columns, label_column], list(ds.column_names))
+        feature = ds.features.get(label_column)
+        names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
+        rows = _Rows([], [], [], where, classlabel_names=names)
+        values = {name: ds[name] for name in dict.fromkeys([*columns, label_column])}
+        for i in range(len(ds)):
+            _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, label_column)
+        if not rows.texts:
+            raise DataError(f"data set {where}: no rows")
+        out.append(rows)
+    return out[0], out[1]
+
+
+def _load_dataset(name: str, config_name: str | None):
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("config field 'dataset_name': needs the 'datasets' package: pip install 'distrinews[hub]'") from None
+    path = Path(name).expanduser()
+    try:
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = datasets.load_from_disk(str(path))
+        else:
+            loaded = datasets.load_dataset(name, config_name)
+    except Exception as exc:  # not found, offline, a config that does not exist, ...: one line
+        first = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise DataError(f"config field 'dataset_name': cannot load {name!r}: {type(exc).__name__}: {first}") from None
+    if isinstance(loaded, datasets.Dataset):  # a single split saved on its own
+        return {"train": loaded}
+    return dict(loaded)
+
+
+def _require_columns(where: str, needed: Iterable[str], present: list[str]) -> None:
+    missing = [name for name in needed if name not in present]
+    if missing:
+        raise DataError(
+            f"{where}: no column {missing[0]!r}; its columns are {', '.join(map(repr, present)) or 'none'} "
+            "(choose with text_column_names and label_column_name)"
+        )
+
+
+def _add_row(rows: _Rows, fields: dict[str, Any], where: str, columns: list[str], label_column: str) -> None:
+    _require_columns(where, [*columns, label_column], list(fields))
+    parts = []
+    for name in columns:
+        value = fields[name]
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise DataError(f"{where}: column {name!r} holds a {type(value).__name__} ({value!r}), not text")
+        parts.append(value)
+    text = " ".join(" ".join(parts).split())
+    if not text:
+        raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
+    rows.texts.append(text)
+    rows.labels.append(_label_key(fields[label_column], where, label_column))
+    rows.where.append(where)
+
+
+def _label_key(value: Any, where: str, column: str) -> str:
+    if isinstance(value, (bool, list, dict)):
+        raise DataError(f"{where}: label {value!r} in {column!r} is not a string or an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise DataError(f"{where}: label {value!r} in {column!r} is not a string or an integer")
+        value = int(value)
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise DataError(f"{where}: empty label in {column!r}")
+    return text
+
+
+# ---------------------------------------------------------------------- labels
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tuple[list[str], dict[str, int]]:
+    """The label names in id order, and each raw label's id (see the module docstring)."""
+    seen = list(dict.fromkeys(rows.labels))
+    if given is None and rows.classlabel_names is not None:
+        given = rows.classlabel_names
+    if given is None:
+        names = sorted(seen, key=lambda s: (0, int(s), "") if all(map(_is_int, seen)) else (1, 0, s))
+        return names, {name: i for i, name in enumerate(names)}
+    to_id = {name: i for i, name in enumerate(given)}
+    if all(label in to_id for label in seen):
+        return list(given), to_id
+    # Integer labels that are ids into the names (a hub ClassLabel, or --label_names naming ids 0..K-1).
+    if all(_is_int(label) and 0 <= int(label) < len(given) for label in seen) and not any(_is_int(name) for name in given):
+        return list(given), {str(i): i for i in range(len(given))}
+    unknown = next(label for label in seen if label not in to_id)
+    raise DataError(
+        f"{rows.where[rows.labels.index(unknown)]}: label {unknown!r} is not in label_names ({', '.join(given)}); "
+        "add it there, or leave label_names unset to take the labels from the data"
+    )
+
+
+def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -> RawSplit:
+    ids = []
+    for label, where in zip(rows.labels, rows.where):
+        i = to_id.get(label)
+        if i is None:
+            raise DataError(
+                f"{where}: label {label!r} in {what} never occurs in training (training's labels: {_listing(names)}); "
+                "every evaluation label must be one the model can learn"
+            )
+        ids.append(i)
+    return RawSplit(rows.texts, ids, rows.source)
+
+
+def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: int) -> tuple[_Rows, _Rows, str]:
+    """A stratified, seeded ``percentage`` of ``rows`` for evaluation; the rest for training."""
+    counts = Counter(rows.labels)
+    single = [label for label, n in counts.items() if n == 1]
+    if single:
+        where = rows.where[rows.labels.index(single[0])]
+        raise DataError(
+            f"{where}: label {single[0]!r} occurs once in training, so the validation split (stratified by label) cannot "
+            f"hold it and training too{_more(len(single) - 1, 'label')}; give validation_file, or add rows of it, or remove it"
+        )
+    ids = [to_id[label] for label in rows.labels]
+    n = max(len(counts), round(len(rows) * percentage / 100))
+    chosen = set(stratified_sample(ids, n, seed))
+    held = sorted(chosen)
+    kept = [i for i in range(len(rows)) if i not in chosen]
+    note = f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
+    return rows.subset(kept), rows.subset(held), note
+
+
+def check_training_rows(rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]) -> None:
+    """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a warning."""
+    counts = Counter(to_id[label] for label in rows.labels)
+    if len(counts) < 2:
+        only = names[next(iter(counts))]
+        raise DataError(
+            f"{rows.source}: the label column {label_column!r} holds one class only ({only!r}, {len(rows):,} rows); "
+            "a classifier needs at least two"
+        )
+    once = [names[i] for i, n in counts.items() if n == 1]
+    if once:
+        verb = "has" if len(once) == 1 else "have"
+        warnings.append(f"warning: {_listing(once)} {verb} a single training row: the model sees it once an epoch")
+    unused = [name for i, name in enumerate(names) if i not in counts]
+    if unused:
+        warnings.append(f"warning: label_names has {_listing(unused)} with no training rows: the model never learns to predict them")
+    conflicts = conflicting_duplicates(rows)
+    if conflicts:
+        shown = "; ".join(
+            f"{text[:60]!r} as {' and '.join(map(repr, labels))} ({', '.join(wheres[:2])})"
+            for text, labels, wheres in conflicts[:MAX_EXAMPLES]
+        )
+        texts = "text occurs" if len(conflicts) == 1 else "texts occur"
+        warnings.append(f"warning: {len(conflicts):,} {texts} in training with different labels, e.g. {shown}")
+
+
+def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]]:
+    """(text, its labels, where) for every text that occurs with more than one label, in order of first occurrence."""
+    first: dict[str, int] = {}
+    conflicted: dict[str, None] = {}
+    for i, text in enumerate(rows.texts):
+        j = first.setdefault(text, i)
+        if j != i and rows.labels[j] != rows.labels[i]:
+            conflicted[text] = None
+    if not conflicted:
+        return []
+    found: dict[str, tuple[list[str], list[str]]] = {text: ([], []) for text in conflicted}
+    for text, label, where in zip(rows.texts, rows.labels, rows.where):
+        if text in found:
+            labels, wheres = found[text]
+            if label not in labels:
+                labels.append(label)
+                wheres.append(where)
+    return [(text, labels, wheres) for text, (labels, wheres) in found.items()]
+
+
+def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:
+    counts = Counter(split.labels)
+    return [counts.get(i, 0) for i in range(len(names))]
+
+
+def _listing(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(map(repr, names[:limit]))
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _more(n: int, what: str) -> str:
+    return f" (and {n} more {what}{'s' if n > 1 else ''} like it)" if n else ""
