@@ -121,3 +121,14 @@ def test_bad_own_data_is_one_line_before_any_worker_starts(tmp_path, write_rows,
     hint = "(choose with text_column_names and label_column_name)"
     assert lines == [f"distrinews: error: {path}:3: no column 'text'; its columns are 'txt', 'label' {hint}"]
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_of_the_checkpoint_rereads_the_runs_own_validation_rows_and_agrees_with_training(desks_run, tmp_path):
+    from distrinews import cli as cli_module
+
+    run, _, _ = desks_run
+    out = tmp_path / "metrics.json"
+    assert cli_module.main(["eval", "--checkpoint", str(run / "best"), "--bf16", "false", "--output-json", str(out)]) == 0
+    got, recorded = json.loads(out.read_text()), json.loads((run / "best" / "distrinews.json").read_text())["metrics"]
+    assert got["samples"] == recorded["samples"] == 100 and got["confusion"] == recorded["confusion"]
+    assert got["accuracy"] == recorded["accuracy"] and got["macro_f1"] == recorded["macro_f1"]

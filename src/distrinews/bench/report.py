@@ -13,16 +13,17 @@ def write_report(
     output_dir: str,
     name: str,
     markdown: Callable[[dict[str, Any]], str],
-    plot: Callable[[dict[str, Any], Path], bool | None],
+    plot: Callable[[dict[str, Any], Path], bool | None] | None,
 ) -> Path:
-    """``output_dir/name.{json,md,png}``; prints the markdown. ``plot`` returns False when matplotlib is missing."""
+    """``output_dir/name.{json,md,png}``; prints the markdown. ``plot`` returns False when matplotlib is missing;
+    None: the report has no plot."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / name
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     md = markdown(report)
     stem.with_suffix(".md").write_text(md)
-    plotted = plot(report, stem.with_suffix(".png")) is not False
+    plotted = plot(report, stem.with_suffix(".png")) is not False if plot is not None else None
     print(md)
-    print(f"wrote {stem}.json, {stem}.md" + (f", {stem}.png" if plotted else " (no PNG: matplotlib missing)"))
+    print(f"wrote {stem}.json, {stem}.md" + {True: f", {stem}.png", False: " (no PNG: matplotlib missing)", None: ""}[plotted])
     return stem

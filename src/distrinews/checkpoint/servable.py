@@ -179,6 +179,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
             metrics=state.last_eval,
             max_length=setting("max_length"),
             model_name=name,
+            training_config=values,
             checkpoint_format="resumable",
             # A resumable checkpoint tokenizes with the base model its training config names.
             tokenizer=TokenizerSource.base_model(name),

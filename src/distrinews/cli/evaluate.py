@@ -52,9 +52,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
     from ..checkpoint.servable import load_for_inference
-    from ..data.splits import load_split, stratified_sample
+    from ..data.labelled import load_labelled, trained_on
+    from ..data.splits import stratified_sample
     from ..data.tokenized import tokenize_cached
     from ..distributed.process_group import distributed_context, main_process_first
+    from ..errors import DataError
     from ..train.evaluation import evaluate
     from ..train.precision import Precision, bf16_is_fast
 
@@ -63,8 +65,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         model.to(env.device)
         max_length = info.max_length
         with main_process_first(env):
-            raw = load_split(args.data, "test")
-            raw = raw.subset(stratified_sample(raw.labels, args.samples, seed=args.seed))
+            # the evaluation rows of the data the model was trained on: AG News's test split (--data's, if given),
+            # or the user's validation rows, read again from the training config the checkpoint records
+            data = load_labelled(trained_on(info.training_config, args.data), need_train=False)
+            if data.label_names != info.label_names:
+                raise DataError(
+                    f"eval: the model's labels ({', '.join(info.label_names)}) are not those of the data it records "
+                    f"({', '.join(data.label_names)}); evaluate it on a labelled file with --input"
+                )
+            raw = data.eval.subset(stratified_sample(data.eval.labels, args.samples, seed=args.seed))
             test = tokenize_cached(raw, tokenizer, max_length, None, build=env.is_local_main)
         bf16 = bf16_is_fast(env.device) if args.bf16 == "auto" else args.bf16 == "true"
         precision = Precision(env.device.type, torch.bfloat16 if bf16 else None)
@@ -102,9 +111,11 @@ def run_files(args: argparse.Namespace) -> int:
     metrics = result.to_json()
     present = metrics["classes_present"]
     print(f"Samples: {result.rows:,} labelled rows of {describe_inputs(shards)}{skipped}")
+    absent = [name for name in result.labels if name not in present]
     print(
         f"Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}% "
-        f"(over the {len(present)} class{'es' if len(present) != 1 else ''} present)"
+        f"(over the {len(present)} class{'es' if len(present) != 1 else ''} present"
+        + (f"; absent from the labels: {', '.join(absent)})" if absent else ")")
     )
     print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
     if args.output_json:

@@ -119,6 +119,21 @@ def load_labelled(config: DataConfig, need_train: bool = True) -> LabelledData:
     return LabelledData(train if need_train else None, evaluation, names, eval_from, warnings, own_data=True)
 
 
+def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> DataConfig:
+    """The data slice of the run that made a checkpoint (its saved ``training_config``), to read its evaluation
+    rows again. A run on AG News reads it from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not from
+    the folder it was trained from, which may be on another machine. Fields this version does not know are left
+    out; a ``ConfigError`` if the rest is not valid."""
+    from ..config import TrainConfig
+
+    known = set(TrainConfig.field_names())
+    values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
+    config = TrainConfig.from_dict(values)
+    if not uses_own_data(config.data):
+        config.data_dir = data_dir  # AG News: where it is now (None: $DISTRINEWS_DATA, else the hub)
+    return config.data
+
+
 # ---------------------------------------------------------------------- reading
 def read_file_rows(spec: str, field_name: str, columns: list[str], label_column: str) -> _Rows:
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""

@@ -131,20 +131,15 @@ def labelled_rows(
     """A seeded, class-stratified sample of the evaluation rows of the data a checkpoint was trained on (its
     ``training_config``: AG News's test split, or the user's validation rows), or None when they are not at
     hand here or their labels are not the model's ``labels``."""
-    from ..config import TrainConfig
-    from ..data.labelled import load_labelled, uses_own_data
+    from ..data.labelled import load_labelled, trained_on, uses_own_data
     from ..data.rows import DATA_ENV
     from ..data.splits import stratified_sample
 
-    known = set(TrainConfig.field_names())
-    values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     try:
-        config = TrainConfig.from_dict(values)
-        if not uses_own_data(config.data):
-            config.data_dir = config.data_dir or os.environ.get(DATA_ENV)
-            if not config.data_dir or not Path(config.data_dir).is_dir():
-                return None  # never the hub: a server starting must not wait on a download
-        data = load_labelled(config.data, need_train=uses_own_data(config.data))
+        config = trained_on(training_config, (training_config or {}).get("data_dir") or os.environ.get(DATA_ENV))
+        if not uses_own_data(config) and not (config.data_dir and Path(config.data_dir).is_dir()):
+            return None  # never the hub: a server starting must not wait on a download
+        data = load_labelled(config, need_train=uses_own_data(config))
     except (OSError, ValueError) as exc:  # ConfigError and DataError are ValueErrors
         log.info("no labelled rows for the int8 check (%s): label agreement on the fixed sample instead", exc)
         return None
