@@ -1,4 +1,4 @@
-"""DistriNews: fine-tune a transformer news classifier on AG News with PyTorch DDP, and serve it.
+"""DistriNews: fine-tune a transformer text classifier (AG News by default) with PyTorch DDP, and serve it.
 
 The folders are the parts of the system (docs/architecture.md): ``data`` reads and batches AG News,
 ``train`` runs the loop, ``distributed`` launches and holds the process group, ``checkpoint``

@@ -126,3 +126,35 @@ def test_split_front_matter_refuses_what_the_hub_could_not_read(broken):
 
 def test_not_hashed_fields_are_real_config_fields():
     assert set(TrainConfig.field_names()) >= NOT_HASHED
+
+
+def _own_data_card(path, training: dict):
+    from distrinews.scores import classification_scores
+
+    desks = ["business", "sport", "tech"]
+    model = build_model("tiny-random", labels=desks, dropout=0.0, seed=0).eval()
+    scores = classification_scores([[40, 5, 5], [2, 45, 3], [4, 1, 29]], desks)
+    config = TrainConfig(model_name_or_path="minilm", output_dir="runs/bbc", **training)
+    info = ServableInfo(label_names=desks, metrics={"loss": 0.4, **scores}, model_name="minilm", training_config=config.to_dict())
+    return read(save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), info))
+
+
+def test_a_card_for_your_own_csv_names_its_labels_and_data_and_claims_nothing_of_ag_news(tmp_path):
+    meta, body, _ = _own_data_card(
+        tmp_path / "best",
+        {"train_file": "data/bbc_news.csv", "text_column_names": "headline,summary", "label_column_name": "desk"},
+    )
+    card = (tmp_path / "best" / CARD_FILE).read_text()
+    assert "AG News" not in card and "ag_news" not in card and "agnews" not in card and "World" not in card
+    assert "datasets" not in meta and meta["license"] == "unknown"
+    assert meta["model-index"][0]["name"] == "distrinews-minilm-bbc-news-v1.0.0"
+    assert meta["model-index"][0]["results"][0]["dataset"] == {"name": "bbc_news.csv", "type": "bbc-news", "split": "validation"}
+    assert "A text classifier trained on bbc_news.csv, 3 labels (business, sport, tech)" in body
+    assert "| sport | 88.24% | 90.00% | 89.11% | 50 |" in body  # precision 45/51, recall 45/50
+    assert "text = `headline` + `summary`, label = `desk` (3 labels). Evaluated on 10% of the training rows" in body
+
+
+def test_a_card_for_a_hub_data_set_lists_it(tmp_path):
+    meta, body, _ = _own_data_card(tmp_path / "best", {"dataset_name": "SetFit/bbc-news"})
+    assert meta["datasets"] == ["SetFit/bbc-news"] and meta["model-index"][0]["results"][0]["dataset"]["type"] == "SetFit/bbc-news"
+    assert "[SetFit/bbc-news](https://huggingface.co/datasets/SetFit/bbc-news)" in body and "AG News" not in body

@@ -148,10 +148,10 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
     pytest.importorskip("datasets")
     repo = tmp_path / "hub-repo" / "data"
     repo.mkdir(parents=True)
-    write_rows(repo / "train-00000-of-00001.parquet", [{"text": f"a {i}", "label": "xyz"[i % 3]} for i in range(30)])
-    write_rows(repo / "test-00000-of-00001.parquet", [{"text": f"b {i}", "label": "xyz"[i % 3]} for i in range(6)])
+    write_rows(repo / "train-00000-of-00001.parquet", [{"text": f"a {i}", "label": "wxyz"[i % 4]} for i in range(40)])
+    write_rows(repo / "test-00000-of-00001.parquet", [{"text": f"b {i}", "label": "wxyz"[i % 4]} for i in range(8)])
     got = load_labelled(TrainConfig(dataset_name=str(tmp_path / "hub-repo")).data)
-    assert got.label_names == ["x", "y", "z"] and len(got.eval) == 6 and got.eval_from.endswith("/test")
+    assert got.label_names == ["w", "x", "y", "z"] and len(got.eval) == 8 and got.eval_from.endswith("/test")
 
 
 @pytest.mark.parametrize(

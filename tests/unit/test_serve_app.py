@@ -141,3 +141,26 @@ def test_create_app_leaves_the_callers_config_as_it_was(monkeypatch, fake_predic
     app = create_app(config, predictor_factory=fake_predictor)
     assert config == before and config.api_key is None
     assert app.state.config.api_key == "from-the-environment"
+
+
+def test_the_page_and_the_api_description_speak_the_checkpoints_own_labels(tmp_path):
+    from distrinews.checkpoint.records import ServableInfo
+    from distrinews.checkpoint.servable import save_servable
+    from distrinews.model import build_model, build_tokenizer
+
+    desks = ["business", "sport", "tech"]
+    model = build_model("tiny-random", labels=desks, dropout=0.0, seed=0).eval()
+    best = save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(label_names=desks))
+    app = create_app(ServeConfig(checkpoint=str(best), api_key="", runtime="torch"))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            page = (await client.get("/")).text  # before the model loads: read from its config.json
+            schema = (await client.get("/openapi.json")).json()
+        return page, schema
+
+    page, schema = asyncio.run(main())
+    assert "Labels: business, sport or tech." in page and "World" not in page
+    assert "Labels: business, sport or tech." in schema["info"]["description"] and "AG News" not in schema["info"]["description"]
+    (example,) = schema["components"]["schemas"]["PredictResponse"]["examples"]
+    assert example["label"] == "business" and list(example["probabilities"]) == desks

@@ -307,3 +307,14 @@ def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bu
     results = predictor.predict(texts)
     assert [r["label"] for r in results] == [r["label"] for r in predictor.predict_encoded(predictor.encode(texts))]
     assert all(set(r["probabilities"]) == {"World", "Sports", "Business", "Sci/Tech"} for r in results)
+
+
+def test_the_space_readme_speaks_the_models_own_labels():
+    from distrinews.export.space import readme
+
+    info = ServableInfo(label_names=["business", "sport", "tech"], training_config={"train_file": "data/bbc_news.csv"})
+    text = readme.render(info, "onnx-int8", "accuracy note")
+    meta = readme.metadata(info, "onnx-int8")
+    assert "AG News" not in text and "World" not in text and "datasets" not in meta
+    assert "classifies text into business, sport or tech" in text and '"probabilities":{"business":...,"sport":...,"tech":...}' in text
+    assert meta["short_description"] == "Text classifier (bbc_news.csv): business, sport, tech"

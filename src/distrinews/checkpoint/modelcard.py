@@ -55,6 +55,39 @@ KEY_HYPERPARAMETERS = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingData:
+    """What the card says of the data a model was trained on: AG News (the default), or the user's."""
+
+    name: str  # "AG News", a hub id, or the training file's name
+    hub_id: str | None  # a data set on the Hub, for `datasets:` and the model-index
+    slug: str  # for the model's name
+    evaluated_on: str  # the evaluation rows' source
+    ag_news: bool
+
+    @classmethod
+    def of(cls, info: ServableInfo) -> TrainingData:
+        training = info.training_config or {}
+        dataset, train_file = training.get("dataset_name"), training.get("train_file")
+        if not (dataset or train_file):
+            return cls("AG News", HUB_DATASET, "agnews", "the official test split", True)
+        if dataset:
+            local = os.path.isabs(dataset) or dataset.startswith((".", "~")) or os.path.exists(dataset)
+            name, hub_id = (Path(dataset).name if local else dataset), (None if local else dataset)
+            evaluated = "its validation split (else its test split, else a held-out share of its training rows)"
+        else:
+            name, hub_id = Path(str(train_file).rstrip("/")).name, None
+            evaluated = ""
+        evaluation_file = training.get("validation_file") or training.get("test_file")
+        if evaluation_file:
+            evaluated = f"`{Path(str(evaluation_file)).name}`"
+        elif not evaluated:
+            evaluated = f"{training.get('validation_split_percentage', 10)}% of the training rows, held out (stratified by label)"
+        stem = name.split("/")[-1].split(".")[0]
+        slug = "-".join("".join(c if c.isalnum() else " " for c in stem.lower()).split()) or "data"
+        return cls(name, hub_id, slug, evaluated, False)
+
+
 def base_model(model_name: str | None) -> str | None:
     """The Hub id the run started from; None for random weights or a local path we cannot name."""
     if not model_name:
@@ -72,17 +105,15 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
     base = base_model(info.model_name)
     if base:
         meta["base_model"] = base
-    meta.update(
-        {
-            "datasets": [HUB_DATASET],
-            "language": ["en"],
-            "license": "other",
-            "license_name": DATA_TERMS_NAME,
-            "license_link": DATA_TERMS_LINK,
-            "metrics": ["accuracy", "f1"],
-            "tags": ["text-classification", "news-topic-classification", "distrinews"],
-        }
-    )
+    data = TrainingData.of(info)
+    if data.hub_id:
+        meta["datasets"] = [data.hub_id]
+    if data.ag_news:
+        meta.update({"language": ["en"], "license": "other", "license_name": DATA_TERMS_NAME, "license_link": DATA_TERMS_LINK})
+    else:  # the user's data: its terms are theirs to state
+        meta["license"] = "unknown"
+    meta["metrics"] = ["accuracy", "f1"]
+    meta["tags"] = ["text-classification", *(["news-topic-classification"] if data.ag_news else []), "distrinews"]
     metrics = info.metrics
     if metrics.get("accuracy") is not None:
         results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
@@ -96,7 +127,11 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
                 "results": [
                     {
                         "task": {"type": "text-classification", "name": "Text Classification"},
-                        "dataset": {"name": "AG News", "type": HUB_DATASET, "split": "test"},
+                        "dataset": {
+                            "name": data.name,
+                            "type": data.hub_id or data.slug,
+                            "split": "test" if data.ag_news else "validation",
+                        },
                         "metrics": results,
                     }
                 ],
@@ -113,7 +148,7 @@ def model_version(info: ServableInfo) -> str:
 def model_title(info: ServableInfo) -> str:
     from ..versioning import short_model_name
 
-    return f"distrinews-{short_model_name(info.model_name)}-agnews-v{model_version(info)}"
+    return f"distrinews-{short_model_name(info.model_name)}-{TrainingData.of(info).slug}-v{model_version(info)}"
 
 
 def front_matter(meta: dict[str, Any]) -> str:
@@ -197,10 +232,13 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
         origin = f"`{model_name}`"
     labels = info.label_names
     world_size = int(info.world_size or 1)
+    data = TrainingData.of(info)
+    example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
+    what = "An AG News topic classifier" if data.ag_news else f"A text classifier trained on {data.name}, {len(labels)} labels"
     lines = [
         f"# {model_title(info)}",
         "",
-        f"An AG News topic classifier ({', '.join(labels)}) fine-tuned from {origin} with DistriNews "
+        f"{what} ({', '.join(labels)}) fine-tuned from {origin} with DistriNews "
         + (f"(PyTorch DistributedDataParallel, {world_size} processes)." if world_size > 1 else "(one process)."),
         "",
         "| | |",
@@ -216,8 +254,15 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
         f"| DistriNews | {_or_na(info.package_version)} |",
         "",
     ]
+    scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
-    if per_class:
+    if scores:
+        lines += ["## Per class (evaluation rows)", "", "| label | precision | recall | F1 | rows |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} | {s['support']:,} |" for name, s in scores.items()
+        ]
+        lines.append("")
+    elif per_class:
         lines += ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
         lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
         lines.append("")
@@ -231,13 +276,13 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
             "from transformers import pipeline",
             "",
             f'classifier = pipeline("text-classification", model="{load_path}")',
-            "classifier(\"Stocks rally as oil prices fall\")  # [{'label': ..., 'score': ...}]",
+            f"classifier(\"{example}\")  # [{{'label': ..., 'score': ...}}]",
             "```",
             "",
             "or with DistriNews:",
             "",
             "```bash",
-            f'distrinews predict --checkpoint {load_path} "Stocks rally as oil prices fall"',
+            f'distrinews predict --checkpoint {load_path} "{example}"',
             f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
             "```",
             "",
@@ -262,17 +307,32 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
         lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
         lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
         lines += ["The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
-    lines += [
-        "## Training data",
-        "",
-        f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original CSV release): "
-        "news articles in 4 classes, text = title + description. Evaluated on the complete official test split "
-        "(7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
-        "",
-        "## License and terms",
-        "",
-        DATA_TERMS,
-    ]
+    if data.ag_news:
+        lines += [
+            "## Training data",
+            "",
+            f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original CSV release): "
+            "news articles in 4 classes, text = title + description. Evaluated on the complete official test split "
+            "(7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
+            "",
+            "## License and terms",
+            "",
+            DATA_TERMS,
+        ]
+    else:
+        training = info.training_config or {}
+        source = f"[{data.hub_id}](https://huggingface.co/datasets/{data.hub_id})" if data.hub_id else f"`{data.name}`"
+        columns = training.get("text_column_names", "text")
+        lines += [
+            "## Training data",
+            "",
+            f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
+            f"label = `{training.get('label_column_name', 'label')}` ({len(labels)} labels). Evaluated on {data.evaluated_on}.",
+            "",
+            "## License and terms",
+            "",
+            "The training data's terms are its owner's; this card does not know them. State them here before publishing the model.",
+        ]
     if base in BASE_MODEL_LICENSES:
         lines += ["", f"The base model {base} is released under {BASE_MODEL_LICENSES[base]}."]
     return "\n".join(lines) + "\n"

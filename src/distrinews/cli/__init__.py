@@ -29,7 +29,7 @@ USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptio
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distrinews",
-        description="Fine-tune and serve an AG News topic classifier "
+        description="Fine-tune and serve a text classifier (AG News by default, or your own labelled data) "
         "with PyTorch DDP. Launcher flags: --nproc-per-node N, --nnodes N, "
         "--node-rank R, --rdzv-endpoint HOST:PORT, --rdzv-id ID, --max-restarts K.",
     )

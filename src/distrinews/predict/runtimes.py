@@ -182,6 +182,24 @@ def is_quantized_file(path: str | os.PathLike) -> bool:
         return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
 
 
+def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
+    """A checkpoint's labels read from its files without loading it (``config.json``'s id2label, or a step-N
+    directory's ``trainer_state.json``), else None: for what is shown before the model is loaded."""
+    if checkpoint is None:
+        return None
+    directory = Path(checkpoint)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        id2label = config.get("id2label")
+        if isinstance(id2label, dict) and id2label and "model_name_or_path" not in config:
+            return [str(id2label[key]) for key in sorted(id2label, key=int)]
+        state = json.loads((directory / "trainer_state.json").read_text())
+        labels = state.get("label_names")
+        return [str(x) for x in labels] if isinstance(labels, list) and labels else None
+    except (OSError, ValueError, AttributeError, KeyError):
+        return None
+
+
 def _standalone_labels(directory: Path) -> list[str] | None:
     """The labels of a Hugging Face folder that a slim server can run from alone (its tokenizer.json and
     a config.json with id2label), else None."""

@@ -19,7 +19,7 @@ from .server import run_server
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distrinews.serve", description="DistriNews REST API (AG News topic classifier)")
+    parser = argparse.ArgumentParser(prog="python -m distrinews.serve", description="DistriNews REST API (a text classifier)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

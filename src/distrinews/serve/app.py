@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import html
 import logging
 import os
 import time
@@ -176,13 +177,14 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
             loading.cancel()
             await state.close()
 
+    labels = checkpoint_labels(config.checkpoint) if predictor_factory is None else None
     app = FastAPI(
         title="DistriNews",
         version=__version__,
-        description="AG News topic classifier (World, Sports, Business, Sci/Tech). "
-        "Concurrent requests are micro-batched into one forward pass.",
+        description=f"A text classifier. {labels_sentence(labels)} Concurrent requests are micro-batched into one forward pass.",
         lifespan=lifespan,
     )
+    _label_examples(app, labels)
     app.state.serve = state
     app.state.metrics = metrics
     app.state.config = config
@@ -220,7 +222,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
-        return HTMLResponse(_index_html())
+        loaded = getattr(state.predictor, "labels", None)
+        labels = list(loaded) if loaded else checkpoint_labels(config.checkpoint)
+        return HTMLResponse(_index_html().replace("{{LABELS}}", html.escape(labels_sentence(labels))))
 
     @app.get("/health", summary="liveness: the process is up (and whether the model is loaded)")
     async def health():
@@ -292,6 +296,39 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
 
 
 _INDEX_CACHE: dict[str, str] = {}
+
+
+def labels_sentence(labels: list[str] | None) -> str:
+    """ "Labels: A, B or C." for the page and the API description (the model's own labels)."""
+    if not labels:
+        return "Labels: the model's (see /info)."
+    listed = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} or {labels[-1]}"
+    return f"Labels: {listed}."
+
+
+def checkpoint_labels(checkpoint: str | None) -> list[str] | None:
+    from ..predict.runtimes import checkpoint_labels as read
+
+    return read(checkpoint)
+
+
+def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
+    """The OpenAPI schema's response example in the model's labels (read from the checkpoint's files)."""
+    if not labels:
+        return
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = build()  # FastAPI's, cached on the app: the example is added once
+        share = round(1 / len(labels), 4)
+        example = {"label": labels[0], "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
+        for name in ("PredictResponse",):
+            target = schema.get("components", {}).get("schemas", {}).get(name)
+            if target is not None:
+                target["examples"] = [example]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _index_html() -> str:

@@ -47,7 +47,7 @@ def server_command(runtime: str) -> list[str]:
 def render(runtime: str, torch_version: str | None = None, base_image: str | None = None) -> str:
     base_image = base_image or default_base_image()
     lines = [
-        f"# DistriNews AG News classifier: a Hugging Face Docker Space (runtime {runtime}).",
+        f"# A DistriNews text classifier: a Hugging Face Docker Space (runtime {runtime}).",
         "# Written by `distrinews export --format space`; the image design of DistriNews' deploy/Dockerfile:",
         "# non-root, HEALTHCHECK on /health, port 7860, CPU-only inference libraries, the model inside.",
         "#",

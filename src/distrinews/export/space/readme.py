@@ -11,7 +11,6 @@ from typing import Any
 
 from ...checkpoint import modelcard
 from ...checkpoint.records import ServableInfo
-from ...data.rows import HUB_DATASET
 from . import MODEL_DIR, MODEL_FILES, PORT
 
 SPACE_KEYS = ("title", "emoji", "colorFrom", "colorTo", "sdk", "app_port", "license")
@@ -24,6 +23,10 @@ RUNTIME_WORDS = {
 }
 
 
+def _listed(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} or {labels[-1]}"
+
+
 def space_url(repo_id: str | None) -> str:
     """``user/My_Space`` -> ``https://user-my-space.hf.space`` (the Hub's host name for a Space)."""
     if not repo_id:
@@ -33,24 +36,23 @@ def space_url(repo_id: str | None) -> str:
 
 def metadata(info: ServableInfo, runtime: str) -> dict[str, Any]:
     card = modelcard.metadata(info)
-    return {
-        "title": "DistriNews",
-        "emoji": "📰",
-        "colorFrom": "blue",
-        "colorTo": "green",
-        "sdk": "docker",
-        "app_port": PORT,
-        "license": card["license"],
-        "license_name": card["license_name"],
-        "license_link": card["license_link"],
-        "short_description": "AG News topic classifier: World, Sports, Business, Sci/Tech",
-        "datasets": [HUB_DATASET],
-        "tags": [*card["tags"], f"runtime-{runtime}"],
-    }
+    meta = {"title": "DistriNews", "emoji": "📰", "colorFrom": "blue", "colorTo": "green", "sdk": "docker", "app_port": PORT}
+    meta.update({key: card[key] for key in ("license", "license_name", "license_link") if key in card})
+    meta["short_description"] = f"{_what(info)}: {', '.join(info.label_names)}"[:60]  # the Hub's limit
+    if card.get("datasets"):
+        meta["datasets"] = card["datasets"]
+    meta["tags"] = [*card["tags"], f"runtime-{runtime}"]
+    return meta
 
 
-def _curl_examples(url: str) -> list[str]:
+def _what(info: ServableInfo) -> str:
+    data = modelcard.TrainingData.of(info)
+    return "AG News topic classifier" if data.ag_news else f"Text classifier ({data.name})"
+
+
+def _curl_examples(url: str, labels: list[str]) -> list[str]:
     """The reference system's three calls (health, predict, predict/batch), then the extras."""
+    probabilities = ",".join(f'"{name}":...' for name in labels)
     return [
         "```bash",
         f"curl {url}/health",
@@ -59,11 +61,11 @@ def _curl_examples(url: str) -> list[str]:
         f"curl -X POST {url}/predict \\",
         '  -H "Content-Type: application/json" \\',
         '  -d \'{"text": "Stock market reaches all-time high"}\'',
-        '# {"label":"Business","label_id":2,"confidence":0.97,"probabilities":{"World":...,"Sports":...,"Business":...,"Sci/Tech":...}}',
+        f'# {{"label":"{labels[-1]}","label_id":{len(labels) - 1},"confidence":0.97,"probabilities":{{{probabilities}}}}}',
         "",
         f"curl -X POST {url}/predict/batch \\",
         '  -H "Content-Type: application/json" \\',
-        '  -d \'{"texts": ["Sports news", "Tech news"]}\'',
+        '  -d \'{"texts": ["A first text", "A second text"]}\'',
         "# a list of the above, in order",
         "",
         f"curl {url}/info      # model, version, config hash, metrics, runtime, limits",
@@ -78,16 +80,16 @@ def render(info: ServableInfo, runtime: str, accuracy_note: str, repo_id: str | 
     url = space_url(repo_id)
     remote = f"https://huggingface.co/spaces/{repo_id}" if repo_id else "https://huggingface.co/spaces/YOUR-USER/YOUR-SPACE"
     lines = [
-        f"# DistriNews: AG News topic classifier (v{modelcard.model_version(info)})",
+        f"# DistriNews: {_what(info)} (v{modelcard.model_version(info)})",
         "",
-        f"A REST API that classifies news text into World, Sports, Business or Sci/Tech. Runtime: {RUNTIME_WORDS[runtime]}; "
+        f"A REST API that classifies text into {_listed(info.label_names)}. Runtime: {RUNTIME_WORDS[runtime]}; "
         f"model file `{MODEL_DIR}/{MODEL_FILES[runtime]}`.",
         "",
         accuracy_note,
         "",
         "## API",
         "",
-        *_curl_examples(url),
+        *_curl_examples(url, info.label_names),
         "",
         'Errors are JSON `{"detail": "..."}`: 422 for a malformed body or an empty text, 413 for more than 64 texts, '
         "415 without `Content-Type: application/json`, 503 while the model loads, 429 when the queue is full.",
