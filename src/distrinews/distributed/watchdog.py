@@ -7,7 +7,10 @@ moved for ``ddp_timeout`` seconds is stuck: stopped (SIGSTOP, a debugger), swapp
 machine gone. The watching ranks then print which rank(s) went silent, what step they last
 reported, and where this rank's main thread was waiting (its Python stack, read without
 stopping it, e.g. ``all_reduce`` in ``Trainer.log_train``), and exit, so the launcher ends or
-restarts the run instead of it hanging until the process group's own timeout.
+restarts the run instead of it hanging until the process group's own timeout. A silent rank
+that is a process of this very machine (same kernel boot and PID namespace, which its
+heartbeat names) is killed first: a stopped process cannot obey the SIGTERM the launcher
+sends next, which would hold the failed run for the agent's 30 s grace.
 
 A thread costs nothing per training step: the only work is two store operations every few
 seconds (measured in benchmarks/README.md).
@@ -29,6 +32,31 @@ from .process_group import DistEnv
 
 EXIT_HUNG = 3
 _PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _machine_identity() -> str | None:
+    """This kernel's boot id and PID namespace: two processes that share them see the same PIDs."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+_MACHINE = _machine_identity()
+
+
+def _kill_local(silent: list[tuple[int, str | None]]) -> None:
+    """SIGKILL the silent ranks that are processes of this machine (their last heartbeat names pid and machine)."""
+    import signal
+
+    for _rank, text in silent:
+        try:
+            beat = json.loads(text) if text else {}
+            if _MACHINE is not None and beat.get("machine") == _MACHINE and isinstance(beat.get("pid"), int):
+                os.kill(beat["pid"], signal.SIGKILL)
+        except (ValueError, OSError):
+            continue
 
 
 class Watchdog:
@@ -91,7 +119,8 @@ class Watchdog:
         while not self._stop.wait(self.interval_s):
             beats += 1
             try:
-                store.set(f"{self.prefix}{self.env.rank}", json.dumps({"beat": beats, "step": self.progress()}))
+                beat = {"beat": beats, "step": self.progress(), "pid": os.getpid(), "machine": _MACHINE}
+                store.set(f"{self.prefix}{self.env.rank}", json.dumps(beat))
                 # ``get`` of a key a peer has not written yet would block until the store's timeout: a
                 # peer whose thread starts late (slow model load on a busy machine) is not a hang.
                 values = {r: store.get(k) for r, k in keys.items() if store.check([k])}
@@ -110,7 +139,9 @@ class Watchdog:
                 elif now - last_seen[r][1] > self.timeout_s:
                     silent.append((r, text))
             if silent:
-                self._fail(self._describe(silent))
+                problem = self._describe(silent)
+                _kill_local(silent)
+                self._fail(problem)
                 return
 
     def _describe(self, silent: list[tuple[int, str | None]]) -> str:
