@@ -89,9 +89,10 @@ TEXT = "Oil prices climb as OPEC cuts output"
 
 @pytest.fixture(scope="module")
 def best_prediction(trained_run, cli):
-    """``distrinews predict --json TEXT`` from best/ (MiniLM: each start loads it, seconds on 2 cores)."""
+    """``distrinews predict --json TEXT`` from best/ (MiniLM: each start loads it, seconds on 2 cores). PyTorch, as the
+    .pt export below runs: ``auto`` would first make and check best/'s int8 model (test_runtime_auto covers that)."""
     run, _ = trained_run
-    return json.loads(cli("predict", "--checkpoint", str(run / "best"), "--json", TEXT).stdout)
+    return json.loads(cli("predict", "--checkpoint", str(run / "best"), "--runtime", "torch", "--json", TEXT).stdout)
 
 
 def test_predict_command_answers(best_prediction):
@@ -106,5 +107,5 @@ def test_export_pt_and_predict_from_it(trained_run, best_prediction, tmp_path, c
     pt = tmp_path / "distilbert_agnews.pt"
     cli("export", "--checkpoint", str(run / "best"), "--format", "pt", "--output", str(pt))
     a = best_prediction
-    b = json.loads(cli("predict", "--checkpoint", str(pt), "--json", TEXT).stdout)
+    b = json.loads(cli("predict", "--checkpoint", str(pt), "--runtime", "torch", "--json", TEXT).stdout)
     assert a["label"] == b["label"] and abs(a["confidence"] - b["confidence"]) < 1e-5
