@@ -36,7 +36,7 @@ from ..errors import CheckpointError
 from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body
 from .metrics import ServeMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from .options import ServeConfig
 from .protocol import ServingPredictor
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
@@ -207,7 +207,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+        public = PUBLIC_PATHS | {"/metrics"} if config.public_metrics else PUBLIC_PATHS
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, public=public)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

@@ -62,6 +62,9 @@ class ServeConfig:
     )
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", action="store_true")
+    public_metrics: bool = _flag(
+        False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
+    )
     # Not a flag: create_app reads $DISTRINEWS_API_KEY, which keeps the secret off the process's command line.
     api_key: str | None = field(default=None, repr=False)
 
