@@ -336,3 +336,18 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_bench_replicas_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir, cli):
+    if why := _nginx_missing():
+        pytest.skip(f"nginx is not installed: {why}")
+    out = tmp_path / "bench"
+    args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
+    result = cli("bench", "replicas", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "replicas.json").read_text())
+    rows = {(r["config"], r["concurrency"]): r for r in report["rows"]}
+    assert set(rows) == {(c, n) for c in ("1x2 direct", "1x2 nginx", "2x1 nginx") for n in (1, 2)}
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
+    assert isinstance(report["nginx_overhead_p50_ms_at_1_client"], float)
+    assert "| 2x1 nginx | 2 |" in (out / "replicas.md").read_text()
