@@ -13,7 +13,7 @@ export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
 endif
 
-.PHONY: setup demo train-quick predict test test-fast lint clean
+.PHONY: setup demo train-quick predict test test-fast lint clean serve-replicas
 
 $(BIN)/distrinews: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ lint: setup
 
 clean:
 	rm -rf runs .pytest_cache
+
+# N `distrinews serve` replicas behind nginx on PORT (nginx installed first where the package manager allows).
+REPLICAS ?= 2
+PORT     ?= 8080
+serve-replicas: setup
+	deploy/nginx/install-nginx.sh
+	$(BIN)/distrinews serve-replicas --replicas $(REPLICAS) --port $(PORT) --checkpoint $(CHECKPOINT)
 
 # ---------------------------------------------------------------------------- container image
 # `make image` builds deploy/Dockerfile; `make image-test` builds it, then runs it against a

@@ -164,3 +164,32 @@ def test_the_page_and_the_api_description_speak_the_checkpoints_own_labels(tmp_p
     assert "Labels: business, sport or tech." in schema["info"]["description"] and "AG News" not in schema["info"]["description"]
     (example,) = schema["components"]["schemas"]["PredictResponse"]["examples"]
     assert example["label"] == "business" and list(example["probabilities"]) == desks
+
+
+@pytest.mark.parametrize("public_metrics", [False, True])
+def test_every_computed_answer_names_its_model_version_and_metrics_can_be_public(fake_predictor, public_metrics):
+    class Versioned(fake_predictor):
+        def describe(self):
+            return {**super().describe(), "model_version": "3.1.4"}
+
+    config = ServeConfig(checkpoint="unused", api_key="k", public_metrics=public_metrics)
+    app = create_app(config, predictor_factory=Versioned)
+    key = {"authorization": "Bearer k"}
+
+    async def main():
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+        ):
+            ready = await _poll(client, "/ready", 200)
+            one = await client.post("/predict", json={"text": "Oil prices jump"}, headers=key)
+            batch = await client.post("/predict/batch", json={"texts": ["a", "b"]}, headers=key)
+            info = await client.get("/info", headers=key)
+            metrics = await client.get("/metrics")
+            return ready, one, batch, info, metrics
+
+    ready, one, batch, info, metrics = asyncio.run(main())
+    for response in (ready, one, batch, info):
+        assert response.status_code == 200 and response.headers["x-model-version"] == "3.1.4"
+    assert info.json()["model_version"] == "3.1.4"
+    assert metrics.status_code == (200 if public_metrics else 401)

@@ -18,10 +18,10 @@ import sys
 from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
 from ..serve.options import ServeOptionError
-from . import bench, doctor, evaluate, export, predict, report, serve, train
+from . import bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train
 
 EXIT_USAGE = 2
-COMMANDS = (train, evaluate, predict, export, serve, report, bench, doctor)
+COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor)
 # Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
 USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError, DiskFullError)
 

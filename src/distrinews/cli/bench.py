@@ -15,12 +15,17 @@ TOOLS = {
     ),
     "serving": ("distrinews.bench.serving", "latency and throughput of the REST API against the reference server", "bench"),
     "compare": ("distrinews.bench.compare", "training speed and accuracy: ours vs Hugging Face Trainer vs the reference loop", "bench"),
+    "replicas": (
+        "distrinews.bench.serving_replicas",
+        "1 replica x all threads vs N replicas x a share behind nginx, and nginx's own cost",
+        None,
+    ),
     "baseline": ("distrinews.bench.baseline", "TF-IDF + logistic regression on a run's own split, beside its fine-tuned model", None),
 }
 
 
 def register(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: scaling, collectives, serving, compare, baseline")
+    bench = subparsers.add_parser("bench", help="benchmarks: scaling, collectives, serving, replicas, compare, baseline")
     sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TOOL")
     for name, (module, help_text, extra) in TOOLS.items():
         p = sub.add_parser(name, help=help_text)

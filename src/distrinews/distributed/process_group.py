@@ -7,11 +7,8 @@ so the trainer has one code path for 1 and N processes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
-import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError, field_default
+from .lifetime import ask_to_die_with_parent
 from .machine import threads_per_process
 
 
@@ -62,12 +60,7 @@ def die_with_launcher() -> None:
     (OOM killer, a scheduler's hard stop) would otherwise leave workers training on as orphans,
     writing into the run directory while a resumed run starts.
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # pragma: no cover - not glibc
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not ask_to_die_with_parent():
         return
     if os.getppid() == 1:  # the launcher died before we asked
         os._exit(1)

@@ -338,6 +338,8 @@ def make_predictor(
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
     if runtime == "auto":
         return auto_predictor(checkpoint, max_batch_size, threads)
+    if runtime.startswith("torch"):
+        _torch_threads(threads)
     if runtime == "torch":
         return Predictor(checkpoint, max_batch_size=max_batch_size)
     if runtime == "torch-bf16":
@@ -356,7 +358,7 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        return _fall_back(checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')")
+        return _fall_back(checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads)
     beside = int8.int8_path(checkpoint)
     cached = _cache_path(beside)  # where it goes when the checkpoint's folder is read-only
     path = cached if cached.is_file() and not beside.is_file() else beside
@@ -375,10 +377,13 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
         except (CheckpointError, FileNotFoundError):
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
-            return _fall_back(checkpoint, max_batch_size, f"its int8 model could not be made ({type(exc).__name__}: {exc})")
+            why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
+            return _fall_back(checkpoint, max_batch_size, why, threads=threads)
         predictor = None
     if not check["passed"]:
-        return _fall_back(checkpoint, max_batch_size, f"its int8 model failed its check ({check['kind']}: {check['summary']})", check)
+        return _fall_back(
+            checkpoint, max_batch_size, f"its int8 model failed its check ({check['kind']}: {check['summary']})", check, threads=threads
+        )
     predictor = predictor or OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {"requested": "auto", "runtime": "onnx-int8", "reason": reason, "check": check, "onnx_model": str(path)}
@@ -386,8 +391,19 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
     return predictor
 
 
-def _fall_back(checkpoint: str | os.PathLike, max_batch_size: int, reason: str, check: dict[str, Any] | None = None) -> Predictor:
+def _torch_threads(threads: int | None) -> None:
+    """PyTorch's intra-op threads (``serve --threads``; a replica's share of the cores); None or 0: its default."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _fall_back(
+    checkpoint: str | os.PathLike, max_batch_size: int, reason: str, check: dict[str, Any] | None = None, threads: int | None = None
+) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
+    _torch_threads(threads)
     predictor = Predictor(checkpoint, max_batch_size=max_batch_size)
     predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason, **({"check": check} if check else {})}
     return predictor

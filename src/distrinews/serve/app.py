@@ -36,7 +36,7 @@ from ..errors import CheckpointError
 from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body
 from .metrics import ServeMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from .options import ServeConfig
 from .protocol import ServingPredictor
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
@@ -44,6 +44,7 @@ from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictRespo
 log = logging.getLogger("distrinews.serve")
 
 API_KEY_ENV = "DISTRINEWS_API_KEY"
+MODEL_VERSION_HEADER = "X-Model-Version"
 
 
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
@@ -68,7 +69,13 @@ def _default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
 
         if not config.checkpoint:
             raise ValueError("no checkpoint: pass --checkpoint or set MODEL_CHECKPOINT")
-        return make_predictor(config.checkpoint, runtime=config.runtime, max_batch_size=config.max_batch_size, onnx_model=config.onnx_model)
+        return make_predictor(
+            config.checkpoint,
+            runtime=config.runtime,
+            max_batch_size=config.max_batch_size,
+            onnx_model=config.onnx_model,
+            threads=config.threads or None,
+        )
 
     return load
 
@@ -81,6 +88,9 @@ class ServingState:
         self.predictor: ServingPredictor | None = None
         self.batcher: MicroBatcher | None = None
         self.load_error: str | None = None
+        # Sent as X-Model-Version with every answer the model computed: behind a load balancer, during a
+        # rollout, each answer names the model that made it.
+        self.model_version: str | None = None
         self.started = time.time()
         metrics.model_loaded.set_function(lambda: 1.0 if self.batcher is not None else 0.0)
         metrics.queue_depth.set_function(lambda: float(self.batcher.queue_depth) if self.batcher is not None else 0.0)
@@ -102,12 +112,16 @@ class ServingState:
                 on_dropped=self.metrics.dropped.inc,
             )
             await batcher.start()
+            self.model_version = str(predictor.describe().get("model_version") or "unversioned")
             self.predictor, self.batcher = predictor, batcher
             log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
             self.load_error = _describe_load_error(exc, config.checkpoint)
             # The whole exception (and torch's advice in it) goes to the operator's log only.
             log.exception("could not load the model from %s", config.checkpoint)
+
+    def version_header(self) -> dict[str, str]:
+        return {MODEL_VERSION_HEADER: self.model_version} if self.model_version else {}
 
     async def close(self) -> None:
         if self.batcher is not None:
@@ -193,7 +207,8 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+        public = PUBLIC_PATHS | {"/metrics"} if config.public_metrics else PUBLIC_PATHS
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, public=public)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 
@@ -243,7 +258,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
     @app.get("/ready", summary="readiness: 200 once the model serves, 503 before")
     async def ready():
         state.require_ready()
-        return {"status": "ready"}
+        return JSONResponse({"status": "ready"}, headers=state.version_header())
 
     @app.post("/predict", response_model=PredictResponse, summary="classify one text", openapi_extra=json_schema_body(PredictRequest))
     async def predict(request: Request):
@@ -252,7 +267,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)], request.receive)
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
-        return JSONResponse(result)
+        return JSONResponse(result, headers=state.version_header())
 
     @app.post(
         "/predict/batch",
@@ -268,12 +283,12 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         if len(body.texts) > config.max_batch_texts:
             raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
-        return JSONResponse(await state.classify(texts, request.receive))
+        return JSONResponse(await state.classify(texts, request.receive), headers=state.version_header())
 
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits")
     async def info():
         state.require_ready()
-        return {
+        body = {
             **state.predictor.describe(),
             "version": __version__,
             "batching": {
@@ -289,6 +304,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
             },
             "auth": bool(config.api_key),
         }
+        return JSONResponse(body, headers=state.version_header())
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus_metrics() -> Response:

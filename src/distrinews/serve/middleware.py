@@ -56,11 +56,11 @@ async def send_json(send, status: int, payload: dict[str, Any], headers: dict[st
 class ApiKeyMiddleware:
     """``Authorization: Bearer <key>`` on every route but the public ones (401 otherwise)."""
 
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
+    def __init__(self, app, api_key: str, public: frozenset[str] = PUBLIC_PATHS):
+        self.app, self.api_key, self.public = app, api_key.encode(), public
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.public:
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")

@@ -53,8 +53,18 @@ class ServeConfig:
     # 64 texts of 10,000 characters fit even when every character is a 6-byte JSON escape.
     max_body_bytes: int = _flag(4 * 1024 * 1024, "request body cap in bytes (413 above)")
     timeout_graceful_shutdown: float = _flag(30.0, "seconds SIGTERM waits for in-flight requests")
+    threads: int = _flag(0, "CPU threads of the model's forward pass (0: the runtime's default, all cores)")
+    header_timeout: float = _flag(
+        10.0, "seconds a connection has to send a request's headers (from connect, or from the previous answer); then it is closed"
+    )
+    max_connections: int = _flag(
+        1000, "open connections at most; one more is answered 503 (JSON, Retry-After) and closed before it is read"
+    )
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", action="store_true")
+    public_metrics: bool = _flag(
+        False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
+    )
     # Not a flag: create_app reads $DISTRINEWS_API_KEY, which keeps the secret off the process's command line.
     api_key: str | None = field(default=None, repr=False)
 
@@ -102,9 +112,13 @@ def validate(args: argparse.Namespace) -> None:
         raise ServeOptionError(f"port must be 0..65535, got {args.port}")
     if args.max_batch_tokens < 0:
         raise ServeOptionError(f"--max-batch-tokens must be >= 0 (0: no limit), got {args.max_batch_tokens}")
-    for name in ("max_batch_size", "max_queue", "max_batch_texts", "max_text_chars", "max_body_bytes"):
+    for name in ("max_batch_size", "max_queue", "max_batch_texts", "max_text_chars", "max_body_bytes", "max_connections"):
         if getattr(args, name) < 1:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.threads < 0:
+        raise ServeOptionError(f"--threads must be >= 0 (0: the runtime's default), got {args.threads}")
+    if args.header_timeout <= 0:
+        raise ServeOptionError(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
     if args.max_wait_ms < 0:
         raise ServeOptionError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     if args.onnx_model and not args.runtime.startswith("onnx"):

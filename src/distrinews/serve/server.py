@@ -1,7 +1,8 @@
 """Run the app under uvicorn until SIGTERM/SIGINT; exit 0 after a clean drain.
 
 SIGTERM stops accepting connections, answers every request already in flight, finishes the
-batcher's queue, then exits 0.
+batcher's queue, then exits 0. Connections are uvicorn's h11 protocol with a deadline for a
+request's headers and a cap on open connections (``connections``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def run_server(config: ServeConfig) -> int:
     import uvicorn
 
     from .app import config_summary, create_app
+    from .connections import guarded_protocol
 
     app = create_app(config)
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
@@ -30,6 +32,8 @@ def run_server(config: ServeConfig) -> int:
             access_log=not config.no_access_log,
             timeout_graceful_shutdown=config.timeout_graceful_shutdown,
             lifespan="on",
+            # h11 with a deadline for request headers and a cap on open connections (slow clients)
+            http=guarded_protocol(config.header_timeout, config.max_connections),
         )
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handler that was

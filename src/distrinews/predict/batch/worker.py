@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import sys
 import threading
 import traceback
@@ -37,6 +36,7 @@ from typing import Any
 
 from ...data.fields import BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
+from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
 from ..passes import plan_passes
 from .state import FileLock, JobRecord, StateDir, StateError, WorkerManifest
@@ -296,19 +296,6 @@ def _work(state: StateDir, job: JobRecord, manifest: WorkerManifest, settings: W
 
 
 # ---------------------------------------------------------------------------------------------- as a process
-def die_with_parent(parent_pid: int) -> None:
-    """Be killed when the process that started this one dies (SIGKILL included), so no orphan keeps writing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's lock on the folder still keeps a new run out
-        pass
-    if os.getppid() != parent_pid:  # the parent died before the line above took effect
-        os._exit(1)
-
-
 def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, parent_pid: int) -> None:
     """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
     die_with_parent(parent_pid)

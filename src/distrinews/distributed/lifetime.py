@@ -1,0 +1,49 @@
+"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``).
+
+Every launcher of ours relies on it: torchrun's workers under ``distrinews train`` (``process_group.die_with_launcher``),
+the batch-predict workers (``predict.batch.worker``), and the servers and nginx under ``distrinews serve-replicas``
+(``serve.replicas``, through ``preexec_die_with_parent`` for programs that are not ours). A parent killed with SIGKILL
+(the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the kernel can take the children with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies; False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig)) == 0
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Be killed when the process that started this one dies; exit at once if it already has."""
+    ask_to_die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def preexec_die_with_parent() -> Callable[[], None]:
+    """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process.
+
+    The death signal is bound to the thread that started the child, so start children from the main thread.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        die_with_parent(parent)
+
+    return preexec

@@ -1,0 +1,92 @@
+"""Slow clients: a deadline for a request's headers, and a cap on open connections.
+
+uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection
+open (its keep-alive timeout ends with the first byte received), so a client that sends half
+the headers and stops holds a connection and a file descriptor forever; uvicorn's
+``limit_concurrency`` answers 503 only once a request's headers are complete, so such clients
+are not counted against it either. ``GuardedH11Protocol`` adds the two missing pieces:
+
+- ``header_timeout``: from the moment a connection opens, and again from each answer sent on it
+  (keep-alive), the client has that many seconds to complete the next request's headers;
+  otherwise the connection is closed (nginx's ``client_header_timeout``). A request whose
+  headers arrived is never cut by it: reading the body and computing the answer are bounded
+  elsewhere (the body limit, the queue).
+- ``max_connections``: a connection beyond the cap is answered ``503`` with a JSON body and
+  ``Retry-After: 1`` before anything is read, and closed.
+
+The class is built per server (``guarded_protocol``), as uvicorn instantiates the protocol class
+itself with its own arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("distrinews.serve")
+
+
+def _refusal(max_connections: int) -> bytes:
+    detail = f"too many open connections (the server's --max-connections is {max_connections}); retry shortly"
+    body = json.dumps({"detail": detail}).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def guarded_protocol(header_timeout: float | None, max_connections: int | None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a header deadline and a connection cap (None: that one is off)."""
+    refusal = _refusal(max_connections) if max_connections else b""
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if max_connections and len(self.connections) > max_connections:
+                log.warning("refused a connection: %d open, --max-connections is %d", len(self.connections) - 1, max_connections)
+                transport.write(refusal)
+                transport.close()
+                return
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
+                self._disarm_header_timer()
+
+        def on_response_complete(self) -> None:
+            # Armed first: the call below may start a pipelined request at once, which disarms it.
+            if not self.transport.is_closing():
+                self._arm_header_timer()
+            super().on_response_complete()
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            if header_timeout:
+                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_late)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_late(self) -> None:
+            self._header_timer = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being answered (a pipelined one started since the timer was armed)
+            if not self.transport.is_closing():
+                log.info("closed a connection from %s: no complete request headers in %gs (--header-timeout)", self.client, header_timeout)
+                self.transport.close()
+
+    return GuardedH11Protocol

@@ -1,0 +1,376 @@
+"""``distrinews serve-replicas``: N ``distrinews serve`` processes on loopback ports, nginx in front on one port.
+
+The supervisor (this process) owns every process it starts:
+
+- each replica and nginx is its child, in a process group of its own (so a terminal's Ctrl-C reaches only
+  the supervisor, which stops them in order), and dies with the supervisor even on SIGKILL
+  (``distributed.lifetime``: PR_SET_PDEATHSIG, the mechanism ``distrinews train`` relies on);
+- replicas start first; nginx (``deploy/nginx/nginx.conf.template``, written to a temp directory with its
+  pid and temp paths, run in the foreground) starts only once every replica answers ``/ready``;
+- a replica that exits by itself is started again (after a back-off while it keeps failing); nginx routes
+  around it meanwhile;
+- SIGHUP rolls the replicas one at a time: SIGTERM (it stops listening and drains its in-flight requests),
+  start a new one on the same port, wait for ``/ready``, wait ``fail_timeout`` so nginx takes it back, then the
+  next. ``--checkpoint`` is resolved again first, so pointing a symlink at a new ``best/`` and sending SIGHUP
+  rolls out a new model; a new replica that never gets ready is started again on the checkpoint it had, and
+  the roll stops;
+- SIGTERM or SIGINT stops nginx gracefully (SIGQUIT: it finishes the requests it holds), then drains the
+  replicas (SIGTERM), and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..distributed.lifetime import die_with_parent
+from .options import ServeOptionError
+
+NGINX_TEMPLATE = "nginx.conf.template"
+INSTALL_HINT = "`apt-get install nginx-light` installs it (`make serve-replicas` does that where it may), or pass --nginx PATH"
+
+
+def template_path() -> Path:
+    """deploy/nginx/nginx.conf.template of the checkout this package runs from."""
+    path = Path(__file__).resolve().parents[3] / "deploy" / "nginx" / NGINX_TEMPLATE
+    if not path.is_file():
+        raise FileNotFoundError(f"the nginx template {path} is missing (serve-replicas runs from a checkout: pip install -e .)")
+    return path
+
+
+def find_nginx(given: str | None = None) -> str:
+    """The nginx binary: ``given``, else on PATH, else Debian's /usr/sbin/nginx (not on a normal user's PATH)."""
+    if given:
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise ServeOptionError(f"--nginx {given} is not an executable file")
+        return given
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    if not found:
+        raise ServeOptionError(f"serve-replicas needs nginx, which is not installed here: {INSTALL_HINT}")
+    return found
+
+
+@dataclass
+class ReplicaSettings:
+    """What ``serve-replicas`` was asked for (flags of ``cli/serve_replicas.py``)."""
+
+    checkpoint: str
+    replicas: int = 2
+    port: int = 8080
+    host: str = "127.0.0.1"
+    threads: int = 1
+    header_timeout: float = 10.0
+    fail_timeout: float = 2.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    ready_timeout: float = 300.0
+    read_timeout: float = 60.0
+    nginx: str = "nginx"
+    log_dir: str | None = None
+    pid_file: str | None = None
+    serve_args: list[str] = field(default_factory=list)  # more `distrinews serve` flags, for every replica
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
+    """(status, JSON body or {}, headers) of a GET; status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}"), dict(r.headers)
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(ValueError):
+            return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
+        return exc.code, {}, dict(exc.headers)
+    except (OSError, ValueError):
+        return 0, {}, {}
+
+
+def _start_child(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    parent = os.getpid()
+
+    def preexec() -> None:
+        os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor only; it stops the children in order
+        die_with_parent(parent)
+
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec)
+
+
+def _stop(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+class Replica:
+    """One ``distrinews serve`` on a loopback port; started again on the same port when it restarts."""
+
+    def __init__(self, index: int, port: int, settings: ReplicaSettings, log_dir: Path):
+        self.index, self.port, self.settings = index, port, settings
+        self.log_path = log_dir / f"replica-{index}.log"
+        self.proc: subprocess.Popen | None = None
+        self.checkpoint: str | None = None
+        self.started_at = 0.0
+        self.failures = 0  # exits in a row before getting ready; sets the back-off
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, checkpoint: str) -> None:
+        s = self.settings
+        cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--threads", str(s.threads), "--header-timeout", str(s.header_timeout), *s.serve_args]
+        env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
+        self.proc, self.checkpoint, self.started_at = _start_child(cmd, self.log_path, env), checkpoint, time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        return self.alive() and get_json(self.url + "/ready")[0] == 200
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM: it stops listening at once, answers what it holds, exits."""
+        _stop(self.proc, signal.SIGTERM, timeout)
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived while waiting."""
+
+
+class Supervisor:
+    def __init__(self, settings: ReplicaSettings):
+        self.settings = settings
+        self.temp = Path(tempfile.mkdtemp(prefix="distrinews-replicas-"))
+        self.log_dir = Path(settings.log_dir) if settings.log_dir else self.temp
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(settings.replicas)
+        self.replicas = [Replica(i, port, settings, self.log_dir) for i, port in enumerate(ports)]
+        self.nginx: subprocess.Popen | None = None
+        self.stop_signal: int | None = None
+        self.roll_requested = False
+
+    # ------------------------------------------------------------------ signals
+    def _on_stop(self, signum: int, _frame) -> None:
+        self.stop_signal = signum
+
+    def _on_hup(self, _signum: int, _frame) -> None:
+        self.roll_requested = True
+
+    def _check_stop(self) -> None:
+        if self.stop_signal is not None:
+            raise Stopped
+
+    def say(self, message: str) -> None:
+        print(f"serve-replicas: {message}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> int:
+        handlers = {sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        handlers[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hup)
+        if self.settings.pid_file:
+            Path(self.settings.pid_file).write_text(f"{os.getpid()}\n")
+        code = 0
+        try:
+            checkpoint = os.path.realpath(self.settings.checkpoint)
+            for replica in self.replicas:
+                replica.start(checkpoint)
+            for replica in self.replicas:
+                self._wait_ready(replica)
+            self._start_nginx()
+            versions = sorted({self._version(r) for r in self.replicas})
+            s = self.settings
+            self.say(
+                f"ready on http://{s.host}:{s.port}: nginx in front of {s.replicas} replica(s) on ports "
+                f"{', '.join(str(r.port) for r in self.replicas)}, {s.threads} thread(s) each, model version {', '.join(versions)}; "
+                f"logs in {self.log_dir}; SIGHUP rolls them, Ctrl-C stops everything"
+            )
+            self._watch()
+        except Stopped:
+            self.say(f"{signal.Signals(self.stop_signal).name}: stopping nginx, then draining the replicas")
+        except RuntimeError as exc:
+            self.say(f"error: {exc}")
+            code = 1
+        finally:
+            self._shutdown()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            if self.settings.pid_file:
+                with contextlib.suppress(OSError):
+                    Path(self.settings.pid_file).unlink()
+            if code == 0 and not self.settings.log_dir:
+                shutil.rmtree(self.temp, ignore_errors=True)
+        return code
+
+    def _version(self, replica: Replica) -> str:
+        status, body, _ = get_json(replica.url + "/info", timeout=10)
+        return str(body.get("model_version")) if status == 200 else "unknown"
+
+    def _wait_ready(self, replica: Replica) -> None:
+        deadline = time.monotonic() + self.settings.ready_timeout
+        while time.monotonic() < deadline:
+            self._check_stop()
+            if not replica.alive():
+                raise RuntimeError(
+                    f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} before it was ready; "
+                    f"its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
+                )
+            if replica.ready():
+                replica.failures = 0
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"replica {replica.index} was not ready after {self.settings.ready_timeout:g}s; see {replica.log_path}")
+
+    def nginx_conf(self) -> str:
+        s = self.settings
+        servers = "\n".join(f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout={s.fail_timeout:g}s;" for r in self.replicas)
+        values = {
+            "TEMP": str(self.temp),
+            "ACCESS_LOG": str(self.log_dir / "nginx-access.log"),
+            "WORKER_CONNECTIONS": "4096",
+            "HEADER_TIMEOUT": f"{s.header_timeout:g}",
+            "READ_TIMEOUT": f"{s.read_timeout:g}",
+            "CLIENT_MAX_BODY": str(s.max_body_bytes + 64 * 1024),
+            "MAX_BODY_BYTES": f"{s.max_body_bytes:,}",
+            "SERVERS": servers,
+            "LISTEN": f"{s.host}:{s.port}",
+            "TRIES": str(len(self.replicas)),
+            "UPSTREAM_KEEPALIVE_MS": str(int(1000 * min(s.header_timeout, 5.0) / 2)),
+        }
+        text = template_path().read_text()
+        for key, value in values.items():
+            text = text.replace("{{" + key + "}}", value)
+        return text
+
+    def _start_nginx(self) -> None:
+        conf = self.temp / "nginx.conf"
+        conf.write_text(self.nginx_conf())
+        error_log = self.log_dir / "nginx-error.log" if self.settings.log_dir else self.temp / "nginx-error.log"
+        cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
+        self.nginx = _start_child(cmd, self.log_dir / "nginx.log")
+        url = f"http://{'127.0.0.1' if self.settings.host in ('0.0.0.0', '') else self.settings.host}:{self.settings.port}/ready"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            self._check_stop()
+            if self.nginx.poll() is not None:
+                raise RuntimeError(f"nginx exited with {self.nginx.returncode}: {_tail(self.log_dir / 'nginx.log') or _tail(error_log)}")
+            if get_json(url)[0] == 200:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"nginx did not answer on port {self.settings.port}; see {error_log}")
+
+    def _watch(self) -> None:
+        while True:
+            self._check_stop()
+            if self.nginx is not None and self.nginx.poll() is not None:
+                raise RuntimeError(f"nginx exited with {self.nginx.returncode}; see {self.log_dir}")
+            if self.roll_requested:
+                self.roll_requested = False
+                self.roll()
+            for replica in self.replicas:
+                self._revive(replica)
+            time.sleep(0.2)
+
+    def _revive(self, replica: Replica) -> None:
+        """Start a replica that exited by itself again (nginx routes around it meanwhile)."""
+        if replica.proc is None:
+            return
+        if replica.alive():
+            if replica.failures and time.monotonic() - replica.started_at > 60:
+                replica.failures = 0  # up for a minute: the next exit starts it again at once
+            return
+        backoff = min(30.0, 0.5 * 2**replica.failures)
+        if time.monotonic() - replica.started_at < backoff:
+            return
+        self.say(f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode}: starting it again")
+        replica.failures += 1
+        replica.start(replica.checkpoint or os.path.realpath(self.settings.checkpoint))
+
+    def roll(self) -> None:
+        """Restart the replicas one at a time (on the checkpoint ``--checkpoint`` names now): none is lost."""
+        target = os.path.realpath(self.settings.checkpoint)
+        self.say(f"rolling restart onto {target}")
+        for replica in self.replicas:
+            self._check_stop()
+            previous = replica.checkpoint or target
+            replica.stop(timeout=self.settings.read_timeout)
+            replica.start(target)
+            try:
+                self._wait_ready(replica)
+            except RuntimeError as exc:
+                self.say(f"roll stopped: {exc}; replica {replica.index} goes back to {previous}")
+                replica.stop()
+                replica.start(previous)
+                return
+            # nginx rests a replica it saw fail for fail_timeout: give it back before the next one goes away.
+            deadline = time.monotonic() + self.settings.fail_timeout + 0.5
+            while time.monotonic() < deadline:
+                self._check_stop()
+                time.sleep(0.1)
+            self.say(f"replica {replica.index} serves model version {self._version(replica)}")
+        self.say("rolling restart done")
+
+    def _shutdown(self) -> None:
+        _stop(self.nginx, signal.SIGQUIT, self.settings.read_timeout)  # graceful: it finishes what it holds
+        for replica in self.replicas:
+            if replica.alive():
+                replica.proc.send_signal(signal.SIGTERM)
+        for replica in self.replicas:
+            replica.stop()
+
+
+def run_replicas(settings: ReplicaSettings) -> int:
+    return Supervisor(settings).run()
+
+
+def parse_serve_args(extra: list[str]) -> argparse.Namespace:
+    """The `distrinews serve` flags given to serve-replicas (passed to every replica), checked here."""
+    from .options import add_arguments
+
+    parser = argparse.ArgumentParser(prog="distrinews serve-replicas", add_help=False)
+    add_arguments(parser)
+    try:
+        args, unknown = parser.parse_known_args(extra)
+    except SystemExit:
+        raise ServeOptionError(f"serve-replicas: these flags are not flags of distrinews serve: {' '.join(extra)}") from None
+    if unknown:
+        raise ServeOptionError(f"serve-replicas: unknown flags {' '.join(unknown)} (flags of distrinews serve are passed to every replica)")
+    return args

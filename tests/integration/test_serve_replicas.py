@@ -1,0 +1,353 @@
+"""Serving past one process, over real HTTP: slow clients against one server, and ``distrinews serve-replicas``
+(two ``distrinews serve`` replicas behind nginx) under a bounded load while a replica is killed, while the
+replicas roll to a new model version, and with every replica gone; then SIGKILL to the supervisor.
+
+Loopback only; the tiny random model (two copies, model versions 1.0.0 and 2.0.0). The replica tests skip
+when nginx is not installed (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = [
+    "Oil prices jump after OPEC agrees to cut production",
+    "Chelsea beat Arsenal in the cup final",
+    "Apple unveils a new iPhone with a faster chip",
+    "Elections in France: the president concedes",
+    "Stocks fall as the central bank raises rates",
+    "NASA launches a probe to study the sun",
+]
+
+
+def _nginx_missing() -> str | None:
+    from distrinews.serve.options import ServeOptionError
+    from distrinews.serve.replicas import find_nginx
+
+    try:
+        find_nginx()
+    except ServeOptionError as exc:
+        return str(exc)
+    return None
+
+
+def _checkpoint(path: Path, version: str, seed: int) -> Path:
+    from distrinews.checkpoint.records import ServableInfo
+    from distrinews.checkpoint.servable import save_servable
+    from distrinews.data.rows import AG_NEWS_LABELS
+    from distrinews.model import build_model, build_tokenizer
+
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=seed).eval()
+    info = ServableInfo(max_length=32, model_version=version)
+    return save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), info)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("replicas-models")
+    return {"1.0.0": _checkpoint(root / "v1", "1.0.0", 0), "2.0.0": _checkpoint(root / "v2", "2.0.0", 1)}
+
+
+# ---------------------------------------------------------------------------------------------- one server, slow clients
+def _half_headers(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")  # and then nothing
+    return s
+
+
+def _closed_within(sockets: list[socket.socket], seconds: float) -> tuple[int, list[bytes]]:
+    """How many of ``sockets`` the server closed within ``seconds``, and what it sent before closing."""
+    deadline, closed, sent = time.monotonic() + seconds, 0, []
+    for s in sockets:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = s.recv(4096)
+            while data and (more := s.recv(4096)):
+                data += more
+            closed += 1
+            sent.append(data)
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            closed += 1
+        finally:
+            s.close()
+    return closed, sent
+
+
+def _predict(port: int, text: str = "Oil prices jump") -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/predict", json.dumps({"text": text}), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_server_closes_half_sent_headers_and_caps_connections(checkpoints, tmp_path, server_process):
+    srv = server_process(
+        checkpoints["1.0.0"], tmp_path / "server.log", "--runtime", "torch", "--header-timeout", "1.5", "--max-connections", "52"
+    ).wait_ready()
+    try:
+        slow = [_half_headers(srv.port) for _ in range(50)]
+        status, headers, _ = _predict(srv.port)  # the 51st connection: served while the 50 hang
+        assert status == 200 and headers["x-model-version"] == "1.0.0"
+        slow += [_half_headers(srv.port) for _ in range(2)]
+        time.sleep(0.2)
+        refused = socket.create_connection(("127.0.0.1", srv.port), timeout=5)  # the 53rd: over --max-connections
+        closed, sent = _closed_within([refused], 3)
+        assert closed == 1 and sent[0].startswith(b"HTTP/1.1 503"), sent
+        head, _, body = sent[0].partition(b"\r\n\r\n")
+        assert b"retry-after: 1" in head.lower() and "--max-connections" in json.loads(body)["detail"]
+        closed, _ = _closed_within(slow, 1.5 + 2.0)  # the deadline counts from each connect
+        assert closed == 52, f"{52 - closed} of 52 half-sent requests still open after the header timeout"
+        assert _predict(srv.port)[0] == 200
+        assert "--header-timeout" in srv.log()
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------------------------------------- replicas behind nginx
+class Replicas:
+    def __init__(self, checkpoint_link: Path, log_dir: Path, *args: str):
+        from distrinews.distributed.launch import free_port
+
+        self.port = free_port()
+        self.link, self.log_dir = checkpoint_link, log_dir
+        self.pid_file = log_dir / "supervisor.pid"
+        self.out_path = log_dir / "supervisor.out"
+        cmd = [sys.executable, "-m", "distrinews", "serve-replicas", "--checkpoint", str(checkpoint_link), "--replicas", "2"]
+        cmd += ["--port", str(self.port), "--threads", "1", "--log-dir", str(log_dir), "--pid-file", str(self.pid_file), *args]
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+
+    def out(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait_for(self, phrase: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while phrase not in self.out():
+            assert self.proc.poll() is None, f"serve-replicas exited with {self.proc.returncode}:\n{self.out()}"
+            assert time.monotonic() < deadline, f"no {phrase!r} after {timeout}s:\n{self.out()}"
+            time.sleep(0.1)
+
+    def children(self) -> list[int]:
+        from distrinews.distributed.launch import child_pids
+
+        return child_pids(self.proc.pid)
+
+    def replica_pids(self) -> dict[int, int]:
+        """port -> pid of each replica (from its command line)."""
+        found = {}
+        for pid in self.children():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in argv and b"--port" in argv:
+                found[int(argv[argv.index(b"--port") + 1])] = pid
+        return found
+
+
+class Load:
+    """32 client threads, each with its own keep-alive connection through nginx, pacing its requests,
+    until stopped; every answer (or failure) recorded."""
+
+    def __init__(self, port: int, clients: int = 32, pause: float = 0.25):
+        self.port, self.pause = port, pause
+        self.answers: list[tuple[str, int, str | None, dict]] = []  # (path or text, status, X-Model-Version, body)
+        self.failures: list[str] = []
+        self.sent = 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(clients)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def _client(self, k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        i = k
+        while not self._stop.is_set():
+            info = i % 8 == 0  # one request in 8 asks /info: its body names the model version too
+            text = TEXTS[i % len(TEXTS)]
+            with self._lock:
+                self.sent += 1
+            try:
+                if info:
+                    conn.request("GET", "/info")
+                else:
+                    conn.request("POST", "/predict", json.dumps({"text": text}), {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                body = r.read()
+                record = ("/info" if info else text, r.status, r.getheader("x-model-version"), json.loads(body))
+                with self._lock:
+                    self.answers.append(record)
+                    if r.status != 200:
+                        self.failures.append(f"{r.status} {body[:200]!r}")
+            except Exception as exc:  # a reset or refused connection through nginx is a lost request
+                with self._lock:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            i += len(self.threads)
+            self._stop.wait(self.pause)
+        conn.close()
+
+    def check(self, atol: float) -> set[str]:
+        """No failed or lost request, every answer names its version, and none mixes them: the versions seen."""
+        assert not self.failures, f"{len(self.failures)} of {self.sent} requests failed: {self.failures[:5]}"
+        assert len(self.answers) == self.sent, f"{self.sent - len(self.answers)} requests lost"
+        seen: dict[tuple[str, str], dict] = {}
+        for what, _, version, body in self.answers:
+            assert version, f"an answer without X-Model-Version: {body}"
+            if what == "/info":
+                assert body["model_version"] == version, f"/info says {body['model_version']}, its header {version}"
+                continue
+            first = seen.setdefault((what, version), body["probabilities"])
+            for label, p in body["probabilities"].items():
+                assert abs(p - first[label]) <= atol, f"{what!r} under {version}: {body} vs {first}"
+        return {version for _, _, version, _ in self.answers}
+
+
+@pytest.fixture(scope="module")
+def replicas(checkpoints, tmp_path_factory):
+    if why := _nginx_missing():
+        pytest.skip(f"nginx is not installed: {why}")
+    root = tmp_path_factory.mktemp("replicas")
+    link = root / "current"
+    link.symlink_to(checkpoints["1.0.0"])
+    running = Replicas(link, root, "--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
+    try:
+        running.wait_for("ready on")
+        yield running
+    finally:
+        if running.proc.poll() is None:
+            running.proc.send_signal(signal.SIGTERM)
+            try:
+                running.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                running.proc.kill()
+        running._out.close()
+
+
+def test_replicas_pass_our_errors_through_unchanged(replicas):
+    def post(path: str, body: str, content_type: str = "application/json") -> tuple[int, str, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", replicas.port, timeout=30)
+        conn.request("POST", path, body, {"Content-Type": content_type})
+        r = conn.getresponse()
+        return r.status, r.getheader("content-type"), json.loads(r.read())
+
+    status, kind, body = post("/predict/batch", json.dumps({"texts": ["a", "b", "c", "d", "e"]}))
+    assert (status, kind) == (413, "application/json") and "the limit is 4" in body["detail"]
+    status, kind, body = post("/predict", '{"text": "x"}', "text/plain")
+    assert (status, kind) == (415, "application/json") and "Content-Type" in body["detail"]
+    status, kind, body = post("/predict", '{"text": "   "}')
+    assert (status, kind) == (422, "application/json") and "empty" in body["detail"]
+
+
+def test_nginx_closes_half_sent_headers(replicas):
+    slow = [_half_headers(replicas.port) for _ in range(20)]
+    assert _predict(replicas.port)[0] == 200
+    closed, _ = _closed_within(slow, 2 + 2.0)
+    assert closed == 20, f"{20 - closed} of 20 half-sent requests still open after nginx's client_header_timeout"
+
+
+def test_sigkill_to_a_replica_under_load_fails_no_request(replicas, padding_atol):
+    before = replicas.replica_pids()
+    assert len(before) == 2, before
+    with Load(replicas.port) as load:
+        time.sleep(1.0)
+        victim = sorted(before.items())[0][1]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(2.0)
+    assert load.check(padding_atol) == {"1.0.0"}
+    assert load.sent >= 150, load.sent
+    replicas.wait_for("exited with -9: starting it again", timeout=10)
+
+
+def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(replicas, checkpoints, padding_atol):
+    from distrinews.serve.replicas import get_json
+
+    deadline = time.monotonic() + 60  # the replica killed above is back and ready
+    while len(replicas.replica_pids()) < 2 or any(get_json(f"http://127.0.0.1:{p}/ready")[0] != 200 for p in replicas.replica_pids()):
+        assert time.monotonic() < deadline, replicas.out()
+        time.sleep(0.2)
+    replicas.link.unlink()
+    replicas.link.symlink_to(checkpoints["2.0.0"])
+    with Load(replicas.port) as load:
+        time.sleep(0.5)
+        os.kill(replicas.proc.pid, signal.SIGHUP)
+        replicas.wait_for("rolling restart done", timeout=90)
+        time.sleep(0.5)
+    assert load.check(padding_atol) == {"1.0.0", "2.0.0"}
+    status, body, headers = get_json(f"http://127.0.0.1:{replicas.port}/info")
+    assert status == 200 and body["model_version"] == headers["x-model-version"] == "2.0.0"
+    first = {v: next(b for w, _, ver, b in load.answers if w == TEXTS[1] and ver == v) for v in ("1.0.0", "2.0.0")}
+    assert first["1.0.0"]["probabilities"] != pytest.approx(first["2.0.0"]["probabilities"], abs=padding_atol), "the two models agree"
+
+
+def test_every_replica_down_is_a_one_line_json_503(replicas):
+    for pid in replicas.replica_pids().values():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    conn = http.client.HTTPConnection("127.0.0.1", replicas.port, timeout=30)
+    conn.request("POST", "/predict", json.dumps({"text": "Oil"}), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    body = r.read()
+    assert r.status == 503 and r.getheader("content-type") == "application/json" and r.getheader("retry-after") == "1"
+    assert body.count(b"\n") <= 1 and "no replica is available" in json.loads(body)["detail"], body
+
+
+def test_sigkill_to_serve_replicas_leaves_nothing_running(replicas):
+    children = replicas.children()
+    assert any(b"nginx" in Path(f"/proc/{p}/cmdline").read_bytes() for p in children), children
+    os.kill(replicas.proc.pid, signal.SIGKILL)
+    replicas.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while alive := [p for p in children if _running(p)]:
+        assert time.monotonic() < deadline, f"still running after SIGKILL to serve-replicas: {alive}"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_bench_replicas_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir, cli):
+    if why := _nginx_missing():
+        pytest.skip(f"nginx is not installed: {why}")
+    out = tmp_path / "bench"
+    args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
+    result = cli("bench", "replicas", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "replicas.json").read_text())
+    rows = {(r["config"], r["concurrency"]): r for r in report["rows"]}
+    assert set(rows) == {(c, n) for c in ("1x2 direct", "1x2 nginx", "2x1 nginx") for n in (1, 2)}
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
+    assert isinstance(report["nginx_overhead_p50_ms_at_1_client"], float)
+    assert "| 2x1 nginx | 2 |" in (out / "replicas.md").read_text()
