@@ -38,12 +38,14 @@ only temporary files in ``OUTPUT.partial/``; the same command starts again from 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
 from ..passes import plan_passes
 from .assemble import OutputFiles, Totals
@@ -84,6 +86,7 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
         raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
     try:
         _take_over(checked)
+        check_loadable(checked.checkpoint)  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
         inputs = input_records(checked, count=True)
         started = _connect(ray, job.ray_address)
         try:
@@ -125,9 +128,9 @@ def _connect(ray: Any, address: str | None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS") or None
     try:
         if address:
-            ray.init(address=address)
+            ray.init(address=address, logging_level=logging.WARNING)
         else:
-            ray.init(include_dashboard=False)
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -156,6 +159,9 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
     context.execution_options.preserve_order = True  # results come back in input order: written as they come
     context.enable_progress_bars = False  # ours is the one bar
     context.target_max_block_size = BLOCK_BYTES
+    quiet = logging.getLogger("ray.data")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # Ray Data's plan and timings, every run: its logs folder keeps them
     files: OutputFiles | None = None
     try:
         results = _results(ray, checked, record, window_rows, tasks) if total else iter(())
@@ -185,6 +191,7 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
             files.close()
         progress.close()
         context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
+        quiet.setLevel(level)
     return files.totals, progress
 
 
@@ -215,7 +222,7 @@ def _results(ray: Any, checked: CheckedJob, record: JobRecord, window_rows: int,
         },
         batch_size=1,  # one window a call: its passes are the local engine's
         batch_format="pyarrow",
-        concurrency=job.nproc,
+        compute=ray.data.ActorPoolStrategy(size=job.nproc),  # `concurrency=N` before Ray 2.51
         num_cpus=checked.threads,
     )
     for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
@@ -233,6 +240,11 @@ def _user_error(exc: BaseException) -> Exception | None:
         cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
     if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):
         return None
+    # An actor that died in its constructor is reported with the traceback as text only: its last line names the error.
+    for line in reversed(str(exc).splitlines()):
+        name, _, message = line.strip().partition(": ")
+        if message and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"} and name.startswith("distrinews."):
+            return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return WorkerFailed(f"predict: the Ray job failed ({type(exc).__name__}: {first}); nothing was published: run the same command again")
 

@@ -47,3 +47,22 @@ def test_the_ray_extra_brings_ray_data_and_dev_installs_it(repo_root):
     extras = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(req.replace(" ", "").startswith("ray[data]") for req in extras["ray"])
     assert "ray" in extras["dev"][0].split("[", 1)[1].rstrip("]").split(",")
+
+
+def test_an_actor_that_died_of_a_user_error_is_reported_as_that_error_in_one_line():
+    from distrinews.errors import ConfigError
+    from distrinews.predict.batch.engine import WorkerFailed
+    from distrinews.predict.batch.ray_engine import _user_error
+
+    class ActorDiedError(Exception):  # as Ray raises it: the actor's traceback as text, no exception chained
+        __module__ = "ray.exceptions"
+
+    died = ActorDiedError(
+        'The actor died because of an error raised in its creation task\n  File "worker.py", line 77, in load_predictor\n'
+        "distrinews.errors.ConfigError: predict: --runtime onnx-int8 needs onnxruntime\n"
+    )
+    error = _user_error(died)
+    assert isinstance(error, ConfigError) and str(error) == "predict: --runtime onnx-int8 needs onnxruntime"
+    crashed = _user_error(ActorDiedError("The actor died unexpectedly (out of memory)\nmore detail"))
+    assert isinstance(crashed, WorkerFailed) and "\n" not in str(crashed) and "out of memory" in str(crashed)
+    assert _user_error(ValueError("a bug of ours")) is None  # raised as it is, with its traceback
