@@ -28,7 +28,7 @@ OPTIONS = {"batch_size": 4, "max_batch_tokens": 96, "id_field": "key", "probabil
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, num_cpus=2, log_to_driver=False)  # never a `ray start` cluster here
     yield ray
     ray.shutdown()
 

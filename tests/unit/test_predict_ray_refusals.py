@@ -66,3 +66,5 @@ def test_an_actor_that_died_of_a_user_error_is_reported_as_that_error_in_one_lin
     crashed = _user_error(ActorDiedError("The actor died unexpectedly (out of memory)\nmore detail"))
     assert isinstance(crashed, WorkerFailed) and "\n" not in str(crashed) and "out of memory" in str(crashed)
     assert _user_error(ValueError("a bug of ours")) is None  # raised as it is, with its traceback
+    stale = _user_error(ActorDiedError("...\nModuleNotFoundError: No module named 'distrinews.predict.batch.ray_engine'\n"))
+    assert isinstance(stale, ConfigError) and "install the same distrinews on every machine" in str(stale)

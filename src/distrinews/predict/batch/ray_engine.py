@@ -129,8 +129,8 @@ def _connect(ray: Any, address: str | None) -> bool:
     try:
         if address:
             ray.init(address=address, logging_level=logging.WARNING)
-        else:
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        else:  # "local": a Ray of its own, even where a `ray start` cluster (or its stale address file) is on this machine
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -243,6 +243,11 @@ def _user_error(exc: BaseException) -> Exception | None:
     # An actor that died in its constructor is reported with the traceback as text only: its last line names the error.
     for line in reversed(str(exc).splitlines()):
         name, _, message = line.strip().partition(": ")
+        if name.endswith("ModuleNotFoundError") and "'distrinews" in message:
+            return ConfigError(
+                f"predict: a Ray worker could not import this DistriNews ({message}): "
+                "install the same distrinews on every machine of the cluster"
+            )
         if message and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"} and name.startswith("distrinews."):
             return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -269,6 +274,10 @@ class WindowPredictor:
     """The stateful ``map_batches`` class: one model per actor (the local worker's loader), windows in, records out."""
 
     def __init__(self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int, with_id: bool):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the driver's bar is the one (a cluster's workers lack our env)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
         self.predictor = load_predictor(checkpoint, runtime, threads, batch_size)
         self.labels = list(self.predictor.labels)
         self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens or None, with_id
