@@ -13,10 +13,9 @@ import sys
 from ..config import ConfigError
 from ..errors import CheckpointError
 from ..predict.batch.engine import EXIT_REJECTED
-from ..predict.batch.job import PROGRESS_MODES, BatchJob
+from ..predict.batch.job import ENGINES, PROGRESS_MODES, BatchJob
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
-ENGINES = ("local",)  # ray: issue 16's second engine, not built yet
 EXIT_FAILED = 1
 
 
@@ -55,7 +54,18 @@ def register(subparsers) -> None:
     batch.add_argument(
         "--progress", choices=PROGRESS_MODES, default=BatchJob.progress, help="auto: a bar on a terminal, else a line every 10 s"
     )
-    batch.add_argument("--engine", choices=ENGINES, default=ENGINES[0], help="where the workers run (local: this machine)")
+    batch.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=BatchJob.engine,
+        help="local: --nproc processes on this machine, resumable; ray: --nproc Ray Data actors on a Ray cluster or a Ray started "
+        "here (pip install 'distrinews[ray]'; not resumable: a killed run starts again)",
+    )
+    batch.add_argument(
+        "--ray-address",
+        default=BatchJob.ray_address,
+        help="--engine ray: the cluster to join (e.g. HEAD:6379 or ray://HEAD:10001; default: $RAY_ADDRESS, else a Ray started here)",
+    )
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=run)
 
@@ -94,7 +104,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         raise ConfigError("predict: --input and --output go together: distrinews predict --checkpoint DIR --input FILES --output FILE")
     if args.texts:
         raise ConfigError(f"predict: texts ({args.texts[0]!r}...) and --input are two forms; give one")
-    from ..predict.batch.engine import WorkerFailed, run
+    from ..predict.batch.engine import WorkerFailed
 
     job = BatchJob(
         checkpoint=args.checkpoint,
@@ -111,12 +121,19 @@ def run_corpus(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         strict=args.strict,
         progress=args.progress,
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
+    if job.engine == "ray":
+        from ..predict.batch.ray_engine import run
+    else:
+        from ..predict.batch.engine import run
     try:
         return run(job)
     except WorkerFailed as exc:
         print(f"distrinews: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"distrinews: interrupted; run the same command again to continue {args.output}", file=sys.stderr)
+        again = "start it again (the Ray engine does not resume)" if job.engine == "ray" else "continue"
+        print(f"distrinews: interrupted; run the same command again to {again} {args.output}", file=sys.stderr)
         return 130

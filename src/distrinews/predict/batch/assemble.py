@@ -58,40 +58,68 @@ def in_input_order(path: os.PathLike, committed: int, start: int, end: int) -> I
 
 def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest]) -> Totals:
     """Write the output and rejects files from the workers' rows and publish them; returns what they hold."""
-    state = checked.state
     labels = next((m.labels for m in manifests if m.labels), None) or []
-    out_tmp, rejects_tmp = state.path / "output.tmp", state.path / "rejects.tmp"
-    for tmp in (out_tmp, rejects_tmp):
-        tmp.unlink(missing_ok=True)
-    results = open_results(
-        out_tmp,
-        checked.output_format,
-        labels,
-        checked.job.probabilities,
-        compressed=checked.output_compressed,
-        string_ids=job.id_field is not None,
-    )
-    rejects = RejectsWriter(rejects_tmp)
-    totals = Totals()
+    files = OutputFiles(checked, labels, string_ids=job.id_field is not None)
     try:
         for k, manifest in enumerate(manifests):
             if manifest.end == manifest.start:
                 continue
-            for record in in_input_order(state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end):
-                totals.rows += 1
-                if "x" in record:
-                    rejects.write(record["x"])
-                    totals.rejected += 1
-                else:
-                    results.write(record["id"] if "id" in record else record["r"], record["l"], record["p"])
-                    totals.labelled += 1
+            for record in in_input_order(checked.state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end):
+                files.add(record)
     finally:
-        results.close()
-        rejects.close()
-    if totals.rows != job.total_rows:
-        raise StateError(f"assembled {totals.rows} rows of {job.total_rows}")
-    publish(checked, rejects_tmp if rejects.rows else None, out_tmp)
-    return totals
+        files.close()
+    files.publish(job.total_rows)
+    return files.totals
+
+
+class OutputFiles:
+    """The output and rejects files of a job, written in the progress folder from records in input order, then published.
+
+    A record is a line of a worker's ``rows.jsonl``: ``{"r": row, "l": label id, "p": probabilities[, "id": id]}``
+    for a labelled row, ``{"r": row, "x": {file, line, row, reason, raw}}`` for a rejected one. The Ray engine
+    makes the same records.
+    """
+
+    def __init__(self, checked: CheckedJob, labels: list[str], string_ids: bool):
+        self.checked = checked
+        self.out_tmp, self.rejects_tmp = checked.state.path / "output.tmp", checked.state.path / "rejects.tmp"
+        for tmp in (self.out_tmp, self.rejects_tmp):
+            tmp.unlink(missing_ok=True)
+        self.results = open_results(
+            self.out_tmp,
+            checked.output_format,
+            labels,
+            checked.job.probabilities,
+            compressed=checked.output_compressed,
+            string_ids=string_ids,
+        )
+        self.rejects = RejectsWriter(self.rejects_tmp)
+        self.totals = Totals()
+        self._closed = False
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.totals.rows += 1
+        if "x" in record:
+            self.rejects.write(record["x"])
+            self.totals.rejected += 1
+        else:
+            self.results.write(record["id"] if "id" in record else record["r"], record["l"], record["p"])
+            self.totals.labelled += 1
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self.results.close()
+            finally:
+                self.rejects.close()
+
+    def publish(self, total_rows: int) -> None:
+        """Both files into place, once they hold every one of the job's ``total_rows`` rows."""
+        self.close()
+        if self.totals.rows != total_rows:
+            raise StateError(f"assembled {self.totals.rows} rows of {total_rows}")
+        publish(self.checked, self.rejects_tmp if self.rejects.rows else None, self.out_tmp)
 
 
 def publish(checked: CheckedJob, rejects_tmp: os.PathLike | None, out_tmp: os.PathLike) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
-from ...data.files import SUFFIXES, Shard, format_of, require_pyarrow, resolve_inputs
+from ...data.files import SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
 from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
@@ -40,9 +40,12 @@ class BatchJob:
     overwrite: bool = False
     strict: bool = False
     progress: str = "auto"  # auto: a bar on a terminal, else a line every PROGRESS_EVERY_S; or bar | lines | none
+    engine: str = "local"  # local: this machine (engine.py), resumable; ray: Ray Data (ray_engine.py)
+    ray_address: str | None = None  # --engine ray: the cluster to join; None: RAY_ADDRESS, else a Ray started here
 
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
+ENGINES = ("local", "ray")
 
 
 @dataclass
@@ -73,6 +76,10 @@ def check(job: BatchJob) -> CheckedJob:
         raise ConfigError(f"predict: --threads must be >= 1, got {job.threads}")
     if job.runtime not in RUNTIMES:
         raise ConfigError(f"predict: unknown --runtime {job.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if job.engine not in ENGINES:
+        raise ConfigError(f"predict: unknown --engine {job.engine!r}; choose one of {', '.join(ENGINES)}")
+    if job.ray_address and job.engine != "ray":
+        raise ConfigError("predict: --ray-address goes with --engine ray")
     if job.progress not in PROGRESS_MODES:
         raise ConfigError(f"predict: --progress must be one of {', '.join(PROGRESS_MODES)}")
     if not job.text_field.strip():
@@ -129,18 +136,24 @@ def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[s
 
 def requested_record(checked: CheckedJob) -> JobRecord:
     """This run's request as a ``JobRecord`` (rows not yet counted): compared with the one in the progress folder."""
-    inputs = []
-    for shard in checked.shards:
-        stat = shard.path.stat()
-        inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns))
     return JobRecord(
-        inputs=inputs,
+        inputs=input_records(checked),
         checkpoint=str(checked.checkpoint),
         checkpoint_sha256=checkpoint_sha256(checked.checkpoint, checked.job.runtime),
         runtime=checked.job.runtime,
         text_field=checked.job.text_field,
         id_field=checked.job.id_field,
     )
+
+
+def input_records(checked: CheckedJob, count: bool = False) -> list[ShardRecord]:
+    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included)."""
+    inputs = []
+    for shard in checked.shards:
+        stat = shard.path.stat()
+        rows = count_rows(shard) if count else -1
+        inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns, rows))
+    return inputs
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:

@@ -52,7 +52,7 @@ class Progress:
 
     def ready(self) -> None:
         if self.computing is None:
-            self.computing = time.monotonic()
+            self.computing = self._last_line = time.monotonic()  # the first line measures a rate, not the loading
         if self.mode == "bar" and self._bar is None:
             from tqdm import tqdm
 

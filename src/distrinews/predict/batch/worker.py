@@ -107,6 +107,17 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             row += 1
 
 
+def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str, Any, None] | tuple[None, None, dict[str, Any]]:
+    """``(text, id, None)`` for a usable row, else ``(None, None, reject)``: what the rejects file says of it."""
+    reason = raw.error
+    if reason is None:
+        try:
+            return fields.text(raw.fields), fields.id(raw.fields, row), None
+        except BadRow as exc:
+            reason = str(exc)
+    return None, None, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
+
+
 def _windows(job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings) -> Iterator[_Window]:
     size = settings.window_rows
     if manifest.window is not None:  # resuming inside a window: its done rows are left out
@@ -123,14 +134,9 @@ def _windows(job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode
         for row, path, raw in islice(rows, end - start):
             if row in skip:
                 continue
-            reason = raw.error
-            if reason is None:
-                try:
-                    text, row_id = fields.text(raw.fields), fields.id(raw.fields, row)
-                except BadRow as exc:
-                    reason = str(exc)
-            if reason is not None:
-                window.rejects.append((row, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}))
+            text, row_id, reject = read_row(fields, row, path, raw)
+            if reject is not None:
+                window.rejects.append((row, reject))
             else:
                 texts.append(text)
                 keys.append((row, row_id))

@@ -1,0 +1,306 @@
+"""The Ray engine: ``distrinews predict --input ... --output ... --engine ray``, a batch job on Ray Data.
+
+The same job as the local engine (``engine``), the same answers, on a Ray cluster or a Ray started here::
+
+    read_datasource(CorpusDatasource)          our reader (data.files), one Ray row per window of input rows
+      -> map_batches(WindowPredictor,          a stateful class: one model per actor, --nproc actors,
+                     concurrency=N,            each reserving --threads CPUs (the local engine's threads
+                     num_cpus=threads)         per worker); the passes cut by tokens as the local worker does
+      -> iter_batches (input order)            on the driver, into the local engine's writers (outputs.py)
+      -> publish                               OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
+
+Why our reader in a custom ``Datasource``, not ``ray.data.read_json``/``read_csv``/``read_parquet``:
+Ray's readers fail the whole read on a line that is not JSON, not UTF-8 or has the wrong number of CSV
+fields (or drop it without saying where), so the rejects file could not name ``file:line`` and keep the
+raw line, and the run would stop at the first bad row; their rows carry no row number in the whole
+input (the default id) and know nothing of ``--text-field``/``--id-field`` or the AG News
+title + description join. ``data.files.read_rows`` does all of that already, so each read task runs
+it over its own range of rows (a task starts at row N of a file as a restarted local worker does).
+
+Why one Ray row per *window* (``worker.WINDOW_BATCHES`` x ``--batch-size`` input rows, at the same
+boundaries as the local engine's ``--nproc 1`` worker): a window's texts are sorted by length and cut
+into forward passes of at most ``--batch-size`` texts and ``--max-batch-tokens`` padded tokens
+(``passes.plan_passes``), so the same window gives the same passes, the same texts padded together and
+the same numbers as the local engine. Were texts Ray rows, Ray's block boundaries would decide which
+texts are padded together, and probabilities would move by up to ``PADDING_ATOL``.
+
+The output is written by the driver from the results, in input order (``preserve_order``), into one
+file in the local engine's format (not a folder of part files, as ``write_parquet`` would make), in
+``OUTPUT.partial/`` and published as the local engine publishes. So the driver must see the output's
+folder, and the workers the checkpoint and the inputs, at the same paths: on a cluster, shared storage.
+
+Not resumable: the local engine is the resumable one. A Ray run that is killed leaves no output and
+only temporary files in ``OUTPUT.partial/``; the same command starts again from the first row. An
+``OUTPUT.partial/`` holding a local run's progress is refused (finish it with ``--engine local``, or
+``--overwrite``), so no computed rows are dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from ...checkpoint.servable import check_loadable
+from ...errors import CheckpointError, ConfigError, DataError
+from ..passes import plan_passes
+from .assemble import OutputFiles, Totals
+from .engine import EXIT_REJECTED, WorkerFailed
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records
+from .progress import Progress, summary
+from .state import LOCK_FILE, FileLock, JobRecord, ShardRecord, StateError
+from .worker import WINDOW_BATCHES, load_predictor, result_lines
+
+RAY_EXTRA = "ray"
+TASKS_PER_ACTOR = 4  # read tasks per actor at least, so every actor has blocks to take
+TASK_WINDOWS = 256  # at most this many windows a read task (so a task's blocks waiting to be written stay few)
+BLOCK_BYTES = 1 << 20  # Ray's target block size for this job: a few windows a block, so results and progress flow
+# Reading reserves no CPU: like the local worker's reader thread it runs beside the model, and the actors'
+# reservation is the cores they compute on (with every CPU reserved by actors, a reading task would never start).
+READ_CPUS = 0
+
+
+def require_ray() -> Any:
+    """The ``ray`` module with Ray Data, or a one-line ``ConfigError`` naming the extra."""
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        raise ConfigError(f"predict: --engine ray needs Ray Data: pip install 'distrinews[{RAY_EXTRA}]' ({exc})") from None
+    return ray
+
+
+def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run ``job`` on Ray to its published output; the exit status (0, or ``EXIT_REJECTED`` with ``--strict``)."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    ray = require_ray()
+    checked = check(job)
+    state = checked.state
+    state.path.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(state.path / LOCK_FILE)
+    if not lock.acquire():
+        raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
+    try:
+        _take_over(checked)
+        check_loadable(checked.checkpoint)  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
+        inputs = input_records(checked, count=True)
+        started = _connect(ray, job.ray_address)
+        try:
+            totals, progress = _compute(checked, inputs, stderr, ray)
+        finally:
+            if started:
+                ray.shutdown()
+    except BaseException:
+        if state.path.is_dir() and not state.job_path.exists():  # only this run's temporary files: leave nothing behind
+            shutil.rmtree(state.path, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+    rejects = display(checked.rejects) if totals.rejected else None
+    print(summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects), file=stdout, flush=True)
+    return EXIT_REJECTED if job.strict and totals.rejected else 0
+
+
+def _take_over(checked: CheckedJob) -> None:
+    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused without --overwrite)."""
+    job, state = checked.job, checked.state
+    if job.overwrite:
+        state.clear()
+        checked.output.unlink(missing_ok=True)
+        checked.rejects.unlink(missing_ok=True)
+        return
+    if state.job_path.exists() and state.committed_rows() > 0:
+        raise ConfigError(
+            f"predict: {display(checked.output)} is partly computed by the local engine ({display(state.path)}); "
+            "finish it with --engine local (the resumable engine), or pass --overwrite to start again on Ray"
+        )
+    state.clear()  # a killed Ray run's temporary files, or a local run that had done nothing
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Join the cluster at ``address`` (else ``RAY_ADDRESS``), else start Ray here; True if this call started it."""
+    if ray.is_initialized():  # the caller's Ray (tests, notebooks): used as it is, and left running
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING)
+        else:  # "local": a Ray of its own, even where a `ray start` cluster (or its stale address file) is on this machine
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"predict: could not start or join {where} ({why})") from None
+    return True
+
+
+def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
+    job = checked.job
+    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field)
+    total = record.total_rows
+    window_rows = WINDOW_BATCHES * job.batch_size
+    windows = -(-total // window_rows)
+    tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
+    if job.progress != "none":
+        stderr.write(
+            f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: Ray engine, "
+            f"{job.nproc} actor{'s' if job.nproc > 1 else ''} x {checked.threads} CPU{'s' if checked.threads > 1 else ''} "
+            f"({_where(ray)}), {tasks} read task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} texts"
+            f"{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
+        )
+        stderr.flush()
+    progress = Progress(total, 0, job.progress, stderr)
+    context = ray.data.DataContext.get_current()
+    saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
+    context.execution_options.preserve_order = True  # results come back in input order: written as they come
+    context.enable_progress_bars = False  # ours is the one bar
+    context.target_max_block_size = BLOCK_BYTES
+    quiet = logging.getLogger("ray.data")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # Ray Data's plan and timings, every run: its logs folder keeps them
+    files: OutputFiles | None = None
+    try:
+        results = _results(ray, checked, record, window_rows, tasks) if total else iter(())
+        expected = 0
+        for window in results:
+            if files is None:
+                progress.ready()
+                files = OutputFiles(checked, window["labels"], string_ids=job.id_field is not None)
+            if window["start"] != expected:
+                raise StateError(f"Ray returned rows from {window['start']} where {expected} was next")
+            for line in window["records"]:
+                files.add(json.loads(line))
+            expected = window["end"]
+            progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
+        if files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
+            from ..runtimes import checkpoint_labels
+
+            files = OutputFiles(checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None)
+        files.publish(total)
+    except Exception as exc:
+        error = _user_error(exc)
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        if files is not None:
+            files.close()
+        progress.close()
+        context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
+        quiet.setLevel(level)
+    return files.totals, progress
+
+
+def _where(ray: Any) -> str:
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        cpus = ray.cluster_resources().get("CPU", 0)
+        return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs"
+    except Exception:  # a description only
+        return "Ray"
+
+
+def _results(ray: Any, checked: CheckedJob, record: JobRecord, window_rows: int, tasks: int) -> Iterator[dict[str, Any]]:
+    """Every window's results, in input order: ``{start, end, labels, records, labelled, rejected}``."""
+    from .ray_source import CorpusDatasource
+
+    job = checked.job
+    source = CorpusDatasource(record, checked.fields, window_rows, tasks)
+    dataset = ray.data.read_datasource(source, num_cpus=READ_CPUS).map_batches(
+        WindowPredictor,
+        fn_constructor_kwargs={
+            "checkpoint": str(checked.checkpoint),
+            "runtime": job.runtime,
+            "threads": checked.threads,
+            "batch_size": job.batch_size,
+            "max_batch_tokens": job.max_batch_tokens,
+            "with_id": job.id_field is not None,
+        },
+        batch_size=1,  # one window a call: its passes are the local engine's
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=job.nproc),  # `concurrency=N` before Ray 2.51
+        num_cpus=checked.threads,
+    )
+    for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+        yield from batch.to_pylist()
+
+
+def _user_error(exc: BaseException) -> Exception | None:
+    """What to report for a failed Ray job: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit 1)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (ConfigError, CheckpointError, DataError, FileNotFoundError)):
+            return ConfigError(str(cause).splitlines()[0]) if not isinstance(cause, ConfigError) else ConfigError(str(cause))
+        cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
+    if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):
+        return None
+    # An actor that died in its constructor is reported with the traceback as text only: its last line names the error.
+    for line in reversed(str(exc).splitlines()):
+        name, _, message = line.strip().partition(": ")
+        if name.endswith("ModuleNotFoundError") and "'distrinews" in message:
+            return ConfigError(
+                f"predict: a Ray worker could not import this DistriNews ({message}): "
+                "install the same distrinews on every machine of the cluster"
+            )
+        if message and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"} and name.startswith("distrinews."):
+            return ConfigError(message)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return WorkerFailed(f"predict: the Ray job failed ({type(exc).__name__}: {first}); nothing was published: run the same command again")
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def _result_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("start", pa.int64()),
+            ("end", pa.int64()),
+            ("labels", pa.list_(pa.string())),
+            ("records", pa.list_(pa.string())),  # OutputFiles records (a worker's rows.jsonl lines), in row order
+            ("labelled", pa.int64()),
+            ("rejected", pa.int64()),
+        ]
+    )
+
+
+class WindowPredictor:
+    """The stateful ``map_batches`` class: one model per actor (the local worker's loader), windows in, records out."""
+
+    def __init__(self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int, with_id: bool):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the driver's bar is the one (a cluster's workers lack our env)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        self.predictor = load_predictor(checkpoint, runtime, threads, batch_size)
+        self.labels = list(self.predictor.labels)
+        self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens or None, with_id
+
+    def __call__(self, windows: Any) -> Any:
+        import pyarrow as pa
+
+        out: dict[str, list[Any]] = {name: [] for name in _result_schema().names}
+        for window in windows.to_pylist():
+            records = [(json.loads(line)["r"], line + "\n") for line in window["rejects"]]
+            rows, texts = window["rows"], window["texts"]
+            ids = [json.loads(i) for i in window["ids"]]
+            if texts:
+                encoded = self.predictor.encode(texts)
+                for indices in plan_passes([len(e) for e in encoded], self.batch_size, self.max_tokens):
+                    batch = [(rows[i], ids[i], encoded[i]) for i in indices]
+                    results = self.predictor.predict_encoded([e for _, _, e in batch])
+                    records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
+            records.sort(key=lambda pair: pair[0])
+            out["start"].append(window["start"])
+            out["end"].append(window["end"])
+            out["labels"].append(self.labels)
+            out["records"].append([line.rstrip("\n") for _, line in records])
+            out["labelled"].append(len(texts))
+            out["rejected"].append(len(window["rejects"]))
+        return pa.Table.from_pydict(out, schema=_result_schema())
