@@ -120,6 +120,19 @@ def test_the_onnx_server_code_imports_no_training_stack():
         assert not (_module_level_imports(f) & heavy), f"{f} imports {_module_level_imports(f) & heavy} at module level"
 
 
+@pytest.mark.parametrize("runtime", ["onnx-int8", "torch"])
+def test_every_server_module_the_server_imports_is_bundled(runtime):
+    """The server imports its own parts inside functions too (uvicorn's protocol, the app): each is in the bundle."""
+    bundled = set(server_files(runtime))
+    for rel in [p for p in bundled if p.parts[:2] == ("distrinews", "serve") and p.suffix == ".py"]:
+        for node in ast.walk(ast.parse((PACKAGE_ROOT.parent / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and rel.parent.name == "serve":
+                names = [node.module] if node.module else [a.name for a in node.names]
+                for name in names:
+                    module = Path("distrinews", "serve", *name.split("."))
+                    assert {module.with_suffix(".py"), module / "__init__.py"} & bundled, f"{rel} imports .{name}, not bundled"
+
+
 def test_versions_are_stamped(bundles, checkpoint):
     source = json.loads((checkpoint / "distrinews.json").read_text())
     for runtime, version in (("onnx-int8", "1.0.0"), ("torch", "1.1.0")):

@@ -10,10 +10,11 @@ The supervisor (this process) owns every process it starts:
 - a replica that exits by itself is started again (after a back-off while it keeps failing); nginx routes
   around it meanwhile;
 - SIGHUP rolls the replicas one at a time: SIGTERM (it stops listening and drains its in-flight requests),
-  start a new one on the same port, wait for ``/ready``, wait ``fail_timeout`` so nginx takes it back, then the
-  next. ``--checkpoint`` is resolved again first, so pointing a symlink at a new ``best/`` and sending SIGHUP
-  rolls out a new model; a new replica that never gets ready is started again on the checkpoint it had, and
-  the roll stops;
+  start a new one on the same port, wait for ``/ready``. Before each replica goes, every other one has been
+  ready for ``fail_timeout`` + 1 s (nginx's clock counts whole seconds), so nginx routes to it again.
+  ``--checkpoint`` is resolved again first, so pointing a symlink at a new ``best/`` and sending SIGHUP rolls
+  out a new model; a new replica that never gets ready is started again on the checkpoint it had, and the
+  roll stops;
 - SIGTERM or SIGINT stops nginx gracefully (SIGQUIT: it finishes the requests it holds), then drains the
   replicas (SIGTERM), and exits 0.
 """
@@ -148,6 +149,7 @@ class Replica:
         self.proc: subprocess.Popen | None = None
         self.checkpoint: str | None = None
         self.started_at = 0.0
+        self.ready_since: float | None = None  # when the supervisor first saw this process answer /ready
         self.failures = 0  # exits in a row before getting ready; sets the back-off
 
     @property
@@ -160,6 +162,13 @@ class Replica:
         cmd += ["--threads", str(s.threads), "--header-timeout", str(s.header_timeout), *s.serve_args]
         env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
         self.proc, self.checkpoint, self.started_at = _start_child(cmd, self.log_path, env), checkpoint, time.monotonic()
+        self.ready_since = None
+
+    def seen_ready(self) -> bool:
+        """Whether it answers /ready (once it has, it counts as ready until it is started again or exits)."""
+        if self.ready_since is None and self.ready():
+            self.ready_since = time.monotonic()
+        return self.ready_since is not None and self.alive()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -253,11 +262,30 @@ class Supervisor:
                     f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} before it was ready; "
                     f"its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
                 )
-            if replica.ready():
+            if replica.seen_ready():
                 replica.failures = 0
                 return
             time.sleep(0.2)
         raise RuntimeError(f"replica {replica.index} was not ready after {self.settings.ready_timeout:g}s; see {replica.log_path}")
+
+    @property
+    def settle_seconds(self) -> float:
+        """How long after a replica is ready nginx surely routes to it again.
+
+        nginx rests a replica that failed a request (``max_fails=1``) for ``fail_timeout``, and its clock counts
+        in whole seconds, so a failure just before the replica got ready can keep it out for up to
+        ``fail_timeout`` + 1 s after; then nginx's next request to it finds it ready."""
+        return self.settings.fail_timeout + 1.0 + 0.25
+
+    def _wait_in_rotation(self, replicas: list[Replica]) -> None:
+        """Wait until each of ``replicas`` has been ready for ``settle_seconds``: nginx routes to all of them."""
+        deadline = time.monotonic() + self.settings.ready_timeout + self.settle_seconds
+        for replica in replicas:
+            while not (replica.seen_ready() and time.monotonic() - replica.ready_since >= self.settle_seconds):
+                self._check_stop()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"replica {replica.index} (port {replica.port}) is not ready; see {replica.log_path}")
+                time.sleep(0.1)
 
     def nginx_conf(self) -> str:
         s = self.settings
@@ -314,6 +342,7 @@ class Supervisor:
         if replica.proc is None:
             return
         if replica.alive():
+            replica.seen_ready()  # a replica started again after a crash: a roll waits until nginx has it back
             if replica.failures and time.monotonic() - replica.started_at > 60:
                 replica.failures = 0  # up for a minute: the next exit starts it again at once
             return
@@ -329,7 +358,13 @@ class Supervisor:
         target = os.path.realpath(self.settings.checkpoint)
         self.say(f"rolling restart onto {target}")
         for replica in self.replicas:
-            self._check_stop()
+            # Only one replica is ever away: every other one is ready and back in nginx's rotation first
+            # (one started again after a crash, or the one this roll has just replaced).
+            try:
+                self._wait_in_rotation([r for r in self.replicas if r is not replica])
+            except RuntimeError as exc:
+                self.say(f"roll stopped before replica {replica.index}: {exc}")
+                return
             previous = replica.checkpoint or target
             replica.stop(timeout=self.settings.read_timeout)
             replica.start(target)
@@ -340,12 +375,8 @@ class Supervisor:
                 replica.stop()
                 replica.start(previous)
                 return
-            # nginx rests a replica it saw fail for fail_timeout: give it back before the next one goes away.
-            deadline = time.monotonic() + self.settings.fail_timeout + 0.5
-            while time.monotonic() < deadline:
-                self._check_stop()
-                time.sleep(0.1)
             self.say(f"replica {replica.index} serves model version {self._version(replica)}")
+        self._wait_in_rotation(self.replicas)
         self.say("rolling restart done")
 
     def _shutdown(self) -> None:

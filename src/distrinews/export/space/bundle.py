@@ -27,9 +27,13 @@ from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, check
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews
 PACKAGE = PACKAGE_ROOT.name
-# The modules the server runs from, per runtime; everything they import at module level comes with them.
-# (The server imports its app, and the app its predictor, inside functions: so they are roots here.)
-SERVER_ROOTS = ("serve/__main__.py", "serve/app.py", "predict/runtimes.py")
+# The modules the server runs from, per runtime; everything they import at module level comes with them,
+# and so does every module of the server's own package (serve/) that they import inside a function: the
+# server defers its own parts to start faster, not because they are optional. Other packages' lazy imports
+# are runtime-specific (the torch runtime's loader, the int8 maker) and come only as a runtime's roots; the
+# app imports its predictor inside a function, so the runtimes module is a root.
+SERVER_ROOTS = ("serve/__main__.py", "predict/runtimes.py")
+LAZY_FOLLOWED = f"{PACKAGE}.serve"
 RUNTIME_ROOTS = {"onnx-int8": (), "onnx": (), "torch": ("checkpoint/servable.py",)}
 STATIC_FILES = ("serve/static/index.html",)
 # The tokenizer and config files a slim ONNX server reads; the torch runtime takes the whole folder.
@@ -54,25 +58,24 @@ def _module_file(dotted: str) -> Path | None:
     return None
 
 
-def _module_level_imports(path: Path) -> list[str]:
-    """Our modules that ``path`` imports when it is imported (not inside functions or classes)."""
+def _imports_followed(path: Path) -> list[str]:
+    """Our modules that ``path`` imports when it is imported, and the server modules it imports later (in a function)."""
     package = list(path.relative_to(PACKAGE_ROOT.parent).parts[:-1])  # a module's package; an __init__'s own
     found: list[str] = []
 
-    def walk(node: ast.AST) -> None:
+    def walk(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue  # runs later, if ever: the roots name what the server imports lazily
+            names: list[str] = []
             if isinstance(child, ast.Import):
-                found.extend(alias.name for alias in child.names)
+                names = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom):
                 base = package[: len(package) - (child.level - 1)] if child.level else []
                 module = ".".join([*base, *(child.module.split(".") if child.module else [])])
-                found.append(module)
-                found.extend(f"{module}.{alias.name}" for alias in child.names)  # submodules imported by name
-            walk(child)
+                names = [module, *(f"{module}.{alias.name}" for alias in child.names)]  # submodules imported by name
+            found.extend(n for n in names if not lazy or n == LAZY_FOLLOWED or n.startswith(LAZY_FOLLOWED + "."))
+            walk(child, lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
 
-    walk(ast.parse(path.read_text()))
+    walk(ast.parse(path.read_text()), lazy=False)
     return found
 
 
@@ -90,7 +93,7 @@ def server_files(runtime: str) -> list[Path]:
             init = PACKAGE_ROOT / parent / "__init__.py"
             if init.is_file() and init not in seen:
                 todo.append(init)
-        for dotted in _module_level_imports(path):
+        for dotted in _imports_followed(path):
             if (target := _module_file(dotted)) is not None:
                 todo.append(target)
     files = sorted(p.relative_to(PACKAGE_ROOT.parent) for p in seen)
