@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .versioning import DEFAULT_MODEL_VERSION, is_version
 
 STRATEGIES = ("ddp", "fsdp", "single")
+LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
 
 
 @dataclass
@@ -65,7 +66,15 @@ class TrainConfig:
     learning_rate: float = 1e-4
     weight_decay: float = 0.01
     warmup_ratio: float = 0.06
+    lr_scheduler_type: str = "linear"  # linear | cosine | constant_with_warmup (after the warm-up), as Hugging Face names them
+    # each encoder layer below the top learns at this factor times the rate of the layer above (the embeddings
+    # lowest, the classifier at learning_rate); 1.0 = one rate for all
+    layerwise_lr_decay: float = 1.0
     max_grad_norm: float = 1.0
+    label_smoothing_factor: float = 0.0  # the training loss's targets: 1 - f on the label, f spread over all classes
+    # > 0: keep an exponential moving average of the weights (decay per step, warmed up as TensorFlow does); evaluation,
+    # best/ and the served model use the average, training goes on with the raw weights
+    ema_decay: float = 0.0
     # none, or balanced: each class's loss weighted n_rows / (n_classes x its rows) (scikit-learn's "balanced")
     class_weights: str = "none"
     # bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16;
@@ -144,6 +153,10 @@ class TrainConfig:
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
+        need(self.lr_scheduler_type in LR_SCHEDULES, "lr_scheduler_type", f"must be one of {', '.join(LR_SCHEDULES)}")
+        need(0 < self.layerwise_lr_decay <= 1, "layerwise_lr_decay", "must be in (0, 1] (1 = the same rate for every layer)")
+        need(0 <= self.label_smoothing_factor < 1, "label_smoothing_factor", "must be in [0, 1)")
+        need(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no average), e.g. 0.999")
         need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
         need(not (self.bf16 is True and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
@@ -285,12 +298,17 @@ class BatchConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW, its linear schedule with warm-up, and gradient clipping."""
+    """AdamW (its rate per layer), the schedule with warm-up, gradient clipping, the loss's label smoothing,
+    the average of the weights."""
 
     learning_rate: float
     weight_decay: float
     warmup_ratio: float
+    lr_scheduler_type: str
+    layerwise_lr_decay: float
     max_grad_norm: float
+    label_smoothing_factor: float
+    ema_decay: float
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ def forward_loss(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     reduction: str = "mean",
     class_weights: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
     benchmarks share. The model runs under ``autocast``; the loss is computed in fp32.
@@ -166,10 +167,12 @@ def forward_loss(
     ``class_weights`` scale each row's loss by its class's weight, and the mean stays one over the
     rows (not over the weights, as ``F.cross_entropy(weight=...)`` divides): a batch's loss is then
     the same sum of per-row terms however the rows are split into ranks and micro-batches, so a
-    weighted run is as equivalent across world sizes as an unweighted one."""
+    weighted run is as equivalent across world sizes as an unweighted one. ``label_smoothing`` is
+    ``F.cross_entropy``'s (training only: evaluation reports the plain loss)."""
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if class_weights is None:
-        return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction), logits
-    per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none") * class_weights[batch["labels"]]
+        return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction, label_smoothing=label_smoothing), logits
+    per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none", label_smoothing=label_smoothing)
+    per_row = per_row * class_weights[batch["labels"]]
     return (per_row.sum() if reduction == "sum" else per_row.mean() if reduction == "mean" else per_row), logits

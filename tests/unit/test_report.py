@@ -50,6 +50,12 @@ def test_banner_states_the_effective_batch_and_the_resume_point():
     assert lines[0] == lines[-1] == "=" * 60
     fresh = banner_lines(config, env(1), dataclasses.replace(FACTS, title=""), resumed_from=None, step=0)
     assert fresh[1] == "TRAINING CONFIGURATION" and not any("Resumed" in line for line in fresh)
+    assert not any(line.startswith(("Loss:", "Evaluated weights:")) for line in fresh)
+    tuned = TrainConfig(lr_scheduler_type="cosine", layerwise_lr_decay=0.8, label_smoothing_factor=0.1, ema_decay=0.999)
+    text = "\n".join(banner_lines(tuned, env(1), FACTS, resumed_from=None, step=0))
+    assert "Learning rate:        0.0001 (cosine, layer-wise decay 0.8)" in text
+    assert "Loss:                 cross-entropy, label smoothing 0.1" in text
+    assert "Evaluated weights:    their moving average (ema_decay 0.999)" in text
 
 
 def test_epoch_lines_are_the_seeds_plus_throughput():

@@ -156,15 +156,16 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
 
 
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant_with_warmup"])
 @pytest.mark.parametrize(("warmup", "total"), [(0, 10), (3, 10), (10, 10), (4, 1)])
-def test_the_learning_rate_schedule_is_hugging_faces_step_for_step(warmup, total):
-    from transformers import get_linear_schedule_with_warmup
+def test_the_learning_rate_schedules_are_hugging_faces_step_for_step(kind, warmup, total):
+    from transformers import get_scheduler
 
-    from distrinews.train.trainer import linear_schedule_with_warmup
+    from distrinews.train.components import schedule_with_warmup
 
     def lrs(make):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-        scheduler = make(optimizer, warmup, total)
+        scheduler = make(optimizer)
         out = []
         for _ in range(total + 3):
             out.append(scheduler.get_last_lr()[0])
@@ -172,4 +173,28 @@ def test_the_learning_rate_schedule_is_hugging_faces_step_for_step(warmup, total
             scheduler.step()
         return out
 
-    assert lrs(linear_schedule_with_warmup) == lrs(get_linear_schedule_with_warmup)
+    ours = lrs(lambda opt: schedule_with_warmup(opt, kind, warmup, total))
+    assert ours == lrs(lambda opt: get_scheduler(kind, opt, num_warmup_steps=warmup, num_training_steps=total))
+    if kind == "cosine" and warmup < total:
+        assert ours[warmup] == 0.5 and ours[total] == 0.0 and ours[warmup + (total - warmup) // 2] < 0.5
+
+
+def test_layerwise_lr_decay_gives_each_layer_its_rate_and_one_rate_keeps_the_two_groups():
+    from distrinews.config import TrainConfig
+    from distrinews.data.rows import AG_NEWS_LABELS
+    from distrinews.model import build_model
+    from distrinews.train.components import build_optimizer
+
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0)  # 2 encoder layers
+    cfg = TrainConfig(learning_rate=1e-3, layerwise_lr_decay=0.5, weight_decay=0.01)
+    optimizer = build_optimizer(model, cfg.optimizer, torch.device("cpu"))
+    rate = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    assert rate[id(params["classifier.weight"])] == (1e-3, 0.01)
+    assert rate[id(params["bert.encoder.layer.1.attention.self.query.weight"])] == (5e-4, 0.01)
+    assert rate[id(params["bert.encoder.layer.0.output.LayerNorm.weight"])] == (2.5e-4, 0.0)
+    assert rate[id(params["bert.embeddings.word_embeddings.weight"])] == (1.25e-4, 0.01)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(params)
+
+    plain = build_optimizer(model, TrainConfig(learning_rate=1e-3).optimizer, torch.device("cpu"))
+    assert [(g["lr"], g["weight_decay"]) for g in plain.param_groups] == [(1e-3, 0.01), (1e-3, 0.0)]

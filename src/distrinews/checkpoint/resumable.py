@@ -1,4 +1,5 @@
-"""Resumable checkpoints, ``checkpoints/step-N/``: weights, optimizer, scheduler, scaler, every rank's RNG state.
+"""Resumable checkpoints, ``checkpoints/step-N/``: weights, optimizer, scheduler, scaler, every rank's RNG state,
+and the average of the weights when the run keeps one (``ema_decay``).
 
 Tensors are stored as safetensors; whatever goes through ``torch.load`` is loaded with
 ``weights_only=True``. Replicated (DDP) and sharded (FSDP) runs write different weight layouts;
@@ -12,7 +13,7 @@ import os
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -76,10 +77,19 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class Averaged(Protocol):
+    """What a checkpoint keeps of an average of the weights (``train.ema.WeightAverage``): tensors by name."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
+
+
 @dataclass
 class LoadedCheckpoint:
     trainer_state: TrainerStateRecord
     rng_states: list[dict[str, Any]]  # one per rank of the run that wrote it
+    average_loaded: bool = False  # the checkpoint held the average of the weights, now in the run's
 
     @property
     def world_size(self) -> int | None:
@@ -87,6 +97,8 @@ class LoadedCheckpoint:
 
 
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
+AVERAGE_FILE = "ema.safetensors"  # the average of the weights, replicated runs
+AVERAGE_SHARDED = "sharded-ema"  # and sharded ones
 
 
 class ReplicatedLayout:
@@ -98,17 +110,22 @@ class ReplicatedLayout:
         """The states to write (every rank calls this: gathering may be a collective)."""
         return model.full_state_dict(), optimizer.state_dict() if env.is_main else {}
 
-    def write(self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv) -> None:
+    def write(self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv, average: dict[str, torch.Tensor] | None) -> None:
         if env.is_main:
             save_weights(states[0], tmp / "model.safetensors")
             torch.save(states[1], tmp / "optimizer.pt")
+            if average is not None:
+                save_file({k: v.detach().contiguous().cpu() for k, v in average.items()}, str(tmp / AVERAGE_FILE))
 
-    def read(self, path: Path, model, optimizer: torch.optim.Optimizer) -> None:
+    def read(self, path: Path, model, optimizer: torch.optim.Optimizer, average: Averaged | None) -> bool:
         if (path / SHARDED).is_dir():  # a sharded checkpoint: this layout reads it too, resharded to the whole model
-            ShardedLayout().read(path, model, optimizer)
-            return
+            return ShardedLayout().read(path, model, optimizer, average)
         load_weights(model.raw, path / "model.safetensors")
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        if average is None or not (path / AVERAGE_FILE).is_file():
+            return False
+        average.load_state_dict(load_file(str(path / AVERAGE_FILE)))
+        return True
 
 
 class ShardedLayout:
@@ -122,18 +139,13 @@ class ShardedLayout:
 
         return get_state_dict(model.module, optimizer)
 
-    def write(self, states: tuple[Any, Any], tmp: Path, env: DistEnv) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        try:
-            dcp.save({"model": states[0], "optim": states[1]}, checkpoint_id=str(tmp / SHARDED))
-        except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
-            first = next(iter(exc.failures.values()))[0] if exc.failures else None
-            raise RuntimeError(f"torch.distributed.checkpoint could not save {tmp / SHARDED}") from (first or exc)
+    def write(self, states: tuple[Any, Any], tmp: Path, env: DistEnv, average: dict[str, torch.Tensor] | None) -> None:
+        _dcp_save({"model": states[0], "optim": states[1]}, tmp / SHARDED)
+        if average is not None:  # DTensors like the parameters they average: resharded on load as the weights are
+            _dcp_save({"ema": average}, tmp / AVERAGE_SHARDED)
         barrier(env)  # every rank's shards are on disk before rank 0 seals the directory
 
-    def read(self, path: Path, model, optimizer: torch.optim.Optimizer) -> None:
+    def read(self, path: Path, model, optimizer: torch.optim.Optimizer, average: Averaged | None) -> bool:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -143,6 +155,23 @@ class ShardedLayout:
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
         set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if average is None or not (path / AVERAGE_SHARDED).is_dir():
+            return False
+        wanted = {"ema": average.state_dict()}
+        dcp.load(wanted, checkpoint_id=str(path / AVERAGE_SHARDED))
+        average.load_state_dict(wanted["ema"])
+        return True
+
+
+def _dcp_save(state: dict[str, Any], directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(state, checkpoint_id=str(directory))
+    except CheckpointException as exc:  # a BaseException, raised on every rank: made an error like the others
+        first = next(iter(exc.failures.values()))[0] if exc.failures else None
+        raise RuntimeError(f"torch.distributed.checkpoint could not save {directory}") from (first or exc)
 
 
 def layout_for(model) -> ReplicatedLayout | ShardedLayout:
@@ -167,7 +196,14 @@ class Checkpointer:
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
 
     def save(
-        self, step: int, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, trainer_state: TrainerStateRecord
+        self,
+        step: int,
+        model,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        scaler: Any,
+        trainer_state: TrainerStateRecord,
+        average: Averaged | None = None,
     ) -> Path | None:
         if not isinstance(trainer_state, TrainerStateRecord):
             raise TypeError(
@@ -178,17 +214,18 @@ class Checkpointer:
         main = self.env.is_main
         layout = layout_for(model)
         states = layout.gather(model, optimizer, self.env)
+        average_state = average.state_dict() if average is not None else None
 
         def needed() -> tuple[int, str]:
             published = list_checkpoints(self.root)
-            return space_needed(published[-1] if published else None, states)
+            return space_needed(published[-1] if published else None, (states, average_state))
 
         # Two steps, so that no rank waits for the temp directory's name while rank 0 reports a failure to make it.
         with saving_together(self.env, final, self.root, needed):
             tmp = fresh_tmp(final) if main else None
         tmp = broadcast_object(tmp, self.env)
         with saving_together(self.env, final, self.root, needed), removed_on_failure(tmp if main else None):
-            layout.write(states, tmp, self.env)
+            layout.write(states, tmp, self.env, average_state)
             if main:
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
                 if scaler is not None:
@@ -204,16 +241,25 @@ class Checkpointer:
         rotate_checkpoints(self.root, self.limit)
         return final
 
-    def load(self, path: str | os.PathLike, model, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> LoadedCheckpoint:
+    def load(
+        self,
+        path: str | os.PathLike,
+        model,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        scaler: Any,
+        average: Averaged | None = None,
+    ) -> LoadedCheckpoint:
+        """Everything back in place; ``average`` too when the checkpoint holds one (``average_loaded``)."""
         path = Path(path)
         # First: a file this DistriNews cannot read (a newer format, a missing key) is refused before any tensor loads.
         trainer_state = TrainerStateRecord.from_json(read_json(path / TRAINER_STATE), path / TRAINER_STATE)
-        layout_for(model).read(path, model, optimizer)
+        average_loaded = layout_for(model).read(path, model, optimizer, average)
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
         rng = torch.load(path / "rng_state.pt", weights_only=True)
-        return LoadedCheckpoint(trainer_state, rng)
+        return LoadedCheckpoint(trainer_state, rng, average_loaded)
 
 
 def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:

@@ -5,6 +5,7 @@ the optimizer and its schedule. Each takes its own slice of the config (``config
 from __future__ import annotations
 
 import math
+import re
 import resource
 import time
 from collections.abc import Iterable, Iterator
@@ -138,29 +139,70 @@ def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.devi
     return weights.float().to(device)
 
 
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """How far below the top a parameter sits: 0 for the head (classifier, pooler), 1 for the last encoder
+    layer, ``num_layers`` for the first, ``num_layers + 1`` for the embeddings."""
+    if match := _LAYER.search(name):
+        return num_layers - int(match.group(1))
+    return num_layers + 1 if "embeddings" in name else 0
+
+
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update."""
-    decay, no_decay = [], []
+    """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update.
+
+    With ``layerwise_lr_decay`` d < 1, a parameter ``k`` layers below the head learns at ``learning_rate x d**k``
+    (ELECTRA's layer-wise decay): the pretrained lower layers move less than the new head."""
+    cfg = getattr(model, "config", None)
+    num_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or 0
+    groups: dict[tuple[int, bool], list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
+            depth = layer_depth(name, num_layers) if config.layerwise_lr_decay != 1.0 else 0
+            decays = not (p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name)
+            groups.setdefault((depth, decays), []).append(p)
+    if config.layerwise_lr_decay == 1.0:  # always the two groups [decay, no decay] (what checkpoints hold)
+        groups.setdefault((0, True), []), groups.setdefault((0, False), [])
+    ordered = sorted(groups, key=lambda key: (key[0], not key[1]))
+    param_groups = [
+        {
+            "params": groups[depth, decays],
+            "weight_decay": config.weight_decay if decays else 0.0,
+            "lr": config.learning_rate * config.layerwise_lr_decay**depth,
+        }
+        for depth, decays in ordered
+    ]
+    return torch.optim.AdamW(param_groups, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
 
 
-def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Hugging Face's ``get_linear_schedule_with_warmup``, the same multipliers step for step.
+def schedule_with_warmup(
+    optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Hugging Face's schedules (``lr_scheduler_type`` linear, cosine, constant_with_warmup), the same multipliers
+    step for step as ``transformers.get_scheduler``; each parameter group's own rate is multiplied.
 
-    Written out because importing it from transformers pulls in its Trainer's utilities (and
-    peft where installed): seconds of start-up in every worker, for a two-line rule.
+    Written out because importing them from transformers pulls in its Trainer's utilities (and
+    peft where installed): seconds of start-up in every worker, for a few lines of arithmetic.
     """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return step / max(1, warmup_steps)
+        if kind == "constant_with_warmup":
+            return 1.0
+        if kind == "cosine":
+            progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Hugging Face's ``get_linear_schedule_with_warmup``."""
+    return schedule_with_warmup(optimizer, "linear", warmup_steps, total_steps)
 
 
 def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:

@@ -54,7 +54,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Batch size per device: {config.per_device_train_batch_size}",
         f"Gradient accumulation: {config.gradient_accumulation_steps}",
         f"Effective batch size: {per_step}",
-        f"Learning rate:        {config.learning_rate:g}",
+        f"Learning rate:        {config.learning_rate:g}{schedule_words(config)}",
         f"Epochs:               {config.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
         f"Device:               {env.device}{threads}",
         f"Precision:            {facts.precision}",
@@ -65,11 +65,30 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
         f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
         *class_lines(facts),
+        *tuning_lines(config),
         f"MFU peak:             {facts.mfu_peak}",
     ]
     if resumed_from is not None:
         lines.append(f"Resumed from:         {resumed_from} (step {step})")
     return [*lines, RULE]
+
+
+def tuning_lines(config: TrainConfig) -> list[str]:
+    """The loss's label smoothing and the averaged weights, where a run asks for them."""
+    lines = []
+    if config.label_smoothing_factor:
+        lines.append(f"Loss:                 cross-entropy, label smoothing {config.label_smoothing_factor:g}")
+    if config.ema_decay:
+        lines.append(f"Evaluated weights:    their moving average (ema_decay {config.ema_decay:g})")
+    return lines
+
+
+def schedule_words(config: TrainConfig) -> str:
+    """How the rate moves, where it is not the default linear decay with one rate for all layers."""
+    words = [] if config.lr_scheduler_type == "linear" else [config.lr_scheduler_type]
+    if config.layerwise_lr_decay != 1.0:
+        words.append(f"layer-wise decay {config.layerwise_lr_decay:g}")
+    return f" ({', '.join(words)})" if words else ""
 
 
 def class_lines(facts: RunFacts, width: int = 100) -> list[str]:

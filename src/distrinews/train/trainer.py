@@ -16,6 +16,7 @@ continues exactly as if never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -53,8 +54,10 @@ from .components import (
     optimizer_windows,
     peak_memory_mib,
     prepare_data,
+    schedule_with_warmup,
 )
 from .curves import write_confusion_matrix, write_training_curves
+from .ema import WeightAverage
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts, MetricsLogger
@@ -103,7 +106,9 @@ class Trainer:
             self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
         self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
         warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
-        self.scheduler = linear_schedule_with_warmup(self.optimizer, warmup, self.plan.total_steps)
+        self.scheduler = schedule_with_warmup(self.optimizer, config.lr_scheduler_type, warmup, self.plan.total_steps)
+        # ema_decay: evaluation, best/ and the served model use an average of the weights (train/ema.py)
+        self.average = WeightAverage(self.model.raw, config.ema_decay) if config.ema_decay > 0 else None
         self.scaler = self.precision.grad_scaler()
         # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
         self.class_weights = (
@@ -178,7 +183,13 @@ class Trainer:
         for i, batch in enumerate(window):
             batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
             with self.model.sync_gradients(sync and i == len(window) - 1):
-                loss, logits = forward_loss(self.model, batch, self.precision.autocast, class_weights=self.class_weights)
+                loss, logits = forward_loss(
+                    self.model,
+                    batch,
+                    self.precision.autocast,
+                    class_weights=self.class_weights,
+                    label_smoothing=self.config.label_smoothing_factor,
+                )
                 scaled = loss / len(window)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             counts = Counts.of_batch(loss, logits, batch)
@@ -196,6 +207,8 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.average is not None:
+            self.average.update()
         return grad_norm
 
     # ------------------------------------------------------------------ where the run is
@@ -238,7 +251,10 @@ class Trainer:
             torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
         self.check_same_labels(read_trainer_state(Path(path)).label_names, path)  # before its weights meet this model
-        saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler, self.average)
+        if self.average is not None and not saved.average_loaded:
+            self.average.reset()
+            self.report.say(f"warning: {path} holds no average of the weights (ema_decay): the average starts from its weights")
         self.state.load_state_dict(asdict(saved.trainer_state))
         if self.state.best_metric is None and self.config.metric_for_best_model == "accuracy":
             self.state.best_metric = self.state.best_accuracy  # a checkpoint from before best_metric was kept
@@ -325,22 +341,24 @@ class Trainer:
                 self.save()
 
     def evaluate(self) -> dict[str, Any]:
-        """Exact metrics on the test split (every rank scores its share); keeps the best model in ``best/``."""
-        metrics = evaluate(
-            self.model.raw,
-            self.data.test,
-            self.env,
-            self.config.per_device_eval_batch_size,
-            self.precision,
-            progress=self.env.is_main and not self.config.disable_tqdm,
-            lockstep=self.model.lockstep,
-        )
-        self.state.last_eval = metrics
-        self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
-        metric = self.config.metric_for_best_model
-        if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
-            self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
-            self.best_eval = metrics
+        """Exact metrics on the test split (every rank scores its share); keeps the best model in ``best/``.
+        With ``ema_decay``, of the average of the weights: what is evaluated is what best/ keeps."""
+        with self.average.applied() if self.average is not None else contextlib.nullcontext():
+            metrics = evaluate(
+                self.model.raw,
+                self.data.test,
+                self.env,
+                self.config.per_device_eval_batch_size,
+                self.precision,
+                progress=self.env.is_main and not self.config.disable_tqdm,
+                lockstep=self.model.lockstep,
+            )
+            self.state.last_eval = metrics
+            self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
+            metric = self.config.metric_for_best_model
+            if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
+                self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
+                self.best_eval = metrics
         return metrics
 
     def save(self) -> None:
@@ -366,6 +384,7 @@ class Trainer:
                 gradient_accumulation_steps=self.config.gradient_accumulation_steps,
                 label_names=list(self.data.label_names),
             ),
+            self.average,
         )
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
