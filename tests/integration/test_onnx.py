@@ -117,15 +117,18 @@ def test_bad_export_arguments_are_refused(checkpoint, tmp_path):
 
 
 def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
-    """The exporter restores its wrapper's training flag; that must not switch the model's dropout on."""
+    """The exporter restores its wrapper's training flag; that must not switch the model's dropout on, and the
+    attention implementation the export switches to (eager) is switched back."""
     from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.export.onnx import compare_with_torch, export_model
     from distrinews.model import build_model, build_tokenizer
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.3, seed=0).eval()
+    attention = model.config._attn_implementation
     tokenizer = build_tokenizer("tiny-random")
     export_model(model, tokenizer, tmp_path / "model.onnx")
     assert not any(m.training for m in model.modules())
+    assert model.config._attn_implementation == attention  # exported with eager attention, given back as it was
     check = compare_with_torch(model, tokenizer, tmp_path / "model.onnx")
     assert check["max_abs_prob_diff"] <= 1e-5 and check["label_agreement"] == 1.0
 

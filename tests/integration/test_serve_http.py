@@ -116,7 +116,7 @@ def test_every_endpoint_answers_with_the_documented_shape(server, padding_atol):
         info = client.get("/info").json()
         assert info["labels"] == LABELS and info["max_length"] == 64 and info["runtime"] == "torch"
         assert info["model_name"] == "tiny-random-spread"
-        assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": None, "max_wait_ms": 50.0, "max_queue": 1024}
+        assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": 512, "max_wait_ms": 50.0, "max_queue": 1024}
         assert info["limits"]["max_batch_texts"] == 64 and info["limits"]["max_body_bytes"] == 65536
 
         one = client.post("/predict", json={"text": HEADLINES[0]})

@@ -30,11 +30,12 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from ..distributed.launch import free_port
-from .serving_load import closed_loop, load_texts, percentile_ms
+from .serving_load import closed_loop, load_texts, percentile_ms, process_cpu_seconds
 from .serving_reference import REFERENCE, PredictRequest, naive_app, reference_app, reference_command, serve_reference
 from .serving_report import build_report, markdown, plot
 from .serving_runtimes import ACCURACY_TOLERANCE_POINTS, bf16_matmul_gflops, choose_default, default_runtimes, runtime_accuracy
@@ -73,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=None, help="ours: --max-batch-size (default: serve's)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="ours: --max-batch-tokens (default: serve's)")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="ours: --max-wait-ms (default: serve's)")
+    parser.add_argument("--threads", type=int, default=None, help="ours: --threads (default: serve's)")
     parser.add_argument(
         "--overload-queue",
         type=int,
@@ -111,12 +113,18 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     def measure(server: Server, label: str, runtime: str, text_kind: str, texts: list[str], concurrency: list[int], **tags) -> None:
         for c in concurrency:
+            # What each side spends: the server's process and this one (the load generator), in cores, over the level.
+            server0, client0, wall0 = process_cpu_seconds(server.proc.pid), time.process_time(), time.monotonic()
             r = asyncio.run(closed_loop(server.port, texts, c, args.duration, args.warmup))
+            wall = time.monotonic() - wall0
+            r["server_cpu_cores"] = (process_cpu_seconds(server.proc.pid) - server0) / wall
+            r["client_cpu_cores"] = (time.process_time() - client0) / wall
             r.update(server=label, runtime=runtime, texts=text_kind, **tags)
             results.append(r)
             print(
                 f"{label:<9} {runtime:<10} {text_kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
-                f"p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  errors {r['errors']}",
+                f"p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  errors {r['errors']}  "
+                f"cpu server {r['server_cpu_cores']:.2f} client {r['client_cpu_cores']:.2f}",
                 flush=True,
             )
 

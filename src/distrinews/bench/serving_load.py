@@ -52,6 +52,12 @@ class _Client:
             self.writer = None
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc; its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile_ms(sorted_seconds: list[float], q: float) -> float:
     """The q-quantile (nearest rank, no interpolation) of sorted latencies, in milliseconds."""
     if not sorted_seconds:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -91,15 +92,19 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Load",
         "",
-        "| server | runtime | texts | clients | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) | 429s | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"CPU = cores each side used over the level (server process; load generator, this process), of the machine's {os.cpu_count()}.",
+        "",
+        "| server | runtime | texts | clients | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) | 429s | errors "
+        "| CPU server | CPU clients |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         if r.get("max_queue") is not None:
             continue
         lines.append(
             f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | "
-            f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} |"
+            f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} | "
+            f"{_fmt(r.get('server_cpu_cores', float('nan')), 2)} | {_fmt(r.get('client_cpu_cores', float('nan')), 2)} |"
         )
     if report["ratios_vs_reference"]:
         lines += [

@@ -99,4 +99,6 @@ def ours_command(checkpoint: str, args: argparse.Namespace) -> list[str]:
             ours_cmd += [flag, str(value)]
     if args.max_wait_ms is not None:
         ours_cmd += ["--max-wait-ms", str(args.max_wait_ms)]
+    if getattr(args, "threads", None) is not None:
+        ours_cmd += ["--threads", str(args.threads)]
     return ours_cmd

@@ -48,6 +48,11 @@ def export_model(model: torch.nn.Module, tokenizer, out: str | os.PathLike) -> P
     dynamic_axes: dict[str, dict[int, str]] = {name: {0: "batch", 1: "sequence"} for name in input_names}
     dynamic_axes["logits"] = {0: "batch"}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    # Attention as plain MatMul/Softmax ("eager"): the SDPA graph the exporter writes otherwise carries NaN guards
+    # and mask arithmetic that ONNX Runtime runs ~15% slower on a CPU, for the same probabilities.
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         # The TorchScript exporter (dynamo=False): the torch.export-based default needs
         # onnxscript and gives nothing better for a static BERT graph; the tracer's warnings
@@ -67,6 +72,8 @@ def export_model(model: torch.nn.Module, tokenizer, out: str | os.PathLike) -> P
             dynamo=False,
         )
     model.eval()
+    if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attention)
     os.replace(tmp, out)
     return out
 
