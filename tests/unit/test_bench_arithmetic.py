@@ -230,3 +230,25 @@ def test_scaling_rejects_bad_input_before_starting_workers(capsys):
     configs = Path(__file__).resolve().parents[2] / "configs"
     assert main(["bench", "scaling", "--nproc", "1,2", "--config", str(configs / "tiny.yaml"), "--ddp_comm_hook", "int4"]) == 2
     assert "ddp_comm_hook" in capsys.readouterr().err
+
+
+def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_serves():
+    from distrinews.bench.serving_runtimes import choose_default
+
+    accuracy = [
+        {"runtime": r, "accuracy": acc, "agreement_with_torch_fp32": 1.0, "changed_labels": 0, "seconds": 1.0}
+        for r, acc in (("torch", 0.9078), ("auto", 0.9076), ("onnx", 0.9078), ("onnx-int8", 0.9076), ("torch-bf16", 0.9040))
+    ]
+    load = [
+        {"server": "ours", "runtime": r, "texts": "full", "concurrency": c, "throughput_rps": rps, "p50_ms": 5.0}
+        for r, rps in (("torch", 126.0), ("auto", 251.0), ("onnx", 153.0), ("onnx-int8", 249.0), ("torch-bf16", 300.0))
+        for c in (1, 32)
+    ]
+    rule = choose_default(accuracy, load, 32)
+    # auto's own row is faster in this run, but it is not a runtime; torch-bf16 is fastest but 0.38 points off fp32
+    assert rule["runtime"] == "onnx-int8" and rule["throughput_rps"] == 249.0
+    from distrinews.bench.serving_report import default_verdict
+
+    report = {"default_runtime": "auto", "servers": {"ours-auto": {"runtime": "onnx-int8"}}}
+    assert default_verdict("onnx-int8", report) == "what the default of `distrinews serve` serves here (auto)"
+    assert default_verdict("onnx", report) == "not what the default (auto) serves here (onnx-int8)"

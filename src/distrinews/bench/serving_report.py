@@ -71,6 +71,15 @@ def _fmt(value: float, digits: int = 1) -> str:
     return "—" if value != value else f"{value:.{digits}f}"  # NaN: no requests of that kind
 
 
+def default_verdict(chosen: str, report: dict[str, Any]) -> str:
+    """How the rule's runtime relates to ``distrinews serve``'s default (``auto`` picks a runtime per checkpoint)."""
+    default = report.get("default_runtime")
+    served = report.get("servers", {}).get(f"ours-{default}", {}).get("runtime") or default  # what auto resolved to
+    if chosen == served:
+        return "what the default of `distrinews serve` serves here" + (f" ({default})" if default != served else "")
+    return f"not what the default ({default}) serves here ({served})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """``serving.md``: the load, ours-vs-reference, overload and runtime tables."""
     machine = report["machine"]
@@ -150,8 +159,7 @@ def markdown(report: dict[str, Any]) -> str:
             )
         rule = report.get("default_rule")
         if rule:
-            default = report.get("default_runtime")
-            verdict = "the default of `distrinews serve`" if rule["runtime"] == default else f"not the default ({default})"
+            verdict = default_verdict(rule["runtime"], report)
             lines += [
                 "",
                 f"Default rule (the fastest within {rule['tolerance_points']} points of torch fp32, by throughput at "
@@ -162,8 +170,8 @@ def markdown(report: dict[str, Any]) -> str:
         gf = bf16["matmul_gflops"]
         lines += [
             "",
-            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a 1024³ matmul runs at {gf['bf16']:.1f} GFLOP/s "
-            f"in bf16 against {gf['fp32']:.1f} in fp32"
+            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a {gf.get('n', 1024)}³ matmul runs at "
+            f"{gf['bf16']:.1f} GFLOP/s in bf16 against {gf['fp32']:.1f} in fp32"
             + ("." if bf16["bf16_is_fast_cpu"] else ", so torch-bf16 is not offered here (serve refuses it)."),
         ]
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ def bf16_matmul_gflops(n: int = 512, repeats: int = 5) -> dict[str, float]:
     where bf16 is emulated, and the hundredfold gap shows at any size)."""
     import torch
 
-    out = {}
+    out: dict[str, float] = {"n": n}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         a @ b
@@ -90,6 +90,8 @@ def choose_default(accuracy: list[dict[str, Any]], load: list[dict[str, Any]], c
         return None
     candidates = []
     for a in accuracy:
+        if a["runtime"] == "auto":  # not a runtime: it picks one of the others, which the rule judges on its own
+            continue
         if abs(a["accuracy"] - base["accuracy"]) * 100 > ACCURACY_TOLERANCE_POINTS + 1e-9:
             continue
         at_c = find_result(load, "ours", a["runtime"], "full", concurrency)
