@@ -1,4 +1,4 @@
-"""``distrinews bench scaling|collectives|serving|compare``: the benchmark tools (results in benchmarks/)."""
+"""``distrinews bench scaling|collectives|serving|replicas|compare|baseline|batch``: the benchmark tools (results in benchmarks/)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ TOOLS = {
         None,
     ),
     "baseline": ("distrinews.bench.baseline", "TF-IDF + logistic regression on a run's own split, beside its fine-tuned model", None),
+    "batch": (
+        "distrinews.bench.batch",
+        "labelling a corpus: predict --nproc N and --engine ray vs a loop posting to serve; memory; resume",
+        None,
+    ),
 }
 
 
 def register(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: scaling, collectives, serving, replicas, compare, baseline")
+    bench = subparsers.add_parser("bench", help="benchmarks: scaling, collectives, serving, replicas, compare, baseline, batch")
     sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TOOL")
     for name, (module, help_text, extra) in TOOLS.items():
         p = sub.add_parser(name, help=help_text)

@@ -1,0 +1,288 @@
+"""``distrinews bench batch``: labelling a corpus of files, our ways against the loop a user would write, in one run.
+
+On one JSONL corpus of ``--rows`` AG News-style rows (``{"id", "text"}``, the test and training rows cycled),
+with the checkpoint's default runtime:
+
+- ``predict --nproc N`` for each N in ``--nproc`` (the local engine), and ``--engine ray`` with
+  ``--ray-actors`` actors where Ray is installed;
+- the obvious alternative: ``distrinews serve`` and a loop that posts the rows in batches of 64 to
+  ``/predict/batch`` and writes the answers (what a user without the corpus form writes);
+- memory: the peak resident set of the largest process of ``predict --nproc 1`` at each of ``--rss-rows``
+  (constant memory: it must not grow with the corpus; ``--rss-checkpoint`` may name a faster model for the
+  largest corpora, as the pipeline, not the model, is what is measured);
+- resume: ``predict --nproc 2`` SIGKILLed after ``--kill-at`` of the uninterrupted run's time, then the same
+  command again: the rows it found done, and the seconds the interruption cost in all.
+
+Every command is a process of its own, timed from start to exit (model loading included, as a user waits for
+it); its peak resident set is that of its largest process (``wait4``'s ``ru_maxrss``, which covers the
+workers it waited for). Results: ``batch.json`` and ``batch.md`` in ``--output-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import http.client
+import itertools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..distributed.launch import free_port
+from ..distributed.machine import describe as machine_description
+
+POST_BATCH = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="servable checkpoint (best/ directory)")
+    parser.add_argument("--data", default=None, help="AG News directory the rows come from (default: $DISTRINEWS_DATA)")
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the corpus the engines are timed on")
+    parser.add_argument("--nproc", default="1,2", help="comma-separated --nproc of the local engine")
+    parser.add_argument("--ray-actors", type=int, default=2, help="actors of --engine ray (0: skip Ray)")
+    parser.add_argument("--no-server-loop", action="store_true", help="skip the loop posting batches to distrinews serve")
+    parser.add_argument("--rss-rows", default="10000,1000000", help="comma-separated corpus sizes for peak memory (empty: skip)")
+    parser.add_argument("--rss-checkpoint", default=None, help="the checkpoint of the memory runs (default: --checkpoint)")
+    parser.add_argument("--kill-at", type=float, default=0.5, help="resume: SIGKILL after this fraction of the --nproc 2 time (0: skip)")
+    parser.add_argument("--runtime", default=None, help="--runtime of every engine (default: predict's and serve's)")
+    parser.add_argument("--output-dir", default="runs/bench", help="where batch.{json,md} go")
+    parser.add_argument("--name", default="batch", help="file name stem of the results")
+
+
+# ---------------------------------------------------------------------- the corpus
+def write_corpus(path: Path, rows: int, data_dir: str | None) -> Path:
+    """``rows`` JSONL rows ``{"id", "text"}``: AG News test and training texts (as the model sees them), cycled."""
+    from ..data.rows import DATA_ENV
+    from ..data.splits import load_split
+
+    data = data_dir or os.environ.get(DATA_ENV)
+    if not data:
+        raise SystemExit(f"bench batch: give --data or set {DATA_ENV} (the AG News folder the rows come from)")
+    texts = list(load_split(data, "test").texts) + list(load_split(data, "train").texts)
+    with open(path, "w") as f:
+        for i, text in zip(range(rows), itertools.cycle(texts)):
+            f.write(json.dumps({"id": i, "text": text}) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------- running and measuring a command
+def run_measured(cmd: list[str], log: Path, kill_after: float | None = None) -> dict[str, Any]:
+    """Run ``cmd`` to its exit (or SIGKILL its process group after ``kill_after`` s): wall seconds, exit status,
+    the peak resident set of its largest process (MiB), and its output."""
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if kill_after is not None:
+            try:
+                proc.wait(kill_after)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "seconds": time.monotonic() - started,
+        "exit": proc.returncode,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux: the largest of it and the children it waited for
+        "output": log.read_text(errors="replace"),
+    }
+
+
+def predict_command(checkpoint: str, corpus: Path, output: Path, runtime: str | None, *flags: str) -> list[str]:
+    cmd = [sys.executable, "-m", "distrinews", "predict", "--checkpoint", checkpoint, "--input", str(corpus), "--output", str(output)]
+    return [*cmd, "--id-field", "id", "--progress", "lines", *(["--runtime", runtime] if runtime else []), *flags]
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None, logs: Path) -> dict[str, Any]:
+    """``distrinews serve``, then one client posting ``POST_BATCH`` rows at a time to /predict/batch, answers to JSONL."""
+    from .serving_servers import Server
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--port", str(port), "--no-access-log"]
+    cmd += ["--log-level", "warning", *(["--runtime", runtime] if runtime else [])]
+    started = time.monotonic()
+    server = Server("loop", cmd, port, "/ready", logs / "server-loop.log")
+    try:
+        server.wait_ready()
+        ready = time.monotonic() - started
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        with open(corpus) as rows, open(output, "w") as out:
+            while batch := [json.loads(line) for line in itertools.islice(rows, POST_BATCH)]:
+                conn.request(
+                    "POST", "/predict/batch", json.dumps({"texts": [r["text"] for r in batch]}), {"Content-Type": "application/json"}
+                )
+                response = conn.getresponse()
+                answers = json.loads(response.read())
+                if response.status != 200:
+                    raise RuntimeError(f"/predict/batch answered {response.status}: {answers}")
+                for row, answer in zip(batch, answers, strict=True):
+                    out.write(json.dumps({"id": row["id"], "label": answer["label"], "confidence": answer["confidence"]}) + "\n")
+        conn.close()
+        server_rss = _rss_mib(server.proc.pid)
+    finally:
+        server.stop()
+    return {"seconds": time.monotonic() - started, "ready_s": ready, "exit": 0, "peak_rss_mib": server_rss, "output": ""}
+
+
+def _rss_mib(pid: int) -> float:
+    """A live process's peak resident set (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ---------------------------------------------------------------------- the run
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        from ..config import ConfigError
+
+        raise ConfigError(f"bench batch: unexpected arguments: {' '.join(extra)}")
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="distrinews-bench-batch-"))
+    print(f"corpora, outputs and logs in {work}", flush=True)
+    checkpoint = str(args.checkpoint)
+    corpus = write_corpus(work / f"corpus-{args.rows}.jsonl", args.rows, args.data)
+    rows: list[dict[str, Any]] = []
+
+    def record(name: str, result: dict[str, Any], n: int, output: Path | None = None, **extra_fields) -> dict[str, Any]:
+        labelled = count_lines(output) if output is not None and output.is_file() else None
+        row = {"engine": name, "rows": n, "labelled": labelled, "rows_per_s": n / result["seconds"], **extra_fields}
+        row.update({k: v for k, v in result.items() if k != "output"})
+        rows.append(row)
+        print(
+            f"{name:<28} {n:>9,} rows  {result['seconds']:8.1f} s  {row['rows_per_s']:8.1f} rows/s  "
+            f"peak RSS {result['peak_rss_mib']:7.0f} MiB  exit {result['exit']}",
+            flush=True,
+        )
+        if result["exit"] != 0:
+            raise SystemExit(f"bench batch: {name} failed (exit {result['exit']}):\n{result['output'][-3000:]}")
+        return row
+
+    nprocs = [int(n) for n in str(args.nproc).split(",") if n.strip()]
+    for n in nprocs:
+        output = work / f"local-{n}.jsonl"
+        cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", str(n))
+        record(f"predict --nproc {n}", run_measured(cmd, work / f"local-{n}.log"), args.rows, output, command=_shown(cmd, work))
+    if args.ray_actors:
+        try:
+            import ray  # noqa: F401
+
+            output = work / "ray.jsonl"
+            cmd = predict_command(checkpoint, corpus, output, args.runtime, "--engine", "ray", "--nproc", str(args.ray_actors))
+            result = run_measured(cmd, work / "ray.log")
+            record(f"predict --engine ray ({args.ray_actors} actors)", result, args.rows, output, command=_shown(cmd, work))
+        except ImportError:
+            print("Ray is not installed: --engine ray skipped (pip install 'distrinews[ray]')", flush=True)
+    if not args.no_server_loop:
+        output = work / "loop.jsonl"
+        result = server_loop(checkpoint, corpus, output, args.runtime, work)
+        record(f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command="(bench/batch.py: server_loop)")
+
+    memory = []
+    for n in [int(x) for x in str(args.rss_rows).split(",") if x.strip()]:
+        rss_corpus = corpus if n == args.rows else write_corpus(work / f"corpus-{n}.jsonl", n, args.data)
+        output = work / f"rss-{n}.jsonl"
+        cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
+        row = record(
+            f"memory: predict --nproc 1, {n:,} rows", run_measured(cmd, work / f"rss-{n}.log"), n, output, command=_shown(cmd, work)
+        )
+        memory.append(row)
+        rss_corpus.unlink() if rss_corpus != corpus else None
+        output.unlink()
+
+    resume = None
+    uninterrupted = next((r for r in rows if r["engine"] == "predict --nproc 2"), None)
+    if args.kill_at and uninterrupted:
+        output = work / "resume.jsonl"
+        cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", "2")
+        killed = run_measured(cmd, work / "resume-killed.log", kill_after=args.kill_at * uninterrupted["seconds"])
+        again = run_measured(cmd, work / "resume-again.log")
+        found = re.search(r"continuing: ([\d,]+) rows were done", again["output"])
+        done_at_kill = int(found.group(1).replace(",", "")) if found else 0
+        resume = {
+            "killed_after_s": killed["seconds"],
+            "rows_done_at_kill": done_at_kill,
+            "resumed_s": again["seconds"],
+            "total_s": killed["seconds"] + again["seconds"],
+            "uninterrupted_s": uninterrupted["seconds"],
+            "cost_s": killed["seconds"] + again["seconds"] - uninterrupted["seconds"],
+            "labelled": count_lines(output) if output.is_file() else None,
+            "exit": again["exit"],
+        }
+        print(f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all", flush=True)
+
+    report = {
+        "command": "distrinews bench batch " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        if sys.argv[1:3] == ["bench", "batch"]
+        else " ".join(shlex.quote(a) for a in sys.argv),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "checkpoint": checkpoint,
+        "rss_checkpoint": args.rss_checkpoint or checkpoint,
+        "runtime": args.runtime or "the default",
+        "results": rows,
+        "memory": memory,
+        "resume": resume,
+    }
+    (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2))
+    (out_dir / f"{args.name}.md").write_text(markdown(report))
+    print(f"wrote {out_dir / (args.name + '.json')} and {out_dir / (args.name + '.md')}", flush=True)
+    return 0
+
+
+def _shown(cmd: list[str], work: Path) -> str:
+    return " ".join(shlex.quote(a) for a in cmd[1:]).replace(str(work), "$WORK")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    timed = [r for r in report["results"] if not r["engine"].startswith("memory")]
+    base = next((r for r in timed if r["engine"].startswith("serve + a loop")), None)
+    lines = [
+        f"`{report['command']}` on {machine['cpu']} ({machine['cores_available']} cores), {report['date']}; "
+        f"runtime: {report['runtime']}; every command timed from start to exit (model loading included).",
+        "",
+        "| engine | rows | seconds | rows/s | x the server loop | peak RSS (MiB) | rows written |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in timed:
+        ratio = f"{r['rows_per_s'] / base['rows_per_s']:.2f}" if base else "—"
+        lines.append(
+            f"| {r['engine']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:.1f} | {ratio} | "
+            f"{r['peak_rss_mib']:.0f} | {r['labelled'] if r['labelled'] is not None else '—'} |"
+        )
+    if report["memory"]:
+        lines += ["", f"Peak memory of `predict --nproc 1` (checkpoint `{report['rss_checkpoint']}`):", ""]
+        lines += ["| rows | seconds | peak RSS (MiB) |", "| ---: | ---: | ---: |"]
+        lines += [f"| {m['rows']:,} | {m['seconds']:.1f} | {m['peak_rss_mib']:.0f} |" for m in report["memory"]]
+    if report["resume"]:
+        r = report["resume"]
+        lines += [
+            "",
+            f"Resume: `predict --nproc 2` SIGKILLed after {r['killed_after_s']:.1f} s, then the same command again: "
+            f"{r['rows_done_at_kill']:,} rows were done at the kill; the second run took {r['resumed_s']:.1f} s; "
+            f"{r['total_s']:.1f} s in all against {r['uninterrupted_s']:.1f} s uninterrupted (the interruption cost "
+            f"{r['cost_s']:.1f} s: one more start and at most one forward pass per worker computed again); "
+            f"{r['labelled']} rows written.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.batch")
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args(), []))
