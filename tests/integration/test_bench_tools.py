@@ -167,3 +167,21 @@ def test_serving_against_the_reference_reports_load_cpu_and_ratios(tmp_path, agn
     ours, ref = rows["ours", "torch", "full", 2], rows["reference", "torch", "full", 2]
     assert ratio["throughput_ratio"] == pytest.approx(ours["throughput_rps"] / ref["throughput_rps"], rel=1e-3)
     assert "| CPU server | CPU clients |" in (out / "serving.md").read_text()
+
+
+def test_batch_times_every_engine_measures_memory_and_a_resume(tmp_path, agnews_dir, spread_checkpoint, cli):
+    checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
+    out = tmp_path / "bench"
+    args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--rows", "120", "--nproc", "2", "--ray-actors", "0"]
+    cli("bench", "batch", *args, "--rss-rows", "60", "--kill-at", "0.5", "--runtime", "onnx", "--output-dir", str(out))
+    report = json.loads((out / "batch.json").read_text())
+    engines = {r["engine"]: r for r in report["results"]}
+    assert set(engines) == {"predict --nproc 2", "serve + a loop posting 64", "memory: predict --nproc 1, 60 rows"}
+    for r in engines.values():
+        assert r["exit"] == 0 and r["labelled"] == r["rows"] and r["peak_rss_mib"] > 50
+        assert r["rows_per_s"] == pytest.approx(r["rows"] / r["seconds"])
+    resume = report["resume"]
+    assert resume["labelled"] == 120 and resume["exit"] == 0 and 0 <= resume["rows_done_at_kill"] <= 120
+    assert resume["total_s"] == pytest.approx(resume["killed_after_s"] + resume["resumed_s"])
+    table = (out / "batch.md").read_text()
+    assert "| predict --nproc 2 | 120 |" in table and "| 60 |" in table and "Resume: `predict --nproc 2` SIGKILLed" in table

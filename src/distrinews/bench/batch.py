@@ -184,7 +184,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             output = work / "ray.jsonl"
             cmd = predict_command(checkpoint, corpus, output, args.runtime, "--engine", "ray", "--nproc", str(args.ray_actors))
             result = run_measured(cmd, work / "ray.log")
-            record(f"predict --engine ray ({args.ray_actors} actors)", result, args.rows, output, command=_shown(cmd, work))
+            name = f"predict --engine ray ({args.ray_actors} actors)"
+            record(name, result, args.rows, output, command=_shown(cmd, work), rss_of="the driver (Ray's actors are not its children)")
         except ImportError:
             print("Ray is not installed: --engine ray skipped (pip install 'distrinews[ray]')", flush=True)
     if not args.no_server_loop:
@@ -193,7 +194,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         record(f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command="(bench/batch.py: server_loop)")
 
     memory = []
-    for n in [int(x) for x in str(args.rss_rows).split(",") if x.strip()]:
+    sizes = [int(x) for x in str(args.rss_rows).split(",") if x.strip()]
+    if sizes:  # not measured: a first start may make the checkpoint's int8 model, which a later start only loads
+        warm = write_corpus(work / "corpus-warm-up.jsonl", 8, args.data)
+        run_measured(predict_command(args.rss_checkpoint or checkpoint, warm, work / "warm-up.jsonl", args.runtime), work / "warm-up.log")
+    for n in sizes:
         rss_corpus = corpus if n == args.rows else write_corpus(work / f"corpus-{n}.jsonl", n, args.data)
         output = work / f"rss-{n}.jsonl"
         cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
@@ -261,14 +266,16 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in timed:
         ratio = f"{r['rows_per_s'] / base['rows_per_s']:.2f}" if base else "—"
+        rss = f"{r['peak_rss_mib']:.0f}" + (f" ({r['rss_of']})" if r.get("rss_of") else "")
         lines.append(
             f"| {r['engine']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:.1f} | {ratio} | "
-            f"{r['peak_rss_mib']:.0f} | {r['labelled'] if r['labelled'] is not None else '—'} |"
+            f"{rss} | {r['labelled'] if r['labelled'] is not None else '—'} |"
         )
     if report["memory"]:
         lines += ["", f"Peak memory of `predict --nproc 1` (checkpoint `{report['rss_checkpoint']}`):", ""]
         lines += ["| rows | seconds | peak RSS (MiB) |", "| ---: | ---: | ---: |"]
         lines += [f"| {m['rows']:,} | {m['seconds']:.1f} | {m['peak_rss_mib']:.0f} |" for m in report["memory"]]
+        lines += ["", "(Each after a start that made the checkpoint's int8 model, if it had none: every measured start only loads it.)"]
     if report["resume"]:
         r = report["resume"]
         lines += [
