@@ -169,14 +169,14 @@ def test_serving_against_the_reference_reports_load_cpu_and_ratios(tmp_path, agn
     assert "| CPU server | CPU clients |" in (out / "serving.md").read_text()
 
 
-def test_batch_times_every_engine_measures_memory_and_a_resume(tmp_path, agnews_dir, spread_checkpoint, cli):
+def test_batch_times_the_engines_against_the_server_loop_and_a_resume(tmp_path, agnews_dir, spread_checkpoint, cli):
     checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--rows", "120", "--nproc", "2", "--ray-actors", "0"]
-    cli("bench", "batch", *args, "--rss-rows", "60", "--kill-at", "0.5", "--runtime", "onnx", "--output-dir", str(out))
+    cli("bench", "batch", *args, "--rss-rows", "", "--kill-at", "0.5", "--runtime", "onnx", "--output-dir", str(out))
     report = json.loads((out / "batch.json").read_text())
     engines = {r["engine"]: r for r in report["results"]}
-    assert set(engines) == {"predict --nproc 2", "serve + a loop posting 64", "memory: predict --nproc 1, 60 rows"}
+    assert set(engines) == {"predict --nproc 2", "serve + a loop posting 64"}  # the memory runs are the same record
     for r in engines.values():
         assert r["exit"] == 0 and r["labelled"] == r["rows"] and r["peak_rss_mib"] > 50
         assert r["rows_per_s"] == pytest.approx(r["rows"] / r["seconds"])
@@ -184,4 +184,15 @@ def test_batch_times_every_engine_measures_memory_and_a_resume(tmp_path, agnews_
     assert resume["labelled"] == 120 and resume["exit"] == 0 and 0 <= resume["rows_done_at_kill"] <= 120
     assert resume["total_s"] == pytest.approx(resume["killed_after_s"] + resume["resumed_s"])
     table = (out / "batch.md").read_text()
-    assert "| predict --nproc 2 | 120 |" in table and "| 60 |" in table and "Resume: `predict --nproc 2` SIGKILLed" in table
+    assert "| predict --nproc 2 | 120 |" in table and "Resume: `predict --nproc 2` SIGKILLed" in table
+
+
+def test_profile_groups_a_steps_operator_time(tmp_path, agnews_dir, cli):
+    out = tmp_path / "bench"
+    tiny = ["--config", str(CONFIGS / "tiny.yaml"), "--warmup", "1", "--steps", "2", "--profiled-steps", "2"]
+    cli("bench", "profile", *tiny, "--per_device_train_batch_size", "8", "--output-dir", str(out))
+    report = json.loads((out / "profile.json").read_text())
+    assert report["step_ms"] > 0 and report["samples_per_s"] == pytest.approx(8 / (report["step_ms"] / 1000))
+    assert sum(report["groups"].values()) == pytest.approx(report["profiled_ms_per_step"])
+    assert sum(o["self_ms"] for o in report["operators"]) == pytest.approx(report["profiled_ms_per_step"])
+    assert report["groups"]["matrix products"] > 0 and "| matrix products |" in (out / "profile.md").read_text()

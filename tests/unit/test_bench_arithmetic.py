@@ -252,3 +252,16 @@ def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_s
     report = {"default_runtime": "auto", "servers": {"ours-auto": {"runtime": "onnx-int8"}}}
     assert default_verdict("onnx-int8", report) == "what the default of `distrinews serve` serves here (auto)"
     assert default_verdict("onnx", report) == "not what the default (auto) serves here (onnx-int8)"
+
+
+def test_the_step_profile_puts_each_operator_in_its_group():
+    from distrinews.bench.step_profile import group_of
+
+    assert group_of("aten::addmm") == group_of("aten::mm") == "matrix products"
+    assert group_of("aten::gelu_backward") == group_of("aten::native_layer_norm_backward") == "layer norm, GELU, tanh"
+    assert group_of("aten::ge") == group_of("aten::bernoulli_") == group_of("_FastDropoutBackward") == "dropout"
+    assert group_of("aten::linalg_vector_norm") == "gradient clipping (norms)"
+    assert group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention (fused kernels, softmax, masks)"
+    assert group_of("aten::_fused_adamw_") == "optimizer (AdamW)"
+    assert group_of("aten::add_") == "elementwise (add, mul, div, fill, sum)"
+    assert group_of("autograd::engine::something") == "other (framework, autograd bookkeeping)"

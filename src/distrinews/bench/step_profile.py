@@ -1,0 +1,157 @@
+"""``distrinews bench profile``: where one training step's time goes, by kind of work, on this machine.
+
+The trainer's own steps (``Trainer.forward_backward`` and ``Trainer.optimizer_step``, one process, the
+config's settings and any ``--field value`` overrides) run under ``torch.profiler`` after a few warm-up
+steps; every operator's self time is put in one group (matrix products, attention, dropout, the optimizer,
+gradient clipping, normalisation and activations, elementwise, copies and casts, the rest), and the groups
+are reported as shares of the profiled time, beside the step time measured without the profiler.
+
+    distrinews bench profile --config configs/cpu-quick.yaml --per_device_train_batch_size 32
+    distrinews bench profile --config configs/cpu-quick.yaml --attention_dropout 0      # a lever, measured alike
+
+Results: ``profile.json`` (every operator's self time) and ``profile.md`` in ``--output-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
+# matches wins, so layer norm comes before the norms of gradient clipping and GELU before aten::ge.
+GROUPS = [
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
+    ("layer norm, GELU, tanh", ("aten::native_layer_norm*", "aten::layer_norm", "aten::gelu*", "aten::tanh*")),
+    (
+        "attention (fused kernels, softmax, masks)",
+        ("aten::scaled_dot_product*", "aten::_scaled_dot_product*", "aten::_softmax*", "aten::softmax", "aten::isneginf",
+         "aten::where", "aten::all", "aten::logical_not", "aten::masked_fill*"),
+    ),
+    ("dropout", ("aten::bernoulli_", "aten::dropout", "aten::native_dropout*", "aten::random_", "aten::bitwise_and", "aten::ge",
+                 "_FastDropout*")),
+    ("optimizer (AdamW)", ("aten::_fused_adamw_", "aten::_foreach*", "aten::addcdiv_", "aten::addcmul_", "aten::lerp_")),
+    ("gradient clipping (norms)", ("aten::linalg_vector_norm", "aten::norm", "aten::clamp*", "aten::stack")),
+    ("copies and casts", ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone")),
+    ("embedding lookup and its gradient", ("aten::embedding*", "aten::index_select", "aten::index_add_", "aten::index_put_")),
+    ("elementwise (add, mul, div, fill, sum)", ("aten::add*", "aten::mul*", "aten::div*", "aten::fill_", "aten::zero_", "aten::sum",
+                                                "aten::sub*")),
+]  # fmt: skip
+
+
+def group_of(name: str) -> str:
+    for group, names in GROUPS:
+        if any(name == n or (n.endswith("*") and name.startswith(n[:-1])) for n in names):
+            return group
+    return "other (framework, autograd bookkeeping)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="training preset; --field value overrides follow")
+    parser.add_argument("--warmup", type=int, default=3, help="steps run first, not measured")
+    parser.add_argument("--steps", type=int, default=10, help="steps timed without the profiler")
+    parser.add_argument("--profiled-steps", type=int, default=6, help="steps run under the profiler")
+    parser.add_argument("--output-dir", default="runs/bench", help="where profile.{json,md} go")
+    parser.add_argument("--name", default="profile", help="file name stem of the results")
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..config import load_config, parse_overrides
+    from ..distributed.process_group import distributed_context
+    from ..train.components import optimizer_windows
+    from ..train.trainer import Trainer
+
+    overrides = parse_overrides(extra)
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
+    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to_tensorboard=False, int8_model=False)
+    config = load_config(args.config, overrides)
+    needed = args.warmup + args.steps + args.profiled_steps
+    with distributed_context() as env:
+        trainer = Trainer(config, env)
+        trainer.model.train()
+        windows = optimizer_windows(trainer.epoch_batches(0), trainer.plan.accumulation)
+        steps = [window for window, _ in zip(windows, range(needed))]
+        if len(steps) < needed:
+            raise SystemExit(f"bench profile: the data gives {len(steps)} steps; ask for fewer (--warmup/--steps/--profiled-steps)")
+        for window in steps[: args.warmup]:
+            trainer.train_step(window)
+        timed = steps[args.warmup : args.warmup + args.steps]
+        t0 = time.perf_counter()
+        for window in timed:
+            trainer.train_step(window)
+        step_s = (time.perf_counter() - t0) / len(timed)
+        rows_per_step = sum(int(b["labels"].numel()) for window in timed for b in window) / len(timed)
+        tokens_per_step = sum(int(b["attention_mask"].sum()) for window in timed for b in window) / len(timed)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for window in steps[args.warmup + args.steps :]:
+                trainer.forward_backward(window)
+                trainer.optimizer_step()
+    operators = [
+        {"name": e.key, "self_ms": e.self_cpu_time_total / 1000 / args.profiled_steps, "calls": e.count / args.profiled_steps}
+        for e in prof.key_averages()
+    ]
+    total = sum(o["self_ms"] for o in operators)
+    groups: dict[str, float] = {}
+    for o in operators:
+        o["group"] = group_of(o["name"])
+        groups[o["group"]] = groups.get(o["group"], 0.0) + o["self_ms"]
+    report = {
+        "command": "distrinews bench profile " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+        if sys.argv[1:3] == ["bench", "profile"]
+        else " ".join(shlex.quote(a) for a in sys.argv),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "precision": trainer.precision.name,
+        "threads": torch.get_num_threads(),
+        "step_ms": 1000 * step_s,
+        "samples_per_s": rows_per_step / step_s,
+        "tokens_per_step": tokens_per_step,
+        "profiled_ms_per_step": total,
+        "groups": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+        "operators": sorted(operators, key=lambda o: -o["self_ms"]),
+    }
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def _machine() -> dict[str, Any]:
+    from ..distributed.machine import describe
+
+    return describe()
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    total = report["profiled_ms_per_step"]
+    lines = [
+        f"`{report['command']}` on {m['cpu']} ({m['cores_available']} cores), {report['date']}: {report['precision']}, "
+        f"{report['threads']} threads; a step {report['step_ms']:.0f} ms without the profiler ({report['samples_per_s']:.1f} "
+        f"samples/s, {report['tokens_per_step']:.0f} real tokens), {total:.0f} ms of operator time under it.",
+        "",
+        "| where the step goes | ms a step | share |",
+        "| --- | ---: | ---: |",
+    ]
+    lines += [f"| {group} | {ms:.1f} | {100 * ms / total:.1f}% |" for group, ms in report["groups"].items()]
+    lines += ["", "| operator (top 15 by self time) | group | ms a step | calls a step |", "| --- | --- | ---: | ---: |"]
+    lines += [f"| `{o['name']}` | {o['group']} | {o['self_ms']:.1f} | {o['calls']:.0f} |" for o in report["operators"][:15]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.step_profile")
+    add_arguments(parser)
+    known, rest = parser.parse_known_args()
+    raise SystemExit(run(known, rest))
