@@ -1,4 +1,7 @@
-"""FSDP2 (``--strategy fsdp``): the same optimisation as DDP, sharded checkpoints that load at any world size."""
+"""FSDP2 (``--strategy fsdp``): the same optimisation as DDP, sharded checkpoints that load at any world size.
+
+The FSDP run also keeps a moving average of its weights (``--ema_decay``): sharded like them, evaluated and kept in
+best/ instead of them, and resharded with them on resume. It changes no parameter, so the run still matches DDP's."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import SIX_STEPS
@@ -21,27 +25,56 @@ TOLERANCE = 1e-5
 RUN = [*SIX_STEPS, "--per_device_train_batch_size", "8"]
 
 
+AVERAGE = ("--ema_decay", "0.6")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, six_steps_ddp, cli):
-    """``runs / "ddp"`` (the session's SIX_STEPS_DDP run) and ``runs / "fsdp"``: the same run with FSDP."""
+    """``runs / "ddp"`` (the session's SIX_STEPS_DDP run) and ``runs / "fsdp"``: the same run with FSDP (and an average)."""
     root = tmp_path_factory.mktemp("fsdp")
     ddp, ddp_out = six_steps_ddp
     (root / "ddp").symlink_to(ddp, target_is_directory=True)
-    out = cli("train", *RUN, "--strategy", "fsdp", "--output-dir", str(root / "fsdp"), nproc=2).stdout
+    out = cli("train", *RUN, *AVERAGE, "--strategy", "fsdp", "--output-dir", str(root / "fsdp"), nproc=2).stdout
     assert "FSDP TRAINING CONFIGURATION" in out and "FSDP TRAINING CONFIGURATION" not in ddp_out
+    assert "Evaluated weights:    their moving average (ema_decay 0.6)" in out
     return root
 
 
+def _sharded_weights(checkpoint: Path) -> dict:
+    from distrinews.checkpoint.resumable import load_sharded_weights
+    from distrinews.data.rows import AG_NEWS_LABELS
+    from distrinews.model import build_model
+
+    model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0)
+    load_sharded_weights(model, checkpoint)
+    return model.state_dict()
+
+
 def test_fsdp_reaches_the_same_parameters_as_ddp(runs):
-    # best/ holds the weights of the only evaluation, at the last step: FSDP's gathered into one file.
+    # DDP's best/ holds its weights at the only evaluation, the last step; FSDP's step-6 checkpoint, consolidated here.
     ddp = load_file(str(runs / "ddp" / "best" / "model.safetensors"))
-    fsdp = load_file(str(runs / "fsdp" / "best" / "model.safetensors"))
+    fsdp = _sharded_weights(runs / "fsdp" / "checkpoints" / "step-6")
     start = load_file(str(runs / "ddp" / "checkpoints" / "step-3" / "model.safetensors"))
-    assert ddp.keys() == fsdp.keys()
+    assert ddp.keys() <= fsdp.keys()
     assert max((ddp[k] - start[k]).abs().max().item() for k in ddp) > 1e-3, "training must move the weights"
     assert max((ddp[k] - fsdp[k]).abs().max().item() for k in ddp) < TOLERANCE
     assert (runs / "fsdp" / "checkpoints" / "step-3" / "sharded" / ".metadata").is_file()
     assert not (runs / "fsdp" / "checkpoints" / "step-3" / "model.safetensors").exists(), "written sharded"
+
+
+def test_the_sharded_average_is_what_best_holds(runs):
+    """The average is saved in shards beside the weights; best/ holds it gathered, not the weights."""
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = runs / "fsdp" / "checkpoints" / "step-6"
+    assert (checkpoint / "sharded-ema" / ".metadata").is_file() and not (checkpoint / "ema.safetensors").exists()
+    best = load_file(str(runs / "fsdp" / "best" / "model.safetensors"))
+    weights = _sharded_weights(checkpoint)
+    averaged = {"ema": {k: torch.zeros_like(weights[k]) for k in best} | {"__updates__": torch.tensor(0)}}
+    dcp.load(averaged, checkpoint_id=str(checkpoint / "sharded-ema"), no_dist=True)
+    assert int(averaged["ema"]["__updates__"]) == 6
+    assert max((averaged["ema"][k] - best[k]).abs().max().item() for k in best) == 0.0
+    assert max((weights[k] - best[k]).abs().max().item() for k in best) > 1e-4, "best/ holds the weights, not their average"
 
 
 RESUME_CHECK = textwrap.dedent("""
@@ -54,17 +87,20 @@ RESUME_CHECK = textwrap.dedent("""
     checkpoint, output = sys.argv[1], sys.argv[2]
     config = load_config(None, {"model_name_or_path": "tiny-random", "strategy": "fsdp", "dropout": 0.0, "bf16": False,
                                 "train_samples": 256, "eval_samples": 64, "max_length": 64, "max_steps": 6,
-                                "per_device_train_batch_size": 8,
+                                "per_device_train_batch_size": 8, "ema_decay": 0.6,
                                 "resume_from_checkpoint": checkpoint, "output_dir": output})
     with distributed_context() as env:
         trainer = Trainer(config, env)
         trainer.resume()
         weights = trainer.model.full_state_dict()
+        average = trainer.average
+        full = {n: a.full_tensor() if hasattr(a, "full_tensor") else a for n, a in zip(average.names, average.average)}
         if env.is_main:
             saved = load_for_inference(checkpoint)[0].state_dict()
-            assert trainer.state.global_step == 3, trainer.state.global_step
+            assert trainer.state.global_step == 3 == average.updates, (trainer.state.global_step, average.updates)
             worst = max((weights[k].float() - saved[k].float()).abs().max().item() for k in saved)
             assert worst == 0.0, worst
+            assert max((full[k] - weights[k]).abs().max().item() for k in full) > 1e-4, "the average was not loaded"
             print(f"resumed at world size {env.world_size}: identical weights, step {trainer.state.global_step}")
 """)
 

@@ -119,11 +119,26 @@ def distributed_context(timeout_s: float | None = None, threads: int | None = No
             device_id=device if backend == "nccl" else None,
         )
     env = DistEnv(rank, local_rank, world_size, local_world_size, device, backend if world_size > 1 else None)
+    finished = False
     try:
         yield env
+        finished = True
     finally:
         if dist.is_available() and dist.is_initialized():
+            if finished:  # every rank leaves together: none closes its connections while a peer still uses its own
+                _leave_together(env)
             dist.destroy_process_group()
+
+
+def _leave_together(env: DistEnv, timeout_s: float = 60.0) -> None:
+    """A last barrier of a run that ended well (bounded: a peer that died at its very end does not hold this one)."""
+    try:
+        if env.backend == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            barrier(env)
+    except RuntimeError:
+        pass  # a peer is gone: leave anyway; the launcher reports the peer
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
