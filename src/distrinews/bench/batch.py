@@ -38,6 +38,7 @@ from typing import Any
 
 from ..distributed.launch import free_port
 from ..distributed.machine import describe as machine_description
+from .common import invoked_as
 
 POST_BATCH = 64
 
@@ -231,9 +232,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all", flush=True)
 
     report = {
-        "command": "distrinews bench batch " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-        if sys.argv[1:3] == ["bench", "batch"]
-        else " ".join(shlex.quote(a) for a in sys.argv),
+        "command": invoked_as("batch"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(),
         "checkpoint": checkpoint,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 
 def comparison_parser(description: str) -> argparse.ArgumentParser:
@@ -31,3 +33,10 @@ def add_shared_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="bf16 autocast (default: where the CPU computes bf16 in hardware)",
     )
+
+
+def invoked_as(subcommand: str) -> str:
+    """The command line that ran this benchmark, as a user would type it again (for its report)."""
+    if sys.argv[1:3] == ["bench", subcommand]:
+        return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    return " ".join(shlex.quote(a) for a in sys.argv)

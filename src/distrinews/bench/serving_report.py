@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
+from .common import invoked_as
 from .serving_load import find_result
 from .serving_reference import REFERENCE
 from .serving_runtimes import choose_default
@@ -43,9 +42,7 @@ def build_report(
                 )
     busiest = 32 if 32 in levels else max(levels)
     return {
-        "command": "distrinews bench serving " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-        if sys.argv[1:3] == ["bench", "serving"]
-        else " ".join(shlex.quote(a) for a in sys.argv),
+        "command": invoked_as("serving"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(),
         "note": "servers and the load generator shared the same cores; servers ran one at a time",

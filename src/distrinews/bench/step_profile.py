@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from .common import invoked_as
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
 # matches wins, so layer norm comes before the norms of gradient clipping and GELU before aten::ge.
@@ -105,9 +105,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         o["group"] = group_of(o["name"])
         groups[o["group"]] = groups.get(o["group"], 0.0) + o["self_ms"]
     report = {
-        "command": "distrinews bench profile " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-        if sys.argv[1:3] == ["bench", "profile"]
-        else " ".join(shlex.quote(a) for a in sys.argv),
+        "command": invoked_as("profile"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": _machine(),
         "precision": trainer.precision.name,
