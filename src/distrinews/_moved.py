@@ -28,7 +28,7 @@ def _under(package: str, modules: str) -> dict[str, str]:
 MOVED_MODULES = {
     **_under("distrinews.train", "trainer evaluation precision dropout flops metrics curves preflight"),
     **_under("distrinews.distributed", "launch rollcall watchdog preemption machine parallel"),
-    **_under("distrinews.checkpoint", "modelcard rundir tokenizer_files"),
+    **_under("distrinews.checkpoint", "modelcard rundir tokenizer_files versioning"),
     **_under(
         "distrinews.export", "space space.accuracy space.bundle space.checks space.dockerfile space.push space.readme space.requirements"
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -19,10 +20,16 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .versioning import DEFAULT_MODEL_VERSION, is_version
 
 STRATEGIES = ("ddp", "fsdp", "single")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
+DEFAULT_MODEL_VERSION = "1.0.0"
+_VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
+
+
+def is_version(value: object) -> bool:
+    """``MAJOR.MINOR.PATCH``, numbers without leading zeros (semantic versioning's core form)."""
+    return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
 @dataclass
@@ -55,7 +62,7 @@ class TrainConfig:
     freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
     pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
     torch_compile: bool = False  # compile the model with torch.compile (inductor)
-    model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (versioning.py)
+    model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)
 
     # optimisation
     num_train_epochs: float = 1.0

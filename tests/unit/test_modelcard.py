@@ -11,10 +11,10 @@ import yaml
 from distrinews.checkpoint.modelcard import CARD_FILE, base_model, split_front_matter, training_command
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import SERVABLE_INFO, save_servable
+from distrinews.checkpoint.versioning import NOT_HASHED
 from distrinews.config import TrainConfig, load_config, parse_overrides
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model, build_tokenizer
-from distrinews.versioning import NOT_HASHED
 
 METRICS = {
     "samples": 7600,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from distrinews.checkpoint.versioning import artifact_name, config_hash, is_version, short_model_name, version_fields
 from distrinews.config import ConfigError, TrainConfig, load_config
-from distrinews.versioning import artifact_name, config_hash, is_version, short_model_name, version_fields
 
 
 @pytest.mark.parametrize("good", ["1.0.0", "1.1.0", "2.0.0", "0.1.12", "10.20.30"])

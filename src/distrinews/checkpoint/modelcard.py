@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from ..data.rows import HUB_DATASET
-from ..versioning import DEFAULT_MODEL_VERSION
 from .records import ServableInfo
+from .versioning import DEFAULT_MODEL_VERSION
 
 CARD_FILE = "README.md"
 # What our short model names started from. "minilm" is the copy of sentence-transformers/all-MiniLM-L6-v2
@@ -146,7 +146,7 @@ def model_version(info: ServableInfo) -> str:
 
 
 def model_title(info: ServableInfo) -> str:
-    from ..versioning import short_model_name
+    from .versioning import short_model_name
 
     return f"distrinews-{short_model_name(info.model_name)}-{TrainingData.of(info).slug}-v{model_version(info)}"
 

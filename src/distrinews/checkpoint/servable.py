@@ -18,7 +18,6 @@ from .. import __version__
 from ..data.rows import AG_NEWS_LABELS
 from ..errors import CheckpointError
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
-from ..versioning import version_fields
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .legacy import load_legacy_pt
 from .load_errors import loading, read_json
@@ -26,6 +25,7 @@ from .modelcard import write_model_card
 from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord, train_config_default
 from .resumable import SHARDED, load_sharded_weights, load_weights
 from .tokenizer_files import needs_own_tokenizer, require_tokenizer
+from .versioning import version_fields
 
 
 def stamped(info: ServableInfo) -> ServableInfo:

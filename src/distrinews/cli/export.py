@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ..checkpoint.records import SERVABLE_INFO, ServableInfo
+from ..checkpoint.versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 from ..config import ConfigError
-from ..versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 
 SPACE_ONLY = ("runtime", "check_accuracy", "data", "push_to_hub", "private", "base_image")
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.servable import load_for_inference
-from ..versioning import version_fields
+from ..checkpoint.versioning import version_fields
 
 
 def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:

@@ -21,8 +21,8 @@ from typing import Any
 
 from ...checkpoint.load_errors import read_json
 from ...checkpoint.records import SERVABLE_INFO, ServableInfo
+from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
-from ...versioning import is_version, version_fields
 from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews

@@ -15,19 +15,16 @@ import json
 import re
 from typing import Any
 
-DEFAULT_MODEL_VERSION = "1.0.0"
-_VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
+from ..config import DEFAULT_MODEL_VERSION, is_version
+
+__all__ = ["DEFAULT_MODEL_VERSION", "NOT_HASHED", "artifact_name", "config_hash", "is_version", "short_model_name", "version_fields"]
+
 # Fields that do not change the trained model: where it is written, resumed from, and how it is reported.
 NOT_HASHED = frozenset(
     {"output_dir", "resume_from_checkpoint", "overwrite_output_dir", "disable_tqdm", "report_to_tensorboard", "cache_dir", "model_version"}
 )
 # Hub ids whose names carry a size/casing suffix the reference system's file names leave out.
 _NAME_SUFFIXES = ("-base-uncased", "-base-cased", "-uncased", "-cased")
-
-
-def is_version(value: object) -> bool:
-    """``MAJOR.MINOR.PATCH``, numbers without leading zeros (semantic versioning's core form)."""
-    return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
 def config_hash(training_config: dict[str, Any]) -> str:
