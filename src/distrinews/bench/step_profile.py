@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..distributed.machine import describe as machine_description
 from .common import invoked_as
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     report = {
         "command": invoked_as("profile"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": machine_description(),
         "precision": trainer.precision.name,
         "threads": torch.get_num_threads(),
         "step_ms": 1000 * step_s,
@@ -123,12 +124,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     (out / f"{args.name}.md").write_text(markdown(report))
     print(markdown(report))
     return 0
-
-
-def _machine() -> dict[str, Any]:
-    from ..distributed.machine import describe
-
-    return describe()
 
 
 def markdown(report: dict[str, Any]) -> str:
