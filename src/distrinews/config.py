@@ -22,6 +22,7 @@ import yaml
 from .errors import ConfigError
 
 STRATEGIES = ("ddp", "fsdp", "single")
+DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
@@ -104,7 +105,11 @@ class TrainConfig:
     # torch's 25 MB on GPU/nccl, where overlapping the all-reduce with backward pays
     ddp_bucket_cap_mb: float | None = None
     ddp_timeout: int = 1800  # seconds a collective may wait for the other ranks before the run fails
-    ddp_comm_hook: str = "none"  # none | bf16 | fp16: all-reduce gradients compressed to half precision (half the bytes)
+    # How DDP averages a gradient bucket. auto: through shared memory when every rank is on this host and the
+    # backend is gloo (distributed.shm_allreduce: ~20 instead of ~35 ms for MiniLM's 42 MiB on 2 cores), else as
+    # none; none: the process group's all-reduce (gloo over TCP, NCCL); shm: shared memory or refuse to start;
+    # bf16 | fp16: the process group's all-reduce of the gradients compressed to half precision (half the bytes)
+    ddp_comm_hook: str = "auto"
     dataloader_num_workers: int = 0
 
     # logging, evaluation, checkpoints
@@ -177,7 +182,7 @@ class TrainConfig:
             "LoRA runs with strategy ddp (its optimizer state is already small; sharding buys little)",
         )
         need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
-        need(self.ddp_comm_hook in ("none", "bf16", "fp16"), "ddp_comm_hook", "must be one of none, bf16, fp16")
+        need(self.ddp_comm_hook in DDP_COMM_HOOKS, "ddp_comm_hook", f"must be one of {', '.join(DDP_COMM_HOOKS)}")
         need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
         need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
         need(self.eval_steps >= 0, "eval_steps", "must be >= 0")

@@ -72,7 +72,7 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
     assert set(two["phases_ms"]) == {"data", "forward_backward", "optimizer"}
     assert two["exposed_allreduce_ms"] == pytest.approx(two["fwd_bwd_sync_ms"] - two["fwd_bwd_no_sync_ms"])
     assert one["exposed_allreduce_ms"] is None and one["bucket_cap_mb"] is None
-    assert two["ddp_comm_hook"] == "bf16" and "100 (bf16 comm)" in (tmp_path / "weak.md").read_text()
+    assert two["ddp_comm_hook"] == "bf16" and "100 (gloo, bf16-compressed)" in (tmp_path / "weak.md").read_text()
     assert 0 < two["mfu"] < 1
 
 

@@ -43,3 +43,16 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, agnews_dir, cli
         for batch, accum in per_rank:
             ddp = _train(tmp_path, f"ddp-{group}-{batch}x{accum}", 2, batch, accum, group, cli, six_steps_ddp)
             assert _max_diff(single, ddp) < 1e-5, (group, batch, accum)
+
+
+def test_shared_memory_average_is_gloos_bit_for_bit(tmp_path, agnews_dir, cli, six_steps_ddp):
+    """Two ranks on one host average through /dev/shm by default (ddp_comm_hook auto); the same run
+    through gloo's all-reduce (ddp_comm_hook none) ends with the very same weights."""
+    run, out = six_steps_ddp
+    assert "of gradients (shared memory, " in out
+    gloo = tmp_path / "gloo"
+    out = cli("train", *SIX_STEPS_DDP, "--ddp_comm_hook", "none", "--output-dir", str(gloo), nproc=2).stdout
+    assert "of gradients (gloo)" in out
+    shm_weights = load_file(str(run / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
+    gloo_weights = load_file(str(gloo / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
+    assert _max_diff(shm_weights, gloo_weights) == 0.0

@@ -107,6 +107,7 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
     for code, _out, err in outs:
         assert code == 0, err[-4000:]
     assert "World size:           2 (gloo, strategy ddp)" in outs[0][1]
+    assert "of gradients (gloo)" in outs[0][1]  # ranks on two hosts: no shared-memory average
     assert "Effective batch size: 32" in outs[0][1]
     assert "TRAINING CONFIGURATION" not in outs[1][1], "only global rank 0 prints"
     state = json.loads((run / "checkpoints" / "step-4" / "trainer_state.json").read_text())

@@ -110,6 +110,14 @@ def test_single_strategy_refuses_several_processes():
     assert wrapped.module is model and not wrapped.replicated and wrapped.gradient_bytes() == 0
 
 
+def test_shared_memory_average_is_refused_where_ranks_are_on_several_hosts():
+    two_hosts = DistEnv(0, 0, 2, 1, torch.device("cpu"), "gloo")
+    with pytest.raises(ConfigError, match="'ddp_comm_hook': shm cannot run here: 2 ranks, 1 on this host; use auto or none"):
+        wrap_model(torch.nn.Linear(2, 2), TrainConfig(ddp_comm_hook="shm").parallel, two_hosts)
+    with pytest.raises(ConfigError, match="'ddp_comm_hook': must be one of auto, none, shm, bf16, fp16"):
+        TrainConfig(ddp_comm_hook="nvlink")
+
+
 def test_more_processes_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_one_gpu_per_process(1)

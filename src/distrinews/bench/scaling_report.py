@@ -50,7 +50,10 @@ def markdown_table(report: dict[str, Any]) -> str:
 def _bucket(r: dict[str, Any]) -> str:
     if not r["bucket_cap_mb"]:
         return "-"
-    hook = r.get("ddp_comm_hook")
+    how = (r.get("allreduce") or "").split(";")[0]  # "shared memory, 126.0 MiB in /dev/shm", "gloo, bf16-compressed"
+    if how:
+        return f"{r['bucket_cap_mb']:g} ({'shared memory' if how.startswith('shared memory') else how})"
+    hook = r.get("ddp_comm_hook")  # a report from before the allreduce field
     return f"{r['bucket_cap_mb']:g}" + (f" ({hook} comm)" if hook and hook != "none" else "")
 
 

@@ -205,6 +205,7 @@ def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucke
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "bucket_cap_mb": bucket if W > 1 else None,
         "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None,
+        "allreduce": trainer.model.allreduce if W > 1 else None,  # what the hook came to: shared memory, gloo, ...
         "steps": args.steps,
         "warmup_steps": args.warmup,
         "elapsed_s": elapsed,

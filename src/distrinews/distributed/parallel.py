@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import ConfigError, ParallelConfig
 from ..model import forward_loss
 from .process_group import DistEnv, all_gather_object
+from .shm_allreduce import SHM_DIR, open_segment, shm_allreduce_hook, single_host
 
 
 class ParallelModel:
@@ -39,7 +40,8 @@ class ParallelModel:
     # evaluation's ranks must run the same number of forwards, padding with dummy batches.
     lockstep = False
 
-    def __init__(self, module: torch.nn.Module, raw: torch.nn.Module, strategy: str, env: DistEnv):
+    def __init__(self, module: torch.nn.Module, raw: torch.nn.Module, strategy: str, env: DistEnv, allreduce: str = ""):
+        self.allreduce = allreduce  # how DDP averages the gradients (the banner's words), "" without DDP
         self.module = module  # what forward and backward run through (DDP, or the model itself)
         self.raw = raw  # the unwrapped model: its config, save_pretrained and (unless sharded) its tensors
         self.strategy = strategy
@@ -99,7 +101,7 @@ class ParallelModel:
         """What one optimizer step sends between the ranks, for the banner."""
         if not self.replicated:
             return "none (one process)"
-        return f"all-reduce of {_size(self.gradient_bytes())} of gradients"
+        return f"all-reduce of {_size(self.gradient_bytes())} of gradients ({self.allreduce})"
 
 
 class ShardedModel(ParallelModel):
@@ -147,7 +149,8 @@ def wrap_model(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, par
     if config.strategy == "ddp":
         if not env.distributed:
             return ParallelModel(model, model, "ddp", env)
-        return ParallelModel(_ddp(model, config, env), model, "ddp", env)
+        ddp, how = _ddp(model, config, env)
+        return ParallelModel(ddp, model, "ddp", env, allreduce=how)
     if config.strategy == "fsdp":
         if not env.distributed:
             return ParallelModel(model, model, "fsdp", env)  # one process holds everything: nothing to shard
@@ -180,7 +183,9 @@ def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
     return 25.0 if device.type == "cuda" else 100.0
 
 
-def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> DDP:
+def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[DDP, str]:
+    if config.ddp_comm_hook == "shm" and (why_not := _why_not_shared_memory(env)):
+        raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {why_not}; use auto or none")
     ddp = DDP(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -188,11 +193,41 @@ def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> DDP:
         gradient_as_bucket_view=True,
         **_no_buffer_sync(),
     )
-    if config.ddp_comm_hook != "none":  # half the bytes on the wire; the optimizer still sees fp32 gradients
-        dtype = torch.bfloat16 if config.ddp_comm_hook == "bf16" else torch.float16
-        ddp.register_comm_hook(None, compressed_allreduce_hook(dtype))
+    how = _register_comm_hook(ddp, model, config, env)
     _settle_bucket_layout(ddp, model, env.device)
-    return ddp
+    return ddp, how
+
+
+def _register_comm_hook(ddp: DDP, model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> str:
+    """Install the bucket averaging ``config.ddp_comm_hook`` asks for; returns how, for the banner."""
+    hook = config.ddp_comm_hook
+    if hook in ("bf16", "fp16"):  # half the bytes on the wire; the optimizer still sees fp32 gradients
+        ddp.register_comm_hook(None, compressed_allreduce_hook(torch.bfloat16 if hook == "bf16" else torch.float16))
+        return f"{env.backend}, {hook}-compressed"
+    if hook == "none":
+        return f"{env.backend}"
+    why_not = _why_not_shared_memory(env)
+    if why_not is None:
+        # a slot holds the largest bucket, at most every trainable parameter's gradient
+        slot = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        shm = open_segment(slot, env.rank, env.world_size)
+        if not isinstance(shm, str):
+            ddp.register_comm_hook(shm, shm_allreduce_hook)
+            return f"shared memory, {_size(shm.segment_bytes)} in {SHM_DIR}"
+        why_not = shm
+    if hook == "shm":
+        raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {why_not}; use auto or none")
+    if why_not == _why_not_shared_memory(env):
+        return f"{env.backend}"  # auto, where shared memory does not apply
+    return f"{env.backend}; no shared memory: {why_not}"
+
+
+def _why_not_shared_memory(env: DistEnv) -> str | None:
+    if env.backend != "gloo" or env.device.type != "cpu":
+        return f"the {env.backend} backend on {env.device.type} reduces on its own"
+    if not single_host(env.world_size, env.local_world_size):
+        return f"{env.world_size} ranks, {env.local_world_size} on this host"
+    return None
 
 
 def _settle_bucket_layout(ddp: DDP, model: torch.nn.Module, device: torch.device) -> None:

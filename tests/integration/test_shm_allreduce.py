@@ -1,0 +1,129 @@
+"""The shared-memory gradient average (distributed/shm_allreduce.py) between real processes.
+
+Each test starts its ranks with torch.multiprocessing (gloo over a file store): the answers are
+compared with gloo's own all-reduce and with the sum in rank order, the segment must be gone from
+/dev/shm once mapped, a failure to make it must reach every rank alike, and a rank that dies
+must fail the others instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, single_host
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
+
+
+def _init(rank: int, world: int, store: str, timeout_s: float = 60) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def _inputs(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 + rank)).mul(10.0 ** (rank - 1)).to(dtype)
+
+
+def _compare_with_gloo(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
+    seg = open_segment(4 * 10_007, rank, world)
+    assert not isinstance(seg, str), seg
+    results = {}
+    for dtype, numel in ((torch.float32, 10_007), (torch.float32, 1), (torch.bfloat16, 333), (torch.float32, 0)):
+        mine = _inputs(rank, numel, dtype)
+        shm = seg.allreduce_mean_(mine.clone())
+        ring = mine.clone().div_(world)  # DDP's default hook: divide, then gloo sums
+        dist.all_reduce(ring)
+        in_order = _inputs(0, numel, dtype).div(world)
+        for k in range(1, world):
+            in_order = in_order + _inputs(k, numel, dtype).div(world)
+        results[f"{dtype}-{numel}"] = (shm, ring, in_order)
+    for _ in range(50):  # back-to-back calls (no rank may overwrite its slot while another still reads)
+        x = torch.full((4099,), float(rank + 1))
+        seg.allreduce_mean_(x)
+        assert torch.equal(x, torch.full((4099,), sum(range(1, world + 1)) / world)), x[:4]
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_same_answer_as_gloo_on_every_rank(tmp_path: Path, world: int):
+    before = set(os.listdir(SHM_DIR))
+    mp.spawn(_compare_with_gloo, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
+    answers = [torch.load(tmp_path / f"out.{r}") for r in range(world)]
+    for key, (shm, ring, in_order) in answers[0].items():
+        for r in range(world):
+            assert torch.equal(answers[r][key][0], shm), f"rank {r} got another answer for {key}"
+        assert torch.equal(shm, in_order), key  # the sum in rank order, whichever rank added which chunk
+        if world == 2:
+            assert torch.equal(shm, ring), key  # a + b == b + a: bit for bit gloo's answer
+        else:
+            # gloo's ring adds in another order: rounding apart (bf16 keeps 8 bits of values up to ~30)
+            torch.testing.assert_close(shm, ring, **({"atol": 0.25, "rtol": 0} if shm.dtype == torch.bfloat16 else {}))
+    assert {n for n in set(os.listdir(SHM_DIR)) - before if n.startswith("distrinews-allreduce-")} == set()
+
+
+def _fallback(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
+    answer = open_segment(1024, rank, world, shm_dir=f"{out}-no-such-dir")
+    Path(f"{out}.{rank}").write_text(answer if isinstance(answer, str) else "a segment")
+    dist.destroy_process_group()
+
+
+def test_no_room_for_the_segment_falls_back_on_every_rank_alike(tmp_path: Path):
+    mp.spawn(_fallback, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    reasons = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
+    assert reasons[0] == reasons[1] and "no-such-dir" in reasons[0] and "No such file" in reasons[0]
+
+
+def _dies(rank: int, world: int, store: str, out: str) -> None:  # a module-level target: spawn pickles it
+    _init(rank, world, store, timeout_s=20)
+    seg = open_segment(4 * 1024, rank, world)
+    assert not isinstance(seg, str), seg
+    seg.allreduce_mean_(torch.ones(1024))
+    if rank == 1:
+        os._exit(17)  # dies between two gradient averages, as a killed rank does
+    start = time.monotonic()
+    try:
+        seg.allreduce_mean_(torch.ones(1024))
+        outcome = "returned"
+    except Exception as exc:  # which error gloo raises is its business; that it raises is ours
+        outcome = f"raised {type(exc).__name__} after {time.monotonic() - start:.1f} s"
+    Path(f"{out}.{rank}").write_text(outcome)
+    os._exit(0)
+
+
+def test_a_rank_that_dies_fails_the_others_instead_of_hanging_them(tmp_path: Path):
+    ctx = mp.get_context("spawn")  # not mp.spawn, which would SIGTERM rank 0 as soon as rank 1 dies
+    ranks = [ctx.Process(target=_dies, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out"))) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(90)
+    assert [p.exitcode for p in ranks] == [0, 17]
+    outcome = (tmp_path / "out.0").read_text()
+    assert outcome.startswith("raised"), outcome
+    assert float(outcome.split(" after ")[1].split()[0]) < 20, outcome
+
+
+def test_chunks_cover_every_element_once():
+    for numel in (0, 1, 2, 3, 10_007):
+        for parts in (1, 2, 3, 4):
+            chunks = chunk_bounds(numel, parts)
+            assert chunks[0][0] == 0 and chunks[-1][1] == numel
+            assert all(a == prev_b for (a, _), (_, prev_b) in zip(chunks[1:], chunks[:-1]))
+            assert max(b - a for a, b in chunks) - min(b - a for a, b in chunks) <= 1
+
+
+def test_single_host_needs_every_rank_here():
+    assert single_host(2, 2) and single_host(4, 4)
+    assert not single_host(1, 1)  # one process: nothing to average
+    assert not single_host(2, 1)  # two hosts, one rank each
