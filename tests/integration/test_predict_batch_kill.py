@@ -96,3 +96,49 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
         assert list(a["probabilities"].values()) == pytest.approx(list(b["probabilities"].values()), abs=padding_atol)
     assert not state.path.exists() and not output.with_name(output.name + ".rejects.jsonl").exists()
     assert len({r["label"] for r in got}) > 1  # the model tells texts apart: equal labels mean something
+
+
+def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_path, agnews_dir, spread_checkpoint, write_rows):
+    """Two workers on a checkpoint without its int8 model: the parent makes it (and says what the workers
+    will run) before they start; they load that file rather than each making and publishing another."""
+    from distrinews.data.csv_files import read_csv
+    from distrinews.predict.int8 import int8_path
+
+    texts = read_csv(agnews_dir / "test.csv.gz").texts[:400]
+    checkpoint = spread_checkpoint(tmp_path / "best", texts[:256])
+    corpus = write_rows(tmp_path / "news.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts)])
+    made = int8_path(checkpoint)
+    assert not made.exists()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distrinews",
+            "predict",
+            "--checkpoint",
+            str(checkpoint),
+            "--input",
+            str(corpus),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            *ARGS,
+            "--runtime",
+            "auto",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    for line in proc.stderr:  # the parent's lines, up to the one it writes before starting the workers
+        lines.append(line)
+        if line.startswith("predict: runtime auto: "):
+            break
+    else:
+        pytest.fail(f"no 'runtime auto' line before the workers started: {''.join(lines)}")
+    inode = made.stat().st_ino  # published by the parent, before any worker exists
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, rest
+    assert made.stat().st_ino == inode, "a worker made and published the int8 model again"
+    assert "predict: runtime auto: " not in rest and sum(1 for _ in (tmp_path / "out.jsonl").open()) == 400

@@ -72,8 +72,8 @@ def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int)
         import torch
 
         torch.set_num_threads(threads)
-        # auto: the int8 model beside the checkpoint where it passed its check (made at the first start: with
-        # --nproc N the workers may each make it once; each publishes it whole, the last rename wins).
+        # auto: the int8 model beside the checkpoint where it passed its check (made at the first start; with
+        # --nproc N by the parent, before the workers start: engine._prepare_auto).
         return make_predictor(checkpoint, runtime, max_batch_size=batch_size, threads=threads)
     except USAGE_ERRORS:
         raise
