@@ -45,8 +45,8 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
         "96",
         "--max_length",
         "32",
-        "--ddp_comm_hook",
-        "bf16",
+        "--comm-hooks",
+        "bf16,auto",
         "--output-dir",
         str(tmp_path),
         "--name",
@@ -56,9 +56,10 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
     report = json.loads((tmp_path / "weak.json").read_text())
     assert (tmp_path / "weak.md").read_text().count("| 1 x 1 |") == 1
     assert (tmp_path / "weak.png").stat().st_size > 1000
-    points = {p["workers"]: p for p in report["points"]}
-    assert set(points) == {1, 2}
-    one, two = points[1], points[2]
+    assert [(p["workers"], p["ddp_comm_hook"]) for p in report["points"]] == [(1, None), (2, "bf16"), (2, "auto")]
+    one, two, shm = report["points"]
+    assert shm["allreduce"].startswith("shared memory, ") and "100 (shared memory)" in (tmp_path / "weak.md").read_text()
+    assert shm["efficiency"] == pytest.approx(shm["samples_per_s"] / one["samples_per_s"] / 2)
     assert one["speedup"] == pytest.approx(1.0) and one["efficiency"] == pytest.approx(1.0)
     assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
     assert two["efficiency"] == pytest.approx(two["speedup"] / 2)

@@ -230,6 +230,22 @@ def test_scaling_rejects_bad_input_before_starting_workers(capsys):
     configs = Path(__file__).resolve().parents[2] / "configs"
     assert main(["bench", "scaling", "--nproc", "1,2", "--config", str(configs / "tiny.yaml"), "--ddp_comm_hook", "int4"]) == 2
     assert "ddp_comm_hook" in capsys.readouterr().err
+    assert main(["bench", "scaling", "--nproc", "1,2", "--comm-hooks", "auto,int4"]) == 2
+    assert "expected a comma-separated list of auto, none, shm, bf16, fp16, got 'auto,int4'" in capsys.readouterr().err
+    assert main(["bench", "scaling", "--nproc", "1,2", "--repeat", "0"]) == 2
+    assert "--repeat must be >= 1" in capsys.readouterr().err
+
+
+def test_scaling_reports_each_points_median_run():
+    from distrinews.bench.scaling import median_run
+    from distrinews.bench.scaling_report import _samples
+
+    runs = [{"samples_per_s": v, "step_ms": 1000 / v} for v in (30.0, 34.0, 31.0)]
+    point = median_run(runs)
+    assert point["samples_per_s"] == 31.0 and point["step_ms"] == 1000 / 31.0  # that run's other figures with it
+    assert point["runs_samples_per_s"] == [30.0, 34.0, 31.0]  # in the order they ran
+    assert median_run(runs[:2])["samples_per_s"] == 30.0  # even: the lower middle
+    assert _samples(point) == "31.0 (30.0-34.0)" and _samples(median_run(runs[:1])) == "30.0"
 
 
 def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_serves():

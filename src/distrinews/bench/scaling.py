@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
 from .report import write_report
@@ -125,6 +126,20 @@ def parse_float_list(raw: str) -> list[float]:
     return values
 
 
+def parse_choice_list(raw: str, choices: tuple[str, ...]) -> list[str]:
+    values = [x.strip() for x in raw.split(",") if x.strip()]
+    unknown = [v for v in values if v not in choices]
+    if not values or unknown:
+        raise ValueError(f"expected a comma-separated list of {', '.join(choices)}, got {raw!r}")
+    return list(dict.fromkeys(values))
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median samples/s (the lower of the middle two when even), with every run's figure beside it."""
+    ordered = sorted(runs, key=lambda p: p["samples_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "runs_samples_per_s": [p["samples_per_s"] for p in runs]}
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.worker:
         return run_worker(args, extra)
@@ -136,6 +151,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         counts = parse_int_list(args.nproc)
         buckets = [None] if args.bucket_cap_mb in (None, "default") else parse_float_list(args.bucket_cap_mb)
+        hooks = [None] if args.comm_hooks is None else parse_choice_list(args.comm_hooks, DDP_COMM_HOOKS)
+        if args.repeat < 1:
+            raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
     from ..config import load_config, parse_overrides
@@ -155,16 +173,22 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
 
-    points = []
-    for n in counts:
-        for bucket in buckets if n > 1 else buckets[:1]:
-            label = f"{n} worker(s) x {args.cores_per_worker} core(s)" + (f", bucket {bucket:g} MB" if n > 1 and bucket else "")
+    specs = [
+        (n, bucket, hook) for n in counts for bucket in (buckets if n > 1 else buckets[:1]) for hook in (hooks if n > 1 else hooks[:1])
+    ]
+    runs: dict[tuple, list[dict[str, Any]]] = {spec: [] for spec in specs}
+    for round_ in range(args.repeat):  # rounds, so that a slow spell of the machine touches every point alike
+        for n, bucket, hook in specs:
+            label = f"{n} worker(s) x {args.cores_per_worker} core(s)"
+            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (f", ddp_comm_hook {hook}" if n > 1 and hook else "")
+            label += f" (round {round_ + 1}/{args.repeat})" if args.repeat > 1 else ""
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
-            p = run_point(args, n, bucket, extra)
+            p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if n > 1 and hook else []))
             print(
                 f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)", flush=True
             )
-            points.append(p)
+            runs[(n, bucket, hook)].append(p)
+    points = [median_run(runs[spec]) for spec in specs]
     rows = summarize(points)
     report = {
         "command": "distrinews " + " ".join(sys.argv[1:]),
@@ -192,6 +216,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bucket-cap-mb",
         default=None,
         help="DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see ddp_bucket_cap_mb)",
+    )
+    p.add_argument(
+        "--comm-hooks",
+        default=None,
+        help="ddp_comm_hook value(s), comma-separated (auto, none, shm, bf16, fp16): one point each for n > 1 (default: the config's)",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rounds over every point; each point reports its median run by samples/s (default 1)"
     )
     p.add_argument("--optimizer", choices=("fused", "foreach", "for-loop"), default="fused")
     p.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)")

@@ -28,7 +28,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         opt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         lines.append(
             f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | "
-            f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | "
+            f"{_samples(r)} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | "
             f"{r['step_ms']:.0f} | "
             f"{ph['data']:.1f} | {ph['forward_backward']:.0f} | {ph['optimizer']:.0f} | "
             f"{opt(r['fwd_bwd_no_sync_ms'])} | {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |"
@@ -41,10 +41,23 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"{first['steps']} timed steps after {first['warmup_steps']} warm-up, each the trainer's own step. Phase times "
         f"are per step, mean over ranks (ms); the probe columns time the trainer's forward + backward on the same "
         f"extra windows without and with the all-reduce (their difference is the exposed all-reduce). "
-        f"MFU peak: {first['peak']}.",
+        f"MFU peak: {first['peak']}."
+        + (
+            f" Each point is the median of {len(first['runs_samples_per_s'])} rounds over all the points by samples/s "
+            "(the range in brackets), with that run's other figures."
+            if len(first.get("runs_samples_per_s") or []) > 1
+            else ""
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def _samples(r: dict[str, Any]) -> str:
+    runs = r.get("runs_samples_per_s") or []
+    if len(runs) < 2:
+        return f"{r['samples_per_s']:.1f}"
+    return f"{r['samples_per_s']:.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
 def _bucket(r: dict[str, Any]) -> str:
