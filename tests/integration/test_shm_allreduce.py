@@ -9,6 +9,7 @@ must fail the others instead of hanging them.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -82,6 +83,27 @@ def test_no_room_for_the_segment_falls_back_on_every_rank_alike(tmp_path: Path):
     mp.spawn(_fallback, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
     reasons = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
     assert reasons[0] == reasons[1] and "no-such-dir" in reasons[0] and "No such file" in reasons[0]
+
+
+def _full(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
+    answer = open_segment(4 * 2**20, rank, world, shm_dir=out)  # 2 slots of 4 MiB in a 1 MiB tmpfs
+    Path(f"{out}.{rank}").write_text(answer if isinstance(answer, str) else "a segment")
+    dist.destroy_process_group()
+
+
+def test_a_full_dev_shm_falls_back_on_every_rank_and_leaves_nothing(tmp_path: Path):
+    """A container's small /dev/shm, for real: a 1 MiB tmpfs (root mounts it, as CI runs)."""
+    small = tmp_path / "small-shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        mp.spawn(_full, args=(2, str(tmp_path / "store"), str(small)), nprocs=2)
+        assert os.listdir(small) == [], "the half-made segment was left behind"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    reasons = [Path(f"{small}.{r}").read_text() for r in range(2)]
+    assert reasons[0] == reasons[1] and "No space left on device" in reasons[0], reasons
 
 
 def _dies(rank: int, world: int, store: str, out: str) -> None:  # a module-level target: spawn pickles it
