@@ -315,7 +315,10 @@ class Chromium:
             "--remote-debugging-pipe",
             "about:blank",
         ]
-        self.proc = subprocess.Popen(args, preexec_fn=wire_fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # its own process group: Chromium's helpers (zygote, renderer, crashpad) are stopped with it in close()
+        self.proc = subprocess.Popen(
+            args, preexec_fn=wire_fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         os.close(cmd_read)
         os.close(out_write)
         self._buffer = b""
@@ -373,6 +376,15 @@ class Chromium:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            # The helpers outlive the main process for a moment and go on writing into the profile, which
+            # made the profile's removal fail now and then ("Directory not empty: 'Default'"): stop them all.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
 
 
 def _wait_for(check, timeout: float, what: str):
