@@ -17,10 +17,12 @@ def test_healthy_two_process_rendezvous(tmp_path, cli):
     for op in ("all_reduce", "all_gather", "broadcast"):
         assert f"[ OK ] {op} correct on every rank" in out
     assert "busbw" in out and "All checks passed." in out
+    assert "[ OK ] shared-memory gradient average of 1 MiB (what training uses here, ddp_comm_hook auto): " in out
     report = json.loads((tmp_path / "d.json").read_text())
     assert report["ok"] is True and report["advice"] == []
     ranks = report["rendezvous"]
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["checks"]["all_reduce"]["got"] == 3.0
+    assert [r["shared_memory"]["got"] for r in ranks] == [1.5, 1.5] and ranks[0]["shared_memory"]["ok"] is True
 
 
 def test_port_in_use_is_named_with_advice(cli):

@@ -101,11 +101,16 @@ def shm_allreduce_hook(state, bucket):
     return future
 
 
+def segment_bytes(slot_bytes: int, world_size: int) -> int:
+    """The size of the segment :func:`open_segment` makes for buckets of up to ``slot_bytes``."""
+    return _HEADER + world_size * _aligned(slot_bytes)
+
+
 def open_segment(slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR) -> SharedMemoryAllReduce | str:
     """Make, map and check one segment on every rank (a collective). Returns the hook, or why not
     (the same reason on every rank, so all of them fall back together)."""
+    size = segment_bytes(slot_bytes, world_size)
     slot_bytes = _aligned(slot_bytes)
-    size = _HEADER + world_size * slot_bytes
     token = secrets.token_bytes(16)
     path, reason = None, None
     if rank == 0:

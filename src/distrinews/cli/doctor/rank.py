@@ -81,10 +81,42 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
 
         alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds.item(), world)
         result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds.item(), "algbw": alg, "busbw": bus}
+
+        report("shared_memory")
+        result["shared_memory"] = _shared_memory_check(payload, backend, rank, world, iters)
         report("done")
     finally:
         dist.destroy_process_group()
     return result
+
+
+def _shared_memory_check(payload, backend: str, rank: int, world: int, iters: int) -> dict[str, Any]:
+    """What DDP's ``ddp_comm_hook: auto`` will average gradients through here: the /dev/shm segment
+    (checked and timed on ``payload``), or the process group, and why."""
+    import torch
+    import torch.distributed as dist
+
+    from ...distributed.shm_allreduce import open_segment, segment_bytes, single_host
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if backend != "gloo":
+        return {"used": False, "why": f"the {backend} backend reduces on its own"}
+    if not single_host(world, local_world):
+        return {"used": False, "why": f"{world} ranks, {local_world} on this host"}
+    segment = open_segment(payload.numel() * 4, rank, world)
+    if isinstance(segment, str):
+        return {"used": False, "why": segment, "needs_bytes": segment_bytes(payload.numel() * 4, world)}
+    x = torch.full((payload.numel(),), float(rank + 1))
+    segment.allreduce_mean_(x)
+    expect = (world + 1) / 2
+    ok = bool(torch.allclose(x, torch.full_like(x, expect)))
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        segment.allreduce_mean_(payload)
+    seconds = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": payload.numel() * 4, "time_ms": 1000 * seconds.item()}
 
 
 def worker_main(argv: list[str]) -> int:

@@ -74,4 +74,26 @@ def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> No
         f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.1f} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
         f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)"
     )
+    shm = first.get("shared_memory") or {"used": False, "why": "not checked"}
+    if shm["used"]:
+        bad = [r["rank"] for r in results if not r["shared_memory"]["ok"]]
+        if bad:
+            rep.fail(
+                f"the shared-memory gradient average gave the wrong answer on rank(s) {bad}: got "
+                f"{ {r['rank']: r['shared_memory']['got'] for r in results} }, expected {shm['expected']}",
+                "train with --ddp_comm_hook none (gloo's all-reduce) and report this with the output of distrinews doctor --json",
+            )
+        else:
+            rep.ok(
+                f"shared-memory gradient average of {shm['bytes'] / 2**20:.0f} MiB (what training uses here, ddp_comm_hook auto): "
+                f"{shm['time_ms']:.1f} ms, correct on every rank"
+            )
+    elif "needs_bytes" in shm:
+        rep.info(
+            f"no shared-memory gradient average: {shm['why']}; training averages through {first['backend']} instead "
+            f"(slower on one host). {first['bandwidth']['bytes'] / 2**20:.0f} MiB of gradients need {shm['needs_bytes'] / 2**20:.0f} MiB "
+            "of /dev/shm: give a container a larger one (docker --shm-size, a memory-backed emptyDir as deploy/k8s has)"
+        )
+    else:
+        rep.info(f"no shared-memory gradient average ({shm['why']}): training averages through {first['backend']}")
     rep.data["rendezvous"] = results
