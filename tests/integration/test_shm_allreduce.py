@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, single_host
+from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, why_not_shared_memory
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
 
@@ -145,7 +145,8 @@ def test_chunks_cover_every_element_once():
             assert max(b - a for a, b in chunks) - min(b - a for a, b in chunks) <= 1
 
 
-def test_single_host_needs_every_rank_here():
-    assert single_host(2, 2) and single_host(4, 4)
-    assert not single_host(1, 1)  # one process: nothing to average
-    assert not single_host(2, 1)  # two hosts, one rank each
+def test_shared_memory_needs_gloo_on_cpu_and_every_rank_here():
+    assert why_not_shared_memory("gloo", "cpu", 2, 2) is None and why_not_shared_memory("gloo", "cpu", 4, 4) is None
+    assert why_not_shared_memory("gloo", "cpu", 1, 1) == "1 ranks, 1 on this host"  # one process: nothing to average
+    assert why_not_shared_memory("gloo", "cpu", 2, 1) == "2 ranks, 1 on this host"  # two hosts, one rank each
+    assert why_not_shared_memory("nccl", "cuda", 2, 2) == "the nccl backend on cuda reduces on its own"

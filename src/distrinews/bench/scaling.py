@@ -173,17 +173,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
 
-    specs = [
-        (n, bucket, hook) for n in counts for bucket in (buckets if n > 1 else buckets[:1]) for hook in (hooks if n > 1 else hooks[:1])
-    ]
+    specs = [(n, bucket, hook) for n in counts for bucket in (buckets if n > 1 else buckets[:1]) for hook in (hooks if n > 1 else [None])]
     runs: dict[tuple, list[dict[str, Any]]] = {spec: [] for spec in specs}
     for round_ in range(args.repeat):  # rounds, so that a slow spell of the machine touches every point alike
         for n, bucket, hook in specs:
             label = f"{n} worker(s) x {args.cores_per_worker} core(s)"
-            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (f", ddp_comm_hook {hook}" if n > 1 and hook else "")
+            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (f", ddp_comm_hook {hook}" if hook else "")
             label += f" (round {round_ + 1}/{args.repeat})" if args.repeat > 1 else ""
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
-            p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if n > 1 and hook else []))
+            p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if hook else []))
             print(
                 f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)", flush=True
             )

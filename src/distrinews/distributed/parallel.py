@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import ConfigError, ParallelConfig
 from ..model import forward_loss
 from .process_group import DistEnv, all_gather_object
-from .shm_allreduce import SHM_DIR, open_segment, shm_allreduce_hook, single_host
+from .shm_allreduce import SHM_DIR, open_segment, shm_allreduce_hook, why_not_shared_memory
 
 
 class ParallelModel:
@@ -184,8 +184,9 @@ def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
 
 
 def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[DDP, str]:
-    if config.ddp_comm_hook == "shm" and (why_not := _why_not_shared_memory(env)):
-        raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {why_not}; use auto or none")
+    not_here = why_not_shared_memory(env.backend, env.device.type, env.world_size, env.local_world_size)
+    if config.ddp_comm_hook == "shm" and not_here:
+        raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {not_here}; use auto or none")
     ddp = DDP(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -193,41 +194,27 @@ def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[
         gradient_as_bucket_view=True,
         **_no_buffer_sync(),
     )
-    how = _register_comm_hook(ddp, model, config, env)
+    how = _register_comm_hook(ddp, model, config.ddp_comm_hook, env, shared_memory=not not_here)
     _settle_bucket_layout(ddp, model, env.device)
     return ddp, how
 
 
-def _register_comm_hook(ddp: DDP, model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> str:
-    """Install the bucket averaging ``config.ddp_comm_hook`` asks for; returns how, for the banner."""
-    hook = config.ddp_comm_hook
+def _register_comm_hook(ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool) -> str:
+    """Install the bucket averaging ``hook`` (``ddp_comm_hook``) asks for; returns how, for the banner.
+    ``shared_memory``: this world can average through /dev/shm (``shm`` was refused before DDP if not)."""
     if hook in ("bf16", "fp16"):  # half the bytes on the wire; the optimizer still sees fp32 gradients
         ddp.register_comm_hook(None, compressed_allreduce_hook(torch.bfloat16 if hook == "bf16" else torch.float16))
         return f"{env.backend}, {hook}-compressed"
-    if hook == "none":
+    if hook == "none" or not shared_memory:
         return f"{env.backend}"
-    why_not = _why_not_shared_memory(env)
-    if why_not is None:
-        # a slot holds the largest bucket, at most every trainable parameter's gradient
-        slot = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        shm = open_segment(slot, env.rank, env.world_size)
-        if not isinstance(shm, str):
-            ddp.register_comm_hook(shm, shm_allreduce_hook)
-            return f"shared memory, {_size(shm.segment_bytes)} in {SHM_DIR}"
-        why_not = shm
-    if hook == "shm":
-        raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {why_not}; use auto or none")
-    if why_not == _why_not_shared_memory(env):
-        return f"{env.backend}"  # auto, where shared memory does not apply
-    return f"{env.backend}; no shared memory: {why_not}"
-
-
-def _why_not_shared_memory(env: DistEnv) -> str | None:
-    if env.backend != "gloo" or env.device.type != "cpu":
-        return f"the {env.backend} backend on {env.device.type} reduces on its own"
-    if not single_host(env.world_size, env.local_world_size):
-        return f"{env.world_size} ranks, {env.local_world_size} on this host"
-    return None
+    # a slot holds the largest bucket, at most every trainable parameter's gradient
+    segment = open_segment(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), env.rank, env.world_size)
+    if isinstance(segment, str):  # the same reason on every rank
+        if hook == "shm":
+            raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {segment}; use auto or none")
+        return f"{env.backend}; no shared memory: {segment}"
+    ddp.register_comm_hook(segment, shm_allreduce_hook)
+    return f"shared memory, {_size(segment.segment_bytes)} in {SHM_DIR}"
 
 
 def _settle_bucket_layout(ddp: DDP, model: torch.nn.Module, device: torch.device) -> None:

@@ -37,9 +37,14 @@ _HEADER = 64  # bytes: the token rank 0 writes, then padding to a cache line
 _ALIGN = 64
 
 
-def single_host(world_size: int, local_world_size: int) -> bool:
-    """All ranks on this host: torchrun's LOCAL_WORLD_SIZE is the whole world."""
-    return world_size > 1 and local_world_size == world_size
+def why_not_shared_memory(backend: str | None, device_type: str, world_size: int, local_world_size: int) -> str | None:
+    """Why gradients cannot be averaged through /dev/shm here (None: they can be tried): it takes gloo on
+    CPU, and every rank on this host (torchrun's LOCAL_WORLD_SIZE is the whole world)."""
+    if backend != "gloo" or device_type != "cpu":
+        return f"the {backend} backend on {device_type} reduces on its own"
+    if world_size < 2 or local_world_size != world_size:
+        return f"{world_size} ranks, {local_world_size} on this host"
+    return None
 
 
 def _aligned(n: int) -> int:
@@ -59,12 +64,12 @@ class SharedMemoryAllReduce:
         self.slot_bytes = slot_bytes
         self.rank = rank
         self.world_size = world_size
-        self.segment_bytes = _HEADER + world_size * slot_bytes
+        self.segment_bytes = segment_bytes(slot_bytes, world_size)
 
     def _slots(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A (world_size, numel) view of the slots, in ``dtype``."""
         raw = torch.empty(0, dtype=torch.uint8).set_(self.storage, 0, (self.segment_bytes,))
-        per_slot = self.slot_bytes // torch.tensor([], dtype=dtype).element_size()
+        per_slot = self.slot_bytes // dtype.itemsize
         return raw[_HEADER:].view(dtype).view(self.world_size, per_slot)[:, :numel]
 
     def allreduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:

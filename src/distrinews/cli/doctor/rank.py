@@ -66,43 +66,48 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
 
         report("bandwidth")
         payload = torch.ones(max(1, bandwidth_bytes // 4), device=device)
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         dist.all_reduce(payload)
-        sync()
-        dist.barrier()
-        t = time.perf_counter()
-        iters = 5
-        for _ in range(iters):
-            dist.all_reduce(payload)
-        sync()
-        seconds = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        seconds = _slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
         from ...bench.collectives import bandwidths
 
-        alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds.item(), world)
-        result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds.item(), "algbw": alg, "busbw": bus}
+        alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds, world)
+        result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds, "algbw": alg, "busbw": bus}
 
         report("shared_memory")
-        result["shared_memory"] = _shared_memory_check(payload, backend, rank, world, iters)
+        result["shared_memory"] = _shared_memory_check(payload, backend, device, rank, world)
         report("done")
     finally:
         dist.destroy_process_group()
     return result
 
 
-def _shared_memory_check(payload, backend: str, rank: int, world: int, iters: int) -> dict[str, Any]:
-    """What DDP's ``ddp_comm_hook: auto`` will average gradients through here: the /dev/shm segment
-    (checked and timed on ``payload``), or the process group, and why."""
+def _slowest_mean_seconds(step, device, iters: int = 5) -> float:
+    """Seconds one ``step()`` (a collective) takes, the mean of ``iters`` after a barrier, on the slowest rank."""
     import torch
     import torch.distributed as dist
 
-    from ...distributed.shm_allreduce import open_segment, segment_bytes, single_host
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync()
+    seconds = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item()
 
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if backend != "gloo":
-        return {"used": False, "why": f"the {backend} backend reduces on its own"}
-    if not single_host(world, local_world):
-        return {"used": False, "why": f"{world} ranks, {local_world} on this host"}
+
+def _shared_memory_check(payload, backend: str, device, rank: int, world: int) -> dict[str, Any]:
+    """What DDP's ``ddp_comm_hook: auto`` will average gradients through here: the /dev/shm segment
+    (checked and timed on ``payload``), or the process group, and why."""
+    import torch
+
+    from ...distributed.shm_allreduce import open_segment, segment_bytes, why_not_shared_memory
+
+    why_not = why_not_shared_memory(backend, device.type, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    if why_not:
+        return {"used": False, "why": why_not}
     segment = open_segment(payload.numel() * 4, rank, world)
     if isinstance(segment, str):
         return {"used": False, "why": segment, "needs_bytes": segment_bytes(payload.numel() * 4, world)}
@@ -110,13 +115,8 @@ def _shared_memory_check(payload, backend: str, rank: int, world: int, iters: in
     segment.allreduce_mean_(x)
     expect = (world + 1) / 2
     ok = bool(torch.allclose(x, torch.full_like(x, expect)))
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        segment.allreduce_mean_(payload)
-    seconds = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": payload.numel() * 4, "time_ms": 1000 * seconds.item()}
+    seconds = _slowest_mean_seconds(lambda: segment.allreduce_mean_(payload), device)
+    return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": payload.numel() * 4, "time_ms": 1000 * seconds}
 
 
 def worker_main(argv: list[str]) -> int:
