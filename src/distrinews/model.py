@@ -89,9 +89,16 @@ ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BER
 
 
 def build_model(
-    name: str, seed: int, labels: Sequence[str], dropout: float | None = None, attention_dropout: float | None = None
+    name: str,
+    seed: int,
+    labels: Sequence[str],
+    dropout: float | None = None,
+    attention_dropout: float | None = None,
+    pooling: str = "cls",
 ) -> torch.nn.Module:
-    """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named."""
+    """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named.
+    ``pooling``: what the head classifies, the [CLS] token through the model's pooler (``cls``, transformers'
+    own class) or the mean of the tokens (``mean``, BERT-family encoders: ``distrinews.mean_pooling``)."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -110,9 +117,23 @@ def build_model(
         for attr in ATTENTION_DROPOUT:
             if hasattr(config, attr):
                 setattr(config, attr, attention_dropout)
+    if pooling == "mean":
+        config = _mean_pool_config(config, name)
     if name == TINY_RANDOM:
         return AutoModelForSequenceClassification.from_config(config)
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
+
+
+def _mean_pool_config(config, name: str):
+    from .mean_pooling import MODEL_TYPE, MeanPoolBertConfig
+
+    if config.model_type not in ("bert", MODEL_TYPE):
+        raise ConfigError(
+            f"config field 'classifier_pooling': mean is built for BERT-family encoders (model_type bert); "
+            f"{name!r} is {config.model_type!r}: use classifier_pooling: cls"
+        )
+    values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "transformers_version")}
+    return MeanPoolBertConfig(**values)
 
 
 def freeze_word_embeddings(model: torch.nn.Module) -> int:
