@@ -124,6 +124,12 @@ def build_model(
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
 
 
+def _is_mean_pooling(model: torch.nn.Module) -> bool:
+    from .mean_pooling import MODEL_TYPE
+
+    return getattr(getattr(model, "config", None), "model_type", None) == MODEL_TYPE
+
+
 def _mean_pool_config(config, name: str):
     from .mean_pooling import MODEL_TYPE, MeanPoolBertConfig
 
@@ -152,6 +158,10 @@ def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, targe
     targets = None
     if target_modules:
         targets = "all-linear" if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",") if t.strip()]
+    elif _is_mean_pooling(model):  # peft knows its defaults by model type: the mean-pooling classifier's encoder is BERT
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+        targets = list(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["bert"])
     # SEQ_CLS keeps the new classification head trainable (peft's modules_to_save).
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     try:

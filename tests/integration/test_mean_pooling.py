@@ -165,3 +165,24 @@ print("RESULT", json.dumps({{"refused": refused, "logits": logits.tolist(), "top
     # the model card's loading line is the one that worked
     assert f'pipeline("text-classification", model="{best}", trust_remote_code=True)' in (best / "README.md").read_text()
     assert result["top"] == model.config.id2label[int(expected[0].argmax())]
+
+
+def test_lora_on_a_mean_pooling_model_merges_back_into_one(tmp_path):
+    from distrinews.model import add_lora, build_model, merged
+
+    model = add_lora(build_model("tiny-random", seed=5, labels=LABELS, pooling="mean"), 4, 8, 0.0, None)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert any("classifier" in name for name in trainable)
+    # the adapters sit where peft puts them on BERT (query, value), as for the [CLS] classifier
+    cls = add_lora(build_model("tiny-random", seed=5, labels=LABELS), 4, 8, 0.0, None)
+    adapters = {name.split(".bert.", 1)[1] for name in trainable if "lora_" in name}
+    assert adapters and adapters == {name.split(".bert.", 1)[1] for name, _ in cls.named_parameters() if "lora_" in name}
+    torch.nn.init.normal_(next(p for name, p in model.named_parameters() if "lora_B" in name))  # the adapters do something
+    ids, mask = torch.tensor([[101, 2000, 2001, 102]]), torch.ones(1, 4, dtype=torch.long)
+    plain = merged(model).eval()
+    assert type(plain).__name__ == "MeanPoolBertForSequenceClassification"
+    with torch.no_grad():
+        adapted = model.eval()(input_ids=ids, attention_mask=mask).logits
+        assert torch.allclose(plain(input_ids=ids, attention_mask=mask).logits, adapted, atol=1e-5)
+    plain.save_pretrained(tmp_path)
+    assert (tmp_path / "mean_pooling.py").is_file()
