@@ -19,18 +19,31 @@ This file imports nothing but torch and transformers: it is the code that travel
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, BertModel, BertPreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 MODEL_TYPE = "distrinews_mean_bert"
+CODE_FILE = "mean_pooling.py"  # this file's name beside the weights
+# config.json's pointers to the code, for transformers' trust_remote_code
+AUTO_MAP = {
+    "AutoConfig": "mean_pooling.MeanPoolBertConfig",
+    "AutoModelForSequenceClassification": "mean_pooling.MeanPoolBertForSequenceClassification",
+}
 
 
 class MeanPoolBertConfig(BertConfig):
     """BERT's config; the model type alone says the classifier means the tokens."""
 
     model_type = MODEL_TYPE
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.auto_map = dict(AUTO_MAP)
 
 
 def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -77,10 +90,14 @@ class MeanPoolBertForSequenceClassification(BertPreTrainedModel):
             loss = nn.functional.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save, then this file beside the weights. (Not transformers' own ``register_for_auto_class``:
+        it copies the file of the object's class, which under FSDP2 is torch's generated wrapper class.)"""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            shutil.copyfile(Path(__file__), Path(save_directory) / CODE_FILE)
+
 
 # In this process: the Auto classes know the type (a checkpoint loads without trust_remote_code).
 AutoConfig.register(MODEL_TYPE, MeanPoolBertConfig, exist_ok=True)
 AutoModelForSequenceClassification.register(MeanPoolBertConfig, MeanPoolBertForSequenceClassification, exist_ok=True)
-# In a checkpoint: save_pretrained copies this file beside the weights and writes config.json's auto_map.
-MeanPoolBertConfig.register_for_auto_class()
-MeanPoolBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")

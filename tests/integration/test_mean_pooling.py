@@ -98,6 +98,7 @@ def test_a_two_process_run_saves_a_mean_pooling_checkpoint_every_loader_reads_al
     assert config["model_type"] == "distrinews_mean_bert"
     assert config["auto_map"]["AutoModelForSequenceClassification"] == "mean_pooling.MeanPoolBertForSequenceClassification"
     assert (best / "mean_pooling.py").read_text() == (ROOT / "src" / "distrinews" / "mean_pooling.py").read_text()
+    assert sorted(p.name for p in best.glob("*.py")) == ["mean_pooling.py"]
 
     model, tokenizer, info = load_for_inference(best)
     assert type(model).__name__ == "MeanPoolBertForSequenceClassification"
@@ -186,3 +187,21 @@ def test_lora_on_a_mean_pooling_model_merges_back_into_one(tmp_path):
         assert torch.allclose(plain(input_ids=ids, attention_mask=mask).logits, adapted, atol=1e-5)
     plain.save_pretrained(tmp_path)
     assert (tmp_path / "mean_pooling.py").is_file()
+
+
+def test_fsdp_saves_the_same_code_and_pointers_not_torchs_wrapper_class(tmp_path, cli, agnews_dir):
+    """FSDP2 swaps the model's class for one torch generates; best/ must still name and carry this package's class."""
+    from distrinews.mean_pooling import AUTO_MAP
+
+    out = tmp_path / "fsdp"
+    cli(
+        "train",
+        *("--config", str(ROOT / "configs" / "tiny.yaml"), "--classifier_pooling", "mean", "--strategy", "fsdp"),
+        *("--max_steps", "2", "--eval_samples", "32", "--report_to_tensorboard", "false", "--disable_tqdm", "true"),
+        *("--output_dir", str(out)),
+        nproc=2,
+    )
+    best = out / "best"
+    assert sorted(p.name for p in best.glob("*.py")) == ["mean_pooling.py"]
+    config = json.loads((best / "config.json").read_text())
+    assert config["auto_map"] == AUTO_MAP and config["architectures"] == ["MeanPoolBertForSequenceClassification"]
