@@ -24,7 +24,6 @@ from .errors import ConfigError
 STRATEGIES = ("ddp", "fsdp", "single")
 DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
-CLASSIFIER_POOLINGS = ("cls", "mean")
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -62,10 +61,6 @@ class TrainConfig:
     attention_dropout: float | None = None
     fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)
     freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
-    # what the classification head reads: cls, the [CLS] token through the model's pooler (transformers' own
-    # class); mean, the mean of the tokens' last states (BERT-family encoders; what sentence encoders such as
-    # MiniLM were trained for; best/ then carries its code: distrinews.mean_pooling)
-    classifier_pooling: str = "cls"
     pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
     torch_compile: bool = False  # compile the model with torch.compile (inductor)
     model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)
@@ -170,7 +165,6 @@ class TrainConfig:
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
-        need(self.classifier_pooling in CLASSIFIER_POOLINGS, "classifier_pooling", f"must be one of {', '.join(CLASSIFIER_POOLINGS)}")
         need(self.lr_scheduler_type in LR_SCHEDULES, "lr_scheduler_type", f"must be one of {', '.join(LR_SCHEDULES)}")
         need(0 < self.layerwise_lr_decay <= 1, "layerwise_lr_decay", "must be in (0, 1] (1 = the same rate for every layer)")
         need(0 <= self.label_smoothing_factor < 1, "label_smoothing_factor", "must be in [0, 1)")
@@ -267,7 +261,6 @@ class ModelConfig:
     attention_dropout: float | None
     fast_dropout: bool
     freeze_word_embeddings: bool
-    classifier_pooling: str
     torch_compile: bool
     pad_to_multiple_of: int | None
     use_peft: bool

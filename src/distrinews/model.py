@@ -89,16 +89,9 @@ ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BER
 
 
 def build_model(
-    name: str,
-    seed: int,
-    labels: Sequence[str],
-    dropout: float | None = None,
-    attention_dropout: float | None = None,
-    pooling: str = "cls",
+    name: str, seed: int, labels: Sequence[str], dropout: float | None = None, attention_dropout: float | None = None
 ) -> torch.nn.Module:
-    """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named.
-    ``pooling``: what the head classifies, the [CLS] token through the model's pooler (``cls``, transformers'
-    own class) or the mean of the tokens (``mean``, BERT-family encoders: ``distrinews.mean_pooling``)."""
+    """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
     # rank starts from the same weights even before DDP's broadcast, and runs repeat.
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -117,29 +110,9 @@ def build_model(
         for attr in ATTENTION_DROPOUT:
             if hasattr(config, attr):
                 setattr(config, attr, attention_dropout)
-    if pooling == "mean":
-        config = _mean_pool_config(config, name)
     if name == TINY_RANDOM:
         return AutoModelForSequenceClassification.from_config(config)
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
-
-
-def _is_mean_pooling(model: torch.nn.Module) -> bool:
-    from .mean_pooling import MODEL_TYPE
-
-    return getattr(getattr(model, "config", None), "model_type", None) == MODEL_TYPE
-
-
-def _mean_pool_config(config, name: str):
-    from .mean_pooling import MODEL_TYPE, MeanPoolBertConfig
-
-    if config.model_type not in ("bert", MODEL_TYPE):
-        raise ConfigError(
-            f"config field 'classifier_pooling': mean is built for BERT-family encoders (model_type bert); "
-            f"{name!r} is {config.model_type!r}: use classifier_pooling: cls"
-        )
-    values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "transformers_version")}
-    return MeanPoolBertConfig(**values)
 
 
 def freeze_word_embeddings(model: torch.nn.Module) -> int:
@@ -158,10 +131,6 @@ def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, targe
     targets = None
     if target_modules:
         targets = "all-linear" if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",") if t.strip()]
-    elif _is_mean_pooling(model):  # peft knows its defaults by model type: the mean-pooling classifier's encoder is BERT
-        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-
-        targets = list(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["bert"])
     # SEQ_CLS keeps the new classification head trainable (peft's modules_to_save).
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     try:

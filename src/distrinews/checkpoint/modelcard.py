@@ -224,8 +224,7 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
     lines = _summary(info, data, base)
     lines += _per_class(info.metrics)
-    mean_pooling = (info.training_config or {}).get("classifier_pooling") == "mean"
-    lines += [] if load_path is None else _how_to_load(load_path, example, mean_pooling)
+    lines += [] if load_path is None else _how_to_load(load_path, example)
     lines += _training(info)
     lines += _training_data(info, data)
     if base in BASE_MODEL_LICENSES:
@@ -287,21 +286,14 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     return []
 
 
-def _how_to_load(load_path: str, example: str, mean_pooling: bool = False) -> list[str]:
-    code = ", trust_remote_code=True" if mean_pooling else ""
-    why = [
-        "The classifier reads the mean of the tokens, not the [CLS] token (`classifier_pooling: mean`): its code is",
-        "`mean_pooling.py` in this folder, which transformers runs only when asked (`trust_remote_code=True`).",
-        "",
-    ]
+def _how_to_load(load_path: str, example: str) -> list[str]:
     return [
         "## How to load",
         "",
-        *(why if mean_pooling else []),
         "```python",
         "from transformers import pipeline",
         "",
-        f'classifier = pipeline("text-classification", model="{load_path}"{code})',
+        f'classifier = pipeline("text-classification", model="{load_path}")',
         f"classifier(\"{example}\")  # [{{'label': ..., 'score': ...}}]",
         "```",
         "",

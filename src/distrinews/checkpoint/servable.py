@@ -142,8 +142,6 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
     A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
     naming the file and why); a path that does not exist raises ``FileNotFoundError``.
     """
-    from .. import mean_pooling  # noqa: F401  (the mean-pooling classifier's model type, known to the Auto classes)
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -165,7 +163,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
 
         name = setting("model_name_or_path")
         labels = list(state.label_names or AG_NEWS_LABELS)  # older runs trained on AG News alone
-        model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"), pooling=setting("classifier_pooling"))
+        model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
         if (path / SHARDED).is_dir():

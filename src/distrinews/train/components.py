@@ -95,12 +95,7 @@ class _Pause:
 def build_train_model(config: ModelConfig, device: torch.device, labels: list[str]) -> torch.nn.Module:
     """The classifier as it trains, one output per label: dropout overrides, frozen embeddings, fast dropout on CPU, LoRA; on ``device``."""
     model = build_model(
-        config.model_name_or_path,
-        labels=labels,
-        dropout=config.dropout,
-        seed=config.seed,
-        attention_dropout=config.attention_dropout,
-        pooling=config.classifier_pooling,
+        config.model_name_or_path, labels=labels, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout
     )
     if config.freeze_word_embeddings:
         freeze_word_embeddings(model)

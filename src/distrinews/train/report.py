@@ -58,8 +58,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Epochs:               {config.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
         f"Device:               {env.device}{threads}",
         f"Precision:            {facts.precision}",
-        f"Model:                {config.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters"
-        + (", the head on the mean of the tokens)" if config.classifier_pooling == "mean" else ")"),
+        f"Model:                {config.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
         f"Trainable:            {facts.trainable:,} parameters ({100 * facts.trainable / facts.parameters:.2f}%)"
         + (" with LoRA" if config.use_peft else ""),
         f"Communication a step: {facts.communication}",
