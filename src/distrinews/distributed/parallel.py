@@ -194,7 +194,7 @@ def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[
         gradient_as_bucket_view=True,
         **_no_buffer_sync(),
     )
-    how = _register_comm_hook(ddp, model, config.ddp_comm_hook, env, shared_memory=not not_here)
+    how = _register_comm_hook(ddp, model, config.ddp_comm_hook, env, shared_memory=not_here is None)
     _settle_bucket_layout(ddp, model, env.device)
     return ddp, how
 
