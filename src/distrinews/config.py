@@ -61,6 +61,9 @@ class TrainConfig:
     attention_dropout: float | None = None
     fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)
     freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
+    # train only above the bottom N encoder layers: they and the embeddings keep their pretrained weights, and the
+    # backward pass stops above them (a frozen layer costs its forward alone, a third of a trained one)
+    freeze_layers: int = 0
     pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
     torch_compile: bool = False  # compile the model with torch.compile (inductor)
     model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)
@@ -181,6 +184,12 @@ class TrainConfig:
             "use_peft",
             "LoRA runs with strategy ddp (its optimizer state is already small; sharding buys little)",
         )
+        need(self.freeze_layers >= 0, "freeze_layers", "must be >= 0 (0 trains every layer)")
+        need(
+            not (self.use_peft and self.freeze_layers),
+            "freeze_layers",
+            "LoRA already freezes the base model; with use_peft leave freeze_layers at 0 (lora_target_modules picks the layers)",
+        )
         need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
         need(self.ddp_comm_hook in DDP_COMM_HOOKS, "ddp_comm_hook", f"must be one of {', '.join(DDP_COMM_HOOKS)}")
         need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
@@ -261,6 +270,7 @@ class ModelConfig:
     attention_dropout: float | None
     fast_dropout: bool
     freeze_word_embeddings: bool
+    freeze_layers: int
     torch_compile: bool
     pad_to_multiple_of: int | None
     use_peft: bool

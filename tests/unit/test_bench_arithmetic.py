@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -161,6 +163,33 @@ def test_train_flops_of_a_mostly_frozen_model_match_a_flop_counter():
     assert 0.97 * counted <= predicted <= 1.08 * counted, (predicted, counted)
 
 
+def test_train_flops_with_frozen_bottom_layers_match_a_flop_counter():
+    """freeze_layers: the backward pass never reaches the frozen bottom, so its layers cost their forward alone
+    (2 FLOPs per parameter and token, attention 4 T^2 d), not the 4 of a frozen weight the gradient flows through."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from distrinews.model import freeze_layers
+
+    model = _bert().train()
+    freeze_layers(model, 3)
+    T = 48
+    ids = torch.randint(5, 1000, (1, T))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([1])).loss.backward()
+    counted = counter.get_total_flops()
+    shape = flops.ModelShape.of(model)
+    assert (shape.forward_only_layers, shape.frozen_matmul_params) == (3, 0)
+    layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
+    assert shape.forward_only_matmul_params == 3 * layer + sum(p.numel() for p in model.bert.embeddings.LayerNorm.parameters())
+    predicted = shape.train_flops(T, T * T)
+    # a few % high, as for the whole model (the pooler), plus the lowest trained layer's query/key/value
+    # projections, whose input needs no gradient either: 2 FLOPs a parameter and token more than they cost
+    assert 0.97 * counted <= predicted <= 1.10 * counted, (predicted, counted)
+    unfrozen = flops.ModelShape.of(_bert())
+    assert (unfrozen.forward_only_layers, unfrozen.forward_only_matmul_params) == (0, 0)
+
+
 def test_mfu_and_peaks():
     assert flops.mfu(model_flops=5e12, seconds=10.0, peak_flops_per_process=1e12, world_size=2) == pytest.approx(0.25)
     assert flops.mfu(1.0, 0.0, 1e12, 1) == 0.0
@@ -197,6 +226,65 @@ def test_compare_throughput_arithmetic():
     assert ct.ratio(66.0, 60.0) == pytest.approx(1.1)
     with pytest.raises(ValueError):
         ct.steady_samples_per_s({5: 1.0, 6: 2.0}, 32, 10)
+
+
+def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trainer(monkeypatch, tmp_path):
+    """``--ours-options`` given twice: two runs of ours with their own overrides, each with its ratio to Trainer."""
+    calls = []
+
+    def ours(a, tmp, env, options="", key="ours"):
+        calls.append((key, compare.ours_settings(a, options)[-2:]))
+        return {
+            "name": f"distrinews train {options}".strip(),
+            "steady_samples_per_s": {"ours": 60.0, "ours2": 75.0}[key],
+            "loop_samples_per_s": 1.0,
+            "steps": 100,
+            "test_accuracy": 0.9,
+            "test_macro_f1": 0.9,
+            "train_loss": 0.3,
+        }
+
+    def script(name, *args):
+        return {
+            "name": name,
+            "steady_samples_per_s": 50.0,
+            "loop_samples_per_s": 1.0,
+            "steps": 100,
+            "test_accuracy": 0.9,
+            "test_macro_f1": 0.9,
+            "train_loss": 0.3,
+        }
+
+    monkeypatch.setattr(compare, "run_ours", ours)
+    monkeypatch.setattr(compare, "run_script", script)
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    a = parser.parse_args(
+        [
+            "--what",
+            "compare",
+            "--runs",
+            "ours,trainer",
+            "--ours-options",
+            "--freeze_layers 0",
+            "--ours-options",
+            "--freeze_layers 1",
+            "--output-dir",
+            str(tmp_path),
+            "--name",
+            "c",
+        ]
+    )
+    monkeypatch.setattr("sys.argv", ["distrinews", "bench", "compare"])
+    assert compare.run(a, []) == 0
+    assert calls == [("ours", ["--freeze_layers", "0"]), ("ours2", ["--freeze_layers", "1"])]
+    report = json.loads((tmp_path / "c.json").read_text())
+    rows = {r["key"]: r for r in report["compare"]["rows"]}
+    assert list(rows) == ["ours", "ours2", "trainer"]
+    assert [rows[k]["over_trainer"] for k in rows] == [pytest.approx(1.2), pytest.approx(1.5), pytest.approx(1.0)]
+    assert rows["trainer"]["ours_over_this"] == pytest.approx(1.2)  # the first run of ours is "distrinews / this"
+    md = (tmp_path / "c.md").read_text()
+    assert "| distrinews train --freeze_layers 1 | 100 | 75.0 | 1.0 | 0.80x | 1.50x | 90.00% |" in md, md
 
 
 def test_cuda_peak_comes_from_the_table_by_device_name(monkeypatch):

@@ -206,3 +206,39 @@ def test_layerwise_lr_decay_gives_each_layer_its_rate_and_one_rate_keeps_the_two
 
     plain = build_optimizer(model, TrainConfig(learning_rate=1e-3).optimizer, torch.device("cpu"))
     assert [(g["lr"], g["weight_decay"]) for g in plain.param_groups] == [(1e-3, 0.01), (1e-3, 0.0)]
+
+
+def test_freeze_layers_trains_only_above_the_bottom_layers_and_the_backward_pass_stops_there():
+    from distrinews.model import build_model, freeze_layers
+
+    model = build_model("tiny-random", labels=list(AG_NEWS_LABELS), dropout=0.0, seed=0)
+    frozen = freeze_layers(model, 1)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("bert.encoder.layer.1.", "bert.pooler.", "classifier.")) for n in trained)
+    assert frozen == sum(p.numel() for p in model.parameters()) - sum(p.numel() for n, p in model.named_parameters() if n in trained)
+    graph = []  # whether each layer's output is in autograd's graph
+    for layer in model.bert.encoder.layer:
+        layer.register_forward_hook(lambda module, args, out: graph.append((out[0] if isinstance(out, tuple) else out).requires_grad))
+    ids = torch.randint(5, 1000, (2, 12))
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss.backward()
+    assert graph == [False, True], "the frozen bottom runs outside the backward graph"
+    assert all(p.grad is None for p in model.bert.encoder.layer[0].parameters())
+    with pytest.raises(ConfigError, match=r"config field 'freeze_layers': the model has 2 encoder layers, so 0-1 can be frozen \(got 2\)"):
+        freeze_layers(build_model("tiny-random", labels=list(AG_NEWS_LABELS), dropout=0.0, seed=0), 2)
+    with pytest.raises(ConfigError, match="config field 'freeze_layers': must be >= 0"):
+        TrainConfig(freeze_layers=-1)
+    with pytest.raises(ConfigError, match="config field 'freeze_layers': LoRA already freezes the base model"):
+        TrainConfig(freeze_layers=1, use_peft=True)
+
+
+def test_the_fsdp_banner_gathers_every_parameter_and_reduces_only_the_trained_ones():
+    """Frozen weights are sharded and all-gathered like the others, but have no gradient to reduce-scatter."""
+    from distrinews.distributed.parallel import ShardedModel
+    from distrinews.model import build_model, freeze_word_embeddings
+
+    model = build_model("tiny-random", labels=list(AG_NEWS_LABELS), dropout=0.0, seed=0)
+    every = sum(p.numel() * 4 for p in model.parameters())
+    frozen = freeze_word_embeddings(model) * 4
+    words = ShardedModel(model, model, "fsdp", DistEnv(0, 0, 2, 2, torch.device("cpu"), "gloo")).communication()
+    assert f"all-gather of {every / 2**20:.1f} MiB of parameters" in words, words
+    assert f"reduce-scatter of {(every - frozen) / 2**10:.1f} KiB of gradients" in words, words

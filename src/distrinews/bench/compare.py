@@ -64,15 +64,15 @@ def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, tim
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
 
 
-def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    run_dir = tmp / "ours"
+def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str], options: str = "", key: str = "ours") -> dict[str, Any]:
+    run_dir = tmp / key
     _torchrun(
         a.nproc,
         [
             "-m",
             "distrinews",
             "train",
-            *ours_settings(a),
+            *ours_settings(a, options),
             "--model_name_or_path",
             a.model,
             "--train_samples",
@@ -96,19 +96,19 @@ def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str,
             "--output-dir",
             str(run_dir),
             "--result-json",
-            str(tmp / "ours.json"),
+            str(tmp / f"{key}.json"),
         ],
         env,
-        tmp / "ours.log",
+        tmp / f"{key}.log",
         a.timeout,
     )
     records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     times = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
     epoch = next(r for r in records if r["kind"] == "epoch")
-    result = json.loads((tmp / "ours.json").read_text())
+    result = json.loads((tmp / f"{key}.json").read_text())
     gb = a.batch_size * a.nproc
     return {
-        "name": "distrinews train",
+        "name": f"distrinews train {options}".strip(),
         "steps": result["global_step"],
         "global_batch": gb,
         "steady_samples_per_s": steady_samples_per_s(times, gb, a.warmup_step),
@@ -168,13 +168,17 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
+        # each --ours-options is one run of ours, side by side with the baselines; the first is "ours"
         jobs = [
-            ("ours", lambda: run_ours(a, tmp, env)),
+            (f"ours{i + 1 if i else ''}", lambda options=options, i=i: run_ours(a, tmp, env, options, f"ours{i + 1 if i else ''}"))
+            for i, options in enumerate(a.ours_options)
+        ]
+        jobs += [
             ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"])),
             ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, [])),
         ]
         for key, job in jobs:
-            if key not in a.runs:
+            if key.rstrip("0123456789") not in a.runs:
                 continue
             print(f"[compare] {key} ...", flush=True)
             started = time.time()
@@ -187,15 +191,16 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
             )
             rows.append(row)
     ours = next((r for r in rows if r["key"] == "ours"), None)
+    trainer = next((r for r in rows if r["key"] == "trainer"), None)
     for r in rows:
         r["ours_over_this"] = ratio(ours["steady_samples_per_s"], r["steady_samples_per_s"]) if ours else None
+        r["over_trainer"] = ratio(r["steady_samples_per_s"], trainer["steady_samples_per_s"]) if trainer else None
     return {"rows": rows}
 
 
 # ---------------------------------------------------------------------- ablation
 # The knobs that are off in the reference loop's settings, and on, one by one, in ours.
 _REFERENCE = {"bf16": "false", "group_by_length": "false", "fast_dropout": "false"}
-_SPEED = ("fast_dropout", "attention_dropout", "freeze_word_embeddings", "torch_compile")
 
 ABLATION_STEPS = [
     # (label, scaling-worker flags, config overrides): cumulative, from the reference loop's settings to ours
@@ -225,6 +230,18 @@ ABLATION_STEPS = [
         {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true", "attention_dropout": "0", "freeze_word_embeddings": "true"},
     ),
     (
+        "+ the bottom encoder layer frozen (forward only)",
+        ["--optimizer", "fused"],
+        {
+            "group_by_length": "true",
+            "bf16": "auto",
+            "fast_dropout": "true",
+            "attention_dropout": "0",
+            "freeze_word_embeddings": "true",
+            "freeze_layers": "1",
+        },
+    ),
+    (
         "+ torch.compile (pad to a multiple of 16)",
         ["--optimizer", "fused"],
         {
@@ -233,6 +250,7 @@ ABLATION_STEPS = [
             "fast_dropout": "true",
             "attention_dropout": "0",
             "freeze_word_embeddings": "true",
+            "freeze_layers": "1",
             "torch_compile": "true",
             "pad_to_multiple_of": "16",
         },
@@ -251,7 +269,7 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
         args.cores_per_worker = threads_per_process(a.nproc)
         args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
         extra = [
-            *ours_settings(a),
+            *ours_settings(a, a.ours_options[0]),
             *[token for key, value in overrides.items() for token in (f"--{key}", value)],
             "--model_name_or_path",
             a.model,
@@ -298,14 +316,15 @@ def markdown(report: dict[str, Any]) -> str:
             + ", the same exact evaluator for all three. Steady samples/s from the end of step "
             f"{s['warmup_step']} to the last step.",
             "",
-            "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | test accuracy | macro-F1 | train loss |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | this / Trainer | test accuracy "
+            "| macro-F1 | train loss |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in report["compare"]["rows"]:
+            cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
             lines.append(
                 f"| {r['name']} | {r['steps']} | {r['steady_samples_per_s']:.1f} | {r['loop_samples_per_s']:.1f} | "
-                f"{r['ours_over_this']:.2f}x | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | "
-                f"{r['train_loss']:.4f} |"
+                f"{' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | {r['train_loss']:.4f} |"
             )
         lines.append("")
     if "ablation" in report:
@@ -326,6 +345,10 @@ def markdown(report: dict[str, Any]) -> str:
             )
         lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
     return "\n".join(lines)
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -361,7 +384,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def ours_settings(a: argparse.Namespace) -> list[str]:
+def ours_settings(a: argparse.Namespace, options: str) -> list[str]:
     """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
     return [
         "--learning_rate",
@@ -378,7 +401,7 @@ def ours_settings(a: argparse.Namespace) -> list[str]:
         "true",
         "--seed",
         str(a.seed),
-        *a.ours_options.split(),
+        *options.split(),
     ]
 
 
@@ -389,7 +412,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what", default="compare,ablation", help="compare, ablation, or both (comma-separated)")
     p.add_argument("--runs", default="ours,trainer,reference", help="which of ours,trainer,reference to compare")
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--ours-options", default="", help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'")
+    p.add_argument(
+        "--ours-options",
+        action="append",
+        help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'; give it again for another run of ours "
+        "with other overrides, side by side (the first is the one the ablation and 'distrinews / this' use)",
+    )
     p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
     p.add_argument("--ablation-steps", type=int, default=50)
     p.add_argument("--timeout", type=float, default=3600.0)
@@ -403,6 +431,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"bench compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
+    a.ours_options = a.ours_options or [""]
     if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
         from ..distributed.machine import bf16_is_fast
 

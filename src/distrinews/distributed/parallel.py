@@ -125,10 +125,11 @@ class ShardedModel(ParallelModel):
         return self.trainable_bytes()
 
     def communication(self) -> str:
-        size = _size(self.trainable_bytes())
+        # every parameter is sharded and gathered for the forward; only trained ones have gradients to reduce-scatter
+        gathered = sum(p.numel() * p.element_size() for p in self.raw.parameters())
         return (
-            f"all-gather of {size} of parameters (forward, and again in backward) and reduce-scatter of "
-            f"{size} of gradients; each rank keeps 1/{self.env.world_size}"
+            f"all-gather of {_size(gathered)} of parameters (forward, and again in backward where gradients flow) and "
+            f"reduce-scatter of {_size(self.trainable_bytes())} of gradients; each rank keeps 1/{self.env.world_size}"
         )
 
 

@@ -5,7 +5,6 @@ the optimizer and its schedule. Each takes its own slice of the config (``config
 from __future__ import annotations
 
 import math
-import re
 import resource
 import time
 from collections.abc import Iterable, Iterator
@@ -20,7 +19,7 @@ from ..data.rows import RawSplit
 from ..data.splits import stratified_sample
 from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.process_group import DistEnv, all_reduce_max, main_process_first
-from ..model import add_lora, build_model, build_tokenizer, freeze_word_embeddings
+from ..model import add_lora, build_model, build_tokenizer, freeze_layers, freeze_word_embeddings, layer_depth, num_layers
 from .dropout import use_fast_dropout
 
 
@@ -93,12 +92,15 @@ class _Pause:
 
 
 def build_train_model(config: ModelConfig, device: torch.device, labels: list[str]) -> torch.nn.Module:
-    """The classifier as it trains, one output per label: dropout overrides, frozen embeddings, fast dropout on CPU, LoRA; on ``device``."""
+    """The classifier as it trains, one output per label: dropout overrides, frozen embeddings and bottom layers,
+    fast dropout on CPU, LoRA; on ``device``."""
     model = build_model(
         config.model_name_or_path, labels=labels, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout
     )
     if config.freeze_word_embeddings:
         freeze_word_embeddings(model)
+    if config.freeze_layers:
+        freeze_layers(model, config.freeze_layers)
     if config.fast_dropout and device.type == "cpu":
         use_fast_dropout(model)
     if config.use_peft:
@@ -139,28 +141,16 @@ def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.devi
     return weights.float().to(device)
 
 
-_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-
-
-def layer_depth(name: str, num_layers: int) -> int:
-    """How far below the top a parameter sits: 0 for the head (classifier, pooler), 1 for the last encoder
-    layer, ``num_layers`` for the first, ``num_layers + 1`` for the embeddings."""
-    if match := _LAYER.search(name):
-        return num_layers - int(match.group(1))
-    return num_layers + 1 if "embeddings" in name else 0
-
-
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW; no weight decay on biases and LayerNorm weights; one fused kernel for the whole update.
 
     With ``layerwise_lr_decay`` d < 1, a parameter ``k`` layers below the head learns at ``learning_rate x d**k``
     (ELECTRA's layer-wise decay): the pretrained lower layers move less than the new head."""
-    cfg = getattr(model, "config", None)
-    num_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or 0
+    layers = num_layers(model)
     groups: dict[tuple[int, bool], list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            depth = layer_depth(name, num_layers) if config.layerwise_lr_decay != 1.0 else 0
+            depth = layer_depth(name, layers) if config.layerwise_lr_decay != 1.0 else 0
             decays = not (p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name)
             groups.setdefault((depth, decays), []).append(p)
     if config.layerwise_lr_decay == 1.0:  # always the two groups [decay, no decay] (what checkpoints hold)

@@ -8,7 +8,8 @@ Kaplan et al. 2020, section 2.1):
 - ``N`` = parameters that take part in matrix multiplies (everything but the embedding tables,
   whose lookups cost no FLOPs); 2 FLOPs per parameter per token forward, 4 backward: 2 for the
   gradient of the input, 2 for the gradient of the weight. A frozen weight (LoRA's base model,
-  ``freeze_word_embeddings``) has no weight gradient, so ``N_frozen`` parameters cost 4, not 6.
+  ``freeze_word_embeddings``) has no weight gradient, so ``N_frozen`` parameters cost 4, not 6; a layer
+  below every trained weight (``freeze_layers``) runs forward alone: its parameters cost 2 and its attention 4.
 - The second term is attention: per layer and sequence, Q @ K^T and softmax(.) @ V are each
   ``2 * T * T * d`` forward; times 3 for forward + backward. Bidirectional encoder: no causal halving.
 - Only real tokens count. Padding is work the device does but the model does not need, so a loop
@@ -31,6 +32,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from ..model import layer_depth, num_layers
 
 PEAK_ENV = "DISTRINEWS_PEAK_TFLOPS"
 
@@ -119,27 +122,43 @@ class ModelShape:
     matmul_params: int  # N: parameters outside the embedding tables
     num_layers: int  # L
     hidden_size: int  # d
-    frozen_matmul_params: int = 0  # of N, those without a gradient (no weight-gradient matmul)
+    frozen_matmul_params: int = 0  # of N, those without a weight gradient under a trained weight (cost 4)
+    forward_only_matmul_params: int = 0  # of N, those below every trained weight (``freeze_layers``): forward alone, 2
+    forward_only_layers: int = 0  # of L, the bottom layers whose attention runs forward alone
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ModelShape":
         model = getattr(model, "module", model)
+        layers = num_layers(model)
         embedding_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-        matmul = [p for p in model.parameters() if id(p) not in embedding_ids]
-        n = sum(p.numel() for p in matmul)
-        frozen = sum(p.numel() for p in matmul if not p.requires_grad)
-        cfg = model.config
-        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or cfg.num_layers
-        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or cfg.d_model
-        return cls(n, int(layers), int(hidden), frozen)
+        named = list(model.named_parameters())
+        bottom = forward_only_layers(named, layers)
+        matmul = [(bottom > 0 and layer_depth(name, layers) > layers - bottom, p) for name, p in named if id(p) not in embedding_ids]
+        n = sum(p.numel() for _, p in matmul)
+        forward_only = sum(p.numel() for below, p in matmul if below)
+        frozen = sum(p.numel() for below, p in matmul if not below and not p.requires_grad)
+        hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "dim", None) or model.config.d_model
+        return cls(n, layers, int(hidden), frozen, forward_only, bottom)
 
     def train_flops(self, tokens: float, sum_squared_lengths: float) -> float:
         """Model FLOPs of forward + backward over rows with ``sum(len) = tokens``."""
-        weights = 6.0 * self.matmul_params - 2.0 * self.frozen_matmul_params
-        return weights * tokens + 12.0 * self.num_layers * self.hidden_size * sum_squared_lengths
+        weights = 6.0 * self.matmul_params - 2.0 * self.frozen_matmul_params - 4.0 * self.forward_only_matmul_params
+        attention = 12.0 * self.num_layers - 8.0 * self.forward_only_layers
+        return weights * tokens + attention * self.hidden_size * sum_squared_lengths
 
     def forward_flops(self, tokens: float, sum_squared_lengths: float) -> float:
         return 2.0 * self.matmul_params * tokens + 4.0 * self.num_layers * self.hidden_size * sum_squared_lengths
+
+
+def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int) -> int:
+    """How many bottom encoder layers the backward pass never reaches: every embedding parameter and every
+    parameter of those layers is frozen (``freeze_layers``), so nothing below the first trained layer needs a gradient."""
+    if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
+        return 0
+    bottom = 0
+    while bottom < layers and not any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers - bottom):
+        bottom += 1
+    return bottom
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world_size: int) -> float:

@@ -61,6 +61,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Model:                {config.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
         f"Trainable:            {facts.trainable:,} parameters ({100 * facts.trainable / facts.parameters:.2f}%)"
         + (" with LoRA" if config.use_peft else ""),
+        *frozen_lines(config),
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
         f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
@@ -71,6 +72,14 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
     if resumed_from is not None:
         lines.append(f"Resumed from:         {resumed_from} (step {step})")
     return [*lines, RULE]
+
+
+def frozen_lines(config: TrainConfig) -> list[str]:
+    """The bottom of the model that runs forward only, where ``freeze_layers`` asks for it."""
+    if not config.freeze_layers:
+        return []
+    layers = f"{config.freeze_layers} encoder layer{'s' if config.freeze_layers > 1 else ''}"
+    return [f"Frozen:               the embeddings and the bottom {layers} (forward only)"]
 
 
 def tuning_lines(config: TrainConfig) -> list[str]:
