@@ -275,7 +275,7 @@ def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trai
             "c",
         ]
     )
-    monkeypatch.setattr("sys.argv", ["distrinews", "bench", "compare"])
+    monkeypatch.setattr("sys.argv", ["distrinews", "bench", "compare", "--ours-options", "--freeze_layers 1"])
     assert compare.run(a, []) == 0
     assert calls == [("ours", ["--freeze_layers", "0"]), ("ours2", ["--freeze_layers", "1"])]
     report = json.loads((tmp_path / "c.json").read_text())
@@ -283,6 +283,7 @@ def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trai
     assert list(rows) == ["ours", "ours2", "trainer"]
     assert [rows[k]["over_trainer"] for k in rows] == [pytest.approx(1.2), pytest.approx(1.5), pytest.approx(1.0)]
     assert rows["trainer"]["ours_over_this"] == pytest.approx(1.2)  # the first run of ours is "distrinews / this"
+    assert report["command"] == "distrinews bench compare --ours-options '--freeze_layers 1'"  # quoted: it runs again as written
     md = (tmp_path / "c.md").read_text()
     assert "| distrinews train --freeze_layers 1 | 100 | 75.0 | 1.0 | 0.80x | 1.50x | 90.00% |" in md, md
 

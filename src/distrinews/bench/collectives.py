@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -403,7 +404,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench collectives: {exc}") from None
     if args.command_line is None:
-        args.command_line = "distrinews " + " ".join(sys.argv[1:])
+        args.command_line = "distrinews " + shlex.join(sys.argv[1:])
     if under_torchrun():  # launched as `distrinews bench collectives --nproc-per-node N`, or our own workers
         report = run_worker(args)
         if report is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -438,7 +439,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         a.bf16 = bf16_is_fast("cpu")
     what = {w.strip() for w in a.what.split(",")}
     report: dict[str, Any] = {
-        "command": "distrinews " + " ".join(sys.argv[1:]),
+        "command": "distrinews " + shlex.join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
         "settings": {

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     points = [median_run(runs[spec]) for spec in specs]
     rows = summarize(points)
     report = {
-        "command": "distrinews " + " ".join(sys.argv[1:]),
+        "command": "distrinews " + shlex.join(sys.argv[1:]),
         "mode": args.mode,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
