@@ -145,3 +145,26 @@ def test_training_continues_from_a_sharded_checkpoint_at_another_world_size(runs
     assert "(step 3)" in out and "written with 2 processes, resuming with 3" in out
     state = (tmp_path / "run" / "checkpoints" / "step-6" / "trainer_state.json").read_text()
     assert '"global_step": 6' in state and '"world_size": 3' in state
+
+
+def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli):
+    """``--freeze_layers 1`` sharded: the embeddings and layer 0 are gathered for the forward but never get a gradient
+    (best/ holds them as they were built), every trained tensor moves, and the banner counts both."""
+    from distrinews.data.rows import AG_NEWS_LABELS
+    from distrinews.model import build_model
+
+    run = tmp_path / "frozen"
+    out = cli(
+        "train", *RUN, "--max_steps", "2", "--save_steps", "0", "--strategy", "fsdp", "--freeze_layers", "1",
+        "--output-dir", str(run), nproc=2,
+    ).stdout  # fmt: skip
+    assert "Frozen:               the embeddings and the bottom 1 encoder layer (forward only)" in out
+    start = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=42).state_dict()
+    best = load_file(str(run / "best" / "model.safetensors"))
+    frozen = [k for k in best if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))]
+    trained = [k for k in best if k.startswith(("bert.encoder.layer.1.", "bert.pooler.", "classifier."))]
+    assert frozen and trained and len(frozen) + len(trained) == len(best)
+    assert all(torch.equal(best[k], start[k]) for k in frozen)
+    assert all(not torch.equal(best[k], start[k]) for k in trained), "every trained tensor moves"
+    every, kept = (sum(t.numel() * 4 for k, t in best.items() if k in names) for names in (best, trained))
+    assert f"all-gather of {every / 2**20:.1f} MiB of parameters" in out and f"reduce-scatter of {kept / 2**10:.1f} KiB" in out
