@@ -92,6 +92,12 @@ class TrainConfig:
     # a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32.
     bf16: bool | None = None
     fp16: bool = False
+    # with bf16: the hidden states stay bf16 from layer to layer (LayerNorm, GELU, dropout and the residual adds
+    # read bf16) instead of autocast's return to fp32 at every residual add; the weights stay fp32
+    bf16_hidden_states: bool = True
+    # with bf16: attention runs in fp32 while the rest computes in bf16. auto (null) = where the bf16 attention
+    # kernel is slow: a CPU without AMX, whose bf16 flash-attention backward is ~4x slower than fp32's
+    fp32_attention: bool | None = None
     seed: int = 42
 
     # LoRA through peft (TRL's field names): low-rank adapters on the attention projections; the classifier
@@ -335,10 +341,13 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """The mixed-precision policy (``train.precision.Precision``): bf16 true, false or auto (None); fp16."""
+    """The mixed-precision policy (``train.precision.Precision``): bf16 true, false or auto (None); fp16; what runs
+    in which dtype under bf16."""
 
     bf16: bool | None
     fp16: bool
+    bf16_hidden_states: bool
+    fp32_attention: bool | None
 
 
 @dataclass(frozen=True)

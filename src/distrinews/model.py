@@ -155,6 +155,67 @@ def freeze_layers(model: torch.nn.Module, n: int) -> int:
     return frozen
 
 
+FP32_ATTENTION = "sdpa_fp32"  # the name our attention function is registered under in transformers' AttentionInterface
+
+
+def _sdpa_in_fp32(module, query, key, value, attention_mask, dropout: float = 0.0, **kwargs):
+    """transformers' SDPA attention, run on fp32 copies of half-precision queries, keys and values (outside
+    autocast, which would cast them back); the output returns in their dtype. With dropout the kernel is
+    SDPA's math path either way, so the half-precision one runs as it is."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.dtype == torch.float32 or dropout > 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, **kwargs)
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask.float()  # an additive mask must match the queries' dtype
+    with torch.autocast(query.device.type, enabled=False):
+        output, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, dropout=dropout, **kwargs
+        )
+    return output.to(query.dtype), weights
+
+
+def _transformers_model(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
+
+
+def use_fp32_attention(model: torch.nn.Module) -> bool:
+    """Run the model's scaled-dot-product attention in fp32 while the rest computes in bf16 (``_sdpa_in_fp32``).
+    False, and nothing changed, for a model that does not attend through transformers' SDPA function.
+    The choice lives in the model's runtime config only: ``save_pretrained`` does not write it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    inner = _transformers_model(model)
+    if getattr(inner.config, "_attn_implementation", None) not in ("sdpa", FP32_ATTENTION):
+        return False
+    AttentionInterface.register(FP32_ATTENTION, _sdpa_in_fp32)
+    # the padding mask in SDPA's form: transformers builds no mask at all for a name it has no mask function for
+    AttentionMaskInterface.register(FP32_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    inner.set_attn_implementation(FP32_ATTENTION)
+    return True
+
+
+def _in_autocast_dtype(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor | None:
+    device = output.device.type
+    if torch.is_autocast_enabled(device) and output.is_floating_point():
+        return output.to(torch.get_autocast_dtype(device))
+    return None  # outside autocast: unchanged
+
+
+def keep_hidden_states_in_autocast_dtype(model: torch.nn.Module) -> bool:
+    """Under autocast, cast the embeddings' output to the autocast dtype, so the hidden states stay in it from
+    layer to layer. Autocast alone returns them to fp32 at every residual add (a half-precision projection plus
+    an fp32 input), so each layer's LayerNorm, GELU and dropout read fp32 and each projection casts its input
+    again. The weights stay fp32 and the matmuls are the ones autocast runs anyway. False for a model without
+    an ``embeddings`` module."""
+    embeddings = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "embeddings"), None)
+    if embeddings is None:
+        return False
+    embeddings.register_forward_hook(_in_autocast_dtype)
+    return True
+
+
 def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str | None) -> torch.nn.Module:
     """Low-rank adapters (peft) on ``target_modules``; everything else frozen but the classifier head."""
     try:

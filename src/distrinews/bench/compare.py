@@ -201,62 +201,44 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- ablation
 # The knobs that are off in the reference loop's settings, and on, one by one, in ours.
-_REFERENCE = {"bf16": "false", "group_by_length": "false", "fast_dropout": "false"}
-
-ABLATION_STEPS = [
-    # (label, scaling-worker flags, config overrides): cumulative, from the reference loop's settings to ours
+_REFERENCE = {
+    "bf16": "false",
+    "bf16_hidden_states": "false",
+    "group_by_length": "false",
+    "fast_dropout": "false",
+    "fp32_attention": "false",
+}
+_LEVERS = [
+    # (label, scaling-worker flags, config overrides added to the previous step's): from the reference loop's settings to ours
     (
         "reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
         ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"],
-        {**_REFERENCE},
+        _REFERENCE,
     ),
-    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], {**_REFERENCE}),
-    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], {**_REFERENCE, "group_by_length": "true"}),
-    (
-        "+ bf16 autocast where the CPU computes it (auto)",
-        ["--optimizer", "for-loop", "--host-sync"],
-        {**_REFERENCE, "group_by_length": "true", "bf16": "auto"},
-    ),
-    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], {**_REFERENCE, "group_by_length": "true", "bf16": "auto"}),
-    ("+ no per-step host reads", ["--optimizer", "fused"], {**_REFERENCE, "group_by_length": "true", "bf16": "auto"}),
-    ("+ fast CPU dropout", ["--optimizer", "fused"], {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true"}),
-    (
-        "+ attention dropout 0 (fused attention kernel)",
-        ["--optimizer", "fused"],
-        {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true", "attention_dropout": "0"},
-    ),
-    (
-        "+ frozen word embeddings",
-        ["--optimizer", "fused"],
-        {"group_by_length": "true", "bf16": "auto", "fast_dropout": "true", "attention_dropout": "0", "freeze_word_embeddings": "true"},
-    ),
-    (
-        "+ the bottom encoder layer frozen (forward only)",
-        ["--optimizer", "fused"],
-        {
-            "group_by_length": "true",
-            "bf16": "auto",
-            "fast_dropout": "true",
-            "attention_dropout": "0",
-            "freeze_word_embeddings": "true",
-            "freeze_layers": "1",
-        },
-    ),
-    (
-        "+ torch.compile (pad to a multiple of 16)",
-        ["--optimizer", "fused"],
-        {
-            "group_by_length": "true",
-            "bf16": "auto",
-            "fast_dropout": "true",
-            "attention_dropout": "0",
-            "freeze_word_embeddings": "true",
-            "freeze_layers": "1",
-            "torch_compile": "true",
-            "pad_to_multiple_of": "16",
-        },
-    ),
+    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], {}),
+    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], {"group_by_length": "true"}),
+    ("+ bf16 autocast where the CPU computes it (auto)", ["--optimizer", "for-loop", "--host-sync"], {"bf16": "auto"}),
+    ("+ hidden states kept in bf16 between layers (with bf16)", ["--optimizer", "for-loop", "--host-sync"], {"bf16_hidden_states": "true"}),
+    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], {}),
+    ("+ no per-step host reads", ["--optimizer", "fused"], {}),
+    ("+ fast CPU dropout", ["--optimizer", "fused"], {"fast_dropout": "true"}),
+    ("+ attention dropout 0 (fused attention kernel)", ["--optimizer", "fused"], {"attention_dropout": "0"}),
+    ("+ attention in fp32 where bf16's kernel is slow (auto: a CPU without AMX)", ["--optimizer", "fused"], {"fp32_attention": "auto"}),
+    ("+ frozen word embeddings", ["--optimizer", "fused"], {"freeze_word_embeddings": "true"}),
+    ("+ the bottom encoder layer frozen (forward only)", ["--optimizer", "fused"], {"freeze_layers": "1"}),
+    ("+ torch.compile (pad to a multiple of 16)", ["--optimizer", "fused"], {"torch_compile": "true", "pad_to_multiple_of": "16"}),
 ]
+
+
+def _cumulative(levers: list[tuple[str, list[str], dict[str, str]]]) -> list[tuple[str, list[str], dict[str, str]]]:
+    steps, overrides = [], {}
+    for label, flags, added in levers:
+        overrides = {**overrides, **added}
+        steps.append((label, flags, overrides))
+    return steps
+
+
+ABLATION_STEPS = _cumulative(_LEVERS)
 
 
 def ablation(a: argparse.Namespace) -> dict[str, Any]:

@@ -75,3 +75,19 @@ def bf16_is_fast(device: Any) -> bool:
         return False
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(check() for check in checks if check is not None)
+
+
+def bf16_attention_is_fast(device: Any) -> bool:
+    """Whether torch's fused bf16 attention kernel is fast on ``device``: what ``fp32_attention: auto`` decides by.
+
+    On a CPU, torch's flash-attention kernel packs bf16 blocks for AMX tiles; without AMX its bf16 backward
+    pass is about 4x slower than the same kernel in fp32 (an AMD EPYC with AVX512-BF16, MiniLM's 12 heads of
+    32 at 48 tokens: 43.6 ms against 11.4 ms forward and backward, benchmarks/README.md section 21).
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return device.type == "cpu" and check is not None and bool(check())

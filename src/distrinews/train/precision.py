@@ -1,39 +1,62 @@
 """Mixed-precision policy: which autocast dtype the forward pass runs in, and whether a GradScaler guards it.
 
 - ``bf16``: autocast to bfloat16 on CPU or GPU. bf16 keeps fp32's exponent range, so no loss scaling.
+  Two choices refine it, each measured on a 2-core EPYC with AVX512-BF16 (benchmarks/README.md, section 21):
+  the hidden states stay bf16 between layers (``bf16_hidden_states``), and attention runs in fp32 where the
+  bf16 attention kernel is the slower one (``fp32_attention``, auto: a CPU without AMX).
 - ``fp16``: autocast to float16 with a ``GradScaler`` (fp16 gradients underflow without it); CUDA only.
 - neither: fp32.
 
-The master weights and the optimizer stay fp32 in every case; only the matmuls drop precision.
+The master weights and the optimizer stay fp32 in every case; only the computation drops precision.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ..config import ConfigError, PrecisionConfig
-from ..distributed.machine import bf16_is_fast
+from ..distributed.machine import bf16_attention_is_fast, bf16_is_fast
+from ..model import keep_hidden_states_in_autocast_dtype, use_fp32_attention
 
 
 @dataclass(frozen=True)
 class Precision:
     device_type: str
     dtype: torch.dtype | None  # the autocast dtype; None = fp32 throughout
+    bf16_hidden_states: bool = False  # hidden states stay bf16 between layers
+    fp32_attention: bool = False  # attention computes in fp32 inside bf16
 
     @classmethod
     def from_config(cls, config: PrecisionConfig, device: torch.device) -> Precision:
         if config.fp16:
             return cls(device.type, torch.float16)
         bf16 = bf16_is_fast(device) if config.bf16 is None else config.bf16
-        return cls(device.type, torch.bfloat16 if bf16 else None)
+        if not bf16:
+            return cls(device.type, None)
+        fp32_attention = not bf16_attention_is_fast(device) if config.fp32_attention is None else config.fp32_attention
+        return cls(device.type, torch.bfloat16, config.bf16_hidden_states, fp32_attention)
+
+    def prepare(self, model: torch.nn.Module) -> Precision:
+        """Set ``model`` up for this policy (before it is wrapped for its strategy); the policy as it applies to
+        this model (a model without transformers' SDPA attention or an ``embeddings`` module keeps its own)."""
+        return dataclasses.replace(
+            self,
+            bf16_hidden_states=self.bf16_hidden_states and keep_hidden_states_in_autocast_dtype(model),
+            fp32_attention=self.fp32_attention and use_fp32_attention(model),
+        )
 
     @property
     def name(self) -> str:
         if self.dtype is torch.bfloat16:
-            return "bf16 autocast"
+            refinements = [
+                *(["hidden states bf16"] if self.bf16_hidden_states else []),
+                *(["attention fp32"] if self.fp32_attention else []),
+            ]
+            return "bf16 autocast" + (f" ({', '.join(refinements)})" if refinements else "")
         if self.dtype is torch.float16:
             return "fp16 autocast + GradScaler"
         return "fp32"

@@ -99,8 +99,8 @@ class Trainer:
         self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, batches.seed, batches.group_by_length)
         self.plan = StepPlan.of(batches, len(self.sampler))
 
-        self.precision = Precision.from_config(config.precision, env.device)
         model = build_train_model(config.model, env.device, self.data.label_names)
+        self.precision = Precision.from_config(config.precision, env.device).prepare(model)
         self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype)
         if config.torch_compile:  # what forward and backward run through; checkpoints read the raw model
             self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
