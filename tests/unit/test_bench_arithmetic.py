@@ -370,3 +370,54 @@ def test_the_step_profile_puts_each_operator_in_its_group():
     assert group_of("aten::_fused_adamw_") == "optimizer (AdamW)"
     assert group_of("aten::add_") == "elementwise (add, mul, div, fill, sum)"
     assert group_of("autograd::engine::something") == "other (framework, autograd bookkeeping)"
+
+
+def test_bench_precision_reports_each_variants_median_turn_against_the_first():
+    from distrinews.bench.precision import medians
+
+    rows = medians({"fp32": [300.0, 100.0, 200.0], "bf16": [50.0, 100.0, 400.0]})
+    assert [(r["variant"], r["step_ms"], r["min_ms"], r["max_ms"]) for r in rows] == [("fp32", 200, 100, 300), ("bf16", 100, 50, 400)]
+    assert [r["speedup"] for r in rows] == [1.0, 2.0]
+
+
+def test_bench_precision_trains_every_variant_and_the_master_copy_refreshes_the_bf16_weights(configs_dir):
+    """The tiny model, one turn of one step each: every variant steps, and the master-copy variant's model holds bf16
+    weights that are its fp32 masters rounded, after the optimizer moved the masters."""
+    from distrinews.bench import precision as bench
+    from distrinews.config import load_config
+    from distrinews.data.rows import AG_NEWS_LABELS
+
+    chosen = [
+        (name, load_config(configs_dir / "tiny.yaml", dict(fields, output_dir="unused")), master) for name, fields, master in bench.VARIANTS
+    ]
+    batch = bench.make_batch(4, 12)
+    assert batch["attention_mask"][-1, -2:].sum() == 0 and batch["attention_mask"][0].all()
+    built = bench.build_variants(chosen, AG_NEWS_LABELS)
+    times = bench.time_variants(built, batch, rounds=1, steps=1, warmup=1)
+    assert list(times) == [name for name, _, _ in bench.VARIANTS] and all(len(t) == 1 and t[0] > 0 for t in times.values())
+    master = built[-1][1]
+    trained = [p for p in master.model.parameters() if p.requires_grad]
+    assert master.master and all(p.dtype == torch.bfloat16 for p in trained)
+    assert all(torch.equal(p, m.detach().bfloat16()) for p, m in zip(trained, master.master))
+    start = bench.Variant(chosen[0][1], AG_NEWS_LABELS, False)  # a fresh build: the weights every variant started from
+    first = [p for p in start.model.parameters() if p.requires_grad]
+    assert all(not torch.equal(m.detach(), p.detach()) for m, p in zip(master.master, first) if p.ndim > 1)
+
+
+def test_bench_compare_gives_the_baselines_every_shared_setting_it_was_given():
+    """Trainer and the reference loop train on the seed, rows, data and recipe that ours does (their seed and
+    recipe had stayed at the defaults whatever bench compare was given)."""
+    from distrinews.bench.common import add_shared_arguments, comparison_parser
+    from distrinews.bench.compare import baseline_settings, ours_settings
+
+    given = ["--model", "tiny-random", "--data", "/some/ag_news", "--train-samples", "640", "--eval-samples", "96"]
+    given += ["--batch-size", "8", "--max-length", "64", "--learning-rate", "3e-05", "--warmup-ratio", "0.1"]
+    given += ["--weight-decay", "0.05", "--max-grad-norm", "0.5", "--seed", "7"]
+    p = argparse.ArgumentParser()
+    add_shared_arguments(p)
+    a = p.parse_args(given)
+    baseline = vars(comparison_parser("x").parse_args([*baseline_settings(a), "--result", "r.json"]))
+    assert {k: v for k, v in baseline.items() if k not in ("result", "bf16")} == {k: v for k, v in vars(a).items() if k != "bf16"}
+    ours = ours_settings(a, "")
+    for flag, value in (("--seed", "7"), ("--learning_rate", "3e-05"), ("--data_dir", "/some/ag_news"), ("--max_grad_norm", "0.5")):
+        assert ours[ours.index(flag) + 1] == value

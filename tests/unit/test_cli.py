@@ -23,7 +23,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def test_every_subcommand_is_registered():
     commands = _subcommands(cli.build_parser())
     assert set(commands) == {"train", "eval", "predict", "export", "serve", "serve-replicas", "report", "bench", "doctor"}
-    bench = {"scaling", "collectives", "serving", "replicas", "compare", "baseline", "profile", "batch"}
+    bench = {"scaling", "collectives", "serving", "replicas", "compare", "baseline", "profile", "batch", "precision"}
     assert set(_subcommands(commands["bench"])) == bench
 
 

@@ -218,7 +218,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     loader = iter(
         DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id))
     )
-    precision = Precision.from_config(config.precision, env.device)
+    precision = Precision.from_config(config.precision, env.device).prepare(model)
     shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)
     times, flops = [], []
     for i in range(args.compute_batches + 1):

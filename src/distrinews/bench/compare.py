@@ -130,19 +130,11 @@ def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: di
         [
             "-m",
             f"distrinews.bench.{script}",
-            "--model",
-            a.model,
-            "--train-samples",
-            str(a.train_samples),
-            "--batch-size",
-            str(a.batch_size),
-            "--max-length",
-            str(a.max_length),
+            *baseline_settings(a),
             "--result",
             str(out),
             *extra,
-        ]
-        + (["--eval-samples", str(a.eval_samples)] if a.eval_samples else []),
+        ],
         env,
         tmp / f"{script}.log",
         a.timeout,
@@ -367,6 +359,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def baseline_settings(a: argparse.Namespace) -> list[str]:
+    """The shared settings (``common.add_shared_arguments``) as a baseline script takes them: every one of them, so a
+    baseline trains on the rows, seed and recipe that ours does."""
+    settings = [
+        *("--model", a.model, "--train-samples", str(a.train_samples), "--batch-size", str(a.batch_size)),
+        *("--max-length", str(a.max_length), "--learning-rate", str(a.learning_rate), "--warmup-ratio", str(a.warmup_ratio)),
+        *("--weight-decay", str(a.weight_decay), "--max-grad-norm", str(a.max_grad_norm), "--seed", str(a.seed)),
+    ]
+    settings += ["--data", a.data] if a.data else []
+    settings += ["--eval-samples", str(a.eval_samples)] if a.eval_samples else []
+    return settings
+
+
 def ours_settings(a: argparse.Namespace, options: str) -> list[str]:
     """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
     return [
@@ -384,6 +389,7 @@ def ours_settings(a: argparse.Namespace, options: str) -> list[str]:
         "true",
         "--seed",
         str(a.seed),
+        *(["--data_dir", a.data] if a.data else []),
         *options.split(),
     ]
 

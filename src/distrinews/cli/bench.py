@@ -1,5 +1,5 @@
 """``distrinews bench TOOL``: the benchmark tools (scaling, collectives, serving, replicas, compare, baseline, batch,
-profile); their results go in benchmarks/."""
+profile, precision); their results go in benchmarks/."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ TOOLS = {
     ),
     "baseline": ("distrinews.bench.baseline", "TF-IDF + logistic regression on a run's own split, beside its fine-tuned model", None),
     "profile": ("distrinews.bench.step_profile", "where a training step's time goes, by kind of work (torch.profiler)", None),
+    "precision": ("distrinews.bench.precision", "one training step in each precision variant, timed side by side", None),
     "batch": (
         "distrinews.bench.batch",
         "labelling a corpus: predict --nproc N and --engine ray vs a loop posting to serve; memory; resume",
@@ -32,7 +33,7 @@ TOOLS = {
 
 
 def register(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: scaling, collectives, serving, replicas, compare, baseline, batch, profile")
+    bench = subparsers.add_parser("bench", help="benchmarks: " + ", ".join(TOOLS))
     sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TOOL")
     for name, (module, help_text, extra) in TOOLS.items():
         p = sub.add_parser(name, help=help_text)

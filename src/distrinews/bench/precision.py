@@ -1,0 +1,198 @@
+"""``distrinews bench precision``: one training step in each precision variant, timed side by side.
+
+What the bf16 policy's choices are worth on this machine, and one it does not make: every variant trains its
+own copy of the model (the config's settings and any ``--field value`` overrides, built as ``distrinews
+train`` builds it) on the same batch, one process, and the variants take turns, a few steps each, for several
+rounds, so that a slow spell of a shared machine falls on all of them alike. Each variant's figure is its
+median round.
+
+- ``fp32``: no autocast;
+- ``bf16 autocast``: torch's autocast alone (hidden states back in fp32 at every residual add, attention in bf16);
+- ``+ hidden states bf16`` and ``+ attention fp32``: the policy's two refinements (``train/precision.py``), in turn;
+- ``bf16 weights, fp32 master copy``: no autocast; the model holds bf16 weights, the optimizer steps fp32
+  copies of them and writes the bf16 weights again after each step (Megatron's and DeepSpeed's bf16 scheme),
+  with the attention in fp32 as above. This one exists here only, to tell whether the trainer should have it:
+  it spares autocast's casts of the weights in every forward pass, and pays for the copies after each step.
+
+A step is forward, backward, gradient clipping and fused AdamW, on a batch of ``--batch`` rows of ``--length``
+tokens whose last quarter of rows is padded for a fifth of its length (so the padding mask is real).
+
+    distrinews bench precision --config configs/cpu-quick.yaml --batch 32 --length 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from ..distributed.machine import describe as machine_description
+from .common import invoked_as
+from .report import write_report
+
+# (name, precision overrides, bf16 weights with an fp32 master copy)
+VARIANTS = [
+    ("fp32", {"bf16": False}, False),
+    ("bf16 autocast", {"bf16": True, "bf16_hidden_states": False, "fp32_attention": False}, False),
+    ("+ hidden states bf16", {"bf16": True, "bf16_hidden_states": True, "fp32_attention": False}, False),
+    ("+ attention fp32", {"bf16": True, "bf16_hidden_states": True, "fp32_attention": True}, False),
+    ("bf16 weights, fp32 master copy, attention fp32", {"bf16": True, "fp32_attention": True}, True),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="training preset; --field value overrides follow")
+    parser.add_argument("--batch", type=int, default=32, help="rows in the batch")
+    parser.add_argument("--length", type=int, default=48, help="tokens a row")
+    parser.add_argument("--rounds", type=int, default=6, help="turns each variant takes")
+    parser.add_argument("--steps", type=int, default=5, help="steps a turn")
+    parser.add_argument("--warmup", type=int, default=2, help="steps each variant runs first, not timed")
+    parser.add_argument("--variants", default=None, help="comma-separated names of VARIANTS to run (default: all)")
+    parser.add_argument("--output-dir", default="runs/bench")
+    parser.add_argument("--name", default="precision")
+
+
+def medians(times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Each variant's median, fastest and slowest turn (ms a step), and its speed over the first variant's median."""
+    first = statistics.median(next(iter(times.values())))
+    return [
+        {"variant": name, "step_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "speedup": first / statistics.median(t)}
+        for name, t in times.items()
+    ]
+
+
+class Variant:
+    """One copy of the model, its optimizer and its precision, stepping on the shared batch."""
+
+    def __init__(self, config, labels: list[str], master_copy: bool):
+        import torch
+
+        from ..train.components import build_optimizer, build_train_model
+        from ..train.precision import Precision
+
+        device = torch.device("cpu")
+        self.model = build_train_model(config.model, device, labels).train()
+        self.precision = Precision.from_config(config.precision, device).prepare(self.model)
+        self.clip = config.max_grad_norm
+        self.master: list[torch.nn.Parameter] = []
+        if master_copy:
+            named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+            self.master = [torch.nn.Parameter(p.detach().clone()) for _, p in named]
+            self.model.to(torch.bfloat16)
+            self.trained = [p for p in self.model.parameters() if p.requires_grad]
+            masters = _Masters([(name, m) for (name, _), m in zip(named, self.master)], self.model)
+            self.optimizer = build_optimizer(masters, config.optimizer, device)
+            self.autocast = Precision("cpu", None).autocast  # the weights are bf16 already
+        else:
+            self.optimizer = build_optimizer(self.model, config.optimizer, device)
+            self.autocast = self.precision.autocast
+
+    def step(self, batch: dict) -> None:
+        import torch
+
+        from ..model import forward_loss
+
+        loss, _ = forward_loss(self.model, batch, self.autocast)
+        loss.backward()
+        params = self.master or [p for p in self.model.parameters() if p.requires_grad]
+        if self.master:
+            for p, m in zip(self.trained, self.master):
+                m.grad, p.grad = p.grad.float(), None
+        torch.nn.utils.clip_grad_norm_(params, self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master:
+            with torch.no_grad():
+                torch._foreach_copy_(self.trained, self.master)
+
+
+class _Masters:
+    """The fp32 master copies, named as the model's parameters, as ``build_optimizer`` reads a module."""
+
+    def __init__(self, named: list, model):
+        self.named, self.config = named, model.config
+
+    def named_parameters(self):
+        return iter(self.named)
+
+
+def build_variants(variants: list[tuple[str, Any, bool]], labels: list[str]) -> list[tuple[str, Variant]]:
+    return [(name, Variant(config, labels, master)) for name, config, master in variants]
+
+
+def time_variants(built: list[tuple[str, Variant]], batch: dict, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Warm each variant up, then time ``rounds`` turns of ``steps`` steps each, the variants in turn (ms a step)."""
+    for _, v in built:
+        for _ in range(warmup):
+            v.step(batch)
+    times: dict[str, list[float]] = {name: [] for name, _ in built}
+    for _ in range(rounds):
+        for name, v in built:
+            started = time.perf_counter()
+            for _ in range(steps):
+                v.step(batch)
+            times[name].append((time.perf_counter() - started) / steps * 1000)
+    return times
+
+
+def make_batch(batch: int, length: int, vocab: int = 30522) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, vocab, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[-max(1, batch // 4) :, length - max(1, length // 5) :] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 4, (batch,), generator=generator)}
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    import torch
+
+    from ..config import ConfigError, load_config, parse_overrides
+    from ..data.rows import AG_NEWS_LABELS
+
+    overrides = parse_overrides(extra)
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-precision-"))
+    wanted = [v.strip() for v in args.variants.split(",")] if args.variants else [name for name, _, _ in VARIANTS]
+    unknown = sorted(set(wanted) - {name for name, _, _ in VARIANTS})
+    if unknown:
+        raise ConfigError(f"--variants: unknown {', '.join(unknown)}; choose from: {'; '.join(name for name, _, _ in VARIANTS)}")
+    chosen = [(name, load_config(args.config, {**overrides, **fields}), master) for name, fields, master in VARIANTS if name in wanted]
+    torch.manual_seed(0)
+    built = build_variants(chosen, AG_NEWS_LABELS)
+    times = time_variants(built, make_batch(args.batch, args.length), args.rounds, args.steps, args.warmup)
+    report = {
+        "command": invoked_as("precision"),
+        "machine": machine_description(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "length": args.length,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "rows": medians(times),
+        "turns_ms": times,
+    }
+    write_report(report, args.output_dir, args.name, markdown, None)
+    return 0
+
+
+def markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    lines = [
+        f"# One training step in each precision ({r['date']})",
+        "",
+        f"Machine: {m['cpu']} ({', '.join(m['cpu_flags'])}), {r['threads']} threads, torch {m['torch']}. Command: `{r['command']}`",
+        "",
+        f"Batch {r['batch']} x {r['length']} tokens; {r['rounds']} turns of {r['steps_per_round']} steps a variant, "
+        "in turn; each figure is the variant's median turn (fastest-slowest turn in brackets).",
+        "",
+        "| variant | ms a step | speed vs the first |",
+        "|---|---:|---:|",
+    ]
+    for row in r["rows"]:
+        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} ({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |")
+    return "\n".join(lines) + "\n"
