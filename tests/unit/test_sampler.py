@@ -77,6 +77,29 @@ def test_length_grouping_makes_batches_homogeneous():
     assert spread(True) < spread(False) / 4
 
 
+def test_grouped_batches_come_in_a_seeded_random_order_with_a_partial_one_last():
+    """Grouping sorts each mega-batch by length and cuts it into batches; the batches then come in a random order
+    (seeded per epoch), so an epoch is not a sweep from the longest rows to the shortest, which would leave the
+    last steps of a run, at its smallest learning rates, all on short rows. The batches themselves (and so the
+    padding) are the sorted cut's."""
+    ds = dataset(3200 + 8)  # 200 full batches of 16 and a partial one of 8
+    lengths = ds.lengths
+    idx = list(TrainSampler(ds, 1, 0, 16, seed=1, group_by_length=True))
+    batches = [idx[k : k + 16] for k in range(0, len(idx), 16)]
+    assert [len(b) for b in batches[-2:]] == [16, 8]
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(1)).tolist()
+    sorted_cut = []
+    for start in range(0, len(order), 16 * 50):
+        chunk = sorted(order[start : start + 16 * 50], key=lambda i: -int(lengths[i]))
+        sorted_cut += [frozenset(chunk[b : b + 16]) for b in range(0, len(chunk), 16)]
+    assert sorted(map(frozenset, batches), key=sorted) == sorted(sorted_cut, key=sorted), "the same batches as the sorted cut"
+    assert frozenset(batches[-1]) == sorted_cut[-1], "the last (partial or padded) batch stays last"
+    longest = [int(lengths[b].max()) for b in batches]
+    fifth = len(longest) // 5
+    first, last = sum(longest[:fifth]) / fifth, sum(longest[-fifth:]) / fifth
+    assert abs(first - last) < 0.2 * first, (first, last)  # in sorted order 37 against 26 tokens
+
+
 def test_skip_resumes_mid_epoch():
     ds = dataset(300)
     s = TrainSampler(ds, 2, 1, 8, 9, True)

@@ -45,13 +45,14 @@ class TrainSampler(DistributedSampler):
         order += order[: self.total_size - len(order)]  # pad like DistributedSampler
         global_batch = self.batch_size * self.num_replicas
         mega = global_batch * self.MEGABATCH_MULT
-        mine: list[int] = []
+        batches: list[list[int]] = []
         for start in range(0, len(order), mega):
             chunk = order[start : start + mega]
             chunk.sort(key=lambda i: -int(self.lengths[i]))  # stable: ties keep permutation order
-            for b in range(0, len(chunk), global_batch):
-                mine.extend(chunk[b : b + global_batch][self.rank :: self.num_replicas])
-        return mine
+            batches += [chunk[b : b + global_batch] for b in range(0, len(chunk), global_batch)]
+        full = len(order) // global_batch  # a last, partial batch stays last
+        shuffled = [batches[i] for i in torch.randperm(full, generator=g).tolist()] + batches[full:]
+        return [i for batch in shuffled for i in batch[self.rank :: self.num_replicas]]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._rank_indices()[self.skip :])
