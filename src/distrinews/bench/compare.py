@@ -157,7 +157,20 @@ def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: di
 
 
 def compare(a: argparse.Namespace) -> dict[str, Any]:
+    """Every run once per seed (``--seeds``; the seeds in turn, each running all of them), then their means."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(a.nproc)), "TOKENIZERS_PARALLELISM": "false"}
+    rows = []
+    for seed in seeds_of(a):
+        at_seed = argparse.Namespace(**{**vars(a), "seed": seed})
+        rows += _compare_once(at_seed, env)
+    return {"rows": rows, "seeds": seeds_of(a), "means": means_over_seeds(rows)}
+
+
+def seeds_of(a: argparse.Namespace) -> list[int]:
+    return [int(x) for x in a.seeds.split(",")] if getattr(a, "seeds", None) else [a.seed]
+
+
+def _compare_once(a: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
@@ -173,22 +186,52 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
         for key, job in jobs:
             if key.rstrip("0123456789") not in a.runs:
                 continue
-            print(f"[compare] {key} ...", flush=True)
+            print(f"[compare] {key}, seed {a.seed} ...", flush=True)
             started = time.time()
             row = job()
-            row["key"], row["wall_s"] = key, time.time() - started
+            row["key"], row["seed"], row["wall_s"] = key, a.seed, time.time() - started
             print(
-                f"[compare] {key}: {row['steady_samples_per_s']:.1f} samples/s steady, test accuracy "
+                f"[compare] {key}, seed {a.seed}: {row['steady_samples_per_s']:.1f} samples/s steady, test accuracy "
                 f"{100 * row['test_accuracy']:.2f}% (wall {row['wall_s']:.0f} s)",
                 flush=True,
             )
             rows.append(row)
+    _rate(rows, "steady_samples_per_s")
+    return rows
+
+
+def _rate(rows: list[dict[str, Any]], speed: str) -> None:
+    """Each row's ``ours_over_this`` and ``over_trainer``: speed ratios to ours and to Trainer among ``rows``."""
     ours = next((r for r in rows if r["key"] == "ours"), None)
     trainer = next((r for r in rows if r["key"] == "trainer"), None)
     for r in rows:
-        r["ours_over_this"] = ratio(ours["steady_samples_per_s"], r["steady_samples_per_s"]) if ours else None
-        r["over_trainer"] = ratio(r["steady_samples_per_s"], trainer["steady_samples_per_s"]) if trainer else None
-    return {"rows": rows}
+        r["ours_over_this"] = ratio(ours[speed], r[speed]) if ours else None
+        r["over_trainer"] = ratio(r[speed], trainer[speed]) if trainer else None
+
+
+def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run: its mean speed and accuracy over the seeds, the accuracy's range, and how far its mean
+    accuracy is from Trainer's (points); speed ratios of the means."""
+    means = []
+    for key in dict.fromkeys(r["key"] for r in rows):
+        runs = [r for r in rows if r["key"] == key]
+        accuracies = [r["test_accuracy"] for r in runs]
+        means.append(
+            {
+                "key": key,
+                "name": runs[0]["name"],
+                "seeds": [r["seed"] for r in runs],
+                "steady_samples_per_s": sum(r["steady_samples_per_s"] for r in runs) / len(runs),
+                "test_accuracy": sum(accuracies) / len(runs),
+                "accuracy_min": min(accuracies),
+                "accuracy_max": max(accuracies),
+            }
+        )
+    _rate(means, "steady_samples_per_s")
+    trainer = next((m for m in means if m["key"] == "trainer"), None)
+    for m in means:
+        m["points_from_trainer"] = 100 * (m["test_accuracy"] - trainer["test_accuracy"]) if trainer else None
+    return means
 
 
 # ---------------------------------------------------------------------- ablation
@@ -284,24 +327,40 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if "compare" in report:
         lines += [
-            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample, seed 42), {s['nproc']} processes x "
-            f"batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
-            f"DDP over gloo, one thread per process. Test: "
+            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by the run's seed), {s['nproc']} "
+            f"process(es) x batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one "
+            f"epoch, {'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} thread(s) a process. Test: "
             + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
             + ", the same exact evaluator for all three. Steady samples/s from the end of step "
             f"{s['warmup_step']} to the last step.",
             "",
-            "| run | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | this / Trainer | test accuracy "
+            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | this / Trainer | test accuracy "
             "| macro-F1 | train loss |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in report["compare"]["rows"]:
             cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
             lines.append(
-                f"| {r['name']} | {r['steps']} | {r['steady_samples_per_s']:.1f} | {r['loop_samples_per_s']:.1f} | "
-                f"{' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | {100 * r['test_macro_f1']:.2f}% | {r['train_loss']:.4f} |"
+                f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
+                f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
+                f"{100 * r['test_macro_f1']:.2f}% | {r['train_loss']:.4f} |"
             )
         lines.append("")
+        means = report["compare"].get("means") or []
+        if len(report["compare"].get("seeds") or []) > 1:
+            lines += [
+                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} (speed ratios of the mean speeds):",
+                "",
+                "| run | samples/s (steady, mean) | this / Trainer | test accuracy, mean (range) | points from Trainer's |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            for m in means:
+                away = "" if m["points_from_trainer"] is None else f"{m['points_from_trainer']:+.2f}"
+                lines.append(
+                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {_times(m['over_trainer'])} | "
+                    f"{100 * m['test_accuracy']:.2f}% ({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | {away} |"
+                )
+            lines.append("")
     if "ablation" in report:
         ab = report["ablation"]
         lines += [
@@ -407,6 +466,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'; give it again for another run of ours "
         "with other overrides, side by side (the first is the one the ablation and 'distrinews / this' use)",
     )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds: every run once per seed (the seeds in turn), then each run's mean (default: --seed alone)",
+    )
     p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
     p.add_argument("--ablation-steps", type=int, default=50)
     p.add_argument("--timeout", type=float, default=3600.0)
@@ -432,8 +496,21 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         "machine": machine_description(),
         "settings": {
             k: getattr(a, k)
-            for k in ("model", "train_samples", "eval_samples", "batch_size", "max_length", "nproc", "warmup_step", "ours_options", "bf16")
-        },
+            for k in (
+                "model",
+                "train_samples",
+                "eval_samples",
+                "batch_size",
+                "max_length",
+                "nproc",
+                "warmup_step",
+                "ours_options",
+                "bf16",
+                "seed",
+                "seeds",
+            )
+        }
+        | {"threads_per_process": threads_per_process(a.nproc)},
     }
     if "compare" in what:
         report["compare"] = compare(a)
