@@ -142,21 +142,26 @@ def test_forward_flops_match_a_flop_counter():
     assert counted <= predicted <= 1.06 * counted
 
 
+def _counted_train_flops(model: torch.nn.Module, tokens: int) -> int:
+    """torch's count of one forward and backward pass of one row of ``tokens`` tokens."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(5, 1000, (1, tokens))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([1])).loss.backward()
+    return counter.get_total_flops()
+
+
 def test_train_flops_of_a_mostly_frozen_model_match_a_flop_counter():
     """LoRA-like: only the first layer's query projection trains, so the gradient flows through every
     layer but frozen weights get no weight gradient (4 FLOPs per parameter and token, not 6).
     Charging them 6 reported an MFU of 102% for a LoRA run."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model = _bert().train()
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith("bert.encoder.layer.0.attention.self.query"))
     T = 48
-    ids = torch.randint(5, 1000, (1, T))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([1])).loss.backward()
-    counted = counter.get_total_flops()
+    counted = _counted_train_flops(model, T)
     shape = flops.ModelShape.of(model)
     assert shape.frozen_matmul_params == shape.matmul_params - sum(p.numel() for p in model.parameters() if p.requires_grad)
     predicted = shape.train_flops(T, T * T)
@@ -166,18 +171,12 @@ def test_train_flops_of_a_mostly_frozen_model_match_a_flop_counter():
 def test_train_flops_with_frozen_bottom_layers_match_a_flop_counter():
     """freeze_layers: the backward pass never reaches the frozen bottom, so its layers cost their forward alone
     (2 FLOPs per parameter and token, attention 4 T^2 d), not the 4 of a frozen weight the gradient flows through."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     from distrinews.model import freeze_layers
 
     model = _bert().train()
     freeze_layers(model, 3)
     T = 48
-    ids = torch.randint(5, 1000, (1, T))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([1])).loss.backward()
-    counted = counter.get_total_flops()
+    counted = _counted_train_flops(model, T)
     shape = flops.ModelShape.of(model)
     assert (shape.forward_only_layers, shape.frozen_matmul_params) == (3, 0)
     layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
