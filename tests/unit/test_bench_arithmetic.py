@@ -454,3 +454,15 @@ def test_bench_compare_gives_the_baselines_every_shared_setting_it_was_given():
     ours = ours_settings(a, "")
     for flag, value in (("--seed", "7"), ("--learning_rate", "3e-05"), ("--data_dir", "/some/ag_news"), ("--max_grad_norm", "0.5")):
         assert ours[ours.index(flag) + 1] == value
+
+
+def test_bench_precision_times_each_attention_kernel_in_both_passes():
+    from distrinews.bench.precision import ATTENTION_KERNELS, markdown, time_attention
+
+    rows = time_attention(batch=4, length=10, heads=2, head_dim=8, repeats=1)
+    assert [(r["kernel"], r["pass"]) for r in rows] == [(k, p) for p in ("forward", "forward + backward") for k in ATTENTION_KERNELS]
+    assert all(r["ms"] > 0 for r in rows)
+    report = {"date": "d", "machine": {"cpu": "c", "cpu_flags": [], "torch": "t"}, "threads": 1, "command": "x", "batch": 4, "length": 10,
+              "rounds": 1, "steps_per_round": 1, "rows": [], "attention": {"heads": 2, "head_dim": 8, "rows": rows}}  # fmt: skip
+    md = markdown(report)
+    assert "one layer: 4 rows x 2 heads x 10 tokens x 8" in md and f"| {ATTENTION_KERNELS[2]} | forward + backward |" in md

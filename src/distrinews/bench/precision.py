@@ -15,7 +15,9 @@ median round.
   it spares autocast's casts of the weights in every forward pass, and pays for the copies after each step.
 
 A step is forward, backward, gradient clipping and fused AdamW, on a batch of ``--batch`` rows of ``--length``
-tokens whose last quarter of rows is padded for a fifth of its length (so the padding mask is real).
+tokens whose last quarter of rows is padded for a fifth of its length (so the padding mask is real). Then the
+attention kernel alone at the model's shape: torch's fused bf16 kernel, its bf16 math path, and the fused
+kernel in fp32 on the same bf16 inputs (what ``fp32_attention`` runs), forward and forward + backward.
 
     distrinews bench precision --config configs/cpu-quick.yaml --batch 32 --length 48
 """
@@ -138,6 +140,47 @@ def time_variants(built: list[tuple[str, Variant]], batch: dict, rounds: int, st
     return times
 
 
+ATTENTION_KERNELS = ("bf16, fused (flash) kernel", "bf16, math path", "fp32 fused kernel on bf16 inputs (fp32_attention)")
+
+
+def time_attention(batch: int, length: int, heads: int, head_dim: int, repeats: int = 10) -> list[dict[str, Any]]:
+    """SDPA alone at the model's shape, forward and backward, with a padding mask: each kernel's median of
+    ``repeats`` calls after a warm-up, in turn (ms a call; one call is one layer's attention)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, generator=generator).bfloat16().requires_grad_() for _ in range(3))
+    mask = torch.ones(batch, 1, length, length, dtype=torch.bool)
+    mask[-max(1, batch // 4) :, ..., length - max(1, length // 5) :] = False
+
+    def call(kernel: str, backward: bool) -> None:
+        if kernel == ATTENTION_KERNELS[2]:
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).bfloat16()
+        else:
+            backend = SDPBackend.FLASH_ATTENTION if kernel == ATTENTION_KERNELS[0] else SDPBackend.MATH
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if backward:
+            out.float().sum().backward()
+
+    rows = []
+    for backward in (False, True):
+        times: dict[str, list[float]] = {kernel: [] for kernel in ATTENTION_KERNELS}
+        for kernel in ATTENTION_KERNELS:
+            call(kernel, backward)  # warm-up
+        for _ in range(repeats):
+            for kernel in ATTENTION_KERNELS:
+                with torch.set_grad_enabled(backward):
+                    started = time.perf_counter()
+                    call(kernel, backward)
+                    times[kernel].append((time.perf_counter() - started) * 1000)
+        which = "forward + backward" if backward else "forward"
+        rows += [{"kernel": kernel, "pass": which, "ms": statistics.median(t)} for kernel, t in times.items()]
+    return rows
+
+
 def make_batch(batch: int, length: int, vocab: int = 30522) -> dict:
     import torch
 
@@ -176,6 +219,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "rows": medians(times),
         "turns_ms": times,
     }
+    config = built[0][1].model.config
+    heads = config.num_attention_heads
+    report["attention"] = {
+        "heads": heads,
+        "head_dim": config.hidden_size // heads,
+        "rows": time_attention(args.batch, args.length, heads, config.hidden_size // heads),
+    }
     write_report(report, args.output_dir, args.name, markdown, None)
     return 0
 
@@ -195,4 +245,15 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for row in r["rows"]:
         lines.append(f"| {row['variant']} | {row['step_ms']:.1f} ({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |")
+    if "attention" in r:
+        a = r["attention"]
+        lines += [
+            "",
+            f"The attention kernel alone (one layer: {r['batch']} rows x {a['heads']} heads x {r['length']} tokens x "
+            f"{a['head_dim']}, a padding mask; median of 10 calls, the kernels in turn):",
+            "",
+            "| kernel | pass | ms a call |",
+            "|---|---|---:|",
+        ]
+        lines += [f"| {row['kernel']} | {row['pass']} | {row['ms']:.1f} |" for row in a["rows"]]
     return "\n".join(lines) + "\n"
