@@ -268,6 +268,7 @@ _LEVERS = [
     ("+ attention in fp32 where bf16's kernel is slow (auto: a CPU without AMX)", ["--optimizer", "fused"], {"fp32_attention": "auto"}),
     ("+ frozen word embeddings", ["--optimizer", "fused"], {"freeze_word_embeddings": "true"}),
     ("+ the bottom encoder layer frozen (forward only)", ["--optimizer", "fused"], {"freeze_layers": "1"}),
+    ("+ no dropout at all (no masks drawn)", ["--optimizer", "fused"], {"dropout": "0"}),
     ("+ torch.compile (pad to a multiple of 16)", ["--optimizer", "fused"], {"torch_compile": "true", "pad_to_multiple_of": "16"}),
 ]
 
