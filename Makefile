@@ -35,8 +35,11 @@ predict: setup
 		"Apple unveils a new iPhone with a faster chip and better camera" \
 		"Oil prices jump after OPEC agrees to cut production"
 
+# Two pytest workers: most tests wait on process start-up (imports) and servers, so one worker left a core
+# idle much of the time (benchmarks section 23). TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -39,12 +39,29 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+# Session fixtures that train a run other modules compare with: under ``make test`` (pytest-xdist, ``--dist
+# loadgroup``) every module that uses one runs in one worker, so each is trained once.
+SHARED_RUNS = ("thirty_steps", "six_steps_ddp")
+
+
 def pytest_collection_modifyitems(items):
-    """Every integration test is ``slow``: ``pytest -m 'not slow'`` (``make test-fast``) runs the rest in seconds."""
+    """Every integration test is ``slow``: ``pytest -m 'not slow'`` (``make test-fast``) runs the rest in seconds.
+
+    Every test also gets an ``xdist_group``: its module, or the shared run its module uses (``SHARED_RUNS``). With
+    ``-n 2 --dist loadgroup`` a module's tests then run in one worker, so its module fixtures (a trained
+    checkpoint, a started server) are made once, not once in each worker.
+    """
     integration = ROOT / "tests" / "integration"
+    modules: dict[Path, list[pytest.Item]] = {}
     for item in items:
         if integration in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)
+        modules.setdefault(Path(item.path), []).append(item)
+    for path, module_items in modules.items():
+        shared = sorted({name for item in module_items for name in item.fixturenames if name in SHARED_RUNS})
+        group = shared[0] if shared else path.relative_to(ROOT).as_posix()
+        for item in module_items:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _without_extra_train_files(data: Path, into: Path) -> Path:
