@@ -216,6 +216,48 @@ def test_peak_override(monkeypatch):
         flops.device_peak.cache_clear()
 
 
+def test_the_cpu_peak_is_the_best_this_machine_has_measured(monkeypatch, tmp_path):
+    """A measurement taken while something else ran (half the rate) does not become the peak: MFU is against the best
+    rate recorded here for the same CPU, torch, dtype and threads; another dtype or a damaged record starts afresh."""
+    monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path))
+    monkeypatch.delenv(flops.PEAK_ENV, raising=False)
+    rates = iter([100e9, 50e9, 200e9, 80e9, 30e9])
+    monkeypatch.setattr(flops, "measure_matmul_peak", lambda *args, **kwargs: next(rates))
+
+    def peak(dtype=torch.float32):
+        flops.device_peak.cache_clear()  # a new process measures again
+        return flops.peak_for(torch.device("cpu"), dtype)
+
+    try:
+        seen = [peak(), peak(), peak()]
+        assert [p.flops for p in seen] == [100e9, 100e9, 200e9]
+        assert "the best of 3 measurement(s) here" in seen[-1].source and "float32" in seen[-1].source
+        assert peak(torch.bfloat16).flops == 80e9  # its own record
+        (tmp_path / flops.PEAKS_FILE).write_text("[not a record")
+        assert peak().flops == 30e9
+        record = json.loads((tmp_path / flops.PEAKS_FILE).read_text())
+        assert [entry["flops"] for entry in record.values()] == [30e9]
+    finally:
+        flops.device_peak.cache_clear()
+
+
+def test_the_ablation_names_the_cores_each_worker_ran_on(monkeypatch):
+    """Its heading said "x 1 core" whatever the workers had: one worker on 2 cores ran with 2 threads."""
+    point = {"samples_per_s": 10.0, "tokens_per_s": 500.0, "padded_tokens_per_s": 600.0, "step_ms": 100.0}
+    point |= {"phases_ms": {}, "mfu": 0.5, "peak": "stated"}
+    monkeypatch.setattr(scaling, "run_point", lambda *args, **kwargs: point)
+    monkeypatch.setattr(compare, "threads_per_process", lambda nproc: 2 // nproc)
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    a = parser.parse_args(["--nproc", "1", "--ablation-steps", "3"])
+    a.ours_options = a.ours_options or [""]
+    result = compare.ablation(a)
+    assert result["workers"] == 1 and result["cores_per_worker"] == 2 and len(result["rows"]) == len(compare.ABLATION_STEPS)
+    machine = {"cpu": "a CPU", "cores_available": 2, "torch": "2"}
+    report = {"machine": machine, "settings": {"batch_size": 32}, "date": "today", "command": "c", "ablation": result}
+    assert "(1 worker(s) x 2 core(s), pinned, 3 timed steps, batch 32/worker" in compare.markdown(report)
+
+
 # ---------------------------------------------------------------------- bench compare
 def test_compare_throughput_arithmetic():
     ct = compare

@@ -321,7 +321,7 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
         print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
         rows.append(row)
         previous = row
-    return {"rows": rows, "steps": a.ablation_steps, "workers": a.nproc}
+    return {"rows": rows, "steps": a.ablation_steps, "workers": a.nproc, "cores_per_worker": threads_per_process(a.nproc)}
 
 
 # ---------------------------------------------------------------------- reporting
@@ -373,7 +373,8 @@ def markdown(report: dict[str, Any]) -> str:
     if "ablation" in report:
         ab = report["ablation"]
         lines += [
-            f"## What each optimisation gives ({ab['workers']} workers x 1 core, pinned, {ab['steps']} timed steps, "
+            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} core(s), pinned, "
+            f"{ab['steps']} timed steps, "
             f"batch {s['batch_size']}/worker, cpu-quick rows)",
             "",
             "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "

@@ -19,8 +19,11 @@ The peak is what the device can do at the precision the matmuls run in:
 - CUDA: the vendor's dense (no sparsity) tensor-core figure for the device name, from the table
   below; a device not in the table gets a measured matmul peak instead.
 - CPU: measured once per process: the best of a few large matmuls at the training dtype with the
-  process's own thread count. It is a measured roofline for this machine (and whatever else was
-  running on it), not a datasheet number.
+  process's own thread count, and kept as the best this machine has reached (``peaks.json`` in the
+  token cache folder, per CPU, flags, torch version, dtype and thread count). One measurement lasts
+  milliseconds, so a process that measures while another starts beside it reads half the rate;
+  against the best ever measured, MFU no longer moves with what else was running at that moment.
+  It is a measured roofline for this machine, not a datasheet number.
 ``DISTRINEWS_PEAK_TFLOPS`` overrides either (per process, in TFLOP/s).
 """
 
@@ -107,8 +110,49 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
             return Peak(table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s")
         measured = measure_matmul_peak(device, dtype, size=4096)
         return Peak(measured, f"{name}: measured {str(dtype).removeprefix('torch.')} 4096^3 matmul peak (not in the table)")
-    measured = measure_matmul_peak(device, dtype)
-    return Peak(measured, f"CPU: measured {str(dtype).removeprefix('torch.')} 1024^3 matmul peak with {threads} thread(s)")
+    name = str(dtype).removeprefix("torch.")
+    best, runs = best_cpu_peak(f"{name} 1024^3 x {threads} thread(s)", measure_matmul_peak(device, dtype))
+    return Peak(best, f"CPU: {name} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here")
+
+
+PEAKS_FILE = "peaks.json"
+
+
+def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
+    """``(best FLOP/s, measurements)`` of ``kind`` on this machine, ``measured`` included and recorded.
+
+    The record (``peaks.json`` in the token cache folder) is keyed by the CPU, its flags and torch's version, so a
+    new machine or a new torch starts afresh. Ranks record under a lock; an unwritable folder keeps ``measured``.
+    """
+    import fcntl
+    import json
+
+    from ..data.tokenized import default_cache_dir
+    from ..distributed.machine import cpu_flags, cpu_model
+
+    key = f"{cpu_model()} [{' '.join(cpu_flags())}] torch {torch.__version__}: {kind}"
+    path = default_cache_dir() / PEAKS_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                peaks = json.loads(path.read_text())
+                if not isinstance(peaks, dict):
+                    raise ValueError(path)
+            except (OSError, ValueError):
+                peaks = {}
+            entry = peaks.get(key)
+            if not (isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0):
+                entry = {"flops": 0.0, "runs": 0}
+            entry = {"flops": max(float(entry["flops"]), measured), "runs": int(entry.get("runs", 0)) + 1}
+            peaks[key] = entry
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(peaks, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        return entry["flops"], entry["runs"]
+    except OSError:
+        return measured, 1
 
 
 def peak_for(device: torch.device, dtype: torch.dtype) -> Peak:
