@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews.bench import collectives, compare, scaling
+from distrinews.bench import ablation, collectives, common, compare, compare_report, scaling
 from distrinews.train import flops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,16 +246,16 @@ def test_the_ablation_names_the_cores_each_worker_ran_on(monkeypatch):
     point = {"samples_per_s": 10.0, "tokens_per_s": 500.0, "padded_tokens_per_s": 600.0, "step_ms": 100.0}
     point |= {"phases_ms": {}, "mfu": 0.5, "peak": "stated"}
     monkeypatch.setattr(scaling, "run_point", lambda *args, **kwargs: point)
-    monkeypatch.setattr(compare, "threads_per_process", lambda nproc: 2 // nproc)
+    monkeypatch.setattr(ablation, "threads_per_process", lambda nproc: 2 // nproc)
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
     a = parser.parse_args(["--nproc", "1", "--ablation-steps", "3"])
     a.ours_options = a.ours_options or [""]
-    result = compare.ablation(a)
-    assert result["workers"] == 1 and result["cores_per_worker"] == 2 and len(result["rows"]) == len(compare.ABLATION_STEPS)
+    result = ablation.ablation(a)
+    assert result["workers"] == 1 and result["cores_per_worker"] == 2 and len(result["rows"]) == len(ablation.ABLATION_STEPS)
     machine = {"cpu": "a CPU", "cores_available": 2, "torch": "2"}
     report = {"machine": machine, "settings": {"batch_size": 32}, "date": "today", "command": "c", "ablation": result}
-    assert "(1 worker(s) x 2 core(s), pinned, 3 timed steps, batch 32/worker" in compare.markdown(report)
+    assert "(1 worker(s) x 2 core(s), pinned, 3 timed steps, batch 32/worker" in compare_report.markdown(report)
 
 
 # ---------------------------------------------------------------------- bench compare
@@ -274,7 +274,7 @@ def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trai
     calls = []
 
     def ours(a, tmp, env, options="", key="ours"):
-        calls.append((key, compare.ours_settings(a, options)[-2:]))
+        calls.append((key, common.ours_settings(a, options)[-2:]))
         return {
             "name": f"distrinews train {options}".strip(),
             "steady_samples_per_s": 1.0,  # the ratios are of the whole loop's speeds

@@ -40,3 +40,42 @@ def invoked_as(subcommand: str) -> str:
     if sys.argv[1:3] == ["bench", subcommand]:
         return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     return " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def baseline_settings(a: argparse.Namespace) -> list[str]:
+    """The shared settings (``common.add_shared_arguments``) as a baseline script takes them: every one of them, so a
+    baseline trains on the rows, seed and recipe that ours does."""
+    settings = [
+        *("--model", a.model, "--train-samples", str(a.train_samples), "--batch-size", str(a.batch_size)),
+        *("--max-length", str(a.max_length), "--learning-rate", str(a.learning_rate), "--warmup-ratio", str(a.warmup_ratio)),
+        *("--weight-decay", str(a.weight_decay), "--max-grad-norm", str(a.max_grad_norm), "--seed", str(a.seed)),
+    ]
+    settings += ["--data", a.data] if a.data else []
+    settings += ["--eval-samples", str(a.eval_samples)] if a.eval_samples else []
+    return settings
+
+
+def ours_settings(a: argparse.Namespace, options: str) -> list[str]:
+    """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
+    return [
+        "--learning_rate",
+        str(a.learning_rate),
+        "--warmup_ratio",
+        str(a.warmup_ratio),
+        "--weight_decay",
+        str(a.weight_decay),
+        "--max_grad_norm",
+        str(a.max_grad_norm),
+        "--bf16",
+        str(a.bf16).lower(),
+        "--group_by_length",
+        "true",
+        "--seed",
+        str(a.seed),
+        *(["--data_dir", a.data] if a.data else []),
+        *options.split(),
+    ]

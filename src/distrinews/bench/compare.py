@@ -8,9 +8,8 @@ Each is then scored by the same exact evaluator on the test split.
     samples/s (steady)  = (last step - step W) x global batch / (time at last step - time at step W)
     samples/s (loop)    = steps x global batch / time from the loop's start to its last step
 
-Then the ablation: what each of our optimisations gives, one at a time on top of the reference
-loop's settings, timed by ``distrinews bench scaling``'s worker (the trainer's own components, 2 workers
-pinned to 1 core each).
+Then the ablation (``bench/ablation.py``): what each of our optimisations gives, one at a time on top of the
+reference loop's settings. The tables and the plot: ``bench/compare_report.py``.
 
     distrinews bench compare --output-dir benchmarks            # compare + ablation
     distrinews bench compare --what compare --train-samples 3200
@@ -35,7 +34,9 @@ from typing import Any
 
 from ..distributed.machine import describe as machine_description
 from ..distributed.machine import threads_per_process
-from . import scaling
+from .ablation import ablation
+from .common import baseline_settings, ours_settings, ratio
+from .compare_report import markdown, plot
 from .report import write_report
 
 
@@ -50,10 +51,6 @@ def steady_samples_per_s(step_times: dict[int, float], global_batch: int, warmup
 
 def loop_samples_per_s(steps: int, global_batch: int, seconds: float) -> float:
     return steps * global_batch / seconds
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else float("nan")
 
 
 # ---------------------------------------------------------------------- the three runs
@@ -239,228 +236,6 @@ def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in means:
         m["points_from_trainer"] = 100 * (m["test_accuracy"] - trainer["test_accuracy"]) if trainer else None
     return means
-
-
-# ---------------------------------------------------------------------- ablation
-# The knobs that are off in the reference loop's settings, and on, one by one, in ours.
-_REFERENCE = {
-    "bf16": "false",
-    "bf16_hidden_states": "false",
-    "group_by_length": "false",
-    "fast_dropout": "false",
-    "fp32_attention": "false",
-}
-_LEVERS = [
-    # (label, scaling-worker flags, config overrides added to the previous step's): from the reference loop's settings to ours
-    (
-        "reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
-        ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"],
-        _REFERENCE,
-    ),
-    ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], {}),
-    ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], {"group_by_length": "true"}),
-    ("+ bf16 autocast where the CPU computes it (auto)", ["--optimizer", "for-loop", "--host-sync"], {"bf16": "auto"}),
-    ("+ hidden states kept in bf16 between layers (with bf16)", ["--optimizer", "for-loop", "--host-sync"], {"bf16_hidden_states": "true"}),
-    ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], {}),
-    ("+ no per-step host reads", ["--optimizer", "fused"], {}),
-    ("+ fast CPU dropout", ["--optimizer", "fused"], {"fast_dropout": "true"}),
-    ("+ attention dropout 0 (fused attention kernel)", ["--optimizer", "fused"], {"attention_dropout": "0"}),
-    ("+ attention in fp32 where bf16's kernel is slow (auto: a CPU without AMX)", ["--optimizer", "fused"], {"fp32_attention": "auto"}),
-    ("+ frozen word embeddings", ["--optimizer", "fused"], {"freeze_word_embeddings": "true"}),
-    ("+ the bottom encoder layer frozen (forward only)", ["--optimizer", "fused"], {"freeze_layers": "1"}),
-    ("+ no dropout at all (no masks drawn)", ["--optimizer", "fused"], {"dropout": "0"}),
-    ("+ torch.compile (pad to a multiple of 16)", ["--optimizer", "fused"], {"torch_compile": "true", "pad_to_multiple_of": "16"}),
-]
-
-
-def _cumulative(levers: list[tuple[str, list[str], dict[str, str]]]) -> list[tuple[str, list[str], dict[str, str]]]:
-    steps, overrides = [], {}
-    for label, flags, added in levers:
-        overrides = {**overrides, **added}
-        steps.append((label, flags, overrides))
-    return steps
-
-
-ABLATION_STEPS = _cumulative(_LEVERS)
-
-
-def ablation(a: argparse.Namespace) -> dict[str, Any]:
-    rows, previous = [], None
-    for label, flags, overrides in ABLATION_STEPS:
-        parser = argparse.ArgumentParser()
-        scaling.add_arguments(parser)
-        # compiled points need warm-up steps for their first shapes; the others one
-        warmup = 8 if overrides.get("torch_compile") == "true" else 1
-        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", str(warmup), "--no-sync-probe", "0", *flags])
-        args.cores_per_worker = threads_per_process(a.nproc)
-        args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
-        extra = [
-            *ours_settings(a, a.ours_options[0]),
-            *[token for key, value in overrides.items() for token in (f"--{key}", value)],
-            "--model_name_or_path",
-            a.model,
-            "--max_length",
-            str(a.max_length),
-            "--train_samples",
-            str(a.train_samples),
-        ]
-        print(f"[ablation] {label} ...", flush=True)
-        p = scaling.run_point(args, a.nproc, None, extra)  # the config's default bucket size
-        row = {
-            "label": label,
-            "samples_per_s": p["samples_per_s"],
-            "tokens_per_s": p["tokens_per_s"],
-            "padded_tokens_per_s": p["padded_tokens_per_s"],
-            "step_ms": p["step_ms"],
-            "phases_ms": p["phases_ms"],
-            "mfu": p["mfu"],
-            "peak": p["peak"],
-        }
-        row["gain_over_previous"] = ratio(row["samples_per_s"], previous["samples_per_s"]) if previous else None
-        row["gain_over_reference_settings"] = ratio(row["samples_per_s"], rows[0]["samples_per_s"]) if rows else 1.0
-        print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
-        rows.append(row)
-        previous = row
-    return {"rows": rows, "steps": a.ablation_steps, "workers": a.nproc, "cores_per_worker": threads_per_process(a.nproc)}
-
-
-# ---------------------------------------------------------------------- reporting
-def markdown(report: dict[str, Any]) -> str:
-    m, s = report["machine"], report["settings"]
-    lines = [
-        f"# Training speed side by side ({report['date']})",
-        "",
-        f"Machine: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}. Command: `{report['command']}`",
-        "",
-    ]
-    if "compare" in report:
-        lines += [
-            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by the run's seed), {s['nproc']} "
-            f"process(es) x batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one "
-            f"epoch, {'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} thread(s) a process. Test: "
-            + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
-            + ", the same exact evaluator for all three. Steady samples/s from the end of step "
-            f"{s['warmup_step']} to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
-            "",
-            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | this / Trainer | test accuracy "
-            "| macro-F1 | train loss |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in report["compare"]["rows"]:
-            cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
-            lines.append(
-                f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
-                f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
-                f"{100 * r['test_macro_f1']:.2f}% | {r['train_loss']:.4f} |"
-            )
-        lines.append("")
-        means = report["compare"].get("means") or []
-        if len(report["compare"].get("seeds") or []) > 1:
-            lines += [
-                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} (speed ratios of the mean speeds):",
-                "",
-                "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | this / Trainer | test accuracy, mean (range) "
-                "| points from Trainer's |",
-                "|---|---:|---:|---:|---:|---:|",
-            ]
-            for m in means:
-                away = "" if m["points_from_trainer"] is None else f"{m['points_from_trainer']:+.2f}"
-                lines.append(
-                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} | {_times(m['over_trainer'])} | "
-                    f"{100 * m['test_accuracy']:.2f}% ({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | {away} |"
-                )
-            lines.append("")
-    if "ablation" in report:
-        ab = report["ablation"]
-        lines += [
-            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} core(s), pinned, "
-            f"{ab['steps']} timed steps, "
-            f"batch {s['batch_size']}/worker, cpu-quick rows)",
-            "",
-            "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
-            "| over reference settings | MFU |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in ab["rows"]:
-            gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
-            lines.append(
-                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
-                f"{r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
-            )
-        lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
-    return "\n".join(lines)
-
-
-def _times(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [k for k in ("compare", "ablation") if k in report]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], panels):
-        if key == "compare":
-            rows = report["compare"]["rows"]
-            bars = ax.bar([r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0")
-            for b, r in zip(bars, rows):
-                ax.annotate(
-                    f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%",
-                    (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center",
-                    va="bottom",
-                    fontsize=8,
-                )
-            ax.set_ylabel("training samples/s (steady)")
-            ax.set_title("same model, rows, batch, steps, machine")
-        else:
-            rows = report["ablation"]["rows"]
-            ax.barh([r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C1")
-            ax.set_xlabel("samples/s")
-            ax.set_title("cumulative optimisations")
-            ax.tick_params(axis="y", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def baseline_settings(a: argparse.Namespace) -> list[str]:
-    """The shared settings (``common.add_shared_arguments``) as a baseline script takes them: every one of them, so a
-    baseline trains on the rows, seed and recipe that ours does."""
-    settings = [
-        *("--model", a.model, "--train-samples", str(a.train_samples), "--batch-size", str(a.batch_size)),
-        *("--max-length", str(a.max_length), "--learning-rate", str(a.learning_rate), "--warmup-ratio", str(a.warmup_ratio)),
-        *("--weight-decay", str(a.weight_decay), "--max-grad-norm", str(a.max_grad_norm), "--seed", str(a.seed)),
-    ]
-    settings += ["--data", a.data] if a.data else []
-    settings += ["--eval-samples", str(a.eval_samples)] if a.eval_samples else []
-    return settings
-
-
-def ours_settings(a: argparse.Namespace, options: str) -> list[str]:
-    """``distrinews train`` overrides that match the baselines' settings (the cpu-quick preset's recipe)."""
-    return [
-        "--learning_rate",
-        str(a.learning_rate),
-        "--warmup_ratio",
-        str(a.warmup_ratio),
-        "--weight_decay",
-        str(a.weight_decay),
-        "--max_grad_norm",
-        str(a.max_grad_norm),
-        "--bf16",
-        str(a.bf16).lower(),
-        "--group_by_length",
-        "true",
-        "--seed",
-        str(a.seed),
-        *(["--data_dir", a.data] if a.data else []),
-        *options.split(),
-    ]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
