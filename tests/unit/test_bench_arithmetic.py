@@ -221,7 +221,7 @@ def test_the_cpu_peak_is_the_best_this_machine_has_measured(monkeypatch, tmp_pat
     rate recorded here for the same CPU, torch, dtype and threads; another dtype or a damaged record starts afresh."""
     monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path))
     monkeypatch.delenv(flops.PEAK_ENV, raising=False)
-    rates = iter([100e9, 50e9, 200e9, 80e9, 30e9])
+    rates = iter([100e9, 50e9, 200e9, 80e9, 30e9, 20e9])
     monkeypatch.setattr(flops, "measure_matmul_peak", lambda *args, **kwargs: next(rates))
 
     def peak(dtype=torch.float32):
@@ -237,6 +237,10 @@ def test_the_cpu_peak_is_the_best_this_machine_has_measured(monkeypatch, tmp_pat
         assert peak().flops == 30e9
         record = json.loads((tmp_path / flops.PEAKS_FILE).read_text())
         assert [entry["flops"] for entry in record.values()] == [30e9]
+        (key,) = record
+        (tmp_path / flops.PEAKS_FILE).write_text(json.dumps({key: {"flops": 1e15, "runs": "many"}}))
+        damaged = peak()  # a record this code did not write: the measurement alone, no crash
+        assert damaged.flops == 20e9 and "the best of 1 measurement(s) here" in damaged.source
     finally:
         flops.device_peak.cache_clear()
 

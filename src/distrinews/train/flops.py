@@ -143,9 +143,10 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
             except (OSError, ValueError):
                 peaks = {}
             entry = peaks.get(key)
-            if not (isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0):
+            valid = isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and isinstance(entry.get("runs"), int)
+            if not valid or entry["flops"] <= 0:  # a damaged record starts afresh
                 entry = {"flops": 0.0, "runs": 0}
-            entry = {"flops": max(float(entry["flops"]), measured), "runs": int(entry.get("runs", 0)) + 1}
+            entry = {"flops": max(float(entry["flops"]), measured), "runs": entry["runs"] + 1}
             peaks[key] = entry
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(peaks, indent=1, sort_keys=True))
