@@ -8,6 +8,7 @@ when nginx is not installed (``.ci/run`` installs it).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -124,7 +126,7 @@ def test_server_closes_half_sent_headers_and_caps_connections(checkpoints, tmp_p
 
 # ---------------------------------------------------------------------------------------------- replicas behind nginx
 class Replicas:
-    def __init__(self, checkpoint_link: Path, log_dir: Path, *args: str):
+    def __init__(self, checkpoint_link: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None):
         from distrinews.distributed.launch import free_port
 
         self.port = free_port()
@@ -134,7 +136,9 @@ class Replicas:
         cmd = [sys.executable, "-m", "distrinews", "serve-replicas", "--checkpoint", str(checkpoint_link), "--replicas", "2"]
         cmd += ["--port", str(self.port), "--threads", "1", "--log-dir", str(log_dir), "--pid-file", str(self.pid_file), *args]
         self._out = open(self.out_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, cwd=ROOT
+        )
 
     def out(self) -> str:
         return self.out_path.read_text(errors="replace")
@@ -231,14 +235,15 @@ class Load:
         return {version for _, _, version, _ in self.answers}
 
 
-@pytest.fixture(scope="module")
-def replicas(checkpoints, tmp_path_factory):
+@contextlib.contextmanager
+def serve_replicas(checkpoint: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[Replicas]:
+    """``distrinews serve-replicas`` (2 replicas) of ``root/current`` -> ``checkpoint``, ready; stopped after."""
     if why := _nginx_missing():
         pytest.skip(f"nginx is not installed: {why}")
-    root = tmp_path_factory.mktemp("replicas")
     link = root / "current"
-    link.symlink_to(checkpoints["1.0.0"])
-    running = Replicas(link, root, "--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
+    link.symlink_to(checkpoint)
+    args = ("--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
+    running = Replicas(link, root, *args, env=env)
     try:
         running.wait_for("ready on")
         yield running
@@ -250,6 +255,12 @@ def replicas(checkpoints, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 running.proc.kill()
         running._out.close()
+
+
+@pytest.fixture(scope="module")
+def replicas(checkpoints, tmp_path_factory):
+    with serve_replicas(checkpoints["1.0.0"], tmp_path_factory.mktemp("replicas")) as running:
+        yield running
 
 
 def test_replicas_pass_our_errors_through_unchanged(replicas):
@@ -285,6 +296,49 @@ def test_sigkill_to_a_replica_under_load_fails_no_request(replicas, padding_atol
     assert load.check(padding_atol) == {"1.0.0"}
     assert load.sent >= 150, load.sent
     replicas.wait_for("exited with -9: starting it again", timeout=10)
+
+
+# Loaded by every Python process of serve-replicas through PYTHONPATH: the replica that first sends the
+# headers of its {after}th /predict answer kills itself before the body (once: the marker file says so).
+_DIE_BETWEEN_HEADERS_AND_BODY = """
+import os, signal
+from uvicorn.protocols.http import h11_impl
+
+_send, _answers = h11_impl.RequestResponseCycle.send, 0
+
+
+async def send(self, message):
+    global _answers
+    await _send(self, message)
+    if message["type"] == "http.response.start" and self.scope["path"] == "/predict":
+        _answers += 1
+        if _answers == {after}:
+            try:
+                os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+h11_impl.RequestResponseCycle.send = send
+"""
+
+
+def test_a_replica_killed_between_an_answer_s_headers_and_body_fails_no_request(checkpoints, tmp_path, padding_atol):
+    """The kill lands where a truncated answer would reach the client if the headers left on their own."""
+    marker, site = tmp_path / "killed", tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_DIE_BETWEEN_HEADERS_AND_BODY.format(after=20, marker=str(marker)))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    with serve_replicas(checkpoints["1.0.0"], tmp_path, env) as running:
+        with Load(running.port) as load:
+            deadline = time.monotonic() + 30
+            while not marker.exists():
+                assert time.monotonic() < deadline, f"no replica killed itself after 30 s ({load.sent} requests sent)"
+                time.sleep(0.1)
+            time.sleep(1.0)
+        assert load.check(padding_atol) == {"1.0.0"}
+        running.wait_for("exited with -9: starting it again", timeout=10)
 
 
 def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(replicas, checkpoints, padding_atol):

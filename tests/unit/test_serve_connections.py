@@ -1,0 +1,109 @@
+"""The connection protocol ``distrinews serve`` runs (uvicorn's h11 with our guards), driven in process
+over a recording transport: what reaches the socket, in which writes.
+
+A replica killed between two writes of one answer leaves nginx holding a status line and headers
+with no body; nginx has already passed them to the client, so it cannot retry the request on
+another replica and the client gets a truncated answer (seen in CI as ``IncompleteRead(0 bytes
+read, 203 more expected)`` under ``test_sigkill_to_a_replica_under_load_fails_no_request``).
+An answer must therefore leave in one write: then a kill either comes before it (nothing
+reached nginx, which retries elsewhere) or after it (the whole answer is in the kernel's
+buffer and is delivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from distrinews.serve.connections import guarded_protocol
+
+BODY = b'{"label":"Business","probabilities":{"World":0.1,"Sports":0.1,"Business":0.7,"Sci/Tech":0.1}}'
+
+
+class Recording(asyncio.Transport):
+    """A socket transport that records each write (an empty one is no write, as asyncio's) and the close."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[bytes | str] = []
+        self.closing = False
+
+    def write(self, data) -> None:
+        if data:
+            assert not self.closing, "a write after close"
+            self.events.append(bytes(data))
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.events.append("close")
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _app() -> Starlette:
+    async def predict(request):
+        await request.body()
+        await asyncio.sleep(0.01)  # the answer is computed in another step of the loop, as the batcher's is
+        return Response(BODY, media_type="application/json", headers={"x-model-version": "1.0.0"})
+
+    return Starlette(routes=[Route("/predict", predict, methods=["POST"])])
+
+
+def _serve(requests: bytes, answers: int) -> list[bytes | str]:
+    """Feed ``requests`` to one connection; the transport's events once ``answers`` answers have left."""
+
+    async def main() -> list[bytes | str]:
+        config = Config(_app(), log_level="warning", access_log=False)
+        config.load()
+        protocol = guarded_protocol(header_timeout=5.0, max_connections=10)(config=config, server_state=ServerState(), app_state={})
+        transport = Recording()
+        protocol.connection_made(transport)
+        protocol.data_received(requests)
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if b"".join(e for e in transport.events if isinstance(e, bytes)).count(BODY) >= answers:
+                break
+        await asyncio.sleep(0.05)  # anything still to come (a late write, the close) comes now
+        protocol.connection_lost(None)
+        return transport.events
+
+    return asyncio.run(main())
+
+
+TEXT = b'{"text": "Oil prices jump"}'
+REQUEST = b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(TEXT), TEXT)
+
+
+def test_an_answer_leaves_in_one_write():
+    events = _serve(REQUEST, answers=1)
+    writes = [e for e in events if isinstance(e, bytes)]
+    assert len(writes) == 1, f"the answer left in {len(writes)} writes: {writes}"
+    assert writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n\r\n" + BODY)
+
+
+def test_keep_alive_answers_each_leave_in_one_write():
+    events = _serve(REQUEST * 3, answers=3)  # pipelined on one connection
+    writes = [e for e in events if isinstance(e, bytes)]
+    assert len(writes) == 3 and all(w.startswith(b"HTTP/1.1 200 ") and w.endswith(BODY) for w in writes), writes
+
+
+def test_an_answer_then_close_writes_before_it_closes():
+    close = REQUEST.replace(b"Host: a\r\n", b"Host: a\r\nConnection: close\r\n")
+    events = _serve(close, answers=1)
+    assert len(events) == 2 and isinstance(events[0], bytes) and events[0].endswith(BODY) and events[1] == "close", events
