@@ -1,4 +1,5 @@
-"""Directories published whole: written under a temporary name, fsynced, moved into place with ``os.replace``.
+"""Directories (and small text files) published whole: written under a temporary name, fsynced, moved into place
+with ``os.replace``.
 
 A kill mid-save leaves the previous directory whole; a save that fails removes its temporary
 directory (a kill leaves it to ``rundir.clean_stale_tmp``).
@@ -12,6 +13,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or what it held before: a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def fresh_tmp(final: Path) -> Path:

@@ -127,6 +127,7 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
     import fcntl
     import json
 
+    from ..checkpoint.atomic import write_text_atomically
     from ..data.tokenized import default_cache_dir
     from ..distributed.machine import cpu_flags, cpu_model
 
@@ -148,9 +149,7 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
                 entry = {"flops": 0.0, "runs": 0}
             entry = {"flops": max(float(entry["flops"]), measured), "runs": entry["runs"] + 1}
             peaks[key] = entry
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(peaks, indent=1, sort_keys=True))
-            os.replace(tmp, path)
+            write_text_atomically(path, json.dumps(peaks, indent=1, sort_keys=True))
         return entry["flops"], entry["runs"]
     except OSError:
         return measured, 1

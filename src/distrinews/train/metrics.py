@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
@@ -155,9 +156,7 @@ def truncate_log(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_log(path) if r.get("step", 0) <= last_step]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
