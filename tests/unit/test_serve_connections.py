@@ -107,3 +107,19 @@ def test_an_answer_then_close_writes_before_it_closes():
     close = REQUEST.replace(b"Host: a\r\n", b"Host: a\r\nConnection: close\r\n")
     events = _serve(close, answers=1)
     assert len(events) == 2 and isinstance(events[0], bytes) and events[0].endswith(BODY) and events[1] == "close", events
+
+
+def test_writelines_joins_the_pending_write_in_order():
+    """Not one of uvicorn's calls today, but one that reached the wrapped transport directly would overtake what waits."""
+    from distrinews.serve.connections import OneWritePerStep
+
+    async def main() -> list[bytes | str]:
+        transport = Recording()
+        wrapped = OneWritePerStep(transport, asyncio.get_running_loop())
+        wrapped.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        wrapped.writelines([b"a", b"b"])
+        assert transport.events == []  # nothing before the step ends
+        await asyncio.sleep(0)
+        return transport.events
+
+    assert asyncio.run(main()) == [b"HTTP/1.1 200 OK\r\n\r\nab"]

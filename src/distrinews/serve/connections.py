@@ -49,9 +49,8 @@ class OneWritePerStep:
             self._loop.call_soon(self.flush)
         self._pending.append(bytes(data))
 
-    def writelines(self, chunks) -> None:
-        for chunk in chunks:
-            self.write(chunk)
+    def writelines(self, chunks) -> None:  # defined so that it cannot reach the wrapped transport ahead of the pending
+        self.write(b"".join(chunks))
 
     def flush(self) -> None:
         if self._pending:
