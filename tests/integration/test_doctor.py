@@ -77,3 +77,36 @@ def test_port_free_tells_a_taken_port_from_a_free_one():
         assert not free and "in use" in why.lower()
     free, why = doctor.port_free("127.0.0.1", port)
     assert free and why is None
+
+
+def test_one_rank_reports_no_bandwidth(tmp_path, cli):
+    """One process (one GPU, or --nproc 1): its all-reduce sends nothing, so no bandwidth is claimed for it.
+
+    Seen on an H200 with one GPU: "all_reduce of 16 MiB: 0.0 ms, algbw 643.41 GB/s, busbw 0.00 GB/s".
+    """
+    proc = cli("doctor", "--nproc", "1", "--bandwidth-mb", "1", "--timeout", "60", "--json", str(tmp_path / "d.json"))
+    out = proc.stdout
+    assert "rendezvous of 1 processes (gloo" in out and "All checks passed." in out
+    assert "algbw" not in out and "busbw" not in out
+    assert "no all_reduce bandwidth with one process: nothing crosses a link (start 2 or more with --nproc)" in out
+    assert "bandwidth" not in json.loads((tmp_path / "d.json").read_text())["rendezvous"][0]
+
+
+def test_a_fast_all_reduce_keeps_its_digits(capsys):
+    """A 1 MiB all-reduce over NVLink takes tens of microseconds: printed with one decimal it read "0.0 ms"."""
+    from distrinews.cli.doctor.report import Report, report_results
+
+    check = {"ok": True, "got": 3.0, "expected": 3.0}
+    ranks = [
+        {
+            "rank": r,
+            "backend": "nccl",
+            "device": f"cuda:{r}",
+            "rendezvous_s": 0.5,
+            "checks": {"all_reduce": check, "all_gather": check, "broadcast": check},
+            "bandwidth": {"bytes": 2**20, "time_ms": 0.0412, "algbw": 25.4e9, "busbw": 25.4e9},
+        }
+        for r in range(2)
+    ]
+    report_results(Report(), ranks, world=2)
+    assert "[ OK ] all_reduce of 1 MiB: 0.0412 ms, algbw 25.40 GB/s, busbw 25.40 GB/s" in capsys.readouterr().out

@@ -66,12 +66,13 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
 
         report("bandwidth")
         payload = torch.ones(max(1, bandwidth_bytes // 4), device=device)
-        dist.all_reduce(payload)
-        seconds = _slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
-        from ...bench.collectives import bandwidths
+        if world > 1:  # one rank's all-reduce sends nothing: no figure for it
+            dist.all_reduce(payload)
+            seconds = _slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
+            from ...bench.collectives import bandwidths
 
-        alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds, world)
-        result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds, "algbw": alg, "busbw": bus}
+            alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds, world)
+            result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds, "algbw": alg, "busbw": bus}
 
         report("shared_memory")
         result["shared_memory"] = _shared_memory_check(payload, backend, device, rank, world)
@@ -110,7 +111,7 @@ def _shared_memory_check(payload, backend: str, device, rank: int, world: int) -
         return {"used": False, "why": why_not}
     segment = open_segment(payload.numel() * 4, rank, world)
     if isinstance(segment, str):
-        return {"used": False, "why": segment, "needs_bytes": segment_bytes(payload.numel() * 4, world)}
+        return {"used": False, "why": segment, "bytes": payload.numel() * 4, "needs_bytes": segment_bytes(payload.numel() * 4, world)}
     x = torch.full((payload.numel(),), float(rank + 1))
     segment.allreduce_mean_(x)
     expect = (world + 1) / 2

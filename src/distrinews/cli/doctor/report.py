@@ -69,11 +69,14 @@ def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> No
             )
         else:
             rep.ok(f"{name} correct on every rank (got {c['got']}, expected {c['expected']})")
-    bw = first["bandwidth"]
-    rep.ok(
-        f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.1f} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
-        f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)"
-    )
+    bw = first.get("bandwidth")
+    if bw is None:
+        rep.info("no all_reduce bandwidth with one process: nothing crosses a link (start 2 or more with --nproc)")
+    else:
+        rep.ok(
+            f"all_reduce of {bw['bytes'] / 2**20:.0f} MiB: {bw['time_ms']:.3g} ms, algbw {bw['algbw'] / 1e9:.2f} GB/s, "
+            f"busbw {bw['busbw'] / 1e9:.2f} GB/s (full table: distrinews bench collectives)"
+        )
     shm = first.get("shared_memory") or {"used": False, "why": "not checked"}
     if shm["used"]:
         bad = [r["rank"] for r in results if not r["shared_memory"]["ok"]]
@@ -91,7 +94,7 @@ def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> No
     elif "needs_bytes" in shm:
         rep.info(
             f"no shared-memory gradient average: {shm['why']}; training averages through {first['backend']} instead "
-            f"(slower on one host). {first['bandwidth']['bytes'] / 2**20:.0f} MiB of gradients need {shm['needs_bytes'] / 2**20:.0f} MiB "
+            f"(slower on one host). {shm['bytes'] / 2**20:.0f} MiB of gradients need {shm['needs_bytes'] / 2**20:.0f} MiB "
             "of /dev/shm: give a container a larger one (docker --shm-size, a memory-backed emptyDir as deploy/k8s has)"
         )
     else:
