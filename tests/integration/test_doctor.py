@@ -92,21 +92,38 @@ def test_one_rank_reports_no_bandwidth(tmp_path, cli):
     assert "bandwidth" not in json.loads((tmp_path / "d.json").read_text())["rendezvous"][0]
 
 
+def _two_ranks(backend: str, bandwidth: dict, shared_memory: dict | None = None) -> list[dict]:
+    """What two healthy ranks send the doctor's report (``rank_checks``' shape)."""
+    check = {"ok": True, "got": 3.0, "expected": 3.0}
+    return [
+        {
+            "rank": r,
+            "backend": backend,
+            "device": "cpu",
+            "rendezvous_s": 0.5,
+            "checks": {"all_reduce": check, "all_gather": check, "broadcast": check},
+            "bandwidth": bandwidth,
+            "shared_memory": shared_memory,
+        }
+        for r in range(2)
+    ]
+
+
 def test_a_fast_all_reduce_keeps_its_digits(capsys):
     """A 1 MiB all-reduce over NVLink takes tens of microseconds: printed with one decimal it read "0.0 ms"."""
     from distrinews.cli.doctor.report import Report, report_results
 
-    check = {"ok": True, "got": 3.0, "expected": 3.0}
-    ranks = [
-        {
-            "rank": r,
-            "backend": "nccl",
-            "device": f"cuda:{r}",
-            "rendezvous_s": 0.5,
-            "checks": {"all_reduce": check, "all_gather": check, "broadcast": check},
-            "bandwidth": {"bytes": 2**20, "time_ms": 0.0412, "algbw": 25.4e9, "busbw": 25.4e9},
-        }
-        for r in range(2)
-    ]
-    report_results(Report(), ranks, world=2)
+    report_results(Report(), _two_ranks("nccl", {"bytes": 2**20, "time_ms": 0.0412, "algbw": 25.4e9, "busbw": 25.4e9}), world=2)
     assert "[ OK ] all_reduce of 1 MiB: 0.0412 ms, algbw 25.40 GB/s, busbw 25.40 GB/s" in capsys.readouterr().out
+
+
+def test_too_small_a_dev_shm_names_the_sizes(capsys):
+    """The gradients' size comes from the shared-memory check itself, not from the bandwidth figure."""
+    from distrinews.cli.doctor.report import Report, report_results
+
+    shm = {"used": False, "why": "/dev/shm has 1 MiB free", "bytes": 16 * 2**20, "needs_bytes": 48 * 2**20}
+    bandwidth = {"bytes": 2**20, "time_ms": 2.5, "algbw": 0.4e9, "busbw": 0.4e9}
+    report_results(Report(), _two_ranks("gloo", bandwidth, shm), world=2)
+    out = capsys.readouterr().out
+    assert "no shared-memory gradient average: /dev/shm has 1 MiB free; training averages through gloo instead" in out
+    assert "16 MiB of gradients need 48 MiB of /dev/shm" in out

@@ -49,7 +49,7 @@ class OneWritePerStep:
             self._loop.call_soon(self.flush)
         self._pending.append(bytes(data))
 
-    def writelines(self, chunks) -> None:  # defined so that it cannot reach the wrapped transport ahead of the pending
+    def writelines(self, chunks) -> None:  # defined here, or it would reach the wrapped transport ahead of what is pending
         self.write(b"".join(chunks))
 
     def flush(self) -> None:
