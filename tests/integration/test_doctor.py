@@ -99,7 +99,7 @@ def _two_ranks(backend: str, bandwidth: dict, shared_memory: dict | None = None)
         {
             "rank": r,
             "backend": backend,
-            "device": "cpu",
+            "device": f"cuda:{r}" if backend == "nccl" else "cpu",
             "rendezvous_s": 0.5,
             "checks": {"all_reduce": check, "all_gather": check, "broadcast": check},
             "bandwidth": bandwidth,
