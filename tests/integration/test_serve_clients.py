@@ -21,7 +21,14 @@ HEADLINES = [
 API_KEY = "clients-key-5678"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEI_DOC = Path(__file__).resolve().parents[1] / "data" / "tei_openapi_predict.json"
-TIMING = ("x-compute-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time", "x-compute-tokens")
+TIMING = (
+    "x-compute-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+    "x-total-time",
+    "x-compute-tokens",
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +38,11 @@ def server(tmp_path_factory, agnews_dir, spread_checkpoint, server_process):
     train = load_split(agnews_dir, "train")
     checkpoint = spread_checkpoint(tmp_path_factory.mktemp("clients") / "best", train.texts[:256])
     srv = server_process(
-        checkpoint, tmp_path_factory.mktemp("logs") / "clients.log", "--runtime", "torch", env={"DISTRINEWS_API_KEY": API_KEY}
+        checkpoint,
+        tmp_path_factory.mktemp("logs") / "clients.log",
+        "--runtime",
+        "torch",
+        env={"DISTRINEWS_API_KEY": API_KEY},
     )
     try:
         yield srv.wait_ready()
@@ -97,6 +108,7 @@ def test_teis_openapi_examples_replayed_against_the_server(server):
       (tests/unit/test_serve_tei.py) provoke both and check the same bodies.
     """
     import jsonschema
+
     doc = json.loads(TEI_DOC.read_text())
     predict = doc["paths"]["/predict"]["post"]
     request_schema = doc["components"]["schemas"]["PredictRequest"]["properties"]
@@ -106,7 +118,12 @@ def test_teis_openapi_examples_replayed_against_the_server(server):
         "truncate": json.loads(request_schema["truncate"]["example"]),
         "truncation_direction": request_schema["truncation_direction"]["default"],
     }
-    assert example == {"inputs": "What is Deep Learning?", "raw_scores": False, "truncate": False, "truncation_direction": "right"}
+    assert example == {
+        "inputs": "What is Deep Learning?",
+        "raw_scores": False,
+        "truncate": False,
+        "truncation_direction": "right",
+    }
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as client:
         ok = client.post("/predict", json=example)
         assert ok.status_code == 200, ok.text

@@ -19,7 +19,14 @@ from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.tei import ERROR_TYPES, LOG_OF_ZERO
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-TIMING = ("x-compute-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time", "x-compute-tokens")
+TIMING = (
+    "x-compute-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+    "x-total-time",
+    "x-compute-tokens",
+)
 
 
 def _wait_ready(client: TestClient) -> None:
@@ -167,10 +174,16 @@ def test_teis_errors_while_loading_when_busy_and_when_the_model_fails(fake_predi
         assert loaded.wait(10)
         return Gated()
 
-    app = create_app(ServeConfig(checkpoint="unused", api_key="", max_queue=1, max_batch_size=1, max_wait_ms=0), predictor_factory=load)
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="", max_queue=1, max_batch_size=1, max_wait_ms=0),
+        predictor_factory=load,
+    )
 
     async def main():
-        async with app.router.lifespan_context(app), httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+        ):
             loading = await c.post("/predict", json={"inputs": "a"})
             seed_loading = await c.post("/predict", json={"text": "a"})
             loaded.set()
@@ -230,7 +243,11 @@ def test_every_route_declares_its_errors_with_an_example_and_the_configured_limi
     assert "64" not in json.dumps(batch["requestBody"])
     predict = schema["paths"]["/predict"]["post"]
     shapes = predict["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
-    assert [s["title"] for s in shapes] == ["PredictRequest", "TEI PredictRequest", "Hugging Face text-classification request"]
+    assert [s["title"] for s in shapes] == [
+        "PredictRequest",
+        "TEI PredictRequest",
+        "Hugging Face text-classification request",
+    ]
     assert set(predict["responses"]) == {"200", "400", "401", "413", "415", "422", "424", "429", "503"}
     for path in ("/", "/invocations"):
         assert set(schema["paths"][path]["post"]["responses"]) == set(predict["responses"])

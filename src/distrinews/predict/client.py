@@ -131,7 +131,16 @@ class RemoteClassifier:
                 if wait > self.max_retry_wait:
                     detail = f"{_detail(response)} (it asks to retry in {wait:.0f} s, more than max_retry_wait {self.max_retry_wait:g} s)"
                     raise RemoteError(response.status_code, detail, f"{self.url}{path}")
-            log.info("%s %s%s: %s; retrying in %.2f s (retry %d of %d)", method, self.url, path, why, wait, attempt + 1, self.max_retries)
+            log.info(
+                "%s %s%s: %s; retrying in %.2f s (retry %d of %d)",
+                method,
+                self.url,
+                path,
+                why,
+                wait,
+                attempt + 1,
+                self.max_retries,
+            )
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -47,17 +47,33 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
     for code in codes:
         examples: dict[str, Any] = {}
         if health:
-            body = {"status": "unhealthy", "model_loaded": False, "runtime": "auto", "version": __version__, "uptime_s": 3.2}
+            body = {
+                "status": "unhealthy",
+                "model_loaded": False,
+                "runtime": "auto",
+                "version": __version__,
+                "uptime_s": 3.2,
+            }
             examples["seed"] = {"value": {**body, "error": "could not load the model from runs/x/best: FileNotFoundError"}}
-            declared_codes[code] = {"description": "the model failed to load", "content": {"application/json": {"examples": examples}}}
+            declared_codes[code] = {
+                "description": "the model failed to load",
+                "content": {"application/json": {"examples": examples}},
+            }
             continue
         if code in _SEED:
             examples["seed API"] = {"summary": "the seed's shape", "value": {"detail": _SEED[code]}}
         if tei and code in _TEI:
             error, error_type = _TEI[code]
-            examples["TEI"] = {"summary": "TEI's or Hugging Face's shape", "value": {"error": error, "error_type": error_type}}
+            examples["TEI"] = {
+                "summary": "TEI's or Hugging Face's shape",
+                "value": {"error": error, "error_type": error_type},
+            }
         model: Any = ErrorDetail if "TEI" not in examples else TeiError if "seed API" not in examples else ErrorDetail | TeiError
-        entry: dict[str, Any] = {"description": _WHY[code], "model": model, "content": {"application/json": {"examples": examples}}}
+        entry: dict[str, Any] = {
+            "description": _WHY[code],
+            "model": model,
+            "content": {"application/json": {"examples": examples}},
+        }
         if code in (429, 503):
             entry["headers"] = _RETRY_AFTER
         declared_codes[code] = entry

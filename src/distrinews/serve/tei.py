@@ -72,14 +72,19 @@ def is_foreign(payload: Any) -> bool:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+def _invalid(message: str, status: int = 422) -> ApiError:
+    return ApiError(status, f"Input validation error: {message}")  # TEI's prefix for what a request got wrong
 
 
 def _text(value: Any, where: str, max_chars: int) -> str:
     if not isinstance(value, str):
-        raise ApiError(422, f"Input validation error: {where} must be a string, got {_kind(value)}")
+        raise _invalid(f"{where} must be a string, got {_kind(value)}")
     if not value.strip():
-        raise ApiError(400, f"Input validation error: {where} cannot be empty")
+        raise _invalid(f"{where} cannot be empty", 400)
     return clean_text(value, where, max_chars)
 
 
@@ -89,28 +94,28 @@ def _too_many(n: int, max_texts: int) -> None:
 
 
 def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str], bool]:
-    """TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or ``[[text] | [a, b], ...]`` (a batch)."""
+    """TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a batch ``[[text], ...]``."""
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)], False
     if not isinstance(inputs, list):
-        raise ApiError(422, f'Input validation error: `inputs` must be a string or a batch [["a"], ["b"]], got {_kind(inputs)}')
+        raise _invalid(f'`inputs` must be a string or a batch [["a"], ["b"]], got {_kind(inputs)}')
     if not inputs:
-        raise ApiError(400, "Input validation error: `inputs` cannot be empty")
+        raise _invalid("`inputs` cannot be empty", 400)
     if not isinstance(inputs[0], list):  # not a batch: [text] or a pair
         if len(inputs) == 1:
             return [_text(inputs[0], "`inputs[0]`", max_chars)], False
         if len(inputs) == 2:
             raise ApiError(422, PAIRS_REFUSED)
-        raise ApiError(422, f'Input validation error: `inputs` has {len(inputs)} strings; send "a", ["a"] or a batch [["a"], ["b"]]')
+        raise _invalid(f'`inputs` has {len(inputs)} strings; send "a", ["a"] or a batch [["a"], ["b"]]')
     _too_many(len(inputs), max_texts)
     texts = []
     for i, item in enumerate(inputs):
         if not isinstance(item, list):
-            raise ApiError(422, f'Input validation error: `inputs[{i}]` must be ["text"] in a batch, got {_kind(item)}')
+            raise _invalid(f'`inputs[{i}]` must be ["text"] in a batch, got {_kind(item)}')
         if len(item) == 2:
             raise ApiError(422, f"`inputs[{i}]`: {PAIRS_REFUSED}")
         if len(item) != 1:
-            raise ApiError(422, f'Input validation error: `inputs[{i}]` has {len(item)} strings; a batch item is ["text"]')
+            raise _invalid(f'`inputs[{i}]` has {len(item)} strings; a batch item is ["text"]')
         texts.append(_text(item[0], f"`inputs[{i}][0]`", max_chars))
     return texts, True
 
@@ -120,9 +125,9 @@ def _hf_inputs(inputs: Any, max_texts: int, max_chars: int) -> list[str]:
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)]
     if not isinstance(inputs, list):
-        raise ApiError(422, f"Input validation error: `inputs` must be a string or a list of strings, got {_kind(inputs)}")
+        raise _invalid(f"`inputs` must be a string or a list of strings, got {_kind(inputs)}")
     if not inputs:
-        raise ApiError(400, "Input validation error: `inputs` cannot be empty")
+        raise _invalid("`inputs` cannot be empty", 400)
     _too_many(len(inputs), max_texts)
     return [_text(text, f"`inputs[{i}]`", max_chars) for i, text in enumerate(inputs)]
 
@@ -131,18 +136,18 @@ def _hf_parameters(parameters: Any) -> tuple[int | None, str | None]:
     if parameters is None:
         return None, None
     if not isinstance(parameters, dict):
-        raise ApiError(422, f"Input validation error: `parameters` must be an object, got {_kind(parameters)}")
+        raise _invalid(f"`parameters` must be an object, got {_kind(parameters)}")
     for name in parameters:
         if name not in HF_PARAMETERS:
-            raise ApiError(422, f"Input validation error: `parameters.{name}` is not one of {', '.join(HF_PARAMETERS)}")
+            raise _invalid(f"`parameters.{name}` is not one of {', '.join(HF_PARAMETERS)}")
     top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ApiError(422, f"Input validation error: `parameters.top_k` must be a whole number >= 1, got {top_k!r}")
+        raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {top_k!r}")
     if function == "sigmoid":
         why = '"sigmoid" is for multi-label models; this one is single-label (softmax)'
-        raise ApiError(422, f"Input validation error: `parameters.function_to_apply` {why}")
+        raise _invalid(f"`parameters.function_to_apply` {why}")
     if function not in (None, "softmax", "none"):
-        raise ApiError(422, f'Input validation error: `parameters.function_to_apply` must be "softmax" or "none", got {function!r}')
+        raise _invalid(f'`parameters.function_to_apply` must be "softmax" or "none", got {function!r}')
     return top_k, function
 
 
@@ -150,13 +155,13 @@ def parse(payload: dict[str, Any], max_texts: int, max_chars: int) -> tuple[Fore
     """The request and Hugging Face's ``top_k`` (None: every label); every way it can be wrong is an ApiError."""
     raw_scores = payload.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
-        raise ApiError(422, f"Input validation error: `raw_scores` must be true or false, got {_kind(raw_scores)}")
+        raise _invalid(f"`raw_scores` must be true or false, got {_kind(raw_scores)}")
     truncate = payload.get("truncate")
     if truncate is not None and not isinstance(truncate, bool):
-        raise ApiError(422, f"Input validation error: `truncate` must be true, false or null, got {_kind(truncate)}")
+        raise _invalid(f"`truncate` must be true, false or null, got {_kind(truncate)}")
     direction = payload.get("truncation_direction", "Right")
     if direction not in TRUNCATION_DIRECTIONS:
-        raise ApiError(422, f'Input validation error: `truncation_direction` must be "Left" or "Right", got {direction!r}')
+        raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {direction!r}')
     hf = "parameters" in payload
     top_k, function = _hf_parameters(payload["parameters"]) if hf else (None, None)
     if hf:
@@ -180,11 +185,11 @@ def fit(request: ForeignRequest, encoder: Any) -> list[str]:
     if request.truncate and not request.keep_end:
         return request.texts
     if encoder is None:
-        raise ApiError(422, "Input validation error: this server's predictor cannot measure texts: send truncate true, direction right")
+        raise _invalid("this server's predictor cannot measure texts: send truncate true, direction right")
     if not request.truncate:
         for n in encoder.lengths(request.texts):
             if n > encoder.max_length:
-                raise ApiError(422, f"Input validation error: `inputs` must have less than {encoder.max_length} tokens. Given: {n}")
+                raise _invalid(f"`inputs` must have less than {encoder.max_length} tokens. Given: {n}")
         return request.texts
     return encoder.keep_end(request.texts)
 
@@ -196,16 +201,15 @@ def _score(p: float, log: bool) -> float:
 
 
 def answer(request: ForeignRequest, results: list[dict[str, Any]], top_k: int | None = None) -> list[Any]:
-    """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest score first."""
-    ranked = [
-        [{"label": label, "score": _score(p, request.log_scores)} for label, p in sorted(r["probabilities"].items(), key=_by_score)[:top_k]]
-        for r in results
-    ]
+    """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest first."""
+    ranked = [_ranked(r["probabilities"], request.log_scores, top_k) for r in results]
     return ranked if request.batch else ranked[0]
 
 
-def _by_score(item: tuple[str, float]) -> float:
-    return -item[1]
+def _ranked(probabilities: dict[str, float], log: bool, top_k: int | None) -> list[dict[str, Any]]:
+    # sorted() is stable: equal scores keep the model's label order
+    highest_first = sorted(probabilities.items(), key=lambda item: -item[1])[:top_k]
+    return [{"label": label, "score": _score(p, log)} for label, p in highest_first]
 
 
 def error_response(exc: ApiError) -> JSONResponse:
