@@ -106,6 +106,29 @@ def test_every_prediction_answer_carries_teis_timing_headers(client):
     assert answers[0].headers["x-compute-characters"] == str(len("Oil prices jump after OPEC cuts output"))
 
 
+def test_the_timing_headers_are_the_batchers_measurements(fake_predictor):
+    """A forward pass held for 60 ms shows in x-inference-time, and a request queued behind it in x-queue-time
+    (lower bounds: what the test imposed, not how fast anything is)."""
+    held = threading.Event()
+
+    class Slow(fake_predictor):
+        def predict_encoded(self, batch):
+            time.sleep(0.06)
+            held.set()
+            return super().predict_encoded(batch)
+
+    app = create_app(ServeConfig(checkpoint="unused", api_key="", max_batch_size=1, max_wait_ms=0), predictor_factory=Slow)
+    with TestClient(app) as c:
+        _wait_ready(c)
+        first = threading.Thread(target=c.post, args=("/predict",), kwargs={"json": {"text": "first"}})
+        first.start()
+        second = c.post("/predict", json={"inputs": "second"})
+        first.join(10)
+    assert int(second.headers["x-inference-time"]) >= 60
+    assert int(second.headers["x-total-time"]) >= int(second.headers["x-queue-time"]) + int(second.headers["x-inference-time"])
+    assert held.is_set()
+
+
 def test_truncation_false_refuses_a_long_text_and_left_keeps_its_end(client, predictor):
     long = "one two three four five six seven eight nine ten"
     refused = client.post("/predict", json={"inputs": long, "truncate": False})

@@ -327,15 +327,11 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
         f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
     )
-    app.add_api_route(
-        "/predict", predict, methods=["POST"], response_model=answers, summary="classify a text (or a TEI or Hugging Face batch)",
-        description=described, openapi_extra=both_shapes, responses=codes,
-    )  # fmt: skip
+    shared = {"response_model": answers, "description": described, "openapi_extra": both_shapes, "responses": codes}
+    app.add_api_route("/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared)
     for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
-        app.add_api_route(
-            path, predict, methods=["POST"], response_model=answers, summary=f"the same as POST /predict (TEI's POST {path})",
-            description=described, openapi_extra=both_shapes, responses=codes, operation_id=f"predict_at_{path.strip('/') or 'root'}",
-        )  # fmt: skip
+        summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
+        app.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
 
     @app.post(
         "/predict/batch",
@@ -422,8 +418,7 @@ def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
         schema = build()  # FastAPI's, cached on the app: the example is added once
         share = round(1 / len(labels), 4)
         example = {"label": labels[0], "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
-        ranked = [{"label": label, "score": share} for label in labels]
-        for name, shown in (("PredictResponse", example), ("Prediction", ranked[0])):
+        for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
             target = schema.get("components", {}).get("schemas", {}).get(name)
             if target is not None:
                 target["examples"] = [shown]
