@@ -22,7 +22,8 @@ Where this server answers otherwise than TEI, and why:
 - a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
   answers 422); an empty batch is 400 ``Empty``, as the document declares (its router, 422);
 - a text of whitespace only is empty (400), as the seed API strips texts;
-- a body that is not a JSON object cannot be told apart, so it gets the seed API's error.
+- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the
+  401 (API key) and 413 (body size) the middlewares answer before the body is read.
 """
 
 from __future__ import annotations
