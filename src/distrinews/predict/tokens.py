@@ -17,6 +17,7 @@ fast tokenizer.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,6 +120,41 @@ class TextEncoder:
             padding_side=config.get("padding_side", "right"),
             truncation_side=config.get("truncation_side", "right"),
         )
+
+    @functools.cached_property
+    def _whole(self) -> Any:
+        """A copy that never truncates: for the lengths and offsets a caller asks about before encoding."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+        tokenizer.no_truncation()
+        return tokenizer
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Each text's length in tokens without truncation (special tokens included)."""
+        return [len(e.ids) for e in self._whole.encode_batch(list(texts))]
+
+    def keep_end(self, texts: Sequence[str]) -> list[str]:
+        """Each text too long for ``max_length`` cut at the start, at a word boundary, to the last whole words
+        that fit (a text that fits is kept whole), so ``encode`` then truncates nothing: truncation on the
+        left without a second encoder. Only a single word longer than the budget is cut inside it."""
+        processor = self._whole.post_processor
+        budget = self.max_length - (processor.num_special_tokens_to_add(False) if processor is not None else 0)
+        kept = []
+        for text, enc in zip(texts, self._whole.encode_batch(list(texts))):
+            content = [i for i, special in enumerate(enc.special_tokens_mask) if not special]
+            if len(content) <= budget:
+                kept.append(text)
+                continue
+            first = len(content) - max(budget, 1)
+            words = enc.word_ids
+            start = first
+            while start < len(content) and start > 0 and words[content[start]] == words[content[start - 1]]:
+                start += 1  # the first kept token continues a word: start at the next whole word
+            if start == len(content):
+                start = first
+            kept.append(text[enc.offsets[content[start]][0] :])
+        return kept
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         encodings = self.tokenizer.encode_batch(list(texts))

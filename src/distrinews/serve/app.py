@@ -4,8 +4,10 @@
 worker thread: the server answers ``/health`` (and ``/ready`` with 503) while the model
 loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``
 (``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded
-(``limits``). Around the routes sit the middlewares (``middleware``) and the app's own
-Prometheus registry (``metrics``).
+(``limits``). ``POST /predict`` (and ``POST /``, ``/invocations``) also speaks
+text-embeddings-inference's and Hugging Face's shapes, with their answers and errors (``tei``).
+Every route declares its status codes with an example body (``responses``). Around the routes
+sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
 
 Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
 a number, two different ``Content-Length`` headers) is answered by the HTTP server (uvicorn's
@@ -33,13 +35,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import CheckpointError
+from . import tei
 from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
-from .limits import clean_text, parse_body
+from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
 from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from .options import ServeConfig
 from .protocol import ServingPredictor
-from .schemas import ApiError, BatchPredictRequest, PredictRequest, PredictResponse, error_response, json_schema_body
+from .responses import declared
+from .schemas import (
+    ApiError,
+    BatchPredictRequest,
+    HfClassificationRequest,
+    Prediction,
+    PredictRequest,
+    PredictResponse,
+    TeiPredictRequest,
+    error_response,
+    json_schema_body,
+)
 
 log = logging.getLogger("distrinews.serve")
 
@@ -139,12 +153,15 @@ class ServingState:
             raise ApiError(503, detail, {"Retry-After": "1"})
         return self.batcher
 
-    async def classify(self, texts: list[str], receive: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
+    async def classify(
+        self, texts: list[str], receive: Callable[[], Any] | None = None, timing: dict[str, float] | None = None
+    ) -> list[dict[str, Any]]:
         """The texts' results from the micro-batcher. With the request's ASGI ``receive``, a client that
-        disconnects before its batch forms is taken out of the queue: its texts are never computed."""
+        disconnects before its batch forms is taken out of the queue: its texts are never computed.
+        ``timing`` is filled in with what the batcher measured (``MicroBatcher.enqueue``)."""
         batcher = self.require_ready()
         try:
-            future = batcher.enqueue(texts)
+            future = batcher.enqueue(texts, timing)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
         except BatcherClosedError as exc:
@@ -241,7 +258,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         labels = list(loaded) if loaded else checkpoint_labels(config.checkpoint)
         return HTMLResponse(_index_html().replace("{{LABELS}}", html.escape(labels_sentence(labels))))
 
-    @app.get("/health", summary="liveness: the process is up (and whether the model is loaded)")
+    @app.get("/health", summary="liveness: the process is up (and whether the model is loaded)", responses=declared(503, health=True))
     async def health():
         body = {
             "status": "unhealthy" if state.load_error else "healthy",
@@ -255,27 +272,78 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
             return JSONResponse(body, status_code=503)
         return body
 
-    @app.get("/ready", summary="readiness: 200 once the model serves, 503 before")
+    @app.get("/ready", summary="readiness: 200 once the model serves, 503 before", responses=declared(503))
     async def ready():
         state.require_ready()
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
-    @app.post("/predict", response_model=PredictResponse, summary="classify one text", openapi_extra=json_schema_body(PredictRequest))
+    def answer_headers(start: float, timing: dict[str, float], characters: int) -> dict[str, str]:
+        runtime = state.predictor.runtime if state.predictor is not None else config.runtime
+        return {**state.version_header(), **tei.timing_headers(start, timing, characters, runtime)}
+
     async def predict(request: Request):
-        state.require_ready()
-        body = await parse_body(request, PredictRequest)
-        (result,) = await state.classify([clean_text(body.text, "text", config.max_text_chars)], request.receive)
+        start = time.perf_counter()
+        try:
+            state.require_ready()
+        except ApiError as not_ready:  # in TEI's shape, said in TEI's words; else as the seed API says it
+            payload = await _peek(request)
+            if tei.is_foreign(payload):
+                return tei.error_response(not_ready)
+            raise
+        payload = await read_object(request, PredictRequest)
+        if tei.is_foreign(payload):
+            return await predict_foreign(request, payload, start)
+        body = validate_body(payload, PredictRequest)
+        text = clean_text(body.text, "text", config.max_text_chars)
+        timing: dict[str, float] = {}
+        (result,) = await state.classify([text], request.receive, timing)
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
-        return JSONResponse(result, headers=state.version_header())
+        return JSONResponse(result, headers=answer_headers(start, timing, len(text)))
+
+    async def predict_foreign(request: Request, payload: dict[str, Any], start: float) -> Response:
+        try:
+            foreign, top_k = tei.parse(payload, config.max_batch_texts, config.max_text_chars)
+            texts = foreign.texts
+            if not foreign.truncate or foreign.keep_end:
+                texts = await asyncio.to_thread(tei.fit, foreign, getattr(state.predictor, "encoder", None))
+            timing: dict[str, float] = {}
+            try:
+                results = await state.classify(texts, request.receive, timing)
+            except ApiError:
+                raise
+            except Exception:  # TEI answers a failed forward pass with 424; the traceback is the operator's
+                log.exception("inference failed on %s", request.url.path)
+                raise ApiError(424, "Backend error: inference failed (the server log has the details)") from None
+        except ApiError as exc:
+            return tei.error_response(exc)
+        return JSONResponse(tei.answer(foreign, results, top_k), headers=answer_headers(start, timing, foreign.characters))
+
+    both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
+    answers = PredictResponse | list[Prediction] | list[list[Prediction]]
+    codes = declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True)
+    described = (
+        'One text in the seed\'s shape ({"text"}), or text-embeddings-inference\'s ({"inputs"}, with truncate, '
+        'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
+        f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
+    )
+    shared = {"response_model": answers, "description": described, "openapi_extra": both_shapes, "responses": codes}
+    app.add_api_route("/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared)
+    for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
+        summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
+        app.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
 
     @app.post(
         "/predict/batch",
         response_model=list[PredictResponse],
-        summary="classify up to 64 texts, results in order",
-        openapi_extra=json_schema_body(BatchPredictRequest),
+        summary=f"classify up to {config.max_batch_texts} texts, results in order",
+        openapi_extra=json_schema_body(
+            BatchPredictRequest, descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"}
+        ),
+        responses=declared(400, 401, 413, 415, 422, 429, 503),
     )
     async def predict_batch(request: Request):
+        start = time.perf_counter()
         state.require_ready()
         body = await parse_body(request, BatchPredictRequest)
         if not body.texts:
@@ -283,9 +351,11 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         if len(body.texts) > config.max_batch_texts:
             raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
-        return JSONResponse(await state.classify(texts, request.receive), headers=state.version_header())
+        timing: dict[str, float] = {}
+        results = await state.classify(texts, request.receive, timing)
+        return JSONResponse(results, headers=answer_headers(start, timing, sum(len(t) for t in texts)))
 
-    @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits")
+    @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits", responses=declared(401, 503))
     async def info():
         state.require_ready()
         body = {
@@ -306,9 +376,19 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         }
         return JSONResponse(body, headers=state.version_header())
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    metrics_codes = declared() if config.public_metrics else declared(401)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=metrics_codes)
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _peek(request: Request) -> Any:
+    """The body as JSON if it is one (None if not): only to tell which API shape an early error is answered in."""
+    try:
+        return await read_object(request, PredictRequest)
+    except ApiError:
+        return None
 
 
 _INDEX_CACHE: dict[str, str] = {}
@@ -338,10 +418,10 @@ def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
         schema = build()  # FastAPI's, cached on the app: the example is added once
         share = round(1 / len(labels), 4)
         example = {"label": labels[0], "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
-        for name in ("PredictResponse",):
+        for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
             target = schema.get("components", {}).get("schemas", {}).get(name)
             if target is not None:
-                target["examples"] = [example]
+                target["examples"] = [shown]
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

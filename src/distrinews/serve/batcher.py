@@ -63,6 +63,7 @@ class _Request:
     items: list[Any] = field(default_factory=list)  # the encoded texts, once tokenized
     longest: int = 0  # tokens in its longest text
     tokenize_s: float = 0.0
+    timing: dict[str, float] | None = None  # filled in for the caller once computed (enqueue's ``timing``)
 
 
 @dataclass
@@ -149,9 +150,11 @@ class MicroBatcher:
         await loop.run_in_executor(None, self._executor.shutdown)
 
     # ------------------------------------------------------------------ producer side
-    def enqueue(self, texts: Sequence[str]) -> asyncio.Future:
+    def enqueue(self, texts: Sequence[str], timing: dict[str, float] | None = None) -> asyncio.Future:
         """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
 
+        ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
+        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded).
         Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
         """
         if self._closing or self._task is None:
@@ -163,7 +166,7 @@ class MicroBatcher:
             raise QueueFullError(f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly")
         loop = asyncio.get_running_loop()
         busy = self._busy or bool(self._ready) or self._tokenizing > 0
-        request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy)
+        request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy, timing=timing)
         request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
         if self.encode is None:
@@ -354,9 +357,13 @@ class MicroBatcher:
                         request.future.set_exception(exc)
             else:
                 offset = 0
-                for request in batch:
+                forward_s = time.perf_counter() - start
+                for request, waited in zip(batch, queue_s):
                     part = results[offset : offset + len(request.items)]
                     offset += len(request.items)
+                    if request.timing is not None:
+                        unpadded = sum(len(item) for item in request.items)
+                        request.timing.update(tokenize_s=request.tokenize_s, queue_s=waited, inference_s=forward_s, tokens=unpadded)
                     if not request.future.done():  # the caller may have given up meanwhile
                         request.future.set_result(part)
             finally:

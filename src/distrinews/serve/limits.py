@@ -111,6 +111,11 @@ def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
 
 async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
     """The request's JSON body as ``model``; every way it can be wrong is a 4xx that says how."""
+    return validate_body(await read_object(request, model), model)
+
+
+async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any]:
+    """The request's body as a JSON object, not yet validated (``model`` gives the example an empty body is told)."""
     content_type = request.headers.get("content-type")
     if not _is_json_media_type(content_type):
         got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
@@ -126,6 +131,10 @@ async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
     payload = parse_json(text)
     if not isinstance(payload, dict):
         raise ApiError(422, f"request body must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def validate_body(payload: dict[str, Any], model: type[BaseModel]) -> BaseModel:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

@@ -60,7 +60,8 @@ class ApiKeyMiddleware:
         self.app, self.api_key, self.public = app, api_key.encode(), public
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in self.public:
+        # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict.
+        if scope["type"] != "http" or (scope["path"] in self.public and scope["method"] in ("GET", "HEAD")):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")

@@ -3,6 +3,10 @@
 
 A prediction is two calls on two threads: ``encode`` on the micro-batcher's tokenizer thread as
 a request arrives, ``predict_encoded`` on its forward thread over a whole batch.
+
+A predictor may also have ``encoder`` (a ``predict.tokens.TextEncoder``; every runtime does): TEI's
+``truncate: false`` and ``truncation_direction: left`` measure texts with it (``tei.fit``), and are
+refused (422) by a predictor without one.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The API's request and response bodies: pydantic models (with the examples ``/docs`` shows) and
-``ApiError``, the JSON error ``{"detail": "<what to fix>"}`` every failure is answered with."""
+``ApiError``, the JSON error ``{"detail": "<what to fix>"}`` every failure is answered with; and the
+text-embeddings-inference and Hugging Face shapes ``/predict`` also takes (``tei`` reads them), for ``/docs``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
@@ -18,7 +19,7 @@ class BatchPredictRequest(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={"examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]}
     )
-    texts: list[StrictStr] = Field(description="1 to 64 texts (the server's --max-batch-texts)")
+    texts: list[StrictStr] = Field(description="the texts, at least one and at most the server's --max-batch-texts")
 
 
 class PredictResponse(BaseModel):
@@ -26,6 +27,62 @@ class PredictResponse(BaseModel):
     label_id: int
     confidence: float
     probabilities: dict[str, float]
+
+
+class TeiPredictRequest(BaseModel):
+    """text-embeddings-inference's ``POST /predict`` body (its router's ``PredictRequest``)."""
+
+    model_config = ConfigDict(
+        title="TEI PredictRequest",
+        json_schema_extra={
+            "examples": [{"inputs": "Oil prices jump after OPEC cuts output"}, {"inputs": [["Oil prices jump"], ["Federer wins"]]}]
+        },
+    )
+    inputs: str | list[str] | list[list[str]] = Field(
+        description="one text, or a batch [[text], [text], ...]; a pair [a, b] (or [[a, b]] in a batch) is refused: "
+        "this model classifies single texts"
+    )
+    truncate: bool | None = Field(None, description="cut a text longer than the model reads (null: yes); false: 422 instead")
+    truncation_direction: Literal["Left", "Right", "left", "right"] = Field("Right", description="which end is cut")
+    raw_scores: bool = Field(False, description="log-probabilities instead of probabilities")
+
+
+class HfParameters(BaseModel):
+    top_k: int | None = Field(None, ge=1, description="only the k most probable labels (null: all)")
+    function_to_apply: Literal["softmax", "none"] | None = Field(
+        None, description="softmax (the default) or none (log-probabilities); sigmoid is refused: the model is single-label"
+    )
+
+
+class HfClassificationRequest(BaseModel):
+    """Hugging Face's inference API text-classification body (what ``InferenceClient.text_classification`` sends)."""
+
+    model_config = ConfigDict(
+        title="Hugging Face text-classification request",
+        json_schema_extra={"examples": [{"inputs": "Federer wins in straight sets", "parameters": {"top_k": 2}}]},
+    )
+    inputs: str | list[str] = Field(description="one text, or several")
+    parameters: HfParameters = Field(description="may be empty: {}")
+
+
+class Prediction(BaseModel):
+    """One label and its score, in TEI's and Hugging Face's answers (every label, highest score first)."""
+
+    label: str
+    score: float
+
+
+class ErrorDetail(BaseModel):
+    """Every error the seed's API answers: what to fix (a few add ``errors``, pydantic's list)."""
+
+    detail: str
+
+
+class TeiError(BaseModel):
+    """text-embeddings-inference's error body, answered to requests in its or Hugging Face's shape."""
+
+    error: str
+    error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 
 
 class ApiError(Exception):
@@ -40,6 +97,23 @@ def error_response(status: int, detail: str, headers: dict[str, str] | None = No
     return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
 
 
-def json_schema_body(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI request body for routes that parse their own body (so /docs still shows it)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+def json_schema_body(*models: type[BaseModel], descriptions: dict[str, str] | None = None) -> dict[str, Any]:
+    """OpenAPI request body for routes that parse their own body (so /docs still shows it): one model, or
+    any of several. ``descriptions`` replace the fields' descriptions (a limit the server was started with)."""
+    schemas = [_inlined(model.model_json_schema()) for model in models]
+    for schema in schemas:
+        for name, text in (descriptions or {}).items():
+            if name in schema.get("properties", {}):
+                schema["properties"][name]["description"] = text
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its ``$defs`` put in place (one level: ours nest no deeper), for an inline body."""
+    defs = schema.pop("$defs", {})
+    for prop in schema.get("properties", {}).values():
+        ref = prop.pop("$ref", None)
+        if ref is not None:
+            prop.update(defs[ref.rsplit("/", 1)[-1]])
+    return schema

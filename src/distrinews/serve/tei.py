@@ -1,0 +1,239 @@
+"""text-embeddings-inference's (TEI) and Hugging Face's inference API shapes, beside the seed's API.
+
+A body with ``inputs`` (and no ``text``) on ``POST /predict``, ``/`` or ``/invocations`` is one
+of theirs: with ``parameters`` it is Hugging Face's text-classification request (what
+``huggingface_hub.InferenceClient.text_classification`` sends), without it TEI's. Both are
+answered as those servers answer, every label with its score, highest first: TEI gives a list
+for one text and a list of those for a batch; Hugging Face a list per input, so one text is
+``[[...]]`` (the client reads the first). Their errors are TEI's ``{"error", "error_type"}``
+with TEI's status codes. Every prediction answer carries TEI's timing headers (``x-total-time``,
+``x-queue-time``, ...), in whole milliseconds as TEI sends them.
+
+Where this server answers otherwise than TEI, and why:
+
+- a pair of texts (``["a", "b"]``, or ``[["a", "b"]]`` in a batch) is refused with 422: the
+  model classifies single texts;
+- ``raw_scores`` (and Hugging Face's ``function_to_apply: "none"``) answers log-probabilities,
+  which are the model's logits shifted by one constant per text (the predictor's answers carry
+  probabilities; softmax cannot tell the two apart); ``sigmoid`` is refused: the model is
+  single-label;
+- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.keep_end``), so it may
+  keep one partial word fewer than TEI;
+- a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
+  answers 422); an empty batch is 400 ``Empty``, as the document declares (its router, 422);
+- a text of whitespace only is empty (400), as the seed API strips texts;
+- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the
+  401 (API key) and 413 (body size) the middlewares answer before the body is read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from .limits import clean_text
+from .schemas import ApiError
+
+TRUNCATION_DIRECTIONS = ("Left", "left", "Right", "right")
+HF_PARAMETERS = ("top_k", "function_to_apply")
+# TEI's ErrorType for each status it answers (its router's ``From<&ErrorType> for StatusCode``, read backwards);
+# any other 4xx is a Validation error, any other 5xx a Backend one.
+ERROR_TYPES = {400: "Empty", 424: "Backend", 429: "Overloaded", 503: "Unhealthy"}
+# log(p) of a probability that underflowed to 0: the log of the smallest float64, as JSON has no -Infinity.
+LOG_OF_ZERO = math.log(5e-324)
+PAIRS_REFUSED = (
+    "text pairs are not supported: this model classifies single texts (TEI reads [a, b] as one pair of texts); "
+    'send one text as "a" or ["a"], a batch as [["a"], ["b"]]'
+)
+
+
+@dataclass(frozen=True)
+class ForeignRequest:
+    """A TEI or Hugging Face request, read and checked."""
+
+    texts: list[str]
+    batch: bool  # TEI's answer for a batch is a list per text (Hugging Face's always is)
+    hf: bool
+    log_scores: bool
+    truncate: bool  # False: a text longer than the model reads is refused (422)
+    keep_end: bool  # truncate on the left
+
+    @property
+    def characters(self) -> int:
+        return sum(len(t) for t in self.texts)
+
+
+def is_foreign(payload: Any) -> bool:
+    """Whether a JSON body is in TEI's or Hugging Face's shape (``text`` is the seed's: it wins)."""
+    return isinstance(payload, dict) and "inputs" in payload and "text" not in payload
+
+
+def _kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+def _invalid(message: str, status: int = 422) -> ApiError:
+    return ApiError(status, f"Input validation error: {message}")  # TEI's prefix for what a request got wrong
+
+
+def _text(value: Any, where: str, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise _invalid(f"{where} must be a string, got {_kind(value)}")
+    if not value.strip():
+        raise _invalid(f"{where} cannot be empty", 400)
+    return clean_text(value, where, max_chars)
+
+
+def _too_many(n: int, max_texts: int) -> None:
+    if n > max_texts:
+        raise ApiError(413, f"batch size {n} > maximum allowed batch size {max_texts}")
+
+
+def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str], bool]:
+    """TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a batch ``[[text], ...]``."""
+    if isinstance(inputs, str):
+        return [_text(inputs, "`inputs`", max_chars)], False
+    if not isinstance(inputs, list):
+        raise _invalid(f'`inputs` must be a string or a batch [["a"], ["b"]], got {_kind(inputs)}')
+    if not inputs:
+        raise _invalid("`inputs` cannot be empty", 400)
+    if not isinstance(inputs[0], list):  # not a batch: [text] or a pair
+        if len(inputs) == 1:
+            return [_text(inputs[0], "`inputs[0]`", max_chars)], False
+        if len(inputs) == 2:
+            raise ApiError(422, PAIRS_REFUSED)
+        raise _invalid(f'`inputs` has {len(inputs)} strings; send "a", ["a"] or a batch [["a"], ["b"]]')
+    _too_many(len(inputs), max_texts)
+    texts = []
+    for i, item in enumerate(inputs):
+        if not isinstance(item, list):
+            raise _invalid(f'`inputs[{i}]` must be ["text"] in a batch, got {_kind(item)}')
+        if len(item) == 2:
+            raise ApiError(422, f"`inputs[{i}]`: {PAIRS_REFUSED}")
+        if len(item) != 1:
+            raise _invalid(f'`inputs[{i}]` has {len(item)} strings; a batch item is ["text"]')
+        texts.append(_text(item[0], f"`inputs[{i}][0]`", max_chars))
+    return texts, True
+
+
+def _hf_inputs(inputs: Any, max_texts: int, max_chars: int) -> list[str]:
+    """Hugging Face's: a string, or a list of strings (each its own input)."""
+    if isinstance(inputs, str):
+        return [_text(inputs, "`inputs`", max_chars)]
+    if not isinstance(inputs, list):
+        raise _invalid(f"`inputs` must be a string or a list of strings, got {_kind(inputs)}")
+    if not inputs:
+        raise _invalid("`inputs` cannot be empty", 400)
+    _too_many(len(inputs), max_texts)
+    return [_text(text, f"`inputs[{i}]`", max_chars) for i, text in enumerate(inputs)]
+
+
+def _hf_parameters(parameters: Any) -> tuple[int | None, str | None]:
+    if parameters is None:
+        return None, None
+    if not isinstance(parameters, dict):
+        raise _invalid(f"`parameters` must be an object, got {_kind(parameters)}")
+    for name in parameters:
+        if name not in HF_PARAMETERS:
+            raise _invalid(f"`parameters.{name}` is not one of {', '.join(HF_PARAMETERS)}")
+    top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {top_k!r}")
+    if function == "sigmoid":
+        why = '"sigmoid" is for multi-label models; this one is single-label (softmax)'
+        raise _invalid(f"`parameters.function_to_apply` {why}")
+    if function not in (None, "softmax", "none"):
+        raise _invalid(f'`parameters.function_to_apply` must be "softmax" or "none", got {function!r}')
+    return top_k, function
+
+
+def parse(payload: dict[str, Any], max_texts: int, max_chars: int) -> tuple[ForeignRequest, int | None]:
+    """The request and Hugging Face's ``top_k`` (None: every label); every way it can be wrong is an ApiError."""
+    raw_scores = payload.get("raw_scores", False)
+    if not isinstance(raw_scores, bool):
+        raise _invalid(f"`raw_scores` must be true or false, got {_kind(raw_scores)}")
+    truncate = payload.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise _invalid(f"`truncate` must be true, false or null, got {_kind(truncate)}")
+    direction = payload.get("truncation_direction", "Right")
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {direction!r}')
+    hf = "parameters" in payload
+    top_k, function = _hf_parameters(payload["parameters"]) if hf else (None, None)
+    if hf:
+        texts, batch = _hf_inputs(payload["inputs"], max_texts, max_chars), True
+    else:
+        texts, batch = _tei_inputs(payload["inputs"], max_texts, max_chars)
+    request = ForeignRequest(
+        texts=texts,
+        batch=batch,
+        hf=hf,
+        log_scores=(function == "none") if function is not None else raw_scores,
+        truncate=truncate is not False,  # null: TEI's --auto-truncate, whose default is true
+        keep_end=direction.lower() == "left",
+    )
+    return request, top_k
+
+
+def fit(request: ForeignRequest, encoder: Any) -> list[str]:
+    """The texts as the model is to read them: refused if one is too long and ``truncate`` is false, cut at the
+    start for left truncation. ``encoder`` is the predictor's ``tokens.TextEncoder`` (None: it has none)."""
+    if request.truncate and not request.keep_end:
+        return request.texts
+    if encoder is None:
+        raise _invalid("this server's predictor cannot measure texts: send truncate true, direction right")
+    if not request.truncate:
+        for n in encoder.lengths(request.texts):
+            if n > encoder.max_length:
+                raise _invalid(f"`inputs` must have less than {encoder.max_length} tokens. Given: {n}")
+        return request.texts
+    return encoder.keep_end(request.texts)
+
+
+def _score(p: float, log: bool) -> float:
+    if not log:
+        return p
+    return math.log(p) if p > 0 else LOG_OF_ZERO
+
+
+def answer(request: ForeignRequest, results: list[dict[str, Any]], top_k: int | None = None) -> list[Any]:
+    """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest first."""
+    ranked = [_ranked(r["probabilities"], request.log_scores, top_k) for r in results]
+    return ranked if request.batch else ranked[0]
+
+
+def _ranked(probabilities: dict[str, float], log: bool, top_k: int | None) -> list[dict[str, Any]]:
+    # sorted() is stable: equal scores keep the model's label order
+    highest_first = sorted(probabilities.items(), key=lambda item: -item[1])[:top_k]
+    return [{"label": label, "score": _score(p, log)} for label, p in highest_first]
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """TEI's error body for an ApiError: ``{"error", "error_type"}``, the same status and headers (Retry-After)."""
+    error_type = ERROR_TYPES.get(exc.status, "Validation" if exc.status < 500 else "Backend")
+    return JSONResponse({"error": exc.detail, "error_type": error_type}, status_code=exc.status, headers=exc.headers)
+
+
+def _ms(seconds: float) -> str:
+    return str(int(seconds * 1000))  # whole milliseconds, rounded down: TEI's Duration::as_millis
+
+
+def timing_headers(start: float, timing: dict[str, float], characters: int, runtime: str) -> dict[str, str]:
+    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()`` on arrival, ``timing`` what
+    the micro-batcher measured for this request (``MicroBatcher.enqueue``)."""
+    total = _ms(time.perf_counter() - start)
+    return {
+        "x-compute-type": runtime,
+        "x-compute-time": total,
+        "x-compute-characters": str(characters),
+        "x-compute-tokens": str(int(timing.get("tokens", 0))),
+        "x-total-time": total,
+        "x-tokenization-time": _ms(timing.get("tokenize_s", 0.0)),
+        "x-queue-time": _ms(timing.get("queue_s", 0.0)),
+        "x-inference-time": _ms(timing.get("inference_s", 0.0)),
+    }
