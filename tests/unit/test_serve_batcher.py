@@ -244,6 +244,25 @@ def test_a_batching_loop_that_dies_fails_its_queue_and_calls_on_fatal(monkeypatc
     assert fatal == ["the batching loop died (ZeroDivisionError)"]
 
 
+def test_a_batching_loop_that_dies_mid_batch_fails_the_batch_it_was_running(monkeypatch):
+    fatal: list[str] = []
+
+    async def main():
+        batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_fatal=fatal.append)
+
+        async def broken_compute(batch):
+            raise KeyError("a bug")
+
+        monkeypatch.setattr(batcher, "_compute", broken_compute)
+        await batcher.start()
+        with pytest.raises(BatcherClosedError, match="KeyError"):
+            await asyncio.wait_for(batcher.submit(["x"]), 10)
+        await batcher.close()
+
+    asyncio.run(main())
+    assert fatal == ["the batching loop died (KeyError)"]
+
+
 def test_an_on_batch_that_raises_does_not_stop_the_batcher():
     def broken(stats):
         raise RuntimeError("metrics broke")

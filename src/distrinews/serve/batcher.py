@@ -140,6 +140,7 @@ class MicroBatcher:
         self.on_fatal = on_fatal
         self._stalled_since: float | None = None  # perf_counter() when the running forward pass overran its deadline
         self._died: str | None = None  # why the batching loop ended unasked
+        self._running: list[_Request] = []  # the batch on the forward thread
         self._ready: deque[_Request] = deque()  # tokenized, in arrival order
         self._tokenizing = 0  # requests on (or waiting for) the tokenizer thread
         self._queued_texts = 0  # texts not yet handed to the forward thread
@@ -186,6 +187,9 @@ class MicroBatcher:
         log.critical("%s; no request can be answered any more", reason, exc_info=exc)
         self._closing = True  # new requests get BatcherClosedError (503) from here on
         self._fail_queued(BatcherClosedError(reason))
+        for request in self._running:
+            if not request.future.done():
+                request.future.set_exception(BatcherClosedError(reason))
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -485,7 +489,7 @@ class MicroBatcher:
             batch = await self._next_batch()
             if batch is None:
                 return
-            self._busy = True
+            self._busy, self._running = True, batch
             start = time.perf_counter()
             now = loop.time()
             queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
@@ -497,6 +501,7 @@ class MicroBatcher:
             finally:
                 self._busy = False
                 self._last_batch_requests = len(batch)
+            self._running = []
             if self.on_batch is not None:
                 stats = BatchStats(
                     texts=sum(len(request.items) for request in batch),
