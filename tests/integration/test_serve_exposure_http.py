@@ -26,8 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "exposure-key-5678"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-BODY_TIMEOUT = 2.0
-FORWARD_TIMEOUT = 2.0
+BODY_TIMEOUT = 5.0  # seconds: long enough for a loaded CI machine to set up each scene before it fires
+FORWARD_TIMEOUT = 6.0
 MAX_BODY = 64 * 1024
 MAX_PENDING = 128 * 1024
 
