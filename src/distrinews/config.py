@@ -88,6 +88,11 @@ class TrainConfig:
     ema_decay: float = 0.0
     # none, or balanced: each class's loss weighted n_rows / (n_classes x its rows) (scikit-learn's "balanced")
     class_weights: str = "none"
+    # knowledge distillation: a teacher checkpoint directory, or several comma-separated (an ensemble, its members'
+    # probabilities averaged), computed once and cached (train/distillation.py); None = train on the labels alone
+    teacher_model_name_or_path: str | None = None
+    distillation_temperature: float = 2.0  # softens the teacher's and the student's distributions; soft loss x T^2
+    distillation_alpha: float = 0.5  # the hard cross-entropy's share of the loss, 1 - alpha the soft KL's
     # bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16;
     # a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32.
     bf16: bool | None = None
@@ -178,6 +183,13 @@ class TrainConfig:
         need(0 < self.layerwise_lr_decay <= 1, "layerwise_lr_decay", "must be in (0, 1] (1 = the same rate for every layer)")
         need(0 <= self.label_smoothing_factor < 1, "label_smoothing_factor", "must be in [0, 1)")
         need(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no average), e.g. 0.999")
+        need(
+            self.teacher_model_name_or_path is None or bool(self.teacher_model_name_or_path.strip(" ,")),
+            "teacher_model_name_or_path",
+            "must name a checkpoint directory, or several comma-separated, or be null",
+        )
+        need(self.distillation_temperature > 0, "distillation_temperature", "must be > 0 (1 = the teacher's own distribution)")
+        need(0 <= self.distillation_alpha <= 1, "distillation_alpha", "must be in [0, 1] (1 = the labels alone, 0 = the teacher alone)")
         need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
         need(not (self.bf16 is True and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
