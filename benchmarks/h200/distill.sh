@@ -21,7 +21,7 @@ export DISTRINEWS_CACHE=$PWD/$RUNS/cache  # the token cache and the teacher cach
 K=${TEACHERS:-5}; ALPHA=${ALPHA:-0.5}; TEMP=${TEMP:-2.0}
 TSEEDS=(42 2 3 4 5 6 7 8); TSEEDS=("${TSEEDS[@]:0:$K}"); SSEEDS=(42 2 3)
 if [ -n "$DISTILL_DRY_RUN" ]; then
-  CONFIG=configs/tiny.yaml; EXTRA="--max_steps 12 --eval_steps 5 --max_length 32 --train_samples null --eval_samples null"
+  CONFIG=configs/tiny.yaml; EXTRA="--max_steps ${DRY_STEPS:-12} --eval_steps 5 --max_length 32 --train_samples null --eval_samples null"
   T_TEACH=${T_TEACH:-300} T_ENS=${T_ENS:-200} T_STUD=${T_STUD:-300}
   export PYTHONPATH=$PWD/src WIDEN_TO=$RUNS/widened-check.safetensors  # the carried copy stays under 60 MiB
   export DISTRINEWS_DATA=$PWD/$RUNS/drydata
@@ -53,8 +53,8 @@ COMMON="--config $CONFIG --per_device_train_batch_size 32 --int8_model false --s
 
 run() {  # NAME TIMEOUT ARGS...: one training run in the background; exit status and wall time into $RUNS/NAME.wall
   local n=$1 t=$2; shift 2
-  ( s=$EPOCHREALTIME; OMP_NUM_THREADS=2 timeout -k 20 "$t" $PY -m distrinews train $COMMON "$@" --output-dir $RUNS/$n > $RUNS/$n.log 2>&1
-    echo "rc=$? wall_s=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $s}")" > $RUNS/$n.wall ) &
+  ( s=$(date +%s.%N); OMP_NUM_THREADS=2 timeout -k 20 "$t" $PY -m distrinews train $COMMON "$@" --output-dir $RUNS/$n > $RUNS/$n.log 2>&1
+    echo "rc=$? wall_s=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}")" > $RUNS/$n.wall ) &
 }
 steps() { grep -o '"step": [0-9]*' $RUNS/$1/log.jsonl 2>/dev/null | tail -1 | grep -o '[0-9]*$'; }
 
@@ -72,7 +72,7 @@ done
 STUDENT="--teacher_model_name_or_path $TEACH --distillation_alpha $ALPHA --distillation_temperature $TEMP"
 
 t=$(upto $T_ENS 215); el "ensemble on the test rows, and the teacher cache, timeout ${t}s"
-s=$EPOCHREALTIME
+s=$(date +%s.%N)
 TOKENIZERS_PARALLELISM=true timeout -k 5 "$t" $PY - $COMMON $STUDENT <<'PY' 2>&1 | tee $RUNS/ensemble.log
 import json, os, sys, numpy as np, torch
 from distrinews.config import load_config, parse_overrides
@@ -97,7 +97,7 @@ print(f"ensemble of {len(paths)}: test accuracy {100 * record['ensemble']:.2f}%"
 (open(os.path.join(os.environ["OUT"], "ensemble.json"), "w")).write(json.dumps(record, indent=1))
 Distillation.prepare(config, data.labelled.train, data.label_names, env, print)  # the students read this cache
 PY
-echo "rc=${PIPESTATUS[0]} wall_s=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $s}")" > $RUNS/ensemble.wall; cat $RUNS/ensemble.wall
+echo "rc=${PIPESTATUS[0]} wall_s=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}")" > $RUNS/ensemble.wall; cat $RUNS/ensemble.wall
 
 t=$(upto $T_STUD 25); el "students: ${#SSEEDS[@]} at once, timeout ${t}s ($STUDENT)"
 for s in "${SSEEDS[@]}"; do run student-s$s "$t" $STUDENT --seed "$s"; done
