@@ -91,6 +91,8 @@ def test_the_cache_is_computed_once_reused_and_keyed_by_the_teachers(teachers, t
     torch.testing.assert_close(first[:8].exp(), torch.tensor(probs, dtype=torch.float32), atol=1e-3, rtol=0)
     again, computed = cached_log_probs([a], rows, labels, tmp_path, build=False)
     assert not computed and torch.equal(again, first), "a second run reads what the first wrote"
+    with pytest.raises(ConfigError, match="predicts the labels World, Sports, Business, Sci/Tech"):
+        cached_log_probs([a], rows, labels[::-1], tmp_path, build=True)  # a column is a class: the order must agree
 
     both, computed = cached_log_probs([a, b], rows, labels, tmp_path, build=True)
     only_b, _ = cached_log_probs([b], rows, labels, tmp_path, build=True)
