@@ -221,6 +221,30 @@ class OptimizerConfig(Section):
     )
 
 
+class DistillationConfig(Section):
+    """Knowledge distillation (``train.distillation``): a teacher's soft labels mixed into the loss."""
+
+    teacher_model_name_or_path: str | None = option(
+        None,
+        "a teacher checkpoint directory, or several comma-separated (an ensemble, its members' probabilities "
+        "averaged), computed once per training set and cached; null = train on the labels alone",
+        hints=("teacher", "distill"),
+    )
+    distillation_temperature: float = option(
+        2.0, "softens the teacher's and the student's distributions; the soft loss is scaled by T^2", gt=0
+    )
+    distillation_alpha: float = option(
+        0.5, "the hard cross-entropy's share of the loss (1 = the labels alone, 0 = the teacher alone)", ge=0, le=1
+    )
+
+    @field_validator("teacher_model_name_or_path")
+    @classmethod
+    def _names_something(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip(" ,"):
+            raise ValueError("must name a checkpoint directory, or several comma-separated, or be null")
+        return value
+
+
 class PrecisionConfig(Section):
     """The mixed-precision policy (``train.precision.Precision``)."""
 
@@ -299,6 +323,7 @@ SECTIONS: dict[str, type[Section]] = {
     "data": DataConfig,
     "batches": BatchConfig,
     "optimizer": OptimizerConfig,
+    "distillation": DistillationConfig,
     "precision": PrecisionConfig,
     "parallel": ParallelConfig,
     "run": RunConfig,
@@ -319,6 +344,7 @@ class TrainConfig(BaseModel):
     data: DataConfig = Field(default_factory=DataConfig)
     batches: BatchConfig = Field(default_factory=BatchConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    distillation: DistillationConfig = Field(default_factory=DistillationConfig)
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -562,6 +588,7 @@ __all__ = [
     "BatchConfig",
     "ConfigError",
     "DataConfig",
+    "DistillationConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ParallelConfig",

@@ -42,10 +42,10 @@ class PadToMaxLength:
 
         input_ids = torch.full((len(batch), self.max_length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), self.max_length), dtype=torch.long)
-        for row, (ids, _) in enumerate(batch):
+        for row, (ids, *_) in enumerate(batch):
             input_ids[row, : ids.numel()] = ids
             attention_mask[row, : ids.numel()] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([y for _, y in batch])}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([row[1] for row in batch])}
 
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:

@@ -18,6 +18,7 @@ from ..config import ConfigError, TrainConfig
 from ..data.labelled import load_labelled
 from ..distributed.process_group import check_one_gpu_per_process
 from ..model import check_model_available
+from .distillation import teacher_paths
 from .precision import check_precision_supported
 
 
@@ -44,6 +45,8 @@ def preflight_train(
         if config.run.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
             resolve_resume(config.run.resume_from_checkpoint, run_dir.checkpoints)
         check_model_available(config.model.model_name_or_path)
+        if config.distillation.teacher_model_name_or_path:
+            teacher_paths(config.distillation.teacher_model_name_or_path)
         if read_data:  # every row, as the workers will: a malformed one fails here with file:line
             for warning in load_labelled(config.data, config.run.seed).warnings:
                 print(warning, file=sys.stderr, flush=True)

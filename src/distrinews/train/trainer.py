@@ -57,6 +57,7 @@ from .components import (
     schedule_with_warmup,
 )
 from .curves import write_confusion_matrix, write_training_curves
+from .distillation import Distillation
 from .ema import WeightAverage
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
@@ -92,6 +93,14 @@ class Trainer:
         self.report = Report(env, config.run.disable_tqdm)
 
         self.data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+        # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
+        self.distillation = (
+            Distillation.prepare(
+                config.distillation, config.data.cache_dir, self.data.labelled.train, self.data.label_names, env, self.report.say
+            )
+            if config.distillation.teacher_model_name_or_path
+            else None
+        )
         # The sampler deals out whole optimizer steps (batch x accumulation rows a rank), so the rows
         # of step k are the same however they are split into processes and micro-batches.
         batches = config.batches
@@ -190,6 +199,8 @@ class Trainer:
                     class_weights=self.class_weights,
                     label_smoothing=self.config.optimizer.label_smoothing_factor,
                 )
+                if self.distillation is not None:  # the labels' loss mixed with the teacher's soft labels
+                    loss = self.distillation.loss(loss, logits, batch)
                 scaled = loss / len(window)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             counts = Counts.of_batch(loss, logits, batch)
