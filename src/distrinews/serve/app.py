@@ -237,7 +237,7 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, budget=budget, routes=app.router)
     if config.api_key:
         public = PUBLIC_PATHS | {"/metrics"} if config.public_metrics else PUBLIC_PATHS
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, public=public)
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, routes=app.router, public=public)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

@@ -70,15 +70,29 @@ async def send_json(send, status: int, payload: dict[str, Any], headers: dict[st
     await send({"type": "http.response.body", "body": body})
 
 
+def not_served(routes: Router, scope) -> list[str] | None:
+    """The methods the path serves when the request's method is not one of them (None: served, or no such path)."""
+    allowed: set[str] = set()
+    for route in routes.routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return None
+        if match is Match.PARTIAL:
+            allowed |= getattr(route, "methods", None) or set()
+    return sorted(allowed) if allowed else None
+
+
 class ApiKeyMiddleware:
     """``Authorization: Bearer <key>`` on every route but the public ones (401 otherwise)."""
 
-    def __init__(self, app, api_key: str, public: frozenset[str] = PUBLIC_PATHS):
-        self.app, self.api_key, self.public = app, api_key.encode(), public
+    def __init__(self, app, api_key: str, routes: Router, public: frozenset[str] = PUBLIC_PATHS):
+        self.app, self.api_key, self.routes, self.public = app, api_key.encode(), routes, public
 
     async def __call__(self, scope, receive, send):
-        # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict.
-        if scope["type"] != "http" or (scope["path"] in self.public and scope["method"] in ("GET", "HEAD")):
+        # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict. A method
+        # a public path does not serve goes on to its 405 (body unread), key or not.
+        public = scope["type"] == "http" and scope["path"] in self.public
+        if scope["type"] != "http" or (public and (scope["method"] in ("GET", "HEAD") or not_served(self.routes, scope) is not None)):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
@@ -109,21 +123,10 @@ class BodyLimitMiddleware:
     def __init__(self, app, max_bytes: int, budget: BodyBudget, routes: Router):
         self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, routes
 
-    def _allowed_if_not_served(self, scope) -> list[str] | None:
-        """The methods the path serves when the request's method is not one of them (None: served, or no such path)."""
-        allowed: set[str] = set()
-        for route in self.routes.routes:
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                return None
-            if match is Match.PARTIAL:
-                allowed |= getattr(route, "methods", None) or set()
-        return sorted(allowed) if allowed else None
-
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if (allowed := self._allowed_if_not_served(scope)) is not None:
+        if (allowed := not_served(self.routes, scope)) is not None:
             detail = f"Method Not Allowed: {scope['path']} serves {' and '.join(allowed)} only"
             return await send_json(send, 405, {"detail": detail}, {"allow": ", ".join(allowed)})
         if scope["method"] not in ("POST", "PUT", "PATCH"):
