@@ -68,6 +68,12 @@ def read_metadata(path: Path) -> Metadata:
         raise CheckpointError(f"could not load checkpoint {path}: not readable metadata ({first_line(exc)})") from None
     if not isinstance(metadata, Metadata):
         raise CheckpointError(f"could not load checkpoint {path}: holds a {type(metadata).__name__}, not a checkpoint's metadata")
+    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        # torch reads each shard from the folder by this name: one beside the metadata, never a path out of it
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise CheckpointError(f"could not load checkpoint {path}: names the shard {name!r}, not a file of its folder (refused)")
     return metadata
 
 
