@@ -64,7 +64,7 @@ serve-replicas: setup
 # answers, else podman (ENGINE=docker|podman to choose). BASE_IMAGE defaults to a Debian
 # bookworm base made locally from the Debian archive (deploy/make-base-image.sh, run only when
 # that tag is missing), because no registry may be reachable; with one, use
-# `make image BASE_IMAGE=python:3.11-slim`. CHECKPOINT defaults to runs/cpu-quick/best, else
+# `make image BASE_IMAGE=python:3.11.11-slim-bookworm`. CHECKPOINT defaults to runs/cpu-quick/best, else
 # a tiny model trained in seconds into runs/image-test/.
 .PHONY: image image-test base-image
 

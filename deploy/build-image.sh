@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build deploy/Dockerfile with docker or podman (`make image` runs this from the repo root).
 #
-#   IMAGE=distrinews-serve BASE_IMAGE=python:3.11-slim deploy/build-image.sh   # with a registry
+#   IMAGE=distrinews-serve BASE_IMAGE=python:3.11.11-slim-bookworm deploy/build-image.sh   # with a registry
 #   deploy/build-image.sh                  # no registry: a local Debian base (made if missing)
 #   CONTEXT=DIR DOCKERFILE=DIR/Dockerfile IMAGE=... deploy/build-image.sh       # a Space bundle (make space-image-test)
 #

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Build a Debian bookworm base image from Debian's package archive, for machines where no
-# container registry is reachable (so `FROM python:3.11-slim` cannot be pulled) but the
+# container registry is reachable (so `FROM python:3.11.11-slim-bookworm` cannot be pulled) but the
 # Debian archive is. `make image` calls this only when BASE_IMAGE is this local tag and
-# the engine does not have it yet; with a registry, build with BASE_IMAGE=python:3.11-slim
+# the engine does not have it yet; with a registry, build with BASE_IMAGE=python:3.11.11-slim-bookworm
 # and this script is never needed.
 #
 #   deploy/make-base-image.sh [TAG]          # default TAG: distrinews-base:bookworm

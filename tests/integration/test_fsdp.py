@@ -5,6 +5,8 @@ best/ instead of them, and resharded with them on resume. It changes no paramete
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -168,3 +170,94 @@ def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli):
     assert all(not torch.equal(best[k], start[k]) for k in trained), "every trained tensor moves"
     every, kept = (sum(t.numel() * 4 for k, t in best.items() if k in names) for names in (best, trained))
     assert f"all-gather of {every / 2**20:.1f} MiB of parameters" in out and f"reduce-scatter of {kept / 2**10:.1f} KiB" in out
+
+
+class _Planted:
+    """Unpickles as ``value`` after creating ``marker``: what a planted pickle could do instead (any code at all)."""
+
+    def __init__(self, marker: Path, value: str):
+        self.marker, self.value = marker, value  # value: the Python expression of what the real file held
+
+    def __reduce__(self):
+        return (eval, (f"(__import__('pathlib').Path({str(self.marker)!r}).touch(), {self.value})[1]",))
+
+
+def _plant(checkpoint: Path, into: Path, marker: Path, where: str) -> Path:
+    """A copy of ``checkpoint`` whose ``sharded/`` runs code when torch unpickles it (``where``: "metadata", its
+    ``.metadata``; "value", the optimizer's learning rate, a value torch loads with ``weights_only=False``); the
+    manifest is rewritten to agree, as an attacker who can write the folder would."""
+    import dataclasses
+    import io
+    import pickle
+
+    from distrinews.checkpoint.manifest import write_manifest
+
+    planted = shutil.copytree(checkpoint, into)
+    meta = planted / "sharded" / ".metadata"
+    metadata = pickle.loads(meta.read_bytes())  # the real file, written by the run above
+    if where == "metadata":
+        meta.write_bytes(pickle.dumps(_Planted(marker, f"__import__('pickle').loads({meta.read_bytes()!r})")))
+    else:
+        key = next(k for k in metadata.storage_data if k.fqn == "optim.param_groups.0.lr")
+        info = metadata.storage_data[key]
+        shard = planted / "sharded" / info.relative_path
+        with open(shard, "rb") as fh:
+            fh.seek(info.offset)
+            lr = torch.load(io.BytesIO(fh.read(info.length)), weights_only=True)
+        buffer = io.BytesIO()
+        torch.save(_Planted(marker, repr(lr)), buffer)
+        with open(shard, "ab") as fh:
+            offset = fh.seek(0, io.SEEK_END)
+            fh.write(buffer.getvalue())
+        metadata.storage_data[key] = dataclasses.replace(info, offset=offset, length=len(buffer.getvalue()))
+        meta.write_bytes(pickle.dumps(metadata))
+    write_manifest(planted, int(planted.name.split("-")[1]))
+    return planted
+
+
+def test_a_planted_sharded_checkpoint_runs_no_code(runs, tmp_path, cli, capsys):
+    """A step-N whose ``sharded/`` holds a pickle with code in it, its manifest rewritten to match: serve, predict
+    and resume refuse it in one line (exit 2), ``--resume auto`` passes over it to the step before, and the code
+    never runs. Without the manifest rewritten, the altered file is named before anything parses it."""
+    from distrinews.checkpoint.manifest import resolve_resume, verify_checkpoint
+    from distrinews.checkpoint.resumable import load_sharded_weights
+    from distrinews.cli import main
+    from distrinews.data.rows import AG_NEWS_LABELS
+    from distrinews.errors import CheckpointError
+    from distrinews.model import build_model
+
+    marker = tmp_path / "code-ran"
+    step = runs / "fsdp" / "checkpoints" / "step-3"
+    planted = _plant(step, tmp_path / "run" / "checkpoints" / "step-9", marker, "metadata")
+    metadata = planted / "sharded" / ".metadata"
+    refusal = (
+        f"distrinews: error: could not load checkpoint {metadata}: the file refers to builtins.eval, which a "
+        "checkpoint's metadata never holds (refused, not loaded)"
+    )
+    for command in (["predict", "--checkpoint", str(planted), "Stocks rally"], ["serve", "--checkpoint", str(planted)]):
+        capsys.readouterr()
+        assert main(command) == 2
+        assert capsys.readouterr().err == refusal + "\n"
+        assert not marker.exists()
+    with pytest.raises(CheckpointError, match=r"refers to builtins\.eval"):  # the reader itself, without the manifest check
+        load_sharded_weights(build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0), planted)
+    assert not marker.exists()
+
+    # --resume auto: the planted step-9 is passed over, in one line, for the step it was copied from.
+    shutil.copytree(step, tmp_path / "run" / "checkpoints" / "step-3")
+    said = []
+    assert resolve_resume("auto", tmp_path / "run" / "checkpoints", warn=said.append) == tmp_path / "run" / "checkpoints" / "step-3"
+    assert said == [f"warning: skipping step-9: {refusal.removeprefix('distrinews: error: ')}; trying the one before"]
+
+    # The same file planted without its manifest rewritten: named as altered, unparsed.
+    (planted / "manifest.json").write_text((step / "manifest.json").read_text().replace('"step": 3', '"step": 9'))
+    with pytest.raises(CheckpointError, match=f"is damaged: {re.escape(str(metadata))} has [0-9,]+ bytes, [0-9,]+ were written"):
+        verify_checkpoint(planted)
+
+    # A value torch unpickles with weights_only=False (the optimizer's learning rate): resuming refuses it.
+    value = _plant(step, tmp_path / "value" / "step-3", marker, "value")
+    args = (*RUN, "--strategy", "fsdp", "--max_steps", "4", "--output-dir", str(tmp_path / "resumed"), "--resume", str(value))
+    proc = cli("train", *args, check=False, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"distrinews: error: could not load checkpoint {value / 'sharded'}: the file contains pickled code" in proc.stderr
+    assert "Traceback" not in proc.stderr and not marker.exists()

@@ -9,6 +9,7 @@ must fail the others instead of hanging them.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from datetime import timedelta
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, why_not_shared_memory
+from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, segment_prefix, why_not_shared_memory
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
 
@@ -134,6 +135,54 @@ def test_a_rank_that_dies_fails_the_others_instead_of_hanging_them(tmp_path: Pat
     outcome = (tmp_path / "out.0").read_text()
     assert outcome.startswith("raised"), outcome
     assert float(outcome.split(" after ")[1].split()[0]) < 20, outcome
+
+
+def _fails_while_mapping(rank: int, world: int, store: str, run: str, how: str) -> None:
+    """Rank 0 of a run whose collective fails (``how``: "raise", or "kill" for SIGKILL) after the segment is made."""
+    _init(rank, world, store)
+
+    def fails(*args, **kwargs):
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("another rank is gone")
+
+    dist.all_reduce = fails  # the collective between making the segment and unlinking it
+    try:
+        open_segment(4096, rank, world, run=run)
+    except RuntimeError as exc:
+        assert str(exc) == "another rank is gone"
+        os._exit(3)
+    os._exit(0)
+
+
+def _opens(rank: int, world: int, store: str, run: str) -> None:
+    _init(rank, world, store)
+    assert not isinstance(open_segment(4096, rank, world, run=run), str)
+    dist.destroy_process_group()
+
+
+def test_a_run_that_fails_or_is_killed_while_mapping_leaves_no_segment_behind(tmp_path: Path):
+    """An exception between making the segment and unlinking it unlinks it; a SIGKILL there leaves it, and the
+    next run of the same output directory removes it, and only it (another run's segment stays). Only names of
+    this test's runs are looked at: other processes may have segments of their own in /dev/shm."""
+    run, other = tmp_path / "run", tmp_path / "other-run"
+    ours = lambda: sorted(n for n in os.listdir(SHM_DIR) if n.startswith(segment_prefix(run)))  # noqa: E731
+    ctx = mp.get_context("spawn")  # not mp.spawn, which raises for a process that exits non-zero
+    stranger = Path(SHM_DIR) / f"{segment_prefix(other)}left"
+    stranger.touch()
+    try:
+        for how, exit_code in (("raise", 3), ("kill", -signal.SIGKILL)):
+            rank = ctx.Process(target=_fails_while_mapping, args=(0, 1, str(tmp_path / f"store-{how}"), str(run), how))
+            rank.start()
+            rank.join(120)
+            assert rank.exitcode == exit_code
+            assert len(ours()) == (1 if how == "kill" else 0), ours()
+        mp.spawn(_opens, args=(1, str(tmp_path / "store-next"), str(run)), nprocs=1)
+        assert ours() == [] and stranger.exists()
+    finally:
+        stranger.unlink(missing_ok=True)
+        for name in ours():
+            os.unlink(Path(SHM_DIR) / name)
 
 
 def test_chunks_cover_every_element_once():

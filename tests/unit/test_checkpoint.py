@@ -310,3 +310,40 @@ def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load
     assert message.startswith(f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json")
     assert f"from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{best}')" in message
     assert "\n" not in message
+
+
+def test_sharded_metadata_is_read_without_running_code_or_leaving_its_folder(tmp_path):
+    """The metadata of a sharded checkpoint: what torch writes reads back; a pickle that names anything else,
+    or a shard outside its folder, is refused before anything is built from it."""
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    from distrinews.checkpoint.sharded_reader import read_metadata
+
+    def written(shard: str):
+        chunk = ChunkStorageMetadata(torch.Size([0]), torch.Size([2]))
+        tensor = TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([2]), [chunk])
+        metadata = Metadata({"w": tensor}, storage_data={MetadataIndex("w", torch.Size([0])): _StorageInfo(shard, 0, 8)})
+        path = tmp_path / shard.replace("/", "_")
+        path.write_bytes(pickle.dumps(metadata))
+        return path
+
+    assert read_metadata(written("__0_0.distcp")).state_dict_metadata["w"].size == torch.Size([2])
+    with pytest.raises(CheckpointError, match=r"names the shard '\.\./\.\./secret', not a file of its folder"):
+        read_metadata(written("../../secret"))
+
+    class Code:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    (tmp_path / "code").write_bytes(pickle.dumps(Code()))
+    with pytest.raises(CheckpointError, match=r"refers to builtins\.print, which a checkpoint's metadata never holds"):
+        read_metadata(tmp_path / "code")

@@ -47,8 +47,10 @@ def base_image_problems(text: str) -> list[str]:
     args = dockerfile.arg_defaults(instructions(text), before_first_from=True)
     froms = find(instructions(text), "FROM")
     problems = []
-    if args.get("BASE_IMAGE") != "python:3.11-slim":
-        problems.append(f"ARG BASE_IMAGE default is {args.get('BASE_IMAGE')!r}, want python:3.11-slim")
+    # A moving tag (python:3.11-slim) rebuilds on another Python or Debian: the default names a patch release and a
+    # Debian release, and may add a digest.
+    if not re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", args.get("BASE_IMAGE") or ""):
+        problems.append(f"ARG BASE_IMAGE default is {args.get('BASE_IMAGE')!r}, want python:3.11.N-slim-bookworm")
     if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE"):
         problems.append(f"FROM does not use BASE_IMAGE: {froms[0][1] if froms else None!r}")
     return problems
@@ -98,8 +100,10 @@ BREAKAGES = {
     ],
     "expose_problems": [("EXPOSE 7860", "EXPOSE 8080")],
     "base_image_problems": [
-        ("ARG BASE_IMAGE=python:3.11-slim", "ARG BASE_IMAGE=python:3.12-slim"),
-        ("FROM ${BASE_IMAGE}", "FROM python:3.11-slim"),
+        ("ARG BASE_IMAGE=python:3.11.11-slim-bookworm", "ARG BASE_IMAGE=python:3.12.8-slim-bookworm"),
+        ("ARG BASE_IMAGE=python:3.11.11-slim-bookworm", "ARG BASE_IMAGE=python:3.11-slim"),
+        ("ARG BASE_IMAGE=python:3.11.11-slim-bookworm", "ARG BASE_IMAGE=python:latest"),
+        ("FROM ${BASE_IMAGE}", "FROM python:3.11.11-slim-bookworm"),
     ],
     "cmd_problems": [
         ('CMD ["distrinews", "serve", "--host", "0.0.0.0"]', "CMD distrinews serve --host 0.0.0.0"),

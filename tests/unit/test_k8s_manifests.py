@@ -1,7 +1,8 @@
 """Every manifest in deploy/k8s/ against the Kubernetes API schemas (kubernetes-validate, offline, strict: an
-unknown or misspelt field fails), and the serving manifests against our server: the probes' paths and the
-port exist in the app and its defaults, the probes need no API key, the command parses as ``distrinews serve``
-flags, and the Service, HPA and PDB point at the Deployment.
+unknown or misspelt field fails), every pod they make hardened (not root, no capabilities, a read-only root, CPU
+and memory limits, no service-account token, a versioned image), and the serving manifests against our server:
+the probes' paths and the port exist in the app and its defaults, the probes need no API key, the command parses
+as ``distrinews serve`` flags, and the Service, HPA and PDB point at the Deployment.
 
 Custom resources (Kubeflow's TrainJob, PyTorchJob) have no schema in the validator: their pod templates are
 validated as Pods.
@@ -10,6 +11,7 @@ validated as Pods.
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,122 @@ def test_the_validator_refuses_a_misspelt_field():
     )
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def _pods(doc: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(pod spec, its containers as they run) for every pod ``doc`` makes. A TrainJob's trainer container is
+    spread over ``spec.trainer`` (image, resources) and the runtime patch (security context, mounts)."""
+    if doc["kind"] == "TrainJob":
+        trainer = doc["spec"]["trainer"]
+        (pod,) = _pod_specs(doc["spec"]["runtimePatches"])
+        (patch,) = pod["containers"]
+        return [(pod, [{**patch, "image": trainer["image"], "resources": trainer["resourcesPerNode"]}])]
+    return [(spec, spec["containers"] + spec.get("initContainers", [])) for spec in _pod_specs(doc.get("spec", {}))]
+
+
+# name[:tag][@sha256:digest], the registry's host:port left out of the tag
+IMAGE_REF = re.compile(r"(?P<name>(?:[^/@]+/)*[^/:@]+)(?::(?P<tag>[\w][\w.-]*))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?")
+
+
+def hardening_problems(doc: dict[str, Any]) -> list[str]:
+    """What keeps a pod of ``doc`` from running as an unprivileged process that holds no cluster credentials."""
+    problems = []
+    for pod, containers in _pods(doc):
+        where = f"{doc['kind']} {doc['metadata']['name']}"
+        security = pod.get("securityContext", {})
+        if security.get("runAsNonRoot") is not True or not security.get("runAsUser"):
+            problems.append(f"{where}: the pod may run as root (runAsNonRoot true and a non-zero runAsUser)")
+        if security.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append(f"{where}: no RuntimeDefault seccomp profile")
+        # A TrainJob's pods are the runtime's template, which the patch cannot change here (deploy/README.md).
+        if doc["kind"] != "TrainJob" and pod.get("automountServiceAccountToken") is not False:
+            problems.append(f"{where}: the service-account token is mounted (automountServiceAccountToken: false)")
+        for container in containers:
+            at = f"{where}, container {container['name']}"
+            context = container.get("securityContext", {})
+            if context.get("allowPrivilegeEscalation") is not False or context.get("privileged"):
+                problems.append(f"{at}: may gain privileges (allowPrivilegeEscalation: false)")
+            if context.get("capabilities", {}).get("drop") != ["ALL"] or context.get("capabilities", {}).get("add"):
+                problems.append(f"{at}: keeps capabilities (drop: [ALL], add none)")
+            if context.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{at}: writable root filesystem")
+            limits = container.get("resources", {}).get("limits", {})
+            if not {"cpu", "memory"} <= set(limits):
+                problems.append(f"{at}: no {' or '.join(sorted({'cpu', 'memory'} - set(limits)))} limit")
+            ref = IMAGE_REF.fullmatch(container.get("image", ""))
+            if not ref or (ref["tag"] in (None, "latest") and not ref["digest"]):
+                problems.append(f"{at}: image {container.get('image')!r} is not pinned (a version tag or a digest)")
+    return problems
+
+
+@pytest.mark.parametrize("path", sorted(K8S.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_pod_is_hardened(path):
+    assert [problem for doc in _documents(path) for problem in hardening_problems(doc)] == []
+
+
+def _serve_deployment() -> dict[str, Any]:
+    return _by_kind(K8S / "serve.yaml")["Deployment"]
+
+
+def _unset(path: list, doc_of=_serve_deployment):
+    """A serve.yaml Deployment with the field at ``path`` (below the first container or the pod) removed."""
+
+    def broken() -> dict[str, Any]:
+        doc = copy.deepcopy(doc_of())
+        node = doc["spec"]["template"]["spec"]
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1])
+        return doc
+
+    return broken
+
+
+def _set_image(image: str):
+    def broken() -> dict[str, Any]:
+        doc = copy.deepcopy(_serve_deployment())
+        doc["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        return doc
+
+    return broken
+
+
+def _files_pod_as_root() -> dict[str, Any]:
+    doc = copy.deepcopy(_documents(K8S / "files-pod.yaml")[0])
+    doc["spec"]["securityContext"]["runAsUser"] = 0
+    return doc
+
+
+def _trainjob_without_cpu_limit() -> dict[str, Any]:
+    doc = copy.deepcopy(_documents(K8S / "trainjob.yaml")[0])
+    doc["spec"]["trainer"]["resourcesPerNode"]["limits"].pop("cpu")
+    return doc
+
+
+@pytest.mark.parametrize(
+    "broken,problem",
+    [
+        (_unset(["automountServiceAccountToken"]), "the service-account token is mounted"),
+        (_unset(["securityContext", "runAsNonRoot"]), "the pod may run as root"),
+        (_files_pod_as_root, "the pod may run as root"),
+        (_unset(["containers", 0, "securityContext", "capabilities"]), "keeps capabilities"),
+        (_unset(["containers", 0, "securityContext", "readOnlyRootFilesystem"]), "writable root filesystem"),
+        (_unset(["containers", 0, "securityContext", "allowPrivilegeEscalation"]), "may gain privileges"),
+        (_unset(["containers", 0, "resources", "limits", "cpu"]), "no cpu limit"),
+        (_trainjob_without_cpu_limit, "no cpu limit"),
+        (_set_image("ghcr.io/OWNER/distrinews-serve:latest"), "is not pinned"),
+        (_set_image("ghcr.io/OWNER/distrinews-serve"), "is not pinned"),
+        (_set_image("localhost:5000/distrinews-serve"), "is not pinned"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_each_hardening_check_fails_when_its_setting_goes(broken, problem):
+    assert any(problem in p for p in hardening_problems(broken())), hardening_problems(broken())
+
+
+def test_a_pinned_image_passes():
+    for image in ("ghcr.io/OWNER/distrinews-serve:0.1.0", "localhost:5000/distrinews-serve:1.2", f"busybox@sha256:{'0' * 64}"):
+        assert not [p for p in hardening_problems(_set_image(image)()) if "is not pinned" in p], image
 
 
 def _by_kind(path: Path) -> dict[str, dict[str, Any]]:

@@ -24,7 +24,7 @@ TRAINER_RESERVED_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PE
 PYTORCHJOB_OPERATOR_ENV = TRAINER_RESERVED_ENV | {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}
 # A DNS-1035 label: what both operators' webhooks require of metadata.name.
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-IMAGE = "ghcr.io/OWNER/distrinews-train:latest"
+IMAGE = "ghcr.io/OWNER/distrinews-train:0.1.0"
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -13,11 +13,15 @@ buffer and is delivered).
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version
+from pathlib import Path
 
+import pytest
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from distrinews.serve.connections import guarded_protocol
@@ -144,3 +148,31 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_then_closed():
     events = asyncio.run(main())
     assert len(events) == 2 and events[1] == "close", events
     assert events[0].startswith(b"HTTP/1.1 408 ") and b"--body-timeout" in events[0], events
+
+
+def test_uvicorn_is_within_the_range_its_internals_were_checked_in():
+    """connections.py overrides methods of uvicorn's H11Protocol and reads its attributes, which are no API:
+    pyproject.toml bounds uvicorn above, deploy/requirements.txt (the image) declares the same range, the
+    installed uvicorn is within it, and what is overridden and read is uvicorn's own (the tests above drive it)."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    (declared,) = [r for r in map(Requirement, project) if r.name == "uvicorn"]
+    lines = [line.split("#")[0].strip() for line in (root / "deploy" / "requirements.txt").read_text().splitlines()]
+    (image,) = [r for r in map(Requirement, filter(None, lines)) if r.name == "uvicorn"]
+    assert image.specifier == declared.specifier, "the image installs another uvicorn than the package declares"
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in declared.specifier), f"uvicorn{declared.specifier}: no upper bound"
+    assert declared.specifier.contains(version("uvicorn")), f"uvicorn {version('uvicorn')} is outside {declared.specifier}"
+    overridden = {"connection_made", "connection_lost", "handle_events", "on_response_complete"}
+    assert overridden <= set(vars(H11Protocol)), overridden - set(vars(H11Protocol))
+
+    async def attributes() -> set[str]:
+        config = Config(_app(), log_level="warning", access_log=False)
+        config.load()
+        protocol = H11Protocol(config=config, server_state=ServerState(), app_state={})
+        protocol.connection_made(Recording())
+        return {name for name in ("loop", "connections", "cycle", "transport", "client") if hasattr(protocol, name)}
+
+    assert asyncio.run(attributes()) == {"loop", "connections", "cycle", "transport", "client"}

@@ -58,37 +58,63 @@ def write_manifest(directory: Path, step: int) -> None:
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Raise :class:`CheckpointError` naming the first file that is missing, truncated or altered."""
+    """Raise :class:`CheckpointError` naming the first file that is missing, truncated, altered or not in the manifest.
+
+    Every file a load reads back is checked here, before any is parsed: its size and hash against the
+    manifest, no symbolic link (a save makes none), and the metadata of a sharded folder readable
+    without running code (``sharded_reader``). A ``step-N`` folder whose manifest names another step
+    was not saved there.
+    """
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} (its save did not finish)")
     try:
-        entries = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        recorded = json.loads(manifest.read_text())
+        entries, step = recorded["files"], recorded["step"]
+        sizes = {name: int(entry["bytes"]) for name, entry in entries.items()}
+        hashes = {name: str(entry["sha256"]) for name, entry in entries.items()}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"checkpoint {path} is damaged: {manifest} cannot be read ({first_line(exc)})") from None
-    for name, entry in entries.items():
+    named = STEP_DIR.match(path.name)
+    if named and step != int(named.group(1)):
+        raise CheckpointError(f"checkpoint {path} is not what its save wrote: {manifest} is the manifest of step {step}")
+    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_symlink() or not p.is_dir()} - {MANIFEST}
+    for name in sorted(on_disk):
+        if (path / name).is_symlink() or not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is refused: {path / name} is not a plain file (a save writes only files)")
+    if unlisted := sorted(on_disk - set(entries)):
+        raise CheckpointError(f"checkpoint {path} is refused: {path / unlisted[0]} is not in its {MANIFEST}")
+    for name in entries:
         f = path / name
-        if not f.is_file():
+        if name not in on_disk:
             raise CheckpointError(f"checkpoint {path} is incomplete: {f} is missing")
         size = f.stat().st_size
-        if size != entry["bytes"]:
-            raise CheckpointError(f"checkpoint {path} is damaged: {f} has {size:,} bytes, {entry['bytes']:,} were written")
-        if _sha256(f) != entry["sha256"]:
+        if size != sizes[name]:
+            raise CheckpointError(f"checkpoint {path} is damaged: {f} has {size:,} bytes, {sizes[name]:,} were written")
+        if _sha256(f) != hashes[name]:
             raise CheckpointError(f"checkpoint {path} is damaged: {f} does not match its checksum")
+    from .sharded_reader import METADATA, read_metadata
+
+    for name in sorted(entries):
+        if Path(name).name == METADATA:
+            read_metadata(path / name)
 
 
 def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn=print) -> Path | None:
     """The checkpoint to continue from, verified against its manifest.
 
-    ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); an
-    incomplete or damaged newer one is skipped with one warning line. A path: that checkpoint,
-    which must be complete (else :class:`CheckpointError` naming the bad file).
+    ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); a newer one
+    that is incomplete, damaged, refused (``verify_checkpoint``) or a symbolic link (a save makes none)
+    is skipped with one warning line. A path: that checkpoint, which must be complete (else
+    :class:`CheckpointError` naming the bad file).
     """
     if spec is None:
         return None
     if spec == "auto":
         for path in reversed(list_checkpoints(checkpoints)):
             try:
+                if path.is_symlink():
+                    raise CheckpointError(f"{path} is a symbolic link, which a save never makes")
                 verify_checkpoint(path)
                 return path
             except CheckpointError as exc:

@@ -146,19 +146,20 @@ class ShardedLayout:
         barrier(env)  # every rank's shards are on disk before rank 0 seals the directory
 
     def read(self, path: Path, model, optimizer: torch.optim.Optimizer, average: Averaged | None) -> bool:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from .sharded_reader import load_sharded
 
         if not (path / SHARDED).is_dir():
             raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
         model_state, optim_state = get_state_dict(model.module, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path / SHARDED))  # reshards to this run's world size
+        load_sharded(state, path / SHARDED)  # reshards to this run's world size
         set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if average is None or not (path / AVERAGE_SHARDED).is_dir():
             return False
         wanted = {"ema": average.state_dict()}
-        dcp.load(wanted, checkpoint_id=str(path / AVERAGE_SHARDED))
+        load_sharded(wanted, path / AVERAGE_SHARDED)
         average.load_state_dict(wanted["ema"])
         return True
 
@@ -264,9 +265,9 @@ class Checkpointer:
 
 def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:
     """The model weights of a sharded checkpoint, consolidated in this one process (no process group)."""
-    import torch.distributed.checkpoint as dcp
+    from .sharded_reader import load_sharded
 
     state = {"model": model.state_dict()}
     # no_dist: this process alone, even inside a process group (e.g. rank 0 of an evaluation).
-    dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=True)
+    load_sharded(state, directory / SHARDED, no_dist=True)
     model.load_state_dict(state["model"])

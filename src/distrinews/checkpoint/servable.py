@@ -21,6 +21,7 @@ from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolv
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .legacy import load_legacy_pt
 from .load_errors import loading, read_json
+from .manifest import verify_checkpoint
 from .modelcard import write_model_card
 from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord
 from .resumable import SHARDED, load_sharded_weights, load_weights
@@ -122,6 +123,8 @@ def check_loadable(path: str | os.PathLike) -> None:
         return
     if not (path / "config.json").is_file() and not (path / TRAINER_STATE).is_file():
         raise CheckpointError(f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+    if (path / TRAINER_STATE).is_file():
+        verify_checkpoint(path)  # a step-N: every file as its save wrote it, the sharded metadata safe to read
     if (path / "config.json").is_file():
         read_json(path / "config.json")
     if (path / SERVABLE_INFO).is_file():
@@ -156,6 +159,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
         # a field the config lacks takes TrainConfig's default.
         from ..model import add_lora, build_model
 
+        verify_checkpoint(path)  # before any of its files is parsed
         values, state = read_json(path / "config.json"), read_trainer_state(path)
 
         def setting(key: str):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -137,11 +138,18 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def wrap_model(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, param_dtype: torch.dtype | None = None) -> ParallelModel:
+def wrap_model(
+    model: torch.nn.Module,
+    config: ParallelConfig,
+    env: DistEnv,
+    param_dtype: torch.dtype | None = None,
+    run: str | os.PathLike | None = None,
+) -> ParallelModel:
     """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
 
     ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
-    gathered parameters to; gradients are reduced in fp32 either way.
+    gathered parameters to; gradients are reduced in fp32 either way. ``run``: the run's output
+    directory, which names its shared-memory segment (``shm_allreduce.segment_prefix``).
     """
     if config.strategy == "single":
         if env.distributed:
@@ -150,7 +158,7 @@ def wrap_model(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, par
     if config.strategy == "ddp":
         if not env.distributed:
             return ParallelModel(model, model, "ddp", env)
-        ddp, how = _ddp(model, config, env)
+        ddp, how = _ddp(model, config, env, run)
         return ParallelModel(ddp, model, "ddp", env, allreduce=how)
     if config.strategy == "fsdp":
         if not env.distributed:
@@ -184,7 +192,7 @@ def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
     return 25.0 if device.type == "cuda" else 100.0
 
 
-def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[DDP, str]:
+def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, run: str | os.PathLike | None) -> tuple[DDP, str]:
     not_here = why_not_shared_memory(env.backend, env.device.type, env.world_size, env.local_world_size)
     if config.ddp_comm_hook == "shm" and not_here:
         raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {not_here}; use auto or none")
@@ -195,12 +203,14 @@ def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv) -> tuple[
         gradient_as_bucket_view=True,
         **_no_buffer_sync(),
     )
-    how = _register_comm_hook(ddp, model, config.ddp_comm_hook, env, shared_memory=not_here is None)
+    how = _register_comm_hook(ddp, model, config.ddp_comm_hook, env, shared_memory=not_here is None, run=run)
     _settle_bucket_layout(ddp, model, env.device)
     return ddp, how
 
 
-def _register_comm_hook(ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool) -> str:
+def _register_comm_hook(
+    ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool, run: str | os.PathLike | None = None
+) -> str:
     """Install the bucket averaging ``hook`` (``ddp_comm_hook``) asks for; returns how, for the banner.
     ``shared_memory``: this world can average through /dev/shm (``shm`` was refused before DDP if not)."""
     if hook in ("bf16", "fp16"):  # half the bytes on the wire; the optimizer still sees fp32 gradients
@@ -209,7 +219,8 @@ def _register_comm_hook(ddp: DDP, model: torch.nn.Module, hook: str, env: DistEn
     if hook == "none" or not shared_memory:
         return f"{env.backend}"
     # a slot holds the largest bucket, at most every trainable parameter's gradient
-    segment = open_segment(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), env.rank, env.world_size)
+    slot = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    segment = open_segment(slot, env.rank, env.world_size, run=run)
     if isinstance(segment, str):  # the same reason on every rank
         if hook == "shm":
             raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {segment}; use auto or none")

@@ -19,12 +19,18 @@ order (so independent of the bucket layout).
 
 The segment is made by rank 0 with ``posix_fallocate`` (a full ``/dev/shm`` fails here, not with a
 SIGBUS later), mapped by every rank, checked through a random token rank 0 wrote into it (ranks
-that see different ``/dev/shm``s fall back), and unlinked as soon as all have mapped it: nothing
-is left behind when a run ends or is killed.
+that see different ``/dev/shm``s fall back), and unlinked as soon as all have mapped it, or as soon
+as making it fails: nothing is left behind when a run ends, fails or is killed after that. A kill
+(SIGKILL, the OOM killer) between making and unlinking it leaves the name; segments are named after
+the run's output directory (:func:`segment_prefix`), so the next run there removes it, and no other
+run's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import hashlib
 import os
 import secrets
 import tempfile
@@ -111,41 +117,67 @@ def segment_bytes(slot_bytes: int, world_size: int) -> int:
     return _HEADER + world_size * _aligned(slot_bytes)
 
 
-def open_segment(slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR) -> SharedMemoryAllReduce | str:
+def segment_prefix(run: str | os.PathLike | None) -> str:
+    """The name every segment of ``run`` (its output directory; None: a run without one) starts with."""
+    if run is None:
+        return "distrinews-allreduce-"
+    return f"distrinews-allreduce-{hashlib.sha256(os.path.realpath(run).encode()).hexdigest()[:16]}-"
+
+
+def _remove_leftovers(prefix: str, shm_dir: str) -> None:
+    """Unlink the segments a killed earlier process of this run left (only they carry its prefix)."""
+    for path in glob.glob(os.path.join(glob.escape(shm_dir), glob.escape(prefix) + "*")):
+        with contextlib.suppress(OSError):  # another user's, or gone already
+            os.unlink(path)
+
+
+def open_segment(
+    slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike | None = None
+) -> SharedMemoryAllReduce | str:
     """Make, map and check one segment on every rank (a collective). Returns the hook, or why not
-    (the same reason on every rank, so all of them fall back together)."""
+    (the same reason on every rank, so all of them fall back together).
+
+    ``run``: the run's output directory; rank 0 first removes what a killed process of the same run
+    left in ``shm_dir``. Whatever fails between making the segment and unlinking it, rank 0 unlinks it.
+    """
     size = segment_bytes(slot_bytes, world_size)
     slot_bytes = _aligned(slot_bytes)
     token = secrets.token_bytes(16)
+    prefix = segment_prefix(run)
     path, reason = None, None
-    if rank == 0:
-        try:
-            fd, path = tempfile.mkstemp(prefix="distrinews-allreduce-", dir=shm_dir)
+    try:
+        if rank == 0:
+            if run is not None:
+                _remove_leftovers(prefix, shm_dir)
             try:
-                os.posix_fallocate(fd, 0, size)
-                os.pwrite(fd, token, 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            if path is not None:
-                os.unlink(path)
-            path, reason = None, f"{shm_dir}: {exc.strerror or exc}"
-    shared = [path, token, reason]
-    dist.broadcast_object_list(shared, src=0)
-    path, token, reason = shared
-    storage, ok = None, 0
-    if path is not None:
-        try:
-            if os.path.getsize(path) == size:
-                storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=size)
-                head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(token),))
-                ok = int(bytes(head.numpy()) == token)
-        except OSError:
-            ok = 0
-    flags = torch.tensor([ok], dtype=torch.int32)
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN)  # every rank has mapped it (or one could not) ...
-    if rank == 0 and path is not None:
-        os.unlink(path)  # ... so the name can go: the mappings keep the memory until each rank exits
+                fd, path = tempfile.mkstemp(prefix=prefix, dir=shm_dir)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                    os.pwrite(fd, token, 0)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                if path is not None:
+                    os.unlink(path)
+                path, reason = None, f"{shm_dir}: {exc.strerror or exc}"
+        shared = [path, token, reason]
+        dist.broadcast_object_list(shared, src=0)
+        path, token, reason = shared
+        storage, ok = None, 0
+        if path is not None:
+            try:
+                if os.path.getsize(path) == size:
+                    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=size)
+                    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(token),))
+                    ok = int(bytes(head.numpy()) == token)
+            except OSError:
+                ok = 0
+        flags = torch.tensor([ok], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN)  # every rank has mapped it (or one could not) ...
+    finally:
+        if rank == 0 and path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # ... so the name can go: the mappings keep the memory until each rank exits
     if reason is not None:
         return reason
     if not flags.item():

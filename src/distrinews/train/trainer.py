@@ -110,7 +110,7 @@ class Trainer:
 
         model = build_train_model(config.model, config.run.seed, env.device, self.data.label_names)
         self.precision = Precision.from_config(config.precision, env.device).prepare(model)
-        self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype)
+        self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir)
         if config.model.torch_compile:  # what forward and backward run through; checkpoints read the raw model
             self.model.module = torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None)
         self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
