@@ -118,6 +118,7 @@ class MicroBatcher:
         self._gone = 0  # cancelled requests possibly still in _ready
         self._busy = False
         self._last_batch_requests = 0
+        self._batches = 0  # forward jobs started
         self._closing = False
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -154,7 +155,9 @@ class MicroBatcher:
         """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
 
         ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
-        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded).
+        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded);
+        and of that job (a request's trace shows them): ``done`` (its end, on ``time.perf_counter``'s clock),
+        ``batch`` (its number, from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens`` and ``passes``.
         Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
         """
         if self._closing or self._task is None:
@@ -343,6 +346,7 @@ class MicroBatcher:
                 return
             items = [item for request in batch for item in request.items]
             self._busy = True
+            self._batches += 1
             start = time.perf_counter()
             now = loop.time()
             queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
@@ -357,13 +361,16 @@ class MicroBatcher:
                         request.future.set_exception(exc)
             else:
                 offset = 0
-                forward_s = time.perf_counter() - start
+                done = time.perf_counter()
+                forward_s = done - start
+                job = {"done": done, "batch": self._batches, "batch_texts": len(items), "batch_requests": len(batch)}
+                job.update(padded_tokens=tokens, passes=passes)
                 for request, waited in zip(batch, queue_s):
                     part = results[offset : offset + len(request.items)]
                     offset += len(request.items)
                     if request.timing is not None:
                         unpadded = sum(len(item) for item in request.items)
-                        request.timing.update(tokenize_s=request.tokenize_s, queue_s=waited, inference_s=forward_s, tokens=unpadded)
+                        request.timing.update(job, tokenize_s=request.tokenize_s, queue_s=waited, inference_s=forward_s, tokens=unpadded)
                     if not request.future.done():  # the caller may have given up meanwhile
                         request.future.set_result(part)
             finally:

@@ -1,0 +1,85 @@
+"""Tracing off costs nothing (no OpenTelemetry SDK import, FastAPI's telemetry off, no span objects); on, batch inference
+traces a span per window and training a span per evaluation and per checkpoint save, exported over OTLP/HTTP
+to a receiver on loopback (``otlp_receiver``). The server's request traces: tests/integration/test_serve_tracing.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrinews import tracing
+
+TESTS = Path(__file__).resolve().parents[1]
+
+OFF = """
+import asyncio, sys
+sys.path.insert(0, {tests!r})
+import httpx
+from conftest import FakePredictor
+from distrinews import tracing
+from distrinews.serve.app import ServeConfig, create_app
+
+app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=FakePredictor)
+scopes = []
+
+async def main():
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as client:
+        while (await client.get("/ready")).status_code != 200:
+            await asyncio.sleep(0.01)
+        headers = {{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+        answer = await client.post("/predict", json={{"text": "Oil prices jump"}}, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert "traceparent" not in answer.headers
+
+asyncio.run(main())
+assert tracing.tracer() is None and tracing.span("a") is tracing.span("b")  # one shared no-op, no span objects
+assert tracing.inject({{}}) == {{}}
+# FastAPI imports OpenTelemetry's API for its own telemetry, which is off; the SDK (the only thing that records
+# spans) and the exporter never load.
+loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto")))
+assert not loaded, loaded
+print("untraced")
+"""
+
+
+def test_with_no_endpoint_the_sdk_is_never_imported_and_no_span_is_made():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", OFF.format(tests=str(TESTS))], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "untraced" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("disabled", ["", "true"])
+def test_tracing_is_wanted_for_an_endpoint_or_the_standard_variables_unless_the_sdk_is_disabled(monkeypatch, disabled):
+    for name in (tracing.ENDPOINT_ENV, tracing.TRACES_ENDPOINT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_SDK_DISABLED", disabled)
+    on = disabled != "true"
+    assert not tracing.wanted()
+    assert tracing.wanted("http://127.0.0.1:4318") is on
+    monkeypatch.setenv(tracing.TRACES_ENDPOINT_ENV, "http://127.0.0.1:4318/v1/traces")
+    assert tracing.wanted() is on
+    assert tracing.traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+
+
+def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch, tmp_path):
+    from distrinews.serve.options import ServeOptionError, add_arguments, validate
+
+    # As if the 'tracing' extra were not installed: the check looks for a module that is not there.
+    monkeypatch.setattr(tracing, "_MODULES", ("opentelemetry.sdk", "opentelemetry.not_installed_here"))
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--checkpoint", str(tmp_path), "--otlp-endpoint", "http://127.0.0.1:4318"])
+    with pytest.raises(ServeOptionError) as refused:
+        validate(args)
+    assert "pip install 'distrinews[tracing]'" in str(refused.value) and "\n" not in str(refused.value)
+    bad = parser.parse_args(["--checkpoint", str(tmp_path), "--otlp-endpoint", "127.0.0.1:4318"])
+    with pytest.raises(ServeOptionError, match="http:// or https://"):
+        validate(bad)
