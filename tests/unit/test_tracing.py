@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews import tracing
+from distrinews import cli, tracing
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def test_tracing_is_wanted_for_an_endpoint_or_the_standard_variables_unless_the_
     assert tracing.traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
 
 
-def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch, tmp_path):
+def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch, capsys, tmp_path):
     from distrinews.serve.options import ServeOptionError, add_arguments, validate
 
     # As if the 'tracing' extra were not installed: the check looks for a module that is not there.
@@ -83,3 +83,54 @@ def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch,
     bad = parser.parse_args(["--checkpoint", str(tmp_path), "--otlp-endpoint", "127.0.0.1:4318"])
     with pytest.raises(ServeOptionError, match="http:// or https://"):
         validate(bad)
+
+    monkeypatch.setenv(tracing.ENDPOINT_ENV, "http://127.0.0.1:9")
+    rows = tmp_path / "in.jsonl"
+    rows.write_text('{"text": "Oil prices jump"}\n')
+    status = cli.main(["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "pip install 'distrinews[tracing]'" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
+    from distrinews.data.splits import load_split
+
+    return spread_checkpoint(tmp_path_factory.mktemp("trace") / "best", load_split(agnews_dir, "train").texts[:64])
+
+
+def test_batch_inference_exports_a_span_per_window(tmp_path, checkpoint, agnews_dir, otlp_receiver, monkeypatch, write_rows):
+    from distrinews.data.splits import load_split
+
+    monkeypatch.delenv(tracing.ENDPOINT_ENV, raising=False)  # predict sets it for its workers; put back after the test
+    texts = load_split(agnews_dir, "test").texts[:39]
+    rows = write_rows(tmp_path / "news.jsonl", [{"text": t} for t in texts] + [{"text": ""}])  # 40 rows, one rejected
+    output = tmp_path / "labels.jsonl"
+    status = cli.main(
+        [
+            "predict",
+            "--checkpoint",
+            str(checkpoint),
+            "--input",
+            str(rows),
+            "--output",
+            str(output),
+            "--batch-size",
+            "4",  # windows of 8 x 4 = 32 rows: two windows
+            "--progress",
+            "none",
+            "--runtime",
+            "torch",
+            "--otlp-endpoint",
+            otlp_receiver.endpoint,
+        ]
+    )
+    assert status == 0
+    assert len(output.read_text().splitlines()) == 39
+    # The command's end sent every span: nothing to wait for.
+    windows = sorted((s for s in otlp_receiver.spans if s["name"] == "distrinews.predict.window"), key=lambda s: s["start_ns"])
+    assert [(w["attributes"]["distrinews.window.start"], w["attributes"]["distrinews.window.end"]) for w in windows] == [(0, 32), (32, 40)]
+    first, last = (w["attributes"] for w in windows)
+    assert (first["distrinews.window.labelled"], first["distrinews.window.rejected"], first["distrinews.window.passes"]) == (32, 0, 8)
+    assert (last["distrinews.window.labelled"], last["distrinews.window.rejected"], last["distrinews.window.passes"]) == (7, 1, 2)
+    assert {w["service"] for w in windows} == {"distrinews-predict"} and first["distrinews.worker"] == 0
