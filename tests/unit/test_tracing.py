@@ -4,6 +4,7 @@ to a receiver on loopback (``otlp_receiver``). The server's request traces: test
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,26 @@ def test_batch_inference_exports_a_span_per_window(tmp_path, checkpoint, agnews_
     assert (first["distrinews.window.labelled"], first["distrinews.window.rejected"], first["distrinews.window.passes"]) == (32, 0, 8)
     assert (last["distrinews.window.labelled"], last["distrinews.window.rejected"], last["distrinews.window.passes"]) == (7, 1, 2)
     assert {w["service"] for w in windows} == {"distrinews-predict"} and first["distrinews.worker"] == 0
+
+
+def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(tmp_path, agnews_dir, otlp_receiver, monkeypatch):
+    from conftest import QUIET, TINY
+
+    monkeypatch.setenv(tracing.ENDPOINT_ENV, otlp_receiver.endpoint)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "nightly-training")
+    run = tmp_path / "run"
+    args = ["train", *TINY, *QUIET, "--data", str(agnews_dir), "--output-dir", str(run)]
+    args += ["--max_steps", "4", "--train_samples", "64", "--eval_samples", "32", "--eval_steps", "2", "--save_steps", "2"]
+    assert cli.main(args) == 0
+    spans = otlp_receiver.spans
+    evaluations = [s for s in spans if s["name"] == "distrinews.train.evaluate"]
+    saves = sorted((s for s in spans if s["name"] == "distrinews.checkpoint.save"), key=lambda s: s["start_ns"])
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    evaluated = [entry for entry in log if entry["kind"] == "eval"]
+    assert len(evaluations) >= 2 and len(evaluations) == len(evaluated), (len(evaluations), log)
+    for span in evaluations:
+        assert span["attributes"]["distrinews.rows"] == 32 and span["attributes"]["distrinews.world_size"] == 1
+        assert 0.0 <= span["attributes"]["distrinews.accuracy"] <= 1.0
+    assert [s["attributes"]["distrinews.step"] for s in saves] == [2, 4]
+    assert [s["attributes"]["distrinews.checkpoint.path"] for s in saves] == [str(run / "checkpoints" / f"step-{n}") for n in (2, 4)]
+    assert {s["service"] for s in spans} == {"nightly-training"}
