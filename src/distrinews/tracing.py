@@ -54,6 +54,12 @@ def require(what: str) -> None:
             raise ConfigError(f"{what} needs OpenTelemetry, which is not installed: {INSTALL} (missing module {module})")
 
 
+def check_endpoint(endpoint: str | None, flag: str = "--otlp-endpoint") -> None:
+    """Refuse, in one line, an endpoint that is not an OTLP/HTTP URL (the exporter would only log its failures)."""
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"{flag} must be an http:// or https:// URL (OTLP/HTTP, e.g. http://127.0.0.1:4318), got {endpoint!r}")
+
+
 def traces_url(endpoint: str) -> str:
     """The OTLP/HTTP traces URL of a base endpoint, as the standard variable means it (``/v1/traces`` appended)."""
     return endpoint.rstrip("/") + "/v1/traces"

@@ -91,6 +91,10 @@ def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch,
     status = cli.main(["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
     err = capsys.readouterr().err.strip()
     assert status == 2 and "pip install 'distrinews[tracing]'" in err and len(err.splitlines()) == 1, err
+    output = str(tmp_path / "out.jsonl")
+    status = cli.main(["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", output, "--otlp-endpoint", "collector"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "--otlp-endpoint must be an http:// or https:// URL" in err, err
 
 
 @pytest.fixture(scope="module")

@@ -135,6 +135,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         from ..predict.batch.ray_engine import run
     else:
         from ..predict.batch.engine import run
+    tracing.check_endpoint(args.otlp_endpoint)
     if args.otlp_endpoint:  # the variable, so that the worker processes the job spawns export to the same place
         os.environ[tracing.ENDPOINT_ENV] = args.otlp_endpoint
     try:

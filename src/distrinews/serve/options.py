@@ -130,13 +130,12 @@ def validate(args: argparse.Namespace) -> None:
         raise ServeOptionError(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
     if args.max_wait_ms < 0:
         raise ServeOptionError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
-    if args.otlp_endpoint is not None and not args.otlp_endpoint.startswith(("http://", "https://")):
-        raise ServeOptionError(f"--otlp-endpoint must be an http:// or https:// URL (OTLP/HTTP), got {args.otlp_endpoint!r}")
-    if tracing.wanted(args.otlp_endpoint):
-        try:
+    try:
+        tracing.check_endpoint(args.otlp_endpoint)
+        if tracing.wanted(args.otlp_endpoint):
             tracing.require("serve --otlp-endpoint (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
-        except ConfigError as exc:
-            raise ServeOptionError(str(exc)) from None
+    except ConfigError as exc:
+        raise ServeOptionError(str(exc)) from None
     if args.onnx_model and not args.runtime.startswith("onnx"):
         raise ServeOptionError("--onnx-model needs --runtime onnx or onnx-int8")
     if args.runtime == "torch-bf16":
