@@ -162,3 +162,68 @@ def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(tmp_path
     assert [s["attributes"]["distrinews.step"] for s in saves] == [2, 4]
     assert [s["attributes"]["distrinews.checkpoint.path"] for s in saves] == [str(run / "checkpoints" / f"step-{n}") for n in (2, 4)]
     assert {s["service"] for s in spans} == {"nightly-training"}
+
+
+def _serve(app, requests):
+    """Run ``requests(client)`` against ``app`` in-process, with its lifespan (the model loaded first)."""
+    import asyncio
+
+    import httpx
+
+    async def main():
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+        ):
+            while (await client.get("/ready")).status_code != 200:
+                await asyncio.sleep(0.01)
+            return await requests(client)
+
+    return asyncio.run(main())
+
+
+def test_hostile_traceparents_and_refused_requests_are_traced_as_their_own(otlp_receiver, fake_predictor):
+    from distrinews.serve.app import ServeConfig, create_app
+
+    app = create_app(ServeConfig(checkpoint="unused", api_key="k", otlp_endpoint=otlp_receiver.endpoint), predictor_factory=fake_predictor)
+    assert tracing.tracer() is not None
+    key = {"Authorization": "Bearer k"}
+    hostile = ["garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "ff-" + "a" * 32 + "-" + "b" * 16 + "-01", "00-" + "x" * 300]
+
+    async def requests(client):
+        for value in hostile:
+            answer = await client.post("/predict", json={"text": "Oil prices jump"}, headers={**key, "traceparent": value})
+            assert answer.status_code == 200, answer.text
+        assert (await client.post("/predict", json={"text": "Oil prices jump"})).status_code == 401
+
+    _serve(app, requests)  # the lifespan's end sent the spans
+    assert tracing.tracer() is None
+    spans = otlp_receiver.spans
+    served = [s for s in spans if s["name"] == "POST /predict" and s["attributes"]["http.response.status_code"] == 200]
+    assert len(served) == len(hostile) and all(s["parent_span_id"] == "" for s in served)  # each a trace of its own
+    assert len({s["trace_id"] for s in served}) == len(hostile)
+    for s in served:
+        assert {c["name"] for c in spans if c["parent_span_id"] == s["span_id"]} == {
+            "distrinews.tokenize",
+            "distrinews.queue",
+            "distrinews.forward",
+            "distrinews.response",
+        }
+    (refused,) = [s for s in spans if s["attributes"].get("http.response.status_code") == 401]
+    assert not [c for c in spans if c["parent_span_id"] == refused["span_id"]]  # refused before any work
+
+
+def test_an_unreachable_collector_costs_the_answers_nothing(monkeypatch, fake_predictor):
+    from distrinews.distributed.launch import free_port
+    from distrinews.serve.app import ServeConfig, create_app
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # the export gives up after a second, at the latest at the end
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    app = create_app(ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=nobody), predictor_factory=fake_predictor)
+
+    async def requests(client):
+        return [(await client.post("/predict", json={"text": f"Oil prices jump {i}"})).status_code for i in range(5)]
+
+    assert _serve(app, requests) == [200] * 5
+    assert tracing.tracer() is None  # shut down all the same
