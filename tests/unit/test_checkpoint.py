@@ -39,7 +39,9 @@ def _parts(model):
 def _save_step(root, step, model, limit=None):
     wrapped, opt, sched = _parts(model)
     checkpointer = Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
-    return checkpointer.save(step, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=step))
+    return checkpointer.save(
+        step, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=step, label_names=list(AG_NEWS_LABELS))
+    )
 
 
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):

@@ -11,6 +11,11 @@ from distrinews.config import TrainConfig
 from distrinews.data.labelled import class_counts, load_labelled
 from distrinews.errors import ConfigError, DataError
 
+
+def labelled(config: TrainConfig, **kwargs):
+    return load_labelled(config.data, config.run.seed, **kwargs)
+
+
 DESKS = ["politics", "sport", "business", "tech", "culture"]
 
 
@@ -29,7 +34,7 @@ def data(**fields) -> TrainConfig:
 def test_a_csv_with_string_labels_gives_sorted_labels_joined_texts_and_its_validation_file(tmp_path, write_rows):
     train = write_rows(tmp_path / "train.csv", rows_of(4))
     valid = write_rows(tmp_path / "valid.csv.gz", rows_of(2, start=100))
-    got = load_labelled(data(train_file=str(train), validation_file=str(valid)).data)
+    got = labelled(data(train_file=str(train), validation_file=str(valid)))
     assert got.label_names == sorted(DESKS) and got.own_data and got.warnings == []
     assert len(got.train) == 20 and len(got.eval) == 10 and got.eval_from == str(valid)
     assert got.train.texts[0] == "Story 0 from the politics desk body text 0"  # columns joined, whitespace made one space
@@ -43,30 +48,30 @@ def test_jsonl_and_parquet_shards_in_a_folder_with_integer_labels_sorted_as_numb
     rows = [{"text": f"item {i}", "label": [1, 2, 10][i % 3]} for i in range(30)]
     write_rows(folder / "a.jsonl.gz", rows[:15])
     write_rows(folder / "b.parquet", rows[15:])
-    got = load_labelled(TrainConfig(train_file=str(folder)).data)
+    got = labelled(TrainConfig(train_file=str(folder)))
     assert got.label_names == ["1", "2", "10"] and len(got.train) + len(got.eval) == 30
     assert "10% of the training rows" in got.eval_from
 
 
 def test_label_names_set_the_order_and_name_integer_ids(tmp_path, write_rows):
     named = write_rows(tmp_path / "named.jsonl", rows_of(3))
-    got = load_labelled(data(train_file=str(named), label_names="tech,sport,politics,culture,business").data)
+    got = labelled(data(train_file=str(named), label_names="tech,sport,politics,culture,business"))
     assert got.label_names == ["tech", "sport", "politics", "culture", "business"]
     assert got.label_names[got.train.labels[0]] == got.train.texts[0].split(" the ")[1].split()[0]
     ids = write_rows(tmp_path / "ids.jsonl", [{"text": f"t{i}", "label": i % 3} for i in range(30)])
-    got = load_labelled(TrainConfig(train_file=str(ids), label_names="World,Sports,Business").data)
+    got = labelled(TrainConfig(train_file=str(ids), label_names="World,Sports,Business"))
     assert got.label_names == ["World", "Sports", "Business"] and Counter(got.train.labels) == Counter({0: 9, 1: 9, 2: 9})
     with pytest.raises(DataError, match=r"named.jsonl:1: label 'politics' is not in label_names \(tech, sport\)"):
-        load_labelled(data(train_file=str(named), label_names="tech,sport").data)
+        labelled(data(train_file=str(named), label_names="tech,sport"))
     with pytest.raises(ConfigError, match="config field 'label_names': names 'tech' twice"):
-        load_labelled(data(train_file=str(named), label_names="tech,sport,tech").data)
+        labelled(data(train_file=str(named), label_names="tech,sport,tech"))
 
 
 def test_an_evaluation_label_training_never_saw_is_named_with_a_row_holding_it(tmp_path, write_rows):
     train = write_rows(tmp_path / "train.csv", rows_of(3, labels=DESKS[:4]))
     test = write_rows(tmp_path / "test.csv", [*rows_of(1, labels=DESKS[:4]), *rows_of(1, labels=["weather"])])
     with pytest.raises(DataError) as err:
-        load_labelled(data(train_file=str(train), test_file=str(test)).data)
+        labelled(data(train_file=str(train), test_file=str(test)))
     # every record spans two lines (the body ends in a line break): the fifth starts on line 10
     assert str(err.value).startswith(f"{test}:10: label 'weather' in the evaluation split never occurs in training")
     assert "'business', 'politics', 'sport', 'tech'" in str(err.value)
@@ -88,7 +93,7 @@ def test_an_evaluation_label_training_never_saw_is_named_with_a_row_holding_it(t
 def test_bad_training_data_is_one_line_naming_where(tmp_path, write_rows, rows, message):
     path = write_rows(tmp_path / "rows.csv", rows)
     with pytest.raises(DataError, match=message) as err:
-        load_labelled(data(train_file=str(path), validation_split_percentage=20).data)
+        labelled(data(train_file=str(path), validation_split_percentage=20))
     assert "\n" not in str(err.value)
 
 
@@ -96,15 +101,15 @@ def test_a_malformed_csv_row_names_its_line(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text('text,label\n"fine",a\n"fine",b\n"two",b,extra\n')
     with pytest.raises(DataError, match=r"bad.csv:4: expected 2 fields \(the header's\), found 3"):
-        load_labelled(TrainConfig(train_file=str(path)).data)
+        labelled(TrainConfig(train_file=str(path)))
 
 
 def test_a_class_with_one_row_cannot_be_stratified_but_trains_with_a_validation_file(tmp_path, write_rows):
     train = write_rows(tmp_path / "train.jsonl", [*rows_of(4, labels=DESKS[:3]), *rows_of(1, labels=["weather"])])
     with pytest.raises(DataError, match=r"train.jsonl:13: label 'weather' occurs once in training, so the validation split"):
-        load_labelled(data(train_file=str(train)).data)
+        labelled(data(train_file=str(train)))
     valid = write_rows(tmp_path / "valid.jsonl", rows_of(1, labels=DESKS[:3]))
-    got = load_labelled(data(train_file=str(train), validation_file=str(valid)).data)
+    got = labelled(data(train_file=str(train), validation_file=str(valid)))
     assert got.label_names == ["business", "politics", "sport", "weather"]
     assert got.warnings == ["warning: 'weather' has a single training row: the model sees it once an epoch"]
 
@@ -113,7 +118,7 @@ def test_texts_with_different_labels_are_counted_and_shown(tmp_path, write_rows)
     rows = [{"text": f"t{i}", "label": "ab"[i % 2]} for i in range(20)]
     rows += [{"text": "t0", "label": "b"}, {"text": "t1", "label": "a"}, {"text": "t2", "label": "a"}]  # t2 is 'a' already
     path = write_rows(tmp_path / "dupes.jsonl", rows)
-    (warning,) = load_labelled(TrainConfig(train_file=str(path), validation_split_percentage=10).data).warnings
+    (warning,) = labelled(TrainConfig(train_file=str(path), validation_split_percentage=10)).warnings
     assert warning.startswith("warning: 2 texts occur in training with different labels, e.g. 't0' as 'a' and 'b' (")
     assert "dupes.jsonl:1, " in warning and "dupes.jsonl:21)" in warning
 
@@ -121,9 +126,9 @@ def test_texts_with_different_labels_are_counted_and_shown(tmp_path, write_rows)
 def test_the_carved_validation_split_is_stratified_seeded_and_disjoint(tmp_path, write_rows):
     rows = [{"text": f"text {i}", "label": f"c{i % 20}"} for i in range(20 * 30)]  # 20 classes of 30 rows
     path = write_rows(tmp_path / "twenty.csv", rows)
-    a = load_labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=1).data)
-    b = load_labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=1).data)
-    c = load_labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=2).data)
+    a = labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=1))
+    b = labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=1))
+    c = labelled(TrainConfig(train_file=str(path), validation_split_percentage=20, seed=2))
     assert len(a.label_names) == 20 and a.eval.texts == b.eval.texts and a.eval.texts != c.eval.texts
     assert len(a.eval) == 120 and Counter(a.eval.labels) == Counter({i: 6 for i in range(20)})
     assert not set(a.eval.texts) & set(a.train.texts) and len(a.train) + len(a.eval) == 600
@@ -137,11 +142,11 @@ def test_a_data_set_saved_by_datasets_takes_its_class_label_names_and_validation
         train=datasets.Dataset.from_dict(split, features=features),
         validation=datasets.Dataset.from_dict({k: v[:9] for k, v in split.items()}, features=features),
     ).save_to_disk(str(tmp_path / "reviews"))
-    got = load_labelled(TrainConfig(dataset_name=str(tmp_path / "reviews"), text_column_names="sentence").data)
+    got = labelled(TrainConfig(dataset_name=str(tmp_path / "reviews"), text_column_names="sentence"))
     assert got.label_names == ["neg", "pos", "mixed"] and len(got.train) == 30 and len(got.eval) == 9
     assert got.eval_from.endswith("reviews/validation") and got.train.labels[:3] == [0, 1, 2]
     with pytest.raises(DataError, match=r"reviews/train: no column 'text'; its columns are 'sentence', 'label'"):
-        load_labelled(TrainConfig(dataset_name=str(tmp_path / "reviews")).data)
+        labelled(TrainConfig(dataset_name=str(tmp_path / "reviews")))
 
 
 def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, write_rows):
@@ -150,7 +155,7 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
     repo.mkdir(parents=True)
     write_rows(repo / "train-00000-of-00001.parquet", [{"text": f"a {i}", "label": "wxyz"[i % 4]} for i in range(40)])
     write_rows(repo / "test-00000-of-00001.parquet", [{"text": f"b {i}", "label": "wxyz"[i % 4]} for i in range(8)])
-    got = load_labelled(TrainConfig(dataset_name=str(tmp_path / "hub-repo")).data)
+    got = labelled(TrainConfig(dataset_name=str(tmp_path / "hub-repo")))
     assert got.label_names == ["w", "x", "y", "z"] and len(got.eval) == 8 and got.eval_from.endswith("/test")
 
 
@@ -164,9 +169,9 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
             {"train_file": "a.csv", "validation_file": "v.csv", "test_file": "t.csv"},
             "config field 'test_file': the run evaluates on one split",
         ),
-        ({"train_file": "a.csv", "validation_split_percentage": 0}, "config field 'validation_split_percentage': must be in 1-50"),
-        ({"class_weights": "inverse"}, "config field 'class_weights': must be none or balanced"),
-        ({"metric_for_best_model": "f1"}, "config field 'metric_for_best_model': must be accuracy or macro_f1"),
+        ({"train_file": "a.csv", "validation_split_percentage": 0}, "config field 'validation_split_percentage': must be in \\[1, 50\\]"),
+        ({"class_weights": "inverse"}, "config field 'class_weights': must be one of none, balanced"),
+        ({"metric_for_best_model": "f1"}, "config field 'metric_for_best_model': must be one of accuracy, macro_f1"),
     ],
 )
 def test_own_data_settings_are_checked_naming_the_field(fields, message):
@@ -176,11 +181,11 @@ def test_own_data_settings_are_checked_naming_the_field(fields, message):
 
 def test_a_missing_file_names_its_field(tmp_path):
     with pytest.raises(ConfigError, match=r"config field 'train_file': \S+nowhere.csv does not exist"):
-        load_labelled(TrainConfig(train_file=str(tmp_path / "nowhere.csv")).data)
+        labelled(TrainConfig(train_file=str(tmp_path / "nowhere.csv")))
 
 
 def test_ag_news_stays_the_default(agnews_dir):
-    got = load_labelled(TrainConfig(data_dir=str(agnews_dir)).data)
+    got = labelled(TrainConfig(data_dir=str(agnews_dir)))
     assert got.label_names == ["World", "Sports", "Business", "Sci/Tech"] and not got.own_data
     assert len(got.eval) == 7600 and got.eval_from.startswith("the test split")
     assert json.dumps(got.label_names)  # plain strings, for config.json

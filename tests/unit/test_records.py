@@ -19,9 +19,8 @@ from distrinews.checkpoint.records import (
     ServableInfo,
     TokenizerSource,
     TrainerStateRecord,
-    train_config_default,
 )
-from distrinews.config import TrainConfig
+from distrinews.config import DataConfig, TrainConfig, field_default
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.errors import CheckpointError
 
@@ -56,7 +55,8 @@ BEFORE_VERSIONS = """{
   "last_eval": {"samples": 400, "loss": 1.3866403436660766, "accuracy": 0.25, "macro_f1": 0.1,
                 "per_class_accuracy": {"World": 0.0, "Sports": 0.0, "Business": 0.0, "Sci/Tech": 1.0}},
   "running_counts": {"window": [22.17331886291504, 6.0, 16.0, 851.0, 45273.0], "epoch": [0.0, 0.0, 0.0, 0.0, 0.0]},
-  "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "world_size": 1, "sharded": false
+  "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "world_size": 1, "sharded": false,
+  "label_names": ["World", "Sports", "Business", "Sci/Tech"], "best_metric": 0.25
 }"""
 
 
@@ -87,10 +87,6 @@ def test_files_from_before_format_versions_read_as_version_1():
     state = TrainerStateRecord.from_json(json.loads(BEFORE_VERSIONS), "step-6/trainer_state.json")
     assert state.format_version == 1 and state.global_step == 6 and state.step_in_epoch == 6 and state.world_size == 1
     assert state.running_counts == RunningCounts([22.17331886291504, 6.0, 16.0, 851.0, 45273.0], [0.0] * 5)
-    # The first DistriNews wrote neither running_counts nor sharded: they take their defaults.
-    oldest = {k: v for k, v in json.loads(BEFORE_VERSIONS).items() if k not in ("running_counts", "sharded")}
-    state = TrainerStateRecord.from_json(oldest, "trainer_state.json")
-    assert state.running_counts is None and state.sharded is False
     info = {k: v for k, v in INFO.to_json().items() if k != "format_version"}
     assert ServableInfo.from_json(info, "distrinews.json") == INFO
 
@@ -157,13 +153,13 @@ def test_running_counts_and_the_top_level_are_checked():
 def test_defaults_come_from_where_they_are_owned(monkeypatch):
     from distrinews.data.rows import AG_NEWS_LABELS
 
-    # a distrinews.json from before own data sets: AG News's labels
-    assert ServableInfo().max_length == TrainConfig().max_length and ServableInfo().label_names == list(AG_NEWS_LABELS)
-    # Not a copy: change TrainConfig's default and the record's follows.
-    monkeypatch.setattr(TrainConfig.__dataclass_fields__["max_length"], "default", 96)
-    assert train_config_default("max_length") == 96 and ServableInfo().max_length == 96
+    # a record built without labels is AG News's (the default data set)
+    assert ServableInfo().max_length == TrainConfig().data.max_length and ServableInfo().label_names == list(AG_NEWS_LABELS)
+    # Not a copy: change the field's one declaration and the record's default follows.
+    monkeypatch.setattr(DataConfig.model_fields["max_length"], "default", 96)
+    assert field_default("max_length") == 96 and ServableInfo().max_length == 96
     with pytest.raises(KeyError):
-        train_config_default("no_such_field")
+        field_default("no_such_field")
 
 
 def test_model_info_carries_the_servable_fields_its_format_and_tokenizer():
@@ -282,7 +278,9 @@ def test_a_step_checkpoint_it_cannot_read_is_refused_before_any_tensor_loads(tmp
 
     model, _ = tiny
     checkpointer = Checkpointer(tmp_path / "checkpoints", env, None, TrainConfig(model_name_or_path="tiny-random", max_length=64).to_dict())
-    step = checkpointer.save(3, *parts(model), None, TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}))
+    step = checkpointer.save(
+        3, *parts(model), None, TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}, label_names=list(AG_NEWS_LABELS))
+    )
     info = load_for_inference(step)[2]
     assert (info.checkpoint_format, info.max_length, info.metrics, info.tokenizer.to_json()) == (
         "resumable",
@@ -322,10 +320,12 @@ def test_what_a_checkpoint_lacks_takes_train_configs_defaults(tmp_path, tiny, mo
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     checkpointer = Checkpointer(tmp_path, env, None, {"model_name_or_path": "tiny-random"})  # no max_length, seed, lora_*
-    step = checkpointer.save(1, ParallelModel(model, model, "ddp", env), optimizer, scheduler, None, TrainerStateRecord())
+    step = checkpointer.save(
+        1, ParallelModel(model, model, "ddp", env), optimizer, scheduler, None, TrainerStateRecord(label_names=list(AG_NEWS_LABELS))
+    )
     model.save_pretrained(tmp_path / "plain")
     tiny[1].save_pretrained(tmp_path / "plain")
-    monkeypatch.setattr(TrainConfig.__dataclass_fields__["max_length"], "default", 96)
+    monkeypatch.setattr(DataConfig.model_fields["max_length"], "default", 96)
     _, _, info = load_for_inference(step)
     assert (info.checkpoint_format, info.max_length, info.model_name, info.epoch) == ("resumable", 96, "tiny-random", 0)
     _, _, info = load_for_inference(tmp_path / "plain")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 
-import pytest
 import torch
 
-from distrinews.config import SLICES, TrainConfig, field_default
+from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
 from distrinews.train.metrics import Counts
 from distrinews.train.report import RunFacts, banner_lines, epoch_lines, final_lines, fmt_time, replicas_line, stopped_line
@@ -109,22 +107,3 @@ def test_end_lines():
     assert "DIFFERENT" in replicas_line(["a", "b"]) and "identical" in replicas_line(["a", "a"])
     assert "continue with --resume auto" in stopped_line("SIGTERM", 7, 20, "runs/x/checkpoints/step-7")
     assert "nothing saved" in stopped_line("SIGTERM", 0, 20, None)
-
-
-@pytest.mark.parametrize("slice_cls", SLICES, ids=lambda c: c.__name__)
-def test_each_slice_is_typed_like_the_flat_config_and_has_no_defaults_of_its_own(slice_cls):
-    flat = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(slice_cls):
-        assert f.name in flat, f"{slice_cls.__name__}.{f.name} is not a TrainConfig field"
-        assert typing.get_type_hints(slice_cls)[f.name] == flat[f.name], f.name
-        assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f"{f.name}: the default lives in TrainConfig"
-
-
-def test_slices_carry_the_configs_values():
-    config = TrainConfig(strategy="fsdp", bf16=False, learning_rate=2e-5, per_device_train_batch_size=7, max_length=64, lora_r=4)
-    assert config.parallel.strategy == "fsdp" and config.precision.bf16 is False
-    assert config.optimizer.learning_rate == 2e-5 and config.batches.per_device_train_batch_size == 7
-    assert config.data.max_length == 64 and config.model.lora_r == 4
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.parallel.strategy = "ddp"  # type: ignore[misc]
-    assert field_default("ddp_timeout") == TrainConfig().ddp_timeout and field_default("max_length") == 128

@@ -56,11 +56,13 @@ def test_ready_and_predict_say_503_until_the_model_has_loaded(fake_predictor):
     asyncio.run(main())
 
 
-def test_a_model_that_fails_to_load_is_reported_not_hidden():
+def test_a_model_that_fails_to_load_is_reported_not_hidden_and_the_why_stays_in_the_log(caplog):
+    """The probes are public: they say that loading failed, and only the log says where and why."""
+
     def broken_loader():
         raise ValueError("weights are corrupt")
 
-    app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=broken_loader)
+    app = create_app(ServeConfig(checkpoint="/srv/secret-models/x", api_key=""), predictor_factory=broken_loader)
 
     async def main():
         async with (
@@ -69,11 +71,15 @@ def test_a_model_that_fails_to_load_is_reported_not_hidden():
         ):
             health = await _poll(client, "/health", 503)
             assert health.status_code == 503 and health.json()["status"] == "unhealthy"
-            assert "weights are corrupt" in health.json()["error"]
+            assert health.json()["error"] == "the model failed to load (the server log says why)"
             ready = await client.get("/ready")
             assert ready.status_code == 503 and "failed to load" in ready.json()["detail"]
+            predict = await client.post("/predict", json={"text": "Oil prices jump"})
+            return health.text + ready.text + predict.text
 
-    asyncio.run(main())
+    shown = asyncio.run(main())
+    assert "weights are corrupt" not in shown and "secret-models" not in shown and "ValueError" not in shown
+    assert "could not load the model from /srv/secret-models/x: ValueError: weights are corrupt" in caplog.text
 
 
 # ---------------------------------------------------------------------- clients that go away
@@ -193,3 +199,37 @@ def test_every_computed_answer_names_its_model_version_and_metrics_can_be_public
         assert response.status_code == 200 and response.headers["x-model-version"] == "3.1.4"
     assert info.json()["model_version"] == "3.1.4"
     assert metrics.status_code == (200 if public_metrics else 401)
+
+
+# ---------------------------------------------------------------------- the API key
+@pytest.mark.parametrize("entry", ["distrinews serve", "python -m distrinews.serve"])
+@pytest.mark.parametrize("value", ["", " \n"])
+def test_an_empty_api_key_refuses_to_start_in_one_line(entry, value, tmp_path, monkeypatch, capsys):
+    """Set but empty (an empty Kubernetes secret) would have served every route to anyone."""
+    import distrinews.serve.__main__ as slim
+    import distrinews.serve.server as server
+    from distrinews.cli import main
+
+    monkeypatch.setenv("DISTRINEWS_API_KEY", value)
+    for module in (server, slim):
+        monkeypatch.setattr(module, "run_server", lambda *a, **k: pytest.fail("the server started"))
+    flags = ["--checkpoint", str(tmp_path), "--port", "0"]
+    code = main(["serve", *flags]) if entry == "distrinews serve" else slim.main(flags)
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0] == (
+        "distrinews: error: DISTRINEWS_API_KEY is set but empty: set it to the key clients must send, or unset it to serve without one"
+    )
+
+
+def test_no_api_key_beyond_loopback_is_a_one_line_warning(monkeypatch, caplog, fake_predictor):
+    import uvicorn
+
+    from distrinews.serve.server import run_server
+
+    monkeypatch.delenv("DISTRINEWS_API_KEY", raising=False)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)  # everything up to listening, then nothing
+    for host in ("127.0.0.1", "::1", "0.0.0.0"):
+        run_server(ServeConfig(host=host, port=7860), fake_predictor)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "distrinews.serve"]
+    assert warnings == ["no API key: anyone who reaches 0.0.0.0:7860 can use every route (set DISTRINEWS_API_KEY)"]

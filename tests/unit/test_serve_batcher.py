@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD, BatcherClosedError, MicroBatcher, QueueFullError, plan_passes
+from distrinews.serve.batcher import (
+    FORWARD_THREAD,
+    TOKENIZER_THREAD,
+    BatcherClosedError,
+    ForwardError,
+    ForwardStalledError,
+    MicroBatcher,
+    QueueFullError,
+    plan_passes,
+)
 
 
 class GatedModel:
@@ -155,13 +164,117 @@ def test_a_failing_forward_pass_fails_its_requests_only():
     async def main():
         batcher = MicroBatcher(flaky, max_batch_size=1, max_wait_ms=0)
         await batcher.start()
-        with pytest.raises(ValueError, match="exploded"):
+        with pytest.raises(ForwardError) as info:
             await batcher.submit(["boom"])
+        assert isinstance(info.value.__cause__, ValueError) and "exploded" not in str(info.value)
         ok = await batcher.submit(["fine"])
         await batcher.close()
         return ok
 
     assert asyncio.run(main()) == ["fine"]
+
+
+def test_a_text_that_breaks_a_shared_pass_fails_its_own_request_only():
+    """The pass of three requests raises; each is retried alone, and only the one with the bad text gets the error."""
+    model = GatedModel(open_gate=False)
+
+    def flaky(texts):
+        if "boom" in texts:
+            model.batches.append(list(texts))
+            raise ValueError("model exploded")
+        return model(texts)
+
+    async def main():
+        batcher = MicroBatcher(flaky, max_batch_size=8, max_wait_ms=50)
+        await batcher.start()
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"]))
+        await _until(model.started.is_set)
+        futures = [asyncio.ensure_future(batcher.submit(texts)) for texts in (["a", "b"], ["boom"], ["c"])]
+        await _until(lambda: batcher.queue_depth == 4)
+        model.gate.set()
+        results = await asyncio.gather(blocker, *futures, return_exceptions=True)
+        await batcher.close()
+        return results
+
+    blocker, first, bad, last = asyncio.run(main())
+    assert (blocker, first, last) == (["BLOCKER"], ["A", "B"], ["C"])
+    assert isinstance(bad, ForwardError) and isinstance(bad.__cause__, ValueError)
+    assert model.batches[1] == ["a", "b", "boom", "c"], model.batches  # one shared pass first, then one per request
+    assert model.batches[2:] == [["a", "b"], ["boom"], ["c"]], model.batches
+
+
+def test_a_pass_past_its_deadline_fails_its_queue_with_503s_until_it_returns():
+    model = GatedModel(open_gate=False)
+
+    async def main():
+        batcher = MicroBatcher(model, max_batch_size=1, max_wait_ms=0, forward_timeout=0.2)
+        await batcher.start()
+        stuck = asyncio.ensure_future(batcher.submit(["stuck"]))
+        await _until(model.started.is_set)
+        queued = asyncio.ensure_future(batcher.submit(["queued"]))
+        for future in (stuck, queued):
+            with pytest.raises(ForwardStalledError, match="the model is stuck"):
+                await future
+        assert "--forward-timeout is 0.2s" in batcher.stalled
+        with pytest.raises(ForwardStalledError):
+            batcher.enqueue(["new"])
+        model.gate.set()  # the pass returns: the model serves again
+        await _until(lambda: batcher.stalled is None)
+        ok = await batcher.submit(["after"])
+        await batcher.close()
+        return ok
+
+    assert asyncio.run(main()) == ["AFTER"]
+
+
+def test_a_batching_loop_that_dies_fails_its_queue_and_calls_on_fatal(monkeypatch):
+    fatal: list[str] = []
+
+    async def main():
+        batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_fatal=fatal.append)
+        monkeypatch.setattr(batcher, "_take", lambda: 1 / 0)
+        await batcher.start()
+        with pytest.raises(BatcherClosedError, match="ZeroDivisionError"):
+            await batcher.submit(["x"])
+        with pytest.raises(BatcherClosedError):
+            batcher.enqueue(["y"])
+        await batcher.close()
+
+    asyncio.run(main())
+    assert fatal == ["the batching loop died (ZeroDivisionError)"]
+
+
+def test_a_batching_loop_that_dies_mid_batch_fails_the_batch_it_was_running(monkeypatch):
+    fatal: list[str] = []
+
+    async def main():
+        batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_fatal=fatal.append)
+
+        async def broken_compute(batch, queue_s):
+            raise KeyError("a bug")
+
+        monkeypatch.setattr(batcher, "_compute", broken_compute)
+        await batcher.start()
+        with pytest.raises(BatcherClosedError, match="KeyError"):
+            await asyncio.wait_for(batcher.submit(["x"]), 10)
+        await batcher.close()
+
+    asyncio.run(main())
+    assert fatal == ["the batching loop died (KeyError)"]
+
+
+def test_an_on_batch_that_raises_does_not_stop_the_batcher():
+    def broken(stats):
+        raise RuntimeError("metrics broke")
+
+    async def main():
+        batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_batch=broken)
+        await batcher.start()
+        results = [await batcher.submit([t]) for t in ("a", "b")]
+        await batcher.close()
+        return results
+
+    assert asyncio.run(main()) == [["a"], ["b"]]
 
 
 # ---------------------------------------------------------------------- token budget, tokenizer thread, gone clients

@@ -123,3 +123,24 @@ def test_writelines_joins_the_pending_write_in_order():
         return transport.events
 
     assert asyncio.run(main()) == [b"HTTP/1.1 200 OK\r\n\r\nab"]
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_then_closed():
+    async def main() -> list[bytes | str]:
+        config = Config(_app(), log_level="warning", access_log=False)
+        config.load()
+        protocol_class = guarded_protocol(header_timeout=5.0, max_connections=10, body_timeout=0.2)
+        protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+        transport = Recording()
+        protocol.connection_made(transport)
+        protocol.data_received(REQUEST.replace(b"Content-Length: %d" % len(TEXT), b"Content-Length: 1000"))  # 973 bytes short
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if transport.closing:
+                break
+        protocol.connection_lost(None)
+        return transport.events
+
+    events = asyncio.run(main())
+    assert len(events) == 2 and events[1] == "close", events
+    assert events[0].startswith(b"HTTP/1.1 408 ") and b"--body-timeout" in events[0], events

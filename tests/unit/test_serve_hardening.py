@@ -331,18 +331,25 @@ def _poll_unhealthy(app) -> tuple[dict, dict, str]:
         return health.json(), predict.json(), health.text + predict.text
 
 
-def test_health_after_a_refused_checkpoint_says_what_failed_and_where(tmp_path):
+def _load_failure_logged(caplog) -> str:
+    """The log's one-line summary of the failed load (its traceback aside)."""
+    (record,) = [r for r in caplog.records if r.name == "distrinews.serve" and r.levelname == "ERROR"]
+    return record.getMessage()
+
+
+def test_health_after_a_refused_checkpoint_says_it_failed_and_the_log_says_what_and_where(tmp_path, caplog):
     marker = tmp_path / "PWNED"
     evil = write_malicious_pt(tmp_path / "evil.pt", marker)
     health, predict, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint=str(evil), api_key="")))
     assert health["status"] == "unhealthy" and health["model_loaded"] is False
-    assert str(evil) in health["error"] and "pickled code" in health["error"] and "refused" in health["error"]
-    assert health["error"] in predict["detail"]
-    assert "weights_only" not in raw and "Traceback" not in raw
+    assert health["error"] == "the model failed to load (the server log says why)" and health["error"] in predict["detail"]
+    assert str(tmp_path) not in raw and "pickled" not in raw and "Traceback" not in raw
+    logged = _load_failure_logged(caplog)
+    assert str(evil) in logged and "pickled code" in logged and "refused" in logged
     assert not marker.exists()
 
 
-def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on():
+def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on(caplog):
     def loader():  # torch's own message, as any unwrapped torch.load would raise it
         raise pickle.UnpicklingError(
             "Weights only load failed. This file can still be loaded, to do so you have two options, "
@@ -350,9 +357,11 @@ def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on():
             "argument in `torch.load` to `False`, ..."
         )
 
-    health, _, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint="/models/x.pt", api_key=""), predictor_factory=loader))
-    assert "/models/x.pt" in health["error"] and "UnpicklingError" in health["error"]
-    assert "weights_only" not in raw and "trust the source" not in raw
+    _, _, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint="/models/x.pt", api_key=""), predictor_factory=loader))
+    assert "/models/x.pt" not in raw and "UnpicklingError" not in raw
+    logged = _load_failure_logged(caplog)
+    assert "/models/x.pt" in logged and "UnpicklingError" in logged
+    assert "weights_only" not in logged and "trust the source" not in logged
 
 
 # ---------------------------------------------------------------------- fuzzing

@@ -21,7 +21,7 @@ def test_other_spellings_are_not_versions(bad):
 
 
 def test_model_version_config_field_is_checked():
-    assert load_config(None, {"model_version": "1.1.0"}).model_version == "1.1.0"
+    assert load_config(None, {"model_version": "1.1.0"}).run.model_version == "1.1.0"
     with pytest.raises(ConfigError, match=r"config field 'model_version': must be MAJOR\.MINOR\.PATCH"):
         load_config(None, {"model_version": "v2"})
 

@@ -30,9 +30,9 @@ def split_rows(config: TrainConfig):
     from ..data.labelled import load_labelled
     from ..data.splits import stratified_sample
 
-    data = load_labelled(config.data)
-    train = data.train.subset(stratified_sample(data.train.labels, config.train_samples, config.seed))
-    evaluation = data.eval.subset(stratified_sample(data.eval.labels, config.eval_samples, config.seed))
+    data = load_labelled(config.data, config.run.seed)
+    train = data.train.subset(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
+    evaluation = data.eval.subset(stratified_sample(data.eval.labels, config.data.eval_samples, config.run.seed))
     return train, evaluation, data.label_names, data.eval_from
 
 
@@ -88,7 +88,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         config = load_config(a.config, parse_overrides(extra))
     train, evaluation, names, eval_from = split_rows(config)
     predicted, seconds = tfidf_logistic_regression(
-        train.texts, train.labels, evaluation.texts, config.class_weights == "balanced", config.seed
+        train.texts, train.labels, evaluation.texts, config.optimizer.class_weights == "balanced", config.run.seed
     )
     scores = classification_scores(confusion(evaluation.labels, predicted, len(names)), names)
     report: dict[str, Any] = {

@@ -206,17 +206,19 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
         output_dir=tempfile.gettempdir(),
     )
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
-    data = prepare_data(config.data, env)
-    model = build_model(config.model_name_or_path, seed=config.seed, labels=data.label_names).to(env.device).train()
+    data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+    model = build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names).to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     payload = [torch.ones(grad_bytes // 4, device=env.device)]
     allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
     payload.clear()
 
-    sampler = TrainSampler(data.train, env.world_size, env.rank, config.per_device_train_batch_size, config.seed, False)
+    sampler = TrainSampler(data.train, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False)
     loader = iter(
-        DataLoader(data.train, batch_size=config.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id))
+        DataLoader(
+            data.train, batch_size=config.batches.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id)
+        )
     )
     precision = Precision.from_config(config.precision, env.device).prepare(model)
     shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)

@@ -76,9 +76,9 @@ class Variant:
         from ..train.precision import Precision
 
         device = torch.device("cpu")
-        self.model = build_train_model(config.model, device, labels).train()
+        self.model = build_train_model(config.model, config.run.seed, device, labels).train()
         self.precision = Precision.from_config(config.precision, device).prepare(self.model)
-        self.clip = config.max_grad_norm
+        self.clip = config.optimizer.max_grad_norm
         self.master: list[torch.nn.Parameter] = []
         if master_copy:
             named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     config = load_config(args.config, parse_overrides(extra))  # a bad field fails here, before any worker starts
     if args.batch is None:
-        args.batch = config.per_device_train_batch_size
+        args.batch = config.batches.per_device_train_batch_size
     cores = cores_available()
     if args.cores_per_worker is None:
         args.cores_per_worker = max(1, len(cores) // max(counts))

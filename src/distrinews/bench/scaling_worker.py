@@ -42,10 +42,10 @@ class PadToMaxLength:
 
         input_ids = torch.full((len(batch), self.max_length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), self.max_length), dtype=torch.long)
-        for row, (ids, _) in enumerate(batch):
+        for row, (ids, *_) in enumerate(batch):
             input_ids[row, : ids.numel()] = ids
             attention_mask[row, : ids.numel()] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([y for _, y in batch])}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([row[1] for row in batch])}
 
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
@@ -71,12 +71,12 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
 
         def make_optimizer(model):
-            return torch.optim.AdamW(model.parameters(), lr=config.learning_rate, foreach=args.optimizer == "foreach")
+            return torch.optim.AdamW(model.parameters(), lr=config.optimizer.learning_rate, foreach=args.optimizer == "foreach")
 
     with distributed_context(threads=args.cores_per_worker) as env:
         trainer = Trainer(config, env, make_optimizer=make_optimizer)
         windows = _windows(trainer, args)
-        torch.manual_seed(config.seed + env.rank)
+        torch.manual_seed(config.run.seed + env.rank)
         trainer.model.train()
         timer = _StepTimer(trainer, windows, args.host_sync)
         for _ in range(args.warmup):
@@ -119,21 +119,21 @@ def _windows(trainer, args: argparse.Namespace):
 
     config = trainer.config
     pad = trainer.data.train.pad_token_id
-    collate = PadToMaxLength(pad, config.max_length) if args.pad_to_max_length else Collator(pad, config.pad_to_multiple_of)
+    collate = PadToMaxLength(pad, config.data.max_length) if args.pad_to_max_length else Collator(pad, config.batches.pad_to_multiple_of)
 
     def batches():
         for epoch in range(10**6):
             trainer.sampler.set_epoch(epoch)
             yield from DataLoader(
                 trainer.data.train,
-                batch_size=config.per_device_train_batch_size,
+                batch_size=config.batches.per_device_train_batch_size,
                 sampler=trainer.sampler,
                 collate_fn=collate,
-                num_workers=config.dataloader_num_workers,
+                num_workers=config.batches.dataloader_num_workers,
                 pin_memory=trainer.env.device.type == "cuda",
             )
 
-    return optimizer_windows(batches(), config.gradient_accumulation_steps)
+    return optimizer_windows(batches(), config.batches.gradient_accumulation_steps)
 
 
 class _StepTimer:
@@ -190,7 +190,7 @@ def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucke
     from ..train.flops import mfu
 
     config, env = trainer.config, trainer.env
-    W, B = env.world_size, config.per_device_train_batch_size
+    W, B = env.world_size, config.batches.per_device_train_batch_size
     elapsed = max(r["elapsed_s"] for r in ranks)
     samples = sum(r["samples"] for r in ranks)
     tokens = sum(r["tokens"] for r in ranks)
@@ -202,9 +202,9 @@ def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucke
         "cores_per_worker": args.cores_per_worker,
         "per_worker_batch": B,
         "global_batch": B * W,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "gradient_accumulation_steps": config.batches.gradient_accumulation_steps,
         "bucket_cap_mb": bucket if W > 1 else None,
-        "ddp_comm_hook": config.ddp_comm_hook if W > 1 else None,
+        "ddp_comm_hook": config.parallel.ddp_comm_hook if W > 1 else None,
         "allreduce": trainer.model.allreduce if W > 1 else None,  # what the hook came to: shared memory, gloo, ...
         "steps": args.steps,
         "warmup_steps": args.warmup,
@@ -223,11 +223,11 @@ def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucke
         "gradient_bytes": trainer.model.gradient_bytes()
         or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
         "parameters": count_parameters(trainer.model.raw),
-        "model": config.model_name_or_path,
-        "max_length": config.max_length,
+        "model": config.model.model_name_or_path,
+        "max_length": config.data.max_length,
         "precision": trainer.precision.name,
-        "bf16": config.bf16,
-        "group_by_length": config.group_by_length,
+        "bf16": config.precision.bf16,
+        "group_by_length": config.batches.group_by_length,
         "pad_to_max_length": args.pad_to_max_length,
         "optimizer": args.optimizer,
         "host_sync": args.host_sync,

@@ -3,7 +3,3 @@ checkpoints with their manifests, the servable ``best/`` with its model card, th
 ``.pt``, the run directory, and running out of space. Importing this package imports none of them:
 the slim server imports ``tokenizer_files`` without torch.
 """
-
-from .._moved import moved_attribute
-
-__getattr__ = moved_attribute(__name__)  # the names of the deprecated distrinews.checkpoint module, on demand

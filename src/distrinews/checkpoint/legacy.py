@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from ..config import field_default
 from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import ModelInfo, TokenizerSource, train_config_default
+from .records import ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
         label_names=labels,
         epoch=payload.get("epoch"),
         metrics={"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
-        max_length=cfg["max_length"] if "max_length" in cfg else train_config_default("max_length"),
+        max_length=cfg["max_length"] if "max_length" in cfg else field_default("max_length"),
         model_name=cfg.get("model_name"),
         model_version=cfg.get("model_version"),
         config_hash=cfg.get("config_hash"),

@@ -204,7 +204,7 @@ def training_command(info: ServableInfo) -> str | None:
     training = info.training_config
     if not training:
         return None
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = TrainConfig().to_dict()
     parts = ["distrinews train"]
     world_size = int(info.world_size or 1)
     if world_size > 1:

@@ -14,7 +14,7 @@
 
 Each file records ``format_version``. Reading (``from_json(data, path)``):
 
-- a file without ``format_version`` was written before versions were recorded: it reads as version 1;
+- a file without ``format_version`` reads as version 1 (the first format, which recorded none);
 - a version above the one this code reads was written by a newer DistriNews: one-line
   :class:`CheckpointError` naming the file, its version and ours;
 - a missing required key or a value of the wrong type: one-line :class:`CheckpointError` naming the
@@ -49,22 +49,14 @@ TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSo
 
 
 # ---------------------------------------------------------------------- defaults owned elsewhere
-def train_config_default(name: str) -> Any:
-    """``TrainConfig``'s own default for field ``name`` (imported here, on demand: config.py needs yaml)."""
-    from ..config import TrainConfig
-
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == name:
-            return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-    raise KeyError(f"TrainConfig has no field {name!r}")
-
-
 def _default_max_length() -> int:
-    return train_config_default("max_length")
+    from ..config import field_default  # on demand: config.py needs yaml and pydantic
+
+    return field_default("max_length")
 
 
 def _default_labels() -> list[str]:
-    from ..data.rows import AG_NEWS_LABELS  # a file from before own data sets: AG News's
+    from ..data.rows import AG_NEWS_LABELS  # a record built without labels: the default data set's
 
     return list(AG_NEWS_LABELS)
 
@@ -168,17 +160,30 @@ class TrainerStateRecord:
     step_in_epoch: int = 0  # optimizer steps done in ``epoch``
     best_accuracy: float | None = None
     last_eval: dict[str, Any] = field(default_factory=dict)  # the last evaluation's metrics
-    running_counts: RunningCounts | None = None  # absent in older runs' files
+    running_counts: RunningCounts | None = None  # None: written before any step was counted
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     world_size: int | None = None  # processes of the run that wrote it
     sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
-    label_names: list[str] | None = None  # the model's labels in id order; absent (None) in older runs: AG News's
-    best_metric: float | None = None  # the best value of metric_for_best_model so far; absent in older runs
+    label_names: list[str] = field(default_factory=list)  # the model's labels in id order
+    best_metric: float | None = None  # the best value of metric_for_best_model so far; None before an evaluation
     format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
 
-    # Every DistriNews has written these; the rest default as above when an older file lacks them.
-    REQUIRED: ClassVar[tuple[str, ...]] = ("global_step", "epoch", "step_in_epoch")
+    # Every key is written (null where unknown); a file without one was not written by this format's writer.
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "global_step",
+        "epoch",
+        "step_in_epoch",
+        "best_accuracy",
+        "last_eval",
+        "running_counts",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "world_size",
+        "sharded",
+        "label_names",
+        "best_metric",
+    )
     CHECKS: ClassVar[dict[str, _Check]] = {
         "global_step": INT,
         "epoch": INT,
@@ -190,7 +195,7 @@ class TrainerStateRecord:
         "gradient_accumulation_steps": optional(INT),
         "world_size": optional(INT),
         "sharded": BOOL,
-        "label_names": optional(STR_LIST),
+        "label_names": STR_LIST,
         "best_metric": optional(NUMBER),
     }
 

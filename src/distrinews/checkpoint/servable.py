@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..data.rows import AG_NEWS_LABELS
+from ..config import field_default
 from ..errors import CheckpointError
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .legacy import load_legacy_pt
 from .load_errors import loading, read_json
 from .modelcard import write_model_card
-from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord, train_config_default
+from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord
 from .resumable import SHARDED, load_sharded_weights, load_weights
 from .tokenizer_files import needs_own_tokenizer, require_tokenizer
 from .versioning import version_fields
@@ -159,10 +159,10 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object
         values, state = read_json(path / "config.json"), read_trainer_state(path)
 
         def setting(key: str):
-            return values[key] if key in values else train_config_default(key)
+            return values[key] if key in values else field_default(key)
 
         name = setting("model_name_or_path")
-        labels = list(state.label_names or AG_NEWS_LABELS)  # older runs trained on AG News alone
+        labels = list(state.label_names)
         model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))

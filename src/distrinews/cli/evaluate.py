@@ -67,7 +67,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         with main_process_first(env):
             # the evaluation rows of the data the model was trained on: AG News's test split (--data's, if given),
             # or the user's validation rows, read again from the training config the checkpoint records
-            data = load_labelled(trained_on(info.training_config, args.data), need_train=False)
+            config = trained_on(info.training_config, args.data)
+            data = load_labelled(config.data, config.run.seed, need_train=False)
             if data.label_names != info.label_names:
                 raise DataError(
                     f"eval: the model's labels ({', '.join(info.label_names)}) are not those of the data it records "

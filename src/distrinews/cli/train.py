@@ -7,12 +7,17 @@ import contextlib
 import os
 
 from .. import tracing
-from ..config import TrainConfig, load_config, parse_overrides
+from ..config import TrainConfig, load_config, parse_overrides, reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="fine-tune on AG News (any --field value overrides the preset)")
+    p = subparsers.add_parser(
+        "train",
+        help="fine-tune on AG News (any --field value overrides the preset)",
+        epilog="config fields (YAML presets and --field value):\n\n" + reference(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help="YAML preset, e.g. configs/cpu-quick.yaml")
     p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
     p.add_argument("--resume", help="checkpoint directory to continue from, or 'auto' (the newest in output_dir)")
@@ -34,7 +39,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..train.preflight import preflight_train
 
     config = config_from(args, extra)
-    run_dir = RunDir(config.output_dir)
+    run_dir = RunDir(config.run.output_dir)
     if wants_launch(args.launch_flags):
         # Over several nodes only global rank 0 writes, and the rendezvous decides which node runs it: its worker
         # takes the lock. (Every node's launcher locking a shared output_dir would refuse all nodes but one.)
@@ -49,9 +54,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 os.environ.pop(LOCK_HELD_ENV, None)
     from . import is_global_rank_zero, write_json
 
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and config.resume_from_checkpoint is None:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and config.run.resume_from_checkpoint is None:
         # A worker group restarted by --max-restarts continues from the newest complete checkpoint.
-        config.resume_from_checkpoint = "auto"
+        config.run.resume_from_checkpoint = "auto"
     with contextlib.ExitStack() as held:
         if is_global_rank_zero() and not run_dir.locked_by_launcher():
             # One process, plain torchrun, or our launcher over several nodes: the process that writes holds the lock.

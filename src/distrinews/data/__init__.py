@@ -2,7 +2,3 @@
 and a seeded sample of it, tokenized once into a cache, sampled per rank and collated into
 padded batches. Importing this package imports none of them.
 """
-
-from .._moved import moved_attribute
-
-__getattr__ = moved_attribute(__name__)  # the names of the deprecated distrinews.data module, on demand

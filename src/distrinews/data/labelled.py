@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig
+from ..config import DataConfig, TrainConfig
 from ..errors import ConfigError, DataError
 from .files import read_rows, resolve_inputs
 from .rows import AG_NEWS_LABELS, RawSplit
@@ -94,8 +94,9 @@ def given_label_names(config: DataConfig) -> list[str] | None:
     return names
 
 
-def load_labelled(config: DataConfig, need_train: bool = True) -> LabelledData:
-    """The run's training and evaluation rows with label ids, and the label names (see the module docstring)."""
+def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> LabelledData:
+    """The run's training and evaluation rows with label ids, and the label names (see the module docstring);
+    ``seed`` (the run's) picks the rows held out for evaluation when no evaluation split is given."""
     if not uses_own_data(config):
         train = load_split(config.data_dir, "train") if need_train else None
         test = load_split(config.data_dir, "test")
@@ -111,7 +112,7 @@ def load_labelled(config: DataConfig, need_train: bool = True) -> LabelledData:
     names, to_id = label_set(train_rows, given_label_names(config), warnings)
     check_training_rows(train_rows, to_id, names, config.label_column_name, warnings)  # all of them, before any is held out
     if eval_rows is None:
-        train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, config.seed)
+        train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, seed)
     else:
         eval_from = eval_rows.source
     train = _labelled(train_rows, to_id, names, "training")
@@ -119,19 +120,18 @@ def load_labelled(config: DataConfig, need_train: bool = True) -> LabelledData:
     return LabelledData(train if need_train else None, evaluation, names, eval_from, warnings, own_data=True)
 
 
-def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> DataConfig:
-    """The data slice of the run that made a checkpoint (its saved ``training_config``), to read its evaluation
+def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> TrainConfig:
+    """The config of the run that made a checkpoint (its saved ``training_config``), to read its evaluation
     rows again. A run on AG News reads it from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not from
     the folder it was trained from, which may be on another machine. Fields this version does not know are left
     out; a ``ConfigError`` if the rest is not valid."""
-    from ..config import TrainConfig
 
     known = set(TrainConfig.field_names())
     values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     config = TrainConfig.from_dict(values)
     if not uses_own_data(config.data):
-        config.data_dir = data_dir  # AG News: where it is now (None: $DISTRINEWS_DATA, else the hub)
-    return config.data
+        config.data.data_dir = data_dir  # AG News: where it is now (None: $DISTRINEWS_DATA, else the hub)
+    return config
 
 
 # ---------------------------------------------------------------------- reading

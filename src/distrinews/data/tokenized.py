@@ -27,8 +27,9 @@ class TokenizedDataset(Dataset):
     def __len__(self) -> int:
         return self.labels.numel()
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.flat_ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i])
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        """(token ids, label, i): the row's index travels with it into the batch (``collate.Collator``)."""
+        return self.flat_ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i]), int(i)
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -3,7 +3,3 @@ group and its collectives, the rendezvous roll-call, the watchdog that names a s
 preemption on SIGTERM, the parallel strategies (ddp | fsdp | lora) and each process's share of the
 machine. Importing this package imports none of them.
 """
-
-from .._moved import moved_attribute
-
-__getattr__ = moved_attribute(__name__)  # the names of the deprecated distrinews.distributed module, on demand

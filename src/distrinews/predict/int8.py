@@ -137,9 +137,9 @@ def labelled_rows(
 
     try:
         config = trained_on(training_config, (training_config or {}).get("data_dir") or os.environ.get(DATA_ENV))
-        if not uses_own_data(config) and not (config.data_dir and Path(config.data_dir).is_dir()):
+        if not uses_own_data(config.data) and not (config.data.data_dir and Path(config.data.data_dir).is_dir()):
             return None  # never the hub: a server starting must not wait on a download
-        data = load_labelled(config, need_train=uses_own_data(config))
+        data = load_labelled(config.data, config.run.seed, need_train=uses_own_data(config.data))
     except (OSError, ValueError) as exc:  # ConfigError and DataError are ValueErrors
         log.info("no labelled rows for the int8 check (%s): label agreement on the fixed sample instead", exc)
         return None

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import html
 import logging
-import os
+import signal
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -36,11 +36,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__, tracing
 from ..errors import CheckpointError
 from . import tei
-from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
+from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
-from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
-from .options import ServeConfig
+from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyBudget, BodyLimitMiddleware, MetricsMiddleware
+from .options import ServeConfig, api_key_from_env
 from .protocol import ServingPredictor
 from .responses import declared
 from .schemas import (
@@ -57,16 +57,15 @@ from .schemas import (
 
 log = logging.getLogger("distrinews.serve")
 
-API_KEY_ENV = "DISTRINEWS_API_KEY"
 MODEL_VERSION_HEADER = "X-Model-Version"
 
 
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
-    """One line for /health and the 503s: what failed and where, never how to unpickle anyway.
+    """One line for the log's record of a failed load: what failed and where, never how to unpickle anyway.
 
     CheckpointError and FileNotFoundError already name the file and say why; anything else is
     summarised by its type and first line, or by its type alone when it repeats torch's advice
-    to retry with ``weights_only=False``. The full exception goes to the server log only.
+    to retry with ``weights_only=False``. Clients are told none of it (the probes are public).
     """
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
@@ -102,6 +101,7 @@ class ServingState:
         self.predictor: ServingPredictor | None = None
         self.batcher: MicroBatcher | None = None
         self.load_error: str | None = None
+        self.fatal_error: str | None = None  # the batcher can answer nothing any more: the process is ending
         # Sent as X-Model-Version with every answer the model computed: behind a load balancer, during a
         # rollout, each answer names the model that made it.
         self.model_version: str | None = None
@@ -124,15 +124,22 @@ class ServingState:
                 encode=predictor.encode,
                 max_batch_tokens=config.max_batch_tokens or None,
                 on_dropped=self.metrics.dropped.inc,
+                forward_timeout=config.forward_timeout,
+                on_fatal=self.end_process,
             )
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
             self.predictor, self.batcher = predictor, batcher
             log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
-            self.load_error = _describe_load_error(exc, config.checkpoint)
-            # The whole exception (and torch's advice in it) goes to the operator's log only.
-            log.exception("could not load the model from %s", config.checkpoint)
+            # What failed and where goes to the operator's log only: the probes are public.
+            self.load_error = "the model failed to load (the server log says why)"
+            log.error("%s", _describe_load_error(exc, config.checkpoint), exc_info=exc)
+
+    def end_process(self, reason: str) -> None:
+        """The batcher died: drain what can be answered (with 503s) and exit non-zero, so a supervisor restarts us."""
+        self.fatal_error = reason
+        signal.raise_signal(signal.SIGTERM)  # uvicorn's handler: stop accepting, answer what is in flight, exit
 
     def version_header(self) -> dict[str, str]:
         return {MODEL_VERSION_HEADER: self.model_version} if self.model_version else {}
@@ -145,12 +152,10 @@ class ServingState:
 
     def require_ready(self) -> MicroBatcher:
         if self.batcher is None:
-            detail = (
-                f"model failed to load: {self.load_error}"
-                if self.load_error
-                else "model is still loading; retry shortly (GET /ready turns 200 when it is ready)"
-            )
+            detail = self.load_error or "model is still loading; retry shortly (GET /ready turns 200 when it is ready)"
             raise ApiError(503, detail, {"Retry-After": "1"})
+        if (stalled := self.batcher.stalled) is not None:
+            raise ApiError(503, f"{stalled}; retry on another replica", {"Retry-After": "1"})
         return self.batcher
 
     async def classify(
@@ -164,19 +169,24 @@ class ServingState:
             future = batcher.enqueue(texts, timing)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
-        except BatcherClosedError as exc:
+        except (BatcherClosedError, ForwardStalledError) as exc:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
-        if receive is None:
-            return await future
-        watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future))
+        watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future)) if receive else None
         try:
             return await future
+        except (BatcherClosedError, ForwardStalledError) as exc:
+            raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
+        except ForwardError:  # the batcher logged the cause; it names internals, so the client is not told it
+            raise ApiError(500, "the model failed on this request's texts (the server log has the details)") from None
         except asyncio.CancelledError:
+            if watcher is None:
+                raise
             if watcher.done() and not watcher.cancelled() and watcher.result():
                 raise ApiError(499, "client closed the request before it was computed") from None
             raise
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
 
 async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.Future) -> bool:
@@ -193,7 +203,7 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     config = config or ServeConfig()
     if config.api_key is None:
         # A copy: the caller's config may serve for other apps, each reading the environment afresh.
-        config = dataclasses.replace(config, api_key=os.environ.get(API_KEY_ENV) or None)
+        config = dataclasses.replace(config, api_key=api_key_from_env())
     metrics = ServeMetrics()
     state = ServingState(config, predictor_factory or _default_factory(config), metrics)
 
@@ -235,7 +245,9 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     _add_error_handlers(app)
     _add_routes(app, state, config, metrics, traced)
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    budget = BodyBudget(config.max_pending_body_bytes)
+    metrics.pending_body_bytes.set_function(lambda: float(budget.held))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, budget=budget, routes=app.router)
     if config.api_key:
         public = PUBLIC_PATHS | {"/metrics"} if config.public_metrics else PUBLIC_PATHS
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, public=public)
@@ -329,10 +341,10 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
             timing: dict[str, float] = {}
             try:
                 results = await state.classify(texts, request.receive, timing)
-            except ApiError:
-                raise
-            except Exception:  # TEI answers a failed forward pass with 424; the traceback is the operator's
-                log.exception("inference failed on %s", request.url.path)
+            except ApiError as exc:
+                if exc.status != 500:
+                    raise
+                # TEI answers a failed forward pass with 424; the batcher logged the cause for the operator
                 raise ApiError(424, "Backend error: inference failed (the server log has the details)") from None
         except ApiError as exc:
             return tei.error_response(exc)

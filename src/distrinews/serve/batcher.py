@@ -25,12 +25,23 @@ a batch.
 A request whose future is cancelled before its batch forms (its HTTP client went away) is
 dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
 raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
+
+Faults stay with the request that caused them, and a stuck model is seen:
+
+- a forward pass that raises is retried one request at a time, so only the requests whose own
+  texts fail get :class:`ForwardError` (the others get their results);
+- a forward pass that runs past ``forward_timeout`` fails its requests and every queued one with
+  :class:`ForwardStalledError` and refuses new ones (``stalled`` says why) until it returns; a
+  thread cannot be stopped, so it is left to finish;
+- if the batching loop itself ends with an exception, nothing would ever answer again:
+  ``on_fatal(reason)`` is called (the server ends the process, so its supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,6 +55,8 @@ from ..predict.tokens import padded_tokens
 TOKENIZER_THREAD = "distrinews-tokenize"
 FORWARD_THREAD = "distrinews-forward"
 
+log = logging.getLogger("distrinews.serve")
+
 
 class QueueFullError(RuntimeError):
     """The queue holds ``max_queue`` texts already: the caller should retry later (429)."""
@@ -51,6 +64,14 @@ class QueueFullError(RuntimeError):
 
 class BatcherClosedError(RuntimeError):
     """The batcher is shutting down and takes no new work (503)."""
+
+
+class ForwardError(RuntimeError):
+    """The forward pass failed on this request's own texts (the cause is chained and logged, never shown)."""
+
+
+class ForwardStalledError(RuntimeError):
+    """A forward pass has run past ``forward_timeout``: the model is stuck (503)."""
 
 
 @dataclass(eq=False)
@@ -99,9 +120,13 @@ class MicroBatcher:
         encode: Callable[[list[str]], Sequence[Any]] | None = None,
         max_batch_tokens: int | None = None,
         on_dropped: Callable[[int], None] | None = None,
+        forward_timeout: float | None = None,
+        on_fatal: Callable[[str], None] | None = None,
     ):
         if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or (max_batch_tokens is not None and max_batch_tokens < 1):
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
+        if forward_timeout is not None and forward_timeout <= 0:
+            raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
         self.forward = forward
         self.encode = encode
         self.max_batch_size = max_batch_size
@@ -112,6 +137,11 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.on_batch = on_batch
         self.on_dropped = on_dropped
+        self.forward_timeout = forward_timeout
+        self.on_fatal = on_fatal
+        self._stalled_since: float | None = None  # perf_counter() when the running forward pass overran its deadline
+        self._died: str | None = None  # why the batching loop ended unasked
+        self._running: list[_Request] = []  # the batch on the forward thread
         self._ready: deque[_Request] = deque()  # tokenized, in arrival order
         self._tokenizing = 0  # requests on (or waiting for) the tokenizer thread
         self._queued_texts = 0  # texts not yet handed to the forward thread
@@ -133,22 +163,62 @@ class MicroBatcher:
         """Texts waiting for a forward pass (being tokenized or tokenized; not the batch running)."""
         return self._queued_texts
 
+    @property
+    def stalled(self) -> str | None:
+        """Why the model answers nothing now (a forward pass past its deadline), or None."""
+        if self._stalled_since is None:
+            return None
+        running = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
+        return (
+            f"the model is stuck: a forward pass has run for {running:.0f}s (the server's --forward-timeout is {self.forward_timeout:g}s)"
+        )
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self._task is None:
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="distrinews-batcher")
+            self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """The loop returns only once closing; any other end leaves every request unanswered for good."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        reason = self._died = f"the batching loop died ({type(exc).__name__})"
+        log.critical("%s; no request can be answered any more", reason, exc_info=exc)
+        self._closing = True  # new requests get BatcherClosedError (503) from here on
+        self._fail_queued(BatcherClosedError(reason))
+        for request in self._running:
+            if not request.future.done():
+                request.future.set_exception(BatcherClosedError(reason))
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
+
+    def _fail_queued(self, exc: Exception) -> None:
+        """Fail every request waiting for the model (tokenized or not) with ``exc``."""
+        for request in self._ready:
+            if request.stage == "ready" and not request.future.done():
+                request.stage = "dropped"
+                self._queued_texts -= len(request.texts)
+                request.future.set_exception(exc)
+        self._ready.clear()
+        self._gone = 0
 
     async def close(self) -> None:
         """Take no new work, finish everything already queued, then stop the worker threads."""
         self._closing = True
         if self._wakeup is not None:
             self._wakeup.set()
+        if self.stalled is not None and self._task is not None:  # the stuck pass may never return: do not wait for it
+            self._task.cancel()
+            self._executor.shutdown(wait=False, cancel_futures=True)
         if self._task is not None:
-            await self._task
+            await asyncio.wait([self._task])  # how it ended was logged by _loop_ended
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._tokenizer.shutdown)
-        await loop.run_in_executor(None, self._executor.shutdown)
+        if self.stalled is None:
+            await loop.run_in_executor(None, self._executor.shutdown)
 
     # ------------------------------------------------------------------ producer side
     def enqueue(self, texts: Sequence[str], timing: dict[str, float] | None = None) -> asyncio.Future:
@@ -162,6 +232,8 @@ class MicroBatcher:
         """
         if self._closing or self._task is None:
             raise BatcherClosedError("the server is shutting down" if self._closing else "the batcher is not started")
+        if (stalled := self.stalled) is not None:
+            raise ForwardStalledError(stalled)
         n = len(texts)
         # A request larger than the whole queue is still admitted when the queue is empty:
         # otherwise it could never be served at all.
@@ -197,6 +269,12 @@ class MicroBatcher:
         self._tokenizing -= 1
         if request.stage == "dropped":  # the client went away while its texts were tokenized
             pass
+        elif (stalled := self.stalled) is not None:
+            self._queued_texts -= len(request.texts)
+            request.future.set_exception(ForwardStalledError(stalled))
+        elif self._died is not None:
+            self._queued_texts -= len(request.texts)
+            request.future.set_exception(BatcherClosedError(self._died))
         elif job.cancelled() or job.exception() is not None:
             self._queued_texts -= len(request.texts)
             request.future.set_exception(job.exception() or RuntimeError("tokenization was cancelled"))
@@ -338,47 +416,117 @@ class MicroBatcher:
                 results[i] = result
         return results, tokens, len(passes)
 
+    async def _run_forward(self, items: list[Any]) -> tuple[list[Any], int, int]:
+        """``_forward_job`` on the forward thread, within ``forward_timeout``.
+
+        Past the deadline the model counts as stuck: ForwardStalledError is raised to the batch's
+        requests at once, every queued request fails with it too, and no new work is taken until the
+        pass returns (its thread cannot be stopped); its result is then dropped.
+        """
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self._executor, self._forward_job, items)
+        done, _ = await asyncio.wait([job], timeout=self.forward_timeout)
+        if done:
+            results, tokens, passes = job.result()
+            if len(results) != len(items):
+                raise RuntimeError(f"forward returned {len(results)} results for {len(items)} texts")
+            return results, tokens, passes
+        self._stalled_since = time.perf_counter()
+        reason = self.stalled
+        log.error("%s; /ready answers 503 until it returns", reason)
+        self._fail_queued(ForwardStalledError(reason))
+        raise _Stalled(job)
+
+    async def _compute(self, batch: list[_Request], queue_s: list[float]) -> tuple[int, int]:
+        """Answer every request of ``batch`` (``queue_s``: each one's wait in the queue); (padded tokens, passes) of
+        the forward passes run."""
+        items = [item for request in batch for item in request.items]
+        waited = dict(zip(map(id, batch), queue_s))
+        start = time.perf_counter()
+
+        def answer(request: _Request, part: list, job: dict[str, float]) -> None:
+            """``job``: the forward job that computed it (the batch, or the request alone after a failed batch)."""
+            if request.timing is not None:
+                unpadded = sum(len(item) for item in request.items)
+                done = time.perf_counter()
+                mine = {"tokenize_s": request.tokenize_s, "queue_s": waited[id(request)], "inference_s": done - start, "tokens": unpadded}
+                request.timing.update(job, done=done, batch=self._batches, **mine)
+            request.future.set_result(part)
+
+        try:
+            results, tokens, passes = await self._run_forward(items)
+        except _Stalled:
+            raise
+        except Exception as exc:
+            if len(batch) == 1:
+                self._fail(batch[0], exc)
+                return 0, 1
+            # One request's texts may be what breaks the pass: each request alone, so only that one fails.
+            tokens = passes = 0
+            for request in batch:
+                if request.future.done():
+                    continue
+                try:
+                    part, part_tokens, part_passes = await self._run_forward(request.items)
+                except _Stalled as stalled:
+                    stalled.requests = [r for r in batch if not r.future.done()]
+                    raise
+                except Exception as retry_exc:
+                    self._fail(request, retry_exc)
+                else:
+                    tokens, passes = tokens + part_tokens, passes + part_passes
+                    alone = {"batch_texts": len(request.items), "batch_requests": 1, "padded_tokens": part_tokens, "passes": part_passes}
+                    answer(request, part, alone)
+            return tokens, passes + 1
+        offset = 0
+        job = {"batch_texts": len(items), "batch_requests": len(batch), "padded_tokens": tokens, "passes": passes}
+        for request in batch:
+            part = results[offset : offset + len(request.items)]
+            offset += len(request.items)
+            if not request.future.done():  # the caller may have given up meanwhile
+                answer(request, part, job)
+        return tokens, passes
+
+    def _fail(self, request: _Request, exc: Exception) -> None:
+        log.error("the forward pass failed on a request of %d texts", len(request.texts), exc_info=exc)
+        if not request.future.done():
+            error = ForwardError("the model failed on this request's texts")
+            error.__cause__ = exc
+            request.future.set_exception(error)
+
+    async def _wait_out_stall(self, stalled: _Stalled, batch: list[_Request]) -> None:
+        """Fail the stuck pass's requests now; wait for the pass to return before taking new work."""
+        for request in stalled.requests if stalled.requests is not None else batch:
+            if not request.future.done():
+                request.future.set_exception(ForwardStalledError(self.stalled))
+        await asyncio.wait([stalled.job])
+        took = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
+        log.warning("the stuck forward pass returned after %.0fs; serving again", took)
+        self._stalled_since = None
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
-            items = [item for request in batch for item in request.items]
-            self._busy = True
+            self._busy, self._running = True, batch
             self._batches += 1
             start = time.perf_counter()
             now = loop.time()
             queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
             tokens = passes = 0
             try:
-                results, tokens, passes = await loop.run_in_executor(self._executor, self._forward_job, items)
-                if len(results) != len(items):
-                    raise RuntimeError(f"forward returned {len(results)} results for {len(items)} texts")
-            except Exception as exc:  # the requests of this batch fail; the batcher lives on
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-            else:
-                offset = 0
-                done = time.perf_counter()
-                forward_s = done - start
-                job = {"done": done, "batch": self._batches, "batch_texts": len(items), "batch_requests": len(batch)}
-                job.update(padded_tokens=tokens, passes=passes)
-                for request, waited in zip(batch, queue_s):
-                    part = results[offset : offset + len(request.items)]
-                    offset += len(request.items)
-                    if request.timing is not None:
-                        unpadded = sum(len(item) for item in request.items)
-                        request.timing.update(job, tokenize_s=request.tokenize_s, queue_s=waited, inference_s=forward_s, tokens=unpadded)
-                    if not request.future.done():  # the caller may have given up meanwhile
-                        request.future.set_result(part)
+                tokens, passes = await self._compute(batch, queue_s)
+            except _Stalled as stalled:
+                await self._wait_out_stall(stalled, batch)
             finally:
                 self._busy = False
                 self._last_batch_requests = len(batch)
+            self._running = []
             if self.on_batch is not None:
                 stats = BatchStats(
-                    texts=len(items),
+                    texts=sum(len(request.items) for request in batch),
                     requests=len(batch),
                     padded_tokens=tokens,
                     passes=passes,
@@ -386,4 +534,16 @@ class MicroBatcher:
                     queue_s=queue_s,
                     tokenize_s=[request.tokenize_s for request in batch],
                 )
-                self.on_batch(stats)
+                try:
+                    self.on_batch(stats)
+                except Exception:  # a metric is not worth the requests behind it
+                    log.exception("on_batch failed; the batch's requests were answered")
+
+
+class _Stalled(Exception):
+    """Raised inside the loop when a forward pass overran its deadline; ``job`` is the pass still running."""
+
+    def __init__(self, job: asyncio.Future):
+        super().__init__("forward pass stalled")
+        self.job = job
+        self.requests: list[_Request] | None = None  # the requests still unanswered, where a retry stalled

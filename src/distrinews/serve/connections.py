@@ -1,4 +1,4 @@
-"""Slow clients: a deadline for a request's headers, and a cap on open connections; each answer in one write.
+"""Slow clients: deadlines for a request's headers and body, and a cap on open connections; each answer in one write.
 
 uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection
 open (its keep-alive timeout ends with the first byte received), so a client that sends half
@@ -9,8 +9,11 @@ are not counted against it either. ``GuardedH11Protocol`` adds the two missing p
 - ``header_timeout``: from the moment a connection opens, and again from each answer sent on it
   (keep-alive), the client has that many seconds to complete the next request's headers;
   otherwise the connection is closed (nginx's ``client_header_timeout``). A request whose
-  headers arrived is never cut by it: reading the body and computing the answer are bounded
-  elsewhere (the body limit, the queue).
+  headers arrived is never cut by it.
+- ``body_timeout``: from the end of a request's headers, the client has that many seconds to send
+  its whole body, whether the app reads it or not (after a 401 or 405 it is read and dropped);
+  otherwise it is answered ``408`` (if nothing was answered yet) and the connection is closed.
+  Computing the answer is bounded elsewhere (the queue, ``--forward-timeout``).
 - ``max_connections``: a connection beyond the cap is answered ``503`` with a JSON body and
   ``Retry-After: 1`` before anything is read, and closed.
 - One write per answer: uvicorn writes an answer's status line and headers, then its body, in two
@@ -29,7 +32,10 @@ import asyncio
 import json
 import logging
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .middleware import PROTOCOL_STATUS
 
 log = logging.getLogger("distrinews.serve")
 
@@ -77,13 +83,22 @@ def _refusal(max_connections: int) -> bytes:
     return head.encode() + body
 
 
-def guarded_protocol(header_timeout: float | None, max_connections: int | None) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a header deadline and a connection cap (None: that one is off), writing
-    each answer in one write."""
+def _body_too_late(body_timeout: float) -> bytes:
+    detail = f"the request body did not arrive within {body_timeout:g}s of its headers (the server's --body-timeout)"
+    body = json.dumps({"detail": detail}).encode()
+    head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def guarded_protocol(header_timeout: float | None, max_connections: int | None, body_timeout: float | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with header and body deadlines and a connection cap (None: that one is off),
+    writing each answer in one write."""
     refusal = _refusal(max_connections) if max_connections else b""
+    too_late = _body_too_late(body_timeout) if body_timeout else b""
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(OneWritePerStep(transport, self.loop))  # type: ignore[arg-type]
@@ -96,6 +111,7 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None) 
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
+            self._disarm_body_timer()
             super().connection_lost(exc)
 
         def handle_events(self) -> None:
@@ -103,6 +119,27 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None) 
             super().handle_events()
             if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
                 self._disarm_header_timer()
+                if body_timeout and self.conn.their_state is h11.SEND_BODY:
+                    self._disarm_body_timer()
+                    self._body_timer = self.loop.call_later(body_timeout, self._body_too_late)
+            if self.conn.their_state is not h11.SEND_BODY:  # the body is in (or there was none)
+                self._disarm_body_timer()
+
+        def _disarm_body_timer(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _body_too_late(self) -> None:
+            self._body_timer = None
+            if self.transport.is_closing():
+                return
+            log.info("closed a connection from %s: no complete request body in %gs (--body-timeout)", self.client, body_timeout)
+            if self.cycle is not None and not self.cycle.response_started:
+                self.cycle.scope[PROTOCOL_STATUS] = 408  # type: ignore[typeddict-unknown-key]
+                self.cycle.response_started = True  # the app's answer, if it still comes, is not written after ours
+                self.transport.write(too_late)
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             # Armed first: the call below may start a pipelined request at once, which disarms it.

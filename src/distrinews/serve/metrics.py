@@ -66,6 +66,11 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.queue_depth = Gauge("distrinews_queue_depth", "texts waiting for a forward pass", registry=self.registry)
+        self.pending_body_bytes = Gauge(
+            "distrinews_pending_body_bytes",
+            "bytes of request bodies held by the requests in progress (at most --max-pending-body-bytes)",
+            registry=self.registry,
+        )
         self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
 
     def observe_batch(self, stats: BatchStats) -> None:

@@ -1,7 +1,12 @@
-"""The ASGI middlewares around the app: request metrics, the API key, the body size limit.
+"""The ASGI middlewares around the app: request metrics, the API key, the body limits.
 
 They answer before any route runs, so their errors are written here as raw ASGI messages
 (JSON ``{"detail": ...}``, like every error the app answers).
+
+A body is read only for a route that takes it (a method a path does not serve is 405 with its body
+unread, the public probes included), and only by a client with the key where one is set (401 first,
+unread); it must arrive within ``--body-timeout`` (``connections``). The bytes of the bodies that all
+requests in progress hold together stay under ``--max-pending-body-bytes``.
 """
 
 from __future__ import annotations
@@ -11,10 +16,16 @@ import json
 import time
 from typing import Any
 
+from starlette.routing import Match, Router
+
 from .metrics import ServeMetrics
 
 # Reachable without the API key: the demo page (it asks for the key itself) and the probes.
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready"})
+# Prometheus label values for the method: h11 accepts any token as one, and each new value is a new series.
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"})
+# The scope key where the connection protocol records an answer it wrote itself (the body timeout's 408).
+PROTOCOL_STATUS = "distrinews.protocol_status"
 
 
 class MetricsMiddleware:
@@ -27,7 +38,7 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        status = 500  # what the client gets if the app raises before answering
+        status: int | None = None
 
         async def send_with_status(message):
             nonlocal status
@@ -37,10 +48,16 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_with_status)
+        except BaseException:
+            status = 500 if status is None else status  # what uvicorn answers when the app raises before answering
+            raise
         finally:
             route = scope.get("route")
-            label = getattr(route, "path", None) or "<unmatched>"
-            key = (label, scope["method"], str(status))
+            label = getattr(route, "path", None) or "<unmatched>"  # the app's route templates: a fixed set
+            method = scope["method"] if scope["method"] in METHOD_LABELS else "other"
+            # No answer from the app: the protocol's own (408), else the client left first (nginx's 499).
+            status = status if status is not None else scope.get(PROTOCOL_STATUS, 499)
+            key = (label, method, str(status))
             self.metrics.requests.labels(*key).inc()
             self.metrics.latency.labels(*key).observe(time.perf_counter() - start)
 
@@ -72,19 +89,52 @@ class ApiKeyMiddleware:
         await send_json(send, 401, {"detail": detail}, {"www-authenticate": "Bearer"})
 
 
+class BodyBudget:
+    """The bytes of request bodies held by all requests in progress (one per app), and their limit."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+
 class BodyLimitMiddleware:
-    """Answer 413 for a body over ``max_bytes``, whether it declares its length or streams chunks.
+    """Answer 413 for a body over ``max_bytes``, whether it declares its length or streams chunks;
+    405 (body unread) for a method its path does not serve; 503 for a body that would take the bytes
+    held by the bodies of all requests in progress past ``budget.limit``.
 
     The body is read here (it is small by construction) and handed on whole, so the app
-    never sees a partial body.
+    never sees a partial body. Its bytes count as pending until the request is answered (the
+    app holds them that long).
     """
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, budget: BodyBudget, routes: Router):
+        self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, routes
+
+    def _allowed_if_not_served(self, scope) -> list[str] | None:
+        """The methods the path serves when the request's method is not one of them (None: served, or no such path)."""
+        allowed: set[str] = set()
+        for route in self.routes.routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return None
+            if match is Match.PARTIAL:
+                allowed |= getattr(route, "methods", None) or set()
+        return sorted(allowed) if allowed else None
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if (allowed := self._allowed_if_not_served(scope)) is not None:
+            detail = f"Method Not Allowed: {scope['path']} serves {' and '.join(allowed)} only"
+            return await send_json(send, 405, {"detail": detail}, {"allow": ", ".join(allowed)})
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        held = [0]  # the bytes this request adds to the budget's, given back when it is answered
+        try:
+            await self._read_then_call(scope, receive, send, held)
+        finally:
+            self.budget.held -= held[0]
+
+    async def _read_then_call(self, scope, receive, send, held: list[int]) -> None:
         too_big = {"detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"}
         # uvicorn (h11) already refuses a malformed Content-Length in plain text before calling
         # us; other servers and in-process transports may not, so check it here too.
@@ -110,6 +160,14 @@ class BodyLimitMiddleware:
             size += len(chunk)
             if size > self.max_bytes:
                 return await send_json(send, 413, too_big)
+            if self.budget.held + len(chunk) > self.budget.limit:
+                detail = (
+                    f"server busy: the request bodies in progress hold {self.budget.held:,} bytes "
+                    f"(the server's --max-pending-body-bytes is {self.budget.limit:,}); retry shortly"
+                )
+                return await send_json(send, 503, {"detail": detail}, {"retry-after": "1"})
+            self.budget.held += len(chunk)
+            held[0] += len(chunk)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -117,6 +175,7 @@ class BodyLimitMiddleware:
             detail = f"the request body has {size:,} bytes but its Content-Length header says {declared:,}"
             return await send_json(send, 400, {"detail": detail})
         body, delivered = b"".join(chunks), False
+        chunks.clear()
 
         async def replay():
             nonlocal delivered

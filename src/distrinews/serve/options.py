@@ -8,6 +8,7 @@ reference system, and as container platforms set them). Checks here import nothi
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,6 +18,7 @@ from .. import tracing
 from ..errors import ConfigError
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
+API_KEY_ENV = "DISTRINEWS_API_KEY"
 DEFAULT_PORT = 7860
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -64,6 +66,18 @@ class ServeConfig:
     max_connections: int = _flag(
         1000, "open connections at most; one more is answered 503 (JSON, Retry-After) and closed before it is read"
     )
+    # Whole body, not nginx's time between two reads (client_body_timeout, also 60 s): a client sending a byte every
+    # 59 s would pass that forever. 60 s for at most --max-body-bytes (4 MiB) asks for 70 KB/s.
+    body_timeout: float = _flag(
+        60.0, "seconds a request's body has to arrive in full, from the end of its headers; then 408 and the connection is closed"
+    )
+    # 1,000 connections x a 4 MiB body would be 4 GiB, twice deploy/k8s/serve.yaml's memory limit; 256 MiB is 64 bodies
+    # of the largest size, or thousands of ordinary ones.
+    max_pending_body_bytes: int = _flag(
+        256 * 1024 * 1024, "request body bytes all requests in progress may hold together; a body that would go over gets 503"
+    )
+    # A forward pass takes milliseconds on a CPU batch of --max-batch-tokens 512, seconds at most for a GPU's large batches.
+    forward_timeout: float = _flag(30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns")
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", action="store_true")
     otlp_endpoint: str | None = _flag(
@@ -74,7 +88,7 @@ class ServeConfig:
     public_metrics: bool = _flag(
         False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
     )
-    # Not a flag: create_app reads $DISTRINEWS_API_KEY, which keeps the secret off the process's command line.
+    # Not a flag: create_app reads $DISTRINEWS_API_KEY (api_key_from_env), which keeps the secret off the command line.
     api_key: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -94,6 +108,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if kwargs["help"] is None:
             del kwargs["help"]
         p.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+def api_key_from_env() -> str | None:
+    """$DISTRINEWS_API_KEY without surrounding whitespace (no header value can carry it); None when unset.
+
+    Set but blank is refused: the variable says the server is meant to be guarded (an empty Kubernetes
+    secret gives exactly this), and serving without a key instead would fail open.
+    """
+    raw = os.environ.get(API_KEY_ENV)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ServeOptionError(f"{API_KEY_ENV} is set but empty: set it to the key clients must send, or unset it to serve without one")
+    return raw.strip()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (a name other than localhost counts as reachable)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _env_port() -> int:
@@ -126,8 +162,14 @@ def validate(args: argparse.Namespace) -> None:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.threads < 0:
         raise ServeOptionError(f"--threads must be >= 0 (0: the runtime's default), got {args.threads}")
-    if args.header_timeout <= 0:
-        raise ServeOptionError(f"--header-timeout must be > 0 seconds, got {args.header_timeout}")
+    for name in ("header_timeout", "body_timeout", "forward_timeout"):
+        if getattr(args, name) <= 0:
+            raise ServeOptionError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
+    if args.max_pending_body_bytes < args.max_body_bytes:
+        raise ServeOptionError(
+            f"--max-pending-body-bytes ({args.max_pending_body_bytes}) must be at least --max-body-bytes ({args.max_body_bytes})"
+        )
+    api_key_from_env()
     if args.max_wait_ms < 0:
         raise ServeOptionError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     try:

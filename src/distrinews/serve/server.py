@@ -1,28 +1,37 @@
 """Run the app under uvicorn until SIGTERM/SIGINT; exit 0 after a clean drain.
 
 SIGTERM stops accepting connections, answers every request already in flight, finishes the
-batcher's queue, then exits 0. Connections are uvicorn's h11 protocol with a deadline for a
-request's headers and a cap on open connections (``connections``).
+batcher's queue, then exits 0. Connections are uvicorn's h11 protocol with deadlines for a
+request's headers and body and a cap on open connections (``connections``). A batcher whose loop
+died ends the process the same way, but exits 1, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+from collections.abc import Callable
 
-from .options import ServeConfig
+from .options import API_KEY_ENV, ServeConfig, is_loopback
+from .protocol import ServingPredictor
 
 
-def run_server(config: ServeConfig) -> int:
-    """Serve with ``config`` (its options already validated)."""
+def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredictor] | None = None) -> int:
+    """Serve with ``config`` (its options already validated); ``predictor_factory`` (tests) replaces loading
+    ``config.checkpoint``. 1 when the server could not start or its batcher died, else 0."""
     import uvicorn
 
     from .app import config_summary, create_app
     from .connections import guarded_protocol
 
-    app = create_app(config)
+    app = create_app(config, predictor_factory)
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
-    logging.getLogger("distrinews.serve").info("serving %s", config_summary(app.state.config))
+    log = logging.getLogger("distrinews.serve")
+    log.info("serving %s", config_summary(app.state.config))
+    if not app.state.config.api_key and not is_loopback(config.host):
+        # A warning, not a refusal: an open demo (a Hugging Face Space) is a choice; an unset key is not a typo.
+        log.warning("no API key: anyone who reaches %s:%s can use every route (set %s)", config.host, config.port, API_KEY_ENV)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -32,8 +41,8 @@ def run_server(config: ServeConfig) -> int:
             access_log=not config.no_access_log,
             timeout_graceful_shutdown=config.timeout_graceful_shutdown,
             lifespan="on",
-            # h11 with a deadline for request headers and a cap on open connections (slow clients)
-            http=guarded_protocol(config.header_timeout, config.max_connections),
+            # h11 with deadlines for request headers and bodies and a cap on open connections (slow clients)
+            http=guarded_protocol(config.header_timeout, config.max_connections, config.body_timeout),
         )
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handler that was
@@ -49,4 +58,13 @@ def run_server(config: ServeConfig) -> int:
             signal.signal(sig, handler)
     if not server.started:
         return 1  # could not bind the port, or startup failed (uvicorn logged why)
+    state = app.state.serve
+    if state.batcher is not None and state.batcher.stalled is not None:
+        # The stuck forward thread cannot be stopped, and interpreter exit would join it forever.
+        log.error("exiting with a forward pass still stuck: %s", state.batcher.stalled)
+        logging.shutdown()
+        os._exit(1)
+    if state.fatal_error is not None:
+        log.error("exiting because %s (a supervisor restarts the server)", state.fatal_error)
+        return 1
     return 0

@@ -91,11 +91,11 @@ class _Pause:
         self.clock._paused += time.perf_counter() - self.t0
 
 
-def build_train_model(config: ModelConfig, device: torch.device, labels: list[str]) -> torch.nn.Module:
+def build_train_model(config: ModelConfig, seed: int, device: torch.device, labels: list[str]) -> torch.nn.Module:
     """The classifier as it trains, one output per label: dropout overrides, frozen embeddings and bottom layers,
-    fast dropout on CPU, LoRA; on ``device``."""
+    fast dropout on CPU, LoRA; on ``device``. ``seed`` draws the new head's weights."""
     model = build_model(
-        config.model_name_or_path, labels=labels, dropout=config.dropout, seed=config.seed, attention_dropout=config.attention_dropout
+        config.model_name_or_path, labels=labels, dropout=config.dropout, seed=seed, attention_dropout=config.attention_dropout
     )
     if config.freeze_word_embeddings:
         freeze_word_embeddings(model)
@@ -118,15 +118,16 @@ class Datasets:
     eval_rows: RawSplit  # the evaluation rows as text (the int8 model's check reads them)
 
 
-def prepare_data(config: DataConfig, env: DistEnv, need_train: bool = True) -> Datasets:
-    """Read, check, sample and tokenize; each node's first process builds the token cache, the others read it."""
-    tokenizer = build_tokenizer(config.model_name_or_path)
+def prepare_data(config: DataConfig, tokenizer_name: str, seed: int, env: DistEnv, need_train: bool = True) -> Datasets:
+    """Read, check, sample (``seed``) and tokenize with the model's tokenizer; each node's first process builds the
+    token cache, the others read it."""
+    tokenizer = build_tokenizer(tokenizer_name)
     splits: dict[str, TokenizedDataset] = {}
     with main_process_first(env, local=True):
-        labelled = load_labelled(config, need_train=need_train)
+        labelled = load_labelled(config, seed, need_train=need_train)
         if labelled.train is not None:
-            labelled.train = labelled.train.subset(stratified_sample(labelled.train.labels, config.train_samples, config.seed))
-        labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, config.seed))
+            labelled.train = labelled.train.subset(stratified_sample(labelled.train.labels, config.train_samples, seed))
+        labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, seed))
         for name, raw in (("train", labelled.train), ("test", labelled.eval)):
             if raw is not None:
                 splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)

@@ -18,6 +18,7 @@ from ..config import ConfigError, TrainConfig
 from ..data.labelled import load_labelled
 from ..distributed.process_group import check_one_gpu_per_process
 from ..model import check_model_available
+from .distillation import teacher_paths
 from .precision import check_precision_supported
 
 
@@ -34,17 +35,19 @@ def preflight_train(
     if nproc_per_node is not None:
         if torch.cuda.is_available():
             check_one_gpu_per_process(nproc_per_node)
-        if config.strategy == "single" and nproc_per_node > 1:
+        if config.parallel.strategy == "single" and nproc_per_node > 1:
             raise ConfigError(f"config field 'strategy': 'single' cannot run with {nproc_per_node} processes; use ddp")
-    run_dir = RunDir(config.output_dir)
+    run_dir = RunDir(config.run.output_dir)
     with contextlib.ExitStack() as held:
         if lock:
             held.enter_context(run_dir.lock())
-        run_dir.check_usable(config.resume_from_checkpoint, config.overwrite_output_dir)
-        if config.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
-            resolve_resume(config.resume_from_checkpoint, run_dir.checkpoints)
-        check_model_available(config.model_name_or_path)
+        run_dir.check_usable(config.run.resume_from_checkpoint, config.run.overwrite_output_dir)
+        if config.run.resume_from_checkpoint not in (None, "auto"):  # auto is resolved (and reported) by the workers
+            resolve_resume(config.run.resume_from_checkpoint, run_dir.checkpoints)
+        check_model_available(config.model.model_name_or_path)
+        if config.distillation.teacher_model_name_or_path:
+            teacher_paths(config.distillation.teacher_model_name_or_path)
         if read_data:  # every row, as the workers will: a malformed one fails here with file:line
-            for warning in load_labelled(config.data).warnings:
+            for warning in load_labelled(config.data, config.run.seed).warnings:
                 print(warning, file=sys.stderr, flush=True)
         return held.pop_all()

@@ -44,23 +44,23 @@ class RunFacts:
 
 
 def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
-    per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * env.world_size
+    per_step = config.batches.per_device_train_batch_size * config.batches.gradient_accumulation_steps * env.world_size
     threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
     lines = [
         RULE,
         f"{facts.title} TRAINING CONFIGURATION".lstrip(),
         RULE,
         f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {facts.strategy})",
-        f"Batch size per device: {config.per_device_train_batch_size}",
-        f"Gradient accumulation: {config.gradient_accumulation_steps}",
+        f"Batch size per device: {config.batches.per_device_train_batch_size}",
+        f"Gradient accumulation: {config.batches.gradient_accumulation_steps}",
         f"Effective batch size: {per_step}",
-        f"Learning rate:        {config.learning_rate:g}{schedule_words(config)}",
-        f"Epochs:               {config.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
+        f"Learning rate:        {config.optimizer.learning_rate:g}{schedule_words(config)}",
+        f"Epochs:               {config.batches.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
         f"Device:               {env.device}{threads}",
         f"Precision:            {facts.precision}",
-        f"Model:                {config.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
+        f"Model:                {config.model.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
         f"Trainable:            {facts.trainable:,} parameters ({100 * facts.trainable / facts.parameters:.2f}%)"
-        + (" with LoRA" if config.use_peft else ""),
+        + (" with LoRA" if config.model.use_peft else ""),
         *frozen_lines(config),
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
@@ -76,27 +76,27 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
 
 def frozen_lines(config: TrainConfig) -> list[str]:
     """The bottom of the model that runs forward only, where ``freeze_layers`` asks for it."""
-    if not config.freeze_layers:
+    if not config.model.freeze_layers:
         return []
-    layers = f"{config.freeze_layers} encoder layer{'s' if config.freeze_layers > 1 else ''}"
+    layers = f"{config.model.freeze_layers} encoder layer{'s' if config.model.freeze_layers > 1 else ''}"
     return [f"Frozen:               the embeddings and the bottom {layers} (forward only)"]
 
 
 def tuning_lines(config: TrainConfig) -> list[str]:
     """The loss's label smoothing and the averaged weights, where a run asks for them."""
     lines = []
-    if config.label_smoothing_factor:
-        lines.append(f"Loss:                 cross-entropy, label smoothing {config.label_smoothing_factor:g}")
-    if config.ema_decay:
-        lines.append(f"Evaluated weights:    their moving average (ema_decay {config.ema_decay:g})")
+    if config.optimizer.label_smoothing_factor:
+        lines.append(f"Loss:                 cross-entropy, label smoothing {config.optimizer.label_smoothing_factor:g}")
+    if config.optimizer.ema_decay:
+        lines.append(f"Evaluated weights:    their moving average (ema_decay {config.optimizer.ema_decay:g})")
     return lines
 
 
 def schedule_words(config: TrainConfig) -> str:
     """How the rate moves, where it is not the default linear decay with one rate for all layers."""
-    words = [] if config.lr_scheduler_type == "linear" else [config.lr_scheduler_type]
-    if config.layerwise_lr_decay != 1.0:
-        words.append(f"layer-wise decay {config.layerwise_lr_decay:g}")
+    words = [] if config.optimizer.lr_scheduler_type == "linear" else [config.optimizer.lr_scheduler_type]
+    if config.optimizer.layerwise_lr_decay != 1.0:
+        words.append(f"layer-wise decay {config.optimizer.layerwise_lr_decay:g}")
     return f" ({', '.join(words)})" if words else ""
 
 

@@ -57,6 +57,7 @@ from .components import (
     schedule_with_warmup,
 )
 from .curves import write_confusion_matrix, write_training_curves
+from .distillation import Distillation
 from .ema import WeightAverage
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
@@ -71,9 +72,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
-        distributed_context(timeout_s=config.ddp_timeout + 60) as env,
+        distributed_context(timeout_s=config.parallel.ddp_timeout + 60) as env,
         StopRequest(env) as stop,
-        Watchdog(env, config.ddp_timeout) as watchdog,
+        Watchdog(env, config.parallel.ddp_timeout) as watchdog,
     ):
         trainer = Trainer(config, env, stop)
         watchdog.progress = lambda: trainer.state.global_step  # what a silent rank last reported
@@ -88,35 +89,43 @@ class Trainer:
         """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW)."""
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
-        self.run_dir = RunDir(config.output_dir)
-        self.report = Report(env, config.disable_tqdm)
+        self.run_dir = RunDir(config.run.output_dir)
+        self.report = Report(env, config.run.disable_tqdm)
 
-        self.data = prepare_data(config.data, env)
+        self.data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+        # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
+        self.distillation = (
+            Distillation.prepare(
+                config.distillation, config.data.cache_dir, self.data.labelled.train, self.data.label_names, env, self.report.say
+            )
+            if config.distillation.teacher_model_name_or_path
+            else None
+        )
         # The sampler deals out whole optimizer steps (batch x accumulation rows a rank), so the rows
         # of step k are the same however they are split into processes and micro-batches.
         batches = config.batches
         rows_per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps
-        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, batches.seed, batches.group_by_length)
+        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length)
         self.plan = StepPlan.of(batches, len(self.sampler))
 
-        model = build_train_model(config.model, env.device, self.data.label_names)
+        model = build_train_model(config.model, config.run.seed, env.device, self.data.label_names)
         self.precision = Precision.from_config(config.precision, env.device).prepare(model)
         self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype)
-        if config.torch_compile:  # what forward and backward run through; checkpoints read the raw model
-            self.model.module = torch.compile(self.model.module, dynamic=config.pad_to_multiple_of is None)
+        if config.model.torch_compile:  # what forward and backward run through; checkpoints read the raw model
+            self.model.module = torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None)
         self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
-        warmup = math.ceil(config.warmup_ratio * self.plan.total_steps)
-        self.scheduler = schedule_with_warmup(self.optimizer, config.lr_scheduler_type, warmup, self.plan.total_steps)
+        warmup = math.ceil(config.optimizer.warmup_ratio * self.plan.total_steps)
+        self.scheduler = schedule_with_warmup(self.optimizer, config.optimizer.lr_scheduler_type, warmup, self.plan.total_steps)
         # ema_decay: evaluation, best/ and the served model use an average of the weights (train/ema.py)
-        self.average = WeightAverage(self.model.raw, config.ema_decay) if config.ema_decay > 0 else None
+        self.average = WeightAverage(self.model.raw, config.optimizer.ema_decay) if config.optimizer.ema_decay > 0 else None
         self.scaler = self.precision.grad_scaler()
         # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
         self.class_weights = (
-            class_weights(self.data.train, len(self.data.label_names), env.device) if config.class_weights == "balanced" else None
+            class_weights(self.data.train, len(self.data.label_names), env.device) if config.optimizer.class_weights == "balanced" else None
         )
 
         self.state = TrainState()
-        self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.save_total_limit, config.to_dict())
+        self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict())
         self.best = BestModel(self.run_dir.best, self.run_dir.checkpoints, env, self.data.tokenizer, config.to_dict())
         self.shape = ModelShape.of(self.model.raw)
         self.peak = peak_for(env.device, self.precision.compute_dtype)
@@ -165,7 +174,7 @@ class Trainer:
             self.state.global_step += 1
             self.state.step_in_epoch += 1
             self.report.step_done()
-            if self.state.global_step % self.config.logging_steps == 0:
+            if self.state.global_step % self.config.run.logging_steps == 0:
                 self.log_train(grad_norm)
             if self.epoch_complete or self.done:
                 return  # the epoch's end evaluates and saves this step
@@ -188,8 +197,10 @@ class Trainer:
                     batch,
                     self.precision.autocast,
                     class_weights=self.class_weights,
-                    label_smoothing=self.config.label_smoothing_factor,
+                    label_smoothing=self.config.optimizer.label_smoothing_factor,
                 )
+                if self.distillation is not None:  # the labels' loss mixed with the teacher's soft labels
+                    loss = self.distillation.loss(loss, logits, batch)
                 scaled = loss / len(window)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             counts = Counts.of_batch(loss, logits, batch)
@@ -199,7 +210,7 @@ class Trainer:
     def optimizer_step(self) -> torch.Tensor | None:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = self.model.clip_grad_norm_(self.config.max_grad_norm)
+        grad_norm = self.model.clip_grad_norm_(self.config.optimizer.max_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -234,21 +245,21 @@ class Trainer:
             self.data.train,
             batch_size=self.plan.micro_batch,
             sampler=self.sampler,
-            collate_fn=Collator(self.data.train.pad_token_id, self.config.pad_to_multiple_of),
-            num_workers=self.config.dataloader_num_workers,
+            collate_fn=Collator(self.data.train.pad_token_id, self.config.batches.pad_to_multiple_of),
+            num_workers=self.config.batches.dataloader_num_workers,
             pin_memory=self.env.device.type == "cuda",
             # Its own generator: an iterator draws a seed, which must not shift the global RNG
             # that dropout uses (a resumed run would otherwise diverge).
-            generator=torch.Generator().manual_seed(self.config.seed + epoch),
+            generator=torch.Generator().manual_seed(self.config.run.seed + epoch),
         )
 
     # ------------------------------------------------------------------ setup steps
     def resume(self) -> str | None:
         # Rank 0 verifies the checkpoint files (and says what it skips); every rank takes its choice.
-        chosen = resolve_resume(self.config.resume_from_checkpoint, self.run_dir.checkpoints) if self.env.is_main else None
+        chosen = resolve_resume(self.config.run.resume_from_checkpoint, self.run_dir.checkpoints) if self.env.is_main else None
         path = broadcast_object(chosen, self.env)
         if path is None:
-            torch.manual_seed(self.config.seed + self.env.rank)  # dropout differs across ranks, repeatably
+            torch.manual_seed(self.config.run.seed + self.env.rank)  # dropout differs across ranks, repeatably
             return None
         self.check_same_labels(read_trainer_state(Path(path)).label_names, path)  # before its weights meet this model
         saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler, self.average)
@@ -256,8 +267,6 @@ class Trainer:
             self.average.reset()
             self.report.say(f"warning: {path} holds no average of the weights (ema_decay): the average starts from its weights")
         self.state.load_state_dict(asdict(saved.trainer_state))
-        if self.state.best_metric is None and self.config.metric_for_best_model == "accuracy":
-            self.state.best_metric = self.state.best_accuracy  # a checkpoint from before best_metric was kept
         running = saved.trainer_state.running_counts
         if running and self.env.is_main:
             self._window_counts = Counts.from_list(running.window, self.env.device)
@@ -268,15 +277,10 @@ class Trainer:
                 f"{self.env.world_size}: data order differs from an uninterrupted run"
             )
         restore_rng_state(saved.rng_states[self.env.rank % len(saved.rng_states)])
-        if self.epoch_complete:  # written on an epoch's last step before that epoch closed (older runs)
-            self.state.epoch, self.state.step_in_epoch = self.state.epoch + 1, 0
         return str(path)
 
-    def check_same_labels(self, saved: list[str] | None, path) -> None:
-        """A checkpoint continues only the run of the same label set (an older one, without labels: AG News's)."""
-        from ..data.rows import AG_NEWS_LABELS
-
-        saved = list(saved or AG_NEWS_LABELS)
+    def check_same_labels(self, saved: list[str], path) -> None:
+        """A checkpoint continues only the run of the same label set."""
         if saved != self.data.label_names:
             raise CheckpointError(
                 f"{path}: trained on the labels {', '.join(saved)}, but this run's data has {', '.join(self.data.label_names)}; "
@@ -289,7 +293,7 @@ class Trainer:
         self.logger = MetricsLogger(
             self.run_dir,
             enabled=self.env.is_main,
-            tensorboard=self.config.report_to_tensorboard,
+            tensorboard=self.config.run.report_to_tensorboard,
             resume_step=self.state.global_step if resumed_from else None,
         )
         self.report.open_progress(self.plan.total_steps, self.state.global_step)
@@ -333,7 +337,7 @@ class Trainer:
         self.window_started = self.clock.elapsed()
 
     def evaluate_and_save_if_due(self) -> None:
-        step, c = self.state.global_step, self.config
+        step, c = self.state.global_step, self.config.run
         with self.clock.pause():
             if c.eval_steps and step % c.eval_steps == 0:
                 self.evaluate()
@@ -348,14 +352,14 @@ class Trainer:
                 self.model.raw,
                 self.data.test,
                 self.env,
-                self.config.per_device_eval_batch_size,
+                self.config.batches.per_device_eval_batch_size,
                 self.precision,
-                progress=self.env.is_main and not self.config.disable_tqdm,
+                progress=self.env.is_main and not self.config.run.disable_tqdm,
                 lockstep=self.model.lockstep,
             )
             self.state.last_eval = metrics
             self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
-            metric = self.config.metric_for_best_model
+            metric = self.config.run.metric_for_best_model
             if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
                 self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
                 self.best_eval = metrics
@@ -380,8 +384,8 @@ class Trainer:
             TrainerStateRecord(
                 **self.state.state_dict(),
                 running_counts=running,
-                per_device_train_batch_size=self.config.per_device_train_batch_size,
-                gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+                per_device_train_batch_size=self.config.batches.per_device_train_batch_size,
+                gradient_accumulation_steps=self.config.batches.gradient_accumulation_steps,
                 label_names=list(self.data.label_names),
             ),
             self.average,
@@ -446,10 +450,10 @@ class Trainer:
         self.logger.close()
         best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
-        if self.env.is_main and self.config.save_training_curves:
+        if self.env.is_main and self.config.run.save_training_curves:
             write_training_curves(self.run_dir, self.report.say)  # training_curves.png from the finished log
             write_confusion_matrix(self.run_dir, best, self.report.say)
-        if self.env.is_main and self.config.int8_model and self.run_dir.best.is_dir():
+        if self.env.is_main and self.config.run.int8_model and self.run_dir.best.is_dir():
             self.make_int8_model()
         return result
 

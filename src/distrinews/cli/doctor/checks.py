@@ -14,8 +14,7 @@ Two ways to run it:
 This module is the command and the checklist's order; the checks are in ``facts`` (versions,
 devices, backends, ports), ``rank`` (one rank's collectives; ``python -m
 distrinews.cli.doctor.checks`` runs one for the parent), ``parent`` (starting and watching the
-ranks), ``advice`` and ``report`` (the printed lines). Their public names are importable from here
-too (``distrinews.doctor`` is this module under its deprecated path).
+ranks), ``advice`` and ``report`` (the printed lines). Their public names are importable from here.
 """
 
 from __future__ import annotations
