@@ -107,7 +107,7 @@ def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
 def test_batch_inference_exports_a_span_per_window(tmp_path, checkpoint, agnews_dir, otlp_receiver, monkeypatch, write_rows):
     from distrinews.data.splits import load_split
 
-    monkeypatch.delenv(tracing.ENDPOINT_ENV, raising=False)  # predict sets it for its workers; put back after the test
+    monkeypatch.setenv(tracing.ENDPOINT_ENV, "")  # predict sets it for its workers: this puts it back after the test
     texts = load_split(agnews_dir, "test").texts[:39]
     rows = write_rows(tmp_path / "news.jsonl", [{"text": t} for t in texts] + [{"text": ""}])  # 40 rows, one rejected
     output = tmp_path / "labels.jsonl"
@@ -195,6 +195,8 @@ def test_hostile_traceparents_and_refused_requests_are_traced_as_their_own(otlp_
             answer = await client.post("/predict", json={"text": "Oil prices jump"}, headers={**key, "traceparent": value})
             assert answer.status_code == 200, answer.text
         assert (await client.post("/predict", json={"text": "Oil prices jump"})).status_code == 401
+        tracing.shutdown()  # the process's tracing ends under the app (another app's lifespan): the app still answers
+        assert (await client.post("/predict", json={"text": "Oil prices jump"}, headers=key)).status_code == 200
 
     _serve(app, requests)  # the lifespan's end sent the spans
     assert tracing.tracer() is None

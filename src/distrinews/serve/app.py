@@ -217,16 +217,17 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
         finally:
             loading.cancel()
             await state.close()
-            if traced:  # the spans still queued leave before the process does
+            if tracer is not None:  # the spans still queued leave before the process does
                 await asyncio.to_thread(tracing.shutdown)
 
     labels = checkpoint_labels(config.checkpoint) if predictor_factory is None else None
-    traced = tracing.start("distrinews-serve", config.otlp_endpoint)
+    # This app's tracer (None: tracing off), held by its routes: they never depend on the process's tracing later.
+    tracer = tracing.tracer() if tracing.start("distrinews-serve", config.otlp_endpoint) else None
     app = FastAPI(
         # FastAPI's own telemetry makes each request's SERVER span, outside every middleware (the 401s and 413s are
         # traced too), from the caller's traceparent; off with tracing off, and never its metrics (ours are Prometheus).
         telemetry={
-            "tracing": traced,
+            "tracing": tracer is not None,
             "tracer_provider": tracing.provider(),
             "metrics": False,
             "logs": False,
@@ -243,7 +244,7 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
-    _add_routes(app, state, config, metrics, traced)
+    _add_routes(app, state, config, metrics, tracer)
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     budget = BodyBudget(config.max_pending_body_bytes)
     metrics.pending_body_bytes.set_function(lambda: float(budget.held))
@@ -276,7 +277,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
 
 
-def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, traced: bool) -> None:
+def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, tracer: Any) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         loaded = getattr(state.predictor, "labels", None)
@@ -308,11 +309,11 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         headers = {**state.version_header(), **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime)}
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
-        if not traced:
+        if tracer is None:
             return JSONResponse(content, headers=headers)
         from .tracing import traced_answer
 
-        return traced_answer(tracing.tracer(), content, headers, timing, len(texts), runtime)
+        return traced_answer(tracer, content, headers, timing, len(texts), runtime)
 
     async def predict(request: Request):
         start = time.perf_counter()
