@@ -447,3 +447,103 @@ class ServerProcess:
 def server_process():
     """The ``ServerProcess`` class (``server_process(checkpoint, log_path, *serve_args, env=...)``); the caller stops it."""
     return ServerProcess
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver on loopback: POST /v1/traces bodies decoded with OpenTelemetry's own protocol
+    package (``ExportTraceServiceRequest``), each span kept as a dict (hex ids, attributes, service name)."""
+
+    MAX_BODY = 16 << 20
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+
+        self.spans: list[dict] = []
+        self.paths: list[str] = []
+        self._changed = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(min(length, receiver.MAX_BODY))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver._add(self.path, request)
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _value(value):
+        kind = value.WhichOneof("value")
+        return getattr(value, kind) if kind else None
+
+    def _add(self, path: str, request) -> None:
+        spans = []
+        for resource_spans in request.resource_spans:
+            resource = {a.key: self._value(a.value) for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    spans.append(
+                        {
+                            "name": span.name,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex(),
+                            "kind": span.kind,
+                            "start_ns": span.start_time_unix_nano,
+                            "end_ns": span.end_time_unix_nano,
+                            "attributes": {a.key: self._value(a.value) for a in span.attributes},
+                            "links": [link.span_id.hex() for link in span.links],
+                            "status": span.status.code,
+                            "service": resource.get("service.name"),
+                        }
+                    )
+        with self._changed:
+            self.paths.append(path)
+            self.spans.extend(spans)
+            self._changed.notify_all()
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> list[dict]:
+        """The spans once ``predicate(spans)`` holds; fails with what did arrive after ``timeout`` seconds."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self.spans):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"the OTLP receiver did not get the spans in {timeout} s; it got {self.spans}")
+                self._changed.wait(left)
+            return list(self.spans)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def otlp_receiver():
+    """An ``OtlpReceiver`` on a free loopback port (``.endpoint`` is its base URL), closed after the test."""
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()

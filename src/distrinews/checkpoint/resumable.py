@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from .. import tracing
 from ..distributed.process_group import DistEnv, all_gather_object, barrier, broadcast_object
 from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
@@ -196,6 +197,15 @@ class Checkpointer:
     def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
 
+    @tracing.traced(
+        "distrinews.checkpoint.save",
+        lambda self, step, *args, **kwargs: {
+            "distrinews.step": step,
+            "distrinews.rank": self.env.rank,
+            "distrinews.world_size": self.env.world_size,
+        },
+        lambda path: {"distrinews.checkpoint.path": str(path)} if path is not None else {},
+    )
     def save(
         self,
         step: int,

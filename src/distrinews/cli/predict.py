@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from .. import tracing
 from ..config import ConfigError
 from ..errors import CheckpointError
 from ..predict.batch.engine import EXIT_REJECTED
@@ -65,6 +67,11 @@ def register(subparsers) -> None:
         "--ray-address",
         default=BatchJob.ray_address,
         help="--engine ray: the cluster to join (e.g. HEAD:6379 or ray://HEAD:10001; default: $RAY_ADDRESS, else a Ray started here)",
+    )
+    batch.add_argument(
+        "--otlp-endpoint",
+        help="send OpenTelemetry traces (a span per window) over OTLP/HTTP to this base URL (default: "
+        "$OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing); needs the 'tracing' extra",
     )
     p.add_argument("texts", nargs="*")
     p.set_defaults(func=run)
@@ -128,8 +135,12 @@ def run_corpus(args: argparse.Namespace) -> int:
         from ..predict.batch.ray_engine import run
     else:
         from ..predict.batch.engine import run
+    tracing.check_endpoint(args.otlp_endpoint)
+    if args.otlp_endpoint:  # the variable, so that the worker processes the job spawns export to the same place
+        os.environ[tracing.ENDPOINT_ENV] = args.otlp_endpoint
     try:
-        return run(job)
+        with tracing.session("distrinews-predict"):
+            return run(job)
     except WorkerFailed as exc:
         print(f"distrinews: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 
+from .. import tracing
 from ..config import TrainConfig, load_config, parse_overrides, reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             held.enter_context(preflight_train(config, read_data=False))  # the data is read next anyway
         from ..train.trainer import train
 
+        # OTEL_EXPORTER_OTLP_ENDPOINT, which torchrun hands every worker: each rank traces its evaluations and saves.
+        held.enter_context(tracing.session("distrinews-train"))
         result = train(config)
         if args.result_json and is_global_rank_zero():
             write_json(args.result_json, result)

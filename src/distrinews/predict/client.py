@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from .. import tracing
+
 log = logging.getLogger(__name__)
 
 RETRIED_STATUSES = (429, 503)
@@ -117,7 +119,8 @@ class RemoteClassifier:
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
-                response = self._client.request(method, path, json=body)
+                # The caller's trace continues in the server's (W3C traceparent), when the caller traces.
+                response = self._client.request(method, path, json=body, headers=tracing.inject({}))
             except httpx.TransportError as exc:  # refused, reset, timed out: a restart looks like this
                 if last or not isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)):
                     raise

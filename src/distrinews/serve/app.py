@@ -33,7 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .. import __version__, tracing
 from ..errors import CheckpointError
 from . import tei
 from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
@@ -217,9 +217,23 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
         finally:
             loading.cancel()
             await state.close()
+            if tracer is not None:  # the spans still queued leave before the process does
+                await asyncio.to_thread(tracing.shutdown)
 
     labels = checkpoint_labels(config.checkpoint) if predictor_factory is None else None
+    # This app's tracer (None: tracing off), held by its routes: they never depend on the process's tracing later.
+    tracer = tracing.tracer() if tracing.start("distrinews-serve", config.otlp_endpoint) else None
     app = FastAPI(
+        # FastAPI's own telemetry makes each request's SERVER span, outside every middleware (the 401s and 413s are
+        # traced too), from the caller's traceparent; off with tracing off, and never its metrics (ours are Prometheus).
+        telemetry={
+            "tracing": tracer is not None,
+            "tracer_provider": tracing.provider(),
+            "metrics": False,
+            "logs": False,
+            "operation_spans": False,
+            "auto_configure": False,
+        },
         title="DistriNews",
         version=__version__,
         description=f"A text classifier. {labels_sentence(labels)} Concurrent requests are micro-batched into one forward pass.",
@@ -230,7 +244,7 @@ def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[]
     app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
-    _add_routes(app, state, config, metrics)
+    _add_routes(app, state, config, metrics, tracer)
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     budget = BodyBudget(config.max_pending_body_bytes)
     metrics.pending_body_bytes.set_function(lambda: float(budget.held))
@@ -263,7 +277,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
 
 
-def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
+def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, tracer: Any) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         loaded = getattr(state.predictor, "labels", None)
@@ -289,9 +303,17 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         state.require_ready()
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
-    def answer_headers(start: float, timing: dict[str, float], characters: int) -> dict[str, str]:
+    def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
+        """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
         runtime = state.predictor.runtime if state.predictor is not None else config.runtime
-        return {**state.version_header(), **tei.timing_headers(start, timing, characters, runtime)}
+        headers = {**state.version_header(), **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime)}
+        # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
+        # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
+        if tracer is None:
+            return JSONResponse(content, headers=headers)
+        from .tracing import traced_answer
+
+        return traced_answer(tracer, content, headers, timing, len(texts), runtime)
 
     async def predict(request: Request):
         start = time.perf_counter()
@@ -309,9 +331,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         text = clean_text(body.text, "text", config.max_text_chars)
         timing: dict[str, float] = {}
         (result,) = await state.classify([text], request.receive, timing)
-        # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
-        # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
-        return JSONResponse(result, headers=answer_headers(start, timing, len(text)))
+        return answer(result, start, timing, [text])
 
     async def predict_foreign(request: Request, payload: dict[str, Any], start: float) -> Response:
         try:
@@ -329,7 +349,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
                 raise ApiError(424, "Backend error: inference failed (the server log has the details)") from None
         except ApiError as exc:
             return tei.error_response(exc)
-        return JSONResponse(tei.answer(foreign, results, top_k), headers=answer_headers(start, timing, foreign.characters))
+        return answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
 
     both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
     answers = PredictResponse | list[Prediction] | list[list[Prediction]]
@@ -365,7 +385,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
         timing: dict[str, float] = {}
         results = await state.classify(texts, request.receive, timing)
-        return JSONResponse(results, headers=answer_headers(start, timing, sum(len(t) for t in texts)))
+        return answer(results, start, timing, texts)
 
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits", responses=declared(401, 503))
     async def info():

@@ -148,6 +148,7 @@ class MicroBatcher:
         self._gone = 0  # cancelled requests possibly still in _ready
         self._busy = False
         self._last_batch_requests = 0
+        self._batches = 0  # forward jobs started
         self._closing = False
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -224,7 +225,9 @@ class MicroBatcher:
         """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
 
         ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
-        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded).
+        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded);
+        and of that job (a request's trace shows them): ``done`` (its end, on ``time.perf_counter``'s clock),
+        ``batch`` (its number, from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens`` and ``passes``.
         Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
         """
         if self._closing or self._task is None:
@@ -441,11 +444,13 @@ class MicroBatcher:
         waited = dict(zip(map(id, batch), queue_s))
         start = time.perf_counter()
 
-        def answer(request: _Request, part: list) -> None:
+        def answer(request: _Request, part: list, job: dict[str, float]) -> None:
+            """``job``: the forward job that computed it (the batch, or the request alone after a failed batch)."""
             if request.timing is not None:
                 unpadded = sum(len(item) for item in request.items)
-                forward_s = time.perf_counter() - start
-                request.timing.update(tokenize_s=request.tokenize_s, queue_s=waited[id(request)], inference_s=forward_s, tokens=unpadded)
+                done = time.perf_counter()
+                mine = {"tokenize_s": request.tokenize_s, "queue_s": waited[id(request)], "inference_s": done - start, "tokens": unpadded}
+                request.timing.update(job, done=done, batch=self._batches, **mine)
             request.future.set_result(part)
 
         try:
@@ -470,14 +475,16 @@ class MicroBatcher:
                     self._fail(request, retry_exc)
                 else:
                     tokens, passes = tokens + part_tokens, passes + part_passes
-                    answer(request, part)
+                    alone = {"batch_texts": len(request.items), "batch_requests": 1, "padded_tokens": part_tokens, "passes": part_passes}
+                    answer(request, part, alone)
             return tokens, passes + 1
         offset = 0
+        job = {"batch_texts": len(items), "batch_requests": len(batch), "padded_tokens": tokens, "passes": passes}
         for request in batch:
             part = results[offset : offset + len(request.items)]
             offset += len(request.items)
             if not request.future.done():  # the caller may have given up meanwhile
-                answer(request, part)
+                answer(request, part, job)
         return tokens, passes
 
     def _fail(self, request: _Request, exc: Exception) -> None:
@@ -504,6 +511,7 @@ class MicroBatcher:
             if batch is None:
                 return
             self._busy, self._running = True, batch
+            self._batches += 1
             start = time.perf_counter()
             now = loop.time()
             queue_s = [now - request.enqueued - request.tokenize_s for request in batch]

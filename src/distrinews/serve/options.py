@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .. import tracing
+from ..errors import ConfigError
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 API_KEY_ENV = "DISTRINEWS_API_KEY"
@@ -78,6 +80,11 @@ class ServeConfig:
     forward_timeout: float = _flag(30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns")
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", action="store_true")
+    otlp_endpoint: str | None = _flag(
+        None,
+        "send OpenTelemetry traces over OTLP/HTTP to this base URL (e.g. http://127.0.0.1:4318; default: "
+        "$OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing); needs the 'tracing' extra",
+    )
     public_metrics: bool = _flag(
         False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
     )
@@ -165,6 +172,12 @@ def validate(args: argparse.Namespace) -> None:
     api_key_from_env()
     if args.max_wait_ms < 0:
         raise ServeOptionError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    try:
+        tracing.check_endpoint(args.otlp_endpoint)
+        if tracing.wanted(args.otlp_endpoint):
+            tracing.require("serve --otlp-endpoint (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    except ConfigError as exc:
+        raise ServeOptionError(str(exc)) from None
     if args.onnx_model and not args.runtime.startswith("onnx"):
         raise ServeOptionError("--onnx-model needs --runtime onnx or onnx-int8")
     if args.runtime == "torch-bf16":

@@ -62,10 +62,6 @@ class ForeignRequest:
     truncate: bool  # False: a text longer than the model reads is refused (422)
     keep_end: bool  # truncate on the left
 
-    @property
-    def characters(self) -> int:
-        return sum(len(t) for t in self.texts)
-
 
 def is_foreign(payload: Any) -> bool:
     """Whether a JSON body is in TEI's or Hugging Face's shape (``text`` is the seed's: it wins)."""

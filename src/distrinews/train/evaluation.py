@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .. import tracing
 from ..data.collate import Collator
 from ..data.sampler import eval_shard
 from ..data.tokenized import TokenizedDataset
@@ -21,6 +22,15 @@ from .metrics import classification_metrics, confusion_matrix
 from .precision import Precision
 
 
+@tracing.traced(
+    "distrinews.train.evaluate",
+    lambda model, dataset, env, *args, **kwargs: {
+        "distrinews.rows": len(dataset),
+        "distrinews.rank": env.rank,
+        "distrinews.world_size": env.world_size,
+    },
+    lambda metrics: {"distrinews.accuracy": metrics["accuracy"], "distrinews.loss": metrics["loss"]},
+)
 @torch.inference_mode()
 def evaluate(
     model: torch.nn.Module,

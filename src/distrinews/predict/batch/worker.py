@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ... import tracing
 from ...data.fields import BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
@@ -289,14 +290,25 @@ def _work(state: StateDir, job: JobRecord, manifest: WorkerManifest, settings: W
     windows = _Prefetch(_windows(job, manifest, fields, predictor.encode, settings))
     try:
         for window in windows:
-            committer.begin(window)
-            if window.rejects:
-                lines = [json.dumps({"r": row, "x": reject}, ensure_ascii=False) + "\n" for row, reject in window.rejects]
-                committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
-            for batch in window.batches:
-                results = predictor.predict_encoded([encoded for _, _, encoded in batch])
-                committer.commit(result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch))
-            committer.end(window)
+            with tracing.span(
+                "distrinews.predict.window",
+                **{
+                    "distrinews.worker": manifest.worker,
+                    "distrinews.window.start": window.start,
+                    "distrinews.window.end": window.end,
+                    "distrinews.window.labelled": sum(len(batch) for batch in window.batches),
+                    "distrinews.window.rejected": len(window.rejects),
+                    "distrinews.window.passes": len(window.batches),
+                },
+            ):
+                committer.begin(window)
+                if window.rejects:
+                    lines = [json.dumps({"r": row, "x": reject}, ensure_ascii=False) + "\n" for row, reject in window.rejects]
+                    committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
+                for batch in window.batches:
+                    results = predictor.predict_encoded([encoded for _, _, encoded in batch])
+                    committer.commit(result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch))
+                committer.end(window)
     finally:
         windows.close()
 
@@ -306,6 +318,12 @@ def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, pare
     """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
     die_with_parent(parent_pid)
     state = StateDir(Path(state_path))
+    # The parent's OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint, put there): this process's windows are traced too.
+    with tracing.session("distrinews-predict"):
+        _spawned(state, k, settings, events)
+
+
+def _spawned(state: StateDir, k: int, settings: WorkerSettings, events: Any) -> None:
     try:
         job = state.read_job()
         assert job is not None, f"{state.job_path} is missing"
