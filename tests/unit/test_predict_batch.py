@@ -165,6 +165,46 @@ def test_every_kind_of_bad_row_goes_to_rejects_with_file_and_line_and_the_run_ex
     assert status == engine.EXIT_REJECTED == 3 and len(read_rejects(output)) == 4
 
 
+class Recording:
+    """The predictor, recording the longest text it was given to tokenize."""
+
+    def __init__(self, predictor):
+        self.predictor, self.labels, self.longest = predictor, predictor.labels, 0
+        self.predict_encoded = predictor.predict_encoded
+
+    def encode(self, texts):
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.predictor.encode(texts)
+
+
+def test_rows_that_stopped_a_job_for_good_are_rejected_and_long_texts_cut_before_tokenizing(tmp_path, checkpoint, predictor):
+    corpus = tmp_path / "hostile.jsonl"
+    corpus.write_bytes(
+        b'{"text": "Oil prices jump after OPEC cuts output"}\n'
+        + b"[" * 30_000
+        + b"]" * 30_000
+        + b"\n"  # RecursionError: every run stopped here
+        + b'{"text": "'
+        + b"x" * 100_000
+        + b'"}\n'  # over --max-row-bytes
+        + b'{"text": "Stocks rally '
+        + b"on earnings " * 5_000
+        + b'"}\n'  # 60,000 characters: cut, then labelled
+    )
+    output = tmp_path / "out.jsonl"
+    recording = Recording(predictor)
+    status, line = run_job(checkpoint, [corpus], output, recording, max_row_bytes=80_000)
+    assert status == 0 and "4 rows read, 2 labelled, 2 rejected" in line
+    assert [(r["line"], r["reason"]) for r in read_rejects(output)] == [
+        (2, "not JSON (nested too deep)"),
+        (3, "row of 100,013 bytes, over the limit of 80,000 (--max-row-bytes)"),
+    ]
+    assert [r["id"] for r in read_output(output)] == [0, 3]
+    from distrinews.data.fields import TEXT_CHARS
+
+    assert recording.longest == TEXT_CHARS
+
+
 # ---------------------------------------------------------------------------------------------- resuming
 class Killed(BaseException):
     """Stands in for SIGKILL: not an Exception, so nothing on the way out handles it."""

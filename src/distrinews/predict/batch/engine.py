@@ -88,7 +88,7 @@ def _prepare(checked: CheckedJob) -> JobRecord:
                 "repeat that command to finish it, or pass --overwrite to start again"
             )
         state.clear()  # nothing was done: nothing is lost
-    counted = [replace(shard, rows=count_rows(source)) for shard, source in zip(request.inputs, checked.shards)]
+    counted = [replace(shard, rows=count_rows(source, job.max_row_bytes)) for shard, source in zip(request.inputs, checked.shards)]
     record = replace(request, inputs=counted)
     record.ranges = split_rows(record.total_rows, job.nproc)
     state.write_job(record)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
-from ...data.files import SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
+from ...data.files import MAX_ROW_BYTES, SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
 from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
@@ -37,6 +37,7 @@ class BatchJob:
     runtime: str = DEFAULT_RUNTIME
     batch_size: int = 64  # texts per forward pass
     max_batch_tokens: int = 4096  # padded tokens per forward pass (longest text x texts); 0: no limit
+    max_row_bytes: int = MAX_ROW_BYTES  # a longer row (JSONL line, CSV record, Parquet row) is rejected unread
     overwrite: bool = False
     strict: bool = False
     progress: str = "auto"  # auto: a bar on a terminal, else a line every PROGRESS_EVERY_S; or bar | lines | none
@@ -69,7 +70,12 @@ def check(job: BatchJob) -> CheckedJob:
     """Every check that needs no model, in the order a user fixes them; raises one-line ``ConfigError``s."""
     from ...distributed.machine import threads_per_process
 
-    for name, value, least in (("nproc", job.nproc, 1), ("batch-size", job.batch_size, 1), ("max-batch-tokens", job.max_batch_tokens, 0)):
+    for name, value, least in (
+        ("nproc", job.nproc, 1),
+        ("batch-size", job.batch_size, 1),
+        ("max-batch-tokens", job.max_batch_tokens, 0),
+        ("max-row-bytes", job.max_row_bytes, 1),
+    ):
         if value < least:
             raise ConfigError(f"predict: --{name} must be >= {least}, got {value}")
     if job.threads is not None and job.threads < 1:
@@ -143,6 +149,7 @@ def requested_record(checked: CheckedJob) -> JobRecord:
         runtime=checked.job.runtime,
         text_field=checked.job.text_field,
         id_field=checked.job.id_field,
+        max_row_bytes=checked.job.max_row_bytes,
     )
 
 
@@ -151,7 +158,7 @@ def input_records(checked: CheckedJob, count: bool = False) -> list[ShardRecord]
     inputs = []
     for shard in checked.shards:
         stat = shard.path.stat()
-        rows = count_rows(shard) if count else -1
+        rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
         inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns, rows))
     return inputs
 

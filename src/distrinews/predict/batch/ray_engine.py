@@ -140,7 +140,7 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
     job = checked.job
-    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field)
+    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes)
     total = record.total_rows
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)

@@ -33,7 +33,7 @@ JOB_FILE = "job.json"
 MANIFEST_FILE = "manifest.json"
 ROWS_FILE = "rows.jsonl"
 LOCK_FILE = "lock"
-JOB_FORMAT = 1
+JOB_FORMAT = 2
 
 
 class StateError(RuntimeError):
@@ -135,6 +135,7 @@ class JobRecord:
     runtime: str
     text_field: str
     id_field: str | None
+    max_row_bytes: int
     ranges: list[tuple[int, int]] = field(default_factory=list)  # worker K does rows [start, end)
     format_version: int = JOB_FORMAT
 
@@ -161,7 +162,7 @@ class JobRecord:
             return f"another checkpoint ({self.checkpoint})"
         if self.checkpoint_sha256 != other.checkpoint_sha256:
             return f"checkpoint {self.checkpoint} changed since (its files' SHA-256)"
-        for name in ("runtime", "text_field", "id_field"):
+        for name in ("runtime", "text_field", "id_field", "max_row_bytes"):
             if getattr(self, name) != getattr(other, name):
                 flag = f"--{name.replace('_', '-')}"
                 return f"{flag} {getattr(self, name)}" if getattr(self, name) is not None else f"no {flag}"

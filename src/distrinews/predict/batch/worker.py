@@ -34,7 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ...data.fields import BadRow, RowFields
+from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
@@ -97,7 +97,8 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             continue
         path = Path(record.path)
         row = max(offset, lo)
-        for raw in read_rows(Shard(path, record.format), start=row - offset, columns=columns):
+        shard = Shard(path, record.format)
+        for raw in read_rows(shard, start=row - offset, columns=columns, max_row_bytes=job.max_row_bytes):
             if row >= stop:
                 break
             yield row, path, raw
@@ -112,7 +113,7 @@ def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str,
     reason = raw.error
     if reason is None:
         try:
-            return fields.text(raw.fields), fields.id(raw.fields, row), None
+            return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
         except BadRow as exc:
             reason = str(exc)
     return None, None, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
