@@ -11,6 +11,7 @@ import csv
 import gzip
 import io
 import json
+import time
 
 import pytest
 
@@ -346,6 +347,33 @@ def test_an_output_partly_computed_from_other_input_is_refused(tmp_path, checkpo
     corpus.write_text(corpus.read_text() + '{"text": "one more row"}\n')
     assert f"input {corpus} changed since" in one_line_error(capsys, [*argv, str(corpus)])
     assert state_dir_of(output).is_dir() and not output.exists()  # nothing was touched
+
+
+def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp_path):
+    """A published job's progress folder goes, lock file included, while its run still holds the lock: a run waiting
+    on that file must not end up holding a lock nobody else can see (two runs would then both write)."""
+    import shutil
+    import threading
+
+    from distrinews.predict.batch.state import FileLock
+
+    folder = tmp_path / "out.jsonl.partial"
+    first = FileLock(folder / "lock")
+    assert first.acquire()
+    waiting = FileLock(folder / "lock")
+    got = []
+    thread = threading.Thread(target=lambda: got.append(waiting.acquire(wait_s=30)))
+    thread.start()
+    time.sleep(0.3)  # the waiting run has opened the lock file and is retrying its flock
+    shutil.rmtree(folder)  # what publishing does, lock held
+    first.release()
+    thread.join(timeout=30)
+    assert got == [True]
+    third = FileLock(folder / "lock")
+    assert third.acquire() is False  # the waiting run holds the lock file that is there now
+    waiting.release()
+    assert third.acquire() is True
+    third.release()
 
 
 def test_overwrite_starts_again(tmp_path, checkpoint, predictor, corpus):

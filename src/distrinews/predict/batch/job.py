@@ -2,7 +2,8 @@
 
 ``check`` turns a ``BatchJob`` into a ``CheckedJob`` or raises a one-line ``ConfigError`` (exit 2): a
 missing input or checkpoint, an unknown input or output format, an output that is already complete
-(without ``--overwrite``), an output that would be read back as input. Nothing is written.
+(without ``--overwrite``; checked again under the progress folder's lock, ``refuse_finished``), an output
+that would be read back as input. Nothing is written.
 """
 
 from __future__ import annotations
@@ -102,8 +103,7 @@ def check(job: BatchJob) -> CheckedJob:
     _refuse_output_among_inputs(output, shards, job.inputs)
     if output.is_dir():
         raise ConfigError(f"predict: --output {output} is a folder; name the file to write")
-    if output.exists() and not job.overwrite:
-        raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
+    refuse_finished(output, job.overwrite)
     if job.runtime == "torch-bf16":
         from ..runtimes import bf16_refusal
 
@@ -122,6 +122,13 @@ def check(job: BatchJob) -> CheckedJob:
         fields=RowFields(job.text_field, job.id_field),
         threads=job.threads or threads_per_process(job.nproc),
     )
+
+
+def refuse_finished(output: Path, overwrite: bool) -> None:
+    """A finished output is not computed again without ``--overwrite``: checked before the lock (to fail before any
+    file is made) and again once it is held (a run that finished meanwhile published it under that lock)."""
+    if output.exists() and not overwrite:
+        raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
 
 
 def _torch_device() -> str:

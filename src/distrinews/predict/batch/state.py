@@ -73,9 +73,12 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
 
 
 class FileLock:
-    """An exclusive ``flock`` on ``path`` (created if missing), held until ``release`` or the process ends.
+    """An exclusive ``flock`` on ``path`` (created if missing, with its folder), held until ``release`` or the process ends.
 
     The kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks.
+    Its holder may remove the folder while it holds the lock (a published job's progress folder goes):
+    a run that opened the file before, and gets the lock once it is let go, sees that the file it locked
+    is no longer the one at ``path`` and locks the one there now, so two runs never both hold "the" lock.
     """
 
     def __init__(self, path: Path):
@@ -83,22 +86,34 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self, wait_s: float = 0.0) -> bool:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_s
         while True:
+            fd = self._open()
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.ftruncate(self._fd, 0)
-                os.write(self._fd, f"{os.getpid()}\n".encode())
-                return True
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    os.close(self._fd)
-                    self._fd = None
                     return False
                 time.sleep(0.05)
+                continue
+            if not _same_file(fd, self.path):  # removed by its previous holder while we waited for it
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            return True
+
+    def _open(self) -> int:
+        while True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # the folder was removed between the two calls: make it again
+                continue
 
     def holder(self) -> str:
         with contextlib.suppress(OSError):
@@ -109,6 +124,14 @@ class FileLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 @dataclass(frozen=True)
