@@ -376,6 +376,36 @@ def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp
     third.release()
 
 
+def test_links_planted_in_the_progress_folder_are_refused_or_replaced_never_followed(tmp_path, checkpoint, predictor, corpus):
+    from distrinews.errors import ConfigError
+
+    victim, precious = tmp_path / "victim.txt", tmp_path / "precious"
+    victim.write_text("keep me")
+    precious.mkdir()
+    (precious / "results.jsonl").write_text("keep me too")
+    output = tmp_path / "out.jsonl"
+    partial = state_dir_of(output)
+    partial.symlink_to(precious)  # --overwrite empties the progress folder
+    with pytest.raises(ConfigError, match=r"out.jsonl.partial is a symbolic link; refusing to follow it"):
+        run_job(checkpoint, [corpus], output, predictor, overwrite=True)
+    partial.unlink()
+    partial.mkdir()
+    (partial / "lock").symlink_to(victim)  # the lock file is truncated as it is taken
+    with pytest.raises(ConfigError, match=r"lock is a symbolic link"):
+        run_job(checkpoint, [corpus], output, predictor)
+    (partial / "lock").unlink()
+    (partial / "worker-0").mkdir()
+    (partial / "worker-0" / "rows.jsonl").symlink_to(victim)  # appended to, and truncated to the committed length
+    with pytest.raises(ConfigError, match=r"rows.jsonl is a symbolic link"):
+        run_job(checkpoint, [corpus], output, predictor)
+    partial.mkdir(exist_ok=True)
+    for name in (".job.json.tmp", "output.tmp", "rejects.tmp"):  # where records and results are written, then renamed
+        (partial / name).symlink_to(victim)
+    assert run_job(checkpoint, [corpus], output, predictor)[0] == 0
+    assert victim.read_text() == "keep me" and (precious / "results.jsonl").read_text() == "keep me too"
+    assert len(read_output(output)) == len(corpus.read_text().splitlines()) - 1
+
+
 def test_overwrite_starts_again(tmp_path, checkpoint, predictor, corpus):
     output = tmp_path / "out.csv"
     with pytest.raises(Killed):

@@ -12,7 +12,9 @@
       output.tmp, rejects.tmp   the final files while they are assembled
 
 Every JSON record is written whole (temporary name, fsync, rename): a kill at any moment leaves
-the previous version or the new one, never half of either.
+the previous version or the new one, never half of either. Nothing in the folder (the folder
+included) is followed when it is a symbolic link: the run is refused in one line
+(``checkpoint.atomic``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
 
 STATE_SUFFIX = ".partial"
 REJECTS_SUFFIX = ".rejects.jsonl"
@@ -63,7 +67,7 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
     previous content read instead, which for a worker's manifest only means one more pass computed again.
     """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
+    with open_new(tmp, "w") as fh:
         json.dump(payload, fh, separators=(",", ":"))
         fh.flush()
         os.fsync(fh.fileno())
@@ -109,15 +113,15 @@ class FileLock:
 
     def _open(self) -> int:
         while True:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_dir(self.path.parent)
             try:
-                return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                return open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except FileNotFoundError:  # the folder was removed between the two calls: make it again
                 continue
 
     def holder(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.path.read_text().strip() or "?"
+        with contextlib.suppress(OSError, ValueError):
+            return (read_text_nofollow(self.path) or "").strip() or "?"
         return "?"
 
     def release(self) -> None:
@@ -269,10 +273,11 @@ class StateDir:
         return self.worker_dir(k) / MANIFEST_FILE
 
     def read_job(self) -> JobRecord | None:
-        if not self.job_path.is_file():
+        text = read_text_nofollow(self.job_path)
+        if text is None:
             return None
         try:
-            return JobRecord.from_json(json.loads(self.job_path.read_text()))
+            return JobRecord.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
             raise StateError(f"{self.job_path} cannot be read ({exc})") from None
 
@@ -281,10 +286,11 @@ class StateDir:
 
     def read_manifest(self, k: int) -> WorkerManifest | None:
         path = self.manifest_path(k)
-        if not path.is_file():
+        text = read_text_nofollow(path)
+        if text is None:
             return None
         try:
-            return WorkerManifest.from_json(json.loads(path.read_text()))
+            return WorkerManifest.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
             raise StateError(f"{path} cannot be read ({exc})") from None
 
@@ -306,18 +312,20 @@ class StateDir:
         total = 0
         for path in self.path.glob(f"worker-*/{MANIFEST_FILE}"):
             with contextlib.suppress(ValueError, KeyError, TypeError, OSError, StateError):
-                manifest = WorkerManifest.from_json(json.loads(path.read_text()))
+                manifest = WorkerManifest.from_json(json.loads(read_text_nofollow(path) or ""))
                 total += manifest.done
         return total
 
     def clear(self) -> None:
-        """Everything but the lock file (which the caller holds)."""
-        import shutil
-
+        """Everything but the lock file (which the caller holds); a link is removed, never entered."""
         for child in self.path.iterdir():
-            if child.name == LOCK_FILE:
-                continue
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+            if child.name != LOCK_FILE:
+                remove_entry(child)
+
+    def make_worker_dir(self, k: int) -> Path:
+        make_dir(self.worker_dir(k))
+        return self.worker_dir(k)
+
+    def open_rows(self, k: int):
+        """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""
+        return os.fdopen(open_nofollow(self.rows_path(k), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")

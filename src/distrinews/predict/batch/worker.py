@@ -257,8 +257,7 @@ def run_worker(
 ) -> WorkerManifest:
     """Do worker ``k``'s remaining rows; returns its final manifest. ``ready()`` is called once the model is loaded;
     ``predictor``: one already loaded (else loaded here)."""
-    state.worker_dir(k).mkdir(exist_ok=True)
-    lock = FileLock(state.worker_dir(k) / "lock")
+    lock = FileLock(state.make_worker_dir(k) / "lock")
     if not lock.acquire(wait_s=LOCK_WAIT_S):
         raise ConfigError(f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output")
     try:
@@ -273,10 +272,10 @@ def run_worker(
             raise StateError(f"{state.manifest_path(k)} has labels {manifest.labels}, the model {labels}")
         manifest.labels = labels
         rows_path = state.rows_path(k)
-        size = rows_path.stat().st_size if rows_path.exists() else 0
-        if size < manifest.committed_bytes:
-            raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
-        with open(rows_path, "ab") as log:
+        with state.open_rows(k) as log:
+            size = os.fstat(log.fileno()).st_size
+            if size < manifest.committed_bytes:
+                raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
             log.truncate(manifest.committed_bytes)  # lines written after the last commit: their pass is computed again
             _work(state, job, manifest, settings, predictor, _Committer(state, manifest, log, report))
         return manifest
