@@ -11,6 +11,7 @@ import csv
 import gzip
 import io
 import json
+import os
 import time
 
 import pytest
@@ -344,6 +345,11 @@ def test_an_output_partly_computed_from_other_input_is_refused(tmp_path, checkpo
     argv = ["predict", "--checkpoint", str(checkpoint), "--output", str(output), "--batch-size", "8", "--input"]
     assert "partly computed by a run with other input files" in one_line_error(capsys, [*argv, str(other)])
     assert "--overwrite" in one_line_error(capsys, [*argv, str(corpus), "--nproc", "2"])
+    before = corpus.stat()
+    corpus.write_text(corpus.read_text().replace("e", "E", 1))  # rewritten to the same size, its mtime put back
+    os.utime(corpus, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert corpus.stat().st_size == before.st_size and corpus.stat().st_mtime_ns == before.st_mtime_ns
+    assert f"input {corpus} changed since (its size or SHA-256)" in one_line_error(capsys, [*argv, str(corpus)])
     corpus.write_text(corpus.read_text() + '{"text": "one more row"}\n')
     assert f"input {corpus} changed since" in one_line_error(capsys, [*argv, str(corpus)])
     assert state_dir_of(output).is_dir() and not output.exists()  # nothing was touched

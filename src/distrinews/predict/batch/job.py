@@ -160,14 +160,24 @@ def requested_record(checked: CheckedJob) -> JobRecord:
     )
 
 
-def input_records(checked: CheckedJob, count: bool = False) -> list[ShardRecord]:
-    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included)."""
+def input_records(checked: CheckedJob, count: bool = False, hashed: bool = True) -> list[ShardRecord]:
+    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included);
+    ``hashed``: with the SHA-256 of its bytes (one read of each file: what a resumed job checks its input by)."""
     inputs = []
     for shard in checked.shards:
-        stat = shard.path.stat()
+        size = shard.path.stat().st_size
         rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
-        inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns, rows))
+        digest = file_sha256(shard.path) if hashed else ""
+        inputs.append(ShardRecord(str(shard.path), shard.format, size, digest, rows))
     return inputs
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:

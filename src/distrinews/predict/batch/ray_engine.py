@@ -87,7 +87,7 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
         refuse_finished(checked.output, job.overwrite)
         _take_over(checked)
         check_loadable(checked.checkpoint)  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
-        inputs = input_records(checked, count=True)
+        inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
         started = _connect(ray, job.ray_address)
         try:
             totals, progress = _compute(checked, inputs, stderr, ray)

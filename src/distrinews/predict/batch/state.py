@@ -2,7 +2,7 @@
 
     OUTPUT.partial/
       lock                  flock'ed by the run that owns the folder (one run at a time)
-      job.json              JobRecord: the input files (path, size, mtime, rows), the checkpoint
+      job.json              JobRecord: the input files (path, size, SHA-256, rows), the checkpoint
                             (path, SHA-256 of its files), runtime, fields, each worker's row range
       worker-K/
         lock                flock'ed by worker K
@@ -140,16 +140,17 @@ def _same_file(fd: int, path: Path) -> bool:
 
 @dataclass(frozen=True)
 class ShardRecord:
-    """One input file as it was when the job started: a changed size or mtime means other input."""
+    """One input file as it was when the job started, known by its content: rows already done were read from
+    exactly these bytes, so a file rewritten since (even to the same size, its mtime kept) is other input."""
 
     path: str
     format: str
     size: int
-    mtime_ns: int
+    sha256: str  # of the file's bytes as stored (compressed for .gz); "" where not computed (the Ray engine's run)
     rows: int = -1  # counted once, when the job starts
 
     def same_file(self, other: ShardRecord) -> bool:
-        return (self.path, self.format, self.size, self.mtime_ns) == (other.path, other.format, other.size, other.mtime_ns)
+        return (self.path, self.format, self.size, self.sha256) == (other.path, other.format, other.size, other.sha256)
 
 
 @dataclass
@@ -184,7 +185,7 @@ class JobRecord:
             return "other input files"
         for mine, theirs in zip(self.inputs, other.inputs):
             if not mine.same_file(theirs):
-                return f"input {theirs.path} changed since (size or modification time)"
+                return f"input {theirs.path} changed since (its size or SHA-256)"
         if self.checkpoint != other.checkpoint:
             return f"another checkpoint ({self.checkpoint})"
         if self.checkpoint_sha256 != other.checkpoint_sha256:
