@@ -76,11 +76,25 @@ def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(
     (run / f".notes.txt.{os.getpid()}.tmp").symlink_to(victim)  # an atomic write's temporary name
     write_text_atomically(run / "notes.txt", "new")
     assert (run / "notes.txt").read_text() == "new" and not (run / "notes.txt").is_symlink()
+    (run / "log.jsonl").unlink()
+    (run / "tb").symlink_to(precious)
+    with pytest.raises(ConfigError, match=r"tb is a symbolic link"):
+        MetricsLogger(RunDir(run), enabled=True, tensorboard=True)
+    (run / "tb").unlink()
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from distrinews.train.curves import save_figure
+
+    (run / f".training_curves.png.{os.getpid()}.tmp.png").symlink_to(victim)
+    save_figure(Figure(), RunDir(run).curves)
+    assert RunDir(run).curves.read_bytes().startswith(b"\x89PNG")
     (run / "checkpoints").symlink_to(precious)
     (run / ".tmp-step-40").symlink_to(precious)
     RunDir(run).prepare(TrainConfig(output_dir=str(run), overwrite_output_dir=True), resumed=False)  # removes the links
     assert victim.read_text() == "keep me" and (precious / "weights.bin").read_text() == "keep me too"
-    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, "config.yaml", "notes.txt"]  # the planted lock link is left
+    # the planted lock link is left (it is no artifact), the rest is the new run's
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, "config.yaml", "notes.txt"]
 
 
 def test_a_locked_run_directory_refuses_a_second_run_naming_the_holder(tmp_path):

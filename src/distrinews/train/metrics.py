@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.atomic import open_nofollow, symlink_refused, write_text_atomically
+from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_text_atomically
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
@@ -116,6 +116,8 @@ class MetricsLogger:
         self._jsonl = os.fdopen(open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
+
+            make_dir(run_dir.tensorboard)  # a link there would have the event files written wherever it points
 
             purge = None if resume_step is None else resume_step + 1
             self._tb = SummaryWriter(log_dir=str(run_dir.tensorboard), purge_step=purge)
