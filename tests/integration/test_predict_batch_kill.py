@@ -142,3 +142,62 @@ def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_pat
     assert proc.wait(timeout=300) == 0, rest
     assert made.stat().st_ino == inode, "a worker made and published the int8 model again"
     assert "predict: runtime auto: " not in rest and sum(1 for _ in (tmp_path / "out.jsonl").open()) == 400
+
+
+# Runs `distrinews ARGS` paused once its checks are made (the output is not there yet) until a file appears: a
+# second run caught before it writes anything, held there for as long as the test needs.
+PAUSED_AFTER_CHECKS = """
+import sys, time
+from pathlib import Path
+from distrinews.predict.batch import engine
+
+paused, go = Path(sys.argv[1]), Path(sys.argv[2])
+check = engine.check
+
+def pausing(job):
+    checked = check(job)
+    paused.touch()
+    while not go.exists():
+        time.sleep(0.02)
+    return checked
+
+engine.check = pausing
+from distrinews.cli import main
+sys.argv = ["distrinews", *sys.argv[3:]]
+sys.exit(main())
+"""
+
+
+def test_a_run_that_started_before_another_finished_is_refused_and_the_finished_output_kept(job, tmp_path, cli, write_rows):
+    _, checkpoint, _, _ = job
+    corpus = write_rows(tmp_path / "few.jsonl", [{"text": f"Stocks rally on earnings, day {i}"} for i in range(20)])
+    output = tmp_path / "out.jsonl"
+    args = ["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), "--output", str(output), "--progress", "none"]
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    second = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_AFTER_CHECKS, str(paused), str(go), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not paused.exists():
+            assert second.poll() is None, f"the second run ended before its checks: {second.communicate()}"
+            assert time.monotonic() < deadline, "the second run never finished its checks"
+            time.sleep(0.02)
+        cli(*args)  # the first run, start to finish, while the second waits
+        finished = output.stat()
+        go.touch()
+        out, err = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    assert second.returncode == 2, (out, err)
+    assert err.strip().splitlines() == [
+        f"distrinews: error: predict: {output} already exists (a finished run); pass --overwrite to compute it again"
+    ]
+    assert (output.stat().st_ino, output.stat().st_mtime_ns) == (finished.st_ino, finished.st_mtime_ns)  # not replaced
+    assert not state_dir_of(output).exists()

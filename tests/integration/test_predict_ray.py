@@ -18,7 +18,7 @@ pytest.importorskip("ray.data", reason="--engine ray needs Ray Data: pip install
 
 from distrinews.predict.batch import engine, ray_engine  # noqa: E402
 from distrinews.predict.batch.job import BatchJob  # noqa: E402
-from distrinews.predict.batch.state import state_dir_of  # noqa: E402
+from distrinews.predict.batch.state import JOB_FORMAT, state_dir_of  # noqa: E402
 
 ROWS = 40  # good rows; 3 bad ones besides
 ATOL = 1e-5
@@ -128,7 +128,7 @@ def test_ray_engine_writes_csv_and_refuses_a_local_run_s_progress(tmp_path, corp
     (state / "job.json").write_text("{}")  # a local run's progress is not dropped silently
     (state / "worker-0").mkdir()
     (state / "worker-0" / "manifest.json").write_text(
-        json.dumps({"worker": 0, "start": 0, "end": 43, "done_through": 32, "format_version": 1})
+        json.dumps({"worker": 0, "start": 0, "end": 43, "done_through": 32, "format_version": JOB_FORMAT})
     )
     with pytest.raises(engine.ConfigError, match=r"partly computed by the local engine.*--engine local"):
         ray_engine.run(job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1), stdout=io.StringIO())

@@ -60,6 +60,100 @@ def test_bad_csv_records_are_rows_and_multiline_records_keep_their_first_line(tm
     assert rows[3].fields == {"id": "4", "text": "fine"}
 
 
+def _peak_bytes_reading(shard, **options):
+    """The rows of ``shard`` read whole, and the most memory Python held meanwhile."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        rows = list(read_rows(shard, **options))
+        return rows, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+HUGE = 16 << 20  # a line of 16 MiB that gzip shrinks to about 70 KiB
+
+
+def test_hostile_jsonl_lines_are_bad_rows_and_memory_stays_bounded(tmp_path):
+    path = tmp_path / "hostile.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(b'{"text": "before"}\n')
+        fh.write(b"[" * 100_000 + b"]" * 100_000 + b"\n")  # RecursionError in json.loads
+        fh.write(b'{"text": "' + b"\\u0000" * 10 + b'deep", "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}\n")
+        fh.write(b'{"text": "' + b"a" * HUGE + b'"}\n')
+        fh.write(b'{"text": "\x00 a raw NUL"}\n')
+        fh.write(b'{"text": "after"}')
+    shard = Shard(path, "jsonl")
+    rows, peak = _peak_bytes_reading(shard)
+    assert peak < 8 << 20  # the 16 MiB line is never held: at most about one 1 MiB row
+    assert [(r.line, r.error and r.error.split(" (")[0]) for r in rows] == [
+        (1, None),
+        (2, "not JSON"),
+        (3, "not JSON"),
+        (4, f"row of {HUGE + 13:,} bytes, over the limit of 1,048,576"),
+        (5, "not JSON"),
+        (6, None),
+    ]
+    assert rows[1].error == rows[2].error == "not JSON (nested too deep)"
+    assert rows[3].raw.startswith('{"text": "aaaa') and len(rows[3].raw) < 10_100
+    assert rows[-1].fields == {"text": "after"}
+    assert count_rows(shard) == 6
+    assert [r.error is None for r in read_rows(shard, max_row_bytes=20)] == [True, False, False, False, False, True]
+
+
+def test_hostile_csv_records_are_bad_rows_and_the_records_after_them_are_read(tmp_path):
+    path = tmp_path / "hostile.csv.gz"
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(b"id,text\n1,before\n")
+        fh.write(b"2," + b"b" * HUGE + b"\n")  # one huge line
+        quoted = b'3,"a quoted field over many lines, with ""quotes"" and, commas\n' + b"x,y\n" * 300_000 + b'end"\n'
+        fh.write(quoted)
+        fh.write(b"4,a NUL \x00 byte\n5,caf\xe9\n6,after\n")
+    shard = Shard(path, "csv")
+    rows, peak = _peak_bytes_reading(shard)
+    assert peak < 8 << 20
+    assert [(r.line, r.error and r.error.split(" (")[0]) for r in rows] == [
+        (2, None),
+        (3, f"row of {HUGE + 3:,} bytes, over the limit of 1,048,576"),
+        # skipped to its closing quote, not read as rows
+        (4, f"row of {len(quoted):,} bytes, over the limit of 1,048,576"),
+        (300_006, None),
+        (300_007, "not UTF-8"),
+        (300_008, None),
+    ]
+    assert rows[3].fields == {"id": "4", "text": "a NUL \x00 byte"} and rows[-1].fields == {"id": "6", "text": "after"}
+    assert count_rows(shard) == 6
+
+
+def test_hostile_parquet_rows_are_bad_rows_alone(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "hostile.parquet"
+    raw = pa.array([b"fine", b"caf\xe9", b"a NUL \x00 byte", b"z" * 2_000_000, b"last"], type=pa.binary())
+    # strings that are not all UTF-8, as a careless writer may leave them
+    text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string())])) as writer:
+        writer.write_table(pa.table({"text": text}))
+        writer.write_table(pa.table({"text": ["a" * HUGE]}))  # a row group of one huge value: zstd-sized on disk
+        writer.write_table(pa.table({"text": ["next group"]}))
+    shard = Shard(path, "parquet")
+    rows, peak = _peak_bytes_reading(shard)
+    assert [(r.line, r.error and r.error.split(" (")[0].split(": ")[0]) for r in rows] == [
+        (1, None),
+        (2, "unreadable Parquet row"),
+        (3, None),
+        (4, "row of 2,000,000 bytes, over the limit of 1,048,576"),
+        (5, None),
+        (6, "Parquet row group 1 not read"),
+        (7, None),
+    ]
+    assert rows[2].fields == {"text": "a NUL \x00 byte"} and rows[6].fields == {"text": "next group"}
+    assert peak < 16 << 20
+    assert count_rows(shard) == 7
+
+
 @pytest.mark.parametrize("name", ["cut.jsonl.gz", "cut.csv.gz"])
 def test_a_truncated_gzip_file_is_its_rows_then_one_bad_row(tmp_path, name, write_rows):
     data = gzip.compress(write_rows(tmp_path / name.removesuffix(".gz"), ROWS).read_bytes())

@@ -11,6 +11,8 @@ import csv
 import gzip
 import io
 import json
+import os
+import time
 
 import pytest
 
@@ -165,6 +167,46 @@ def test_every_kind_of_bad_row_goes_to_rejects_with_file_and_line_and_the_run_ex
     assert status == engine.EXIT_REJECTED == 3 and len(read_rejects(output)) == 4
 
 
+class Recording:
+    """The predictor, recording the longest text it was given to tokenize."""
+
+    def __init__(self, predictor):
+        self.predictor, self.labels, self.longest = predictor, predictor.labels, 0
+        self.predict_encoded = predictor.predict_encoded
+
+    def encode(self, texts):
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.predictor.encode(texts)
+
+
+def test_rows_that_stopped_a_job_for_good_are_rejected_and_long_texts_cut_before_tokenizing(tmp_path, checkpoint, predictor):
+    corpus = tmp_path / "hostile.jsonl"
+    corpus.write_bytes(
+        b'{"text": "Oil prices jump after OPEC cuts output"}\n'
+        + b"[" * 30_000
+        + b"]" * 30_000
+        + b"\n"  # RecursionError: every run stopped here
+        + b'{"text": "'
+        + b"x" * 100_000
+        + b'"}\n'  # over --max-row-bytes
+        + b'{"text": "Stocks rally '
+        + b"on earnings " * 5_000
+        + b'"}\n'  # 60,000 characters: cut, then labelled
+    )
+    output = tmp_path / "out.jsonl"
+    recording = Recording(predictor)
+    status, line = run_job(checkpoint, [corpus], output, recording, max_row_bytes=80_000)
+    assert status == 0 and "4 rows read, 2 labelled, 2 rejected" in line
+    assert [(r["line"], r["reason"]) for r in read_rejects(output)] == [
+        (2, "not JSON (nested too deep)"),
+        (3, "row of 100,013 bytes, over the limit of 80,000 (--max-row-bytes)"),
+    ]
+    assert [r["id"] for r in read_output(output)] == [0, 3]
+    from distrinews.data.fields import TEXT_CHARS
+
+    assert recording.longest == TEXT_CHARS
+
+
 # ---------------------------------------------------------------------------------------------- resuming
 class Killed(BaseException):
     """Stands in for SIGKILL: not an Exception, so nothing on the way out handles it."""
@@ -303,9 +345,71 @@ def test_an_output_partly_computed_from_other_input_is_refused(tmp_path, checkpo
     argv = ["predict", "--checkpoint", str(checkpoint), "--output", str(output), "--batch-size", "8", "--input"]
     assert "partly computed by a run with other input files" in one_line_error(capsys, [*argv, str(other)])
     assert "--overwrite" in one_line_error(capsys, [*argv, str(corpus), "--nproc", "2"])
+    before = corpus.stat()
+    corpus.write_text(corpus.read_text().replace("e", "E", 1))  # rewritten to the same size, its mtime put back
+    os.utime(corpus, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert corpus.stat().st_size == before.st_size and corpus.stat().st_mtime_ns == before.st_mtime_ns
+    assert f"input {corpus} changed since (its size or SHA-256)" in one_line_error(capsys, [*argv, str(corpus)])
     corpus.write_text(corpus.read_text() + '{"text": "one more row"}\n')
     assert f"input {corpus} changed since" in one_line_error(capsys, [*argv, str(corpus)])
     assert state_dir_of(output).is_dir() and not output.exists()  # nothing was touched
+
+
+def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp_path):
+    """A published job's progress folder goes, lock file included, while its run still holds the lock: a run waiting
+    on that file must not end up holding a lock nobody else can see (two runs would then both write)."""
+    import shutil
+    import threading
+
+    from distrinews.predict.batch.state import FileLock
+
+    folder = tmp_path / "out.jsonl.partial"
+    first = FileLock(folder / "lock")
+    assert first.acquire()
+    waiting = FileLock(folder / "lock")
+    got = []
+    thread = threading.Thread(target=lambda: got.append(waiting.acquire(wait_s=30)))
+    thread.start()
+    time.sleep(0.3)  # the waiting run has opened the lock file and is retrying its flock
+    shutil.rmtree(folder)  # what publishing does, lock held
+    first.release()
+    thread.join(timeout=30)
+    assert got == [True]
+    third = FileLock(folder / "lock")
+    assert third.acquire() is False  # the waiting run holds the lock file that is there now
+    waiting.release()
+    assert third.acquire() is True
+    third.release()
+
+
+def test_links_planted_in_the_progress_folder_are_refused_or_replaced_never_followed(tmp_path, checkpoint, predictor, corpus):
+    from distrinews.errors import ConfigError
+
+    victim, precious = tmp_path / "victim.txt", tmp_path / "precious"
+    victim.write_text("keep me")
+    precious.mkdir()
+    (precious / "results.jsonl").write_text("keep me too")
+    output = tmp_path / "out.jsonl"
+    partial = state_dir_of(output)
+    partial.symlink_to(precious)  # --overwrite empties the progress folder
+    with pytest.raises(ConfigError, match=r"out.jsonl.partial is a symbolic link; refusing to follow it"):
+        run_job(checkpoint, [corpus], output, predictor, overwrite=True)
+    partial.unlink()
+    partial.mkdir()
+    (partial / "lock").symlink_to(victim)  # the lock file is truncated as it is taken
+    with pytest.raises(ConfigError, match=r"lock is a symbolic link"):
+        run_job(checkpoint, [corpus], output, predictor)
+    (partial / "lock").unlink()
+    (partial / "worker-0").mkdir()
+    (partial / "worker-0" / "rows.jsonl").symlink_to(victim)  # appended to, and truncated to the committed length
+    with pytest.raises(ConfigError, match=r"rows.jsonl is a symbolic link"):
+        run_job(checkpoint, [corpus], output, predictor)
+    partial.mkdir(exist_ok=True)
+    for name in (".job.json.tmp", "output.tmp", "rejects.tmp"):  # where records and results are written, then renamed
+        (partial / name).symlink_to(victim)
+    assert run_job(checkpoint, [corpus], output, predictor)[0] == 0
+    assert victim.read_text() == "keep me" and (precious / "results.jsonl").read_text() == "keep me too"
+    assert len(read_output(output)) == len(corpus.read_text().splitlines()) - 1
 
 
 def test_overwrite_starts_again(tmp_path, checkpoint, predictor, corpus):

@@ -53,6 +53,50 @@ def test_overwrite_removes_the_runs_artifacts_and_nothing_else(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
 
 
+def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(tmp_path):
+    from distrinews.checkpoint.atomic import write_text_atomically
+    from distrinews.train.metrics import MetricsLogger
+
+    victim, precious = tmp_path / "victim.txt", tmp_path / "precious"
+    victim.write_text("keep me")
+    precious.mkdir()
+    (precious / "weights.bin").write_text("keep me too")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in (LOCK_FILE, "log.jsonl", "config.yaml"):
+        (run / name).symlink_to(victim)
+    with pytest.raises(ConfigError, match=f"{LOCK_FILE} is a symbolic link; refusing to follow it"):
+        RunDir(run).lock()  # the lock is truncated as it is taken
+    with pytest.raises(ConfigError, match=r"log\.jsonl is a symbolic link"):
+        MetricsLogger(RunDir(run), enabled=True, tensorboard=False)
+    with pytest.raises(ConfigError, match=r"log\.jsonl is a symbolic link"):
+        MetricsLogger(RunDir(run), enabled=True, tensorboard=False, resume_step=10)
+    with pytest.raises(ConfigError, match=r"config\.yaml is a symbolic link"):
+        RunDir(run).prepare(TrainConfig(output_dir=str(run)), resumed=True)
+    (run / f".notes.txt.{os.getpid()}.tmp").symlink_to(victim)  # an atomic write's temporary name
+    write_text_atomically(run / "notes.txt", "new")
+    assert (run / "notes.txt").read_text() == "new" and not (run / "notes.txt").is_symlink()
+    (run / "log.jsonl").unlink()
+    (run / "tb").symlink_to(precious)
+    with pytest.raises(ConfigError, match=r"tb is a symbolic link"):
+        MetricsLogger(RunDir(run), enabled=True, tensorboard=True)
+    (run / "tb").unlink()
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from distrinews.train.curves import save_figure
+
+    (run / f".training_curves.png.{os.getpid()}.tmp.png").symlink_to(victim)
+    save_figure(Figure(), RunDir(run).curves)
+    assert RunDir(run).curves.read_bytes().startswith(b"\x89PNG")
+    (run / "checkpoints").symlink_to(precious)
+    (run / ".tmp-step-40").symlink_to(precious)
+    RunDir(run).prepare(TrainConfig(output_dir=str(run), overwrite_output_dir=True), resumed=False)  # removes the links
+    assert victim.read_text() == "keep me" and (precious / "weights.bin").read_text() == "keep me too"
+    # the planted lock link is left (it is no artifact), the rest is the new run's
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, "config.yaml", "notes.txt"]
+
+
 def test_a_locked_run_directory_refuses_a_second_run_naming_the_holder(tmp_path):
     run = RunDir(tmp_path / "runs" / "a")
     with run.lock():

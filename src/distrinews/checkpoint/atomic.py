@@ -1,24 +1,105 @@
 """Directories (and small text files) published whole: written under a temporary name, fsynced, moved into place
-with ``os.replace``.
+with ``os.replace``; and the file operations of a run or output folder, which never follow a symbolic link.
 
 A kill mid-save leaves the previous directory whole; a save that fails removes its temporary
 directory (a kill leaves it to ``rundir.clean_stale_tmp``).
+
+A folder a run writes may hold links it did not make (planted, or left by someone): writing or
+truncating through one would change the file it points to, and removing a folder through one
+would empty another. So files are opened ``O_NOFOLLOW`` (new ones ``O_EXCL``), folders are made
+with ``mkdir`` and checked with ``lstat``, and removal unlinks a link instead of entering it; where
+a link stands in the way the run is refused in one line (``ConfigError``), naming it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
+
+from ..errors import ConfigError
+
+
+def symlink_refused(path: os.PathLike | str) -> ConfigError:
+    return ConfigError(f"{path} is a symbolic link; refusing to follow it (a run writes only through files it made: remove it)")
+
+
+def open_nofollow(path: os.PathLike | str, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` (one line) and anything but a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise symlink_refused(path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path} is not a regular file; refusing to use it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_new(path: os.PathLike | str, mode: str = "wb", **kwargs: Any) -> IO:
+    """A new, empty file at ``path`` (whatever stood there, a link included, is removed first, not followed)."""
+    remove_entry(Path(path))
+    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    return os.fdopen(fd, mode, **kwargs)
+
+
+def read_text_nofollow(path: Path) -> str | None:
+    """The text of the regular file at ``path``, None if there is none; a link is refused."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def make_dir(path: Path) -> None:
+    """``path`` as a folder of its own (made if missing, its parents too); a link or a file there is refused."""
+    try:
+        path.mkdir(parents=True)
+        return
+    except FileExistsError:
+        pass
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise symlink_refused(path)
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{path} is a file, not a folder")
+
+
+def remove_entry(path: Path) -> None:
+    """Remove what is at ``path``: a folder with its content (``rmtree`` enters no link), a file or a link itself."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _regular_files(directory: Path) -> Iterator[Path]:
+    for p in directory.iterdir():
+        if stat.S_ISREG(os.lstat(p).st_mode):
+            yield p
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or what it held before: a reader never sees half of it."""
+    """``path`` holds ``text`` whole, or what it held before: a reader never sees half of it (a link at ``path``
+    is replaced, not written through)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open_new(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
     os.replace(tmp, path)
 
 
@@ -43,10 +124,12 @@ def removed_on_failure(tmp: Path | None) -> Iterator[None]:
 
 
 def _fsync_tree(directory: Path) -> None:
-    for p in directory.iterdir():
-        if p.is_file():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
+    for p in _regular_files(directory):
+        fd = open_nofollow(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _plain_file_modes(directory: Path) -> None:
@@ -57,9 +140,8 @@ def _plain_file_modes(directory: Path) -> None:
     """
     umask = os.umask(0o022)
     os.umask(umask)
-    for p in directory.iterdir():
-        if p.is_file():
-            p.chmod(0o666 & ~umask)
+    for p in _regular_files(directory):
+        p.chmod(0o666 & ~umask)
 
 
 def publish_dir(tmp: Path, final: Path) -> None:

@@ -23,13 +23,13 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import sys
 import time
 from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
+from .atomic import open_nofollow, remove_entry, symlink_refused
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
 RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png")
@@ -122,15 +122,13 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         for directory in (self.path, self.checkpoints):
             clean_stale_tmp(directory)
+        if self.config.is_symlink():  # save_yaml would write through it
+            raise symlink_refused(self.config)
         config.save_yaml(self.config)
 
     def clear(self) -> None:
         for name in RUN_ARTIFACTS:
-            p = self.path / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+            remove_entry(self.path / name)  # a link is removed, never entered
 
 
 class RunLock:
@@ -172,7 +170,7 @@ class RunLock:
     def _lock(self) -> int | None:
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link would be truncated
             except FileNotFoundError:
                 # A run that wrote nothing removed the directory as it ended; make it again.
                 self._make_dir()
@@ -227,7 +225,7 @@ class RunLock:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        here, there = os.fstat(fd), os.stat(path)
+        here, there = os.fstat(fd), os.lstat(path)
     except OSError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
@@ -250,4 +248,5 @@ def clean_stale_tmp(directory: Path) -> None:
     if directory.is_dir():
         for p in directory.iterdir():
             if p.name.startswith((".tmp-", ".old-")):
-                shutil.rmtree(p, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    remove_entry(p)

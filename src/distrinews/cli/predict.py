@@ -13,6 +13,7 @@ import sys
 
 from .. import tracing
 from ..config import ConfigError
+from ..data.fields import TEXT_CHARS
 from ..errors import CheckpointError
 from ..predict.batch.engine import EXIT_REJECTED
 from ..predict.batch.job import ENGINES, PROGRESS_MODES, BatchJob
@@ -50,6 +51,14 @@ def register(subparsers) -> None:
         type=int,
         default=BatchJob.max_batch_tokens,
         help="padded tokens per forward pass (the pass's longest text x its texts); 0: no limit",
+    )
+    batch.add_argument(
+        "--max-row-bytes",
+        type=int,
+        default=BatchJob.max_row_bytes,
+        help="a longer row (JSONL line, CSV record, Parquet row) goes to the rejects file unread "
+        f"(default: {BatchJob.max_row_bytes:,}; "
+        f"texts are cut to their first {TEXT_CHARS:,} characters, the server's limit, before tokenizing)",
     )
     batch.add_argument("--overwrite", action="store_true", help="start again: drop the output, its rejects and its progress")
     batch.add_argument("--strict", action="store_true", help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)")
@@ -125,6 +134,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
+        max_row_bytes=args.max_row_bytes,
         overwrite=args.overwrite,
         strict=args.strict,
         progress=args.progress,

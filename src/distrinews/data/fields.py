@@ -16,6 +16,10 @@ from typing import Any
 from .rows import clean_text
 
 DEFAULT_TEXT_FIELD = "text"
+# The characters of a corpus row's text that are tokenized: the server's limit on a text. The model reads its first
+# max_length tokens (128 by default), which come from far fewer characters, so the cut only spares the tokenizer
+# a long text's tail.
+TEXT_CHARS = 10_000
 AG_NEWS_FIELDS = ("title", "description")
 
 

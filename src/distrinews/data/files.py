@@ -5,11 +5,17 @@ such as ``_SUCCESS`` and subfolders left out) or a glob; ``.gz`` is allowed for 
 format is its suffix: ``.jsonl``, ``.csv``, ``.parquet`` (``.jsonl.gz``, ``.csv.gz``).
 
 :func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad
-content: a line that is not UTF-8 or not a JSON object, a CSV record with the wrong number of
-fields, a truncated gzip stream or an unreadable Parquet row group is a row with ``error`` set
-(``file:line`` and the raw text are kept for the rejects file). Blank lines are not rows. So the
-rows of a file are numbered the same way by every reader, :func:`count_rows` included, and a
-reader can start at row N of a file (``start=N``) without parsing the rows before it.
+content: a line that is not UTF-8 or not a JSON object (nested too deep included), a CSV record
+with the wrong number of fields, a row over ``max_row_bytes``, a truncated gzip stream, a Parquet
+value that is not UTF-8 or an unreadable row group is a row with ``error`` set (``file:line`` and
+the start of the raw text are kept for the rejects file). Blank lines are not rows. So the rows of a
+file are numbered the same way by every reader, :func:`count_rows` included, and a reader can start
+at row N of a file (``start=N``) without parsing the rows before it.
+
+Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer
+one is skipped in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped
+to the end of its quoted field), and a Parquet row group is decoded only when its columns read take
+at most ``max_row_bytes`` a row on average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
 
 Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the
 header is line 1); for Parquet, ``line`` is the row's 1-based position in the file.
@@ -38,6 +44,12 @@ SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".csv": "csv", ".csv.gz": "
 PARQUET_EXTRA = "parquet"
 PARQUET_BATCH = 1024  # rows decoded at a time: memory stays bounded whatever the row group size
 RAW_LIMIT = 10_000  # characters of a bad row kept for the rejects file
+# The largest row read (a JSONL line, a CSV record, a Parquet row's fields read), in bytes. Rows hold more than
+# their text (other fields, JSON escapes up to 6 bytes a character): 1 MiB keeps any row whose text the server's
+# 10,000-character limit allows, with room to spare, and is what one reader holds at most for a row.
+MAX_ROW_BYTES = 1 << 20
+PARQUET_GROUP_BYTES = 1 << 30  # the most a row group's columns read may take uncompressed: the Parquet reader's bound
+_SKIP_CHUNK = 1 << 16  # the rest of an oversized line is read (and dropped) this much at a time
 _STREAM_ERRORS = (EOFError, OSError, zlib.error)  # gzip.BadGzipFile is an OSError
 _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as surrogateescape decodes them
 _BOM = b"\xef\xbb\xbf"
@@ -132,25 +144,26 @@ def _expand(spec: str, what: str) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_rows(shard: Shard, start: int = 0, columns: list[str] | None = None) -> Iterator[RawRow]:
+def read_rows(shard: Shard, start: int = 0, columns: list[str] | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[RawRow]:
     """Rows ``start``, ``start + 1``, ... of ``shard`` (0-based row positions), to the end of the file.
 
     ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
+    ``max_row_bytes``: a longer row is a bad row (its number and line are kept, the rest of it is not read).
     """
     if shard.format == "jsonl":
-        yield from _jsonl_rows(shard.path, start, parse=True)
+        yield from _jsonl_rows(shard.path, start, max_row_bytes, parse=True)
     elif shard.format == "csv":
-        yield from _csv_rows(shard.path, start)
+        yield from _csv_rows(shard.path, start, max_row_bytes)
     else:
-        yield from _parquet_rows(shard.path, start, columns)
+        yield from _parquet_rows(shard.path, start, columns, max_row_bytes)
 
 
-def count_rows(shard: Shard) -> int:
+def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
     if shard.format == "jsonl":
-        return sum(1 for _ in _jsonl_rows(shard.path, 0, parse=False))
+        return sum(1 for _ in _jsonl_rows(shard.path, 0, max_row_bytes, parse=False))
     if shard.format == "csv":
-        return sum(1 for _ in _csv_rows(shard.path, 0))
+        return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
     return _parquet_count(shard.path)
 
 
@@ -171,12 +184,30 @@ def _stream_error(path: Path, exc: BaseException) -> str:
     return f"{kind}: {exc}"
 
 
-def _jsonl_rows(path: Path, start: int, parse: bool) -> Iterator[RawRow]:
+def _too_long(size: int, limit: int) -> str:
+    return f"row of {size:,} bytes, over the limit of {limit:,} (--max-row-bytes)"
+
+
+def _bounded_lines(fh: io.BufferedIOBase, limit: int) -> Iterator[tuple[bytes, int]]:
+    """``(line, size)`` for each physical line; a line over ``limit`` bytes is its first ``limit + 1`` bytes and
+    its whole size, the rest read in small chunks and dropped, so that no more than ``limit`` bytes are ever held."""
+    while line := fh.readline(limit + 1):
+        size = len(line)
+        if size > limit and not line.endswith(b"\n"):
+            while chunk := fh.readline(_SKIP_CHUNK):
+                size += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+        yield line, size
+
+
+def _jsonl_rows(path: Path, start: int, limit: int, parse: bool) -> Iterator[RawRow]:
     row = 0
     line_no = 0
     try:
         with _open_binary(path) as fh:
-            for line_no, line in enumerate(fh, 1):  # line_no is read after the loop on a stream error
+            # line_no is read after the loop on a stream error
+            for line_no, (line, size) in enumerate(_bounded_lines(fh, limit), 1):
                 if line_no == 1 and line.startswith(_BOM):
                     line = line[len(_BOM) :]
                 if not line.strip():
@@ -184,7 +215,13 @@ def _jsonl_rows(path: Path, start: int, parse: bool) -> Iterator[RawRow]:
                 row += 1
                 if row <= start:
                     continue
-                yield _jsonl_row(line_no, line) if parse else RawRow(line_no, None)
+                if not parse:
+                    yield RawRow(line_no, None)
+                elif size > limit:
+                    head = _clip(line[:RAW_LIMIT].decode("utf-8", "replace"))
+                    yield RawRow(line_no, None, _too_long(size, limit), head)
+                else:
+                    yield _jsonl_row(line_no, line)
     except _STREAM_ERRORS as exc:
         row += 1
         if row > start:
@@ -200,56 +237,110 @@ def _jsonl_row(line_no: int, line: bytes) -> RawRow:
         value = json.loads(text)
     except ValueError as exc:
         return RawRow(line_no, None, f"not JSON ({exc})", _clip(text))
+    except RecursionError:
+        return RawRow(line_no, None, "not JSON (nested too deep)", _clip(text))
     if not isinstance(value, dict):
         return RawRow(line_no, None, f"not a JSON object (a {type(value).__name__})", _clip(text))
     return RawRow(line_no, value, raw=text)
 
 
-class _LineRecorder:
-    """The lines a ``csv.reader`` consumes, kept until the record they make is read (its raw text)."""
+class _RecordTooLong(Exception):
+    """Raised through ``csv.reader`` by :class:`_LineRecorder` when a record grows past the limit."""
 
-    def __init__(self, lines: Iterable[str]):
-        self._lines = iter(lines)
+
+def _text_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
+
+
+class _LineRecorder:
+    """The physical lines a ``csv.reader`` consumes, at most ``limit`` bytes a record: kept until the record they
+    make is read (its raw text), counted (line numbers), and their quotes counted (where a quoted field ends)."""
+
+    def __init__(self, text: io.TextIOBase, limit: int):
+        self._text, self._limit = text, limit
         self.taken: list[str] = []
+        self.size = 0  # bytes of the record so far
+        self.quotes = 0  # quote characters in the record so far: odd inside a quoted field
+        self.lines = 0  # physical lines read
+        self.kept = 0  # characters in taken
 
     def __iter__(self) -> _LineRecorder:
         return self
 
     def __next__(self) -> str:
-        line = next(self._lines)
-        self.taken.append(line)
+        line = self._text.readline(self._limit + 1)
+        if not line:
+            raise StopIteration
+        self.size += len(line) if len(line) > self._limit else _text_bytes(line)
+        self.quotes += line.count('"')
+        if self.size > self._limit:
+            self.taken.append(line[:RAW_LIMIT])
+            self._finish_line(line)
+            raise _RecordTooLong
+        self.lines += 1
+        if self.kept <= RAW_LIMIT:  # the raw text shown of a record is its start: its tail is not kept
+            self.taken.append(line)
+            self.kept += len(line)
         return line
+
+    def _finish_line(self, line: str) -> None:
+        """Read past the end of a line cut at the limit, counting what is dropped."""
+        while not line.endswith(("\n", "\r")):
+            line = self._text.readline(_SKIP_CHUNK)
+            if not line:
+                break
+            self.size += _text_bytes(line)
+            self.quotes += line.count('"')
+        self.lines += 1
+
+    def skip_quoted(self) -> None:
+        """After a record that failed inside a quoted field: drop lines until that field ends, so the record after it
+        is read as a record (without this, the rest of the field would be read as rows)."""
+        while self.quotes % 2:
+            line = self._text.readline(_SKIP_CHUNK)
+            if not line:
+                return
+            self.quotes += line.count('"')
+            self.size += _text_bytes(line)
+            self._finish_line(line)
 
     def pop(self) -> str:
         text = "".join(self.taken)
         self.taken.clear()
+        self.size = self.quotes = self.kept = 0
         return text
 
 
-def _csv_rows(path: Path, start: int) -> Iterator[RawRow]:
+def _csv_rows(path: Path, start: int, limit: int) -> Iterator[RawRow]:
     row = 0
     line_no = 1
     try:
         with _open_binary(path) as binary:
             # surrogateescape: bytes that are not UTF-8 survive decoding, and only the rows holding them are rejected
             text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
-            recorder = _LineRecorder(text)
+            recorder = _LineRecorder(text, limit)
+            # a field may be as long as its record (csv's limit is process-wide: only ever raised)
+            if csv.field_size_limit() < limit:
+                csv.field_size_limit(limit)
             reader = csv.reader(recorder)
             header: list[str] | None = None
             while True:
-                line_no = reader.line_num + 1
+                line_no = recorder.lines + 1
                 try:
                     record = next(reader)
                 except StopIteration:
                     break
-                except csv.Error as exc:
+                except (csv.Error, _RecordTooLong) as exc:
+                    recorder.skip_quoted()
+                    size = recorder.size
                     raw = recorder.pop()
                     if header is None:
                         header = []  # every row is rejected: no field names
                         continue
                     row += 1
                     if row > start:
-                        yield RawRow(line_no, None, f"not valid CSV ({exc})", _clip(_readable(raw)))
+                        why = _too_long(size, limit) if isinstance(exc, _RecordTooLong) else f"not valid CSV ({exc})"
+                        yield RawRow(line_no, None, why, _clip(_readable(raw)))
                     continue
                 raw = recorder.pop()
                 if not record:  # a blank line
@@ -293,7 +384,7 @@ def _parquet_count(path: Path) -> int:
         return 1
 
 
-def _parquet_rows(path: Path, start: int, columns: list[str] | None) -> Iterator[RawRow]:
+def _parquet_rows(path: Path, start: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
     try:
         parquet = _parquet_file(path)
     except Exception as exc:
@@ -306,11 +397,58 @@ def _parquet_rows(path: Path, start: int, columns: list[str] | None) -> Iterator
     for group in range(parquet.metadata.num_row_groups):
         size = parquet.metadata.row_group(group).num_rows
         if first + size > start:
-            yield from _parquet_group(parquet, group, first, size, max(0, start - first), wanted)
+            skip = max(0, start - first)
+            if (why := _oversized_group(parquet, group, wanted, limit)) is not None:
+                yield from (RawRow(first + j + 1, None, why) for j in range(skip, size))
+            else:
+                yield from _parquet_group(parquet, group, first, size, skip, wanted, limit)
         first += size
 
 
-def _parquet_group(parquet, group: int, first: int, size: int, skip: int, columns: list[str] | None) -> Iterator[RawRow]:
+def _oversized_group(parquet, group: int, columns: list[str] | None, limit: int) -> str | None:
+    """Why a row group is not decoded (its columns read, uncompressed, over the limits), else None: from the footer."""
+    meta = parquet.metadata.row_group(group)
+    read = set(columns) if columns is not None else None
+    total = 0
+    for i in range(meta.num_columns):
+        chunk = meta.column(i)
+        if read is None or chunk.path_in_schema.split(".")[0] in read:
+            total += chunk.total_uncompressed_size
+    if total > PARQUET_GROUP_BYTES or total > limit * max(meta.num_rows, 1):
+        return (
+            f"Parquet row group {group} not read: its columns take {total:,} bytes uncompressed "
+            f"for {meta.num_rows:,} rows, "
+            f"over {limit:,} a row (--max-row-bytes) or {PARQUET_GROUP_BYTES:,} a row group"
+        )
+    return None
+
+
+def _fields_bytes(fields: dict[str, Any]) -> int:
+    return sum(_text_bytes(v) if isinstance(v, str) else len(v) if isinstance(v, bytes) else 8 for v in fields.values())
+
+
+def _batch_rows(batch, first_line: int, limit: int) -> list[RawRow]:
+    """A decoded batch as rows; a value that cannot be decoded (not UTF-8) or a row over the limit fails alone."""
+    try:
+        decoded = batch.to_pylist() if batch.num_columns else [{} for _ in range(batch.num_rows)]
+    except Exception:
+        decoded = None
+    rows = []
+    for j in range(batch.num_rows):
+        line = first_line + j
+        try:
+            fields = decoded[j] if decoded is not None else batch.slice(j, 1).to_pylist()[0]
+        except Exception as exc:
+            rows.append(RawRow(line, None, f"unreadable Parquet row ({type(exc).__name__}: {exc})"))
+            continue
+        if (size := _fields_bytes(fields)) > limit:
+            rows.append(RawRow(line, None, _too_long(size, limit)))
+        else:
+            rows.append(RawRow(line, fields))
+    return rows
+
+
+def _parquet_group(parquet, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
     """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
     try:
@@ -319,9 +457,8 @@ def _parquet_group(parquet, group: int, first: int, size: int, skip: int, column
             if i + n <= skip:
                 i += n
                 continue
-            rows = batch.to_pylist() if batch.num_columns else [{} for _ in range(n)]
-            for j in range(max(0, skip - i), n):
-                yield RawRow(first + i + j + 1, rows[j])
+            rows = _batch_rows(batch, first + i + 1, limit)
+            yield from rows[max(0, skip - i) :]
             i += n
     except Exception as exc:
         for j in range(max(i, skip), size):

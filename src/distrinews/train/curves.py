@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.atomic import open_new
 from ..checkpoint.rundir import RunDir
 from .metrics import read_log
 
@@ -187,7 +188,8 @@ def save_figure(fig, output: str | os.PathLike) -> Path:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with open_new(tmp, "wb") as fh:  # a link planted at the temporary name is replaced, not written through
+        fig.savefig(fh, dpi=100, format="png")
     os.replace(tmp, output)
     return output
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.atomic import write_text_atomically
+from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_text_atomically
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
@@ -112,9 +112,12 @@ class MetricsLogger:
         run_dir.path.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:
             truncate_log(run_dir.log, resume_step)
-        self._jsonl = open(run_dir.log, "a", encoding="utf-8")
+        # a link planted as log.jsonl would have the run append to (and a resume truncate) the file it points to
+        self._jsonl = os.fdopen(open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
+
+            make_dir(run_dir.tensorboard)  # a link there would have the event files written wherever it points
 
             purge = None if resume_step is None else resume_step + 1
             self._tb = SummaryWriter(log_dir=str(run_dir.tensorboard), purge_step=purge)
@@ -153,6 +156,8 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def truncate_log(path: Path, last_step: int) -> None:
     """Keep the records up to ``last_step`` (atomically): a checkpoint is the last thing written for its step."""
+    if path.is_symlink():
+        raise symlink_refused(path)
     if not path.is_file():
         return
     kept = [r for r in read_log(path) if r.get("step", 0) <= last_step]

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ...checkpoint.atomic import open_nofollow, remove_entry
 from .job import CheckedJob
 from .outputs import RejectsWriter, open_results
 from .state import JobRecord, StateError, WorkerManifest, fsync_dir
@@ -37,7 +38,7 @@ def in_input_order(path: os.PathLike, committed: int, start: int, end: int) -> I
     heap: list[tuple[int, int, dict[str, Any]]] = []
     expected = start
     read = 0
-    with open(path, "rb") as fh:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
         for seq, line in enumerate(fh):
             read += len(line)
             if read > committed:
@@ -84,7 +85,7 @@ class OutputFiles:
         self.checked = checked
         self.out_tmp, self.rejects_tmp = checked.state.path / "output.tmp", checked.state.path / "rejects.tmp"
         for tmp in (self.out_tmp, self.rejects_tmp):
-            tmp.unlink(missing_ok=True)
+            remove_entry(tmp)
         self.results = open_results(
             self.out_tmp,
             checked.output_format,

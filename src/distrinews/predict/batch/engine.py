@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from ...data.files import count_rows
 from ...errors import ConfigError
 from .assemble import Totals, assemble
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, requested_record, split_rows
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, refuse_finished, requested_record, split_rows
 from .progress import Progress, summary
 from .state import LOCK_FILE, FileLock, JobRecord, StateError
 from .worker import WorkerSettings, load_predictor, run_worker, spawned
@@ -46,12 +46,12 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     checked = check(job)
     state = checked.state
-    state.path.mkdir(parents=True, exist_ok=True)
     lock = FileLock(state.path / LOCK_FILE)
     if not lock.acquire():
         raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
     try:
         try:
+            refuse_finished(checked.output, job.overwrite)
             record = _prepare(checked)
             totals, progress = _compute(checked, record, stderr, predictor)
         except StateError as exc:
@@ -88,7 +88,7 @@ def _prepare(checked: CheckedJob) -> JobRecord:
                 "repeat that command to finish it, or pass --overwrite to start again"
             )
         state.clear()  # nothing was done: nothing is lost
-    counted = [replace(shard, rows=count_rows(source)) for shard, source in zip(request.inputs, checked.shards)]
+    counted = [replace(shard, rows=count_rows(source, job.max_row_bytes)) for shard, source in zip(request.inputs, checked.shards)]
     record = replace(request, inputs=counted)
     record.ranges = split_rows(record.total_rows, job.nproc)
     state.write_job(record)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...data.fields import BadRow, RowFields
+from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import Shard, read_rows
 from ...scores import classification_scores
 from ..passes import plan_passes
@@ -49,7 +49,7 @@ def _labelled(shards: list[Shard], fields: RowFields, labels: list[str], evaluat
             try:
                 if raw.error is not None:
                     raise BadRow(raw.error)
-                yield fields.text(raw.fields), fields.label(raw.fields, labels)
+                yield fields.text(raw.fields)[:TEXT_CHARS], fields.label(raw.fields, labels)
             except BadRow as exc:
                 evaluation.skipped += 1
                 if len(evaluation.skipped_examples) < SKIPPED_EXAMPLES:

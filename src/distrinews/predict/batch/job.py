@@ -2,7 +2,8 @@
 
 ``check`` turns a ``BatchJob`` into a ``CheckedJob`` or raises a one-line ``ConfigError`` (exit 2): a
 missing input or checkpoint, an unknown input or output format, an output that is already complete
-(without ``--overwrite``), an output that would be read back as input. Nothing is written.
+(without ``--overwrite``; checked again under the progress folder's lock, ``refuse_finished``), an output
+that would be read back as input. Nothing is written.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
-from ...data.files import SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
+from ...data.files import MAX_ROW_BYTES, SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
 from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
@@ -37,6 +38,7 @@ class BatchJob:
     runtime: str = DEFAULT_RUNTIME
     batch_size: int = 64  # texts per forward pass
     max_batch_tokens: int = 4096  # padded tokens per forward pass (longest text x texts); 0: no limit
+    max_row_bytes: int = MAX_ROW_BYTES  # a longer row (JSONL line, CSV record, Parquet row) is rejected unread
     overwrite: bool = False
     strict: bool = False
     progress: str = "auto"  # auto: a bar on a terminal, else a line every PROGRESS_EVERY_S; or bar | lines | none
@@ -69,7 +71,12 @@ def check(job: BatchJob) -> CheckedJob:
     """Every check that needs no model, in the order a user fixes them; raises one-line ``ConfigError``s."""
     from ...distributed.machine import threads_per_process
 
-    for name, value, least in (("nproc", job.nproc, 1), ("batch-size", job.batch_size, 1), ("max-batch-tokens", job.max_batch_tokens, 0)):
+    for name, value, least in (
+        ("nproc", job.nproc, 1),
+        ("batch-size", job.batch_size, 1),
+        ("max-batch-tokens", job.max_batch_tokens, 0),
+        ("max-row-bytes", job.max_row_bytes, 1),
+    ):
         if value < least:
             raise ConfigError(f"predict: --{name} must be >= {least}, got {value}")
     if job.threads is not None and job.threads < 1:
@@ -96,8 +103,7 @@ def check(job: BatchJob) -> CheckedJob:
     _refuse_output_among_inputs(output, shards, job.inputs)
     if output.is_dir():
         raise ConfigError(f"predict: --output {output} is a folder; name the file to write")
-    if output.exists() and not job.overwrite:
-        raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
+    refuse_finished(output, job.overwrite)
     if job.runtime == "torch-bf16":
         from ..runtimes import bf16_refusal
 
@@ -116,6 +122,13 @@ def check(job: BatchJob) -> CheckedJob:
         fields=RowFields(job.text_field, job.id_field),
         threads=job.threads or threads_per_process(job.nproc),
     )
+
+
+def refuse_finished(output: Path, overwrite: bool) -> None:
+    """A finished output is not computed again without ``--overwrite``: checked before the lock (to fail before any
+    file is made) and again once it is held (a run that finished meanwhile published it under that lock)."""
+    if output.exists() and not overwrite:
+        raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
 
 
 def _torch_device() -> str:
@@ -143,17 +156,28 @@ def requested_record(checked: CheckedJob) -> JobRecord:
         runtime=checked.job.runtime,
         text_field=checked.job.text_field,
         id_field=checked.job.id_field,
+        max_row_bytes=checked.job.max_row_bytes,
     )
 
 
-def input_records(checked: CheckedJob, count: bool = False) -> list[ShardRecord]:
-    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included)."""
+def input_records(checked: CheckedJob, count: bool = False, hashed: bool = True) -> list[ShardRecord]:
+    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included);
+    ``hashed``: with the SHA-256 of its bytes (one read of each file: what a resumed job checks its input by)."""
     inputs = []
     for shard in checked.shards:
-        stat = shard.path.stat()
-        rows = count_rows(shard) if count else -1
-        inputs.append(ShardRecord(str(shard.path), shard.format, stat.st_size, stat.st_mtime_ns, rows))
+        size = shard.path.stat().st_size
+        rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
+        digest = file_sha256(shard.path) if hashed else ""
+        inputs.append(ShardRecord(str(shard.path), shard.format, size, digest, rows))
     return inputs
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:

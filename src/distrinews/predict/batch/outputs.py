@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...checkpoint.atomic import open_new
+
 PARQUET_ROWS = 65_536
 
 
@@ -35,7 +37,7 @@ class ResultWriter:
         self.labels = list(labels)
         self.probabilities = probabilities
         self.rows = 0
-        self._raw = open(path, "wb")
+        self._raw = open_new(path, "wb")
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
 
     def _binary(self) -> io.RawIOBase:
@@ -105,7 +107,8 @@ class ParquetResults(ResultWriter):
         self._schema = pa.schema(list(zip(names, types)))
         self._string_ids = string_ids
         self._columns: list[list[Any]] = [[] for _ in names]
-        self._writer = pq.ParquetWriter(str(path), self._schema)
+        self._file = open_new(path, "wb")
+        self._writer = pq.ParquetWriter(self._file, self._schema)
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         values = [str(row_id) if self._string_ids else row_id, self.labels[label_id], float(probs[label_id])]
@@ -125,11 +128,9 @@ class ParquetResults(ResultWriter):
     def close(self) -> None:
         self._flush()
         self._writer.close()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
 
 
 def columns(labels: Sequence[str], probabilities: bool) -> list[str]:
@@ -156,7 +157,7 @@ class RejectsWriter:
 
     def write(self, reject: dict[str, Any]) -> None:
         if self._fh is None:
-            self._fh = open(self.path, "w", encoding="utf-8", newline="\n")
+            self._fh = open_new(self.path, "w", encoding="utf-8", newline="\n")
         self._fh.write(json.dumps(reject, ensure_ascii=False) + "\n")
         self.rows += 1
 

@@ -50,7 +50,7 @@ from ...errors import CheckpointError, ConfigError, DataError
 from ..passes import plan_passes
 from .assemble import OutputFiles, Totals
 from .engine import EXIT_REJECTED, WorkerFailed
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records, refuse_finished
 from .progress import Progress, summary
 from .state import LOCK_FILE, FileLock, JobRecord, ShardRecord, StateError
 from .worker import WINDOW_BATCHES, load_predictor, result_lines
@@ -80,14 +80,14 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     ray = require_ray()
     checked = check(job)
     state = checked.state
-    state.path.mkdir(parents=True, exist_ok=True)
     lock = FileLock(state.path / LOCK_FILE)
     if not lock.acquire():
         raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
     try:
+        refuse_finished(checked.output, job.overwrite)
         _take_over(checked)
         check_loadable(checked.checkpoint)  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
-        inputs = input_records(checked, count=True)
+        inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
         started = _connect(ray, job.ray_address)
         try:
             totals, progress = _compute(checked, inputs, stderr, ray)
@@ -140,7 +140,7 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
     job = checked.job
-    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field)
+    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes)
     total = record.total_rows
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)

@@ -2,7 +2,7 @@
 
     OUTPUT.partial/
       lock                  flock'ed by the run that owns the folder (one run at a time)
-      job.json              JobRecord: the input files (path, size, mtime, rows), the checkpoint
+      job.json              JobRecord: the input files (path, size, SHA-256, rows), the checkpoint
                             (path, SHA-256 of its files), runtime, fields, each worker's row range
       worker-K/
         lock                flock'ed by worker K
@@ -12,7 +12,9 @@
       output.tmp, rejects.tmp   the final files while they are assembled
 
 Every JSON record is written whole (temporary name, fsync, rename): a kill at any moment leaves
-the previous version or the new one, never half of either.
+the previous version or the new one, never half of either. Nothing in the folder (the folder
+included) is followed when it is a symbolic link: the run is refused in one line
+(``checkpoint.atomic``).
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
+
 STATE_SUFFIX = ".partial"
 REJECTS_SUFFIX = ".rejects.jsonl"
 JOB_FILE = "job.json"
 MANIFEST_FILE = "manifest.json"
 ROWS_FILE = "rows.jsonl"
 LOCK_FILE = "lock"
-JOB_FORMAT = 1
+JOB_FORMAT = 2
 
 
 class StateError(RuntimeError):
@@ -63,7 +67,7 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
     previous content read instead, which for a worker's manifest only means one more pass computed again.
     """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
+    with open_new(tmp, "w") as fh:
         json.dump(payload, fh, separators=(",", ":"))
         fh.flush()
         os.fsync(fh.fileno())
@@ -73,9 +77,12 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
 
 
 class FileLock:
-    """An exclusive ``flock`` on ``path`` (created if missing), held until ``release`` or the process ends.
+    """An exclusive ``flock`` on ``path`` (created if missing, with its folder), held until ``release`` or the process ends.
 
     The kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks.
+    Its holder may remove the folder while it holds the lock (a published job's progress folder goes):
+    a run that opened the file before, and gets the lock once it is let go, sees that the file it locked
+    is no longer the one at ``path`` and locks the one there now, so two runs never both hold "the" lock.
     """
 
     def __init__(self, path: Path):
@@ -83,26 +90,38 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self, wait_s: float = 0.0) -> bool:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_s
         while True:
+            fd = self._open()
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.ftruncate(self._fd, 0)
-                os.write(self._fd, f"{os.getpid()}\n".encode())
-                return True
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    os.close(self._fd)
-                    self._fd = None
                     return False
                 time.sleep(0.05)
+                continue
+            if not _same_file(fd, self.path):  # removed by its previous holder while we waited for it
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            return True
+
+    def _open(self) -> int:
+        while True:
+            make_dir(self.path.parent)
+            try:
+                return open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the folder was removed between the two calls: make it again
+                continue
 
     def holder(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.path.read_text().strip() or "?"
+        with contextlib.suppress(OSError, ValueError):
+            return (read_text_nofollow(self.path) or "").strip() or "?"
         return "?"
 
     def release(self) -> None:
@@ -111,18 +130,27 @@ class FileLock:
             self._fd = None
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 @dataclass(frozen=True)
 class ShardRecord:
-    """One input file as it was when the job started: a changed size or mtime means other input."""
+    """One input file as it was when the job started, known by its content: rows already done were read from
+    exactly these bytes, so a file rewritten since (even to the same size, its mtime kept) is other input."""
 
     path: str
     format: str
     size: int
-    mtime_ns: int
+    sha256: str  # of the file's bytes as stored (compressed for .gz); "" where not computed (the Ray engine's run)
     rows: int = -1  # counted once, when the job starts
 
     def same_file(self, other: ShardRecord) -> bool:
-        return (self.path, self.format, self.size, self.mtime_ns) == (other.path, other.format, other.size, other.mtime_ns)
+        return (self.path, self.format, self.size, self.sha256) == (other.path, other.format, other.size, other.sha256)
 
 
 @dataclass
@@ -135,6 +163,7 @@ class JobRecord:
     runtime: str
     text_field: str
     id_field: str | None
+    max_row_bytes: int
     ranges: list[tuple[int, int]] = field(default_factory=list)  # worker K does rows [start, end)
     format_version: int = JOB_FORMAT
 
@@ -156,12 +185,12 @@ class JobRecord:
             return "other input files"
         for mine, theirs in zip(self.inputs, other.inputs):
             if not mine.same_file(theirs):
-                return f"input {theirs.path} changed since (size or modification time)"
+                return f"input {theirs.path} changed since (its size or SHA-256)"
         if self.checkpoint != other.checkpoint:
             return f"another checkpoint ({self.checkpoint})"
         if self.checkpoint_sha256 != other.checkpoint_sha256:
             return f"checkpoint {self.checkpoint} changed since (its files' SHA-256)"
-        for name in ("runtime", "text_field", "id_field"):
+        for name in ("runtime", "text_field", "id_field", "max_row_bytes"):
             if getattr(self, name) != getattr(other, name):
                 flag = f"--{name.replace('_', '-')}"
                 return f"{flag} {getattr(self, name)}" if getattr(self, name) is not None else f"no {flag}"
@@ -245,10 +274,11 @@ class StateDir:
         return self.worker_dir(k) / MANIFEST_FILE
 
     def read_job(self) -> JobRecord | None:
-        if not self.job_path.is_file():
+        text = read_text_nofollow(self.job_path)
+        if text is None:
             return None
         try:
-            return JobRecord.from_json(json.loads(self.job_path.read_text()))
+            return JobRecord.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
             raise StateError(f"{self.job_path} cannot be read ({exc})") from None
 
@@ -257,10 +287,11 @@ class StateDir:
 
     def read_manifest(self, k: int) -> WorkerManifest | None:
         path = self.manifest_path(k)
-        if not path.is_file():
+        text = read_text_nofollow(path)
+        if text is None:
             return None
         try:
-            return WorkerManifest.from_json(json.loads(path.read_text()))
+            return WorkerManifest.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
             raise StateError(f"{path} cannot be read ({exc})") from None
 
@@ -282,18 +313,20 @@ class StateDir:
         total = 0
         for path in self.path.glob(f"worker-*/{MANIFEST_FILE}"):
             with contextlib.suppress(ValueError, KeyError, TypeError, OSError, StateError):
-                manifest = WorkerManifest.from_json(json.loads(path.read_text()))
+                manifest = WorkerManifest.from_json(json.loads(read_text_nofollow(path) or ""))
                 total += manifest.done
         return total
 
     def clear(self) -> None:
-        """Everything but the lock file (which the caller holds)."""
-        import shutil
-
+        """Everything but the lock file (which the caller holds); a link is removed, never entered."""
         for child in self.path.iterdir():
-            if child.name == LOCK_FILE:
-                continue
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+            if child.name != LOCK_FILE:
+                remove_entry(child)
+
+    def make_worker_dir(self, k: int) -> Path:
+        make_dir(self.worker_dir(k))
+        return self.worker_dir(k)
+
+    def open_rows(self, k: int):
+        """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""
+        return os.fdopen(open_nofollow(self.rows_path(k), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import tracing
-from ...data.fields import BadRow, RowFields
+from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
@@ -98,7 +98,8 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             continue
         path = Path(record.path)
         row = max(offset, lo)
-        for raw in read_rows(Shard(path, record.format), start=row - offset, columns=columns):
+        shard = Shard(path, record.format)
+        for raw in read_rows(shard, start=row - offset, columns=columns, max_row_bytes=job.max_row_bytes):
             if row >= stop:
                 break
             yield row, path, raw
@@ -113,7 +114,7 @@ def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str,
     reason = raw.error
     if reason is None:
         try:
-            return fields.text(raw.fields), fields.id(raw.fields, row), None
+            return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
         except BadRow as exc:
             reason = str(exc)
     return None, None, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
@@ -257,8 +258,7 @@ def run_worker(
 ) -> WorkerManifest:
     """Do worker ``k``'s remaining rows; returns its final manifest. ``ready()`` is called once the model is loaded;
     ``predictor``: one already loaded (else loaded here)."""
-    state.worker_dir(k).mkdir(exist_ok=True)
-    lock = FileLock(state.worker_dir(k) / "lock")
+    lock = FileLock(state.make_worker_dir(k) / "lock")
     if not lock.acquire(wait_s=LOCK_WAIT_S):
         raise ConfigError(f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output")
     try:
@@ -273,10 +273,10 @@ def run_worker(
             raise StateError(f"{state.manifest_path(k)} has labels {manifest.labels}, the model {labels}")
         manifest.labels = labels
         rows_path = state.rows_path(k)
-        size = rows_path.stat().st_size if rows_path.exists() else 0
-        if size < manifest.committed_bytes:
-            raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
-        with open(rows_path, "ab") as log:
+        with state.open_rows(k) as log:
+            size = os.fstat(log.fileno()).st_size
+            if size < manifest.committed_bytes:
+                raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
             log.truncate(manifest.committed_bytes)  # lines written after the last commit: their pass is computed again
             _work(state, job, manifest, settings, predictor, _Committer(state, manifest, log, report))
         return manifest
