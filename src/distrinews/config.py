@@ -13,7 +13,7 @@ import os
 import re
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from .errors import ConfigError
 STRATEGIES = ("ddp", "fsdp", "single")
 DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
+REPORT_TO = ("tensorboard", "none")
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -131,7 +132,8 @@ class TrainConfig:
     resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
     overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
-    report_to_tensorboard: bool = True
+    # where metrics go besides log.jsonl: tensorboard or none; a YAML list or comma-separated
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     save_training_curves: bool = True  # training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)
     # best/model.int8.onnx when the run ends, checked against fp32 on the test split: what `serve` (--runtime auto)
     # serves where the check passes (distrinews.predict.int8). Needs onnxruntime; skipped, with a line, without it.
@@ -166,6 +168,11 @@ class TrainConfig:
         need(1 <= self.validation_split_percentage <= 50, "validation_split_percentage", "must be in 1-50")
         need(self.class_weights in ("none", "balanced"), "class_weights", "must be none or balanced")
         need(self.metric_for_best_model in ("accuracy", "macro_f1"), "metric_for_best_model", "must be accuracy or macro_f1")
+        need(
+            bool(self.report_to) and set(self.report_to) <= set(REPORT_TO) and not ("none" in self.report_to and len(self.report_to) > 1),
+            "report_to",
+            "must list tensorboard, or be none",
+        )
         need(self.max_length >= 8, "max_length", "must be at least 8")
         need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
         need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
@@ -471,6 +478,11 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
             except ValueError:
                 pass
         raise bad()
+    if typing.get_origin(base) is list:  # a YAML list, or comma-separated on the command line
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(v, str) for v in items):
+            return [v.strip() for v in items if v.strip()]
+        raise bad()
     if base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -481,6 +493,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 
 __all__ = [
+    "REPORT_TO",
     "SLICES",
     "STRATEGIES",
     "BatchConfig",

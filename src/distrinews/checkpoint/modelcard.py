@@ -184,6 +184,8 @@ def _cli_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value))
     return str(value)
 
 
@@ -199,12 +201,12 @@ _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train
 
 def training_command(info: ServableInfo) -> str | None:
     """A command that trains the same recipe: every field that differs from the defaults, as an override."""
-    from ..config import TrainConfig
+    from ..config import TrainConfig, field_default
 
     training = info.training_config
     if not training:
         return None
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {f.name: field_default(f.name) for f in dataclasses.fields(TrainConfig)}
     parts = ["distrinews train"]
     world_size = int(info.world_size or 1)
     if world_size > 1:
