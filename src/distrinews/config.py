@@ -25,6 +25,7 @@ STRATEGIES = ("ddp", "fsdp", "single")
 DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
 REPORT_TO = ("tensorboard", "none")
+BEST_MODEL_METRICS = ("accuracy", "macro_f1", "loss")
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -128,7 +129,13 @@ class TrainConfig:
     eval_steps: int = 0  # 0 = evaluate at the end of every epoch only
     save_steps: int = 0  # 0 = save a resumable checkpoint at the end of every epoch only
     save_total_limit: int | None = 2
-    metric_for_best_model: str = "accuracy"  # accuracy | macro_f1: what best/ keeps the best of
+    metric_for_best_model: str = "accuracy"  # accuracy | macro_f1 | loss: what best/ keeps and early stopping watches
+    greater_is_better: bool | None = None  # null: false for loss, true otherwise (Hugging Face's rule)
+    # true: best/ holds the best evaluation's model; false: the last evaluation's (the model the run ended with)
+    load_best_model_at_end: bool = True
+    # > 0: stop once this many evaluations in a row did not improve metric_for_best_model by more than the threshold
+    early_stopping_patience: int = 0
+    early_stopping_threshold: float = 0.0
     resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
     overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
@@ -142,6 +149,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def best_is_greater(self) -> bool:
+        """``greater_is_better``, or where it is null Hugging Face's rule: false for a loss, true otherwise."""
+        return self.greater_is_better if self.greater_is_better is not None else not self.metric_for_best_model.endswith("loss")
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -167,7 +179,9 @@ class TrainConfig:
         need(bool(self.label_column_name.strip()), "label_column_name", "must not be empty")
         need(1 <= self.validation_split_percentage <= 50, "validation_split_percentage", "must be in 1-50")
         need(self.class_weights in ("none", "balanced"), "class_weights", "must be none or balanced")
-        need(self.metric_for_best_model in ("accuracy", "macro_f1"), "metric_for_best_model", "must be accuracy or macro_f1")
+        need(self.metric_for_best_model in BEST_MODEL_METRICS, "metric_for_best_model", f"must be one of {', '.join(BEST_MODEL_METRICS)}")
+        need(self.early_stopping_patience >= 0, "early_stopping_patience", "must be >= 0 (0 = no early stopping)")
+        need(self.early_stopping_threshold >= 0, "early_stopping_threshold", "must be >= 0")
         need(
             bool(self.report_to) and set(self.report_to) <= set(REPORT_TO) and not ("none" in self.report_to and len(self.report_to) > 1),
             "report_to",
@@ -493,6 +507,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 
 __all__ = [
+    "BEST_MODEL_METRICS",
     "REPORT_TO",
     "SLICES",
     "STRATEGIES",

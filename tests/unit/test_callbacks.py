@@ -1,14 +1,20 @@
-"""The callbacks the training loop calls: report_to in the config and the handler's control."""
+"""The callbacks the training loop calls: report_to and the early-stopping fields in the config, the handler's
+control, early stopping's count (and its place in the checkpoint)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
+from distrinews.checkpoint.best import improves
+from distrinews.checkpoint.records import TrainerStateRecord
 from distrinews.config import ConfigError, TrainConfig, load_config
 from distrinews.distributed.process_group import DistEnv
 from distrinews.train.callbacks import CallbackHandler, TrainerCallback, TrainerControl
 from distrinews.train.components import TrainState
+from distrinews.train.early_stopping import EarlyStoppingCallback
 
 ONE = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
@@ -25,6 +31,67 @@ def test_report_to_is_a_yaml_list_or_comma_separated(tmp_path):
             load_config(None, {"report_to": bad})
     with pytest.raises(ConfigError, match="unknown config field 'report_to_tensorboard'"):
         load_config(None, {"report_to_tensorboard": "false"})
+
+
+def test_best_model_and_early_stopping_fields():
+    assert TrainConfig().best_is_greater and not TrainConfig(metric_for_best_model="loss").best_is_greater
+    assert TrainConfig(metric_for_best_model="loss", greater_is_better=True).best_is_greater
+    assert TrainConfig().greater_is_better is None  # the resolved direction is not written back into the config
+    for field, value in (("early_stopping_patience", -1), ("early_stopping_threshold", -0.1), ("metric_for_best_model", "f1")):
+        with pytest.raises(ConfigError, match=f"config field '{field}'"):
+            TrainConfig(**{field: value})
+
+
+def test_improves_in_the_metrics_direction_by_more_than_the_threshold():
+    assert improves(0.5, None, True) and improves(0.5, None, False)
+    assert improves(0.51, 0.5, True) and not improves(0.5, 0.5, True) and not improves(0.49, 0.5, True)
+    assert improves(0.4, 0.5, False) and not improves(0.6, 0.5, False)
+    assert not improves(0.505, 0.5, True, threshold=0.01) and improves(0.52, 0.5, True, threshold=0.01)
+
+
+def evaluations(config: TrainConfig, values: list[float], state: TrainState | None = None) -> tuple[list[int], TrainState, list[str]]:
+    """Feed ``values`` of metric_for_best_model to early stopping as the trainer does (best_metric moves after it)."""
+    said: list[str] = []
+    state = state or TrainState()
+    handler = CallbackHandler([EarlyStoppingCallback(said.append)], config, state, ONE)
+    handler.on_train_begin(None)
+    counters = []
+    for step, value in enumerate(values, start=1):
+        if handler.control.should_training_stop:
+            break
+        state.global_step = step
+        improved = improves(value, state.best_metric, config.best_is_greater)
+        handler.on_evaluate({config.metric_for_best_model: value})
+        if improved:
+            state.best_metric = value
+        counters.append(state.early_stopping_patience_counter)
+    return counters, state, said
+
+
+def test_early_stopping_counts_evaluations_without_improvement_and_stops_at_patience():
+    config = TrainConfig(early_stopping_patience=2, early_stopping_threshold=0.01)
+    counters, state, said = evaluations(config, [0.5, 0.505, 0.6, 0.6, 0.59, 0.9])
+    assert counters == [0, 1, 0, 1, 2] and state.global_step == 5
+    assert len(said) == 1 and said[0].startswith("Early stopping at step 5: accuracy has not improved by more than 0.01 in 2")
+    loss = TrainConfig(early_stopping_patience=1, metric_for_best_model="loss")
+    assert evaluations(loss, [0.9, 0.8, 0.85, 0.1])[0] == [0, 0, 1]
+
+
+def test_the_count_is_in_the_checkpoint_and_a_stopped_run_resumed_stops_at_once(tmp_path):
+    config = TrainConfig(early_stopping_patience=3)
+    _, state, _ = evaluations(config, [0.5, 0.4, 0.4])
+    record = TrainerStateRecord(**state.state_dict())
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(record.to_json()))
+    restored = TrainState()
+    restored.load_state_dict(TrainerStateRecord.from_json(json.loads(path.read_text()), path).__dict__)
+    assert restored.early_stopping_patience_counter == 2 and restored.best_metric == 0.5
+    counters, _, said = evaluations(config, [0.45, 0.9], state=restored)  # one more without improvement: the third
+    assert counters == [3] and said
+    counters, _, said = evaluations(config, [0.9], state=restored)  # resumed from where it stopped: ends at once
+    assert counters == [] and said[0].startswith("Early stopping")
+    path.write_text(json.dumps({"global_step": 1, "epoch": 0, "step_in_epoch": 1}))  # a run from before the count
+    assert TrainerStateRecord.from_json(json.loads(path.read_text()), path).early_stopping_patience_counter == 0
 
 
 def test_the_handler_calls_in_order_and_a_save_clears_should_save():

@@ -159,7 +159,7 @@ class RunningCounts:
 class TrainerStateRecord:
     """``trainer_state.json``: what a resumable checkpoint holds besides tensors, to continue the run exactly.
 
-    The trainer builds it from its ``TrainState`` (the first five fields) and the batch layout;
+    The trainer builds it from its ``TrainState`` and the batch layout;
     ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``, which it knows.
     """
 
@@ -175,6 +175,7 @@ class TrainerStateRecord:
     sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
     label_names: list[str] | None = None  # the model's labels in id order; absent (None) in older runs: AG News's
     best_metric: float | None = None  # the best value of metric_for_best_model so far; absent in older runs
+    early_stopping_patience_counter: int = 0  # evaluations in a row without improvement; absent in older runs
     format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
 
     # Every DistriNews has written these; the rest default as above when an older file lacks them.
@@ -192,6 +193,7 @@ class TrainerStateRecord:
         "sharded": BOOL,
         "label_names": optional(STR_LIST),
         "best_metric": optional(NUMBER),
+        "early_stopping_patience_counter": INT,
     }
 
     def to_json(self) -> dict[str, Any]:

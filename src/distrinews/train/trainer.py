@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..checkpoint.best import BestModel
+from ..checkpoint.best import BestModel, improves
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
@@ -353,11 +353,15 @@ class Trainer:
             )
             self.state.last_eval = metrics
             self.callbacks.on_log("eval", {"epoch": round(self.epoch_float, 4), **metrics})
-            self.callbacks.on_evaluate(metrics)
-            metric = self.config.metric_for_best_model
-            if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
-                self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
-                self.best_eval = metrics
+            c, value = self.config, metrics[self.config.metric_for_best_model]
+            improved = improves(value, self.state.best_metric, c.best_is_greater)
+            self.callbacks.on_evaluate(metrics)  # early stopping compares with the best before this evaluation
+            # load_best_model_at_end false: best/ follows the last evaluation, the model the run ends with
+            if improved or not c.load_best_model_at_end:
+                self.best.keep(self.model, metrics, self.epoch_float, self.state.global_step)
+                self.state.best_accuracy, self.best_eval = metrics["accuracy"], metrics
+            if improved:
+                self.state.best_metric = value
         return metrics
 
     def save(self) -> None:
