@@ -24,7 +24,7 @@ from .errors import ConfigError
 STRATEGIES = ("ddp", "fsdp", "single")
 DDP_COMM_HOOKS = ("auto", "none", "shm", "bf16", "fp16")
 LR_SCHEDULES = ("linear", "cosine", "constant_with_warmup")
-REPORT_TO = ("tensorboard", "none")
+REPORT_TO = ("tensorboard", "mlflow", "none")
 BEST_MODEL_METRICS = ("accuracy", "macro_f1", "loss")
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
@@ -139,7 +139,8 @@ class TrainConfig:
     resume_from_checkpoint: str | None = None  # a checkpoints/step-N directory, or "auto"
     overwrite_output_dir: bool = False  # replace the run already in output_dir (else: refuse, or --resume auto)
     disable_tqdm: bool = False
-    # where metrics go besides log.jsonl: tensorboard or none; a YAML list or comma-separated
+    # where metrics go besides log.jsonl: tensorboard, mlflow (MLFLOW_* environment variables, as Hugging Face reads
+    # them), or none; a YAML list or comma-separated
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     save_training_curves: bool = True  # training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)
     # best/model.int8.onnx when the run ends, checked against fp32 on the test split: what `serve` (--runtime auto)
@@ -185,7 +186,7 @@ class TrainConfig:
         need(
             bool(self.report_to) and set(self.report_to) <= set(REPORT_TO) and not ("none" in self.report_to and len(self.report_to) > 1),
             "report_to",
-            "must list tensorboard, or be none",
+            "must list tensorboard and/or mlflow, or be none",
         )
         need(self.max_length >= 8, "max_length", "must be at least 8")
         need(self.num_train_epochs > 0 or self.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")

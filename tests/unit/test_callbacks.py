@@ -1,15 +1,19 @@
 """The callbacks the training loop calls: report_to and the early-stopping fields in the config, the handler's
-control, early stopping's count (and its place in the checkpoint)."""
+control, early stopping's count (and its place in the checkpoint), and the MLflow callback against a real
+local store, a long parameter and a store that breaks mid-run. What the ranks agree is tested under torchrun
+(tests/integration/test_tracking.py)."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 import torch
 
 from distrinews.checkpoint.best import improves
 from distrinews.checkpoint.records import TrainerStateRecord
+from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import ConfigError, TrainConfig, load_config
 from distrinews.distributed.process_group import DistEnv
 from distrinews.train.callbacks import CallbackHandler, TrainerCallback, TrainerControl
@@ -21,12 +25,12 @@ ONE = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
 def test_report_to_is_a_yaml_list_or_comma_separated(tmp_path):
     preset = tmp_path / "p.yaml"
-    preset.write_text("report_to: [tensorboard]\n")
-    assert load_config(preset).report_to == ["tensorboard"]
-    assert load_config(preset, {"report_to": " tensorboard ,"}).report_to == ["tensorboard"]
+    preset.write_text("report_to: [tensorboard, mlflow]\n")
+    assert load_config(preset).report_to == ["tensorboard", "mlflow"]
+    assert load_config(preset, {"report_to": "mlflow , tensorboard"}).report_to == ["mlflow", "tensorboard"]
     assert load_config(None, {"report_to": "none"}).report_to == ["none"]
     assert TrainConfig().report_to == ["tensorboard"] and TrainConfig().report_to is not TrainConfig().report_to
-    for bad in ("wandb", "none,tensorboard", ""):
+    for bad in ("wandb", "none,mlflow", ""):
         with pytest.raises(ConfigError, match="config field 'report_to'"):
             load_config(None, {"report_to": bad})
     with pytest.raises(ConfigError, match="unknown config field 'report_to_tensorboard'"):
@@ -108,3 +112,77 @@ def test_the_handler_calls_in_order_and_a_save_clears_should_save():
     assert calls == [("eval", 4, {"accuracy": 1.0})] * 2 and handler.control == TrainerControl(should_save=True)
     handler.on_save("checkpoints/step-4")
     assert handler.control == TrainerControl()
+
+
+# ---------------------------------------------------------------------- MLflow
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A local MLflow store of its own (sqlite, MLflow's default kind), and none of the caller's MLFLOW_* settings."""
+    pytest.importorskip("mlflow")
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_NESTED_RUN", "MLFLOW_TAGS", "HF_MLFLOW_LOG_ARTIFACTS"):
+        monkeypatch.delenv(name, raising=False)
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "unit")
+    return db
+
+
+def test_params_are_flattened_and_a_long_one_is_shortened_with_a_marker():
+    from distrinews.train.mlflow_callback import mlflow_params
+
+    config = {"learning_rate": 1e-4, "report_to": ["mlflow", "tensorboard"], "bf16": None, "label_names": "x" * 7000}
+    params, shortened = mlflow_params(config, {0: "World", 1: "Sports"}, 2, limit=6000)
+    assert params["learning_rate"] == "0.0001" and params["report_to"] == "mlflow,tensorboard" and params["bf16"] == "null"
+    assert params["id2label.1"] == "Sports" and params["world_size"] == "2"
+    assert shortened == ["label_names"] and len(params["label_names"]) == 6000
+    assert params["label_names"].endswith("... [shortened from 7000 characters]")
+
+
+def test_mlflow_records_the_run_and_a_store_broken_mid_run_is_one_line(tmp_path, store, monkeypatch):
+    import mlflow
+
+    from distrinews.train.mlflow_callback import MLflowCallback
+
+    monkeypatch.setenv("MLFLOW_TAGS", json.dumps({"team": "news"}))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    config = TrainConfig(output_dir=str(run_dir.path), report_to=["mlflow"], label_names=None)
+    said: list[str] = []
+    callback = MLflowCallback(run_dir, ONE, said.append)
+    state = TrainState()
+    long_names = type("Model", (), {"config": type("C", (), {"id2label": {0: "y" * 7000, 1: "b"}})()})()
+    callback.on_train_begin(config, state, TrainerControl(), resumed_from=None, model=long_names)
+    state.global_step = 3
+    callback.on_log(config, state, TrainerControl(), {"loss": 0.5, "per_class": {"World": {"f1": 0.25}}, "note": "x"}, kind="eval")
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(json.loads(run_dir.mlflow_run.read_text())["run_id"])
+    assert client.get_experiment(run.info.experiment_id).name == "unit" and run.info.run_name == "run"
+    assert run.data.tags["team"] == "news" and run.data.tags["config_hash"] and run.data.tags["model_version"] == "1.0.0"
+    assert run.data.params["id2label.1"] == "b" and run.data.params["id2label.0"].endswith("[shortened from 7000 characters]")
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/per_class/World/f1")] == [(3, 0.25)]
+    assert said[-1] == "MLflow: parameter(s) id2label.0 shortened to 6000 characters (in full in config.yaml)"
+
+    said.clear()
+    with sqlite3.connect(store) as db:  # the store breaks under the running callback
+        db.execute("DROP TABLE metrics")
+        db.execute("DROP TABLE latest_metrics")
+    state.global_step = 4
+    for _ in range(3):
+        callback.on_log(config, state, TrainerControl(), {"loss": 0.4}, kind="train")
+    callback.on_train_end(config, state, TrainerControl(), best_metrics={"accuracy": 0.5})
+    assert len(said) == 1 and said[0].startswith("warning: MLflow tracking stopped (logging metrics: ")
+    assert said[0].endswith("training goes on without it") and "\n" not in said[0]
+
+
+def test_report_to_mlflow_without_mlflow_fails_before_any_worker_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    from distrinews.train.preflight import preflight_train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    config = TrainConfig(output_dir=str(tmp_path / "run"), report_to=["mlflow"])
+    with pytest.raises(ConfigError, match=r"config field 'report_to': mlflow is not installed \(pip install 'distrinews\[mlflow\]'\)"):
+        preflight_train(config, read_data=False)
+    assert not (tmp_path / "run").exists()

@@ -9,7 +9,7 @@
                      (``stopped_by``: the signal; it is resumed later)
 
 Every rank calls every event at the same point of the run. Reporting callbacks (log.jsonl,
-TensorBoard) exist on global rank 0 only; steering ones (early stopping) on every rank.
+TensorBoard, MLflow) exist on global rank 0 only; steering ones (early stopping) on every rank.
 What a callback asks of the loop goes through ``TrainerControl``, and after the events that can
 change it the ranks take rank 0's control (one small broadcast): a decision is rank 0's and
 every rank acts on it at the same step, so none is left waiting in a collective.
@@ -119,6 +119,10 @@ def default_callbacks(args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Cal
         callbacks.append(JsonLogCallback(run_dir))
         if "tensorboard" in args.report_to:
             callbacks.append(TensorBoardCallback(run_dir))
+        if "mlflow" in args.report_to:
+            from .mlflow_callback import MLflowCallback
+
+            callbacks.append(MLflowCallback(run_dir, env, say))
     if args.early_stopping_patience > 0:
         callbacks.append(EarlyStoppingCallback(say))
     return callbacks
