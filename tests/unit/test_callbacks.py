@@ -186,3 +186,40 @@ def test_report_to_mlflow_without_mlflow_fails_before_any_worker_starts(tmp_path
     with pytest.raises(ConfigError, match=r"config field 'report_to': mlflow is not installed \(pip install 'distrinews\[mlflow\]'\)"):
         preflight_train(config, read_data=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_mlflow_environment_means_what_it_means_to_hugging_face(tmp_path, store, monkeypatch):
+    import mlflow
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    from distrinews.train.mlflow_callback import MLflowCallback
+
+    config = TrainConfig(report_to=["mlflow"])
+
+    def report(name: str) -> MLflowCallback:
+        run_dir = RunDir(tmp_path / name)
+        run_dir.path.mkdir()
+        callback = MLflowCallback(run_dir, ONE, print)
+        callback.on_train_begin(config, TrainState(), TrainerControl())
+        callback.on_train_end(config, TrainState(), TrainerControl(), best_metrics=None)
+        assert not callback.stopped
+        return callback
+
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name("unit") or client.get_experiment(client.create_experiment("unit"))
+    given = client.create_run(experiment.experiment_id).info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", given)  # report to that run
+    assert report("given").run_id == given and client.get_run(given).info.status == "FINISHED"
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    mlflow.set_experiment("unit")
+    with mlflow.start_run() as active:  # a run the caller started: reported to, and left open
+        inside = report("inside")
+        assert inside.run_id == active.info.run_id and client.get_run(active.info.run_id).info.status == "RUNNING"
+        monkeypatch.setenv("MLFLOW_NESTED_RUN", "true")  # a child of it
+        child = report("child")
+        assert client.get_run(child.run_id).data.tags[MLFLOW_PARENT_RUN_ID] == active.info.run_id
+    monkeypatch.setenv("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+    run_dir = RunDir(tmp_path / "off")
+    off = MLflowCallback(run_dir, ONE, print)
+    off.on_train_begin(config, TrainState(), TrainerControl())
+    assert off.stopped and off.run_id is None
