@@ -32,7 +32,7 @@ PADDING_ATOL = 1e-3
 # Train arguments most integration tests start from (``from conftest import TINY, QUIET``): the tiny preset,
 # and a run that draws no progress bars and writes no TensorBoard files.
 TINY = ("--config", str(ROOT / "configs" / "tiny.yaml"))
-QUIET = ("--report_to_tensorboard", "false", "--disable_tqdm", "true")
+QUIET = ("--report_to", "none", "--disable_tqdm", "true")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -49,7 +49,7 @@ print(sys.version.split()[0], torch.__version__, transformers.__version__, torch
 t = load_file(".device/model-fp16.safetensors")
 save_file({k: (v.float() if v.dtype == torch.float16 else v) for k, v in t.items()}, os.environ["WIDEN_TO"])
 PY
-COMMON="--config $CONFIG --per_device_train_batch_size 32 --int8_model false --save_training_curves false --disable_tqdm true --report_to_tensorboard false --save_steps 100000 $EXTRA"
+COMMON="--config $CONFIG --per_device_train_batch_size 32 --int8_model false --save_training_curves false --disable_tqdm true --report_to none --save_steps 100000 $EXTRA"
 
 run() {  # NAME TIMEOUT ARGS...: one training run in the background; exit status and wall time into $RUNS/NAME.wall
   local n=$1 t=$2; shift 2

@@ -33,9 +33,13 @@ from .errors import ConfigError
 Strategy = Literal["ddp", "fsdp", "single"]
 DdpCommHook = Literal["auto", "none", "shm", "bf16", "fp16"]
 LrSchedule = Literal["linear", "cosine", "constant_with_warmup"]
+ReportTo = Literal["tensorboard", "mlflow", "none"]
+BestModelMetric = Literal["accuracy", "macro_f1", "loss"]
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
 LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
+REPORT_TO: tuple[str, ...] = typing.get_args(ReportTo)
+BEST_MODEL_METRICS: tuple[str, ...] = typing.get_args(BestModelMetric)
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -89,6 +93,8 @@ class Section(BaseModel):
                 return int(text.replace("_", ""))
         if base is str and isinstance(value, list) and all(isinstance(v, str) for v in value):
             return ",".join(value)  # a YAML list of names
+        if typing.get_origin(base) is list and isinstance(value, str):  # a list, comma-separated on the command line
+            return [item.strip() for item in value.split(",") if item.strip()]
         if (base in (int, float) and isinstance(value, bool)) or (
             base is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
         ):
@@ -297,11 +303,27 @@ class RunConfig(Section):
     eval_steps: int = option(0, "evaluate every N optimizer steps; 0 = at the end of every epoch only", ge=0)
     save_steps: int = option(0, "save a resumable checkpoint every N steps; 0 = at the end of every epoch only", ge=0)
     save_total_limit: int | None = option(2, "resumable checkpoints kept (the oldest are removed); null = all", ge=1)
-    metric_for_best_model: Literal["accuracy", "macro_f1"] = option("accuracy", "what best/ keeps the best of")
+    metric_for_best_model: BestModelMetric = option("accuracy", "what best/ keeps the best of and early stopping watches")
+    greater_is_better: bool | None = option(None, "whether a larger metric_for_best_model is better; null: false for loss, true otherwise")
+    load_best_model_at_end: bool = option(
+        True, "true: best/ holds the best evaluation's model; false: the last evaluation's (the model the run ended with)"
+    )
+    early_stopping_patience: int = option(
+        0,
+        "> 0: stop once this many evaluations in a row did not improve metric_for_best_model by more than the threshold",
+        ge=0,
+        hints=("patience", "early_stopping"),
+    )
+    early_stopping_threshold: float = option(0.0, "the least improvement that counts for early stopping", ge=0)
     resume_from_checkpoint: str | None = option(None, "a checkpoints/step-N directory, or auto (the newest)", hints=("resume",))
     overwrite_output_dir: bool = option(False, "replace the run already in output_dir (else: refuse, or --resume auto)")
     disable_tqdm: bool = option(False, "no progress bar")
-    report_to_tensorboard: bool = option(True, "TensorBoard event files in the run's tb/ folder")
+    report_to: list[ReportTo] = option(
+        ["tensorboard"],
+        "where metrics go besides log.jsonl: tensorboard (the run's tb/ folder), mlflow (MLFLOW_* environment "
+        "variables, as Hugging Face reads them), or none; a YAML list or comma-separated",
+        hints=("report_to_tensorboard", "tensorboard", "tracking", "logger"),
+    )
     save_training_curves: bool = option(True, "training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)")
     int8_model: bool = option(
         True,
@@ -309,6 +331,20 @@ class RunConfig(Section):
         "(--runtime auto) serves where the check passes. Needs onnxruntime; skipped, with a line, without it",
     )
     model_version: str = option(DEFAULT_MODEL_VERSION, "MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)")
+
+    @field_validator("report_to")
+    @classmethod
+    def _destinations(cls, value: list[str]) -> list[str]:
+        if not value or ("none" in value and len(value) > 1):
+            raise ValueError("must list tensorboard and/or mlflow, or be none")
+        return value
+
+    @property
+    def best_is_greater(self) -> bool:
+        """``greater_is_better``, or where it is null Hugging Face's rule: false for a loss, true otherwise."""
+        if self.greater_is_better is not None:
+            return self.greater_is_better
+        return not self.metric_for_best_model.endswith("loss")
 
     @field_validator("model_version")
     @classmethod
@@ -503,7 +539,8 @@ def _config_error(exc: ValidationError) -> ConfigError:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
         return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
     if kind == "literal_error":
-        allowed = typing.get_args(_base(annotation))
+        base = _base(annotation)
+        allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
         return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
     if kind == "string_too_short":
         return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
@@ -580,8 +617,10 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 
 __all__ = [
+    "BEST_MODEL_METRICS",
     "DDP_COMM_HOOKS",
     "LR_SCHEDULES",
+    "REPORT_TO",
     "SECTIONS",
     "SECTION_OF",
     "STRATEGIES",

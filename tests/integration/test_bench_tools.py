@@ -136,7 +136,7 @@ def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir, monkeypatch):
             "logging_steps": 2,
             "max_length": 32,
             "output_dir": str(tmp_path / "run"),
-            "report_to_tensorboard": False,
+            "report_to": ["none"],
             "disable_tqdm": True,
         },
     )

@@ -164,7 +164,7 @@ def test_training_ends_with_a_checked_int8_model_that_serve_takes_by_default(tmp
 
     root = Path(__file__).resolve().parents[2]
     overrides = {"output_dir": str(tmp_path / "run"), "max_steps": "3", "eval_samples": "200", "int8_model": "true"}
-    overrides.update({"data_dir": str(agnews_dir), "disable_tqdm": "true", "report_to_tensorboard": "false"})
+    overrides.update({"data_dir": str(agnews_dir), "disable_tqdm": "true", "report_to": "none"})
     train(load_config(root / "configs" / "tiny.yaml", overrides))
     best = tmp_path / "run" / "best"
     made = best / INT8_FILE

@@ -33,7 +33,7 @@ def _train(out: Path, bf16: bool, capsys) -> tuple[str, dict, list[dict]]:
         "train_samples": 96,
         "eval_samples": 32,
         "logging_steps": 1,
-        "report_to_tensorboard": False,
+        "report_to": ["none"],
         "disable_tqdm": True,
         "output_dir": str(out),
     }

@@ -24,7 +24,7 @@ def _train(out: Path, capsys, **overrides) -> str:
         "train_samples": 128,
         "eval_samples": 32,
         "per_device_train_batch_size": 8,
-        "report_to_tensorboard": False,
+        "report_to": ["none"],
         "disable_tqdm": True,
         "output_dir": str(out),
         **overrides,

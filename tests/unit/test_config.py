@@ -99,6 +99,8 @@ def test_each_field_is_declared_once_in_one_section():
 
 
 def _as_text(value):
+    if isinstance(value, list):
+        return ",".join(value)
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 

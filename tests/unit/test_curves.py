@@ -10,10 +10,26 @@ from distrinews.checkpoint.rundir import RunDir
 from distrinews.cli import main
 from distrinews.config import TrainConfig
 from distrinews.train import curves
+from distrinews.train.components import TrainState
 from distrinews.train.curves import RunLog, draw, results_table, write_training_curves
-from distrinews.train.metrics import MetricsLogger
+from distrinews.train.metrics import JsonLogCallback
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class TrainerLog:
+    """log.jsonl written as the trainer writes it (its callback), a record at a time."""
+
+    def __init__(self, run_dir: RunDir):
+        self.callback, self.state = JsonLogCallback(run_dir), TrainState()
+        self.callback.on_train_begin(None, self.state, None)
+
+    def log(self, kind: str, step: int, values: dict) -> None:
+        self.state.global_step = step
+        self.callback.on_log(None, self.state, None, values, kind=kind)
+
+    def close(self) -> None:
+        self.callback.on_train_end(None, self.state, None)
 
 
 def fake_run(path, accuracies=(0.60, 0.80, 0.75), total_time=125.0, model="minilm"):
@@ -21,7 +37,7 @@ def fake_run(path, accuracies=(0.60, 0.80, 0.75), total_time=125.0, model="minil
     rd = RunDir(path)
     rd.path.mkdir(parents=True)
     TrainConfig(model_name_or_path=model, output_dir=str(path)).save_yaml(rd.config)
-    log = MetricsLogger(rd, enabled=True, tensorboard=False)
+    log = TrainerLog(rd)
     step = 0
     for epoch, accuracy in enumerate(accuracies):
         for _ in range(2):

@@ -22,7 +22,7 @@ from distrinews.train.distillation import Distillation, TeacherCacheError, cache
 from distrinews.train.trainer import Trainer, train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SMALL = {"train_samples": 64, "eval_samples": 32, "max_length": 32, "report_to_tensorboard": False, "disable_tqdm": True}
+SMALL = {"train_samples": 64, "eval_samples": 32, "max_length": 32, "report_to": "none", "disable_tqdm": True}
 
 
 def _config(tmp: Path, **fields):

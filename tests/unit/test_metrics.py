@@ -3,7 +3,12 @@ import math
 import pytest
 import torch
 
-from distrinews.train.metrics import MetricsLogger, classification_metrics, confusion_matrix, read_log
+from distrinews.checkpoint.rundir import RunDir
+from distrinews.config import TrainConfig
+from distrinews.distributed.process_group import DistEnv
+from distrinews.train.callbacks import CallbackHandler, default_callbacks
+from distrinews.train.components import TrainState
+from distrinews.train.metrics import classification_metrics, confusion_matrix, read_log
 
 
 def test_confusion_matrix_counts_true_by_predicted():
@@ -46,25 +51,46 @@ def test_scores_agree_with_scikit_learn_for_any_number_of_classes():  # macro-F1
             assert math.isclose(got["f1"], f[i], abs_tol=1e-12) and got["support"] == support[i]
 
 
-def test_logger_writes_jsonl_only_when_enabled(tmp_path):
-    MetricsLogger(tmp_path / "off", enabled=False).log("train", 1, {"loss": 1.0})
+def _sinks(path, report_to, rank=0, resumed_from=None):
+    """The rank's callbacks of a run in ``path`` (one process, or rank ``rank`` of two), opened."""
+    config = TrainConfig(output_dir=str(path), report_to=report_to)
+    env = DistEnv(rank, rank, 1 if rank == 0 else 2, 2, torch.device("cpu"), None if rank == 0 else "gloo")
+    state = TrainState(global_step=10 if resumed_from else 0)
+    handler = CallbackHandler(default_callbacks(config, env, RunDir(path), print), config, state, env)
+    handler._agree = lambda: None  # no process group here: what is agreed is tested under torchrun
+    handler.on_train_begin(resumed_from)
+    return handler
+
+
+def log_at(handler, kind, step, values):
+    handler.state.global_step = step
+    handler.on_log(kind, values)
+
+
+def test_rank_zero_writes_log_jsonl_and_report_to_sinks_the_others_nothing(tmp_path):
+    other = _sinks(tmp_path / "off", ["tensorboard"], rank=1)
+    assert other.callbacks == []
+    log_at(other, "train", 1, {"loss": 1.0})
     assert not (tmp_path / "off").exists()
-    log = MetricsLogger(tmp_path / "on", enabled=True, tensorboard=True)
-    log.log("eval", 3, {"accuracy": 0.5, "per_class_accuracy": {"World": 1.0}})
-    log.close()
+    handler = _sinks(tmp_path / "on", ["tensorboard"])
+    assert [type(c).__name__ for c in handler.callbacks] == ["JsonLogCallback", "TensorBoardCallback"]
+    log_at(handler, "eval", 3, {"accuracy": 0.5, "per_class_accuracy": {"World": 1.0}})
+    handler.on_train_end(None)
     lines = (tmp_path / "on" / "log.jsonl").read_text().splitlines()
-    assert len(lines) == 1 and '"step": 3' in lines[0]
+    assert len(lines) == 1 and '"step": 3' in lines[0] and '"kind": "eval"' in lines[0]
     assert list((tmp_path / "on" / "tb").glob("events.out.tfevents.*"))
+    quiet = _sinks(tmp_path / "quiet", ["none"])
+    assert [type(c).__name__ for c in quiet.callbacks] == ["JsonLogCallback"]
 
 
 def test_a_resumed_run_drops_what_the_interrupted_run_logged_after_its_checkpoint(tmp_path):
-    log = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    log = _sinks(tmp_path, ["none"])
     for step in (5, 10, 10, 15, 20):
-        log.log("train", step, {"loss": float(step)})
-    log.close()
+        log_at(log, "train", step, {"loss": float(step)})
+    log.on_train_end(None)
     with open(tmp_path / "log.jsonl", "a") as fh:
         fh.write('{"kind": "train", "step": 25, "lo')  # cut short by the kill
-    resumed = MetricsLogger(tmp_path, enabled=True, tensorboard=False, resume_step=10)
-    resumed.log("train", 15, {"loss": 0.0})
-    resumed.close()
+    resumed = _sinks(tmp_path, ["none"], resumed_from="checkpoints/step-10")
+    log_at(resumed, "train", 15, {"loss": 0.0})
+    resumed.on_train_end(None)
     assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "log.jsonl")] == [(5, 5.0), (10, 10.0), (10, 10.0), (15, 0.0)]

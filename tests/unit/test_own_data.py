@@ -171,7 +171,7 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
         ),
         ({"train_file": "a.csv", "validation_split_percentage": 0}, "config field 'validation_split_percentage': must be in \\[1, 50\\]"),
         ({"class_weights": "inverse"}, "config field 'class_weights': must be one of none, balanced"),
-        ({"metric_for_best_model": "f1"}, "config field 'metric_for_best_model': must be one of accuracy, macro_f1"),
+        ({"metric_for_best_model": "f1"}, "config field 'metric_for_best_model': must be one of accuracy, macro_f1, loss"),
     ],
 )
 def test_own_data_settings_are_checked_naming_the_field(fields, message):

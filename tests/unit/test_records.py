@@ -56,7 +56,8 @@ BEFORE_VERSIONS = """{
                 "per_class_accuracy": {"World": 0.0, "Sports": 0.0, "Business": 0.0, "Sci/Tech": 1.0}},
   "running_counts": {"window": [22.17331886291504, 6.0, 16.0, 851.0, 45273.0], "epoch": [0.0, 0.0, 0.0, 0.0, 0.0]},
   "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "world_size": 1, "sharded": false,
-  "label_names": ["World", "Sports", "Business", "Sci/Tech"], "best_metric": 0.25
+  "label_names": ["World", "Sports", "Business", "Sci/Tech"], "best_metric": 0.25,
+  "early_stopping_patience_counter": 0
 }"""
 
 

@@ -55,7 +55,12 @@ def test_overwrite_removes_the_runs_artifacts_and_nothing_else(tmp_path):
 
 def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(tmp_path):
     from distrinews.checkpoint.atomic import write_text_atomically
-    from distrinews.train.metrics import MetricsLogger
+    from types import SimpleNamespace
+
+    from distrinews.train.metrics import JsonLogCallback, TensorBoardCallback
+
+    def begin(callback, resumed_from=None):
+        callback.on_train_begin(None, SimpleNamespace(global_step=10), None, resumed_from=resumed_from)
 
     victim, precious = tmp_path / "victim.txt", tmp_path / "precious"
     victim.write_text("keep me")
@@ -68,9 +73,9 @@ def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(
     with pytest.raises(ConfigError, match=f"{LOCK_FILE} is a symbolic link; refusing to follow it"):
         RunDir(run).lock()  # the lock is truncated as it is taken
     with pytest.raises(ConfigError, match=r"log\.jsonl is a symbolic link"):
-        MetricsLogger(RunDir(run), enabled=True, tensorboard=False)
+        begin(JsonLogCallback(RunDir(run)))
     with pytest.raises(ConfigError, match=r"log\.jsonl is a symbolic link"):
-        MetricsLogger(RunDir(run), enabled=True, tensorboard=False, resume_step=10)
+        begin(JsonLogCallback(RunDir(run)), resumed_from="step-10")
     with pytest.raises(ConfigError, match=r"config\.yaml is a symbolic link"):
         RunDir(run).prepare(TrainConfig(output_dir=str(run)), resumed=True)
     (run / f".notes.txt.{os.getpid()}.tmp").symlink_to(victim)  # an atomic write's temporary name
@@ -79,7 +84,7 @@ def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(
     (run / "log.jsonl").unlink()
     (run / "tb").symlink_to(precious)
     with pytest.raises(ConfigError, match=r"tb is a symbolic link"):
-        MetricsLogger(RunDir(run), enabled=True, tensorboard=True)
+        begin(TensorBoardCallback(RunDir(run)))
     (run / "tb").unlink()
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure

@@ -50,7 +50,7 @@ def test_config_hash_covers_every_field_but_where_and_how_a_run_reports():
         "resume_from_checkpoint",
         "overwrite_output_dir",
         "disable_tqdm",
-        "report_to_tensorboard",
+        "report_to",
         "cache_dir",
         "model_version",
     }

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     overrides = parse_overrides(extra)
     overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
-    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to_tensorboard=False, int8_model=False)
+    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to=["none"], int8_model=False)
     config = load_config(args.config, overrides)
     needed = args.warmup + args.steps + args.profiled_steps
     with distributed_context() as env:

@@ -1,6 +1,6 @@
 """``best/``: the servable model of the best evaluation so far, kept while a run trains.
 
-Every rank calls ``BestModel.offer`` after each exact evaluation: gathering a sharded model's
+Every rank calls ``BestModel.keep`` after an exact evaluation that improves (``improves``): gathering a sharded model's
 weights is a collective, and the ranks agree on a full disk before anyone writes. Rank 0 alone
 writes the folder (``servable.save_servable``, atomically), with LoRA adapters folded in, so
 ``best/`` loads without peft.
@@ -23,10 +23,8 @@ class BestModel:
         self.directory, self.checkpoints, self.env = directory, checkpoints, env
         self.tokenizer, self.training_config = tokenizer, training_config
 
-    def offer(self, model, metrics: dict[str, Any], metric: str, best_so_far: float | None, epoch: float, global_step: int) -> bool:
-        """Keep ``model`` in ``best/`` if ``metrics[metric]`` beats ``best_so_far`` (the run's state holds it); every rank calls this."""
-        if best_so_far is not None and metrics[metric] <= best_so_far:
-            return False
+    def keep(self, model, metrics: dict[str, Any], epoch: float, global_step: int) -> None:
+        """Write ``model`` with the evaluation it was kept for into ``best/``; every rank calls this."""
         weights = model.full_state_dict()  # every rank: a collective under sharded strategies
         target = self.directory
         with saving_together(self.env, target, self.checkpoints, lambda: space_needed(target if target.is_dir() else None, weights)):
@@ -48,4 +46,10 @@ class BestModel:
                         world_size=self.env.world_size,
                     ),
                 )
+
+
+def improves(value: float, best: float | None, greater_is_better: bool, threshold: float = 0.0) -> bool:
+    """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``threshold``, in the metric's direction."""
+    if best is None:
         return True
+    return value - best > threshold if greater_is_better else best - value > threshold

@@ -184,6 +184,8 @@ def _cli_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value))
     return str(value)
 
 

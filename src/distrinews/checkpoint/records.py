@@ -151,7 +151,7 @@ class RunningCounts:
 class TrainerStateRecord:
     """``trainer_state.json``: what a resumable checkpoint holds besides tensors, to continue the run exactly.
 
-    The trainer builds it from its ``TrainState`` (the first five fields) and the batch layout;
+    The trainer builds it from its ``TrainState`` and the batch layout;
     ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``, which it knows.
     """
 
@@ -167,6 +167,7 @@ class TrainerStateRecord:
     sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
     label_names: list[str] = field(default_factory=list)  # the model's labels in id order
     best_metric: float | None = None  # the best value of metric_for_best_model so far; None before an evaluation
+    early_stopping_patience_counter: int = 0  # evaluations in a row without improvement
     format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
 
     # Every key is written (null where unknown); a file without one was not written by this format's writer.
@@ -183,6 +184,7 @@ class TrainerStateRecord:
         "sharded",
         "label_names",
         "best_metric",
+        "early_stopping_patience_counter",
     )
     CHECKS: ClassVar[dict[str, _Check]] = {
         "global_step": INT,
@@ -197,6 +199,7 @@ class TrainerStateRecord:
         "sharded": BOOL,
         "label_names": STR_LIST,
         "best_metric": optional(NUMBER),
+        "early_stopping_patience_counter": INT,
     }
 
     def to_json(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@
       tb/                    TensorBoard event files
       checkpoints/step-N/    resumable checkpoints
       best/                  the servable model with the best test accuracy so far
+      mlflow_run.json        the MLflow run this run reports to (report_to: mlflow), continued on resume
 
 A directory that already holds a run is continued (``--resume auto``) or replaced
 (``--overwrite_output_dir true``), never silently mixed with a new one: a new run's
@@ -32,7 +33,7 @@ from ..config import ConfigError, TrainConfig
 from .atomic import open_nofollow, remove_entry, symlink_refused
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
-RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png")
+RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png", "mlflow_run.json")
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
 # Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
@@ -70,6 +71,10 @@ class RunDir:
     @property
     def confusion(self) -> Path:
         return self.path / "confusion_matrix.png"
+
+    @property
+    def mlflow_run(self) -> Path:
+        return self.path / "mlflow_run.json"
 
     @property
     def lock_file(self) -> Path:

@@ -32,7 +32,8 @@ class TrainState:
     epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
     step_in_epoch: int = 0  # optimizer steps done in ``epoch``
     best_accuracy: float | None = None  # the accuracy of the model in best/
-    best_metric: float | None = None  # the best value of metric_for_best_model so far (what best/ was kept for)
+    best_metric: float | None = None  # the best value of metric_for_best_model so far
+    early_stopping_patience_counter: int = 0  # evaluations in a row without improvement (train/early_stopping.py)
     last_eval: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Training and evaluation metrics, and the run's metric sinks (JSONL, TensorBoard).
+"""Training and evaluation metrics, and the run's metric sinks as callbacks (log.jsonl, TensorBoard).
 
 Ranks add up counts (confusion matrix, loss sums, samples), never averages of averages, so
 metrics are exact for any world size.
@@ -19,6 +19,7 @@ from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
+from .callbacks import TrainerCallback
 
 
 # ---------------------------------------------------------------------- counts while training
@@ -94,50 +95,62 @@ def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names
 
 
 # ---------------------------------------------------------------------- sinks
-class MetricsLogger:
-    """Rank 0's sinks: ``log.jsonl`` (one object per line, flushed) and TensorBoard scalars.
+class JsonLogCallback(TrainerCallback):
+    """``log.jsonl``, the run's own record (rank 0): one object per line, flushed, read by ``distrinews report``.
 
-    Other ranks get a logger with ``enabled=False`` that does nothing, so call sites need no
-    rank checks. ``resume_step``: the run continues a checkpoint of that step, so whatever the
-    interrupted run logged after it is dropped (it is about to be logged again).
+    A run that continues a checkpoint drops whatever the interrupted run logged after it (it is
+    about to be logged again).
     """
 
-    def __init__(self, run_dir: RunDir | str | os.PathLike, enabled: bool, tensorboard: bool = True, resume_step: int | None = None):
-        self.enabled = enabled
-        run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-        self._jsonl = None
-        self._tb = None
-        if not enabled:
-            return
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None:
-            truncate_log(run_dir.log, resume_step)
+    def __init__(self, run_dir: RunDir | str | os.PathLike):
+        self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self._file = None
+
+    def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        if resumed_from is not None:
+            truncate_log(self.run_dir.log, state.global_step)
         # a link planted as log.jsonl would have the run append to (and a resume truncate) the file it points to
-        self._jsonl = os.fdopen(open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self._file = os.fdopen(open_nofollow(self.run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
-            make_dir(run_dir.tensorboard)  # a link there would have the event files written wherever it points
+    def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+        record = {"kind": kind, "step": state.global_step, "time": round(time.time(), 3), **logs}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
 
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(run_dir.tensorboard), purge_step=purge)
+    def on_train_end(self, args, state, control, **kwargs: Any) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
-    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
-        if self._tb is not None:
-            for key, value in _flatten(values).items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
 
-    def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+class TensorBoardCallback(TrainerCallback):
+    """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0); a resumed run purges the steps after its checkpoint."""
+
+    def __init__(self, run_dir: RunDir | str | os.PathLike):
+        self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self._writer = None
+
+    def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        make_dir(self.run_dir.tensorboard)  # a link there would have the event files written wherever it points
+        purge = None if resumed_from is None else state.global_step + 1
+        self._writer = SummaryWriter(log_dir=str(self.run_dir.tensorboard), purge_step=purge)
+
+    def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+        for key, value in scalars(logs).items():
+            self._writer.add_scalar(f"{kind}/{key}", value, state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs: Any) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def scalars(values: dict[str, Any]) -> dict[str, float]:
+    """The numbers among ``values``, nested dicts flattened to ``a/b`` (per-class scores); no bools, lists or text."""
+    return {k: v for k, v in _flatten(values).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ launcher's own.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 
 import torch
@@ -32,6 +33,8 @@ def preflight_train(
     lock file, and removes that (and a directory made for it) when a check fails.
     """
     check_precision_supported(config.precision)
+    if "mlflow" in config.run.report_to and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("config field 'report_to': mlflow is not installed (pip install 'distrinews[mlflow]')")
     if nproc_per_node is not None:
         if torch.cuda.is_available():
             check_one_gpu_per_process(nproc_per_node)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..checkpoint.best import BestModel
+from ..checkpoint.best import BestModel, improves
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
@@ -43,6 +43,7 @@ from ..distributed.process_group import DistEnv, broadcast_object, distributed_c
 from ..distributed.watchdog import Watchdog
 from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
+from .callbacks import CallbackHandler, default_callbacks
 from .components import (
     StepPlan,
     TrainClock,
@@ -61,7 +62,7 @@ from .distillation import Distillation
 from .ema import WeightAverage
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
-from .metrics import Counts, MetricsLogger
+from .metrics import Counts
 from .precision import Precision, check_precision_supported
 from .report import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 
@@ -135,7 +136,9 @@ class Trainer:
         self.window_started = 0.0
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
-        self.logger: MetricsLogger | None = None
+        # What observes or steers the run (log.jsonl, report_to's trackers, early stopping): train/callbacks.py
+        self.callbacks = CallbackHandler(default_callbacks(config, env, self.run_dir, self.report.say), config, self.state, env)
+        self.control = self.callbacks.control
         self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
 
     @property
@@ -157,11 +160,11 @@ class Trainer:
         self.clock, self.window_started = TrainClock(), 0.0
         history: list[dict[str, Any]] = []
         for epoch in range(self.state.epoch, self.plan.num_epochs):
-            if self.done or self.stop.agreed():
+            if self.done or self.stop.agreed() or self.control.should_training_stop:
                 break
             epoch_clock = self.clock.elapsed()
             self.train_epoch(epoch)
-            if self.stop.stopped and not (self.epoch_complete or self.done):
+            if (self.stop.stopped or self.control.should_training_stop) and not (self.epoch_complete or self.done):
                 self.save()  # stopped mid-epoch: a checkpoint of this step (unless one was just written)
                 break
             history.append(self.end_epoch(epoch, self.clock.elapsed() - epoch_clock))
@@ -179,7 +182,7 @@ class Trainer:
             if self.epoch_complete or self.done:
                 return  # the epoch's end evaluates and saves this step
             self.evaluate_and_save_if_due()
-            if self.stop.agreed():
+            if self.stop.agreed() or self.control.should_training_stop:
                 return
 
     def train_step(self, window: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
@@ -290,12 +293,7 @@ class Trainer:
     def open_logs(self, resumed_from: str | None) -> None:
         if self.env.is_main:
             self.run_dir.prepare(self.config, resumed=resumed_from is not None)
-        self.logger = MetricsLogger(
-            self.run_dir,
-            enabled=self.env.is_main,
-            tensorboard=self.config.run.report_to_tensorboard,
-            resume_step=self.state.global_step if resumed_from else None,
-        )
+        self.callbacks.on_train_begin(resumed_from, model=self.model.raw)
         self.report.open_progress(self.plan.total_steps, self.state.global_step)
 
     def print_banner(self, resumed_from: str | None) -> None:
@@ -332,7 +330,7 @@ class Trainer:
         values.update(throughput(counts, self.clock.elapsed() - self.window_started, self.shape, self.peak.flops, self.env.world_size))
         if grad_norm is not None:
             values["grad_norm"] = float(grad_norm)
-        self.logger.log("train", self.state.global_step, values)
+        self.callbacks.on_log("train", values)
         self.report.show(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
         self.window_started = self.clock.elapsed()
 
@@ -341,7 +339,7 @@ class Trainer:
         with self.clock.pause():
             if c.eval_steps and step % c.eval_steps == 0:
                 self.evaluate()
-            if c.save_steps and step % c.save_steps == 0:
+            if (c.save_steps and step % c.save_steps == 0) or self.control.should_save:
                 self.save()
 
     def evaluate(self) -> dict[str, Any]:
@@ -358,11 +356,16 @@ class Trainer:
                 lockstep=self.model.lockstep,
             )
             self.state.last_eval = metrics
-            self.logger.log("eval", self.state.global_step, {"epoch": round(self.epoch_float, 4), **metrics})
-            metric = self.config.run.metric_for_best_model
-            if self.best.offer(self.model, metrics, metric, self.state.best_metric, self.epoch_float, self.state.global_step):
-                self.state.best_metric, self.state.best_accuracy = metrics[metric], metrics["accuracy"]
-                self.best_eval = metrics
+            self.callbacks.on_log("eval", {"epoch": round(self.epoch_float, 4), **metrics})
+            c, value = self.config.run, metrics[self.config.run.metric_for_best_model]
+            improved = improves(value, self.state.best_metric, c.best_is_greater)
+            self.callbacks.on_evaluate(metrics)  # early stopping compares with the best before this evaluation
+            # load_best_model_at_end false: best/ follows the last evaluation, the model the run ends with
+            if improved or not c.load_best_model_at_end:
+                self.best.keep(self.model, metrics, self.epoch_float, self.state.global_step)
+                self.state.best_accuracy, self.best_eval = metrics["accuracy"], metrics
+            if improved:
+                self.state.best_metric = value
         return metrics
 
     def save(self) -> None:
@@ -390,6 +393,7 @@ class Trainer:
             ),
             self.average,
         )
+        self.callbacks.on_save(self.run_dir.checkpoints / f"step-{self.state.global_step}")
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
         """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
@@ -408,7 +412,7 @@ class Trainer:
                 "peak_memory_mib": peak_memory_mib(self.env),
                 **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
             }
-            self.logger.log("epoch", self.state.global_step, summary)
+            self.callbacks.on_log("epoch", summary)
             self.report.clear_progress()
             self.report.say(*epoch_lines(epoch, self.plan.num_epochs, train_seconds, totals, metrics, summary))
             if self.epoch_complete:
@@ -429,25 +433,23 @@ class Trainer:
             "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
-            self.logger.close()
             saved = self.run_dir.checkpoints / f"step-{self.last_saved_step}" if self.last_saved_step is not None else None
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
+            self.callbacks.on_train_end(None, stopped_by=self.stop.reason)
             return result
         digests = self.model.replica_digests()
         if digests:
             same = len(set(digests)) == 1
             self.report.say(replicas_line(digests))
             result["replicas_identical"] = same
-        self.logger.log(
+        self.callbacks.on_log(
             "summary",
-            self.state.global_step,
             {
                 "total_time_s": total_time,
                 "best_accuracy": self.state.best_accuracy,
                 **({"replicas_identical": result["replicas_identical"]} if digests else {}),
             },
         )
-        self.logger.close()
         best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
         if self.env.is_main and self.config.run.save_training_curves:
@@ -455,6 +457,7 @@ class Trainer:
             write_confusion_matrix(self.run_dir, best, self.report.say)
         if self.env.is_main and self.config.run.int8_model and self.run_dir.best.is_dir():
             self.make_int8_model()
+        self.callbacks.on_train_end(best)
         return result
 
     def make_int8_model(self) -> None:
