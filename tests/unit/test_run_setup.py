@@ -54,9 +54,9 @@ def test_overwrite_removes_the_runs_artifacts_and_nothing_else(tmp_path):
 
 
 def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(tmp_path):
-    from distrinews.checkpoint.atomic import write_text_atomically
     from types import SimpleNamespace
 
+    from distrinews.checkpoint.atomic import write_text_atomically
     from distrinews.train.metrics import JsonLogCallback, TensorBoardCallback
 
     def begin(callback, resumed_from=None):
