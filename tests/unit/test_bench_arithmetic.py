@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from distrinews.bench import ablation, collectives, common, compare, compare_report, scaling
+from distrinews.distributed import bandwidth
 from distrinews.train import flops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,15 +54,15 @@ def test_core_slices_are_disjoint_and_refuse_oversubscription():
 
 # ---------------------------------------------------------------------- collectives
 def test_bus_bandwidth_factors_are_nccl_tests():
-    assert collectives.bus_factor("all_reduce", 2) == pytest.approx(1.0)
-    assert collectives.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert collectives.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
-    assert collectives.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
-    assert collectives.bus_factor("broadcast", 8) == 1.0
-    alg, bus = collectives.bandwidths("all_reduce", 1_000_000, 0.001, 4)
+    assert bandwidth.bus_factor("all_reduce", 2) == pytest.approx(1.0)
+    assert bandwidth.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bandwidth.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bandwidth.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert bandwidth.bus_factor("broadcast", 8) == 1.0
+    alg, bus = bandwidth.bandwidths("all_reduce", 1_000_000, 0.001, 4)
     assert alg == pytest.approx(1e9) and bus == pytest.approx(1.5e9)
     with pytest.raises(ValueError):
-        collectives.bus_factor("gather", 2)
+        bandwidth.bus_factor("gather", 2)
 
 
 def test_message_sizes_cover_1kib_to_256mib():

@@ -1,12 +1,7 @@
 """``distrinews bench collectives``: collective bandwidth the way nccl-tests reports it, and our model's share.
 
-For a message of S bytes taking t seconds (the slowest rank's mean over the timed iterations):
-
-    algbw = S / t
-    busbw = algbw * factor     all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1
-
-(nccl-tests, doc/PERFORMANCE.md). busbw is comparable across world sizes and with the link's
-bandwidth; algbw is what a caller sees. S is the total buffer: all_gather's output (each rank
+For each message size, t is the slowest rank's mean over the timed iterations, and algbw and busbw are
+``distributed.bandwidth``'s (nccl-tests' definitions). S is the total buffer: all_gather's output (each rank
 contributes S/n), reduce_scatter's input (each rank keeps S/n), the whole tensor otherwise.
 
 Then our model: gradient bytes a DDP step all-reduces, the measured all-reduce time of that
@@ -29,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
 from .report import write_report
 
@@ -37,22 +33,6 @@ KIB, MIB = 1024, 1024 * 1024
 
 
 # ---------------------------------------------------------------------- arithmetic
-def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}")
-
-
-def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s."""
-    alg = size_bytes / seconds
-    return alg, alg * bus_factor(op, n)
-
-
 def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
         raise ValueError(f"need 4 <= min ({min_bytes}) <= max ({max_bytes}) and factor >= 2")
