@@ -7,6 +7,9 @@ agree with their own arithmetic.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,18 @@ def test_bench_help_lists_every_tool(cli):
     out = cli("bench", "--help").stdout
     for tool in ("scaling", "collectives", "serving", "batch", "profile"):
         assert tool in out
+
+
+def test_the_commands_that_start_workers_check_the_data_first_in_one_line(tmp_path):
+    """Without --data or $DISTRINEWS_DATA (and no hub), each says so in one line, exit 2, before any worker starts
+    (no worker's traceback, no torchrun report)."""
+    env = {k: v for k, v in os.environ.items() if k != "DISTRINEWS_DATA"} | {"HF_HUB_OFFLINE": "1"}
+    for command in (["scaling", "--nproc", "1,2"], ["collectives", "--nproc", "2", "--model", "tiny-random"]):
+        proc = subprocess.run([sys.executable, "-m", "distrinews", "bench", *command, "--output-dir", str(tmp_path)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr[-3000:]
+        assert proc.stderr.startswith("distrinews: error: no data directory given") and "--data DIR" in proc.stderr
 
 
 def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):

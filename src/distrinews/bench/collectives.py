@@ -162,13 +162,27 @@ def check_op(op: str, env) -> bool:
     raise ValueError(op)
 
 
+def model_config(args: argparse.Namespace, output_dir: str):
+    """The training config whose model and batches the model section times (it writes nothing to ``output_dir``)."""
+    from ..config import TrainConfig
+
+    return TrainConfig(
+        model_name_or_path=args.model,
+        train_samples=args.train_samples,
+        max_length=args.max_length,
+        per_device_train_batch_size=args.batch_size,
+        bf16=args.bf16,
+        data_dir=args.data,
+        output_dir=output_dir,
+    )
+
+
 def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from ..config import TrainConfig
     from ..data.collate import Collator
     from ..data.sampler import TrainSampler
     from ..model import build_model, count_parameters, forward_loss
@@ -177,14 +191,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     from ..train.precision import Precision
     from ..train.trainer import prepare_data
 
-    config = TrainConfig(
-        model_name_or_path=args.model,
-        train_samples=args.train_samples,
-        max_length=args.max_length,
-        per_device_train_batch_size=args.batch_size,
-        bf16=args.bf16,
-        output_dir=tempfile.gettempdir(),
-    )
+    config = model_config(args, tempfile.gettempdir())
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     data = prepare_data(config.data, env)
     model = build_model(config.model_name_or_path, seed=config.seed, labels=data.label_names).to(env.device).train()
@@ -396,6 +403,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.nproc < 2:
         raise ConfigError("bench collectives: --nproc must be at least 2")
     with tempfile.TemporaryDirectory(prefix="distrinews-collectives-") as tmp:
+        if not args.no_model:  # the model section reads a model and training rows: checked as train checks them
+            from ..train.preflight import preflight_train
+
+            preflight_train(model_config(args, tmp), nproc_per_node=args.nproc, lock=False)
         result = os.path.join(tmp, "result.json")
         argv = [
             "bench",
@@ -413,6 +424,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             *args.ops,
             "--model",
             args.model,
+            *(["--data", args.data] if args.data else []),
             "--batch-size",
             str(args.batch_size),
             "--max-length",
@@ -449,6 +461,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), help=f"collectives to time (default: {' '.join(OPS)})")
     p.add_argument("--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)")
     p.add_argument("--no-model", action="store_true", help="skip the model section")
+    p.add_argument("--data", help="AG News directory the model section's batches come from (default: $DISTRINEWS_DATA)")
     p.add_argument("--batch-size", type=int, default=16, help="per-process batch for the compute time")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--train-samples", type=int, default=2000, help="rows to draw the compute batches from")
