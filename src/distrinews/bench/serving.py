@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..distributed.launch import free_port
-from .serving_load import closed_loop, load_texts, process_cpu_seconds
+from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
 from .serving_runtimes import bf16_matmul_gflops, default_runtimes, runtime_accuracy
 from .serving_servers import Server, ours_command, start_server
@@ -123,6 +123,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
     def load(name: str, cmd: list[str], port: int, ready_path: str, label: str, runtime: str, **tags) -> None:
         server = start_server(name, cmd, port, ready_path, logs)
         try:
+            first_request(server.port, full[0])
             servers[name] = {"ready_s": server.ready_s}
             if label == "ours":
                 info = server.info()

@@ -52,6 +52,16 @@ class _Client:
             self.writer = None
 
 
+def first_request(port: int, text: str, timeout: float = 600) -> None:
+    """One untimed ``POST /predict``: what a server pays once (its first forward pass) stays out of every level."""
+    import urllib.request
+
+    body = json.dumps({"text": text}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        answer.read()
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux /proc; its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
