@@ -17,7 +17,8 @@ def main(name: str, description: str, add_arguments: Callable, run: Callable) ->
     """``python -m benchmarks.tools.NAME``: parse, run; a mistake in what was asked is one line and exit 2."""
     from distrinews.cli import USAGE_ERRORS, usage_error
 
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.tools.{name}", description=description)
+    prog = f"python -m benchmarks.tools.{name}"
+    parser = argparse.ArgumentParser(prog=prog, description=description.removeprefix(f"``{prog}``: "))
     add_arguments(parser)
     args, extra = parser.parse_known_args()
     try:

@@ -22,6 +22,7 @@ each baseline runs under torchrun as ``python -m benchmarks.tools.hf_trainer`` /
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -268,6 +269,10 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
+    needs = ["matplotlib"] + (["accelerate"] if "trainer" in a.runs else [])  # the plot; transformers.Trainer
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"compare needs {', '.join(missing)}: pip install -e '.[lab]'")
     a.ours_options = a.ours_options or [""]
     if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
         from distrinews.distributed.machine import bf16_is_fast

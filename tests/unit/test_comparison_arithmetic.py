@@ -228,3 +228,14 @@ def test_the_baseline_scores_tf_idf_on_the_runs_own_split(tmp_path, write_rows, 
     assert report["baseline"]["accuracy"] == 1.0 and report["baseline"]["macro_f1"] == 1.0  # one word gives the label away
     with pytest.raises(ConfigError, match="give --run RUN_DIR, or --config PRESET"):
         baseline.run(argparse.Namespace(run=None, config=None, output_dir="x", name="b"), [])
+
+
+def test_compare_names_the_lab_extra_when_trainer_cannot_run(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    with pytest.raises(ConfigError, match=r"compare needs accelerate: pip install -e '\.\[lab\]'"):
+        compare.run(parser.parse_args(["--runs", "ours,trainer"]), [])
