@@ -422,8 +422,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        """Wait with the benchmarks' poller; a server that exits or never gets ready fails the test with its log."""
-        from distrinews.bench.serving import ServerNotReady, wait_ready
+        """Wait with bench serving's readiness poller; a server that exits or never gets ready fails the test with its log."""
+        from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
         try:
             wait_ready(self.url + "/ready", self.proc, timeout)

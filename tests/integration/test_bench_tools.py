@@ -7,6 +7,9 @@ agree with their own arithmetic.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +26,20 @@ FIXED_PEAK = {"DISTRINEWS_PEAK_TFLOPS": "0.05"}
 
 def test_bench_help_lists_every_tool(cli):
     out = cli("bench", "--help").stdout
-    for tool in ("scaling", "collectives", "serving", "compare"):
+    for tool in ("scaling", "collectives", "serving", "batch", "profile"):
         assert tool in out
+
+
+def test_the_commands_that_start_workers_check_the_data_first_in_one_line(tmp_path):
+    """Without --data or $DISTRINEWS_DATA (and no hub), each says so in one line, exit 2, before any worker starts
+    (no worker's traceback, no torchrun report)."""
+    env = {k: v for k, v in os.environ.items() if k != "DISTRINEWS_DATA"} | {"HF_HUB_OFFLINE": "1"}
+    for command in (["scaling", "--nproc", "1,2"], ["collectives", "--nproc", "2", "--model", "tiny-random"]):
+        proc = subprocess.run([sys.executable, "-m", "distrinews", "bench", *command, "--output-dir", str(tmp_path)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr[-3000:]
+        assert proc.stderr.startswith("distrinews: error: no data directory given") and "--data DIR" in proc.stderr
 
 
 def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
@@ -151,7 +166,7 @@ def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir, monkeypatch):
         assert r["samples_per_s"] > 0 and r["tokens_per_s"] > r["samples_per_s"] and 0 < r["mfu"] < 1
 
 
-def test_serving_against_the_reference_reports_load_cpu_and_ratios(tmp_path, agnews_dir, spread_checkpoint, cli):
+def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, agnews_dir, spread_checkpoint, cli):
     checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--runtimes", "torch", "--texts", "50"]
@@ -159,15 +174,13 @@ def test_serving_against_the_reference_reports_load_cpu_and_ratios(tmp_path, agn
         "--output-dir", str(out))  # fmt: skip
     report = json.loads((out / "serving.json").read_text())
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
-    assert set(rows) == {(s, "torch", t, c) for s in ("reference", "ours") for t, c in (("full", 1), ("full", 2), ("headline", 1))}
+    assert set(rows) == {("ours", "torch", t, c) for t, c in (("full", 1), ("full", 2), ("headline", 1))}
     for r in rows.values():
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["throughput_rps"] == pytest.approx(r["requests"] / r["duration_s"])
         assert 0 < r["server_cpu_cores"] <= 4 and 0 < r["client_cpu_cores"] <= 4  # cores the server and the clients used
-    ratio = next(x for x in report["ratios_vs_reference"] if x["concurrency"] == 2)
-    ours, ref = rows["ours", "torch", "full", 2], rows["reference", "torch", "full", 2]
-    assert ratio["throughput_ratio"] == pytest.approx(ours["throughput_rps"] / ref["throughput_rps"], rel=1e-3)
-    assert "| CPU server | CPU clients |" in (out / "serving.md").read_text()
+    assert report["command"].startswith("distrinews bench serving --checkpoint")
+    assert "| CPU server | CPU clients |" in (out / "serving.md").read_text() and (out / "serving.png").stat().st_size > 1000
 
 
 def test_batch_times_the_engines_against_the_server_loop_and_a_resume(tmp_path, agnews_dir, spread_checkpoint, cli):

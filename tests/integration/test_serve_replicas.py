@@ -392,12 +392,14 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_bench_replicas_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir, cli):
+def test_the_replicas_comparison_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir):
     if why := _nginx_missing():
         pytest.skip(f"nginx is not installed: {why}")
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
-    result = cli("bench", "replicas", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out))
+    args += ["--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out)]
+    result = subprocess.run([sys.executable, "-m", "benchmarks.tools.replicas", *args], capture_output=True, text=True,
+                            cwd=ROOT, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "replicas.json").read_text())
     rows = {(r["config"], r["concurrency"]): r for r in report["rows"]}

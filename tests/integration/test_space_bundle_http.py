@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distrinews.bench.serving import ServerNotReady, wait_ready
+from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 from distrinews.distributed.launch import free_port
 from distrinews.export.space import dockerfile
 from distrinews.export.space.bundle import export_space

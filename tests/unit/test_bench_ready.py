@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from distrinews.bench.serving import ServerNotReady, wait_ready
+from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
 
 class Answers:

@@ -225,21 +225,3 @@ def test_balanced_class_weights_match_scikit_learn_and_the_weighted_loss_splits_
     ce = torch.nn.functional.cross_entropy
     torch_halves = (ce(logits[0::2], labels[0::2], weight=weights) + ce(logits[1::2], labels[1::2], weight=weights)) / 2
     assert not torch.allclose(torch_halves, ce(logits, labels, weight=weights), atol=1e-3)
-
-
-def test_the_baseline_bench_scores_tf_idf_on_the_runs_own_split(tmp_path, write_rows, configs_dir):
-    pytest.importorskip("sklearn")
-    import argparse
-
-    from distrinews.bench import baseline
-
-    words = ["goal", "shares", "chip"]
-    rows = [{"text": f"{words[i % 3]} story {i}", "label": ["sport", "business", "tech"][i % 3]} for i in range(90)]
-    path = write_rows(tmp_path / "news.csv", rows)
-    args = argparse.Namespace(run=None, config=str(configs_dir / "tiny.yaml"), output_dir=str(tmp_path / "out"), name="b")
-    assert baseline.run(args, ["--train_file", str(path), "--validation_split_percentage", "20"]) == 0
-    report = json.loads((tmp_path / "out" / "b.json").read_text())
-    assert report["data"]["eval_rows"] == 18 and report["data"]["labels"] == ["business", "sport", "tech"]
-    assert report["baseline"]["accuracy"] == 1.0 and report["baseline"]["macro_f1"] == 1.0  # one word gives the label away
-    with pytest.raises(ConfigError, match="give --run RUN_DIR, or --config PRESET"):
-        baseline.run(argparse.Namespace(run=None, config=None, output_dir="x", name="b"), [])

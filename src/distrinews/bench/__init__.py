@@ -1,4 +1,4 @@
-"""Benchmarks and their reports: training scaling, collectives, serving (and its stages), fault
-overhead, and comparisons with a plain PyTorch loop and the Hugging Face Trainer. Each tool runs as
-``python -m distrinews.bench.NAME`` (under torchrun where it trains) or ``distrinews bench NAME``.
+"""What a user measures on their own setup: training scaling, collective bandwidth, serving load, batch labelling
+and where a training step's time goes. Each runs as ``distrinews bench NAME``; comparisons with other systems live
+outside the package, in the repository's ``benchmarks/tools``.
 """

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..distributed.launch import free_port
 from ..distributed.machine import describe as machine_description
-from .common import invoked_as
+from .report import invoked_as
 
 POST_BATCH = 64
 
@@ -63,10 +63,11 @@ def write_corpus(path: Path, rows: int, data_dir: str | None) -> Path:
     """``rows`` JSONL rows ``{"id", "text"}``: AG News test and training texts (as the model sees them), cycled."""
     from ..data.rows import DATA_ENV
     from ..data.splits import load_split
+    from ..errors import DataError
 
     data = data_dir or os.environ.get(DATA_ENV)
     if not data:
-        raise SystemExit(f"bench batch: give --data or set {DATA_ENV} (the AG News folder the rows come from)")
+        raise DataError(f"bench batch: give --data or set {DATA_ENV} (the AG News folder the rows come from)")
     texts = list(load_split(data, "test").texts) + list(load_split(data, "train").texts)
     with open(path, "w") as f:
         for i, text in zip(range(rows), itertools.cycle(texts)):
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         from ..config import ConfigError
 
         raise ConfigError(f"bench batch: unexpected arguments: {' '.join(extra)}")
+    for checkpoint in {args.checkpoint, args.rss_checkpoint} - {None}:  # before anything runs, as predict would say it
+        if not Path(checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="distrinews-bench-batch-"))

@@ -1,12 +1,7 @@
 """``distrinews bench collectives``: collective bandwidth the way nccl-tests reports it, and our model's share.
 
-For a message of S bytes taking t seconds (the slowest rank's mean over the timed iterations):
-
-    algbw = S / t
-    busbw = algbw * factor     all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1
-
-(nccl-tests, doc/PERFORMANCE.md). busbw is comparable across world sizes and with the link's
-bandwidth; algbw is what a caller sees. S is the total buffer: all_gather's output (each rank
+For each message size, t is the slowest rank's mean over the timed iterations, and algbw and busbw are
+``distributed.bandwidth``'s (nccl-tests' definitions). S is the total buffer: all_gather's output (each rank
 contributes S/n), reduce_scatter's input (each rank keeps S/n), the whole tensor otherwise.
 
 Then our model: gradient bytes a DDP step all-reduces, the measured all-reduce time of that
@@ -29,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
 from .report import write_report
 
@@ -37,22 +33,6 @@ KIB, MIB = 1024, 1024 * 1024
 
 
 # ---------------------------------------------------------------------- arithmetic
-def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}")
-
-
-def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s."""
-    alg = size_bytes / seconds
-    return alg, alg * bus_factor(op, n)
-
-
 def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
         raise ValueError(f"need 4 <= min ({min_bytes}) <= max ({max_bytes}) and factor >= 2")
@@ -182,13 +162,27 @@ def check_op(op: str, env) -> bool:
     raise ValueError(op)
 
 
+def model_config(args: argparse.Namespace, output_dir: str):
+    """The training config whose model and batches the model section times (it writes nothing to ``output_dir``)."""
+    from ..config import TrainConfig
+
+    return TrainConfig(
+        model_name_or_path=args.model,
+        train_samples=args.train_samples,
+        max_length=args.max_length,
+        per_device_train_batch_size=args.batch_size,
+        bf16=args.bf16,
+        data_dir=args.data,
+        output_dir=output_dir,
+    )
+
+
 def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from ..config import TrainConfig
     from ..data.collate import Collator
     from ..data.sampler import TrainSampler
     from ..model import build_model, count_parameters, forward_loss
@@ -197,14 +191,7 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     from ..train.precision import Precision
     from ..train.trainer import prepare_data
 
-    config = TrainConfig(
-        model_name_or_path=args.model,
-        train_samples=args.train_samples,
-        max_length=args.max_length,
-        per_device_train_batch_size=args.batch_size,
-        bf16=args.bf16,
-        output_dir=tempfile.gettempdir(),
-    )
+    config = model_config(args, tempfile.gettempdir())
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
     model = build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names).to(env.device).train()
@@ -418,6 +405,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.nproc < 2:
         raise ConfigError("bench collectives: --nproc must be at least 2")
     with tempfile.TemporaryDirectory(prefix="distrinews-collectives-") as tmp:
+        if not args.no_model:  # the model section reads a model and training rows: checked as train checks them
+            from ..train.preflight import preflight_train
+
+            preflight_train(model_config(args, tmp), nproc_per_node=args.nproc, lock=False)
         result = os.path.join(tmp, "result.json")
         argv = [
             "bench",
@@ -435,6 +426,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             *args.ops,
             "--model",
             args.model,
+            *(["--data", args.data] if args.data else []),
             "--batch-size",
             str(args.batch_size),
             "--max-length",
@@ -471,6 +463,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), help=f"collectives to time (default: {' '.join(OPS)})")
     p.add_argument("--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)")
     p.add_argument("--no-model", action="store_true", help="skip the model section")
+    p.add_argument("--data", help="AG News directory the model section's batches come from (default: $DISTRINEWS_DATA)")
     p.add_argument("--batch-size", type=int, default=16, help="per-process batch for the compute time")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--train-samples", type=int, default=2000, help="rows to draw the compute batches from")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,3 +29,10 @@ def write_report(
     print(md)
     print(f"wrote {stem}.json, {stem}.md" + {True: f", {stem}.png", False: " (no PNG: matplotlib missing)", None: ""}[plotted])
     return stem
+
+
+def invoked_as(subcommand: str) -> str:
+    """The command line that ran ``distrinews bench SUBCOMMAND``, as a user would type it again (for its report)."""
+    if sys.argv[1:3] == ["bench", subcommand]:
+        return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    return " ".join(shlex.quote(a) for a in sys.argv)

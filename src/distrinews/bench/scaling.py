@@ -149,6 +149,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     if under_torchrun():
         raise ConfigError("bench scaling starts its own workers: run it without --nproc-per-node or torchrun")
+    if args.data:
+        extra = [*extra, "--data_dir", args.data]
     try:
         counts = parse_int_list(args.nproc)
         buckets = [None] if args.bucket_cap_mb in (None, "default") else parse_float_list(args.bucket_cap_mb)
@@ -158,8 +160,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
     from ..config import load_config, parse_overrides
+    from ..train.preflight import preflight_train
 
-    config = load_config(args.config, parse_overrides(extra))  # a bad field fails here, before any worker starts
+    with tempfile.TemporaryDirectory(prefix="distrinews-scaling-preflight-") as tmp:
+        # What train checks before its workers start (the config, the model, every row of the data), checked alike:
+        # a mistake is one line here, not one traceback per point. The workers' runs go to temporary folders.
+        config = load_config(args.config, {"output_dir": tmp, **parse_overrides(extra)})
+        preflight_train(config, nproc_per_node=max(counts), lock=False)
     if args.batch is None:
         args.batch = config.batches.per_device_train_batch_size
     cores = cores_available()
@@ -206,6 +213,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=30, help="timed steps per point")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--config", help="training preset (default: TrainConfig's defaults); --field value overrides follow")
+    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
     p.add_argument(
         "--batch", type=int, default=None, help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)"
     )

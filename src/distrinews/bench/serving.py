@@ -1,26 +1,23 @@
-"""``distrinews bench serving``: closed-loop load against our server and the reference server, same checkpoint, same run.
+"""``distrinews bench serving``: closed-loop load against your own server (``distrinews serve``), per runtime.
 
-The reference server is the reference system's design (``../shared/seeds``): a FastAPI app whose sync endpoint
-tokenizes one text (padded to ``max_length``) and runs one forward pass per request; no batching.
-Ours is ``distrinews serve`` (tokenizer thread, micro-batching bounded by texts and padded tokens,
-dynamic padding), once per runtime in ``--runtimes``. Each server runs alone (one at a time) on the
-same machine as the load generator. Closed loop: C clients each send a request, wait for the
-answer, send the next; a client answered 429 waits the ``Retry-After`` it was given, as a
-well-behaved client does.
+Each runtime in ``--runtimes`` is served by ``distrinews serve`` (tokenizer thread, micro-batching
+bounded by texts and padded tokens, dynamic padding) with the batching options given, alone, on the
+same machine as the load generator. Closed loop: C clients each send a request, wait for the answer,
+send the next; a client answered 429 waits the ``Retry-After`` it was given, as a well-behaved
+client does.
 
-One command makes every table: load (p50/p95/p99, throughput, 429s) at each concurrency, ours
-against the reference (throughput x, p50 x), an overload run with a short queue (how many 429s,
-how fast they come back, p99 of the accepted requests), and with ``--accuracy`` the runtimes
-compared on the test split (accuracy, label agreement with PyTorch fp32) with the default-runtime
-rule applied: the fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32.
+One command makes every table: load (p50/p95/p99, throughput, 429s, the CPU each side used) at each
+concurrency, an overload run with a short queue (how many 429s, how fast they come back, p99 of the
+accepted requests), and with ``--accuracy`` the runtimes compared on the test split (accuracy, label
+agreement with PyTorch fp32) with the default-runtime rule applied: the fastest runtime whose accuracy
+stays within 0.2 points of PyTorch fp32.
 
 Results: ``serving.json`` (every number), ``serving.md`` (the tables), ``serving.png``.
-The reference server also runs here as ``python -m distrinews.bench.serving --reference-server``.
 
-This module is the command; its pieces are ``serving_reference`` (the reference server),
-``serving_load`` (texts, client, closed loop), ``serving_servers`` (processes, readiness),
-``serving_runtimes`` (accuracy, the default rule) and ``serving_report`` (JSON, markdown, PNG).
-Their public names are importable from here too (``wait_ready`` is the HTTP tests' poller).
+This module is the command; its pieces are ``serving_load`` (texts, client, closed loop),
+``serving_servers`` (processes, readiness), ``serving_runtimes`` (accuracy, the default rule) and
+``serving_report`` (JSON, markdown, PNG). ``measure`` takes other servers to load alike first (the
+comparison with the seed-style server in ``benchmarks/tools/serving_reference.py`` does).
 """
 
 from __future__ import annotations
@@ -28,36 +25,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..distributed.launch import free_port
-from .serving_load import closed_loop, load_texts, percentile_ms, process_cpu_seconds
-from .serving_reference import REFERENCE, PredictRequest, naive_app, reference_app, reference_command, serve_reference
+from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
-from .serving_runtimes import ACCURACY_TOLERANCE_POINTS, bf16_matmul_gflops, choose_default, default_runtimes, runtime_accuracy
-from .serving_servers import Server, ServerNotReady, ours_command, start_server, wait_ready
+from .serving_runtimes import bf16_matmul_gflops, default_runtimes, runtime_accuracy
+from .serving_servers import Server, ours_command, start_server
 
-_load_texts = load_texts  # the name bench/serving_stages.py imports (it also runs against older checkouts)
 
-__all__ = [
-    "ACCURACY_TOLERANCE_POINTS",
-    "REFERENCE",
-    "PredictRequest",
-    "ServerNotReady",
-    "add_arguments",
-    "bf16_matmul_gflops",
-    "choose_default",
-    "naive_app",
-    "percentile_ms",
-    "reference_app",
-    "run",
-    "runtime_accuracy",
-    "wait_ready",
-]
+class OtherServer(NamedTuple):
+    """A server loaded like ours, before it: its name in the results, its runtime's name, the command that
+    starts it on a port (``command(checkpoint, port)``) and the path that answers once it is ready."""
+
+    name: str
+    runtime: str
+    command: Callable[[str, int], list[str]]
+    ready_path: str
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,26 +71,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--accuracy", action="store_true", help="also compare the runtimes on the test split and apply the default rule")
     parser.add_argument("--accuracy-rows", type=int, default=None, help="test rows for --accuracy (default: all 7,600)")
-    parser.add_argument("--no-reference", action="store_true", help="skip the reference server")
     parser.add_argument("--output-dir", default="runs/bench", help="where serving.{json,md,png} go")
     parser.add_argument("--name", default="serving", help="file name stem of the results")
     parser.add_argument("--texts", type=int, default=2000, help="distinct test rows the clients cycle through")
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..distributed.machine import bf16_is_fast
-    from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
-
     if extra:
         from ..config import ConfigError
 
         raise ConfigError(f"bench serving: unexpected arguments: {' '.join(extra)}")
+    write(measure(args), args, markdown)
+    return 0
+
+
+def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dict[str, Any]:
+    """Every load level against each of ``others`` and then ours, one server at a time; the report."""
+    from ..config import ConfigError
+    from ..distributed.machine import bf16_is_fast
+    from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
+
     runtimes = [r.strip() for r in args.runtimes.split(",")] if args.runtimes else default_runtimes()
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
-        raise SystemExit(f"bench serving: unknown runtime(s) {', '.join(unknown)}; choose from {', '.join(RUNTIMES)}")
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        raise ConfigError(f"bench serving: unknown runtime(s) {', '.join(unknown)}; choose from {', '.join(RUNTIMES)}")
     logs = Path(tempfile.mkdtemp(prefix="distrinews-bench-serving-"))  # server logs, outside the repo
     print(f"server logs in {logs}", flush=True)
     levels = [int(c) for c in str(args.concurrency).split(",")]
@@ -111,7 +103,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     results: list[dict[str, Any]] = []
     servers: dict[str, dict[str, Any]] = {}
 
-    def measure(server: Server, label: str, runtime: str, text_kind: str, texts: list[str], concurrency: list[int], **tags) -> None:
+    def measure_levels(server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags) -> None:
         for c in concurrency:
             # What each side spends: the server's process and this one (the load generator), in cores, over the level.
             server0, client0, wall0 = process_cpu_seconds(server.proc.pid), time.process_time(), time.monotonic()
@@ -119,60 +111,55 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             wall = time.monotonic() - wall0
             r["server_cpu_cores"] = (process_cpu_seconds(server.proc.pid) - server0) / wall
             r["client_cpu_cores"] = (time.process_time() - client0) / wall
-            r.update(server=label, runtime=runtime, texts=text_kind, **tags)
+            r.update(server=label, runtime=runtime, texts=kind, **tags)
             results.append(r)
             print(
-                f"{label:<9} {runtime:<10} {text_kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
+                f"{label:<9} {runtime:<10} {kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
                 f"p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  errors {r['errors']}  "
                 f"cpu server {r['server_cpu_cores']:.2f} client {r['client_cpu_cores']:.2f}",
                 flush=True,
             )
 
-    ours_cmd = ours_command(checkpoint, args)
-
-    if not args.no_reference:
-        port = free_port()
-        server = start_server("reference", reference_command(checkpoint, port), port, "/health", logs)
+    def load(name: str, cmd: list[str], port: int, ready_path: str, label: str, runtime: str, **tags) -> None:
+        server = start_server(name, cmd, port, ready_path, logs)
         try:
-            servers["reference"] = {"ready_s": server.ready_s}
-            measure(server, "reference", "torch", "full", full, levels)
-            measure(server, "reference", "torch", "headline", headlines, [1])
+            first_request(server.port, full[0])
+            servers[name] = {"ready_s": server.ready_s}
+            if label == "ours":
+                info = server.info()
+                servers[name].update(batching=info.get("batching"), runtime=info.get("runtime"))
+            if tags:
+                measure_levels(server, label, runtime, "full", full, sorted(levels)[-2:], **tags)
+            else:
+                measure_levels(server, label, runtime, "full", full, levels)
+                measure_levels(server, label, runtime, "headline", headlines, [1])
         finally:
             server.stop()
 
+    for other in others:
+        port = free_port()
+        load(other.name, other.command(checkpoint, port), port, other.ready_path, other.name, other.runtime)
+    ours_cmd = ours_command(checkpoint, args)
     for runtime in runtimes:
         port = free_port()
-        server = start_server(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime, "--port", str(port)], port, "/ready", logs)
-        try:
-            info = server.info()
-            servers[f"ours-{runtime}"] = {"ready_s": server.ready_s, "batching": info.get("batching"), "runtime": info.get("runtime")}
-            measure(server, "ours", runtime, "full", full, levels)
-            measure(server, "ours", runtime, "headline", headlines, [1])
-        finally:
-            server.stop()
-
-    overload_levels = sorted(levels)[-2:]
+        load(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime, "--port", str(port)], port, "/ready", "ours", runtime)
     if args.overload_queue and DEFAULT_RUNTIME in runtimes:
         port = free_port()
         cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue), "--port", str(port)]
-        server = start_server("ours-overload", cmd, port, "/ready", logs)
-        try:
-            measure(server, "ours", DEFAULT_RUNTIME, "full", full, overload_levels, max_queue=args.overload_queue)
-        finally:
-            server.stop()
+        load("ours-overload", cmd, port, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
 
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
-    report = build_report(args, results, levels, runtimes, servers, accuracy)
+    report = build_report(args, results, levels, servers, accuracy)
     report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
     report["default_runtime"] = DEFAULT_RUNTIME
+    return report
+
+
+def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:
+    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report) and ``NAME.png`` in ``--output-dir``."""
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{args.name}.md").write_text(markdown(report))
+    (out / f"{args.name}.md").write_text(to_markdown(report))
     plot(report, out / f"{args.name}.png")
     print(f"wrote {out / (args.name + '.json')}, {out / (args.name + '.md')}, {out / (args.name + '.png')}")
-    return 0
-
-
-if __name__ == "__main__":  # the reference server, started by run()
-    if {"--reference-server", "--naive-server"} & set(sys.argv[1:]):
-        raise SystemExit(serve_reference(sys.argv[1:]))
-    raise SystemExit("usage: distrinews bench serving --checkpoint DIR (this module runs directly only as --reference-server)")

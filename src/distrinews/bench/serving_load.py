@@ -52,6 +52,16 @@ class _Client:
             self.writer = None
 
 
+def first_request(port: int, text: str, timeout: float = 600) -> None:
+    """One untimed ``POST /predict``: what a server pays once (its first forward pass) stays out of every level."""
+    import urllib.request
+
+    body = json.dumps({"text": text}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        answer.read()
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux /proc; its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -127,11 +137,13 @@ async def closed_loop(port: int, texts: list[str], concurrency: int, duration: f
 
 def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     """(full texts = title + description as the model sees them, headlines = titles), from the test split."""
+    from ..data.rows import DATA_ENV
     from ..data.splits import load_split
+    from ..errors import DataError
 
-    directory = data_dir or os.environ.get("DISTRINEWS_DATA")
+    directory = data_dir or os.environ.get(DATA_ENV)
     if not directory:
-        raise SystemExit("bench serving needs AG News: --data DIR or DISTRINEWS_DATA")
+        raise DataError(f"the serving benchmarks need AG News for their request texts: --data DIR or {DATA_ENV}")
     full = load_split(directory, "test").texts[:n]
     path = Path(directory) / "test.csv.gz"
     opener = gzip.open if path.is_file() else open

@@ -1,6 +1,6 @@
-"""The results of ``distrinews bench serving``: the report (every measured row, ours against the reference
-server's throughput and p50 at each concurrency, the runtimes' accuracy and the default rule applied) as it goes
-to ``serving.json``, its tables as ``serving.md``, and throughput and latency against concurrency as ``serving.png``.
+"""The results of ``distrinews bench serving``: the report (every measured row, the runtimes' accuracy and the
+default rule applied) as it goes to ``serving.json``, its tables as ``serving.md``, and throughput and latency
+against concurrency as ``serving.png``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
-from .common import invoked_as
-from .serving_load import find_result
-from .serving_reference import REFERENCE
+from .report import invoked_as
 from .serving_runtimes import choose_default
 
 
@@ -22,24 +20,10 @@ def build_report(
     args: argparse.Namespace,
     results: list[dict[str, Any]],
     levels: list[int],
-    runtimes: list[str],
     servers: dict[str, Any],
     accuracy: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Everything ``serving.json`` holds: the command, machine and settings, every row, the ratios, accuracy, the rule."""
-    ratios = []
-    for runtime in runtimes:
-        for c in levels:
-            ours, reference = find_result(results, "ours", runtime, "full", c), find_result(results, "reference", "torch", "full", c)
-            if ours and reference and reference["throughput_rps"] > 0 and ours["requests"] > 0:
-                ratios.append(
-                    {
-                        "runtime": runtime,
-                        "concurrency": c,
-                        "throughput_ratio": ours["throughput_rps"] / reference["throughput_rps"],
-                        "p50_ratio": ours["p50_ms"] / reference["p50_ms"],
-                    }
-                )
+    """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule."""
     busiest = 32 if 32 in levels else max(levels)
     return {
         "command": invoked_as("serving"),
@@ -58,7 +42,6 @@ def build_report(
         },
         "servers": servers,
         "results": results,
-        "ratios_vs_reference": ratios,
         "accuracy": accuracy,
         "default_rule": choose_default(accuracy, results, busiest) if accuracy else None,
     }
@@ -78,7 +61,7 @@ def default_verdict(chosen: str, report: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """``serving.md``: the load, ours-vs-reference, overload and runtime tables."""
+    """``serving.md``: the load, overload and runtime tables."""
     machine = report["machine"]
     batching = next((s["batching"] for s in report["servers"].values() if s.get("batching")), None) or {}
     lines = [
@@ -94,7 +77,6 @@ def markdown(report: dict[str, Any]) -> str:
         f"max_queue {batching.get('max_queue')}.",
         "",
         "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
-        f"Reference = {REFERENCE}.",
         "",
         "## Load",
         "",
@@ -112,16 +94,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} | "
             f"{_fmt(r.get('server_cpu_cores', float('nan')), 2)} | {_fmt(r.get('client_cpu_cores', float('nan')), 2)} |"
         )
-    if report["ratios_vs_reference"]:
-        lines += [
-            "",
-            "## Ours vs the reference server (same texts, same clients)",
-            "",
-            "| runtime | clients | throughput × | p50 × |",
-            "|---|---:|---:|---:|",
-        ]
-        for q in report["ratios_vs_reference"]:
-            lines.append(f"| {q['runtime']} | {q['concurrency']} | {q['throughput_ratio']:.2f} | {q['p50_ratio']:.2f} |")
     overload = [r for r in report["results"] if r.get("max_queue") is not None]
     if overload:
         lines += [
@@ -185,8 +157,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         print("matplotlib not installed: no PNG (pip install 'distrinews[plot]')")
         return
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = [("reference", "torch", "reference server")]
-    series += sorted({("ours", r["runtime"], f"ours, {r['runtime']}") for r in report["results"] if r["server"] == "ours"})
+    named = {(r["server"], r["runtime"], f"{r['server']}, {r['runtime']}") for r in report["results"]}
+    series = sorted(named, key=lambda s: (s[0] == "ours", s))  # the servers ours is compared with first
     for server, runtime, label in series:
         rows = sorted(
             (

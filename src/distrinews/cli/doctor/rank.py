@@ -69,7 +69,7 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
         if world > 1:  # one rank's all-reduce sends nothing: no figure for it
             dist.all_reduce(payload)
             seconds = _slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
-            from ...bench.collectives import bandwidths
+            from ...distributed.bandwidth import bandwidths
 
             alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds, world)
             result["bandwidth"] = {"bytes": payload.numel() * 4, "time_ms": 1000 * seconds, "algbw": alg, "busbw": bus}

@@ -1,4 +1,4 @@
-"""``bench compare``'s ablation: what each of our optimisations gives, one at a time (cumulative) on top of the
+"""``compare``'s ablation: what each of our optimisations gives, one at a time (cumulative) on top of the
 reference loop's settings, each point timed by ``distrinews bench scaling``'s worker (the trainer's own components;
 ``--nproc`` workers, each pinned to its share of the cores)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..distributed.machine import threads_per_process
-from . import scaling
+from distrinews.bench import scaling
+from distrinews.distributed.machine import threads_per_process
+
 from .common import ours_settings, ratio
 
 # The knobs that are off in the reference loop's settings, and on, one by one, in ours.

@@ -1,6 +1,6 @@
 """What the fault handling costs a training step: the per-step stop agreement and the watchdog thread.
 
-Run under torchrun (``torchrun --nproc-per-node 2 -m distrinews.bench.fault_overhead``). Each
+Run under torchrun (``torchrun --nproc-per-node 2 -m benchmarks.tools.fault_overhead``, from the repository root). Each
 rank times ``StopRequest.agreed()`` (a one-element all_reduce, called once per optimizer step)
 over many calls, and the CPU time the ``Watchdog`` thread used while the main thread did a
 fixed amount of matrix work, with the watchdog beating at its fastest interval. Rank 0 prints
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..distributed.preemption import StopRequest
-from ..distributed.process_group import distributed_context
-from ..distributed.watchdog import Watchdog
+from distrinews.distributed.preemption import StopRequest
+from distrinews.distributed.process_group import distributed_context
+from distrinews.distributed.watchdog import Watchdog
 
 
 def _thread_cpu_s(thread: threading.Thread | None) -> float | None:

@@ -1,6 +1,6 @@
 """Where one request's time goes, stage by stage, through our server or the reference server (1 client).
 
-    python -m distrinews.bench.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] [-- SERVE ARGS]
+    python -m benchmarks.tools.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] [-- SERVE ARGS]
 
 The server runs in a subprocess of this script (``serve`` mode below) with timers wrapped around
 the functions each stage calls; one closed-loop client sends ``--requests`` requests one at a
@@ -8,8 +8,8 @@ time (after a warm-up) and times each; at SIGTERM the server writes its timers t
 Stages are means per request (they add up, medians do not); the client's p50 is given too.
 
 The timers find their functions by name and skip any that a version of the code does not have,
-so the same file measures an older checkout too: run it as a script with that checkout's
-``src`` first on ``PYTHONPATH`` (``python path/to/serving_stages.py ...``).
+so the same file measures an older checkout too: run it from this repository's root with that checkout's
+``src`` first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -157,10 +157,10 @@ def _serve(argv: list[str]) -> int:
     _install_reference()
     import uvicorn
 
-    from distrinews.bench.serving import naive_app
+    from benchmarks.tools.serving_reference import reference_app
 
     args = dict(zip(rest[::2], rest[1::2]))
-    app = _AppTimer(naive_app(args["--checkpoint"]))
+    app = _AppTimer(reference_app(args["--checkpoint"]))
     # uvicorn re-raises SIGTERM after its shutdown with the handler it found: make that one harmless.
     signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host="127.0.0.1", port=int(args["--port"]), log_level="warning", access_log=False)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         serve_args = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
-    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.serving_stages")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.serving_stages")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--server", choices=("ours", "reference"), default="ours")
     parser.add_argument("--requests", type=int, default=400)
@@ -250,20 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
 
-    from distrinews.bench.serving import ServerNotReady, _load_texts, wait_ready
+    from distrinews.bench.serving_load import load_texts
+    from distrinews.bench.serving_servers import ServerNotReady, wait_ready
     from distrinews.distributed.launch import free_port
 
-    full, headlines = _load_texts(args.data, args.requests + args.warmup)
+    full, headlines = load_texts(args.data, args.requests + args.warmup)
     texts = full if args.texts == "full" else headlines
     bodies = [json.dumps({"text": t}).encode() for t in texts]
     port = free_port()
     out = Path(tempfile.mkdtemp(prefix="distrinews-stages-")) / "times.json"
     if args.server == "ours":
-        cmd = [sys.executable, os.path.abspath(__file__), "--serve", "ours", str(out), "--checkpoint", args.checkpoint]
+        cmd = [sys.executable, "-m", "benchmarks.tools.serving_stages", "--serve", "ours", str(out), "--checkpoint", args.checkpoint]
         cmd += ["--host", "127.0.0.1", "--port", str(port), *serve_args]  # the default command: access log and all
         ready = "/ready"
     else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--serve", "reference", str(out), "--checkpoint", args.checkpoint]
+        cmd = [sys.executable, "-m", "benchmarks.tools.serving_stages", "--serve", "reference", str(out), "--checkpoint", args.checkpoint]
         cmd += ["--port", str(port)]
         ready = "/health"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

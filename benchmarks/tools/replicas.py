@@ -1,4 +1,4 @@
-"""``distrinews bench replicas``: one server with all the cores, or several with a share each, behind nginx.
+"""``python -m benchmarks.tools.replicas``: one server with all the cores, or several with a share each, behind nginx.
 
 In one run, on the default runtime (or ``--runtime``), closed-loop load (``serving_load.closed_loop``) at each
 ``--concurrency`` against:
@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..distributed.launch import free_port
-from .serving_load import closed_loop, load_texts
+from distrinews.bench.serving_load import closed_loop, load_texts
+from distrinews.distributed.launch import free_port
+
+from .common import invoked_as, main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +96,7 @@ def _measure(port: int, texts: list[str], levels: list[int], a: argparse.Namespa
 
 
 def run(a: argparse.Namespace, extra: list[str]) -> int:
-    from ..distributed.machine import cores_available, cpu_model
+    from distrinews.distributed.machine import cores_available, cpu_model
 
     levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
     total = a.threads or len(cores_available())
@@ -119,7 +121,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     direct, proxied = by.get((f"1x{total} direct", 1)), by.get((f"1x{total} nginx", 1))
     overhead = proxied["p50_ms"] - direct["p50_ms"] if direct and proxied else None
     report = {
-        "command": "distrinews bench replicas " + " ".join(sys.argv[3:]),
+        "command": invoked_as("replicas"),
         "machine": {"cpu": cpu_model(), "cores_available": len(cores_available())},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": rows,
@@ -141,3 +143,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     (out / "replicas.md").write_text(f"`{report['command']}` on {report['machine']['cpu']}, {report['date']}\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {out / 'replicas.json'} and {out / 'replicas.md'}")
     return 0
+
+
+if __name__ == "__main__":
+    main("replicas", __doc__.splitlines()[0], add_arguments, run)

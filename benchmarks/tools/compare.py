@@ -8,23 +8,22 @@ Each is then scored by the same exact evaluator on the test split.
     samples/s (steady)  = (last step - step W) x global batch / (time at last step - time at step W)
     samples/s (loop)    = steps x global batch / time from the loop's start to its last step
 
-Then the ablation (``bench/ablation.py``): what each of our optimisations gives, one at a time on top of the
-reference loop's settings. The tables and the plot: ``bench/compare_report.py``.
+Then the ablation (``ablation.py``): what each of our optimisations gives, one at a time on top of the
+reference loop's settings. The tables and the plot: ``compare_report.py``. From the repository's root:
 
-    distrinews bench compare --output-dir benchmarks            # compare + ablation
-    distrinews bench compare --what compare --train-samples 3200
+    python -m benchmarks.tools.compare --output-dir benchmarks            # compare + ablation
+    python -m benchmarks.tools.compare --what compare --train-samples 3200
 
 The reference loop is the training loop of the system this project grew from (``../shared/seeds``);
-each baseline runs under torchrun as ``python -m distrinews.bench.hf_trainer`` /
-``python -m distrinews.bench.reference_loop``.
+each baseline runs under torchrun as ``python -m benchmarks.tools.hf_trainer`` /
+``python -m benchmarks.tools.reference_loop``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,12 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
-from ..distributed.machine import threads_per_process
+from distrinews.bench.report import write_report
+from distrinews.distributed.machine import describe as machine_description
+from distrinews.distributed.machine import threads_per_process
+
 from .ablation import ablation
-from .common import baseline_settings, ours_settings, ratio
+from .common import baseline_settings, invoked_as, main, ours_settings, ratio, tool_env
 from .compare_report import markdown, plot
-from .report import write_report
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -126,7 +126,7 @@ def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: di
         a.nproc,
         [
             "-m",
-            f"distrinews.bench.{script}",
+            f"benchmarks.tools.{script}",
             *baseline_settings(a),
             "--result",
             str(out),
@@ -155,7 +155,7 @@ def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: di
 
 def compare(a: argparse.Namespace) -> dict[str, Any]:
     """Every run once per seed (``--seeds``; the seeds in turn, each running all of them), then their means."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(a.nproc)), "TOKENIZERS_PARALLELISM": "false"}
+    env = tool_env(OMP_NUM_THREADS=str(threads_per_process(a.nproc)), TOKENIZERS_PARALLELISM="false")
     rows = []
     for seed in seeds_of(a):
         at_seed = argparse.Namespace(**{**vars(a), "seed": seed})
@@ -264,19 +264,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace, extra: list[str]) -> int:
-    from ..config import ConfigError
+    from distrinews.config import ConfigError
 
     if extra:
-        raise ConfigError(f"bench compare: unexpected arguments: {' '.join(extra)}")
+        raise ConfigError(f"compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
+    needs = ["matplotlib"] + (["accelerate"] if "trainer" in a.runs else [])  # the plot; transformers.Trainer
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"compare needs {', '.join(missing)}: pip install -e '.[lab]'")
     a.ours_options = a.ours_options or [""]
     if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
-        from ..distributed.machine import bf16_is_fast
+        from distrinews.distributed.machine import bf16_is_fast
 
         a.bf16 = bf16_is_fast("cpu")
     what = {w.strip() for w in a.what.split(",")}
     report: dict[str, Any] = {
-        "command": "distrinews " + shlex.join(sys.argv[1:]),
+        "command": invoked_as("compare"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
         "settings": {
@@ -303,3 +307,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         report["ablation"] = ablation(a)
     write_report(report, a.output_dir, a.name, markdown, plot)
     return 0
+
+
+if __name__ == "__main__":
+    main("compare", __doc__.splitlines()[0], add_arguments, run)

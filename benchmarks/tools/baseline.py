@@ -1,8 +1,8 @@
 """What fine-tuning buys on a data set: a plain baseline (TF-IDF + logistic regression, scikit-learn) on the
 very split a run trained and evaluated on, beside that run's best model.
 
-    distrinews bench baseline --run runs/bbc                    # the run's own config.yaml: same rows, same split
-    distrinews bench baseline --config configs/x.yaml --train_file data/news.csv ...   # no run: the baseline alone
+    python -m benchmarks.tools.baseline --run runs/bbc                    # the run's own config.yaml: same rows, same split
+    python -m benchmarks.tools.baseline --config configs/x.yaml --train_file data/news.csv ...   # no run: the baseline alone
 
 The rows are read by the trainer's reader (``data.labelled.load_labelled``) from the run's
 ``config.yaml`` and sampled as the trainer samples them (``train_samples``/``eval_samples``, seeded), so
@@ -19,16 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, TrainConfig, load_config, parse_overrides
-from ..distributed.machine import describe as machine_description
-from ..scores import classification_scores
-from .report import write_report
+from distrinews.bench.report import write_report
+from distrinews.config import ConfigError, TrainConfig, load_config, parse_overrides
+from distrinews.distributed.machine import describe as machine_description
+from distrinews.scores import classification_scores
+
+from .common import invoked_as, main
 
 
 def split_rows(config: TrainConfig):
     """(train texts, train labels, eval texts, eval labels, label names, where the eval rows come from), as the trainer samples them."""
-    from ..data.labelled import load_labelled
-    from ..data.splits import stratified_sample
+    from distrinews.data.labelled import load_labelled
+    from distrinews.data.splits import stratified_sample
 
     data = load_labelled(config.data, config.run.seed)
     train = data.train.subset(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
@@ -72,14 +74,14 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     try:
         import sklearn  # noqa: F401
     except ImportError:
-        raise ConfigError("bench baseline needs scikit-learn: pip install 'distrinews[bench]'") from None
+        raise ConfigError("baseline needs scikit-learn: pip install -e '.[lab]'") from None
     if bool(a.run) == bool(a.config or extra):
-        raise ConfigError("bench baseline: give --run RUN_DIR, or --config PRESET with --field value overrides (not both)")
+        raise ConfigError("baseline: give --run RUN_DIR, or --config PRESET with --field value overrides (not both)")
     fine_tuned = None
     if a.run:
         run_dir = Path(a.run)
         if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"bench baseline: {run_dir} has no config.yaml (not a run folder)")
+            raise ConfigError(f"baseline: {run_dir} has no config.yaml (not a run folder)")
         config = load_config(run_dir / "config.yaml", {"resume_from_checkpoint": None})
         info = run_dir / "best" / "distrinews.json"
         if info.is_file():
@@ -92,7 +94,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     )
     scores = classification_scores(confusion(evaluation.labels, predicted, len(names)), names)
     report: dict[str, Any] = {
-        "command": "distrinews bench baseline " + (f"--run {a.run}" if a.run else f"--config {a.config} {' '.join(extra)}").strip(),
+        "command": invoked_as("baseline"),
         "machine": machine_description(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "data": {"train_rows": len(train), "eval_rows": len(evaluation), "eval_from": eval_from, "labels": names},
@@ -119,3 +121,7 @@ def markdown(report: dict[str, Any]) -> str:
     if f and f.get("accuracy") is not None:
         lines.append(f"| fine-tuned {f.get('model')} (the run's best/) | {100 * f['accuracy']:.2f}% | {100 * f['macro_f1']:.2f}% |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main("baseline", __doc__.splitlines()[0], add_arguments, run)

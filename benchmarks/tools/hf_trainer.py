@@ -8,7 +8,7 @@ AdamW, dynamic padding (``DataCollatorWithPadding``), no checkpoints, no evaluat
 training, no reporting integrations. DDP over gloo when run under torchrun, as ours.
 Afterwards the trained model is scored by the same exact evaluator as ours.
 
-    torchrun --nproc-per-node 2 -m distrinews.bench.hf_trainer --train-samples 3200 --result out.json
+    torchrun --nproc-per-node 2 -m benchmarks.tools.hf_trainer --train-samples 3200 --result out.json
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
-from ..data.rows import AG_NEWS_LABELS
-from ..data.splits import load_split, stratified_sample
-from ..data.tokenized import tokenize_cached
-from ..distributed.process_group import DistEnv
-from ..model import build_model, build_tokenizer
-from ..train.evaluation import evaluate
-from ..train.precision import Precision
+from distrinews.data.rows import AG_NEWS_LABELS
+from distrinews.data.splits import load_split, stratified_sample
+from distrinews.data.tokenized import tokenize_cached
+from distrinews.distributed.process_group import DistEnv
+from distrinews.model import build_model, build_tokenizer
+from distrinews.train.evaluation import evaluate
+from distrinews.train.precision import Precision
+
 from .common import comparison_parser
 
 
@@ -64,7 +65,7 @@ def main() -> None:
     p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args()
     if args.bf16 is None:
-        from ..distributed.machine import bf16_is_fast
+        from distrinews.distributed.machine import bf16_is_fast
 
         args.bf16 = bf16_is_fast("cpu")
 

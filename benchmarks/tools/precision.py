@@ -1,4 +1,4 @@
-"""``distrinews bench precision``: one training step in each precision variant, timed side by side.
+"""``python -m benchmarks.tools.precision``: one training step in each precision variant, timed side by side.
 
 What the bf16 policy's choices are worth on this machine, and one it does not make: every variant trains its
 own copy of the model (the config's settings and any ``--field value`` overrides, built as ``distrinews
@@ -19,7 +19,7 @@ tokens whose last quarter of rows is padded for a fifth of its length (so the pa
 attention kernel alone at the model's shape: torch's fused bf16 kernel, its bf16 math path, and the fused
 kernel in fp32 on the same bf16 inputs (what ``fp32_attention`` runs), forward and forward + backward.
 
-    distrinews bench precision --config configs/cpu-quick.yaml --batch 32 --length 48
+    python -m benchmarks.tools.precision --config configs/cpu-quick.yaml --batch 32 --length 48
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import tempfile
 import time
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
-from .common import invoked_as
-from .report import write_report
+from distrinews.bench.report import write_report
+from distrinews.distributed.machine import describe as machine_description
+
+from .common import invoked_as, main
 
 # (name, precision overrides, bf16 weights with an fp32 master copy)
 VARIANTS = [
@@ -72,8 +73,8 @@ class Variant:
     def __init__(self, config, labels: list[str], master_copy: bool):
         import torch
 
-        from ..train.components import build_optimizer, build_train_model
-        from ..train.precision import Precision
+        from distrinews.train.components import build_optimizer, build_train_model
+        from distrinews.train.precision import Precision
 
         device = torch.device("cpu")
         self.model = build_train_model(config.model, config.run.seed, device, labels).train()
@@ -95,7 +96,7 @@ class Variant:
     def step(self, batch: dict) -> None:
         import torch
 
-        from ..model import forward_loss
+        from distrinews.model import forward_loss
 
         loss, _ = forward_loss(self.model, batch, self.autocast)
         loss.backward()
@@ -194,8 +195,8 @@ def make_batch(batch: int, length: int, vocab: int = 30522) -> dict:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
-    from ..config import ConfigError, load_config, parse_overrides
-    from ..data.rows import AG_NEWS_LABELS
+    from distrinews.config import ConfigError, load_config, parse_overrides
+    from distrinews.data.rows import AG_NEWS_LABELS
 
     overrides = parse_overrides(extra)
     overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-precision-"))
@@ -257,3 +258,7 @@ def markdown(r: dict[str, Any]) -> str:
         ]
         lines += [f"| {row['kernel']} | {row['pass']} | {row['ms']:.1f} |" for row in a["rows"]]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main("precision", __doc__.splitlines()[0], add_arguments, run)

@@ -1,10 +1,37 @@
-"""What the comparison scripts share, so that they are set up identically: the same options and defaults."""
+"""What the comparison tools share: how each runs as ``python -m benchmarks.tools.NAME``, and the options and
+defaults of the training comparisons, so that every loop is set up identically."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: ``benchmarks`` imports from here
+
+
+def main(name: str, description: str, add_arguments: Callable, run: Callable) -> None:
+    """``python -m benchmarks.tools.NAME``: parse, run; a mistake in what was asked is one line and exit 2."""
+    from distrinews.cli import USAGE_ERRORS, usage_error
+
+    prog = f"python -m benchmarks.tools.{name}"
+    parser = argparse.ArgumentParser(prog=prog, description=description.removeprefix(f"``{prog}``: "))
+    add_arguments(parser)
+    args, extra = parser.parse_known_args()
+    try:
+        code = int(run(args, extra) or 0)
+    except USAGE_ERRORS as exc:
+        code = usage_error(exc)
+    raise SystemExit(code)
+
+
+def tool_env(**overrides: str) -> dict[str, str]:
+    """The environment of a child process that imports ``benchmarks`` (a torchrun worker), wherever it starts."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""), **overrides}
 
 
 def comparison_parser(description: str) -> argparse.ArgumentParser:
@@ -35,11 +62,9 @@ def add_shared_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def invoked_as(subcommand: str) -> str:
-    """The command line that ran this benchmark, as a user would type it again (for its report)."""
-    if sys.argv[1:3] == ["bench", subcommand]:
-        return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-    return " ".join(shlex.quote(a) for a in sys.argv)
+def invoked_as(name: str) -> str:
+    """The command line that ran this tool, as a user would type it again (for its report)."""
+    return " ".join([f"python -m benchmarks.tools.{name}", *map(shlex.quote, sys.argv[1:])])
 
 
 def ratio(a: float, b: float) -> float:

@@ -1,4 +1,4 @@
-"""``bench compare``'s report: the side-by-side table, the means over seeds, the ablation table, and the plot."""
+"""``compare``'s report: the side-by-side table, the means over seeds, the ablation table, and the plot."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ loader and seeded stratified sample), the same model and head initialisation (``
 the same learning rate, warm-up, weight decay, clipping, batch size and number of steps; and the
 same exact evaluator on the test split afterwards.
 
-Run under torchrun (``distrinews bench compare`` does):
-    torchrun --nproc-per-node 2 -m distrinews.bench.reference_loop --train-samples 3200 --result out.json
+Run under torchrun (``python -m benchmarks.tools.compare`` does), from the repository root:
+    torchrun --nproc-per-node 2 -m benchmarks.tools.reference_loop --train-samples 3200 --result out.json
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
-from ..data.rows import AG_NEWS_LABELS
-from ..data.splits import load_split, stratified_sample
-from ..data.tokenized import tokenize_cached
-from ..distributed.process_group import DistEnv
-from ..model import build_model, build_tokenizer
-from ..train.evaluation import evaluate
-from ..train.precision import Precision
+from distrinews.data.rows import AG_NEWS_LABELS
+from distrinews.data.splits import load_split, stratified_sample
+from distrinews.data.tokenized import tokenize_cached
+from distrinews.distributed.process_group import DistEnv
+from distrinews.model import build_model, build_tokenizer
+from distrinews.train.evaluation import evaluate
+from distrinews.train.precision import Precision
+
 from .common import comparison_parser
 
 
