@@ -7,6 +7,8 @@ commands, torchrun jobs and servers. Helpers are fixtures: ``cli``, ``write_csv`
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import csv
 import functools
 import gzip
@@ -16,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,53 @@ def _without_extra_train_files(data: Path, into: Path) -> Path:
         if f.is_file() and f not in extra:
             (into / f.name).symlink_to(f)
     return into
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.02):
+    """``check()``'s first truthy value, polled every ``interval`` s; an AssertionError naming ``what`` after
+    ``timeout`` s. Every poll in the tests has a deadline: a regression fails the test instead of hanging it."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+    return value
+
+
+async def await_until(check, timeout: float, what: str, interval: float = 0.005):
+    """``wait_until`` for a coroutine: ``check`` may be a plain function or return an awaitable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def kill(proc: subprocess.Popen, group: bool = False) -> None:
+    """SIGKILL ``proc`` (and, with ``group``, every process of the session it leads: ``start_new_session=True``)
+    and reap it. Safe on a process that already ended."""
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # also the workers left behind when the leader already died
+    elif proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def killed_after(proc: subprocess.Popen, group: bool = False):
+    """``with killed_after(Popen(...)) as proc:``: the process (group) is killed however the block ends, so a
+    failed assertion or a pytest-timeout never leaves it running into the next test."""
+    try:
+        yield proc
+    finally:
+        kill(proc, group)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -428,8 +478,18 @@ class ServerProcess:
         try:
             wait_ready(self.url + "/ready", self.proc, timeout)
         except ServerNotReady as exc:
+            self.stop()  # the caller's try/finally starts after this returns: never leave it running
             raise AssertionError(f"server {exc}:\n{self.log()}") from None
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

@@ -10,11 +10,16 @@ import httpx
 import numpy as np
 import pytest
 
+from conftest import await_until
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
+
+
+async def _is_ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/ready")).status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,7 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
-            while (await client.get("/ready")).status_code != 200:
-                await asyncio.sleep(0.01)
+            await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
             calls.clear()  # not the warm-up
             singles = await asyncio.gather(*(client.post("/predict", json={"text": t}) for t in texts[:16]))
             batch = await client.post("/predict/batch", json={"texts": texts[16:]})
@@ -197,11 +201,11 @@ def _served_info(checkpoint) -> dict:
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
-            for _ in range(3000):
-                if (await client.get("/ready")).status_code == 200:
-                    return (await client.get("/info")).json()
-                await asyncio.sleep(0.01)
-            raise AssertionError((await client.get("/health")).json())
+            try:
+                await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
+            except AssertionError as exc:
+                raise AssertionError((await client.get("/health")).json()) from exc
+            return (await client.get("/info")).json()
 
     return asyncio.run(main())
 
