@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET, TINY
+from conftest import QUIET, TINY, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 # Four steps of the tiny model; both ways of launching train exactly this.
@@ -43,7 +43,7 @@ def _sh(*cmd: str) -> None:
 @pytest.fixture
 def two_hosts():
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to make network namespaces")
+        unavailable("needs root and iproute2 to make network namespaces")
     tag = uuid.uuid4().hex[:6]
     hosts = [f"dn-{tag}-a", f"dn-{tag}-b"]
     octet = int(tag[:2], 16)
@@ -60,7 +60,7 @@ def two_hosts():
     except subprocess.CalledProcessError as exc:
         for h in hosts:
             subprocess.run(["ip", "netns", "del", h], capture_output=True)
-        pytest.skip(f"cannot make test hosts here: {exc.stderr.strip()}")
+        unavailable(f"cannot make test hosts here: {exc.stderr.strip()}")
     yield list(zip(hosts, veth, addrs))
     for h in hosts:
         subprocess.run(["ip", "netns", "del", h], capture_output=True)

@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 
-from conftest import await_until, wait_until
+from conftest import await_until, unavailable, wait_until
 
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
@@ -392,7 +392,7 @@ class Chromium:
 def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does this)")
+        unavailable("Chromium is not installed (apt-get install chromium; .ci/run does this)")
     headline = HEADLINES[2]
     expected = httpx.post(server.url + "/predict", json={"text": headline}, timeout=30).json()
     with tempfile.TemporaryDirectory(prefix="distrinews-chromium-") as profile:

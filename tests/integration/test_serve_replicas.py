@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,7 +241,7 @@ class Load:
 def serve_replicas(checkpoint: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[Replicas]:
     """``distrinews serve-replicas`` (2 replicas) of ``root/current`` -> ``checkpoint``, ready; stopped after."""
     if why := _nginx_missing():
-        pytest.skip(f"nginx is not installed: {why}")
+        unavailable(f"nginx is not installed: {why}")
     link = root / "current"
     link.symlink_to(checkpoint)
     args = ("--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
@@ -394,7 +396,7 @@ def _running(pid: int) -> bool:
 
 def test_bench_replicas_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir, cli):
     if why := _nginx_missing():
-        pytest.skip(f"nginx is not installed: {why}")
+        unavailable(f"nginx is not installed: {why}")
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
     result = cli("bench", "replicas", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out))
