@@ -130,7 +130,21 @@ def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
     monkeypatch.setattr(distrinews.distributed.machine, "bf16_is_fast", lambda device: True)
     predictor = make_predictor(checkpoint, runtime="torch-bf16")
     assert predictor.runtime == "torch-bf16" and predictor.describe()["runtime"] == "torch-bf16"
-    assert len(predictor.predict(rows[:3])) == 3
+    texts = rows[:8]
+    got = [predictor.predict([t])[0] for t in texts]  # one at a time: the same shapes as the reference below
+    # The reference: Hugging Face's model and tokenizer from the same folder, under bf16 autocast, outside distrinews.
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = [model(**tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits.float().softmax(-1)[0] for t in texts]
+    for answer, probabilities in zip(got, want):
+        assert list(answer["probabilities"].values()) == pytest.approx(probabilities.tolist(), abs=1e-3)
+    fp32 = Predictor(checkpoint, device="cpu").predict(texts)
+    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(got, fp32) for k in a["probabilities"])
+    assert gap > 1e-3, "the answers are fp32's: bf16 autocast did not run"
 
 
 def test_the_default_runtime_is_what_serve_help_shows_and_what_the_app_uses():
