@@ -145,6 +145,31 @@ def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["step-1"]
 
 
+def test_a_kill_between_the_renames_of_best_leaves_the_previous_best_after_cleaning(tmp_path, tiny, monkeypatch):
+    """publish_dir moves best/ aside, then the new one in: stopped between the two, the next run's cleaning puts
+    the previous best/ back instead of deleting it. (test_resume kills a run there for real.)"""
+    from distrinews.checkpoint import atomic
+
+    model, tok = tiny
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64))
+    replace = os.replace
+
+    def stopped_after_moving_aside(src, dst):
+        replace(src, dst)
+        if os.path.basename(dst).startswith(".old-"):
+            raise KeyboardInterrupt("killed between the renames")
+
+    monkeypatch.setattr(atomic.os, "replace", stopped_after_moving_aside)
+    with pytest.raises(KeyboardInterrupt):
+        save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64))
+    monkeypatch.undo()
+    assert not (tmp_path / "best").exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".old-best-")]
+    clean_stale_tmp(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+    assert json.loads((tmp_path / "best" / "distrinews.json").read_text())["metrics"]["accuracy"] == 0.1
+    check_loadable(tmp_path / "best")
+
+
 def test_tied_weights_are_stored_once_and_load_back(tmp_path):
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight  # tied, as language-model heads are
