@@ -405,5 +405,8 @@ def test_bench_replicas_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir, 
     rows = {(r["config"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(c, n) for c in ("1x2 direct", "1x2 nginx", "2x1 nginx") for n in (1, 2)}
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
-    assert isinstance(report["nginx_overhead_p50_ms_at_1_client"], float)
+    # nginx's cost is the median latency through it less the median straight to the same replica, one client
+    direct, proxied = rows["1x2 direct", 1], rows["1x2 nginx", 1]
+    assert direct["p50_ms"] > 0 and proxied["p50_ms"] > 0
+    assert report["nginx_overhead_p50_ms_at_1_client"] == pytest.approx(proxied["p50_ms"] - direct["p50_ms"])
     assert "| 2x1 nginx | 2 |" in (out / "replicas.md").read_text()
