@@ -96,14 +96,15 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
         ]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
-    for p in procs:
-        try:
+    try:
+        for p in procs:
             out, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
+            outs.append((p.returncode, out, err))
+    finally:  # whatever ended the wait (a timeout, pytest-timeout): no node outlives the test
+        for q in procs:
+            if q.poll() is None:
                 q.kill()
-            raise
-        outs.append((p.returncode, out, err))
+                q.wait()
     for code, _out, err in outs:
         assert code == 0, err[-4000:]
     assert "World size:           2 (gloo, strategy ddp)" in outs[0][1]
@@ -154,13 +155,14 @@ def test_two_nodes_through_our_command_hold_identical_parameters(two_hosts, tmp_
     runs = [tmp_path / "node-0", tmp_path / "node-1"]
     procs = [_our_command(h, v, a, r, endpoint, runs[r]) for r, (h, v, a) in enumerate(two_hosts)]
     outs = []
-    for p in procs:
-        try:
+    try:
+        for p in procs:
             outs.append((p.returncode, *p.communicate(timeout=240)))
-        except subprocess.TimeoutExpired:
-            for q in procs:
+    finally:
+        for q in procs:
+            if q.poll() is None:
                 q.kill()
-            raise
+                q.wait()
     for p, (_, _out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
     printed = outs[0][1] + outs[1][1]
