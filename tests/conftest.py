@@ -15,9 +15,12 @@ import gzip
 import io
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -32,6 +35,60 @@ SHARED_DATA = Path(os.environ.get("DISTRINEWS_DATA") or ROOT.parent / "shared" /
 # turn that into up to ~1e-4 of a probability with AVX-512 kernels. A text answered in another's place would be
 # off by tenths, so this still catches every ordering or batching mistake.
 PADDING_ATOL = 1e-3
+
+# An AG-News-shaped corpus the tests make (AG News's CSV form: "class","title","description", classes 1-4): the
+# session runs that the central promises are checked on (resume, faults, DDP equivalence, FSDP) train on it, so
+# those checks never depend on ../shared; the tests that need the real data (agnews_dir) stay as well. Each class
+# draws most of its words from its own topic list, so a model learns it and its evaluations move.
+_TOPICS = (
+    "minister election government president troops embassy treaty parliament rebels ceasefire refugees summit vote",
+    "match season coach striker tournament championship goal league injury victory playoffs team medal captain",
+    "shares profit market investors earnings merger bank oil prices stocks quarter revenue inflation economy",
+    "software internet researchers computer chip space nasa wireless update users scientists network browser data",
+)
+_FILLER_WORDS = "the a on after with for new says over in to of as report week monday late early amid"
+_FILLER = _FILLER_WORDS.split()
+NEWS_CORPUS_ROWS = {"train": 800, "test": 400}
+NEWS_CORPUS = Path(tempfile.gettempdir()) / f"distrinews-test-news-v1-{os.getuid()}"
+
+
+def _news_rows(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
+    topics = [t.split() for t in _TOPICS]
+
+    def words(label: int, topical: int, filler: int) -> list[str]:
+        # one word in ten from another class's topic: the classes overlap, as real news does
+        drawn = [rng.choice(topics[label if rng.random() > 0.1 else rng.randrange(4)]) for _ in range(topical)]
+        mixed = drawn + [rng.choice(_FILLER) for _ in range(filler)]
+        rng.shuffle(mixed)
+        return mixed
+
+    rows = []
+    for i in range(n):
+        label = i % 4
+        title = " ".join(words(label, 3, 2)).capitalize()
+        rows.append((str(label + 1), title, " ".join(words(label, 8, 12)) + "."))
+    return rows
+
+
+def made_news_corpus(path: Path = NEWS_CORPUS) -> Path:
+    """``train.csv`` and ``test.csv`` in ``path`` (deterministic; made once per machine, atomically, so two
+    pytest workers may race for it)."""
+    if (path / "test.csv").is_file():
+        return path
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    rng = random.Random(0)
+    for split, n in NEWS_CORPUS_ROWS.items():
+        buf = io.StringIO()
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(_news_rows(n, rng))
+        (tmp / f"{split}.csv").write_text(buf.getvalue())
+    try:
+        os.rename(tmp, path)
+    except OSError:  # the other worker made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+NEWS_DATA = ("--data_dir", str(NEWS_CORPUS))
 
 # Train arguments most integration tests start from (``from conftest import TINY, QUIET``): the tiny preset,
 # and a run that draws no progress bars and writes no TensorBoard files.
@@ -183,6 +240,12 @@ def configs_dir() -> Path:
 def agnews_dir() -> Path:
     """The real AG News copy beside the checkout (../shared/data/ag_news); skipped without it, failed under CI."""
     return agnews_at(SHARED_DATA)
+
+
+@pytest.fixture(scope="session")
+def news_corpus() -> Path:
+    """The AG-News-shaped corpus the tests make (``NEWS_CORPUS``; ``NEWS_DATA`` passes it to ``train``)."""
+    return made_news_corpus()
 
 
 @pytest.fixture(scope="session")
@@ -363,6 +426,7 @@ def start_train():
 # A checkpoint every step, dropout on, evaluations mid-epoch and at each epoch end.
 THIRTY_STEPS = (
     *TINY,
+    *NEWS_DATA,
     "--max_steps",
     "30",
     "--num_train_epochs",
@@ -387,7 +451,7 @@ THIRTY_STEPS = (
 
 
 @pytest.fixture(scope="session")
-def thirty_steps(tmp_path_factory, agnews_dir, cli):
+def thirty_steps(tmp_path_factory, news_corpus, cli):
     """``(args, run)``: the train arguments of a 2-process, 30-step tiny run, and that run done without interruption.
 
     The fault and resume tests stop copies of this run in every way they can and compare with it.
@@ -401,6 +465,7 @@ def thirty_steps(tmp_path_factory, agnews_dir, cli):
 # test_ddp_equivalence (one process, and DDP in other layouts) and test_fsdp (FSDP) reach the same parameters as.
 SIX_STEPS = (
     *TINY,
+    *NEWS_DATA,
     "--dropout",
     "0.0",
     "--max_steps",
@@ -427,7 +492,7 @@ SIX_STEPS_DDP = (*SIX_STEPS, "--per_device_train_batch_size", "8", "--gradient_a
 
 
 @pytest.fixture(scope="session")
-def six_steps_ddp(tmp_path_factory, agnews_dir, cli):
+def six_steps_ddp(tmp_path_factory, news_corpus, cli):
     """``(run, stdout)``: ``SIX_STEPS_DDP`` trained once for the session, by ``--nproc-per-node 2``."""
     run = tmp_path_factory.mktemp("six-steps") / "ddp"
     out = cli("train", *SIX_STEPS_DDP, "--output-dir", str(run), nproc=2).stdout

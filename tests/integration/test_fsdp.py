@@ -167,7 +167,7 @@ def test_training_continues_from_a_sharded_checkpoint_at_another_world_size(runs
     assert all(s["exp_avg_sq"].abs().sum() > 0 for s in optimizer.values())
 
 
-def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli):
+def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli, news_corpus):
     """``--freeze_layers 1`` sharded: the embeddings and layer 0 are gathered for the forward but never get a gradient
     (best/ holds them as they were built), every trained tensor moves, and the banner counts both."""
     from distrinews.data.rows import AG_NEWS_LABELS
