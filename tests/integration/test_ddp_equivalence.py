@@ -34,7 +34,7 @@ def _max_diff(a, b):
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def test_two_processes_equal_one_with_the_global_batch(tmp_path, agnews_dir, cli, six_steps_ddp):
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, cli, six_steps_ddp):
     """Length-grouped and plain sampling; with accumulation for both, without it for the grouped one."""
     init = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=42).state_dict()
     for group, per_rank in ((True, ((8, 1), (4, 2))), (False, ((4, 2),))):
@@ -45,7 +45,7 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, agnews_dir, cli
             assert _max_diff(single, ddp) < 1e-5, (group, batch, accum)
 
 
-def test_shared_memory_average_is_gloos_bit_for_bit(tmp_path, agnews_dir, cli, six_steps_ddp):
+def test_shared_memory_average_is_gloos_bit_for_bit(tmp_path, cli, six_steps_ddp):
     """Two ranks on one host average through /dev/shm by default (ddp_comm_hook auto); the same run
     through gloo's all-reduce (ddp_comm_hook none) ends with the very same weights."""
     run, out = six_steps_ddp

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET, TINY
+from conftest import QUIET, TINY, unavailable
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, verify_checkpoint
 from distrinews.data.rows import AG_NEWS_LABELS
 
@@ -39,11 +39,11 @@ UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 def _small_disk(path: Path, size: int) -> Iterator[Path]:
     """A tmpfs of ``size`` bytes mounted at ``path`` for the block."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        unavailable("mounting a tmpfs needs root")
     path.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(path)], capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        unavailable(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield path
     finally:

@@ -78,7 +78,14 @@ def test_best_loads_in_transformers_pipeline(trained_run):
 
     run, _ = trained_run
     info = json.loads((run / "best" / "distrinews.json").read_text())
-    assert info["max_length"] == 64 and info["world_size"] == 2 and 0.0 <= info["metrics"]["accuracy"] <= 1.0
+    assert info["max_length"] == 64 and info["world_size"] == 2
+    # best/ holds the evaluation's own figures: the accuracy logged for the 256 rows, a whole number of them right
+    # (rows padded onto a rank, or counted twice, would make it a fraction of another count).
+    evaluated = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    eval_rec = next(r for r in evaluated if r["kind"] == "eval")
+    accuracy = info["metrics"]["accuracy"]
+    assert accuracy == eval_rec["accuracy"] and info["metrics"]["samples"] == eval_rec["samples"] == 256
+    assert accuracy * 256 == pytest.approx(round(accuracy * 256), abs=1e-9)
     clf = pipeline("text-classification", model=str(run / "best"))
     out = clf(["Stocks rally as oil prices fall", "The striker scored twice in the final"])
     assert all(o["label"] in ("World", "Sports", "Business", "Sci/Tech") for o in out)

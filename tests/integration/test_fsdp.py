@@ -52,6 +52,18 @@ def _sharded_weights(checkpoint: Path) -> dict:
     return model.state_dict()
 
 
+def _sharded_optimizer_state(checkpoint: Path, into: Path) -> dict:
+    """The optimizer state of a sharded checkpoint by parameter name, consolidated into one file and read back."""
+    import warnings
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": one process is the intent
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_to_torch_save(str(checkpoint / "sharded"), str(into))
+    return torch.load(into, weights_only=True)["optim"]["state"]
+
+
 def test_fsdp_reaches_the_same_parameters_as_ddp(runs):
     # DDP's best/ holds its weights at the only evaluation, the last step; FSDP's step-6 checkpoint, consolidated here.
     ddp = load_file(str(runs / "ddp" / "best" / "model.safetensors"))
@@ -145,11 +157,19 @@ def test_training_continues_from_a_sharded_checkpoint_at_another_world_size(runs
         nproc=3,
     ).stdout
     assert "(step 3)" in out and "written with 2 processes, resuming with 3" in out
-    state = (tmp_path / "run" / "checkpoints" / "step-6" / "trainer_state.json").read_text()
+    step6 = tmp_path / "run" / "checkpoints" / "step-6"
+    state = (step6 / "trainer_state.json").read_text()
     assert '"global_step": 6' in state and '"world_size": 3' in state
+    # What was trained on: the step-3 weights moved by three more steps, with the optimizer's state carried across
+    # the reshard (AdamW's step count 6 for every parameter; a state lost at the resume would count 3).
+    start, end = _sharded_weights(runs / "fsdp" / "checkpoints" / "step-3"), _sharded_weights(step6)
+    assert max((end[k] - start[k]).abs().max().item() for k in start) > 1e-3, "the resumed run must train"
+    optimizer = _sharded_optimizer_state(step6, tmp_path / "step-6.pt")
+    assert optimizer and {float(s["step"]) for s in optimizer.values()} == {6.0}
+    assert all(s["exp_avg_sq"].abs().sum() > 0 for s in optimizer.values())
 
 
-def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli):
+def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli, news_corpus):
     """``--freeze_layers 1`` sharded: the embeddings and layer 0 are gathered for the forward but never get a gradient
     (best/ holds them as they were built), every trained tensor moves, and the banner counts both."""
     from distrinews.data.rows import AG_NEWS_LABELS

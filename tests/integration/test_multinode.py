@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET, TINY
+from conftest import QUIET, TINY, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 # Four steps of the tiny model; both ways of launching train exactly this.
@@ -43,7 +43,7 @@ def _sh(*cmd: str) -> None:
 @pytest.fixture
 def two_hosts():
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to make network namespaces")
+        unavailable("needs root and iproute2 to make network namespaces")
     tag = uuid.uuid4().hex[:6]
     hosts = [f"dn-{tag}-a", f"dn-{tag}-b"]
     octet = int(tag[:2], 16)
@@ -60,7 +60,7 @@ def two_hosts():
     except subprocess.CalledProcessError as exc:
         for h in hosts:
             subprocess.run(["ip", "netns", "del", h], capture_output=True)
-        pytest.skip(f"cannot make test hosts here: {exc.stderr.strip()}")
+        unavailable(f"cannot make test hosts here: {exc.stderr.strip()}")
     yield list(zip(hosts, veth, addrs))
     for h in hosts:
         subprocess.run(["ip", "netns", "del", h], capture_output=True)
@@ -96,14 +96,15 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
         ]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
-    for p in procs:
-        try:
+    try:
+        for p in procs:
             out, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
+            outs.append((p.returncode, out, err))
+    finally:  # whatever ended the wait (a timeout, pytest-timeout): no node outlives the test
+        for q in procs:
+            if q.poll() is None:
                 q.kill()
-            raise
-        outs.append((p.returncode, out, err))
+                q.wait()
     for code, _out, err in outs:
         assert code == 0, err[-4000:]
     assert "World size:           2 (gloo, strategy ddp)" in outs[0][1]
@@ -154,13 +155,14 @@ def test_two_nodes_through_our_command_hold_identical_parameters(two_hosts, tmp_
     runs = [tmp_path / "node-0", tmp_path / "node-1"]
     procs = [_our_command(h, v, a, r, endpoint, runs[r]) for r, (h, v, a) in enumerate(two_hosts)]
     outs = []
-    for p in procs:
-        try:
+    try:
+        for p in procs:
             outs.append((p.returncode, *p.communicate(timeout=240)))
-        except subprocess.TimeoutExpired:
-            for q in procs:
+    finally:
+        for q in procs:
+            if q.poll() is None:
                 q.kill()
-            raise
+                q.wait()
     for p, (_, _out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
     printed = outs[0][1] + outs[1][1]

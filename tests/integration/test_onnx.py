@@ -83,6 +83,21 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
     # accuracy, fp32 vs int8 on all 7,600 test rows, is measured in benchmarks/onnx-int8.md.
     fp32 = export_onnx(checkpoint, tmp_path / "model.onnx")
     assert out.stat().st_size < 0.5 * fp32.stat().st_size
+    # Every weight matrix product of the fp32 graph became an int8 one (a quantizer that skipped some layers
+    # would still make a smaller file), and the int8 weights are int8 tensors in the file.
+    import onnx
+
+    def weight_products(path) -> tuple[int, int, int]:
+        graph = onnx.load(str(path)).graph
+        weights = {i.name: i for i in graph.initializer}
+        fp = sum(n.op_type in ("MatMul", "Gemm") and any(x in weights for x in n.input) for n in graph.node)
+        q = sum(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+        int8_weights = sum(w.data_type == onnx.TensorProto.INT8 and len(w.dims) == 2 for w in weights.values())
+        return fp, q, int8_weights
+
+    fp32_products, _, _ = weight_products(fp32)
+    left_fp32, quantized, int8_weights = weight_products(out)
+    assert fp32_products > 0 and left_fp32 == 0 and quantized == int8_weights == fp32_products
     reference = OnnxPredictor(checkpoint, onnx_model=fp32).predict(rows[:64])
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(results, reference) for k in a["probabilities"])
     assert gap > 1e-4

@@ -6,11 +6,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, killed_after, wait_until
 from distrinews.predict.batch.state import FileLock, StateDir, state_dir_of
 
 ROWS = 2_000
@@ -49,6 +48,30 @@ def uninterrupted(checkpoint, corpus, output):
     return [json.loads(line) for line in output.read_text().splitlines()]
 
 
+def _lines(pipe, timeout: float):
+    """The lines of a text pipe until it closes; an AssertionError when none comes for ``timeout`` s. (A thread
+    reads: select() on the pipe would miss lines already in the file object's buffer.)"""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in pipe:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no output for {timeout:g} s") from None
+        if line is None:
+            return
+        yield line
+
+
 def done_rows(state: StateDir) -> int:
     total = 0
     for path in state.path.glob("worker-*/manifest.json"):
@@ -64,27 +87,39 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
     root, checkpoint, corpus, args = job
     output = root / "out.jsonl"
     state = StateDir(state_dir_of(output))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distrinews", *args, "--output", str(output)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 180
-    while done_rows(state) < ROWS // 5:
-        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, "no rows committed in 180 s"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)  # the parent alone: its workers must die with it
-    proc.wait()
-    killed_at = done_rows(state)
-    assert ROWS // 5 <= killed_at < ROWS
-    assert not output.exists()  # never a half-written output
-    for path in state.path.glob("worker-*/lock"):  # the workers are gone (PR_SET_PDEATHSIG): their locks are free
-        lock = FileLock(path)
-        assert lock.acquire(wait_s=10), f"{path.parent.name} outlived its parent"
-        lock.release()
+    # stderr to a file: a pipe nobody reads while the run goes on could fill and stall it
+    stderr = root / "killed.stderr"
+    with (
+        stderr.open("w") as err,
+        killed_after(
+            subprocess.Popen(
+                [sys.executable, "-m", "distrinews", *args, "--output", str(output)],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # the finally kills its workers too, should they outlive it
+            ),
+            group=True,
+        ) as proc,
+    ):
+
+        def far_enough() -> bool:
+            assert proc.poll() is None, f"the run ended before it could be killed: {stderr.read_text()}"
+            return done_rows(state) >= ROWS // 5
+
+        wait_until(far_enough, 180, f"{ROWS // 5} rows committed")
+        proc.send_signal(signal.SIGKILL)  # the parent alone: its workers must die with it
+        proc.wait(30)
+        killed_at = done_rows(state)
+        assert ROWS // 5 <= killed_at < ROWS
+        assert not output.exists()  # never a half-written output
+        # The workers are gone (PR_SET_PDEATHSIG): their locks are free. Checked before the group kill on leaving
+        # the block, which would hide a worker that outlived its parent.
+        for path in state.path.glob("worker-*/lock"):
+            lock = FileLock(path)
+            assert lock.acquire(wait_s=10), f"{path.parent.name} outlived its parent"
+            lock.release()
 
     again = cli(*args, "--output", str(output))
     assert "done by an earlier run" in again.stdout and f"{ROWS:,} rows read, {ROWS:,} labelled, 0 rejected" in again.stdout
@@ -129,17 +164,19 @@ def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_pat
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
-    lines = []
-    for line in proc.stderr:  # the parent's lines, up to the one it writes before starting the workers
-        lines.append(line)
-        if line.startswith("predict: runtime auto: "):
-            break
-    else:
-        pytest.fail(f"no 'runtime auto' line before the workers started: {''.join(lines)}")
-    inode = made.stat().st_ino  # published by the parent, before any worker exists
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0, rest
+    with killed_after(proc, group=True):
+        lines, stream = [], _lines(proc.stderr, 300)
+        for line in stream:  # the parent's lines, up to the one it writes before starting the workers
+            lines.append(line)
+            if line.startswith("predict: runtime auto: "):
+                break
+        else:
+            pytest.fail(f"no 'runtime auto' line before the workers started: {''.join(lines)}")
+        inode = made.stat().st_ino  # published by the parent, before any worker exists
+        rest = "".join(stream)
+        assert proc.wait(timeout=300) == 0, rest
     assert made.stat().st_ino == inode, "a worker made and published the int8 model again"
     assert "predict: runtime auto: " not in rest and sum(1 for _ in (tmp_path / "out.jsonl").open()) == 400
 
@@ -182,11 +219,12 @@ def test_a_run_that_started_before_another_finished_is_refused_and_the_finished_
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not paused.exists():
+
+        def checked() -> bool:
             assert second.poll() is None, f"the second run ended before its checks: {second.communicate()}"
-            assert time.monotonic() < deadline, "the second run never finished its checks"
-            time.sleep(0.02)
+            return paused.exists()
+
+        wait_until(checked, 120, "the second run to finish its checks")
         cli(*args)  # the first run, start to finish, while the second waits
         finished = output.stat()
         go.touch()

@@ -48,6 +48,103 @@ def _resumed_step(run: Path, killed_at: int) -> int:
     return max(steps)
 
 
+# Loaded through PYTHONPATH by every process of a run: rank 0 SIGKILLs its launcher and itself (the other worker
+# dies with the launcher: a power cut, as the run sees it) at two moments of its saves, each once (the marker files say so): in
+# the middle of writing checkpoint step-{write_at} (weights, optimizer, scheduler and RNG states written, the trainer
+# state not yet), and between the two renames that replace best/ (the old one moved aside, the new one not in).
+_KILL_IN_SAVES = """
+import io, os, signal
+
+
+def _first(marker):
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _kill_run():
+    os.kill(os.getppid(), signal.SIGKILL)  # the launcher first, so that nothing reacts to this rank's death
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_open, _replace = io.open, os.replace
+
+
+def _open_then_maybe_die(file, *args, **kwargs):
+    name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else ""
+    folder = os.path.basename(os.path.dirname(name))
+    if name.endswith("trainer_state.json") and folder.startswith(".tmp-step-{write_at}-") and _first({mid_write!r}):
+        _kill_run()
+    return _open(file, *args, **kwargs)
+
+
+def _replace_then_maybe_die(src, dst, *args, **kwargs):
+    _replace(src, dst, *args, **kwargs)
+    if os.path.basename(os.fspath(dst)).startswith(".old-best-") and _first({mid_swap!r}):
+        _kill_run()
+
+
+io.open, os.replace = _open_then_maybe_die, _replace_then_maybe_die
+"""
+
+
+def test_killed_mid_checkpoint_write_and_mid_best_swap_the_run_resumes_to_the_same_end(
+    thirty_steps, tmp_path, cli, start_train, monkeypatch
+):
+    """Real SIGKILLs inside the save path (not after it), then resumes; the end is the uninterrupted run's, bit
+    for bit, best/ included.
+
+    The first kill lands in the checkpoint of the step whose evaluation first wrote best/, so the next start
+    resumes from the step before, evaluates that step again and replaces the best/ the killed run left: the
+    second kill lands between those two renames.
+    """
+    args, uninterrupted = thirty_steps
+    write_at = next(r["step"] for r in _records(uninterrupted) if r["kind"] == "eval")  # the first best/
+    assert write_at >= 2, "a checkpoint before it to resume from"
+    site, mid_write, mid_swap = tmp_path / "site", tmp_path / "killed-mid-write", tmp_path / "killed-mid-swap"
+    site.mkdir()
+    hook = _KILL_IN_SAVES.format(write_at=write_at, mid_write=str(mid_write), mid_swap=str(mid_swap))
+    (site / "sitecustomize.py").write_text(hook)
+    plain_path = os.environ.get("PYTHONPATH", "")
+    run, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+
+    def killed(*extra: str) -> None:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), plain_path])))
+        proc = start_train(*args, "--output-dir", str(run), *extra, stdout=subprocess.DEVNULL)
+        try:
+            _, err = proc.communicate(timeout=300)
+        finally:
+            monkeypatch.setenv("PYTHONPATH", plain_path)  # never into the last run, which shares pytest's group
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == -signal.SIGKILL, f"the run was not killed (exit {proc.returncode}): {err[-3000:]}"
+
+    def newest() -> int:
+        return max(int(p.name.split("-")[1]) for p in checkpoints.glob("step-*"))
+
+    killed()
+    assert mid_write.exists() and not mid_swap.exists() and newest() == write_at - 1
+    (half,) = checkpoints.glob(f".tmp-step-{write_at}-*")
+    assert (half / "model.safetensors").is_file() and (half / "rng_state.pt").is_file()
+    assert not (half / "trainer_state.json").exists(), "killed while the checkpoint was being written"
+    assert (run / "best" / "model.safetensors").is_file()
+
+    killed("--resume", "auto")
+    assert mid_swap.exists() and newest() == write_at - 1
+    assert not (run / "best").exists() and list(run.glob(".old-best-*")), "killed between best/'s two renames"
+
+    out = cli("train", *args, "--output-dir", str(run), "--resume", "auto", nproc=2).stdout
+    assert f"(step {write_at - 1})" in out
+    for name in ("checkpoints/step-30/model.safetensors", "best/model.safetensors"):
+        want, got = load_file(str(uninterrupted / name)), load_file(str(run / name))
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), name
+    assert _comparable(_records(run)) == _comparable(_records(uninterrupted))
+    assert not [p for d in (run, checkpoints) for p in d.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
 def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp_path, cli, start_train):
     """Killed mid-epoch after an evaluation (10), then at both epoch-boundary saves (13, 26), each time
     resumed with ``--resume auto`` by the next start: the end is the uninterrupted run's, bit for bit."""

@@ -21,6 +21,8 @@ import time
 import httpx
 import pytest
 
+from conftest import await_until, unavailable, wait_until
+
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
     "Federer beats Roddick to win his third Wimbledon title",
@@ -387,20 +389,10 @@ class Chromium:
                 time.sleep(0.05)
 
 
-def _wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does this)")
+        unavailable("Chromium is not installed (apt-get install chromium; .ci/run does this)")
     headline = HEADLINES[2]
     expected = httpx.post(server.url + "/predict", json={"text": headline}, timeout=30).json()
     with tempfile.TemporaryDirectory(prefix="distrinews-chromium-") as profile:
@@ -409,7 +401,7 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
             target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
             browser.session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             browser.send("Page.navigate", {"url": server.url + "/"})
-            _wait_for(
+            wait_until(
                 lambda: browser.evaluate("document.readyState === 'complete' && !!document.getElementById('classify')"),
                 30,
                 "the page to load",
@@ -421,7 +413,7 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
             assert browser.evaluate("document.getElementById('text').value") == headline
             browser.click("#classify")
 
-            shown = _wait_for(
+            shown = wait_until(
                 lambda: browser.evaluate("document.getElementById('label').dataset.label || ''"), 30, "a prediction on the page"
             )
             bars = browser.evaluate(
@@ -541,16 +533,17 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(checkpoint, tmp_p
         async def scenario():
             async with httpx.AsyncClient(base_url=srv.url, timeout=300) as client:
                 blockers = [asyncio.ensure_future(client.post("/predict/batch", json={"texts": long_texts})) for _ in range(blockers_n)]
-                while metric("distrinews_queue_depth") < (blockers_n - 1) * 64:  # the model runs one, the others wait
-                    await asyncio.sleep(0.01)
+                # the model runs one, the others wait
+                queued = (blockers_n - 1) * 64
+                await await_until(lambda: metric("distrinews_queue_depth") >= queued, 120, "the blockers queued", 0.01)
                 # A raw client: sends its request, waits until the server has queued it, then hangs up.
                 _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
                 body = json.dumps({"text": "a request nobody waits for"}).encode()
                 head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                 writer.write(head.encode() + body)
                 await writer.drain()
-                while metric("distrinews_queue_depth") % 64 != 1:  # blockers move the depth in steps of 64 texts
-                    await asyncio.sleep(0.005)
+                # blockers move the depth in steps of 64 texts
+                await await_until(lambda: metric("distrinews_queue_depth") % 64 == 1, 120, "the raw request queued")
                 dropped_while_queued = metric("distrinews_requests_dropped_total")
                 still_busy = not blockers[-1].done()
                 writer.close()
@@ -597,6 +590,7 @@ def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_pa
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(180)
+        assert not any(t.is_alive() for t in threads), f"a client still waits 180 s after SIGTERM\n{srv.log()}"
         code = srv.proc.wait(60)
     finally:
         srv.stop()

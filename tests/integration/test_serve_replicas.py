@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import unavailable
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,7 +241,7 @@ class Load:
 def serve_replicas(checkpoint: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[Replicas]:
     """``distrinews serve-replicas`` (2 replicas) of ``root/current`` -> ``checkpoint``, ready; stopped after."""
     if why := _nginx_missing():
-        pytest.skip(f"nginx is not installed: {why}")
+        unavailable(f"nginx is not installed: {why}")
     link = root / "current"
     link.symlink_to(checkpoint)
     args = ("--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
@@ -394,7 +396,7 @@ def _running(pid: int) -> bool:
 
 def test_the_replicas_comparison_runs_on_a_tiny_model(checkpoints, tmp_path, agnews_dir):
     if why := _nginx_missing():
-        pytest.skip(f"nginx is not installed: {why}")
+        unavailable(f"nginx is not installed: {why}")
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
     args += ["--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out)]
@@ -405,5 +407,8 @@ def test_the_replicas_comparison_runs_on_a_tiny_model(checkpoints, tmp_path, agn
     rows = {(r["config"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(c, n) for c in ("1x2 direct", "1x2 nginx", "2x1 nginx") for n in (1, 2)}
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
-    assert isinstance(report["nginx_overhead_p50_ms_at_1_client"], float)
+    # nginx's cost is the median latency through it less the median straight to the same replica, one client
+    direct, proxied = rows["1x2 direct", 1], rows["1x2 nginx", 1]
+    assert direct["p50_ms"] > 0 and proxied["p50_ms"] > 0
+    assert report["nginx_overhead_p50_ms_at_1_client"] == pytest.approx(proxied["p50_ms"] - direct["p50_ms"])
     assert "| 2x1 nginx | 2 |" in (out / "replicas.md").read_text()

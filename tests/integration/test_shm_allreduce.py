@@ -127,10 +127,16 @@ def _dies(rank: int, world: int, store: str, out: str) -> None:  # a module-leve
 def test_a_rank_that_dies_fails_the_others_instead_of_hanging_them(tmp_path: Path):
     ctx = mp.get_context("spawn")  # not mp.spawn, which would SIGTERM rank 0 as soon as rank 1 dies
     ranks = [ctx.Process(target=_dies, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out"))) for r in range(2)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(90)
+    try:
+        for p in ranks:
+            p.start()
+        for p in ranks:
+            p.join(90)
+    finally:  # a rank that hangs is the failure this test looks for: it must not outlive the test
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
     assert [p.exitcode for p in ranks] == [0, 17]
     outcome = (tmp_path / "out.0").read_text()
     assert outcome.startswith("raised"), outcome

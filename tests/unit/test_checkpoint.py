@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
 from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
-from distrinews.checkpoint.resumable import Checkpointer, capture_rng_state, load_weights, restore_rng_state, save_weights
+from distrinews.checkpoint.resumable import Checkpointer, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
 from distrinews.checkpoint.space import _says_disk_full, _size
@@ -44,9 +44,51 @@ def _save_step(root, step, model, limit=None):
     )
 
 
+def _stepping_parts(model):
+    """``_parts`` with a schedule that moves: the learning rate halves every step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+    return ParallelModel(model, model, "ddp", ONE_PROCESS), opt, sched
+
+
+def _train_step(model, opt, sched, batch) -> None:
+    model(**batch).loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _draws() -> tuple:
+    """The next value of every generator a checkpoint captures."""
+    import random
+
+    import numpy as np
+
+    return random.random(), torch.rand(4), np.random.rand(3)
+
+
 def test_resumable_checkpoint_round_trip(tmp_path, tiny):
-    model, _ = tiny
-    path = _save_step(tmp_path, 5, model)
+    """Two AdamW steps, saved, loaded into a fresh model: the optimizer's moments and step counts, the schedule and
+    the weights are back, the next step gives bit-equal weights, and the RNG states reproduce the next draws."""
+    import copy
+    import random
+
+    import numpy as np
+
+    model = copy.deepcopy(tiny[0]).train()
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        {"input_ids": torch.randint(5, 1000, (4, 12), generator=g), "labels": torch.randint(0, 4, (4,), generator=g)} for _ in range(3)
+    ]
+    wrapped, opt, sched = _stepping_parts(model)
+    for batch in batches[:2]:
+        _train_step(model, opt, sched, batch)
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    checkpointer = Checkpointer(tmp_path, ONE_PROCESS, None, {"model_name_or_path": "tiny-random"})
+    path = checkpointer.save(2, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=2))
+    expected_draws = _draws()
     assert sorted(p.name for p in path.iterdir()) == [
         "config.json",
         "manifest.json",
@@ -56,18 +98,32 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
         "scheduler.pt",
         "trainer_state.json",
     ]
-    fresh = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=1)
+    fresh = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=1).train()
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
-    wrapped, opt, sched = _parts(fresh)
-    loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, wrapped, opt, sched, None)
-    assert loaded.trainer_state.global_step == 5 and loaded.world_size == 1 and len(loaded.rng_states) == 1
+    fresh_wrapped, fresh_opt, fresh_sched = _stepping_parts(fresh)
+    loaded = Checkpointer(tmp_path, ONE_PROCESS, None, {}).load(path, fresh_wrapped, fresh_opt, fresh_sched, None)
+    assert loaded.trainer_state.global_step == 2 and loaded.world_size == 1 and len(loaded.rng_states) == 1
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k
-    torch.manual_seed(0)
-    before = capture_rng_state()
-    expected = torch.rand(3)
-    restore_rng_state(before)
-    assert torch.equal(torch.rand(3), expected)
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        saved, back = opt.state[p], fresh_opt.state[q]
+        assert float(back["step"]) == float(saved["step"]) == 2.0, name
+        assert torch.equal(back["exp_avg"], saved["exp_avg"]) and torch.equal(back["exp_avg_sq"], saved["exp_avg_sq"]), name
+        assert back["exp_avg_sq"].abs().sum() > 0, f"{name}: the steps moved the moments"
+    assert fresh_sched.state_dict()["last_epoch"] == 2 and fresh_sched.get_last_lr() == sched.get_last_lr() == [1e-3 * 0.25]
+
+    _train_step(model, opt, sched, batches[2])
+    _train_step(fresh, fresh_opt, fresh_sched, batches[2])
+    for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), f"{k}: the step after loading differs"
+
+    torch.manual_seed(99)  # anything else: the loaded states must put every generator back
+    random.seed(99)
+    np.random.seed(99)
+    restore_rng_state(loaded.rng_states[0])
+    again = _draws()
+    assert again[0] == expected_draws[0] and torch.equal(again[1], expected_draws[1])
+    assert np.array_equal(again[2], expected_draws[2])
 
 
 def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypatch):
@@ -89,6 +145,31 @@ def test_kill_mid_save_leaves_previous_checkpoint_whole(tmp_path, tiny, monkeypa
     clean_stale_tmp(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     assert [p.name for p in tmp_path.iterdir()] == ["step-1"]
+
+
+def test_a_kill_between_the_renames_of_best_leaves_the_previous_best_after_cleaning(tmp_path, tiny, monkeypatch):
+    """publish_dir moves best/ aside, then the new one in: stopped between the two, the next run's cleaning puts
+    the previous best/ back instead of deleting it. (test_resume kills a run there for real.)"""
+    from distrinews.checkpoint import atomic
+
+    model, tok = tiny
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64))
+    replace = os.replace
+
+    def stopped_after_moving_aside(src, dst):
+        replace(src, dst)
+        if os.path.basename(dst).startswith(".old-"):
+            raise KeyboardInterrupt("killed between the renames")
+
+    monkeypatch.setattr(atomic.os, "replace", stopped_after_moving_aside)
+    with pytest.raises(KeyboardInterrupt):
+        save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64))
+    monkeypatch.undo()
+    assert not (tmp_path / "best").exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".old-best-")]
+    clean_stale_tmp(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+    assert json.loads((tmp_path / "best" / "distrinews.json").read_text())["metrics"]["accuracy"] == 0.1
+    check_loadable(tmp_path / "best")
 
 
 def test_tied_weights_are_stored_once_and_load_back(tmp_path):

@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 
+from conftest import await_until
 from distrinews.serve.app import ServeConfig, create_app
 
 
@@ -117,17 +118,15 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post, gated_
         ):
             await _poll(client, "/ready", 200)
             busy = asyncio.ensure_future(predict(app, "keeps the model busy"))
-            while not predictor.running.is_set():
-                await asyncio.sleep(0.001)
+            await await_until(predictor.running.is_set, 10, "the first forward pass")
             hang_up = asyncio.Event()
             gone = asyncio.ensure_future(predict(app, "nobody waits for this", hang_up))
             kept = asyncio.ensure_future(predict(app, "still wanted"))
             state = app.state.serve
-            while state.batcher.queue_depth < 2 or state.batcher._tokenizing:
-                await asyncio.sleep(0.001)
+            await await_until(lambda: state.batcher.queue_depth >= 2 and not state.batcher._tokenizing, 10, "two queued")
             hang_up.set()  # the client disconnects while its request waits in the queue
-            while state.batcher.queue_depth > 1:  # its place in the queue is freed at once
-                await asyncio.sleep(0.001)
+            # its place in the queue is freed at once
+            await await_until(lambda: state.batcher.queue_depth <= 1, 10, "the hung-up request to leave the queue")
             predictor.gate.set()
             statuses = await asyncio.gather(busy, gone, kept)
             metrics = (await client.get("/metrics")).text

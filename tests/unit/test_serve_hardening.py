@@ -1,11 +1,12 @@
-"""Serving hardening, in process (ASGI through Starlette's TestClient; no subprocess, no real model).
+"""Serving hardening, in process (ASGI through Starlette's TestClient; no subprocess; a tiny real model).
 
 Bad input is a 4xx JSON error, never a 500, and parsing it is bounded: deeply nested JSON, huge
 numbers, bodies not declared as JSON (415), Content-Length the app can see and reject. A
 checkpoint that is refused (pickled code, broken safetensors) raises one-line CheckpointError
 and the app reports it on /health without repeating torch's "weights_only=False" hint. A fuzz
 test over the request bodies (hypothesis, and schemathesis over the OpenAPI schema) keeps this
-class of bug found.
+class of bug found; it runs against the real predictor on a tiny checkpoint, and every answer it
+gets is checked against that model's own answer to the text alone.
 """
 
 from __future__ import annotations
@@ -38,9 +39,54 @@ def _wait_for(client: TestClient, path: str, status: int, timeout: float = 60.0)
         time.sleep(0.02)
 
 
+# The tiny model's head is whitened on these, so its answers differ from text to text (``spread_checkpoint``).
+CALIBRATION = [
+    "Oil prices jump after OPEC agrees to cut production",
+    "Federer beats Roddick to win his third Wimbledon title",
+    "Apple unveils a new iPhone with a faster chip and a better camera",
+    "UN Security Council meets over the crisis in Sudan",
+    "Stocks fall as investors weigh new jobs data",
+    "Chelsea beat Arsenal in the cup final",
+    "NASA probe sends back images of Saturn's rings",
+    "Rebels and the army agree to a ceasefire in the north",
+    "Microsoft patches a flaw in Windows",
+    "Yankees sign a new pitcher for next season",
+    "The central bank holds interest rates steady",
+    "Scientists sequence the genome of the rice plant",
+]
+# Softmax is computed in float64 and sent as JSON floats: the four probabilities sum to 1 within rounding.
+PROBABILITY_SUM_ATOL = 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The tiny model's forward passes on one thread (two pytest workers share the cores: more threads only
+    contend), and the worker's setting back for the modules after this one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def app(fake_predictor):
-    return create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=fake_predictor)
+def model_dir(tmp_path_factory, spread_checkpoint) -> Path:
+    return spread_checkpoint(tmp_path_factory.mktemp("served") / "best", CALIBRATION)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """``reference(texts)``: the same model's answers through the command line's path (``Predictor.predict``: its own
+    length-sorted batches, no batcher, no HTTP), which a served answer must equal."""
+    from distrinews.predict.runtimes import Predictor
+
+    return Predictor(model_dir, device="cpu").predict
+
+
+@pytest.fixture(scope="module")
+def app(model_dir):
+    return create_app(ServeConfig(checkpoint=str(model_dir), runtime="torch", api_key=""))
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +227,7 @@ def test_content_length_errors_the_app_sees_are_json(client, app, asgi_post, hea
 
 def test_a_correct_content_length_is_served(client, app, asgi_post):
     status, _, body = client.portal.call(asgi_post, app, [(b"content-length", b"27")], [BODY[:10], BODY[10:]])
-    assert status == 200 and json.loads(body)["label"] == "World"
+    assert status == 200 and json.loads(body)["label"] in LABELS
 
 
 # ---------------------------------------------------------------------- dead code stays dead
@@ -434,9 +480,27 @@ def _check(response) -> None:
         assert response.status_code == 200
 
 
+def _check_answers(response, path: str, sent, reference, padding_atol: float) -> None:
+    """A 200 from /predict or /predict/batch: one answer per text sent, in order, each a distribution over the
+    labels whose label is its argmax, and equal to the model's answer to that text (stripped, as served)."""
+    assert response.status_code == 200
+    texts = [sent] if path == "/predict" else sent
+    answers = [response.json()] if path == "/predict" else response.json()
+    assert isinstance(texts, list) and all(isinstance(t, str) for t in texts), sent
+    assert len(answers) == len(texts)
+    for answer in answers:
+        assert list(answer["probabilities"]) == LABELS
+        probabilities = list(answer["probabilities"].values())
+        assert sum(probabilities) == pytest.approx(1.0, abs=PROBABILITY_SUM_ATOL)
+        best = max(range(len(LABELS)), key=probabilities.__getitem__)
+        assert (answer["label"], answer["label_id"], answer["confidence"]) == (LABELS[best], best, probabilities[best])
+    for answer, expected in zip(answers, reference([t.strip() for t in texts])):
+        assert answer["probabilities"] == pytest.approx(expected["probabilities"], abs=padding_atol), (answer, expected)
+
+
 @FUZZ
 @given(path_field=st.sampled_from([("/predict", "text"), ("/predict/batch", "texts")]), data=st.data(), content_type=_CONTENT_TYPES)
-def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, path_field, data, content_type):
+def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, reference, padding_atol, path_field, data, content_type):
     path, field = path_field
     body = data.draw(_body_for(field))
     try:
@@ -445,9 +509,19 @@ def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, path_field, 
         return
     _check(response)
     if response.status_code == 200:
-        results = response.json()
-        results = results if isinstance(results, list) else [results]
-        assert all(r["label"] in LABELS for r in results)
+        _check_answers(response, path, json.loads(body)[field], reference, padding_atol)
+
+
+_NEWS_TEXT = st.sampled_from(CALIBRATION) | st.text(st.characters(codec="utf-8"), min_size=1, max_size=80).filter(str.strip)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(path=st.sampled_from(["/predict", "/predict/batch"]), texts=st.lists(_NEWS_TEXT, min_size=1, max_size=64))
+def test_valid_requests_get_the_models_answer_for_every_text_in_order(client, reference, padding_atol, path, texts):
+    """The fuzzers above mostly send bad requests; these are all valid, so every one reaches the model."""
+    sent = texts[0] if path == "/predict" else texts
+    response = client.post(path, json={"text": sent} if path == "/predict" else {"texts": sent})
+    _check_answers(response, path, sent, reference, padding_atol)
 
 
 @FUZZ
@@ -464,7 +538,7 @@ def test_fuzzed_methods_and_paths_never_give_a_5xx(client, method, path, query):
         assert isinstance(response.json()["detail"], str)
 
 
-def test_schema_driven_requests_never_give_a_5xx(client, app):
+def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding_atol):
     """schemathesis generates requests from the app's OpenAPI schema, valid and deliberately invalid."""
     schemathesis = pytest.importorskip("schemathesis")
     from schemathesis import GenerationMode
@@ -487,5 +561,8 @@ def test_schema_driven_requests_never_give_a_5xx(client, app):
         except UnicodeEncodeError:  # an unencodable header value never leaves the client
             return
         _check(response)
+        path = request["url"].removeprefix("http://testserver")
+        if response.status_code == 200 and path in ("/predict", "/predict/batch"):
+            _check_answers(response, path, request["json"]["text" if path == "/predict" else "texts"], reference, padding_atol)
 
     run()

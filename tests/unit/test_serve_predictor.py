@@ -10,11 +10,16 @@ import httpx
 import numpy as np
 import pytest
 
+from conftest import await_until
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
+
+
+async def _is_ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/ready")).status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,7 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
-            while (await client.get("/ready")).status_code != 200:
-                await asyncio.sleep(0.01)
+            await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
             calls.clear()  # not the warm-up
             singles = await asyncio.gather(*(client.post("/predict", json={"text": t}) for t in texts[:16]))
             batch = await client.post("/predict/batch", json={"texts": texts[16:]})
@@ -126,7 +130,21 @@ def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
     monkeypatch.setattr(distrinews.distributed.machine, "bf16_is_fast", lambda device: True)
     predictor = make_predictor(checkpoint, runtime="torch-bf16")
     assert predictor.runtime == "torch-bf16" and predictor.describe()["runtime"] == "torch-bf16"
-    assert len(predictor.predict(rows[:3])) == 3
+    texts = rows[:8]
+    got = [predictor.predict([t])[0] for t in texts]  # one at a time: the same shapes as the reference below
+    # The reference: Hugging Face's model and tokenizer from the same folder, under bf16 autocast, outside distrinews.
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = [model(**tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits.float().softmax(-1)[0] for t in texts]
+    for answer, probabilities in zip(got, want):
+        assert list(answer["probabilities"].values()) == pytest.approx(probabilities.tolist(), abs=1e-3)
+    fp32 = Predictor(checkpoint, device="cpu").predict(texts)
+    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(got, fp32) for k in a["probabilities"])
+    assert gap > 1e-3, "the answers are fp32's: bf16 autocast did not run"
 
 
 def test_the_default_runtime_is_what_serve_help_shows_and_what_the_app_uses():
@@ -197,11 +215,11 @@ def _served_info(checkpoint) -> dict:
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
-            for _ in range(3000):
-                if (await client.get("/ready")).status_code == 200:
-                    return (await client.get("/info")).json()
-                await asyncio.sleep(0.01)
-            raise AssertionError((await client.get("/health")).json())
+            try:
+                await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
+            except AssertionError as exc:
+                raise AssertionError((await client.get("/health")).json()) from exc
+            return (await client.get("/info")).json()
 
     return asyncio.run(main())
 

@@ -289,15 +289,26 @@ def test_without_the_check_the_readme_says_which_measurement_it_relies_on(bundle
     assert "int8 accuracy was not measured for this checkpoint at export" in text and "benchmarks/onnx-int8.md" in text
 
 
-def test_compare_int8_measures_both_graphs_on_the_test_split(checkpoint, tmp_path, write_csv):
+def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, tmp_path, write_csv):
+    from distrinews.data.splits import load_split
     from distrinews.export.onnx import export_onnx, quantize_int8
+    from distrinews.predict.runtimes import OnnxPredictor
 
     rows = [(str(1 + i % 4), f"headline {i}", f"words about topic {i % 4}") for i in range(40)]
     write_csv(tmp_path / "test.csv", rows)
+    texts = load_split(str(tmp_path), "test").texts
+    checkpoint = spread_checkpoint(tmp_path / "best", texts)  # answers that differ from row to row
     fp32 = export_onnx(checkpoint, tmp_path / "model.onnx")
     int8 = quantize_int8(fp32, tmp_path / "model.int8.onnx")
+    # Labels made so that the fp32 graph is right on exactly 30 of the 40 rows: a known accuracy, 0.75.
+    fp32_labels = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=fp32).predict(texts)]
+    labels = [y if i < 30 else (y + 1) % 4 for i, y in enumerate(fp32_labels)]
+    write_csv(tmp_path / "test.csv", [(str(1 + y), *row[1:]) for y, row in zip(labels, rows)])
+    int8_labels = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=int8).predict(texts)]
+    assert len(set(fp32_labels)) > 1 and int8_labels != fp32_labels, "the check must tell the graphs and rows apart"
     result = accuracy.compare_int8(checkpoint, fp32, int8, str(tmp_path))
-    assert result["rows"] == 40 and 0 <= result["int8_accuracy"] <= 1 and 0 <= result["fp32_accuracy"] <= 1
+    assert result["rows"] == 40 and result["fp32_accuracy"] == 0.75
+    assert result["int8_accuracy"] == sum(a == b for a, b in zip(int8_labels, labels)) / 40
     assert result["difference_points"] == pytest.approx(100 * (result["int8_accuracy"] - result["fp32_accuracy"]), abs=1e-3)
     assert result["within_tolerance"] == (result["difference_points"] >= -0.2)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from distrinews.train.ema import WeightAverage
@@ -41,11 +42,8 @@ def test_applied_swaps_the_average_in_and_the_weights_back_exactly():
         assert torch.equal(model[1].weight, average.average[0])
         assert torch.equal(model[0].weight, raw["0.weight"])  # the frozen table is left alone
     assert all(torch.equal(v, raw[k]) for k, v in model.state_dict().items())
-    try:
-        with average.applied():
-            raise RuntimeError("an evaluation that fails")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="an evaluation that fails"), average.applied():
+        raise RuntimeError("an evaluation that fails")  # passed on, not swallowed
     assert all(torch.equal(v, raw[k]) for k, v in model.state_dict().items()), "restored after an error too"
 
 

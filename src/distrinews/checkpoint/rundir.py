@@ -249,9 +249,20 @@ def _holder(fd: int) -> str:
 
 
 def clean_stale_tmp(directory: Path) -> None:
-    """Remove leftovers of saves that were killed midway (never a published checkpoint)."""
-    if directory.is_dir():
-        for p in directory.iterdir():
-            if p.name.startswith((".tmp-", ".old-")):
-                with contextlib.suppress(OSError):
-                    remove_entry(p)
+    """Remove leftovers of saves that were killed midway (never a published checkpoint).
+
+    A kill between the two renames of ``atomic.publish_dir`` leaves the published folder moved aside
+    (``.old-NAME-PID-NS``) and nothing at NAME: that folder is the last published version, so it is put back
+    (only a real folder: a planted link is removed like any leftover, never followed).
+    """
+    if not directory.is_dir():
+        return
+    aside = [p for p in directory.iterdir() if p.name.startswith(".old-") and p.is_dir() and not p.is_symlink()]
+    for p in sorted(aside, key=lambda p: p.name.rsplit("-", 1)[-1].rjust(24, "0"), reverse=True):  # newest first
+        final = directory / p.name[len(".old-") :].rsplit("-", 2)[0]
+        if not final.exists() and not final.is_symlink():
+            os.replace(p, final)
+    for p in directory.iterdir():
+        if p.name.startswith((".tmp-", ".old-")):
+            with contextlib.suppress(OSError):
+                remove_entry(p)
