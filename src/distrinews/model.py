@@ -12,7 +12,7 @@ import contextlib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from .config import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported where a model is built: the launcher never needs it
-    from transformers import BertConfig
+    from peft import PeftModel
+    from transformers import BertConfig, PretrainedConfig, PreTrainedModel
 
 SHIPPED_MINILM = "minilm"
 TINY_RANDOM = "tiny-random"
@@ -116,11 +117,22 @@ def build_model(
     return AutoModelForSequenceClassification.from_pretrained(path, config=config)
 
 
+def hf_config(model: torch.nn.Module) -> PretrainedConfig:
+    """A transformers model's config: torch's stubs type every module attribute as ``Tensor | Module``."""
+    return cast("PretrainedConfig", model.config)
+
+
+def model_label_names(model: torch.nn.Module) -> list[str]:
+    """The model's label names in class order (its config's ``id2label``)."""
+    id2label = cast("dict[int, str]", hf_config(model).id2label)
+    return [id2label[i] for i in range(len(id2label))]
+
+
 def freeze_word_embeddings(model: torch.nn.Module) -> int:
     """Stop training the vocabulary matrix; returns the number of parameters frozen."""
-    embeddings = model.get_input_embeddings()
-    embeddings.weight.requires_grad_(False)
-    return embeddings.weight.numel()
+    weight = cast("PreTrainedModel", model).get_input_embeddings().get_parameter("weight")
+    weight.requires_grad_(False)
+    return weight.numel()
 
 
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
@@ -176,7 +188,7 @@ def _sdpa_in_fp32(module, query, key, value, attention_mask, dropout: float = 0.
 
 
 def _transformers_model(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
+    return cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
 
 
 def use_fp32_attention(model: torch.nn.Module) -> bool:
@@ -192,7 +204,7 @@ def use_fp32_attention(model: torch.nn.Module) -> bool:
     AttentionInterface.register(FP32_ATTENTION, _sdpa_in_fp32)
     # the padding mask in SDPA's form: transformers builds no mask at all for a name it has no mask function for
     AttentionMaskInterface.register(FP32_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    inner.set_attn_implementation(FP32_ATTENTION)
+    cast("PreTrainedModel", inner).set_attn_implementation(FP32_ATTENTION)
     return True
 
 
@@ -216,7 +228,7 @@ def keep_hidden_states_in_autocast_dtype(model: torch.nn.Module) -> bool:
     return True
 
 
-def add_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str | None) -> torch.nn.Module:
+def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_modules: str | None) -> torch.nn.Module:
     """Low-rank adapters (peft) on ``target_modules``; everything else frozen but the classifier head."""
     try:
         from peft import LoraConfig, TaskType, get_peft_model
@@ -239,7 +251,7 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(model, "merge_and_unload"):
         import copy
 
-        return copy.deepcopy(model).merge_and_unload()
+        return cast("PeftModel", copy.deepcopy(model)).merge_and_unload()
     return model
 
 
@@ -248,7 +260,7 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
 
 
 def forward_loss(
-    model: Callable[..., object],
+    model: Callable[..., Any],
     batch: dict[str, torch.Tensor],
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     reduction: str = "mean",

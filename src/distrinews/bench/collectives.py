@@ -201,10 +201,13 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
     payload.clear()
 
-    sampler = TrainSampler(data.train, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False)
+    sampler = TrainSampler(data.train_set, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False)
     loader = iter(
         DataLoader(
-            data.train, batch_size=config.batches.per_device_train_batch_size, sampler=sampler, collate_fn=Collator(data.train.pad_token_id)
+            data.train_set,
+            batch_size=config.batches.per_device_train_batch_size,
+            sampler=sampler,
+            collate_fn=Collator(data.train_set.pad_token_id),
         )
     )
     precision = Precision.from_config(config.precision, env.device).prepare(model)
@@ -222,9 +225,9 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
             counts = Counts.of_batch(loss, logits, batch)
             flops.append(shape.train_flops(counts.tokens, counts.squared_lengths))
         model.zero_grad(set_to_none=True)
-    t = torch.tensor([statistics.fmean(times)], dtype=torch.float64, device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    compute_s = t.item()
+    slowest = torch.tensor([statistics.fmean(times)], dtype=torch.float64, device=env.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    compute_s = slowest.item()
 
     # busbw of all_reduce at the message size nearest the payload, from the table just measured
     ar = [r for r in table if r["op"] == "all_reduce"]

@@ -171,7 +171,8 @@ def _probe_exposed_allreduce(trainer, windows, probes: int) -> tuple[list[float]
     import torch
 
     sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
-    local, synced = [], []
+    local: list[float] = []
+    synced: list[float] = []
     for _ in range(probes):
         window = next(windows)
         for allreduce, times in ((False, local), (True, synced)):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.process_group import DistEnv
-from ..model import merged
+from ..model import merged, model_label_names
 from .records import ServableInfo
 from .servable import save_servable
 from .space import saving_together, space_needed
@@ -36,7 +36,7 @@ class BestModel:
                     servable.state_dict() if servable is not model.raw else weights,
                     self.tokenizer,
                     ServableInfo(
-                        label_names=[servable.config.id2label[i] for i in range(servable.config.num_labels)],
+                        label_names=model_label_names(servable),
                         metrics=metrics,
                         epoch=epoch,
                         global_step=global_step,

@@ -33,7 +33,7 @@ def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     unique = {}
     for name, tensor in weights.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
         if key in seen:
             continue
         seen.add(key)
@@ -57,7 +57,7 @@ def capture_rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
     except ImportError:  # pragma: no cover
         pass
@@ -113,6 +113,7 @@ class ReplicatedLayout:
 
     def write(self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv, average: dict[str, torch.Tensor] | None) -> None:
         if env.is_main:
+            assert tmp is not None, "the main rank writes into the checkpoint's temporary folder"
             save_weights(states[0], tmp / "model.safetensors")
             torch.save(states[1], tmp / "optimizer.pt")
             if average is not None:
@@ -154,7 +155,7 @@ class ShardedLayout:
         if not (path / SHARDED).is_dir():
             raise CheckpointError(f"{path} was written by a replicated run (ddp); resume it with --strategy ddp")
         model_state, optim_state = get_state_dict(model.module, optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         load_sharded(state, path / SHARDED)  # reshards to this run's world size
         set_state_dict(model.module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if average is None or not (path / AVERAGE_SHARDED).is_dir():

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -27,6 +28,9 @@ from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, Toke
 from .resumable import SHARDED, load_sharded_weights, load_weights
 from .tokenizer_files import needs_own_tokenizer, require_tokenizer
 from .versioning import version_fields
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def stamped(info: ServableInfo) -> ServableInfo:
@@ -58,7 +62,7 @@ def save_servable(
     tmp = fresh_tmp(final)
     with removed_on_failure(tmp):
         # a copy: save_pretrained empties the dict it is given, and the caller may still need it
-        model.save_pretrained(str(tmp), state_dict=dict(weights), safe_serialization=True)
+        cast("PreTrainedModel", model).save_pretrained(str(tmp), state_dict=dict(weights), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / SERVABLE_INFO).write_text(json.dumps(info.to_json(), indent=2))
         write_model_card(tmp, info)  # README.md: the Hub's model card, from the same record
@@ -138,7 +142,7 @@ def check_loadable(path: str | os.PathLike) -> None:
             fh.keys()
 
 
-def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, object, ModelInfo]:
+def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, Any, ModelInfo]:
     """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from a ``best/``-style directory, a ``step-N``
     directory, a ``.pt`` file or any Hugging Face sequence-classification folder.
 

@@ -14,6 +14,7 @@ import torch
 
 from ..checkpoint.servable import load_for_inference
 from ..checkpoint.versioning import version_fields
+from ..model import hf_config
 
 
 def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
@@ -28,6 +29,7 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, mode
     if (ckpt / "optimizer.pt").is_file():
         optimizer_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
     metrics = info.metrics
+    model_config = hf_config(model)
     payload = {
         "epoch": 0 if info.epoch is None else info.epoch,  # the reference format's epoch is a number
         "model_state_dict": {k: v.contiguous() for k, v in model.state_dict().items()},
@@ -35,11 +37,11 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, mode
         "loss": metrics.get("loss"),
         "accuracy": None if metrics.get("accuracy") is None else 100.0 * metrics["accuracy"],
         "config": {
-            "model_name": info.model_name or model.config.name_or_path,
-            "num_labels": model.config.num_labels,
+            "model_name": info.model_name or model_config.name_or_path,
+            "num_labels": model_config.num_labels,
             "max_length": info.max_length,
             "label_names": list(info.label_names),
-            "hf_config": model.config.to_dict(),
+            "hf_config": model_config.to_dict(),
             "tokenizer": tokenizer.name_or_path,
             "model_version": versions["model_version"],
             "config_hash": info.config_hash or versions["config_hash"],

@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 OPSET = 17
 # fp32 ONNX must reproduce PyTorch's probabilities to this tolerance (the contract).
@@ -52,7 +55,7 @@ def export_model(model: torch.nn.Module, tokenizer, out: str | os.PathLike) -> P
     # and mask arithmetic that ONNX Runtime runs ~15% slower on a CPU, for the same probabilities.
     attention = getattr(model.config, "_attn_implementation", None)
     if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation("eager")
+        cast("PreTrainedModel", model).set_attn_implementation("eager")
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         # The TorchScript exporter (dynamo=False): the torch.export-based default needs
         # onnxscript and gives nothing better for a static BERT graph; the tracer's warnings
@@ -73,7 +76,7 @@ def export_model(model: torch.nn.Module, tokenizer, out: str | os.PathLike) -> P
         )
     model.eval()
     if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(attention)
+        cast("PreTrainedModel", model).set_attn_implementation(attention)
     os.replace(tmp, out)
     return out
 

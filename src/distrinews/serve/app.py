@@ -359,7 +359,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
         f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
     )
-    shared = {"response_model": answers, "description": described, "openapi_extra": both_shapes, "responses": codes}
+    shared: dict[str, Any] = {"response_model": answers, "description": described, "openapi_extra": both_shapes, "responses": codes}
     app.add_api_route("/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared)
     for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
         summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
@@ -390,6 +390,7 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
     @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits", responses=declared(401, 503))
     async def info():
         state.require_ready()
+        assert state.predictor is not None, "set with the batcher, which require_ready checked"
         body = {
             **state.predictor.describe(),
             "version": __version__,

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from .schemas import ApiError
+
+Body = TypeVar("Body", bound=BaseModel)
 
 # Request bodies: JSON arrays/objects nest at most this deep (ours need 2), and a number may
 # have at most this many characters (ours have none; Python's int() refuses 4,300+ digits).
@@ -100,7 +103,7 @@ def parse_json(text: str) -> Any:
     return payload
 
 
-def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
+def _describe_validation_errors(errors: list[ErrorDetails]) -> str:
     """Pydantic's error list as one sentence: ``texts.2: Input should be a valid string``."""
     parts = []
     for err in errors:
@@ -109,7 +112,7 @@ def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
     return "invalid request body: " + "; ".join(parts)
 
 
-async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
+async def parse_body(request: Request, model: type[Body]) -> Body:
     """The request's JSON body as ``model``; every way it can be wrong is a 4xx that says how."""
     return validate_body(await read_object(request, model), model)
 
@@ -122,7 +125,9 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
         raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
     raw = await request.body()
     if not raw.strip():
-        example = json.dumps(model.model_config.get("json_schema_extra", {}).get("examples", [{}])[0])
+        extra = model.model_config.get("json_schema_extra")
+        examples = extra.get("examples") if isinstance(extra, dict) else None
+        example = json.dumps(examples[0] if isinstance(examples, list) and examples else {})
         raise ApiError(422, "request body is empty: send a JSON object, e.g. " + example)
     try:
         text = raw.decode("utf-8")
@@ -134,7 +139,7 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
     return payload
 
 
-def validate_body(payload: dict[str, Any], model: type[BaseModel]) -> BaseModel:
+def validate_body(payload: dict[str, Any], model: type[Body]) -> Body:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

@@ -25,6 +25,7 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
     from .app import config_summary, create_app
     from .connections import guarded_protocol
 
+    assert config.port is not None, "validating the options resolves the port"
     app = create_app(config, predictor_factory)
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     log = logging.getLogger("distrinews.serve")
@@ -39,7 +40,8 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
             port=config.port,
             log_level=config.log_level,
             access_log=not config.no_access_log,
-            timeout_graceful_shutdown=config.timeout_graceful_shutdown,
+            # uvicorn annotates an int, and passes it to asyncio.wait_for, which takes fractions of a second
+            timeout_graceful_shutdown=config.timeout_graceful_shutdown,  # type: ignore[arg-type]
             lifespan="on",
             # h11 with deadlines for request headers and bodies and a cap on open connections (slow clients)
             http=guarded_protocol(config.header_timeout, config.max_connections, config.body_timeout),

@@ -118,6 +118,18 @@ class Datasets:
     labelled: LabelledData  # the rows as read (sampled), their source and the warnings about them
     eval_rows: RawSplit  # the evaluation rows as text (the int8 model's check reads them)
 
+    @property
+    def train_set(self) -> TokenizedDataset:
+        """The tokenized training split, for the callers that train (``prepare_data``'s ``need_train``)."""
+        assert self.train is not None, "prepare_data(need_train=False) read no training split"
+        return self.train
+
+    @property
+    def train_rows(self) -> RawSplit:
+        """The training rows as text (sampled), for the callers that train."""
+        assert self.labelled.train is not None, "prepare_data(need_train=False) read no training split"
+        return self.labelled.train
+
 
 def prepare_data(config: DataConfig, tokenizer_name: str, seed: int, env: DistEnv, need_train: bool = True) -> Datasets:
     """Read, check, sample (``seed``) and tokenize with the model's tokenizer; each node's first process builds the

@@ -17,7 +17,7 @@ from ..data.collate import Collator
 from ..data.sampler import eval_shard
 from ..data.tokenized import TokenizedDataset
 from ..distributed.process_group import DistEnv, all_reduce_max, all_reduce_sum
-from ..model import forward_loss
+from ..model import forward_loss, model_label_names
 from .metrics import classification_metrics, confusion_matrix
 from .precision import Precision
 
@@ -51,7 +51,7 @@ def evaluate(
     """
     was_training = model.training
     model.eval()
-    num_labels = model.config.num_labels
+    num_labels = len(model_label_names(model))
     shard = eval_shard(dataset.lengths, env.rank, env.world_size)
     batches = -(-len(shard) // batch_size)
     if lockstep and env.distributed:
@@ -74,5 +74,5 @@ def evaluate(
     all_reduce_sum(confusion, env)
     all_reduce_sum(loss_sum, env)
     model.train(was_training)
-    names = label_names or [model.config.id2label[i] for i in range(num_labels)]
+    names = label_names or model_label_names(model)
     return classification_metrics(confusion, loss_sum.item(), names)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model import layer_depth, num_layers
+from ..model import hf_config, layer_depth, num_layers
 
 PEAK_ENV = "DISTRINEWS_PEAK_TFLOPS"
 
@@ -181,7 +181,8 @@ class ModelShape:
         n = sum(p.numel() for _, p in matmul)
         forward_only = sum(p.numel() for below, p in matmul if below)
         frozen = sum(p.numel() for below, p in matmul if not below and not p.requires_grad)
-        hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "dim", None) or model.config.d_model
+        config = hf_config(model)
+        hidden = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.d_model
         return cls(n, layers, int(hidden), frozen, forward_only, bottom)
 
     def train_flops(self, tokens: float, sum_squared_lengths: float) -> float:

@@ -37,7 +37,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.versioning import NOT_HASHED, config_hash
@@ -45,6 +45,9 @@ from ..distributed.process_group import DistEnv
 from ..scores import confusion_table, per_class_table
 from .callbacks import TrainerCallback
 from .metrics import scalars
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 __all__ = ["MLflowCallback", "mlflow_params"]
 
@@ -76,7 +79,7 @@ def mlflow_params(config: dict[str, Any], id2label: dict[int, str] | None, world
 class MLflowCallback(TrainerCallback):
     def __init__(self, run_dir: RunDir, env: DistEnv, say: Callable[..., None]):
         self.run_dir, self.env, self.say = run_dir, env, say
-        self.client = None
+        self.client: MlflowClient | None = None  # from the start of the run
         self.run_id: str | None = None
         self.owns_run = True  # False: a run the caller started (and ends)
         self.stopped = False  # after a failure, or when disabled
@@ -99,7 +102,7 @@ class MLflowCallback(TrainerCallback):
         if stopped_by is None:
             self._safely("logging artifacts", lambda: self._log_artifacts(best_metrics))
         if self.owns_run:
-            self._safely("ending the run", lambda: self.client.set_terminated(self.run_id, "KILLED" if stopped_by else "FINISHED"))
+            self._safely("ending the run", lambda: self._run()[0].set_terminated(self._run()[1], "KILLED" if stopped_by else "FINISHED"))
 
     # ------------------------------------------------------------------ the work
     def _start(self, args, resumed_from: str | None, id2label: dict[int, str] | None) -> None:
@@ -164,27 +167,31 @@ class MLflowCallback(TrainerCallback):
         name = os.getenv("MLFLOW_EXPERIMENT_NAME")
         if not name:
             return os.getenv("MLFLOW_EXPERIMENT_ID") or DEFAULT_EXPERIMENT_ID
+        assert self.client is not None, "_start sets the client first"
         experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
         try:
             return self.client.create_experiment(name)
         except MlflowException:  # made by another process since we looked
-            return self.client.get_experiment_by_name(name).experiment_id
+            experiment = self.client.get_experiment_by_name(name)
+            assert experiment is not None, f"MLflow experiment {name!r} exists: creating it failed"
+            return experiment.experiment_id
 
     def _log_batch(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
-        items = [Param(k, v) for k, v in (params or {}).items()]
-        for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(self.run_id, tags=items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        items = metrics or []
-        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+        client, run_id = self._run()
+        param_items = [Param(k, v) for k, v in (params or {}).items()]
+        for i in range(0, len(param_items), MAX_PARAMS_TAGS_PER_BATCH):
+            client.log_batch(run_id, params=param_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
+        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        for i in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
+            client.log_batch(run_id, tags=tag_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
+        metric_items = metrics or []
+        for i in range(0, len(metric_items), MAX_METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=metric_items[i : i + MAX_METRICS_PER_BATCH])
 
     def _log_metrics(self, kind: str, logs: dict[str, Any], step: int) -> None:
         from mlflow.entities import Metric
@@ -195,19 +202,25 @@ class MLflowCallback(TrainerCallback):
         self._log_batch(metrics=metrics)
 
     def _log_artifacts(self, best_metrics: dict[str, Any] | None) -> None:
+        client, run_id = self._run()
         run_dir = self.run_dir
         if run_dir.config.is_file():
-            self.client.log_artifact(self.run_id, str(run_dir.config))
+            client.log_artifact(run_id, str(run_dir.config))
         if best_metrics:
-            self.client.log_dict(self.run_id, best_metrics, "eval/best_eval.json")
+            client.log_dict(run_id, best_metrics, "eval/best_eval.json")
             if best_metrics.get("per_class"):
                 report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
-                self.client.log_text(self.run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt")
+                client.log_text(run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt")
         for picture in (run_dir.curves, run_dir.confusion):
             if picture.is_file():
-                self.client.log_artifact(self.run_id, str(picture))
+                client.log_artifact(run_id, str(picture))
         if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and run_dir.best.is_dir():
-            self.client.log_artifacts(self.run_id, str(run_dir.best), "best")
+            client.log_artifacts(run_id, str(run_dir.best), "best")
+
+    def _run(self) -> tuple[MlflowClient, str]:
+        """The client and the run, which ``_start`` sets before anything is logged."""
+        assert self.client is not None and self.run_id is not None, "MLflow: the run has not started"
+        return self.client, self.run_id
 
     def _safely(self, what: str, work: Callable[[], None]) -> None:
         """``work``, unless tracking has stopped; its failure stops tracking with one line, never the run."""

@@ -97,7 +97,7 @@ class Trainer:
         # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
         self.distillation = (
             Distillation.prepare(
-                config.distillation, config.data.cache_dir, self.data.labelled.train, self.data.label_names, env, self.report.say
+                config.distillation, config.data.cache_dir, self.data.train_rows, self.data.label_names, env, self.report.say
             )
             if config.distillation.teacher_model_name_or_path
             else None
@@ -106,7 +106,7 @@ class Trainer:
         # of step k are the same however they are split into processes and micro-batches.
         batches = config.batches
         rows_per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps
-        self.sampler = TrainSampler(self.data.train, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length)
+        self.sampler = TrainSampler(self.data.train_set, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length)
         self.plan = StepPlan.of(batches, len(self.sampler))
 
         model = build_train_model(config.model, config.run.seed, env.device, self.data.label_names)
@@ -121,9 +121,8 @@ class Trainer:
         self.average = WeightAverage(self.model.raw, config.optimizer.ema_decay) if config.optimizer.ema_decay > 0 else None
         self.scaler = self.precision.grad_scaler()
         # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
-        self.class_weights = (
-            class_weights(self.data.train, len(self.data.label_names), env.device) if config.optimizer.class_weights == "balanced" else None
-        )
+        balanced = config.optimizer.class_weights == "balanced"
+        self.class_weights = class_weights(self.data.train_set, len(self.data.label_names), env.device) if balanced else None
 
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict())
@@ -245,10 +244,10 @@ class Trainer:
         skip_rows = self.state.step_in_epoch * self.plan.accumulation * self.plan.micro_batch
         self.sampler.set_epoch(epoch, skip=skip_rows)
         return DataLoader(
-            self.data.train,
+            self.data.train_set,
             batch_size=self.plan.micro_batch,
             sampler=self.sampler,
-            collate_fn=Collator(self.data.train.pad_token_id, self.config.batches.pad_to_multiple_of),
+            collate_fn=Collator(self.data.train_set.pad_token_id, self.config.batches.pad_to_multiple_of),
             num_workers=self.config.batches.dataloader_num_workers,
             pin_memory=self.env.device.type == "cuda",
             # Its own generator: an iterator draws a seed, which must not shift the global RNG
@@ -306,11 +305,11 @@ class Trainer:
             total_steps=self.plan.total_steps,
             parameters=count_parameters(raw),
             trainable=count_parameters(raw, trainable_only=True),
-            train_rows=len(self.data.train),
+            train_rows=len(self.data.train_set),
             rows_per_rank=len(self.sampler),
             test_rows=len(self.data.test),
             label_names=self.data.label_names,
-            train_counts=class_counts(self.data.labelled.train, self.data.label_names),
+            train_counts=class_counts(self.data.train_rows, self.data.label_names),
             eval_counts=class_counts(self.data.eval_rows, self.data.label_names),
             eval_from=self.data.labelled.eval_from,
             class_weights=None if self.class_weights is None else self.class_weights.tolist(),
