@@ -256,6 +256,17 @@ def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
     assert torch.equal(loaded.classifier.weight, model.classifier.weight)
 
 
+def test_legacy_pt_naming_no_tokenizer_is_refused_in_one_line(tmp_path, tiny):
+    model, tok = tiny
+    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64))
+    path = export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
+    payload = torch.load(path, weights_only=True)
+    del payload["config"]["model_name"], payload["config"]["tokenizer"]
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="names neither a base model nor a tokenizer"):
+        load_for_inference(path)
+
+
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint"):
         load_for_inference(tmp_path)

@@ -82,6 +82,8 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
         where = f"the tokenizer at {recorded}, which its config names"
     else:
         name = cfg.get("model_name") or recorded
+        if not name:
+            raise CheckpointError(f"could not load checkpoint {path}: its config names neither a base model nor a tokenizer")
         tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
         where = f"the tokenizer of its base model {name}"
     log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)

@@ -312,9 +312,9 @@ def _how_to_load(load_path: str, example: str) -> list[str]:
 def _training(info: ServableInfo) -> list[str]:
     """The run as a command and its key hyperparameters (nothing for a checkpoint without its config)."""
     command = training_command(info)
-    if not command:
-        return []
     training = info.training_config
+    if not command or training is None:
+        return []
     world_size = int(info.world_size or 1)
     rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
     per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size

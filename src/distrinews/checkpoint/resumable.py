@@ -57,7 +57,9 @@ def capture_rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        numpy_state = np.random.get_state()
+        assert isinstance(numpy_state, tuple), "get_state's default is the legacy form, a tuple"
+        kind, keys, pos, has_gauss, cached = numpy_state
         state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
     except ImportError:  # pragma: no cover
         pass

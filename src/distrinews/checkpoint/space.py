@@ -52,10 +52,11 @@ def _close_failed_writers(exc: BaseException) -> None:
     """Free what the frames of ``exc`` (and of what it was raised from) hold: torch's zip writer keeps its
     file open until it is collected, so the space of the removed temp directory is not free until then."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _existing(path: Path) -> Path:

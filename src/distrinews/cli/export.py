@@ -90,7 +90,8 @@ def _space(args: argparse.Namespace) -> int:
     if args.push_to_hub:
         from ..export.space.push import PushError, push_to_hub
 
-        message = f"DistriNews v{_servable_info(bundle / 'model').model_version} ({runtime})"
+        info = _servable_info(bundle / "model")
+        message = f"DistriNews v{info.model_version} ({runtime})" if info is not None else f"DistriNews ({runtime})"
         try:
             url = push_to_hub(bundle, args.push_to_hub, private=args.private, commit_message=message)
         except PushError as exc:

@@ -167,10 +167,10 @@ def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     return _parquet_count(shard.path)
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
+def _open_binary(path: Path) -> gzip.GzipFile | io.BufferedReader:
     raw = open(path, "rb")
     if path.name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     return raw
 
 

@@ -157,6 +157,7 @@ def read_file_rows(spec: str, field_name: str, columns: list[str], label_column:
 
 def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _Rows | None]:
     """The training split and the validation (else test) split of a ``datasets`` data set, or None for the latter."""
+    assert config.dataset_name is not None, "read for uses_own_data without a train_file"
     splits = _load_dataset(config.dataset_name, config.dataset_config_name)
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
@@ -178,6 +179,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _R
         if not rows.texts:
             raise DataError(f"data set {where}: no rows")
         out.append(rows)
+    assert out[0] is not None, "the train split is always read"
     return out[0], out[1]
 
 

@@ -41,7 +41,7 @@ class TrainSampler(DistributedSampler):
         if not self.group_by_length:
             return list(super().__iter__())
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.dataset), generator=g).tolist()
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
         order += order[: self.total_size - len(order)]  # pad like DistributedSampler
         global_batch = self.batch_size * self.num_replicas
         mega = global_batch * self.MEGABATCH_MULT

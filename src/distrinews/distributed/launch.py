@@ -139,7 +139,7 @@ def _is_this_machine(host: str) -> bool:
     import ipaddress
 
     try:
-        address = socket.getaddrinfo(host, None)[0][4][0]
+        address = str(socket.getaddrinfo(host, None)[0][4][0])  # an IP address for AF_INET and AF_INET6
         if ipaddress.ip_address(address).is_loopback:
             return False  # torch itself treats loopback as local, and lets a second node fall back to a client
         with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -21,7 +21,7 @@ import contextlib
 import hashlib
 import inspect
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,9 @@ from ..config import ConfigError, ParallelConfig
 from ..model import forward_loss
 from .process_group import DistEnv, all_gather_object
 from .shm_allreduce import SHM_DIR, open_segment, shm_allreduce_hook, why_not_shared_memory
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 class ParallelModel:
@@ -72,7 +75,7 @@ class ParallelModel:
         """Enter around forward + backward; ``sync=False`` keeps the gradients local (accumulation)."""
         if sync or not self.replicated:
             return contextlib.nullcontext()
-        return self.module.no_sync()
+        return cast(DDP, self.module).no_sync()  # replicated: DDP
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor | None:
         """Clip the (already averaged) gradients to ``max_norm``; returns the norm before clipping."""
@@ -114,13 +117,14 @@ class ShardedModel(ParallelModel):
 
     def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
         # FSDP2's no_sync: keep unsharded gradients until the window's last micro-batch reduce-scatters them.
-        self.module.set_requires_gradient_sync(sync)
+        cast("FSDPModule", self.module).set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast("dict[str, torch.Tensor]", state)  # a full state dict of a model holds tensors only
 
     def gradient_bytes(self) -> int:
         return self.trainable_bytes()
@@ -271,7 +275,7 @@ def compressed_allreduce_hook(dtype: torch.dtype):
     return hook
 
 
-def _no_buffer_sync() -> dict[str, bool]:
+def _no_buffer_sync() -> dict[str, Any]:
     """BERT's buffers (position ids) are constants: syncing them costs a collective per forward."""
     if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:  # torch >= 2.13 spelling
         return {"forward_sync_buffers": False}

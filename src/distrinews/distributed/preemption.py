@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .process_group import DistEnv
+
+# what signal.signal returns and takes
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class StopRequest:
@@ -27,7 +32,7 @@ class StopRequest:
         self.signals = signals
         self.received: signal.Signals | None = None  # what this rank was sent
         self.stopped = False  # what the ranks agreed
-        self._previous: dict[signal.Signals, object] = {}
+        self._previous: dict[signal.Signals, Handler] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():

@@ -13,6 +13,10 @@ import json
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch.distributed
 
 
 class RollCall:
@@ -22,7 +26,7 @@ class RollCall:
         self.prefix = f"distrinews/rollcall/{run_id}/"
         self.node_rank, self.nnodes, self.timeout_s = node_rank, nnodes, timeout_s
         self.me = socket.gethostname()
-        self._store = None
+        self._store: torch.distributed.TCPStore | None = None
         self._thread = threading.Thread(target=self._sign_in, name="distrinews-rollcall", daemon=True)
 
     def start(self) -> RollCall:

@@ -34,6 +34,7 @@ import hashlib
 import os
 import secrets
 import tempfile
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -74,7 +75,7 @@ class SharedMemoryAllReduce:
 
     def _slots(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A (world_size, numel) view of the slots, in ``dtype``."""
-        raw = torch.empty(0, dtype=torch.uint8).set_(self.storage, 0, (self.segment_bytes,))
+        raw = torch.empty(0, dtype=torch.uint8).set_(self.storage, 0, (self.segment_bytes,), (1,))
         per_slot = self.slot_bytes // dtype.itemsize
         return raw[_HEADER:].view(dtype).view(self.world_size, per_slot)[:, :numel]
 
@@ -107,7 +108,7 @@ class SharedMemoryAllReduce:
 def shm_allreduce_hook(state, bucket):
     """DDP's comm hook (``ddp.register_comm_hook(segment, shm_allreduce_hook)``): the bucket's mean,
     done by the time it returns."""
-    future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(state.allreduce_mean_(bucket.buffer()))
     return future
 
@@ -160,15 +161,17 @@ def open_segment(
                 if path is not None:
                     os.unlink(path)
                 path, reason = None, f"{shm_dir}: {exc.strerror or exc}"
-        shared = [path, token, reason]
+        shared: list[Any] = [path, token, reason]  # rank 0's, to every rank
         dist.broadcast_object_list(shared, src=0)
         path, token, reason = shared
-        storage, ok = None, 0
+        storage: torch.UntypedStorage | None = None
+        ok = 0
         if path is not None:
             try:
                 if os.path.getsize(path) == size:
-                    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=size)
-                    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(token),))
+                    # torch's stub types from_file as any storage; UntypedStorage's gives an UntypedStorage
+                    storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(path, shared=True, nbytes=size))
+                    head = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(token),), (1,))
                     ok = int(bytes(head.numpy()) == token)
             except OSError:
                 ok = 0
@@ -182,4 +185,5 @@ def open_segment(
         return reason
     if not flags.item():
         return f"{path} is not the same file on every rank"
+    assert storage is not None, "every rank mapped the file"
     return SharedMemoryAllReduce(storage, slot_bytes, rank, world_size)

@@ -157,6 +157,7 @@ class Watchdog:
 
     def waiting_in(self) -> str:
         """Where the main thread is now: the innermost torch.distributed call and our frames above it."""
+        assert self._main.ident is not None, "the main thread has started"
         frame = sys._current_frames().get(self._main.ident)
         if frame is None:
             return "an unknown place"

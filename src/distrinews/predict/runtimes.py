@@ -243,7 +243,7 @@ class OnnxPredictor(Predictor):
         path = Path(onnx_model) if onnx_model else self.checkpoint / ("model.int8.onnx" if int8 else "model.onnx")
         if onnx_model and not path.is_file():
             raise FileNotFoundError(f"ONNX model {path} does not exist")
-        self._tmpdir = None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         labels = _standalone_labels(self.checkpoint) if path.is_file() else None
         if labels is not None:
             info_path = self.checkpoint / SERVABLE_INFO

@@ -44,7 +44,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -405,9 +405,9 @@ class MicroBatcher:
         """On the forward thread: the batch as one forward pass, or several if it exceeds a limit."""
         passes = plan_passes([len(item) for item in items], self.max_batch_size, self.max_batch_tokens)
         if len(passes) == 1:
-            results = list(self.forward(items))
+            results: list[Any] = list(self.forward(items))
             return results, padded_tokens([len(item) for item in items]), 1
-        results: list[Any] = [None] * len(items)
+        results = [None] * len(items)
         tokens = 0
         for indices in passes:
             part = [items[i] for i in indices]
@@ -444,7 +444,7 @@ class MicroBatcher:
         waited = dict(zip(map(id, batch), queue_s))
         start = time.perf_counter()
 
-        def answer(request: _Request, part: list, job: dict[str, float]) -> None:
+        def answer(request: _Request, part: list, job: Mapping[str, float]) -> None:
             """``job``: the forward job that computed it (the batch, or the request alone after a failed batch)."""
             if request.timing is not None:
                 unpadded = sum(len(item) for item in request.items)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -136,7 +137,8 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None, 
                 return
             log.info("closed a connection from %s: no complete request body in %gs (--body-timeout)", self.client, body_timeout)
             if self.cycle is not None and not self.cycle.response_started:
-                self.cycle.scope[PROTOCOL_STATUS] = 408  # type: ignore[typeddict-unknown-key]
+                # an extension key: uvicorn's TypedDict of the scope lists only the standard ones
+                cast("dict[str, Any]", self.cycle.scope)[PROTOCOL_STATUS] = 408
                 self.cycle.response_started = True  # the app's answer, if it still comes, is not written after ours
                 self.transport.write(too_late)
             self.transport.close()

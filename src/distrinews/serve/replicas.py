@@ -234,6 +234,7 @@ class Supervisor:
             )
             self._watch()
         except Stopped:
+            assert self.stop_signal is not None, "Stopped is raised for a signal"
             self.say(f"{signal.Signals(self.stop_signal).name}: stopping nginx, then draining the replicas")
         except RuntimeError as exc:
             self.say(f"error: {exc}")
@@ -258,6 +259,7 @@ class Supervisor:
         while time.monotonic() < deadline:
             self._check_stop()
             if not replica.alive():
+                assert replica.proc is not None, "started before it is waited on"
                 raise RuntimeError(
                     f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} before it was ready; "
                     f"its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
@@ -281,7 +283,9 @@ class Supervisor:
         """Wait until each of ``replicas`` has been ready for ``settle_seconds``: nginx routes to all of them."""
         deadline = time.monotonic() + self.settings.ready_timeout + self.settle_seconds
         for replica in replicas:
-            while not (replica.seen_ready() and time.monotonic() - replica.ready_since >= self.settle_seconds):
+            while not (
+                replica.seen_ready() and replica.ready_since is not None and time.monotonic() - replica.ready_since >= self.settle_seconds
+            ):
                 self._check_stop()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"replica {replica.index} (port {replica.port}) is not ready; see {replica.log_path}")
@@ -382,7 +386,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         _stop(self.nginx, signal.SIGQUIT, self.settings.read_timeout)  # graceful: it finishes what it holds
         for replica in self.replicas:
-            if replica.alive():
+            if replica.proc is not None and replica.alive():
                 replica.proc.send_signal(signal.SIGTERM)
         for replica in self.replicas:
             replica.stop()

@@ -47,7 +47,7 @@ def traced_answer(tracer: Any, content: Any, headers: dict[str, str], timing: di
         "distrinews.batch.passes": int(timing["passes"]),
         "distrinews.runtime": runtime,
     }
-    stages = (
+    stages: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
         ("distrinews.tokenize", tokenizing, queued, {"distrinews.texts": texts, "distrinews.tokens": int(timing["tokens"])}),
         ("distrinews.queue", queued, forward, {}),
         ("distrinews.forward", forward, done, batch),

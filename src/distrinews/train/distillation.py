@@ -81,6 +81,7 @@ class Distillation:
     ) -> Distillation:
         """The teacher's log-probabilities of ``rows`` (the training split, in its dataset's order): cached, or
         computed by each node's first process while the others wait, then read by them."""
+        assert config.teacher_model_name_or_path is not None, "prepared only for a run with a teacher"
         paths = teacher_paths(config.teacher_model_name_or_path)
         started = time.perf_counter()
         with main_process_first(env, local=True):
@@ -141,7 +142,7 @@ def read_cached(path: Path, rows: int, classes: int) -> torch.Tensor:
     except Exception as exc:  # safetensors raises its own error types for a malformed file
         raise TeacherCacheError(f"{path}: not a safetensors file ({type(exc).__name__}: {exc})") from None
     t = tensors.get("log_probs")
-    if set(tensors) != {"log_probs"} or t.dtype != torch.float32 or tuple(t.shape) != (rows, classes):
+    if t is None or set(tensors) != {"log_probs"} or t.dtype != torch.float32 or tuple(t.shape) != (rows, classes):
         got = {k: (str(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
         raise TeacherCacheError(f"{path}: holds {got}, not log_probs float32 of shape ({rows}, {classes})")
     if not torch.isfinite(t).all() or (torch.logsumexp(t.double(), dim=-1).abs() > 1e-3).any():

@@ -33,6 +33,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -143,7 +144,7 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
                     raise ValueError(path)
             except (OSError, ValueError):
                 peaks = {}
-            entry = peaks.get(key)
+            entry: Any = peaks.get(key)  # JSON, checked below
             valid = isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and isinstance(entry.get("runs"), int)
             if not valid or entry["flops"] <= 0:  # a damaged record starts afresh
                 entry = {"flops": 0.0, "runs": 0}

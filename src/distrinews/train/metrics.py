@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
 from .callbacks import TrainerCallback
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 # ---------------------------------------------------------------------- counts while training
@@ -104,7 +107,7 @@ class JsonLogCallback(TrainerCallback):
 
     def __init__(self, run_dir: RunDir | str | os.PathLike):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-        self._file = None
+        self._file: IO[str] | None = None
 
     def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
         self.run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -115,6 +118,7 @@ class JsonLogCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
         record = {"kind": kind, "step": state.global_step, "time": round(time.time(), 3), **logs}
+        assert self._file is not None, "opened by on_train_begin"
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -129,7 +133,7 @@ class TensorBoardCallback(TrainerCallback):
 
     def __init__(self, run_dir: RunDir | str | os.PathLike):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-        self._writer = None
+        self._writer: SummaryWriter | None = None
 
     def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -139,6 +143,7 @@ class TensorBoardCallback(TrainerCallback):
         self._writer = SummaryWriter(log_dir=str(self.run_dir.tensorboard), purge_step=purge)
 
     def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+        assert self._writer is not None, "made by on_train_begin"
         for key, value in scalars(logs).items():
             self._writer.add_scalar(f"{kind}/{key}", value, state.global_step)
 
@@ -155,7 +160,7 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
-    records = []
+    records: list[dict[str, Any]] = []
     p = Path(path)
     if not p.is_file():
         return records

@@ -94,7 +94,7 @@ def tuning_lines(config: TrainConfig) -> list[str]:
 
 def schedule_words(config: TrainConfig) -> str:
     """How the rate moves, where it is not the default linear decay with one rate for all layers."""
-    words = [] if config.optimizer.lr_scheduler_type == "linear" else [config.optimizer.lr_scheduler_type]
+    words: list[str] = [] if config.optimizer.lr_scheduler_type == "linear" else [config.optimizer.lr_scheduler_type]
     if config.optimizer.layerwise_lr_decay != 1.0:
         words.append(f"layer-wise decay {config.optimizer.layerwise_lr_decay:g}")
     return f" ({', '.join(words)})" if words else ""

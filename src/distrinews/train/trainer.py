@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader
@@ -113,7 +113,8 @@ class Trainer:
         self.precision = Precision.from_config(config.precision, env.device).prepare(model)
         self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir)
         if config.model.torch_compile:  # what forward and backward run through; checkpoints read the raw model
-            self.model.module = torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None)
+            # torch's stub types the result as a function; compiling a module gives a module (an OptimizedModule)
+            self.model.module = cast(torch.nn.Module, torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None))
         self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
         warmup = math.ceil(config.optimizer.warmup_ratio * self.plan.total_steps)
         self.scheduler = schedule_with_warmup(self.optimizer, config.optimizer.lr_scheduler_type, warmup, self.plan.total_steps)
@@ -432,7 +433,7 @@ class Trainer:
             "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
-            saved = self.run_dir.checkpoints / f"step-{self.last_saved_step}" if self.last_saved_step is not None else None
+            saved = str(self.run_dir.checkpoints / f"step-{self.last_saved_step}") if self.last_saved_step is not None else None
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             self.callbacks.on_train_end(None, stopped_by=self.stop.reason)
             return result

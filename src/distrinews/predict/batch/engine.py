@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 from dataclasses import replace
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ...data.files import count_rows
 from ...errors import ConfigError
@@ -137,11 +137,11 @@ def _prepare_auto(checkpoint: str, batch_size: int, threads: int) -> str:
 
 def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSettings, progress: Progress) -> None:
     """One spawned process per pending worker, each reporting through its own pipe; raises if any fails."""
-    from multiprocessing.connection import wait
+    from multiprocessing.connection import Connection, wait
 
     context = multiprocessing.get_context("spawn")
     processes: dict[int, Any] = {}
-    pipes: dict[Any, int] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
+    pipes: dict[Connection, int] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
     saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
     os.environ.update({name: str(settings.threads) for name in THREAD_VARIABLES})  # inherited: no worker takes every core
     try:
@@ -163,7 +163,7 @@ def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSett
     crashes: list[str] = []
     try:
         while pipes:
-            for reader in wait(list(pipes), timeout=0.5):
+            for reader in cast("list[Connection]", wait(list(pipes), timeout=0.5)):  # the objects it was given
                 try:
                     _handle(reader.recv(), progress, errors, crashes)
                 except EOFError:

@@ -49,6 +49,7 @@ def _labelled(shards: list[Shard], fields: RowFields, labels: list[str], evaluat
             try:
                 if raw.error is not None:
                     raise BadRow(raw.error)
+                assert raw.fields is not None, "a row read without an error has its fields"
                 yield fields.text(raw.fields)[:TEXT_CHARS], fields.label(raw.fields, labels)
             except BadRow as exc:
                 evaluation.skipped += 1

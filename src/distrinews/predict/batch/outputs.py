@@ -23,7 +23,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from ...checkpoint.atomic import open_new
 
@@ -37,11 +37,11 @@ class ResultWriter:
         self.labels = list(labels)
         self.probabilities = probabilities
         self.rows = 0
-        self._raw = open_new(path, "wb")
+        self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
 
-    def _binary(self) -> io.RawIOBase:
-        return self._gzip or self._raw  # type: ignore[return-value]
+    def _binary(self) -> gzip.GzipFile | io.BufferedWriter:
+        return self._gzip or self._raw
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         raise NotImplementedError
@@ -153,7 +153,7 @@ class RejectsWriter:
     def __init__(self, path: Path):
         self.path = path
         self.rows = 0
-        self._fh: io.TextIOWrapper | None = None
+        self._fh: IO[str] | None = None
 
     def write(self, reject: dict[str, Any]) -> None:
         if self._fh is None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 PROGRESS_EVERY_S = 10.0
 
@@ -39,7 +42,7 @@ class Progress:
         self.computing: float | None = None  # when the first worker had its model loaded
         self.every_s = every_s
         self._last_line = self.started
-        self._bar = None  # drawn once a model is loaded, so its rate and time left leave the loading out
+        self._bar: tqdm[Any] | None = None  # drawn once a model is loaded, so its rate and time left leave the loading out
 
     @property
     def elapsed(self) -> float:
@@ -68,6 +71,7 @@ class Progress:
         self.rejected += rejected
         if self.mode == "bar":
             self.ready()  # a worker's first rows arrived before its ready event
+            assert self._bar is not None, "ready() draws the bar"
             self._bar.update(rows)
             if rejected:
                 self._bar.set_postfix(rejected=self.rejected, refresh=False)

@@ -55,6 +55,7 @@ def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int
             else:
                 kept.append(row)
                 ids.append(json.dumps(row_id, ensure_ascii=False))
+                assert text is not None, "read_row gives a text or a reject"
                 texts.append(text)
         yield pa.Table.from_pydict(
             {"start": [start], "end": [end], "rows": [kept], "ids": [ids], "texts": [texts], "rejects": [rejects]}, schema=schema
@@ -71,7 +72,7 @@ class CorpusDatasource(Datasource):
     def get_name(self) -> str:
         return "DistriNewsCorpus"
 
-    def estimate_inmemory_data_size(self) -> int | None:
+    def estimate_inmemory_data_size(self) -> int:
         return sum(s.size for s in self.record.inputs)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:

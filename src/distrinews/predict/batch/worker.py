@@ -113,6 +113,7 @@ def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str,
     """``(text, id, None)`` for a usable row, else ``(None, None, reject)``: what the rejects file says of it."""
     reason = raw.error
     if reason is None:
+        assert raw.fields is not None, "a row read without an error has its fields"
         try:
             return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
         except BadRow as exc:
@@ -140,6 +141,7 @@ def _windows(job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode
             if reject is not None:
                 window.rejects.append((row, reject))
             else:
+                assert text is not None, "read_row gives a text or a reject"
                 texts.append(text)
                 keys.append((row, row_id))
         if texts:
