@@ -44,7 +44,8 @@ _LEVERS = [
 
 
 def _cumulative(levers: list[tuple[str, list[str], dict[str, str]]]) -> list[tuple[str, list[str], dict[str, str]]]:
-    steps, overrides = [], {}
+    steps: list[tuple[str, list[str], dict[str, str]]] = []
+    overrides: dict[str, str] = {}
     for label, flags, added in levers:
         overrides = {**overrides, **added}
         steps.append((label, flags, overrides))
@@ -55,7 +56,8 @@ ABLATION_STEPS = _cumulative(_LEVERS)
 
 
 def ablation(a: argparse.Namespace) -> dict[str, Any]:
-    rows, previous = [], None
+    rows: list[dict[str, Any]] = []
+    previous = None
     for label, flags, overrides in ABLATION_STEPS:
         parser = argparse.ArgumentParser()
         scaling.add_arguments(parser)

@@ -33,6 +33,7 @@ def split_rows(config: TrainConfig):
     from distrinews.data.splits import stratified_sample
 
     data = load_labelled(config.data, config.run.seed)
+    assert data.train is not None, "load_labelled reads the training split unless need_train=False"
     train = data.train.subset(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
     evaluation = data.eval.subset(stratified_sample(data.eval.labels, config.data.eval_samples, config.run.seed))
     return train, evaluation, data.label_names, data.eval_from

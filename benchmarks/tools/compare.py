@@ -22,12 +22,14 @@ each baseline runs under torchrun as ``python -m benchmarks.tools.hf_trainer`` /
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +174,8 @@ def _compare_once(a: argparse.Namespace, env: dict[str, str]) -> list[dict[str, 
     with tempfile.TemporaryDirectory(prefix="compare-training-") as tmp_s:
         tmp = Path(tmp_s)
         # each --ours-options is one run of ours, side by side with the baselines; the first is "ours"
-        jobs = [
-            (f"ours{i + 1 if i else ''}", lambda options=options, i=i: run_ours(a, tmp, env, options, f"ours{i + 1 if i else ''}"))
+        jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            (f"ours{i + 1 if i else ''}", functools.partial(run_ours, a, tmp, env, options, f"ours{i + 1 if i else ''}"))
             for i, options in enumerate(a.ours_options)
         ]
         jobs += [

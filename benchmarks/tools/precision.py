@@ -29,10 +29,11 @@ import datetime as dt
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 from distrinews.bench.report import write_report
 from distrinews.distributed.machine import describe as machine_description
+from distrinews.model import hf_config
 
 from .common import invoked_as, main
 
@@ -80,14 +81,15 @@ class Variant:
         self.model = build_train_model(config.model, config.run.seed, device, labels).train()
         self.precision = Precision.from_config(config.precision, device).prepare(self.model)
         self.clip = config.optimizer.max_grad_norm
-        self.master: list[torch.nn.Parameter] = []
+        self.master: list[torch.Tensor] = []
         if master_copy:
             named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
             self.master = [torch.nn.Parameter(p.detach().clone()) for _, p in named]
             self.model.to(torch.bfloat16)
-            self.trained = [p for p in self.model.parameters() if p.requires_grad]
+            self.trained: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
             masters = _Masters([(name, m) for (name, _), m in zip(named, self.master)], self.model)
-            self.optimizer = build_optimizer(masters, config.optimizer, device)
+            # a stand-in for the module with what build_optimizer reads of one: named parameters and the config
+            self.optimizer = build_optimizer(cast(torch.nn.Module, masters), config.optimizer, device)
             self.autocast = Precision("cpu", None).autocast  # the weights are bf16 already
         else:
             self.optimizer = build_optimizer(self.model, config.optimizer, device)
@@ -103,6 +105,7 @@ class Variant:
         params = self.master or [p for p in self.model.parameters() if p.requires_grad]
         if self.master:
             for p, m in zip(self.trained, self.master):
+                assert p.grad is not None, "every trained parameter has a gradient after backward"
                 m.grad, p.grad = p.grad.float(), None
         torch.nn.utils.clip_grad_norm_(params, self.clip)
         self.optimizer.step()
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"--variants: unknown {', '.join(unknown)}; choose from: {'; '.join(name for name, _, _ in VARIANTS)}")
     chosen = [(name, load_config(args.config, {**overrides, **fields}), master) for name, fields, master in VARIANTS if name in wanted]
     torch.manual_seed(0)
-    built = build_variants(chosen, AG_NEWS_LABELS)
+    built = build_variants(chosen, list(AG_NEWS_LABELS))
     times = time_variants(built, make_batch(args.batch, args.length), args.rounds, args.steps, args.warmup)
     report = {
         "command": invoked_as("precision"),
@@ -220,7 +223,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "rows": medians(times),
         "turns_ms": times,
     }
-    config = built[0][1].model.config
+    config = hf_config(built[0][1].model)
     heads = config.num_attention_heads
     report["attention"] = {
         "heads": heads,

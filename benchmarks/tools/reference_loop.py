@@ -83,7 +83,7 @@ def main() -> None:
         raw = load_split(args.data, "train")
         raw = raw.subset(stratified_sample(raw.labels, args.train_samples, args.seed))
         dataset = AGNewsDataset(raw.texts, raw.labels, tokenizer, args.max_length)
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
         loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=0)
 
         model = build_model(args.model, seed=args.seed, labels=AG_NEWS_LABELS).to(device)

@@ -120,7 +120,7 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     by = {(r["config"], r["concurrency"]): r for r in rows}
     direct, proxied = by.get((f"1x{total} direct", 1)), by.get((f"1x{total} nginx", 1))
     overhead = proxied["p50_ms"] - direct["p50_ms"] if direct and proxied else None
-    report = {
+    report: dict[str, Any] = {
         "command": invoked_as("replicas"),
         "machine": {"cpu": cpu_model(), "cores_available": len(cores_available())},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
