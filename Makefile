@@ -47,6 +47,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/mypy  # what and how: [tool.mypy] in pyproject.toml (src/distrinews and benchmarks/tools)
 
 clean:
 	rm -rf runs .pytest_cache

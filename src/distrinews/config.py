@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from .errors import ConfigError
@@ -78,7 +78,8 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _from_text(cls, value: Any, info) -> Any:
+    def _from_text(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None, "a field validator is called for a field"
         annotation = cls.model_fields[info.field_name].annotation
         args = typing.get_args(annotation)
         optional = type(None) in args and typing.get_origin(annotation) in (typing.Union, types.UnionType)

@@ -9,7 +9,7 @@ writes the folder (``servable.save_servable``, atomically), with LoRA adapters f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..distributed.process_group import DistEnv
 from ..model import merged, model_label_names
@@ -17,13 +17,16 @@ from .records import ServableInfo
 from .servable import save_servable
 from .space import saving_together, space_needed
 
+if TYPE_CHECKING:
+    from ..distributed.parallel import ParallelModel
+
 
 class BestModel:
     def __init__(self, directory: Path, checkpoints: Path, env: DistEnv, tokenizer: Any, training_config: dict[str, Any]):
         self.directory, self.checkpoints, self.env = directory, checkpoints, env
         self.tokenizer, self.training_config = tokenizer, training_config
 
-    def keep(self, model, metrics: dict[str, Any], epoch: float, global_step: int) -> None:
+    def keep(self, model: ParallelModel, metrics: dict[str, Any], epoch: float, global_step: int) -> None:
         """Write ``model`` with the evaluation it was kept for into ``best/``; every rank calls this."""
         weights = model.full_state_dict()  # every rank: a collective under sharded strategies
         target = self.directory

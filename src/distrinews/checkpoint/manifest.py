@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -100,7 +101,7 @@ def verify_checkpoint(path: Path) -> None:
             read_metadata(path / name)
 
 
-def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn=print) -> Path | None:
+def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn: Callable[[str], None] = print) -> Path | None:
     """The checkpoint to continue from, verified against its manifest.
 
     ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); a newer one

@@ -17,6 +17,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
 
 from ..errors import CheckpointError
 from .load_errors import _why, first_line, loading
@@ -92,7 +93,7 @@ class SafeReader(FileSystemReader):
 class SafeLoadPlanner(DefaultLoadPlanner):
     """torch's load planner, with the values that are not tensors (optimizer hyperparameters) loaded weights-only."""
 
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         from torch.distributed.checkpoint._traverse import set_element
 
         loaded = torch.load(value, weights_only=True)

@@ -371,7 +371,7 @@ def _csv_row(line_no: int, record: list[str], header: list[str], raw: str) -> Ra
     return RawRow(line_no, dict(zip(header, record)), raw=raw)
 
 
-def _parquet_file(path: Path):
+def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile (pyarrow ships no types)
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path)
@@ -405,7 +405,7 @@ def _parquet_rows(path: Path, start: int, columns: list[str] | None, limit: int)
         first += size
 
 
-def _oversized_group(parquet, group: int, columns: list[str] | None, limit: int) -> str | None:
+def _oversized_group(parquet: Any, group: int, columns: list[str] | None, limit: int) -> str | None:
     """Why a row group is not decoded (its columns read, uncompressed, over the limits), else None: from the footer."""
     meta = parquet.metadata.row_group(group)
     read = set(columns) if columns is not None else None
@@ -427,7 +427,7 @@ def _fields_bytes(fields: dict[str, Any]) -> int:
     return sum(_text_bytes(v) if isinstance(v, str) else len(v) if isinstance(v, bytes) else 8 for v in fields.values())
 
 
-def _batch_rows(batch, first_line: int, limit: int) -> list[RawRow]:
+def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
     """A decoded batch as rows; a value that cannot be decoded (not UTF-8) or a row over the limit fails alone."""
     try:
         decoded = batch.to_pylist() if batch.num_columns else [{} for _ in range(batch.num_rows)]
@@ -448,7 +448,7 @@ def _batch_rows(batch, first_line: int, limit: int) -> list[RawRow]:
     return rows
 
 
-def _parquet_group(parquet, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
+def _parquet_group(parquet: Any, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
     """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
     try:

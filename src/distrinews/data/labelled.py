@@ -183,7 +183,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _R
     return out[0], out[1]
 
 
-def _load_dataset(name: str, config_name: str | None):
+def _load_dataset(name: str, config_name: str | None) -> Any:  # a datasets.DatasetDict (datasets ships no types)
     try:
         import datasets
     except ImportError:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from .rows import RawSplit
+
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is built
+    from transformers import PreTrainedTokenizerBase
 
 CACHE_ENV = "DISTRINEWS_CACHE"
 
@@ -36,7 +40,7 @@ class TokenizedDataset(Dataset):
         return self.offsets[1:] - self.offsets[:-1]
 
 
-def _cache_key(split: RawSplit, tokenizer, max_length: int) -> str:
+def _cache_key(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
     h = hashlib.sha256()
     h.update(f"v1|{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
     h.update(hashlib.sha256("\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97)))).encode()).digest())
@@ -49,7 +53,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distrinews")
 
 
-def tokenize(split: RawSplit, tokenizer, max_length: int) -> TokenizedDataset:
+def tokenize(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> TokenizedDataset:
     enc = tokenizer(split.texts, truncation=True, max_length=max_length, padding=False, return_attention_mask=False)
     ids = enc["input_ids"]
     lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
@@ -59,7 +63,9 @@ def tokenize(split: RawSplit, tokenizer, max_length: int) -> TokenizedDataset:
     return TokenizedDataset(flat, offsets, torch.tensor(split.labels, dtype=torch.int64), tokenizer.pad_token_id)
 
 
-def tokenize_cached(split: RawSplit, tokenizer, max_length: int, cache_dir: str | os.PathLike | None, build: bool) -> TokenizedDataset:
+def tokenize_cached(
+    split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int, cache_dir: str | os.PathLike | None, build: bool
+) -> TokenizedDataset:
     """Load the tokenized split from the cache; if ``build`` and it is missing, tokenize and write it atomically.
 
     The caller makes one process per node build (``build=True``) while the others wait at a

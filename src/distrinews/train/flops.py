@@ -33,11 +33,14 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..model import hf_config, layer_depth, num_layers
+
+if TYPE_CHECKING:
+    from .metrics import Counts
 
 PEAK_ENV = "DISTRINEWS_PEAK_TFLOPS"
 
@@ -214,7 +217,7 @@ def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world
     return model_flops / seconds / (peak_flops_per_process * world_size)
 
 
-def throughput(counts, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
+def throughput(counts: Counts, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
     """samples/s, tokens/s (real tokens) and MFU of all ranks' summed ``metrics.Counts`` over ``seconds``."""
     if seconds <= 0:
         return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}
