@@ -102,7 +102,7 @@ class MLflowCallback(TrainerCallback):
         if stopped_by is None:
             self._safely("logging artifacts", lambda: self._log_artifacts(best_metrics))
         if self.owns_run:
-            self._safely("ending the run", lambda: self._run()[0].set_terminated(self._run()[1], "KILLED" if stopped_by else "FINISHED"))
+            self._safely("ending the run", lambda: self._end("KILLED" if stopped_by else "FINISHED"))
 
     # ------------------------------------------------------------------ the work
     def _start(self, args, resumed_from: str | None, id2label: dict[int, str] | None) -> None:
@@ -216,6 +216,10 @@ class MLflowCallback(TrainerCallback):
                 client.log_artifact(run_id, str(picture))
         if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and run_dir.best.is_dir():
             client.log_artifacts(run_id, str(run_dir.best), "best")
+
+    def _end(self, status: str) -> None:
+        client, run_id = self._run()
+        client.set_terminated(run_id, status)
 
     def _run(self) -> tuple[MlflowClient, str]:
         """The client and the run, which ``_start`` sets before anything is logged."""
