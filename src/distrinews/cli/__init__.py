@@ -65,10 +65,18 @@ def usage_error(exc: Exception) -> int:
 
 def require_extra(module: str, extra: str, what: str) -> None:
     """Fail in one line, naming the extra to install, when an optional dependency is missing."""
-    import importlib.util
+    import importlib
 
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})")
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})") from None
+
+
+def require_serving(what: str) -> None:
+    """The web server's packages (the ``serve`` extra)."""
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        require_extra(module, "serve", what)
 
 
 def no_extra_arguments(command: str, extra: list[str]) -> None:
