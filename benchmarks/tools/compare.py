@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distrinews.bench.report import write_report
+from distrinews.bench.results import write_report
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.distributed.machine import threads_per_process
 

@@ -104,13 +104,13 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
-    from distrinews.export.legacy_pt import export_legacy_pt
+    from distrinews.export.seed_pt import export_seed_pt
     from distrinews.predict.runtimes import Predictor, make_predictor
 
     texts = ["Oil prices jump after OPEC agrees to cut production", "Federer wins again"]
     expected = Predictor(checkpoint, device="cpu").predict(texts)
     assert not (checkpoint / "model.onnx").exists()
-    legacy_pt = export_legacy_pt(checkpoint, tmp_path / "legacy.pt")
+    legacy_pt = export_seed_pt(checkpoint, tmp_path / "legacy.pt")
     for source in (checkpoint, legacy_pt):
         predictor = make_predictor(source, runtime="onnx")
         assert predictor.runtime == "onnx"

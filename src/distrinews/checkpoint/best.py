@@ -13,9 +13,9 @@ from typing import Any
 
 from ..distributed.process_group import DistEnv
 from ..model import merged
+from .disk_space import saving_together, space_needed
 from .records import ServableInfo
 from .servable import save_servable
-from .space import saving_together, space_needed
 
 
 class BestModel:

@@ -57,6 +57,7 @@ from .components import (
     prepare_data,
     schedule_with_warmup,
 )
+from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 from .curves import write_confusion_matrix, write_training_curves
 from .distillation import Distillation
 from .ema import WeightAverage
@@ -64,7 +65,6 @@ from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
 from .precision import Precision, check_precision_supported
-from .report import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 
 __all__ = ["StepPlan", "TrainState", "Trainer", "linear_schedule_with_warmup", "optimizer_windows", "prepare_data", "train"]
 

@@ -23,7 +23,7 @@ from .tokenizer_files import has_tokenizer
 log = logging.getLogger(__name__)
 
 
-def load_legacy_pt(path: Path):
+def load_seed_pt(path: Path):
     with loading(path):
         payload = torch.load(path, weights_only=True, map_location="cpu")
     if not isinstance(payload, dict):
@@ -34,10 +34,10 @@ def load_legacy_pt(path: Path):
     if missing:
         raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
     with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
-        return _legacy_pt_model(path, payload)
+        return _seed_pt_model(path, payload)
 
 
-def _legacy_pt_model(path: Path, payload: dict[str, Any]):
+def _seed_pt_model(path: Path, payload: dict[str, Any]):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     cfg = payload["config"]
