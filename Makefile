@@ -50,7 +50,7 @@ lint: setup
 
 # The documentation site into site/: strict, so a broken link or a page missing from the build fails it.
 docs: setup
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf runs .pytest_cache site
