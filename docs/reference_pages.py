@@ -42,6 +42,8 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
             continue
         names = ", ".join(f"`{n}`" for n in action.option_strings) or f"`{action.dest}` (positional)"
+        if action.required and action.option_strings:
+            names += " (required)"
         if action.choices is not None and not isinstance(action.choices, dict):
             names += "<br>one of " + ", ".join(f"`{c}`" for c in action.choices)
         default = action.default
@@ -62,8 +64,6 @@ def cli_markdown() -> str:
             lines += [
                 _cell(parser.description or ""),
                 "",
-                "The launcher flags (`--nproc-per-node`, `--nnodes`, `--node-rank`, `--rdzv-endpoint`, `--rdzv-id`, "
-                "`--max-restarts`) come before the rest and apply to `train`, `eval` and `doctor`. "
                 "`train` and `eval` also take every [configuration field](configuration.md) as `--field value`.",
                 "",
             ]
