@@ -68,7 +68,9 @@ def step_dir(tmp_path_factory) -> Path:
     wrapped, opt, sched = _parts(model)
     root = tmp_path_factory.mktemp("checkpoints")
     config = {"model_name_or_path": "tiny-random", "num_labels": 4}
-    return Checkpointer(root, ONE_PROCESS, None, config).save(3, wrapped, opt, sched, _Scaler(), TrainerStateRecord(epoch=0))
+    return Checkpointer(root, ONE_PROCESS, None, config).save(
+        3, wrapped, opt, sched, _Scaler(), TrainerStateRecord(epoch=0, label_names=list(AG_NEWS_LABELS))
+    )
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pt"])
