@@ -125,6 +125,23 @@ def test_none_fits_nothing_and_a_format_1_record_reads_as_temperature_1():
     assert ServableInfo.from_json(old, "distrinews.json").temperature == 1.0
     from distrinews.errors import CheckpointError
 
-    for bad in (0, -1.0, "2", True):
-        with pytest.raises(CheckpointError, match="'temperature' must be a positive number"):
+    for bad in (0, -1.0, "2", True, 1e-300, 1e9):  # 1e-300 would make every logit an infinity
+        with pytest.raises(CheckpointError, match=r"'temperature' must be a number from 0\.05 to 20"):
             ServableInfo.from_json({**old, "format_version": 2, "temperature": bad}, "distrinews.json")
+
+
+def test_a_pt_export_keeps_the_temperature_and_refuses_one_out_of_range(calibrated, tmp_path):
+    from distrinews.checkpoint.servable import load_for_inference
+    from distrinews.errors import CheckpointError
+    from distrinews.export.legacy_pt import export_legacy_pt
+
+    best = shutil.copytree(calibrated[0], tmp_path / "best")
+    record = json.loads((best / "distrinews.json").read_text())
+    (best / "distrinews.json").write_text(json.dumps({**record, "temperature": 3.0}))
+    pt = export_legacy_pt(best, tmp_path / "model.pt")
+    assert load_for_inference(pt)[2].temperature == 3.0
+    payload = torch.load(pt, weights_only=True)
+    payload["config"]["temperature"] = 1e-300
+    torch.save(payload, tmp_path / "hostile.pt")
+    with pytest.raises(CheckpointError, match=r"config key 'temperature' must be a number from 0\.05 to 20"):
+        load_for_inference(tmp_path / "hostile.pt")

@@ -17,7 +17,7 @@ from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import POSITIVE, ModelInfo, TokenizerSource
+from .records import TEMPERATURE, ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
 
 
 def _temperature(path: Path, value: Any) -> float:
-    """The file's calibration temperature (1: the seed's files, which have none); anything but a positive number is refused."""
-    accepts, what = POSITIVE
+    """The file's calibration temperature (1: the seed's files, which have none); anything out of range is refused."""
+    accepts, what = TEMPERATURE
     if not accepts(value):
         raise CheckpointError(f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}")
     return float(value)

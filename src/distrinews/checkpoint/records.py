@@ -82,7 +82,13 @@ STR: _Check = (lambda v: isinstance(v, str), "a string")
 OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
 STR_LIST: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
 NUMBER_LIST: _Check = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
-POSITIVE: _Check = (lambda v: _is_number(v) and 0 < v < float("inf"), "a positive number")
+# The temperatures a record may hold (and train/calibration.py fits within): beyond them the scores carry no usable
+# ranking, and a hostile file's 1e-300 would turn every logit into an infinity.
+TEMPERATURE_RANGE = (0.05, 20.0)
+TEMPERATURE: _Check = (
+    lambda v: _is_number(v) and TEMPERATURE_RANGE[0] <= v <= TEMPERATURE_RANGE[1],
+    f"a number from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}",
+)
 
 
 def optional(check: _Check) -> _Check:
@@ -264,7 +270,7 @@ class ServableInfo:
         "model_name": optional(STR),
         "training_config": optional(OBJECT),
         "world_size": optional(INT),
-        "temperature": POSITIVE,
+        "temperature": TEMPERATURE,
         "calibration": optional(OBJECT),
     }
 

@@ -32,15 +32,13 @@ import torch
 
 from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.modelcard import write_model_card
-from ..checkpoint.records import SERVABLE_INFO
+from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE
 from ..checkpoint.servable import read_servable_info
 from ..data.rows import RawSplit
 from ..predict.runtimes import Predictor, softmax
 
 ECE_BINS = 15
 COVERAGES = (1.0, 0.95, 0.9, 0.8)
-# A temperature is kept within these: beyond them the logits carry no usable ranking (or the fit ran away).
-TEMPERATURE_BOUNDS = (0.05, 20.0)
 
 
 def fit_temperature(logits: np.ndarray, labels: Sequence[int], max_iter: int = 100) -> float:
@@ -57,7 +55,7 @@ def fit_temperature(logits: np.ndarray, labels: Sequence[int], max_iter: int = 1
         return loss
 
     optimizer.step(closure)
-    low, high = TEMPERATURE_BOUNDS
+    low, high = TEMPERATURE_RANGE  # what a record may hold
     value = float(log_t.detach().exp())
     return min(max(value, low), high) if math.isfinite(value) else 1.0
 
