@@ -488,7 +488,7 @@ class Trainer:
                 batch_size=c.batches.per_device_eval_batch_size,
             )
         except Exception as exc:  # the model is saved: served with the softmax as trained, and said so
-            self.report.say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ serves the softmax as trained")
+            self.report.say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
             return None
 
     def make_int8_model(self) -> None:
