@@ -145,3 +145,24 @@ def test_a_pt_export_keeps_the_temperature_and_refuses_one_out_of_range(calibrat
     torch.save(payload, tmp_path / "hostile.pt")
     with pytest.raises(CheckpointError, match=r"config key 'temperature' must be a number from 0\.05 to 20"):
         load_for_inference(tmp_path / "hostile.pt")
+
+
+def test_the_calibration_rows_are_held_out_of_training_only_when_calibrating(news_corpus, tmp_path):
+    from pathlib import Path
+
+    from distrinews.config import load_config
+    from distrinews.distributed.process_group import DistEnv
+    from distrinews.train.components import prepare_data
+
+    config = load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
+        {"data_dir": str(news_corpus), "train_samples": 200, "cache_dir": str(tmp_path / "cache")},
+    )
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+    whole = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+    held = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=10)
+    assert whole.calibration_rows is None and len(whole.train) == 200
+    calibration, train = held.calibration_rows, held.labelled.train
+    assert len(calibration) == 20 and len(held.train) == len(train) == 180
+    assert sorted(calibration.texts + train.texts) == sorted(whole.labelled.train.texts) and not set(calibration.texts) & set(train.texts)
+    assert sorted(set(calibration.labels)) == [0, 1, 2, 3] and held.eval_rows.texts == whole.eval_rows.texts
