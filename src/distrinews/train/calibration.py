@@ -210,7 +210,7 @@ def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
     if report.method == "temperature":
         fitted = f"Calibration: temperature {report.temperature:.3f}, fitted on {report.calibration_rows:,} rows held out of training"
     else:
-        fitted = "Calibration: none (calibration: none): the softmax as trained"
+        fitted = "Calibration: no temperature fitted (no rows were held out to fit it on): the softmax as trained"
     lines = [
         fitted,
         f"  expected calibration error ({ECE_BINS} bins) on {report.eval_rows:,} rows of {eval_from}: "
