@@ -33,7 +33,18 @@ from ..config import ConfigError, TrainConfig
 from .atomic import open_nofollow, remove_entry, same_file, symlink_refused
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
-RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png", "mlflow_run.json")
+RUN_ARTIFACTS = (
+    "config.yaml",
+    "log.jsonl",
+    "tb",
+    "checkpoints",
+    "best",
+    "training_curves.png",
+    "confusion_matrix.png",
+    "reliability_diagram.png",
+    "coverage_accuracy.png",
+    "mlflow_run.json",
+)
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
 # Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
@@ -71,6 +82,14 @@ class RunDir:
     @property
     def confusion(self) -> Path:
         return self.path / "confusion_matrix.png"
+
+    @property
+    def reliability(self) -> Path:
+        return self.path / "reliability_diagram.png"
+
+    @property
+    def coverage(self) -> Path:
+        return self.path / "coverage_accuracy.png"
 
     @property
     def mlflow_run(self) -> Path:

@@ -17,7 +17,7 @@ from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import ModelInfo, TokenizerSource
+from .records import TEMPERATURE, ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,19 @@ def _seed_pt_model(path: Path, payload: dict[str, Any]):
         model_name=cfg.get("model_name"),
         model_version=cfg.get("model_version"),
         config_hash=cfg.get("config_hash"),
+        temperature=_temperature(path, cfg.get("temperature", 1.0)),
         checkpoint_format="pt",
         tokenizer=tokenizer_source,
     )
     return model, tokenizer, info
+
+
+def _temperature(path: Path, value: Any) -> float:
+    """The file's calibration temperature (1: the seed's files, which have none); anything out of range is refused."""
+    accepts, what = TEMPERATURE
+    if not accepts(value):
+        raise CheckpointError(f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}")
+    return float(value)
 
 
 def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSource]:

@@ -43,6 +43,7 @@ def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_
             "tokenizer": tokenizer.name_or_path,
             "model_version": versions["model_version"],
             "config_hash": info.config_hash or versions["config_hash"],
+            "temperature": info.temperature,  # the logits' divisor before the softmax (train/calibration.py)
         },
     }
     out = Path(out)

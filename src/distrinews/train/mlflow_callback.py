@@ -203,7 +203,7 @@ class MLflowCallback(TrainerCallback):
             if best_metrics.get("per_class"):
                 report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
                 self.client.log_text(self.run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt")
-        for picture in (run_dir.curves, run_dir.confusion):
+        for picture in (run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage):
             if picture.is_file():
                 self.client.log_artifact(self.run_id, str(picture))
         if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and run_dir.best.is_dir():
