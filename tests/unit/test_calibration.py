@@ -133,12 +133,12 @@ def test_none_fits_nothing_and_a_format_1_record_reads_as_temperature_1():
 def test_a_pt_export_keeps_the_temperature_and_refuses_one_out_of_range(calibrated, tmp_path):
     from distrinews.checkpoint.servable import load_for_inference
     from distrinews.errors import CheckpointError
-    from distrinews.export.legacy_pt import export_legacy_pt
+    from distrinews.export.seed_pt import export_seed_pt
 
     best = shutil.copytree(calibrated[0], tmp_path / "best")
     record = json.loads((best / "distrinews.json").read_text())
     (best / "distrinews.json").write_text(json.dumps({**record, "temperature": 3.0}))
-    pt = export_legacy_pt(best, tmp_path / "model.pt")
+    pt = export_seed_pt(best, tmp_path / "model.pt")
     assert load_for_inference(pt)[2].temperature == 3.0
     payload = torch.load(pt, weights_only=True)
     payload["config"]["temperature"] = 1e-300
@@ -156,13 +156,33 @@ def test_the_calibration_rows_are_held_out_of_training_only_when_calibrating(new
 
     config = load_config(
         Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
-        {"data_dir": str(news_corpus), "train_samples": 200, "cache_dir": str(tmp_path / "cache")},
+        {"data_dir": str(news_corpus), "train_samples": None, "cache_dir": str(tmp_path / "cache")},
     )
     env = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
     whole = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
     held = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=10)
-    assert whole.calibration_rows is None and len(whole.train) == 200
+    assert whole.calibration_rows is None and len(whole.train) == 800  # every row: none left unsampled
     calibration, train = held.calibration_rows, held.labelled.train
-    assert len(calibration) == 20 and len(held.train) == len(train) == 180
+    assert len(calibration) == 80 and len(held.train) == len(train) == 720
     assert sorted(calibration.texts + train.texts) == sorted(whole.labelled.train.texts) and not set(calibration.texts) & set(train.texts)
     assert sorted(set(calibration.labels)) == [0, 1, 2, 3] and held.eval_rows.texts == whole.eval_rows.texts
+
+
+def test_a_sampled_run_calibrates_on_rows_it_never_samples_and_trains_on_the_same_rows(news_corpus, tmp_path):
+    """cpu-quick samples 16,000 of 69,078 rows: its calibration rows come from the rest, so turning calibration
+    on does not change what it trains on (the preset's figures stay what they were)."""
+    from pathlib import Path
+
+    from distrinews.config import load_config
+    from distrinews.distributed.process_group import DistEnv
+    from distrinews.train.components import prepare_data
+
+    config = load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
+        {"data_dir": str(news_corpus), "train_samples": 40, "cache_dir": str(tmp_path / "cache")},
+    )
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+    whole = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+    held = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=10)
+    assert held.labelled.train.texts == whole.labelled.train.texts and len(held.train) == 40
+    assert len(held.calibration_rows) == 4 and not set(held.calibration_rows.texts) & set(whole.labelled.train.texts)

@@ -132,16 +132,31 @@ def prepare_data(
     with main_process_first(env, local=True):
         labelled = load_labelled(config, seed, need_train=need_train)
         if labelled.train is not None:
-            labelled.train = labelled.train.subset(stratified_sample(labelled.train.labels, config.train_samples, seed))
+            every = labelled.train
+            picked = stratified_sample(every.labels, config.train_samples, seed)
+            labelled.train = every.subset(picked)
             if calibration_percentage:
-                kept, held = hold_out(labelled.train.labels, calibration_percentage, seed)
-                calibration = labelled.train.subset(held)
-                labelled.train = labelled.train.subset(kept)
+                labelled.train, calibration = calibration_split(every, picked, calibration_percentage, seed)
         labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, seed))
         for name, raw in (("train", labelled.train), ("test", labelled.eval)):
             if raw is not None:
                 splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
     return Datasets(splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval, calibration)
+
+
+def calibration_split(every: RawSplit, picked: list[int], percentage: int, seed: int) -> tuple[RawSplit, RawSplit]:
+    """(training rows, calibration rows). Where ``train_samples`` left enough rows unsampled, the calibration
+    rows (``percentage`` of the sample's size, stratified) come from those, so the run trains on the same rows
+    as without calibration; otherwise that share of the sample is held out of training."""
+    chosen = set(picked)
+    rest = [i for i in range(len(every)) if i not in chosen]
+    want = round(len(picked) * percentage / 100)
+    if want and len(rest) >= 2 * want:
+        held = stratified_sample([every.labels[i] for i in rest], want, seed)
+        return every.subset(picked), every.subset(sorted(rest[j] for j in held))
+    sample = every.subset(picked)
+    kept, held_out = hold_out(sample.labels, percentage, seed)
+    return sample.subset(kept), sample.subset(held_out)
 
 
 def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.device) -> torch.Tensor:
