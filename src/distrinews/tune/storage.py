@@ -15,6 +15,7 @@ exactly as it does for a database.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,15 +48,19 @@ def open_storage(
 ) -> optuna.storages.BaseStorage:
     """``storage``: a database URL, or the path of a journal file (made when missing). With ``heartbeat_interval``
     (seconds), trials beat and stale ones are failed and retried (up to ``max_retry`` times each)."""
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=False) if heartbeat_interval else None
+    with warnings.catch_warnings():  # experimental since Optuna 2.8, and what RDBStorage's documentation pairs it with
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_interval else None
     if is_database_url(storage):
         try:
-            return optuna.storages.RDBStorage(
-                storage,
-                heartbeat_interval=heartbeat_interval,
-                grace_period=grace_period,
-                heartbeat_stale_trial_callback=retry,
-            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    storage,
+                    heartbeat_interval=heartbeat_interval,
+                    grace_period=grace_period,
+                    heartbeat_stale_trial_callback=retry,
+                )
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL
             raise ConfigError(f"--storage {_redacted(storage)}: cannot open it: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     if "://" in storage:

@@ -78,7 +78,9 @@ class StudyOptions:
 def budget_counts(trials: list[FrozenTrial]) -> tuple[int, int]:
     """(finished, in progress): finished trials that count (a failed trial retried as another does not),
     and trials running or waiting to run."""
-    retried = {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retried = {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
     finished = sum(1 for t in trials if t.state.is_finished() and not (t.state == TrialState.FAIL and t.number in retried))
     in_progress = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
     return finished, in_progress

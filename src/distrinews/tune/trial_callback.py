@@ -76,10 +76,17 @@ class TrialCallback(TrainerCallback):
         print(f"Optuna: reporting {args.run.metric_for_best_model} to trial {self.link.number} of study {self.link.study_name}")
 
     def on_evaluate(self, args, state, control, metrics: dict[str, Any], **kwargs: Any) -> None:
-        assert self.trial is not None
         self.last_value = float(metrics[args.run.metric_for_best_model])
-        self.trial.report(self.last_value, state.global_step)
-        if self.trial.should_prune():
+        if self.trial is None:
+            return
+        try:
+            self.trial.report(self.last_value, state.global_step)
+            prune = self.trial.should_prune()
+        except Exception as exc:  # the storage gone, or the trial failed meanwhile (its tuner died): the run goes on
+            print(f"warning: Optuna: trial {self.link.number} no longer reported to ({type(exc).__name__}: {exc})".splitlines()[0])
+            self.trial = None
+            return
+        if prune:
             self.pruned_at = state.global_step
             control.should_training_stop = True
             metric = args.run.metric_for_best_model
