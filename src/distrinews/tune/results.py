@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,9 @@ def _plots(study: optuna.Study, folder: Path, say: Callable[..., None]) -> list[
     written = []
     for name, function in PLOTS.items():
         try:
-            axes = getattr(optuna_plots, function)(study)
+            with warnings.catch_warnings():  # experimental APIs; importances' remarks on a handful of trials
+                warnings.simplefilter("ignore")
+                axes = getattr(optuna_plots, function)(study)
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
             figure.set_size_inches(9, 5.5)
             figure.tight_layout()

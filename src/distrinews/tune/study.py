@@ -98,14 +98,7 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric = base.run.metric_for_best_model
     direction = "maximize" if base.run.best_is_greater else "minimize"
-    study = optuna.create_study(
-        study_name=options.study_name,
-        storage=storage,
-        sampler=optuna.samplers.TPESampler(seed=options.seed),
-        pruner=options.pruner.build(),
-        direction=direction,
-        load_if_exists=True,
-    )
+    study, joined = _create_or_join(storage, options, direction)
     known = study.user_attrs.get(METRIC_ATTR)
     if known is None:
         study.set_user_attr(METRIC_ATTR, metric)
@@ -117,7 +110,10 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     env = _trial_environment(study, base, say)
     objective = _objective(base, space, options, env, say)
     started = time.monotonic()
-    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {len(study.trials)} trial(s) so far")
+    joined_note = (
+        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own" if joined else f"new, sampler seed {options.seed}"
+    )
+    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
     while True:
         optuna.storages.fail_stale_trials(study)  # a trial whose tuner died: FAIL, and queued again
         finished, in_progress = budget_counts(study.get_trials(deepcopy=False))
@@ -132,6 +128,16 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
         study.optimize(objective, n_trials=1, catch=(TrialFailed,))
     optuna.storages.fail_stale_trials(study)
     return study
+
+
+def _create_or_join(storage: Any, options: StudyOptions, direction: str) -> tuple[optuna.Study, bool]:
+    """The study, made with the sampler seeded ``seed``, or joined with a sampler of its own seed: tuners with one
+    seed would propose the same parameters to the same history (a resumed tuner joins too)."""
+    common = {"study_name": options.study_name, "storage": storage, "pruner": options.pruner.build()}
+    try:
+        return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=options.seed), direction=direction, **common), False
+    except optuna.exceptions.DuplicatedStudyError:
+        return optuna.load_study(sampler=optuna.samplers.TPESampler(seed=None), **common), True
 
 
 def _waiting(study: optuna.Study) -> bool:
