@@ -140,3 +140,19 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_its_parameters_run_again(
     retry = other.get_trials()[2]
     assert retry.params == {"x": dead.params["x"]} and retry.system_attrs["failed_trial"] == 1
     assert budget_counts(other.get_trials()) == (0, 2)
+
+
+def test_training_never_imports_the_tuner():
+    """tune/ builds on train/ (its trial reporter is a TrainerCallback), one way: a run needs no optuna."""
+    import ast
+    from pathlib import Path
+
+    import distrinews.train
+
+    for path in Path(distrinews.train.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                assert "tune" not in module.split(".") and "optuna" not in module, f"{path.name} imports {module}"
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.split(".")[0] == "optuna"], path.name
