@@ -4,6 +4,7 @@ kills, two tuners) are in tests/integration/test_tune.py."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -156,3 +157,27 @@ def test_training_never_imports_the_tuner():
                 assert "tune" not in module.split(".") and "optuna" not in module, f"{path.name} imports {module}"
             if isinstance(node, ast.Import):
                 assert not [a.name for a in node.names if a.name.split(".")[0] == "optuna"], path.name
+
+
+def test_with_mlflow_every_trial_is_a_child_of_the_study_run_which_a_resumed_tuner_finds_again(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from distrinews.tune.study import MLFLOW_PARENT_ATTR, _trial_environment
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tuning")
+    monkeypatch.setenv("MLFLOW_TAGS", '{"team": "news"}')
+    monkeypatch.setenv("MLFLOW_RUN_ID", "not-for-the-trials")
+    storage = str(tmp_path / "study.journal")
+    study = optuna.create_study(study_name="s", storage=open_storage(storage))
+    base = TrainConfig(report_to=["mlflow"])
+    env = _trial_environment(study, base, print)
+    parent = study.user_attrs[MLFLOW_PARENT_ATTR]
+    assert json.loads(env["MLFLOW_TAGS"]) == {"team": "news", "mlflow.parentRunId": parent}
+    assert "MLFLOW_RUN_ID" not in env  # each trial makes a run of its own
+    run = mlflow.MlflowClient().get_run(parent)
+    assert run.info.run_name == "s" and mlflow.MlflowClient().get_experiment(run.info.experiment_id).name == "tuning"
+
+    again = optuna.load_study(study_name="s", storage=open_storage(storage))  # a resumed or second tuner
+    assert json.loads(_trial_environment(again, base, print)["MLFLOW_TAGS"])["mlflow.parentRunId"] == parent
+    assert len(mlflow.MlflowClient().search_runs([run.info.experiment_id])) == 1
+    assert _trial_environment(again, TrainConfig(report_to=["none"]), print)["MLFLOW_TAGS"] == '{"team": "news"}'
