@@ -143,19 +143,40 @@ def test_a_killed_tuner_is_resumed_and_its_dead_trial_runs_again(tmp_path):
     try:
         running = _wait_for(lambda: _running_trial(tmp_path, 1), 240, "trial 1 to start")
     finally:
-        tuner.kill()
+        tuner.kill()  # SIGKILL: nothing of the tuner runs after it
         tuner.wait()
     killed_params = running.params
     # The trial's training process dies with its tuner (SIGTERM from the kernel: it saves and stops).
     _wait_for(lambda: not _alive(running.user_attrs["pid"]), 120, "the killed tuner's trial process to end")
 
-    out = _run(command)  # the same command resumes the study
+    # Started again, the tuner finds trial 1's heartbeat stale and runs its parameters as trial 2; stopped in turn
+    # (SIGTERM, as Ctrl-C), it stops trial 2's training before it exits and queues the parameters once more.
+    tuner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ONE_THREAD)
+    try:
+        retry = _wait_for(lambda: _running_trial(tmp_path, 2), 240, "trial 2 to start")
+    finally:
+        tuner.terminate()
+        out, err = tuner.communicate(timeout=200)
+    assert tuner.returncode == 130, out + err
+    assert "distrinews: tune stopped: the same command resumes study distrinews" in err
+    assert "trial 2 (retries trial 1)" in out and "interrupted: trial 2 runs again when the study resumes" in out
+    assert not _alive(retry.user_attrs["pid"])
+
+    out = _run(command)  # the same command resumes the study to its end
     trials = _study(tmp_path).get_trials()
     states = {t.number: t.state for t in trials}
-    assert states == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.COMPLETE}, (states, out)
-    assert trials[2].system_attrs["failed_trial"] == 1 and trials[2].params == killed_params
-    assert "trial 2 (retries trial 1)" in out
+    assert states == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.FAIL, 3: TrialState.COMPLETE}, (states, out)
+    assert trials[3].system_attrs["failed_trial"] == 1 and trials[3].system_attrs["retry_history"] == [1, 2]
+    assert trials[2].params == trials[3].params == killed_params
+    assert "trial 3 (retries trial 1)" in out
     assert not [line for line in out.splitlines() if line.startswith("trial 0:")]  # the finished trial is not run again
+    with open(tmp_path / "study" / "trials.csv") as fh:
+        assert [(r["number"], r["state"], r["retry_of"]) for r in csv.DictReader(fh)] == [
+            ("0", "COMPLETE", ""),
+            ("1", "FAIL", ""),
+            ("2", "FAIL", "1"),
+            ("3", "COMPLETE", "1"),
+        ]
 
 
 def test_two_tuners_on_one_journal_finish_the_study_together_with_no_trial_run_twice(tmp_path):

@@ -11,6 +11,8 @@ resumes the study; several tuners on one ``--storage`` share it.
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 
 
@@ -93,9 +95,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         grace_period=args.grace_period,
         max_retry=args.max_retry,
     )
-    study = run_study(base, space, options)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the running trial stops and is queued again
+    try:
+        study = run_study(base, space, options)
+    except KeyboardInterrupt:
+        print(f"distrinews: tune stopped: the same command resumes study {args.study_name}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     files = write_results(study, base, space, output_dir, print)
     if "mlflow" in base.run.report_to:
         log_study_result(study, MLFLOW_PARENT_ATTR, files, print)
     print(f"results in {output_dir}: {', '.join(p.name for p in files)}")
     return 0
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt

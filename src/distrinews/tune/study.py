@@ -125,7 +125,11 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
         if finished + in_progress >= options.n_trials and not _waiting(study):
             time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them
             continue
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+        try:
+            study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): Optuna has failed the trial; it runs again
+            _run_again(study, options, say)
+            raise
     optuna.storages.fail_stale_trials(study)
     return study
 
@@ -138,6 +142,22 @@ def _create_or_join(storage: Any, options: StudyOptions, direction: str) -> tupl
         return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=options.seed), direction=direction, **common), False
     except optuna.exceptions.DuplicatedStudyError:
         return optuna.load_study(sampler=optuna.samplers.TPESampler(seed=None), **common), True
+
+
+def _run_again(study: optuna.Study, options: StudyOptions, say: Callable[..., None]) -> None:
+    """Queue the parameters of the trial this tuner was running when it was interrupted, as a dead tuner's are."""
+    mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("tuner") == _tuner_id()]
+    if mine and mine[-1].state == TrialState.FAIL:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
+        say(f"interrupted: trial {mine[-1].number} runs again when the study resumes (the same command)")
+
+
+def _tuner_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _waiting(study: optuna.Study) -> bool:
@@ -180,12 +200,17 @@ def _objective(
         )
         command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
         result_file.unlink(missing_ok=True)
+        trial.set_user_attr("tuner", _tuner_id())
         with open(log_file, "w") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env={**env, TRIAL_ENV: link.to_env()}, preexec_fn=_die_with_parent
             )
             trial.set_user_attr("pid", process.pid)
-            code = process.wait()
+            try:
+                code = process.wait()
+            except KeyboardInterrupt:
+                _stop(process)
+                raise
         result = read_result(result_file)
         if code != 0 or result is None or result.get("state") == "stopped":
             why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"
@@ -225,6 +250,18 @@ def _die_with_parent() -> None:
     PR_SET_PDEATHSIG); a run stops at a step boundary on SIGTERM. Elsewhere the trial outlives a killed tuner."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM: the run saves a checkpoint at its next step and ends; killed if it has not within the grace."""
+    from ..distributed.launch import PREEMPTION_GRACE_S
+
+    process.terminate()
+    try:
+        process.wait(timeout=PREEMPTION_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _shown(params: dict[str, Any]) -> str:
