@@ -85,8 +85,12 @@ def test_a_pruned_trial_stops_both_of_its_processes_at_the_step_it_was_pruned(tm
             intermediate_values={2: 1.0, 4: 1.0, 6: 1.0},
         )
     )
-    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "trials").mkdir(parents=True)
     (tmp_path / "study.journal").rename(tmp_path / "study" / "study.journal")
+    # Links planted where the tuner writes are replaced, never written through.
+    planted = ["trials/trial-1.log", "trials/trial-1.yaml", "trials/trial-1.result.json", "trials.md", "optimization_history.png"]
+    for i, name in enumerate(planted):
+        (tmp_path / "study" / name).symlink_to(tmp_path / f"victim-{i}")
     out = _run(_tune(tmp_path, "--n-trials", "2", "--pruner-startup-trials", "1", "--nproc-per-node", "2"))
     assert "trial 1: pruned at step 2" in out, out
 
@@ -101,6 +105,8 @@ def test_a_pruned_trial_stops_both_of_its_processes_at_the_step_it_was_pruned(tm
     assert max(r["step"] for r in _records(run)) == 2
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
     assert json.loads((run.parent / "trial-1.result.json").read_text())["pruned_at"] == 2
+    assert not list(tmp_path.glob("victim-*"))
+    assert not [name for name in planted if (tmp_path / "study" / name).is_symlink()]
 
 
 def _wait_for(predicate, timeout: float, what: str):

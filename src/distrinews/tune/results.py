@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..checkpoint.atomic import write_text_atomically
+from ..checkpoint.atomic import open_new, write_text_atomically
 from ..config import TrainConfig
 from .space import SearchSpace
 
@@ -132,8 +133,9 @@ def _plots(study: optuna.Study, folder: Path, say: Callable[..., None]) -> list[
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
             figure.set_size_inches(9, 5.5)
             figure.tight_layout()
-            tmp = folder / f".{name}.tmp.png"
-            figure.savefig(tmp, dpi=110)
+            tmp = folder / f".{name}.{os.getpid()}.tmp.png"
+            with open_new(tmp, "wb") as fh:  # a link planted at the name is removed, not written through
+                figure.savefig(fh, dpi=110, format="png")
             tmp.replace(folder / name)
             written.append(folder / name)
         except Exception as exc:  # too few trials for importances, no intermediate values: the rest are drawn

@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
 from ..config import TrainConfig
 from ..errors import ConfigError
 from . import TRIAL_ENV
@@ -187,7 +189,7 @@ def _objective(
         except ConfigError as exc:
             say(f"trial {number}: {exc}")
             raise TrialFailed(str(exc)) from None
-        config.save_yaml(config_file)
+        write_text_atomically(config_file, yaml.safe_dump(config.to_dict(), sort_keys=False))  # a link there is replaced
         trial.set_user_attr("output_dir", str(run_dir))
         say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
         link = TrialLink(
@@ -199,9 +201,9 @@ def _objective(
             result=str(result_file),
         )
         command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
-        result_file.unlink(missing_ok=True)
+        remove_entry(result_file)
         trial.set_user_attr("tuner", _tuner_id())
-        with open(log_file, "w") as log:
+        with open_new(log_file, "w") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env={**env, TRIAL_ENV: link.to_env()}, preexec_fn=_die_with_parent
             )
