@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -143,7 +144,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_tuner_is_resumed_and_its_dead_trial_runs_again(tmp_path):
+def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_fails(tmp_path):
     command = _tune(tmp_path, "--n-trials", "2", "--heartbeat-interval", "1", "--grace-period", "3")
     tuner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=ONE_THREAD)
     try:
@@ -168,20 +169,31 @@ def test_a_killed_tuner_is_resumed_and_its_dead_trial_runs_again(tmp_path):
     assert "trial 2 (retries trial 1)" in out and "interrupted: trial 2 runs again when the study resumes" in out
     assert not _alive(retry.user_attrs["pid"])
 
-    out = _run(command)  # the same command resumes the study to its end
+    # Started a third time with a budget of 3, it runs trial 1's parameters again as trial 3; that trial's training
+    # process is killed (as the OOM killer would): the trial fails and counts, and a new trial completes the study.
+    command[command.index("--n-trials") + 1] = "3"
+    tuner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD)
+    try:
+        third = _wait_for(lambda: _running_trial(tmp_path, 3), 240, "trial 3 to start")
+        os.kill(third.user_attrs["pid"], signal.SIGKILL)
+        out, _ = tuner.communicate(timeout=300)
+    finally:
+        tuner.kill()
+    assert tuner.returncode == 0, out
     trials = _study(tmp_path).get_trials()
-    states = {t.number: t.state for t in trials}
-    assert states == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.FAIL, 3: TrialState.COMPLETE}, (states, out)
+    states = {t.number: t.state.name for t in trials}
+    assert states == {0: "COMPLETE", 1: "FAIL", 2: "FAIL", 3: "FAIL", 4: "COMPLETE"}, (states, out)
     assert trials[3].system_attrs["failed_trial"] == 1 and trials[3].system_attrs["retry_history"] == [1, 2]
     assert trials[2].params == trials[3].params == killed_params
-    assert "trial 3 (retries trial 1)" in out
+    assert "trial 3 (retries trial 1)" in out and "trial 3: failed (exit code -9)" in out
     assert not [line for line in out.splitlines() if line.startswith("trial 0:")]  # the finished trial is not run again
     with open(tmp_path / "study" / "trials.csv") as fh:
         assert [(r["number"], r["state"], r["retry_of"]) for r in csv.DictReader(fh)] == [
             ("0", "COMPLETE", ""),
             ("1", "FAIL", ""),
             ("2", "FAIL", "1"),
-            ("3", "COMPLETE", "1"),
+            ("3", "FAIL", "1"),
+            ("4", "COMPLETE", ""),
         ]
 
 
