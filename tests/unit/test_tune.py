@@ -181,3 +181,17 @@ def test_with_mlflow_every_trial_is_a_child_of_the_study_run_which_a_resumed_tun
     assert json.loads(_trial_environment(again, base, print)["MLFLOW_TAGS"])["mlflow.parentRunId"] == parent
     assert len(mlflow.MlflowClient().search_runs([run.info.experiment_id])) == 1
     assert _trial_environment(again, TrainConfig(report_to=["none"]), print)["MLFLOW_TAGS"] == '{"team": "news"}'
+
+
+def test_a_study_that_optimises_another_objective_is_refused_in_one_line(tmp_path, capsys, configs_dir):
+    (tmp_path / "space.yaml").write_text("learning_rate: {low: 1.0e-4, high: 1.0e-3}\n")
+    journal = tmp_path / "study" / "study.journal"
+    journal.parent.mkdir()
+    optuna.create_study(study_name="distrinews", storage=open_storage(str(journal)), direction="minimize")
+    space = str(tmp_path / "space.yaml")
+    args = ["tune", "--config", str(configs_dir / "tiny.yaml"), "--space", space, "--output-dir", str(journal.parent)]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "distrinews: error: study distrinews optimises accuracy (minimize); this config's metric_for_best_model is "
+        "accuracy (maximize): use the same, or another --study-name"
+    )

@@ -101,17 +101,17 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     metric = base.run.metric_for_best_model
     direction = "maximize" if base.run.best_is_greater else "minimize"
     study, joined = _create_or_join(storage, options, direction)
-    known = study.user_attrs.get(METRIC_ATTR)
-    if known is None:
-        study.set_user_attr(METRIC_ATTR, metric)
-    elif known != metric or study.direction.name.lower() != direction:
+    known = study.user_attrs.get(METRIC_ATTR, metric)
+    if known != metric or study.direction.name.lower() != direction:
         raise ConfigError(
             f"study {options.study_name} optimises {known} ({study.direction.name.lower()}); this config's "
             f"metric_for_best_model is {metric} ({direction}): use the same, or another --study-name"
         )
+    if METRIC_ATTR not in study.user_attrs:
+        study.set_user_attr(METRIC_ATTR, metric)
     env = _trial_environment(study, base, say)
     objective = _objective(base, space, options, env, say)
-    started = time.monotonic()
+    started, said_waiting = time.monotonic(), False
     joined_note = (
         f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own" if joined else f"new, sampler seed {options.seed}"
     )
@@ -125,8 +125,12 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
             say(f"timeout: {options.timeout_s:g} s passed, no new trial starts ({finished} of {options.n_trials} finished)")
             break
         if finished + in_progress >= options.n_trials and not _waiting(study):
+            if not said_waiting:
+                say(f"waiting for {in_progress} trial(s) running in other tuners ({finished} of {options.n_trials} finished)")
+                said_waiting = True
             time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them
             continue
+        said_waiting = False
         try:
             study.optimize(objective, n_trials=1, catch=(TrialFailed,))
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): Optuna has failed the trial; it runs again
