@@ -95,7 +95,8 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
         raise ConfigError(f"the search space may not tune {tuned[0]}: every trial of a study keeps it")
     options.output_dir.mkdir(parents=True, exist_ok=True)
     (options.output_dir / "trials").mkdir(exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Each outcome is one line of ours; Optuna would add a traceback to every failed or interrupted trial.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric = base.run.metric_for_best_model
