@@ -195,3 +195,16 @@ def test_a_study_that_optimises_another_objective_is_refused_in_one_line(tmp_pat
         "distrinews: error: study distrinews optimises accuracy (minimize); this config's metric_for_best_model is "
         "accuracy (maximize): use the same, or another --study-name"
     )
+
+
+def test_a_database_url_opens_optunas_rdb_storage_with_its_heartbeat_and_a_bad_one_is_one_line(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=30, grace_period=90, max_retry=2)
+    assert isinstance(storage, optuna.storages.RDBStorage) and storage.get_heartbeat_interval() == 30
+    assert isinstance(storage.get_heartbeat_stale_trial_callback(), optuna.storages.RetryHeartbeatStaleTrialCallback)
+    with pytest.raises(ConfigError) as caught:
+        open_storage("redis://tuner:s3cret@db.internal/0")
+    assert str(caught.value).startswith("--storage redis://tuner:***@db.internal/0: a database URL")
+    assert "s3cret" not in str(caught.value)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConfigError, match="must be a regular file"):
+        open_storage(str(tmp_path / "folder"))
