@@ -208,3 +208,22 @@ def test_a_database_url_opens_optunas_rdb_storage_with_its_heartbeat_and_a_bad_o
     (tmp_path / "folder").mkdir()
     with pytest.raises(ConfigError, match="must be a regular file"):
         open_storage(str(tmp_path / "folder"))
+
+
+def test_a_sampled_combination_the_config_refuses_fails_its_trial_in_one_line_before_any_process(tmp_path):
+    from distrinews.tune.study import StudyOptions, TrialFailed, _objective
+
+    # Each choice alone is valid; LoRA together with frozen layers is not (a check across fields).
+    space = _space(tmp_path, "use_peft: {choices: [false, true]}\nfreeze_layers: {choices: [0, 1]}\n")
+    options = StudyOptions(study_name="s", output_dir=tmp_path / "study")
+    (options.output_dir / "trials").mkdir(parents=True)
+    said: list[str] = []
+    study = optuna.create_study()
+    study.enqueue_trial({"use_peft": True, "freeze_layers": 1})
+    study.optimize(_objective(BASE, space, options, {}, said.append), n_trials=1, catch=(TrialFailed,))
+    assert study.trials[0].state == TrialState.FAIL
+    assert said == [
+        "trial 0: config field 'freeze_layers': LoRA already freezes the base model; with use_peft leave freeze_layers at 0 "
+        "(lora_target_modules picks the layers) (got 1)"
+    ]
+    assert not list((options.output_dir / "trials").iterdir())  # no config, no log, no process
