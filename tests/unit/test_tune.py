@@ -227,3 +227,10 @@ def test_a_sampled_combination_the_config_refuses_fails_its_trial_in_one_line_be
         "(lora_target_modules picks the layers) (got 1)"
     ]
     assert not list((options.output_dir / "trials").iterdir())  # no config, no log, no process
+
+
+def test_config_overrides_pass_through_tune_to_the_base_config_seed_included():
+    from distrinews.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["tune", "--space", "s.yaml", "--seed", "7", "--sampler-seed", "3", "--max_steps", "9"])
+    assert args.sampler_seed == 3 and extra == ["--seed", "7", "--max_steps", "9"]

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--n-trials", type=int, default=20, help="trials the study runs in all, over every tuner (default 20)")
     p.add_argument("--timeout", type=float, help="seconds after which this tuner starts no new trial")
-    p.add_argument("--seed", type=int, default=42, help="the TPE sampler's seed (default 42)")
+    # Not --seed: that is the config field every trial's run is seeded with (an override like any other)
+    p.add_argument("--sampler-seed", type=int, default=42, help="the TPE sampler's seed (default 42)")
     p.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median", help="stop unpromising trials early")
     p.add_argument("--pruner-startup-trials", type=int, default=5, help="median: no pruning before this many trials finished")
     p.add_argument("--pruner-warmup-steps", type=int, default=0, help="median: no pruning before this global step")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         storage=args.storage,
         n_trials=args.n_trials,
         timeout_s=args.timeout,
-        seed=args.seed,
+        seed=args.sampler_seed,
         pruner=PrunerSpec(
             args.pruner,
             startup_trials=args.pruner_startup_trials,
