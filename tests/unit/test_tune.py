@@ -1,6 +1,6 @@
 """distrinews tune, in process: the search space (its checks, conditional choices), the study's budget, and the
 journal's heartbeat that fails and retries a trial whose tuner died. The trials themselves (processes, pruning,
-kills, two tuners) are in tests/integration/test_tune.py."""
+kills, two tuners) are in tests/integration/test_tune_study.py."""
 
 from __future__ import annotations
 
