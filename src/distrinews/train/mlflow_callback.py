@@ -46,7 +46,7 @@ from ..scores import confusion_table, per_class_table
 from .callbacks import TrainerCallback
 from .metrics import scalars
 
-__all__ = ["MLflowCallback", "mlflow_params"]
+__all__ = ["MLflowCallback", "experiment_id", "mlflow_params"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _MARKER = "... [shortened from {n} characters]"
@@ -71,6 +71,24 @@ def mlflow_params(config: dict[str, Any], id2label: dict[int, str] | None, world
             shortened.append(name)
         params[name] = text
     return params, shortened
+
+
+def experiment_id(client) -> str:
+    """The experiment runs go to, as Hugging Face finds it: ``MLFLOW_EXPERIMENT_NAME`` (made when missing), else
+    ``MLFLOW_EXPERIMENT_ID``, else MLflow's default experiment."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
+
+    name = os.getenv("MLFLOW_EXPERIMENT_NAME")
+    if not name:
+        return os.getenv("MLFLOW_EXPERIMENT_ID") or DEFAULT_EXPERIMENT_ID
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # made by another process since we looked
+        return client.get_experiment_by_name(name).experiment_id
 
 
 class MLflowCallback(TrainerCallback):
@@ -120,7 +138,7 @@ class MLflowCallback(TrainerCallback):
         else:
             if active is not None:
                 tags[MLFLOW_PARENT_RUN_ID] = active.info.run_id
-            run_id = self.client.create_run(self._experiment_id(), run_name=self.run_dir.path.name, tags=tags).info.run_id
+            run_id = self.client.create_run(experiment_id(self.client), run_name=self.run_dir.path.name, tags=tags).info.run_id
             tags = {}
         self.run_id = run_id
         self.run_dir.mlflow_run.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
@@ -156,21 +174,6 @@ class MLflowCallback(TrainerCallback):
         if isinstance(recorded, dict) and recorded.get("tracking_uri") == uri and isinstance(recorded.get("run_id"), str):
             return recorded["run_id"]
         return None
-
-    def _experiment_id(self) -> str:
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
-
-        name = os.getenv("MLFLOW_EXPERIMENT_NAME")
-        if not name:
-            return os.getenv("MLFLOW_EXPERIMENT_ID") or DEFAULT_EXPERIMENT_ID
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        try:
-            return self.client.create_experiment(name)
-        except MlflowException:  # made by another process since we looked
-            return self.client.get_experiment_by_name(name).experiment_id
 
     def _log_batch(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Param, RunTag

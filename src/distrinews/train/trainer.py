@@ -44,7 +44,7 @@ from ..distributed.watchdog import Watchdog
 from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
 from .calibration import ConfidenceReport, calibrate_best, summary_lines, write_confidence_plots
-from .callbacks import CallbackHandler, default_callbacks
+from .callbacks import CallbackHandler, TrainerCallback, default_callbacks
 from .components import (
     StepPlan,
     TrainClock,
@@ -70,7 +70,8 @@ from .precision import Precision, check_precision_supported
 __all__ = ["StepPlan", "TrainState", "Trainer", "linear_schedule_with_warmup", "optimizer_windows", "prepare_data", "train"]
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
+def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
+    """``callbacks``: called after the config's own (``default_callbacks``), e.g. a tuner's trial reporter."""
     check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
@@ -78,7 +79,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         StopRequest(env) as stop,
         Watchdog(env, config.parallel.ddp_timeout) as watchdog,
     ):
-        trainer = Trainer(config, env, stop)
+        trainer = Trainer(config, env, stop, callbacks=callbacks)
         watchdog.progress = lambda: trainer.state.global_step  # what a silent rank last reported
         return trainer.train()
 
@@ -87,8 +88,16 @@ OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, env: DistEnv, stop: StopRequest | None = None, make_optimizer: OptimizerFactory | None = None):
-        """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW)."""
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: DistEnv,
+        stop: StopRequest | None = None,
+        make_optimizer: OptimizerFactory | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+    ):
+        """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW);
+        ``callbacks``: more callbacks, after the config's own."""
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.run.output_dir)
@@ -140,7 +149,8 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
         # What observes or steers the run (log.jsonl, report_to's trackers, early stopping): train/callbacks.py
-        self.callbacks = CallbackHandler(default_callbacks(config, env, self.run_dir, self.report.say), config, self.state, env)
+        own = default_callbacks(config, env, self.run_dir, self.report.say)
+        self.callbacks = CallbackHandler([*own, *(callbacks or [])], config, self.state, env)
         self.control = self.callbacks.control
         self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
 
