@@ -13,7 +13,7 @@ export DISTRINEWS_DATA := $(DATA)
 export HF_HUB_OFFLINE = 1
 endif
 
-.PHONY: setup demo train-quick predict test test-fast lint clean serve-replicas
+.PHONY: setup demo train-quick predict test test-fast lint docs clean serve-replicas
 
 $(BIN)/distrinews: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +49,12 @@ lint: setup
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy  # what and how: [tool.mypy] in pyproject.toml (src/distrinews and benchmarks/tools)
 
+# The documentation site into site/: strict, so a broken link or a page missing from the build fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
 
 # N `distrinews serve` replicas behind nginx on PORT (nginx installed first where the package manager allows).
 REPLICAS ?= 2

@@ -211,6 +211,17 @@ def killed_after(proc: subprocess.Popen, group: bool = False):
         kill(proc, group)
 
 
+# text-embeddings-inference's per-answer timing headers, as its router sets them (router/src/http/server.rs)
+TEI_TIMING_HEADERS = (
+    "x-compute-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+    "x-total-time",
+    "x-compute-tokens",
+)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     os.environ["DISTRINEWS_CACHE"] = str(tmp_path_factory.mktemp("token-cache"))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distrinews.bench.report import write_report
+from distrinews.bench.results import write_report
 from distrinews.config import ConfigError, TrainConfig, load_config, parse_overrides
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.scores import classification_scores

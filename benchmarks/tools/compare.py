@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distrinews.bench.report import write_report
+from distrinews.bench.results import write_report
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.distributed.machine import threads_per_process
 

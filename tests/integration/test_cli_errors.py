@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import QUIET, TINY
 
@@ -124,3 +125,18 @@ def test_two_runs_started_together_into_one_directory_one_is_refused(tmp_path, a
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-12"]
     assert (run / "best" / "model.safetensors").is_file()
     assert not (run / ".distrinews.lock").exists(), "the winner let go when it ended"
+
+
+def test_the_seed_guides_training_command_trains(tmp_path, news_corpus):
+    """The original system's guide trains with `torchrun --nproc_per_node=2 --standalone ... --epochs 3
+    --batch_size 32 --learning_rate 2e-5`: the same flags train here, under torchrun itself, and mean the
+    fields they name (one epoch and a small batch to keep it short)."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "distrinews", "train"]
+    cmd += [*TINY, "--data", str(news_corpus), "--output-dir", str(out), *QUIET, "--train_samples", "64", "--eval_samples", "32"]
+    cmd += ["--epochs", "1", "--batch_size", "8", "--learning_rate", "2e-5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=CONFIGS.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["num_train_epochs"], saved["per_device_train_batch_size"], saved["learning_rate"]) == (1, 8, 2e-5)
+    assert (out / "best" / "config.json").is_file() and "Replicas: identical" in proc.stdout + proc.stderr

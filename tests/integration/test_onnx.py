@@ -104,13 +104,13 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
-    from distrinews.export.legacy_pt import export_legacy_pt
+    from distrinews.export.seed_pt import export_seed_pt
     from distrinews.predict.runtimes import Predictor, make_predictor
 
     texts = ["Oil prices jump after OPEC agrees to cut production", "Federer wins again"]
     expected = Predictor(checkpoint, device="cpu").predict(texts)
     assert not (checkpoint / "model.onnx").exists()
-    legacy_pt = export_legacy_pt(checkpoint, tmp_path / "legacy.pt")
+    legacy_pt = export_seed_pt(checkpoint, tmp_path / "legacy.pt")
     for source in (checkpoint, legacy_pt):
         predictor = make_predictor(source, runtime="onnx")
         assert predictor.runtime == "onnx"
@@ -190,3 +190,36 @@ def test_training_ends_with_a_checked_int8_model_that_serve_takes_by_default(tmp
     predictor = make_predictor(best)
     assert predictor.choice["check"] == check and made.stat().st_mtime_ns == before
     assert predictor.runtime == ("onnx-int8" if check["passed"] else "torch")
+
+
+def test_the_temperature_in_best_is_applied_by_torch_onnx_and_int8(checkpoint, rows, fp32_onnx, tmp_path):
+    """A calibrated best/ (temperature 2.5 in distrinews.json): PyTorch, ONNX and int8 all divide their logits by it.
+    fp32 ONNX gives PyTorch's calibrated scores within 1e-4; int8 its own logits' (this random model's activations are
+    int8's worst case: how close int8 stays to PyTorch is checked on the trained MiniLM, test_end_to_end.py)."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from distrinews.predict.onnx import quantize_int8
+    from distrinews.predict.runtimes import make_predictor, softmax
+
+    calibrated = shutil.copytree(checkpoint, tmp_path / "best")
+    record = json.loads((calibrated / "distrinews.json").read_text())
+    (calibrated / "distrinews.json").write_text(json.dumps({**record, "temperature": 2.5}))
+    shutil.copyfile(fp32_onnx, calibrated / "model.onnx")
+    quantize_int8(calibrated / "model.onnx", calibrated / "model.int8.onnx")
+    texts = rows[:96]
+
+    def scores(predictor) -> np.ndarray:
+        assert predictor.describe()["temperature"] == 2.5
+        return np.array([list(r["probabilities"].values()) for r in predictor.predict(texts)])
+
+    as_trained = make_predictor(checkpoint, "torch")
+    uncalibrated = np.array([list(r["probabilities"].values()) for r in as_trained.predict(texts)])
+    by_torch = scores(make_predictor(calibrated, "torch"))
+    np.testing.assert_allclose(by_torch, softmax(as_trained.logits(texts), 2.5), atol=1e-6)
+    assert np.abs(by_torch - uncalibrated).max() > 0.1, "the temperature must move the scores"
+    np.testing.assert_allclose(scores(make_predictor(calibrated, "onnx")), by_torch, atol=1e-4)
+    int8 = make_predictor(calibrated, "onnx-int8")
+    np.testing.assert_allclose(scores(int8), softmax(int8.logits(texts), 2.5), atol=1e-6)

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import TEI_TIMING_HEADERS as TIMING
+
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
     "Federer beats Roddick to win his third Wimbledon title",
@@ -21,14 +23,6 @@ HEADLINES = [
 API_KEY = "clients-key-5678"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEI_DOC = Path(__file__).resolve().parents[1] / "data" / "tei_openapi_predict.json"
-TIMING = (
-    "x-compute-time",
-    "x-tokenization-time",
-    "x-queue-time",
-    "x-inference-time",
-    "x-total-time",
-    "x-compute-tokens",
-)
 
 
 @pytest.fixture(scope="module")

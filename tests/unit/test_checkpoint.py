@@ -9,17 +9,17 @@ import torch
 from safetensors.torch import load_file
 
 from distrinews.checkpoint import servable
+from distrinews.checkpoint.disk_space import _says_disk_full, _size
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
 from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
 from distrinews.checkpoint.resumable import Checkpointer, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
-from distrinews.checkpoint.space import _says_disk_full, _size
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import ParallelModel
 from distrinews.distributed.process_group import DistEnv
 from distrinews.errors import CheckpointError, DiskFullError
-from distrinews.export.legacy_pt import export_legacy_pt
+from distrinews.export.seed_pt import export_seed_pt
 from distrinews.model import build_model, build_tokenizer
 
 ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
@@ -230,7 +230,7 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
     save_servable(
         tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.25, "loss": 1.3}, max_length=64, epoch=1)
     )
-    out = export_legacy_pt(tmp_path / "best", tmp_path / "model.pt")
+    out = export_seed_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
     assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
     assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
@@ -248,7 +248,7 @@ def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
     """The reference system saved NewsClassifier.state_dict(): keys prefixed with 'model.'."""
     model, tok = tiny
     save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64))
-    path = export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
+    path = export_seed_pt(tmp_path / "best", tmp_path / "legacy.pt")
     payload = torch.load(path, weights_only=True)
     payload["model_state_dict"] = {f"model.{k}": v for k, v in payload["model_state_dict"].items()}
     torch.save(payload, path)

@@ -21,7 +21,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def test_every_subcommand_is_registered():
     commands = _subcommands(cli.build_parser())
-    assert set(commands) == {"train", "eval", "predict", "export", "serve", "serve-replicas", "report", "bench", "doctor"}
+    assert set(commands) == {"train", "eval", "predict", "export", "serve", "serve-replicas", "report", "bench", "doctor", "tune"}
     assert set(_subcommands(commands["bench"])) == {"scaling", "collectives", "serving", "profile", "batch"}
 
 

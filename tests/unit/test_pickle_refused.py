@@ -20,7 +20,7 @@ from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import ParallelModel
 from distrinews.distributed.process_group import DistEnv
 from distrinews.errors import CheckpointError
-from distrinews.export.legacy_pt import export_legacy_pt
+from distrinews.export.seed_pt import export_seed_pt
 from distrinews.model import build_model, build_tokenizer
 
 ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
@@ -68,7 +68,9 @@ def step_dir(tmp_path_factory) -> Path:
     wrapped, opt, sched = _parts(model)
     root = tmp_path_factory.mktemp("checkpoints")
     config = {"model_name_or_path": "tiny-random", "num_labels": 4}
-    return Checkpointer(root, ONE_PROCESS, None, config).save(3, wrapped, opt, sched, _Scaler(), TrainerStateRecord(epoch=0))
+    return Checkpointer(root, ONE_PROCESS, None, config).save(
+        3, wrapped, opt, sched, _Scaler(), TrainerStateRecord(epoch=0, label_names=list(AG_NEWS_LABELS))
+    )
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pt"])
@@ -94,11 +96,11 @@ def test_the_whole_checkpoint_loads_before_anything_is_planted(step_dir, tmp_pat
 
 def test_export_refuses_a_planted_optimizer(step_dir, tmp_path):
     checkpoint = shutil.copytree(step_dir, tmp_path / step_dir.name)
-    export_legacy_pt(checkpoint, tmp_path / "whole.pt")  # the untouched copy exports
+    export_seed_pt(checkpoint, tmp_path / "whole.pt")  # the untouched copy exports
     marker = tmp_path / "pwned"
     _plant(checkpoint / "optimizer.pt", marker)
     with pytest.raises(REFUSED):
-        export_legacy_pt(checkpoint, tmp_path / "model.pt")
+        export_seed_pt(checkpoint, tmp_path / "model.pt")
     assert not marker.exists() and not (tmp_path / "model.pt").exists()
 
 

@@ -81,7 +81,8 @@ def test_servable_info_round_trips_and_keeps_unknown_keys():
     assert read.extra == {"export": {"runtime": "onnx", "model_file": "model/model.onnx"}}
     assert dataclasses.replace(read, extra={}) == INFO
     assert read.to_json() == data, "the unknown key is written back as it was read"
-    assert data["format_version"] == SERVABLE_INFO_FORMAT == 1
+    assert data["format_version"] == SERVABLE_INFO_FORMAT == 2  # 2: the temperature (a format-1 reader would ignore it)
+    assert data["temperature"] == 1.0 and data["calibration"] is None
 
 
 def test_files_from_before_format_versions_read_as_version_1():
@@ -94,12 +95,13 @@ def test_files_from_before_format_versions_read_as_version_1():
 
 @pytest.mark.parametrize("record", [TrainerStateRecord, ServableInfo])
 def test_a_newer_format_is_refused_in_one_line(record):
-    data = {**(STATE if record is TrainerStateRecord else INFO).to_json(), "format_version": 2}
+    newer = TRAINER_STATE_FORMAT + 1 if record is TrainerStateRecord else SERVABLE_INFO_FORMAT + 1
+    data = {**(STATE if record is TrainerStateRecord else INFO).to_json(), "format_version": newer}
     with pytest.raises(CheckpointError) as refused:
         record.from_json(data, "/runs/x/the-file.json")
     assert str(refused.value) == (
-        "could not load checkpoint /runs/x/the-file.json: it was written by a newer DistriNews (format 2); "
-        "this one reads format 1: upgrade distrinews"
+        f"could not load checkpoint /runs/x/the-file.json: it was written by a newer DistriNews (format {newer}); "
+        f"this one reads format {newer - 1}: upgrade distrinews"
     )
 
 
@@ -187,6 +189,7 @@ def test_the_writers_take_records_not_dicts(tmp_path):
 
 # ---------------------------------------------------------------------- on real checkpoints, through every reader
 NEWER = "it was written by a newer DistriNews (format 99); this one reads format 1: upgrade distrinews"
+NEWER_SERVABLE = f"it was written by a newer DistriNews (format 99); this one reads format {SERVABLE_INFO_FORMAT}: upgrade distrinews"
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +223,7 @@ def _drop(key):
 @pytest.mark.parametrize(
     "change,why",
     [
-        (_set("format_version", 99), NEWER),
+        (_set("format_version", 99), NEWER_SERVABLE),
         (_drop("label_names"), "missing key 'label_names'"),
         (_set("max_length", "64"), "key 'max_length' must be an integer, not '64'"),
     ],

@@ -1,4 +1,4 @@
-"""The lines a run prints (train/report.py) and the config slices each component takes (config.py)."""
+"""The lines a run prints (train/console.py) and the config slices each component takes (config.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
+from distrinews.train.console import RunFacts, banner_lines, epoch_lines, final_lines, fmt_time, replicas_line, stopped_line
 from distrinews.train.metrics import Counts
-from distrinews.train.report import RunFacts, banner_lines, epoch_lines, final_lines, fmt_time, replicas_line, stopped_line
 
 
 def env(world_size: int) -> DistEnv:

@@ -498,6 +498,24 @@ def _check_answers(response, path: str, sent, reference, padding_atol: float) ->
         assert answer["probabilities"] == pytest.approx(expected["probabilities"], abs=padding_atol), (answer, expected)
 
 
+def _check_foreign_answers(response, sent: dict) -> None:
+    """A 200 to a TEI or Hugging Face body (``inputs``): one ranking per input, each every label once,
+    highest score first, and a distribution unless raw scores were asked for."""
+    body = response.json()
+    assert isinstance(body, list) and body, body
+    rankings = [body] if all(isinstance(a, dict) for a in body) else body  # one text's ranking, or one per text
+    assert all(isinstance(r, list) for r in rankings), body
+    raw = sent.get("raw_scores") or (sent.get("parameters") or {}).get("function_to_apply") == "none"
+    top_k = (sent.get("parameters") or {}).get("top_k")
+    for ranking in rankings:
+        labels, scores = [a["label"] for a in ranking], [a["score"] for a in ranking]
+        assert len(set(labels)) == len(labels) and set(labels) <= set(LABELS), ranking
+        assert len(labels) == (min(top_k, len(LABELS)) if isinstance(top_k, int) and top_k > 0 else len(LABELS)), ranking
+        assert scores == sorted(scores, reverse=True), ranking
+        if not raw and len(labels) == len(LABELS):
+            assert sum(scores) == pytest.approx(1.0, abs=PROBABILITY_SUM_ATOL), ranking
+
+
 @FUZZ
 @given(path_field=st.sampled_from([("/predict", "text"), ("/predict/batch", "texts")]), data=st.data(), content_type=_CONTENT_TYPES)
 def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, reference, padding_atol, path_field, data, content_type):
@@ -562,7 +580,9 @@ def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding
             return
         _check(response)
         path = request["url"].removeprefix("http://testserver")
-        if response.status_code == 200 and path in ("/predict", "/predict/batch"):
+        if response.status_code == 200 and path == "/predict" and "text" not in request["json"]:
+            _check_foreign_answers(response, request["json"])
+        elif response.status_code == 200 and path in ("/predict", "/predict/batch"):
             _check_answers(response, path, request["json"]["text" if path == "/predict" else "texts"], reference, padding_atol)
 
     run()

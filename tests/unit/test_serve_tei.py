@@ -14,19 +14,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import TEI_TIMING_HEADERS as TIMING
 from distrinews.predict.client import RemoteClassifier, RemoteError, retry_after
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.tei import ERROR_TYPES, LOG_OF_ZERO
 
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
-TIMING = (
-    "x-compute-time",
-    "x-tokenization-time",
-    "x-queue-time",
-    "x-inference-time",
-    "x-total-time",
-    "x-compute-tokens",
-)
 
 
 def _wait_ready(client: TestClient) -> None:

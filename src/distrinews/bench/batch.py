@@ -38,7 +38,7 @@ from typing import Any
 
 from ..distributed.launch import free_port
 from ..distributed.machine import describe as machine_description
-from .report import invoked_as
+from .results import invoked_as
 
 POST_BATCH = 64
 

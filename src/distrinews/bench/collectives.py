@@ -26,7 +26,7 @@ from typing import Any
 
 from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
-from .report import write_report
+from .results import write_report
 
 OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
 KIB, MIB = 1024, 1024 * 1024

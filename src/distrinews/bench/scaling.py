@@ -40,7 +40,7 @@ from typing import Any
 from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
-from .report import write_report
+from .results import write_report
 from .scaling_arithmetic import core_slices, efficiency, per_worker_batch, speedup, summarize
 from .scaling_report import markdown_table, plot
 from .scaling_worker import PHASES, PadToMaxLength, run_worker

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
-from .report import invoked_as
+from .results import invoked_as
 from .serving_runtimes import choose_default
 
 

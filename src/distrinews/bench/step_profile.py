@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
-from .report import invoked_as
+from .results import invoked_as
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
 # matches wins, so layer norm comes before the norms of gradient clipping and GELU before aten::ge.

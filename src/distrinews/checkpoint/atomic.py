@@ -62,6 +62,16 @@ def read_text_nofollow(path: Path) -> str | None:
         return fh.read()
 
 
+def same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` (not followed) is still the file open as ``fd``: a lock file its holder removed and
+    another run made anew is not the one this process locked."""
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def make_dir(path: Path) -> None:
     """``path`` as a folder of its own (made if missing, its parents too); a link or a file there is refused."""
     try:

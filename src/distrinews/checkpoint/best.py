@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..distributed.process_group import DistEnv
 from ..model import merged, model_label_names
+from .disk_space import saving_together, space_needed
 from .records import ServableInfo
 from .servable import save_servable
-from .space import saving_together, space_needed
 
 if TYPE_CHECKING:
     from ..distributed.parallel import ParallelModel

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..data.rows import HUB_DATASET
+from .atomic import write_text_atomically
 from .records import ServableInfo
 from .versioning import DEFAULT_MODEL_VERSION
 
@@ -226,6 +227,7 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
     lines = _summary(info, data, base)
     lines += _per_class(info.metrics)
+    lines += _confidence_or_nothing(info)
     lines += [] if load_path is None else _how_to_load(load_path, example)
     lines += _training(info)
     lines += _training_data(info, data)
@@ -286,6 +288,55 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
         lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
         return [*lines, ""]
     return []
+
+
+def _confidence(info: ServableInfo) -> list[str]:
+    """The temperature, the expected calibration error before and after it, and the coverage-accuracy table."""
+    c = info.calibration
+    if not c:
+        return []
+    fitted = (
+        f"Scores are calibrated by temperature scaling: every DistriNews runtime divides the logits by "
+        f"**T = {info.temperature:.4f}** (`temperature` in `distrinews.json`), fitted on {c.get('calibration_rows', 0):,} "
+        "training rows held out of training. Hugging Face's `pipeline` does not: it gives the same labels with "
+        "the uncalibrated scores."
+        if c.get("method") == "temperature"
+        else "Scores are the softmax as trained (no temperature was fitted)."
+    )
+    lines = [
+        "## Confidence",
+        "",
+        fitted,
+        "",
+        f"| on {c.get('eval_rows', 0):,} evaluation rows | before | after |",
+        "| --- | --- | --- |",
+        f"| expected calibration error ({c.get('ece_bins', 15)} bins) | {_pct(c.get('ece_before'))} | {_pct(c.get('ece_after'))} |",
+        f"| negative log-likelihood | {_or_na(_rounded(c.get('nll_before')))} | {_or_na(_rounded(c.get('nll_after')))} |",
+        "",
+    ]
+    coverage = c.get("coverage") or []
+    if coverage:
+        lines += [
+            "The answers kept at a confidence threshold (`--min-confidence`), and their accuracy:",
+            "",
+            "| coverage | accuracy | min confidence |",
+            "| --- | --- | --- |",
+        ]
+        lines += [f"| {_pct(row.get('coverage'))} | {_pct(row.get('accuracy'))} | {row.get('min_confidence', 0):.4f} |" for row in coverage]
+        lines.append("")
+    return lines
+
+
+def _confidence_or_nothing(info: ServableInfo) -> list[str]:
+    """``_confidence``, or no section for a record that ``calibrate_best`` did not write (rather than a crash)."""
+    try:
+        return _confidence(info)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return []
+
+
+def _rounded(value: Any) -> Any:
+    return round(float(value), 4) if isinstance(value, (int, float)) else value
 
 
 def _how_to_load(load_path: str, example: str) -> list[str]:
@@ -371,5 +422,5 @@ def write_model_card(directory: str | os.PathLike, info: ServableInfo) -> Path:
     """``directory/README.md`` from the servable checkpoint's ``distrinews.json`` record."""
     path = Path(directory) / CARD_FILE
     run_dir = (info.training_config or {}).get("output_dir") or "runs/NAME"
-    path.write_text(render(info, load_path=f"{run_dir.rstrip('/')}/best"))
+    write_text_atomically(path, render(info, load_path=f"{run_dir.rstrip('/')}/best"))
     return path

@@ -43,7 +43,9 @@ from ..errors import CheckpointError
 SERVABLE_INFO = "distrinews.json"  # in a servable checkpoint (best/)
 TRAINER_STATE = "trainer_state.json"  # in a resumable checkpoint (step-N)
 TRAINER_STATE_FORMAT = 1  # the trainer_state.json format this code writes and the newest it reads
-SERVABLE_INFO_FORMAT = 1  # likewise for distrinews.json
+# likewise for distrinews.json. 2 added ``temperature``: a reader that ignored it would serve other scores than the
+# model's, so format 1 readers refuse it; a format 1 file reads with temperature 1 (the softmax as trained).
+SERVABLE_INFO_FORMAT = 2
 CHECKPOINT_FORMATS = ("pretrained", "resumable", "pt")  # ModelInfo.checkpoint_format
 TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSource.source
 
@@ -80,6 +82,13 @@ STR: _Check = (lambda v: isinstance(v, str), "a string")
 OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
 STR_LIST: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
 NUMBER_LIST: _Check = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
+# The temperatures a record may hold (and train/calibration.py fits within): beyond them the scores carry no usable
+# ranking, and a hostile file's 1e-300 would turn every logit into an infinity.
+TEMPERATURE_RANGE = (0.05, 20.0)
+TEMPERATURE: _Check = (
+    lambda v: _is_number(v) and TEMPERATURE_RANGE[0] <= v <= TEMPERATURE_RANGE[1],
+    f"a number from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}",
+)
 
 
 def optional(check: _Check) -> _Check:
@@ -241,6 +250,9 @@ class ServableInfo:
     model_name: str | None = None  # the base model (our short name, a hub id or a path)
     training_config: dict[str, Any] | None = None  # TrainConfig.to_dict() of the run
     world_size: int | None = None
+    # Every runtime divides the logits by it before the softmax (train/calibration.py fits it); 1: as trained.
+    temperature: float = 1.0
+    calibration: dict[str, Any] | None = None  # how the temperature was fitted and what it did (ECE, coverage)
     extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = field(default=SERVABLE_INFO_FORMAT, init=False)
 
@@ -258,6 +270,8 @@ class ServableInfo:
         "model_name": optional(STR),
         "training_config": optional(OBJECT),
         "world_size": optional(INT),
+        "temperature": TEMPERATURE,
+        "calibration": optional(OBJECT),
     }
 
     def to_json(self) -> dict[str, Any]:

@@ -22,10 +22,10 @@ from .. import tracing
 from ..distributed.process_group import DistEnv, all_gather_object, barrier, broadcast_object
 from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
+from .disk_space import saving_together, space_needed
 from .load_errors import read_json
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
 from .records import TRAINER_STATE, TrainerStateRecord
-from .space import saving_together, space_needed
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:

@@ -30,10 +30,21 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
-from .atomic import open_nofollow, remove_entry, symlink_refused
+from .atomic import open_nofollow, remove_entry, same_file, symlink_refused
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
-RUN_ARTIFACTS = ("config.yaml", "log.jsonl", "tb", "checkpoints", "best", "training_curves.png", "confusion_matrix.png", "mlflow_run.json")
+RUN_ARTIFACTS = (
+    "config.yaml",
+    "log.jsonl",
+    "tb",
+    "checkpoints",
+    "best",
+    "training_curves.png",
+    "confusion_matrix.png",
+    "reliability_diagram.png",
+    "coverage_accuracy.png",
+    "mlflow_run.json",
+)
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
 # Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
@@ -71,6 +82,14 @@ class RunDir:
     @property
     def confusion(self) -> Path:
         return self.path / "confusion_matrix.png"
+
+    @property
+    def reliability(self) -> Path:
+        return self.path / "reliability_diagram.png"
+
+    @property
+    def coverage(self) -> Path:
+        return self.path / "coverage_accuracy.png"
 
     @property
     def mlflow_run(self) -> Path:
@@ -198,7 +217,7 @@ class RunLock:
                 # Some network file systems are mounted without lock support; refusing every run there would be worse.
                 print(f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory", file=sys.stderr)
                 return None
-            if _same_file(fd, self.path):
+            if same_file(fd, self.path):
                 return fd
             # Its holder removed the file as it let go, between our open and our lock: lock the one there now.
             os.close(fd)
@@ -212,7 +231,7 @@ class RunLock:
     def release(self) -> None:
         """Let go, and leave the directory as it was found: no lock file, no directory made only for it."""
         if self._fd is not None:
-            if _same_file(self._fd, self.path):  # removed while held, so whoever opens it next locks a fresh one
+            if same_file(self._fd, self.path):  # removed while held, so whoever opens it next locks a fresh one
                 with contextlib.suppress(OSError):
                     self.path.unlink()
             os.close(self._fd)
@@ -226,14 +245,6 @@ class RunLock:
             except OSError:
                 break  # the run wrote into it (or someone else did): keep it and everything above
         self._created = []
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here, there = os.fstat(fd), os.lstat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _holder(fd: int) -> str:

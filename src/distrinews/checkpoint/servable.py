@@ -20,12 +20,12 @@ from ..config import field_default
 from ..errors import CheckpointError
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
-from .legacy import load_legacy_pt
 from .load_errors import loading, read_json
 from .manifest import verify_checkpoint
 from .modelcard import write_model_card
 from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord
 from .resumable import SHARDED, load_sharded_weights, load_weights
+from .seed_pt import load_seed_pt
 from .tokenizer_files import needs_own_tokenizer, require_tokenizer
 from .versioning import version_fields
 
@@ -153,7 +153,7 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, Any, M
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.is_file():
-        model, tokenizer, info = load_legacy_pt(path)
+        model, tokenizer, info = load_seed_pt(path)
     elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
         info = ModelInfo.of(read_servable_info(path), checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path))
         model, tokenizer = _load_pretrained(path)

@@ -18,10 +18,10 @@ import sys
 from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
 from ..serve.options import ServeOptionError
-from . import bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train
+from . import bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
 
 EXIT_USAGE = 2
-COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor)
+COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune)
 # Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
 USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError, DiskFullError)
 
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         args.launch_flags, args.argv = flags, rest
         if wants_launch(flags) and not getattr(args, "distributed", False):
             raise LaunchError(
-                f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) apply to train, eval and doctor"
+                f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
+                "apply to train, eval, doctor and tune"
             )
         return args.func(args, extra)
     except USAGE_ERRORS as exc:
@@ -65,10 +66,18 @@ def usage_error(exc: Exception) -> int:
 
 def require_extra(module: str, extra: str, what: str) -> None:
     """Fail in one line, naming the extra to install, when an optional dependency is missing."""
-    import importlib.util
+    import importlib
 
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})")
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})") from None
+
+
+def require_serving(what: str) -> None:
+    """The web server's packages (the ``serve`` extra)."""
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        require_extra(module, "serve", what)
 
 
 def no_extra_arguments(command: str, extra: list[str]) -> None:

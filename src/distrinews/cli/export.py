@@ -47,10 +47,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             raise ConfigError("--quantize does not apply to --format space: choose --runtime onnx-int8")
         return _space(args)
     if args.format == "pt":
-        from ..export.legacy_pt import export_legacy_pt
+        from ..export.seed_pt import export_seed_pt
 
         out = args.output or os.path.join(args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version))
-        print(f"wrote {export_legacy_pt(args.checkpoint, out, model_version=args.version)}")
+        print(f"wrote {export_seed_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
     require_extra("onnx", "onnx", "export --format onnx")
     require_extra("onnxruntime", "onnx", "export --format onnx")

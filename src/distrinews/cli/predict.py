@@ -33,6 +33,12 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--json", action="store_true", help="texts form: print the answers as JSON")
     p.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})")
+    p.add_argument(
+        "--min-confidence",
+        default=BatchJob.min_confidence,
+        help="mark answers whose top probability is below this as not confident (the label is still given; a "
+        "'confident' field or column): a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both",
+    )
     batch = p.add_argument_group("corpus form (--input/--output)")
     batch.add_argument("--input", nargs="+", metavar="PATH", help="files, folders or globs (.jsonl, .csv, .parquet; .jsonl.gz, .csv.gz)")
     batch.add_argument("--output", metavar="FILE", help="the labelled rows: .jsonl, .csv or .parquet (.jsonl.gz, .csv.gz)")
@@ -100,9 +106,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..predict.runtimes import make_predictor
 
     try:
-        predictor = make_predictor(args.checkpoint, args.runtime)
-    except CheckpointError:
-        raise  # already one line naming the file
+        predictor = make_predictor(args.checkpoint, args.runtime, min_confidence=args.min_confidence)
+    except (CheckpointError, ConfigError):
+        raise  # already one line naming the file or the option
     except ValueError as exc:  # a runtime this machine or checkpoint cannot run
         raise ConfigError(f"predict: {exc}") from None
     results = predictor.predict(texts)
@@ -111,7 +117,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         for text, r in zip(texts, results):
             probs = "  ".join(f"{k}={v:.3f}" for k, v in r["probabilities"].items())
-            print(f"{r['label']} ({r['confidence']:.1%})  {text[:80]}\n    {probs}")
+            unsure = "" if r.get("confident", True) else f", not confident: below {predictor.min_confidence.minimum(r['label']):g}"
+            print(f"{r['label']} ({r['confidence']:.1%}{unsure})  {text[:80]}\n    {probs}")
     return 0
 
 
@@ -129,6 +136,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         text_field=args.text_field,
         id_field=args.id_field,
         probabilities=args.probabilities,
+        min_confidence=args.min_confidence,
         nproc=args.nproc,
         threads=args.threads,
         runtime=args.runtime,

@@ -20,9 +20,11 @@ def register(subparsers) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    from . import no_extra_arguments, require_extra, require_serving
+
+    require_serving("serve")
     from ..checkpoint.servable import check_loadable
     from ..serve.server import run_server
-    from . import no_extra_arguments, require_extra
 
     no_extra_arguments("serve", extra)
     validate(args)

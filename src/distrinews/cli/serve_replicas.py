@@ -34,6 +34,9 @@ def register(subparsers) -> None:
 
 
 def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
+    from . import require_serving
+
+    require_serving("serve-replicas")
     from ..checkpoint.servable import check_loadable
     from ..distributed.machine import threads_per_process
     from ..serve.options import ServeOptionError

@@ -65,7 +65,23 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
         # OTEL_EXPORTER_OTLP_ENDPOINT, which torchrun hands every worker: each rank traces its evaluations and saves.
         held.enter_context(tracing.session("distrinews-train"))
-        result = train(config)
+        result = train(config, callbacks=trial_callbacks())
         if args.result_json and is_global_rank_zero():
             write_json(args.result_json, result)
     return 0
+
+
+def trial_callbacks() -> list:
+    """A trial of ``distrinews tune`` (its link in the environment): global rank 0 reports to it."""
+    from ..tune import TRIAL_ENV
+
+    if not os.environ.get(TRIAL_ENV):
+        return []
+    from . import is_global_rank_zero
+
+    if not is_global_rank_zero():
+        return []
+    from ..tune.trial_callback import TrialCallback, TrialLink
+
+    link = TrialLink.from_env()
+    return [TrialCallback(link)] if link is not None else []

@@ -65,3 +65,19 @@ def stratified_sample(labels: Sequence[int], n: int | None, seed: int) -> list[i
         perm = torch.randperm(len(ix), generator=gen)[: take[c]]
         chosen.extend(ix[int(j)] for j in perm)
     return sorted(chosen)
+
+
+def hold_out(labels: Sequence[int], percentage: int, seed: int) -> tuple[list[int], list[int]]:
+    """(kept, held): a seeded, class-stratified ``percentage`` of the rows held out, at least one row of each class
+    that has two or more (a class with a single row stays where it is: in the kept rows)."""
+    counts: dict[int, int] = {}
+    for y in labels:
+        counts[y] = counts.get(y, 0) + 1
+    eligible = [i for i, y in enumerate(labels) if counts[y] > 1]
+    classes = sum(1 for n in counts.values() if n > 1)
+    n = min(len(eligible) - classes, max(classes, round(len(labels) * percentage / 100)))
+    if n <= 0:
+        return list(range(len(labels))), []
+    held = sorted(eligible[j] for j in stratified_sample([labels[i] for i in eligible], n, seed))
+    chosen = set(held)
+    return [i for i in range(len(labels)) if i not in chosen], held

@@ -6,7 +6,9 @@ steps, kept apart so the server can run them on different threads:
 
 - ``encode(texts)``: tokenization only (``tokens.TextEncoder``; no model, any thread);
 - ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);
-- ``format_batch(logits)``: softmax and named labels.
+- ``format_batch(logits)``: softmax of the logits divided by the checkpoint's temperature (``distrinews.json``,
+  fitted when training ended: ``train/calibration.py``; 1 where it has none), named labels, and with a
+  ``min_confidence`` threshold (``confidence.py``) whether the answer is ``confident``.
 
 ``predict_encoded`` is the micro-batcher's forward job (collate + forward + format, one pass);
 ``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
@@ -41,19 +43,31 @@ import numpy as np
 from ..checkpoint.records import SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
 from ..errors import CheckpointError
 from . import int8
+from .confidence import ConfidenceThreshold
 from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("auto", "torch", "torch-bf16", "onnx", "onnx-int8")
 DEFAULT_RUNTIME = "auto"
-__all__ = ["DEFAULT_RUNTIME", "MODEL_INPUTS", "RUNTIMES", "OnnxPredictor", "Predictor", "is_quantized_file", "make_predictor", "softmax"]
+__all__ = [
+    "DEFAULT_RUNTIME",
+    "MODEL_INPUTS",
+    "RUNTIMES",
+    "ConfidenceThreshold",
+    "OnnxPredictor",
+    "Predictor",
+    "is_quantized_file",
+    "make_predictor",
+    "softmax",
+]
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.asarray(logits, dtype=np.float64)
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Probabilities of ``logits / temperature`` (float64), per row."""
+    shifted = np.asarray(logits, dtype=np.float64) / temperature
     shifted = np.exp(shifted - shifted.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
@@ -65,6 +79,7 @@ class Predictor:
     # How the runtime was chosen: asked for by name, or picked by ``auto`` (and why). ``/info`` reports it.
     choice: dict[str, Any] | None = None
     info: ModelInfo  # what the checkpoint says about its model (checkpoint.records)
+    min_confidence: ConfidenceThreshold | None = None  # below it an answer is marked "confident": false
 
     def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
         import torch
@@ -86,6 +101,7 @@ class Predictor:
         self.labels = labels
         self.model_name = self.info.model_name or fallback_name or str(self.checkpoint)
         self.max_batch_size = max_batch_size
+        self.temperature = float(self.info.temperature)
 
     # ------------------------------------------------------------------ tokenization (no model)
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
@@ -116,7 +132,15 @@ class Predictor:
         return self.format_batch(self.forward(self.encoder.collate(batch)))
 
     def logits(self, texts: Sequence[str]) -> np.ndarray:
-        return self.forward(self.encoder.collate(self.encode(texts)))
+        """[N, labels] float32 logits as the model gives them (before the temperature), in the texts' order;
+        computed in length-sorted batches of ``max_batch_size``."""
+        encoded = self.encode(texts)
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        out = np.empty((len(encoded), len(self.labels)), dtype=np.float32)
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start : start + self.max_batch_size]
+            out[chunk] = self.forward(self.encoder.collate([encoded[i] for i in chunk]))
+        return out
 
     def predict(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         """One result per text, in order. Texts are grouped by token length so each batch pads little."""
@@ -133,17 +157,25 @@ class Predictor:
 
     # ------------------------------------------------------------------ output
     def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
-        return [self.format(p) for p in softmax(logits).tolist()]
+        return [self.format(p) for p in softmax(logits, self.temperature).tolist()]
 
     def format(self, probs: Sequence[float]) -> dict[str, Any]:
         probs = [float(p) for p in probs]
         label_id = max(range(len(probs)), key=probs.__getitem__)  # the first of equal maxima, like argmax
-        return {
+        result = {
             "label": self.labels[label_id],
             "label_id": label_id,
             "confidence": probs[label_id],
             "probabilities": dict(zip(self.labels, probs)),
         }
+        if self.min_confidence is not None:
+            result["confident"] = self.min_confidence.confident(self.labels[label_id], probs[label_id])
+        return result
+
+    def set_min_confidence(self, spec: Any) -> None:
+        """``--min-confidence`` (``confidence.ConfidenceThreshold.parse``'s forms; None: none), checked against the labels."""
+        threshold = ConfidenceThreshold.parse(spec)
+        self.min_confidence = None if threshold is None else threshold.for_labels(self.labels)
 
     def warmup(self) -> None:
         """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy initialisation."""
@@ -165,6 +197,8 @@ class Predictor:
             "runtime_choice": self.choice or {"requested": self.runtime, "runtime": self.runtime, "reason": "asked for by name"},
             "labels": list(self.labels),
             "max_length": self.max_length,
+            "temperature": self.temperature,
+            "min_confidence": None if self.min_confidence is None else self.min_confidence.to_json(),
             "metrics": self.info.metrics,
             "epoch": self.info.epoch,
             "global_step": self.info.global_step,
@@ -330,8 +364,19 @@ def make_predictor(
     max_batch_size: int = 64,
     onnx_model: str | os.PathLike | None = None,
     threads: int | None = None,
+    min_confidence: Any = None,
 ) -> Predictor:
-    """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``."""
+    """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``.
+    ``min_confidence``: ``--min-confidence`` (a number, ``LABEL=NUMBER`` pairs, a dict; ``confidence.py``)."""
+    threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
+    predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads)
+    predictor.set_min_confidence(threshold)
+    return predictor
+
+
+def _make_predictor(
+    checkpoint: str | os.PathLike, runtime: str, max_batch_size: int, onnx_model: str | os.PathLike | None, threads: int | None
+) -> Predictor:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if onnx_model and not runtime.startswith("onnx"):

@@ -88,6 +88,7 @@ def _default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
             max_batch_size=config.max_batch_size,
             onnx_model=config.onnx_model,
             threads=config.threads or None,
+            min_confidence=config.min_confidence,
         )
 
     return load
@@ -173,7 +174,9 @@ class ServingState:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
         watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future)) if receive else None
         try:
-            return await future
+            results = await future
+            self.metrics.count_answers(results)
+            return results
         except (BatcherClosedError, ForwardStalledError) as exc:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
         except ForwardError:  # the batcher logged the cause; it names internals, so the client is not told it

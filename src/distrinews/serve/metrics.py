@@ -6,6 +6,8 @@ in the process-global one.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .batcher import BatchStats
@@ -72,6 +74,18 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
+        # One series per label of the model and confident true | false: bounded by the checkpoint, not by requests.
+        self.answers = Counter(
+            "distrinews_answers",
+            "answers by top label and whether they met --min-confidence (counted only when the server has one)",
+            ["label", "confident"],
+            registry=self.registry,
+        )
+
+    def count_answers(self, results: list[dict[str, Any]]) -> None:
+        for result in results:
+            if "confident" in result:
+                self.answers.labels(result["label"], "true" if result["confident"] else "false").inc()
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.texts)

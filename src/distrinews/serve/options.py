@@ -85,6 +85,11 @@ class ServeConfig:
         "send OpenTelemetry traces over OTLP/HTTP to this base URL (e.g. http://127.0.0.1:4318; default: "
         "$OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing); needs the 'tracing' extra",
     )
+    min_confidence: str | None = _flag(
+        None,
+        'answers whose top probability is below this are marked "confident": false (the label is still given) and '
+        "counted in /metrics: a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both (0.5,World=0.8)",
+    )
     public_metrics: bool = _flag(
         False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
     )
@@ -178,12 +183,27 @@ def validate(args: argparse.Namespace) -> None:
             tracing.require("serve --otlp-endpoint (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
     except ConfigError as exc:
         raise ServeOptionError(str(exc)) from None
+    _check_min_confidence(args.min_confidence, checkpoint)
     if args.onnx_model and not args.runtime.startswith("onnx"):
         raise ServeOptionError("--onnx-model needs --runtime onnx or onnx-int8")
     if args.runtime == "torch-bf16":
         _check_bf16()
     if args.onnx_model and not Path(args.onnx_model).is_file():
         raise FileNotFoundError(f"ONNX model {args.onnx_model} does not exist")
+
+
+def _check_min_confidence(spec: str | None, checkpoint: str) -> None:
+    """``--min-confidence`` well formed, and naming only labels the checkpoint has (where its files say which)."""
+    from ..predict.confidence import ConfidenceThreshold
+    from ..predict.runtimes import checkpoint_labels
+
+    try:
+        threshold = ConfidenceThreshold.parse(spec)
+        labels = checkpoint_labels(checkpoint) if threshold is not None else None
+        if labels:
+            threshold.for_labels(labels)
+    except ConfigError as exc:
+        raise ServeOptionError(str(exc)) from None
 
 
 def _check_bf16() -> None:

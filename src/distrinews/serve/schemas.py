@@ -23,10 +23,15 @@ class BatchPredictRequest(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    label: str
+    label: str = Field(description="the most probable label")
     label_id: int
-    confidence: float
+    confidence: float = Field(description="the label's probability (after the checkpoint's temperature, if it has one)")
     probabilities: dict[str, float]
+    confident: bool | None = Field(
+        None,
+        description="only when the server runs with --min-confidence: false when the confidence is below the label's "
+        "threshold (the label is still the most probable one; the answer is one to check, not to act on)",
+    )
 
 
 class TeiPredictRequest(BaseModel):

@@ -16,7 +16,7 @@ import torch
 from ..config import BatchConfig, DataConfig, ModelConfig, OptimizerConfig
 from ..data.labelled import LabelledData, load_labelled
 from ..data.rows import RawSplit
-from ..data.splits import stratified_sample
+from ..data.splits import hold_out, stratified_sample
 from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.process_group import DistEnv, all_reduce_max, main_process_first
 from ..model import add_lora, build_model, build_tokenizer, freeze_layers, freeze_word_embeddings, layer_depth, num_layers
@@ -117,6 +117,7 @@ class Datasets:
     label_names: list[str]
     labelled: LabelledData  # the rows as read (sampled), their source and the warnings about them
     eval_rows: RawSplit  # the evaluation rows as text (the int8 model's check reads them)
+    calibration_rows: RawSplit | None = None  # held out of training to fit the temperature on (train/calibration.py)
 
     @property
     def train_set(self) -> TokenizedDataset:
@@ -131,20 +132,43 @@ class Datasets:
         return self.labelled.train
 
 
-def prepare_data(config: DataConfig, tokenizer_name: str, seed: int, env: DistEnv, need_train: bool = True) -> Datasets:
+def prepare_data(
+    config: DataConfig, tokenizer_name: str, seed: int, env: DistEnv, need_train: bool = True, calibration_percentage: int = 0
+) -> Datasets:
     """Read, check, sample (``seed``) and tokenize with the model's tokenizer; each node's first process builds the
-    token cache, the others read it."""
+    token cache, the others read it. ``calibration_percentage`` > 0: that share of the training rows (after
+    ``train_samples``) is held out of training, stratified and seeded, as ``calibration_rows``."""
     tokenizer = build_tokenizer(tokenizer_name)
     splits: dict[str, TokenizedDataset] = {}
+    calibration = None
     with main_process_first(env, local=True):
         labelled = load_labelled(config, seed, need_train=need_train)
         if labelled.train is not None:
-            labelled.train = labelled.train.subset(stratified_sample(labelled.train.labels, config.train_samples, seed))
+            every = labelled.train
+            picked = stratified_sample(every.labels, config.train_samples, seed)
+            labelled.train = every.subset(picked)
+            if calibration_percentage:
+                labelled.train, calibration = calibration_split(every, picked, calibration_percentage, seed)
         labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, seed))
         for name, raw in (("train", labelled.train), ("test", labelled.eval)):
             if raw is not None:
                 splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
-    return Datasets(splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval)
+    return Datasets(splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval, calibration)
+
+
+def calibration_split(every: RawSplit, picked: list[int], percentage: int, seed: int) -> tuple[RawSplit, RawSplit]:
+    """(training rows, calibration rows). Where ``train_samples`` left enough rows unsampled, the calibration
+    rows (``percentage`` of the sample's size, stratified) come from those, so the run trains on the same rows
+    as without calibration; otherwise that share of the sample is held out of training."""
+    chosen = set(picked)
+    rest = [i for i in range(len(every)) if i not in chosen]
+    want = round(len(picked) * percentage / 100)
+    if want and len(rest) >= 2 * want:
+        held = stratified_sample([every.labels[i] for i in rest], want, seed)
+        return every.subset(picked), every.subset(sorted(rest[j] for j in held))
+    sample = every.subset(picked)
+    kept, held_out = hold_out(sample.labels, percentage, seed)
+    return sample.subset(kept), sample.subset(held_out)
 
 
 def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.device) -> torch.Tensor:

@@ -257,3 +257,60 @@ def write_confusion_matrix(run_dir: RunDir, metrics: dict[str, Any] | None, say:
         return None
     say(f"Confusion matrix: {path}")
     return path
+
+
+def draw_reliability(report: Any):
+    """The reliability diagram of a ``calibration.ConfidenceReport``: each bin's accuracy against its mean confidence,
+    before and after the temperature, over the diagonal of perfect calibration; the rows per bin below."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 8), layout="constrained")
+    top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
+    top.plot([0, 1], [0, 1], ":", color="gray", label="perfectly calibrated")
+    shown = [("before", report.reliability_before, report.ece_before, "C0")]
+    if report.method == "temperature":
+        shown.append((f"after (T = {report.temperature:.3f})", report.reliability_after, report.ece_after, "C1"))
+    width = 1 / len(report.reliability_before)
+    for i, (name, bins, ece, color) in enumerate(shown):
+        used = [b for b in bins if b["rows"]]
+        top.plot([b["confidence"] for b in used], [b["accuracy"] for b in used], "o-", color=color, label=f"{name}: ECE {_pct(ece)}")
+        offset = (i - (len(shown) - 1) / 2) * width / len(shown)
+        centres = [(b["low"] + b["high"]) / 2 + offset for b in bins]
+        bottom.bar(centres, [b["rows"] for b in bins], width=width / len(shown), color=color, alpha=0.7)
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1.02)
+    top.set_ylabel("accuracy of the bin's answers")
+    top.set_title(f"Reliability diagram: {report.eval_rows:,} evaluation rows, {len(report.reliability_before)} bins")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="upper left")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("confidence (top probability)")
+    bottom.set_ylabel("rows")
+    bottom.grid(alpha=0.3)
+    return fig
+
+
+def draw_coverage(report: Any):
+    """The coverage-accuracy curve of a ``calibration.ConfidenceReport``: the accuracy of the answers kept as the
+    least confident are set aside, with the reported coverages marked and their thresholds written in."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    coverage, accuracy = report.curve
+    ax.plot(100 * coverage, 100 * accuracy, "-", color="C0", linewidth=1.2)
+    for row in report.coverage:
+        x, y = 100 * row["coverage"], 100 * row["accuracy"]
+        ax.plot([x], [y], "o", color="C1")
+        label = f"{y:.2f}% (>= {row['min_confidence']:.3f})"
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(-10, 8), ha="right", fontsize=8)
+    low = min(100 * min(r["coverage"] for r in report.coverage) - 5, 100)
+    ax.set_xlim(max(low, 0), 100.5)
+    shown = accuracy[coverage >= low / 100] if len(accuracy) else accuracy
+    if len(shown):
+        ax.set_ylim(max(0, 100 * float(shown.min()) - 1), min(100.5, 100 * float(shown.max()) + 1))
+    ax.set_xlabel("coverage: share of answers kept, most confident first (%)")
+    ax.set_ylabel("accuracy of the answers kept (%)")
+    ax.set_title(f"Coverage-accuracy on {report.eval_rows:,} evaluation rows (calibrated scores; --min-confidence in brackets)")
+    ax.grid(alpha=0.3)
+    return fig

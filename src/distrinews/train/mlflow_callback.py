@@ -49,7 +49,7 @@ from .metrics import scalars
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["MLflowCallback", "mlflow_params"]
+__all__ = ["MLflowCallback", "experiment_id", "mlflow_params"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _MARKER = "... [shortened from {n} characters]"
@@ -74,6 +74,26 @@ def mlflow_params(config: dict[str, Any], id2label: dict[int, str] | None, world
             shortened.append(name)
         params[name] = text
     return params, shortened
+
+
+def experiment_id(client: MlflowClient) -> str:
+    """The experiment runs go to, as Hugging Face finds it: ``MLFLOW_EXPERIMENT_NAME`` (made when missing), else
+    ``MLFLOW_EXPERIMENT_ID``, else MLflow's default experiment."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
+
+    name = os.getenv("MLFLOW_EXPERIMENT_NAME")
+    if not name:
+        return os.getenv("MLFLOW_EXPERIMENT_ID") or DEFAULT_EXPERIMENT_ID
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # made by another process since we looked
+        experiment = client.get_experiment_by_name(name)
+        assert experiment is not None, f"MLflow experiment {name!r} exists: creating it failed"
+        return experiment.experiment_id
 
 
 class MLflowCallback(TrainerCallback):
@@ -123,7 +143,7 @@ class MLflowCallback(TrainerCallback):
         else:
             if active is not None:
                 tags[MLFLOW_PARENT_RUN_ID] = active.info.run_id
-            run_id = self.client.create_run(self._experiment_id(), run_name=self.run_dir.path.name, tags=tags).info.run_id
+            run_id = self.client.create_run(experiment_id(self.client), run_name=self.run_dir.path.name, tags=tags).info.run_id
             tags = {}
         self.run_id = run_id
         self.run_dir.mlflow_run.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
@@ -160,24 +180,6 @@ class MLflowCallback(TrainerCallback):
             return recorded["run_id"]
         return None
 
-    def _experiment_id(self) -> str:
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
-
-        name = os.getenv("MLFLOW_EXPERIMENT_NAME")
-        if not name:
-            return os.getenv("MLFLOW_EXPERIMENT_ID") or DEFAULT_EXPERIMENT_ID
-        assert self.client is not None, "_start sets the client first"
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        try:
-            return self.client.create_experiment(name)
-        except MlflowException:  # made by another process since we looked
-            experiment = self.client.get_experiment_by_name(name)
-            assert experiment is not None, f"MLflow experiment {name!r} exists: creating it failed"
-            return experiment.experiment_id
-
     def _log_batch(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
@@ -211,7 +213,7 @@ class MLflowCallback(TrainerCallback):
             if best_metrics.get("per_class"):
                 report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
                 client.log_text(run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt")
-        for picture in (run_dir.curves, run_dir.confusion):
+        for picture in (run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage):
             if picture.is_file():
                 client.log_artifact(run_id, str(picture))
         if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and run_dir.best.is_dir():

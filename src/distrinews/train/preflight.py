@@ -33,8 +33,9 @@ def preflight_train(
     lock file, and removes that (and a directory made for it) when a check fails.
     """
     check_precision_supported(config.precision)
-    if "mlflow" in config.run.report_to and importlib.util.find_spec("mlflow") is None:
-        raise ConfigError("config field 'report_to': mlflow is not installed (pip install 'distrinews[mlflow]')")
+    for sink in ("mlflow", "tensorboard"):
+        if sink in config.run.report_to and importlib.util.find_spec(sink) is None:
+            raise ConfigError(f"config field 'report_to': {sink} is not installed (pip install 'distrinews[{sink}]', or --report_to none)")
     if nproc_per_node is not None:
         if torch.cuda.is_available():
             check_one_gpu_per_process(nproc_per_node)

@@ -43,7 +43,8 @@ from ..distributed.process_group import DistEnv, broadcast_object, distributed_c
 from ..distributed.watchdog import Watchdog
 from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
-from .callbacks import CallbackHandler, default_callbacks
+from .calibration import ConfidenceReport, calibrate_best, summary_lines, write_confidence_plots
+from .callbacks import CallbackHandler, TrainerCallback, default_callbacks
 from .components import (
     StepPlan,
     TrainClock,
@@ -57,6 +58,7 @@ from .components import (
     prepare_data,
     schedule_with_warmup,
 )
+from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 from .curves import write_confusion_matrix, write_training_curves
 from .distillation import Distillation
 from .ema import WeightAverage
@@ -64,12 +66,12 @@ from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
 from .precision import Precision, check_precision_supported
-from .report import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 
 __all__ = ["StepPlan", "TrainState", "Trainer", "linear_schedule_with_warmup", "optimizer_windows", "prepare_data", "train"]
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
+def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
+    """``callbacks``: called after the config's own (``default_callbacks``), e.g. a tuner's trial reporter."""
     check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
@@ -77,7 +79,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         StopRequest(env) as stop,
         Watchdog(env, config.parallel.ddp_timeout) as watchdog,
     ):
-        trainer = Trainer(config, env, stop)
+        trainer = Trainer(config, env, stop, callbacks=callbacks)
         watchdog.progress = lambda: trainer.state.global_step  # what a silent rank last reported
         return trainer.train()
 
@@ -86,14 +88,24 @@ OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, env: DistEnv, stop: StopRequest | None = None, make_optimizer: OptimizerFactory | None = None):
-        """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW)."""
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: DistEnv,
+        stop: StopRequest | None = None,
+        make_optimizer: OptimizerFactory | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+    ):
+        """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW);
+        ``callbacks``: more callbacks, after the config's own."""
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.run.output_dir)
         self.report = Report(env, config.run.disable_tqdm)
 
-        self.data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
+        # calibration temperature: a share of the training rows is held out to fit it on (train/calibration.py)
+        held_out = config.data.calibration_split_percentage if config.run.calibration == "temperature" else 0
+        self.data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out)
         # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
         self.distillation = (
             Distillation.prepare(
@@ -137,7 +149,8 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
         # What observes or steers the run (log.jsonl, report_to's trackers, early stopping): train/callbacks.py
-        self.callbacks = CallbackHandler(default_callbacks(config, env, self.run_dir, self.report.say), config, self.state, env)
+        own = default_callbacks(config, env, self.run_dir, self.report.say)
+        self.callbacks = CallbackHandler([*own, *(callbacks or [])], config, self.state, env)
         self.control = self.callbacks.control
         self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
 
@@ -315,6 +328,7 @@ class Trainer:
             eval_from=self.data.labelled.eval_from,
             class_weights=None if self.class_weights is None else self.class_weights.tolist(),
             mfu_peak=self.peak.source,
+            calibration_rows=len(self.data.calibration_rows or ()),
         )
         self.report.say(*banner_lines(self.config, self.env, facts, resumed_from, self.state.global_step))
 
@@ -442,23 +456,50 @@ class Trainer:
             same = len(set(digests)) == 1
             self.report.say(replicas_line(digests))
             result["replicas_identical"] = same
+        confidence = self.calibrate()  # rank 0; the others wait in the summary's broadcast
+        if confidence is not None:
+            result["calibration"] = confidence.to_json()
         self.callbacks.on_log(
             "summary",
             {
                 "total_time_s": total_time,
                 "best_accuracy": self.state.best_accuracy,
                 **({"replicas_identical": result["replicas_identical"]} if digests else {}),
+                **({"calibration": result["calibration"]} if confidence is not None else {}),
             },
         )
         best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
+        if confidence is not None:
+            self.report.say(*summary_lines(confidence, self.data.labelled.eval_from))
         if self.env.is_main and self.config.run.save_training_curves:
             write_training_curves(self.run_dir, self.report.say)  # training_curves.png from the finished log
             write_confusion_matrix(self.run_dir, best, self.report.say)
+            if confidence is not None:
+                write_confidence_plots(self.run_dir, confidence, self.report.say)
         if self.env.is_main and self.config.run.int8_model and self.run_dir.best.is_dir():
             self.make_int8_model()
         self.callbacks.on_train_end(best)
         return result
+
+    def calibrate(self) -> ConfidenceReport | None:
+        """best/'s temperature (``calibration``) and the evaluation split's calibration error and coverage-accuracy
+        (train/calibration.py): rank 0, from best/ as the server loads it; None on the other ranks or without best/."""
+        if not (self.env.is_main and self.run_dir.best.is_dir() and self.config.run.calibration != "none"):
+            return None
+        c = self.config
+        try:
+            return calibrate_best(
+                self.run_dir.best,
+                self.data.eval_rows,
+                self.data.calibration_rows,
+                c.run.calibration,
+                device=self.env.device,
+                batch_size=c.batches.per_device_eval_batch_size,
+            )
+        except Exception as exc:  # the model is saved: served with the softmax as trained, and said so
+            self.report.say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
+            return None
 
     def make_int8_model(self) -> None:
         """best/model.int8.onnx, checked against fp32 on the rows the run evaluated on (rank 0, after the run)."""

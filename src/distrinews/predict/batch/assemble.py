@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...checkpoint.atomic import open_nofollow, remove_entry
+from ..confidence import ConfidenceThreshold
 from .job import CheckedJob
 from .outputs import RejectsWriter, open_results
 from .state import JobRecord, StateError, WorkerManifest, fsync_dir
@@ -86,6 +87,7 @@ class OutputFiles:
         self.out_tmp, self.rejects_tmp = checked.state.path / "output.tmp", checked.state.path / "rejects.tmp"
         for tmp in (self.out_tmp, self.rejects_tmp):
             remove_entry(tmp)
+        threshold = ConfidenceThreshold.parse(checked.job.min_confidence)
         self.results = open_results(
             self.out_tmp,
             checked.output_format,
@@ -93,6 +95,7 @@ class OutputFiles:
             checked.job.probabilities,
             compressed=checked.output_compressed,
             string_ids=string_ids,
+            min_confidence=None if threshold is None else threshold.for_labels(labels),
         )
         self.rejects = RejectsWriter(self.rejects_tmp)
         self.totals = Totals()

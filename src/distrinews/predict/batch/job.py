@@ -16,7 +16,8 @@ from pathlib import Path
 from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
 from ...data.files import MAX_ROW_BYTES, SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
-from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
+from ..confidence import ConfidenceThreshold
+from ..runtimes import DEFAULT_RUNTIME, RUNTIMES, checkpoint_labels
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
 
 # Files of a checkpoint folder that decide its answers (the model card, README.md, does not).
@@ -33,6 +34,7 @@ class BatchJob:
     text_field: str = DEFAULT_TEXT_FIELD
     id_field: str | None = None
     probabilities: bool = False
+    min_confidence: str | None = None  # --min-confidence: a "confident" field/column (predict/confidence.py)
     nproc: int = 1
     threads: int | None = None  # per worker; None: the cores this process may use / nproc
     runtime: str = DEFAULT_RUNTIME
@@ -93,6 +95,10 @@ def check(job: BatchJob) -> CheckedJob:
         raise ConfigError("predict: --text-field is empty")
     if not Path(job.checkpoint).exists():
         raise ConfigError(f"predict: checkpoint {job.checkpoint} does not exist")
+    threshold = ConfidenceThreshold.parse(job.min_confidence)
+    labels = checkpoint_labels(job.checkpoint) if threshold is not None else None
+    if labels:
+        threshold.for_labels(labels)
     output = Path(job.output).expanduser()
     output_format = format_of(output)
     if output_format is None:

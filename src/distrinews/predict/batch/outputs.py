@@ -2,9 +2,10 @@
 
 Results, one row per labelled input row, in input order:
 
-- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--probabilities`` also
-  ``"probabilities": {"World": ..., "Sports": ..., ...}`` (the shape of the HTTP API's answers);
-- CSV: a header ``id,label,confidence`` (then ``prob_World,prob_Sports,...``);
+- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--min-confidence`` also
+  ``"confident": true|false``, with ``--probabilities`` also ``"probabilities": {"World": ..., ...}``
+  (the shape of the HTTP API's answers);
+- CSV: a header ``id,label,confidence`` (then ``confident``, then ``prob_World,prob_Sports,...``);
 - Parquet: the same columns as CSV; ``id`` is int64 for row numbers, a string for ``--id-field``
   values; row groups of ``PARQUET_ROWS`` rows, so memory stays bounded.
 
@@ -26,16 +27,26 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from ...checkpoint.atomic import open_new
+from ..confidence import ConfidenceThreshold
 
 PARQUET_ROWS = 65_536
 
 
 class ResultWriter:
-    """``write(id, label_id, probabilities)`` per row, ``close()`` once."""
+    """``write(id, label_id, probabilities)`` per row, ``close()`` once. With ``min_confidence``, each row also
+    says whether its label's probability met the label's threshold."""
 
-    def __init__(self, path: Path, labels: Sequence[str], probabilities: bool, compressed: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        labels: Sequence[str],
+        probabilities: bool,
+        compressed: bool = False,
+        min_confidence: ConfidenceThreshold | None = None,
+    ):
         self.labels = list(labels)
         self.probabilities = probabilities
+        self.min_confidence = min_confidence
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
@@ -45,6 +56,12 @@ class ResultWriter:
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         raise NotImplementedError
+
+    def confident(self, label_id: int, probs: Sequence[float]) -> list[bool]:
+        """``[confident]`` with a threshold, else ``[]``: the optional field after ``confidence``."""
+        if self.min_confidence is None:
+            return []
+        return [self.min_confidence.confident(self.labels[label_id], float(probs[label_id]))]
 
     def close(self) -> None:
         if self._gzip is not None:
@@ -61,6 +78,8 @@ class JsonlResults(ResultWriter):
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         record: dict[str, Any] = {"id": row_id, "label": self.labels[label_id], "confidence": probs[label_id]}
+        for flag in self.confident(label_id, probs):
+            record["confident"] = flag
         if self.probabilities:
             record["probabilities"] = dict(zip(self.labels, probs))
         self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -77,10 +96,11 @@ class CsvResults(ResultWriter):
         super().__init__(*args, **kwargs)
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="", write_through=False)
         self._csv = csv.writer(self._text, lineterminator="\n")
-        self._csv.writerow(columns(self.labels, self.probabilities))
+        self._csv.writerow(columns(self.labels, self.probabilities, self.min_confidence is not None))
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         row = [row_id, self.labels[label_id], repr(float(probs[label_id]))]
+        row += ["true" if flag else "false" for flag in self.confident(label_id, probs)]
         if self.probabilities:
             row += [repr(float(p)) for p in probs]
         self._csv.writerow(row)
@@ -93,17 +113,27 @@ class CsvResults(ResultWriter):
 
 
 class ParquetResults(ResultWriter):
-    def __init__(self, path: Path, labels: Sequence[str], probabilities: bool, string_ids: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        labels: Sequence[str],
+        probabilities: bool,
+        string_ids: bool = False,
+        min_confidence: ConfidenceThreshold | None = None,
+    ):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.labels = list(labels)
         self.probabilities = probabilities
+        self.min_confidence = min_confidence
         self.rows = 0
         self.path = path
         self._pa = pa
-        names = columns(self.labels, probabilities)
-        types = [pa.string() if string_ids else pa.int64(), pa.string()] + [pa.float64()] * (len(names) - 2)
+        names = columns(self.labels, probabilities, min_confidence is not None)
+        flags = [pa.bool_()] if min_confidence is not None else []
+        types = [pa.string() if string_ids else pa.int64(), pa.string(), pa.float64(), *flags]
+        types += [pa.float64()] * (len(names) - len(types))
         self._schema = pa.schema(list(zip(names, types)))
         self._string_ids = string_ids
         self._columns: list[list[Any]] = [[] for _ in names]
@@ -112,6 +142,7 @@ class ParquetResults(ResultWriter):
 
     def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
         values = [str(row_id) if self._string_ids else row_id, self.labels[label_id], float(probs[label_id])]
+        values += self.confident(label_id, probs)
         if self.probabilities:
             values += [float(p) for p in probs]
         for column, value in zip(self._columns, values):
@@ -133,18 +164,25 @@ class ParquetResults(ResultWriter):
         self._file.close()
 
 
-def columns(labels: Sequence[str], probabilities: bool) -> list[str]:
-    return ["id", "label", "confidence"] + ([f"prob_{label}" for label in labels] if probabilities else [])
+def columns(labels: Sequence[str], probabilities: bool, confident: bool = False) -> list[str]:
+    flags = ["confident"] if confident else []
+    return ["id", "label", "confidence", *flags] + ([f"prob_{label}" for label in labels] if probabilities else [])
 
 
 def open_results(
-    path: Path, output_format: str, labels: Sequence[str], probabilities: bool, compressed: bool, string_ids: bool
+    path: Path,
+    output_format: str,
+    labels: Sequence[str],
+    probabilities: bool,
+    compressed: bool,
+    string_ids: bool,
+    min_confidence: ConfidenceThreshold | None = None,
 ) -> ResultWriter:
     if output_format == "jsonl":
-        return JsonlResults(path, labels, probabilities, compressed=compressed)
+        return JsonlResults(path, labels, probabilities, compressed=compressed, min_confidence=min_confidence)
     if output_format == "csv":
-        return CsvResults(path, labels, probabilities, compressed=compressed)
-    return ParquetResults(path, labels, probabilities, string_ids=string_ids)
+        return CsvResults(path, labels, probabilities, compressed=compressed, min_confidence=min_confidence)
+    return ParquetResults(path, labels, probabilities, string_ids=string_ids, min_confidence=min_confidence)
 
 
 class RejectsWriter:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
+from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry, same_file
 
 STATE_SUFFIX = ".partial"
 REJECTS_SUFFIX = ".rejects.jsonl"
@@ -103,7 +103,7 @@ class FileLock:
                     return False
                 time.sleep(0.05)
                 continue
-            if not _same_file(fd, self.path):  # removed by its previous holder while we waited for it
+            if not same_file(fd, self.path):  # removed by its previous holder while we waited for it
                 os.close(fd)
                 continue
             os.ftruncate(fd, 0)
@@ -128,14 +128,6 @@ class FileLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here, there = os.fstat(fd), os.lstat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 @dataclass(frozen=True)

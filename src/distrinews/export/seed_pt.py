@@ -17,7 +17,7 @@ from ..checkpoint.versioning import version_fields
 from ..model import hf_config
 
 
-def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
+def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
     """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir.
 
     ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.
@@ -45,6 +45,7 @@ def export_legacy_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, mode
             "tokenizer": tokenizer.name_or_path,
             "model_version": versions["model_version"],
             "config_hash": info.config_hash or versions["config_hash"],
+            "temperature": info.temperature,  # the logits' divisor before the softmax (train/calibration.py)
         },
     }
     out = Path(out)

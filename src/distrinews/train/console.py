@@ -41,6 +41,7 @@ class RunFacts:
     eval_counts: list[int]
     eval_from: str  # where the evaluation rows come from
     class_weights: list[float] | None = None  # the loss's, when class_weights is balanced
+    calibration_rows: int = 0  # held out of training to fit the temperature on (calibration: temperature)
 
 
 def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
@@ -65,6 +66,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
         f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
+        *calibration_lines(config, facts),
         *class_lines(facts),
         *tuning_lines(config),
         f"MFU peak:             {facts.mfu_peak}",
@@ -72,6 +74,14 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
     if resumed_from is not None:
         lines.append(f"Resumed from:         {resumed_from} (step {step})")
     return [*lines, RULE]
+
+
+def calibration_lines(config: TrainConfig, facts: RunFacts) -> list[str]:
+    """The rows held out of training to fit the temperature on, where ``calibration`` asks for them."""
+    if not facts.calibration_rows:
+        return []
+    share = config.data.calibration_split_percentage
+    return [f"Calibration rows:     {facts.calibration_rows:,} held out of training ({share}%, stratified, to fit the temperature)"]
 
 
 def frozen_lines(config: TrainConfig) -> list[str]:

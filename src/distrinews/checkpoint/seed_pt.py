@@ -17,13 +17,13 @@ from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import ModelInfo, TokenizerSource
+from .records import TEMPERATURE, ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def load_legacy_pt(path: Path):
+def load_seed_pt(path: Path):
     with loading(path):
         payload = torch.load(path, weights_only=True, map_location="cpu")
     if not isinstance(payload, dict):
@@ -34,10 +34,10 @@ def load_legacy_pt(path: Path):
     if missing:
         raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
     with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
-        return _legacy_pt_model(path, payload)
+        return _seed_pt_model(path, payload)
 
 
-def _legacy_pt_model(path: Path, payload: dict[str, Any]):
+def _seed_pt_model(path: Path, payload: dict[str, Any]):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     cfg = payload["config"]
@@ -64,10 +64,19 @@ def _legacy_pt_model(path: Path, payload: dict[str, Any]):
         model_name=cfg.get("model_name"),
         model_version=cfg.get("model_version"),
         config_hash=cfg.get("config_hash"),
+        temperature=_temperature(path, cfg.get("temperature", 1.0)),
         checkpoint_format="pt",
         tokenizer=tokenizer_source,
     )
     return model, tokenizer, info
+
+
+def _temperature(path: Path, value: Any) -> float:
+    """The file's calibration temperature (1: the seed's files, which have none); anything out of range is refused."""
+    accepts, what = TEMPERATURE
+    if not accepts(value):
+        raise CheckpointError(f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}")
+    return float(value)
 
 
 def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSource]:

@@ -1,0 +1,238 @@
+"""Calibration and confidence at the end of a run: the temperature of ``best/`` and what its scores are worth.
+
+Temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017): one number T,
+the logits divided by it before the softmax, fitted by L-BFGS to the negative log-likelihood of held-out
+rows. T > 1 softens an over-confident model, T < 1 sharpens an under-confident one; the argmax (and so
+the accuracy) does not change. It is fitted on ``calibration_split_percentage`` of the training rows,
+held out of training when ``calibration`` is ``temperature`` (``components.prepare_data``), never on the
+evaluation split: for AG News that is the test split, and where it is a validation split, the numbers
+reported on it stay out-of-sample. The same rule for every data set.
+
+Measured on the evaluation split, before and after: the expected calibration error (ECE, 15
+equal-width bins of the top probability: the rows' share of each bin times the gap between its
+accuracy and its mean confidence, summed) and the coverage-accuracy curve (the answers ranked by
+confidence; at 100/95/90/80% of them kept, their accuracy and the least confidence kept, i.e. the
+``--min-confidence`` that keeps that share). Rank 0 does it alone after the last evaluation, from
+``best/`` loaded by the PyTorch predictor (what is measured is what is served), writes the
+temperature and the figures into ``best/distrinews.json`` and the model card, and returns them for
+the summary and ``log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..checkpoint.atomic import write_text_atomically
+from ..checkpoint.modelcard import write_model_card
+from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE
+from ..checkpoint.servable import read_servable_info
+from ..data.rows import RawSplit
+from ..predict.runtimes import Predictor, softmax
+
+ECE_BINS = 15
+COVERAGES = (1.0, 0.95, 0.9, 0.8)
+
+
+def fit_temperature(logits: np.ndarray, labels: Sequence[int], max_iter: int = 100) -> float:
+    """The T that minimises the mean negative log-likelihood of ``softmax(logits / T)``: L-BFGS on log T (so T > 0)."""
+    x = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    y = torch.as_tensor(list(labels), dtype=torch.long)
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    low, high = TEMPERATURE_RANGE  # what a record may hold
+    value = float(log_t.detach().exp())
+    return min(max(value, low), high) if math.isfinite(value) else 1.0
+
+
+def nll(probs: np.ndarray, labels: Sequence[int]) -> float:
+    """Mean negative log-likelihood of the labels."""
+    picked = np.asarray(probs, dtype=np.float64)[np.arange(len(labels)), np.asarray(labels)]
+    return float(-np.log(np.clip(picked, 1e-300, None)).mean())
+
+
+def reliability(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> list[dict[str, float]]:
+    """Per equal-width bin of the top probability ((0, 1/bins], ...): rows, accuracy and mean confidence."""
+    probs = np.asarray(probs, dtype=np.float64)
+    confidence = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == np.asarray(labels)
+    index = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)
+    out = []
+    for b in range(bins):
+        mask = index == b
+        n = int(mask.sum())
+        out.append(
+            {
+                "low": b / bins,
+                "high": (b + 1) / bins,
+                "rows": n,
+                "accuracy": float(correct[mask].mean()) if n else 0.0,
+                "confidence": float(confidence[mask].mean()) if n else 0.0,
+            }
+        )
+    return out
+
+
+def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> float:
+    """ECE over ``bins`` equal-width bins of the top probability (Naeini et al. 2015; Guo et al. 2017)."""
+    total = len(labels)
+    return sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins)) if total else 0.0
+
+
+def coverage_accuracy(probs: np.ndarray, labels: Sequence[int], coverages: Sequence[float] = COVERAGES) -> list[dict[str, float]]:
+    """For each coverage c: the accuracy of the ``ceil(c x rows)`` most confident answers, and the least confidence among
+    them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    confidence = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == np.asarray(labels)
+    order = np.argsort(-confidence, kind="stable")
+    out = []
+    for c in coverages:
+        kept = order[: max(1, math.ceil(c * len(order)))]
+        out.append(
+            {
+                "coverage": c,
+                "rows": len(kept),
+                "accuracy": float(correct[kept].mean()),
+                "min_confidence": float(confidence[kept].min()),
+            }
+        )
+    return out
+
+
+def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident answers."""
+    probs = np.asarray(probs, dtype=np.float64)
+    order = np.argsort(-probs.max(axis=1), kind="stable")
+    correct = (probs.argmax(axis=1) == np.asarray(labels))[order]
+    k = np.arange(1, len(order) + 1)
+    return k / len(order), np.cumsum(correct) / k
+
+
+@dataclass
+class ConfidenceReport:
+    """What ``calibrate_best`` found: the temperature, and the evaluation split's scores before and after it."""
+
+    method: str  # temperature | none
+    temperature: float
+    calibration_rows: int  # the rows it was fitted on (0 with none)
+    eval_rows: int
+    ece_before: float
+    ece_after: float
+    nll_before: float
+    nll_after: float
+    coverage: list[dict[str, float]]  # coverage_accuracy of the served (calibrated) scores
+    reliability_before: list[dict[str, float]]
+    reliability_after: list[dict[str, float]]
+    curve: tuple[np.ndarray, np.ndarray]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the plots)."""
+        return {
+            "method": self.method,
+            "temperature": self.temperature,
+            "calibration_rows": self.calibration_rows,
+            "eval_rows": self.eval_rows,
+            "ece_bins": ECE_BINS,
+            "ece_before": self.ece_before,
+            "ece_after": self.ece_after,
+            "nll_before": self.nll_before,
+            "nll_after": self.nll_after,
+            "coverage": self.coverage,
+        }
+
+
+def measure(
+    eval_logits: np.ndarray,
+    eval_labels: Sequence[int],
+    method: str,
+    calibration: tuple[np.ndarray, Sequence[int]] | None,
+) -> ConfidenceReport:
+    """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature; score the evaluation rows."""
+    fitted = method == "temperature" and calibration is not None and len(calibration[1]) > 0
+    temperature = fit_temperature(*calibration) if fitted else 1.0
+    before, after = softmax(eval_logits), softmax(eval_logits, temperature)
+    return ConfidenceReport(
+        method=method if fitted else "none",
+        temperature=temperature,
+        calibration_rows=len(calibration[1]) if fitted else 0,
+        eval_rows=len(eval_labels),
+        ece_before=expected_calibration_error(before, eval_labels),
+        ece_after=expected_calibration_error(after, eval_labels),
+        nll_before=nll(before, eval_labels),
+        nll_after=nll(after, eval_labels),
+        coverage=coverage_accuracy(after, eval_labels),
+        reliability_before=reliability(before, eval_labels),
+        reliability_after=reliability(after, eval_labels),
+        curve=curve(after, eval_labels),
+    )
+
+
+def calibrate_best(
+    best: Path,
+    eval_rows: RawSplit,
+    calibration_rows: RawSplit | None,
+    method: str,
+    device: Any = None,
+    batch_size: int = 64,
+) -> ConfidenceReport:
+    """Score ``best/`` on the rows, fit its temperature (``method``), and write both into ``best/`` (rank 0, after the run)."""
+    predictor = Predictor(best, device=device, max_batch_size=batch_size)
+    eval_logits = predictor.logits(eval_rows.texts)
+    calibration = None
+    if method == "temperature" and calibration_rows is not None and len(calibration_rows):
+        calibration = (predictor.logits(calibration_rows.texts), calibration_rows.labels)
+    del predictor
+    report = measure(eval_logits, eval_rows.labels, method, calibration)
+    info = replace(read_servable_info(best), temperature=report.temperature, calibration=report.to_json())
+    write_text_atomically(best / SERVABLE_INFO, json.dumps(info.to_json(), indent=2))
+    write_model_card(best, info)
+    return report
+
+
+def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
+    """The final summary's lines: the temperature, ECE before and after, and the coverage-accuracy table."""
+    if report.method == "temperature":
+        fitted = f"Calibration: temperature {report.temperature:.3f}, fitted on {report.calibration_rows:,} rows held out of training"
+    else:
+        fitted = "Calibration: no temperature fitted (no rows were held out to fit it on): the softmax as trained"
+    lines = [
+        fitted,
+        f"  expected calibration error ({ECE_BINS} bins) on {report.eval_rows:,} rows of {eval_from}: "
+        f"{100 * report.ece_before:.2f}% before, {100 * report.ece_after:.2f}% after "
+        f"(NLL {report.nll_before:.4f} -> {report.nll_after:.4f})",
+        "  coverage  accuracy  --min-confidence",
+    ]
+    lines += [f"  {100 * c['coverage']:7.0f}%  {100 * c['accuracy']:7.2f}%  {c['min_confidence']:.4f}" for c in report.coverage]
+    return lines
+
+
+def write_confidence_plots(run_dir: Any, report: ConfidenceReport, say: Callable[[str], Any] = print) -> None:
+    """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
+    from .curves import draw_coverage, draw_reliability, have_matplotlib, save_figure
+
+    if not have_matplotlib():
+        return  # the curves' line has said why
+    for name, draw, path in (
+        ("Reliability diagram", draw_reliability, run_dir.reliability),
+        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
+    ):
+        try:
+            say(f"{name}: {save_figure(draw(report), path)}")
+        except Exception as exc:
+            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")

@@ -1,0 +1,285 @@
+"""The tuner: an Optuna study whose trials are ``distrinews train`` runs.
+
+Each trial is a child process (``distrinews train --config trials/trial-N.yaml`` with the launcher
+flags the tuner was given, e.g. ``--nproc-per-node 2``), in its own run directory, so a trial is
+isolated, killable and as distributed as any run; it dies with the tuner (the kernel sends it
+SIGTERM, on which a run saves a checkpoint and stops). Its rank 0 reports to the trial
+(``trial_callback.py``); the tuner tells the study the outcome: COMPLETE with the metric of the model
+in the trial's ``best/``, PRUNED, or FAIL.
+
+The budget is the study's, not one tuner's: a tuner starts a trial while the study's trials, finished
+and running (in any tuner whose heartbeat is fresh), number fewer than ``n_trials``; once they reach it,
+it waits for the running ones and ends when ``n_trials`` are finished. A trial whose tuner died is
+failed once its heartbeat is stale and its parameters run again as a new trial; the failed one does not
+count. So several tuners on one storage finish the study together, and a killed one is resumed by
+starting it again with the same command. (Two tuners that start the study's last trial in the same
+instant both run it: the study then has one more trial than asked.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
+from ..config import TrainConfig
+from ..errors import ConfigError
+from . import TRIAL_ENV
+from .pruning import PrunerSpec
+from .space import SearchSpace
+from .storage import open_storage
+from .trial_callback import TrialLink, read_result
+
+__all__ = ["StudyOptions", "TrialFailed", "budget_counts", "run_study"]
+
+METRIC_ATTR = "distrinews:metric"
+MLFLOW_PARENT_ATTR = "distrinews:mlflow_parent_run_id"
+# What a trial must not change: the objective, and where and how the tuner runs it.
+NOT_TUNABLE = ("metric_for_best_model", "greater_is_better", "output_dir", "resume_from_checkpoint", "overwrite_output_dir")
+
+
+class TrialFailed(Exception):
+    """A trial's training process failed (or its config did not build): the trial is FAIL, the study goes on."""
+
+
+@dataclass
+class StudyOptions:
+    study_name: str
+    output_dir: Path
+    storage: str | None = None  # None: the journal file output_dir/study.journal
+    n_trials: int = 20
+    timeout_s: float | None = None
+    seed: int = 42
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    launch_args: list[str] = field(default_factory=list)
+    heartbeat_interval: int = 60
+    grace_period: int | None = None
+    max_retry: int = 3
+
+    @property
+    def storage_spec(self) -> str:
+        return self.storage or str((self.output_dir / "study.journal").resolve())
+
+
+def budget_counts(trials: list[FrozenTrial]) -> tuple[int, int]:
+    """(finished, in progress): finished trials that count (a failed trial retried as another does not),
+    and trials running or waiting to run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retried = {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+    finished = sum(1 for t in trials if t.state.is_finished() and not (t.state == TrialState.FAIL and t.number in retried))
+    in_progress = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
+    return finished, in_progress
+
+
+def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say: Callable[..., None] = print) -> optuna.Study:
+    """Run trials until the study has ``n_trials`` finished (or ``timeout_s`` passed); the study."""
+    tuned = [d.name for d in space.dimensions if d.name in NOT_TUNABLE]
+    if tuned:
+        raise ConfigError(f"the search space may not tune {tuned[0]}: every trial of a study keeps it")
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    (options.output_dir / "trials").mkdir(exist_ok=True)
+    # Each outcome is one line of ours; Optuna would add a traceback to every failed or interrupted trial.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
+    metric = base.run.metric_for_best_model
+    direction = "maximize" if base.run.best_is_greater else "minimize"
+    study, joined = _create_or_join(storage, options, direction)
+    known = study.user_attrs.get(METRIC_ATTR, metric)
+    if known != metric or study.direction.name.lower() != direction:
+        raise ConfigError(
+            f"study {options.study_name} optimises {known} ({study.direction.name.lower()}); this config's "
+            f"metric_for_best_model is {metric} ({direction}): use the same, or another --study-name"
+        )
+    if METRIC_ATTR not in study.user_attrs:
+        study.set_user_attr(METRIC_ATTR, metric)
+    env = _trial_environment(study, base, say)
+    objective = _objective(base, space, options, env, say)
+    started, said_waiting = time.monotonic(), False
+    joined_note = (
+        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own" if joined else f"new, sampler seed {options.seed}"
+    )
+    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
+    while True:
+        optuna.storages.fail_stale_trials(study)  # a trial whose tuner died: FAIL, and queued again
+        finished, in_progress = budget_counts(study.get_trials(deepcopy=False))
+        if finished >= options.n_trials:
+            break
+        if options.timeout_s is not None and time.monotonic() - started >= options.timeout_s:
+            say(f"timeout: {options.timeout_s:g} s passed, no new trial starts ({finished} of {options.n_trials} finished)")
+            break
+        if finished + in_progress >= options.n_trials and not _waiting(study):
+            if not said_waiting:
+                say(f"waiting for {in_progress} trial(s) running in other tuners ({finished} of {options.n_trials} finished)")
+                said_waiting = True
+            time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them
+            continue
+        said_waiting = False
+        try:
+            study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): Optuna has failed the trial; it runs again
+            _run_again(study, options, say)
+            raise
+    optuna.storages.fail_stale_trials(study)
+    return study
+
+
+def _create_or_join(storage: Any, options: StudyOptions, direction: str) -> tuple[optuna.Study, bool]:
+    """The study, made with the sampler seeded ``seed``, or joined with a sampler of its own seed: tuners with one
+    seed would propose the same parameters to the same history (a resumed tuner joins too)."""
+    common = {"study_name": options.study_name, "storage": storage, "pruner": options.pruner.build()}
+    try:
+        return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=options.seed), direction=direction, **common), False
+    except optuna.exceptions.DuplicatedStudyError:
+        return optuna.load_study(sampler=optuna.samplers.TPESampler(seed=None), **common), True
+
+
+def _run_again(study: optuna.Study, options: StudyOptions, say: Callable[..., None]) -> None:
+    """Queue the parameters of the trial this tuner was running when it was interrupted, as a dead tuner's are."""
+    mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("tuner") == _tuner_id()]
+    if mine and mine[-1].state == TrialState.FAIL:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
+        say(f"interrupted: trial {mine[-1].number} runs again when the study resumes (the same command)")
+
+
+def _tuner_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _waiting(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _redacted_storage(options: StudyOptions) -> str:
+    from .storage import _redacted
+
+    return _redacted(options.storage_spec)
+
+
+def _objective(
+    base: TrainConfig, space: SearchSpace, options: StudyOptions, env: dict[str, str], say: Callable[..., None]
+) -> Callable[[optuna.Trial], float]:
+    trials_dir = options.output_dir.resolve() / "trials"
+
+    def objective(trial: optuna.Trial) -> float:
+        number = trial.number
+        run_dir, config_file = trials_dir / f"trial-{number}", trials_dir / f"trial-{number}.yaml"
+        log_file, result_file = trials_dir / f"trial-{number}.log", trials_dir / f"trial-{number}.result.json"
+        params = space.sample(trial, base)
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == number)
+        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
+        try:
+            config = space.config(base, {**params, "output_dir": str(run_dir), "overwrite_output_dir": True})
+        except ConfigError as exc:
+            say(f"trial {number}: {exc}")
+            raise TrialFailed(str(exc)) from None
+        write_text_atomically(config_file, yaml.safe_dump(config.to_dict(), sort_keys=False))  # a link there is replaced
+        trial.set_user_attr("output_dir", str(run_dir))
+        say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
+        link = TrialLink(
+            storage=options.storage_spec,
+            study_name=options.study_name,
+            trial_id=trial._trial_id,
+            number=number,
+            pruner=options.pruner.to_dict(),
+            result=str(result_file),
+        )
+        command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
+        remove_entry(result_file)
+        trial.set_user_attr("tuner", _tuner_id())
+        with open_new(log_file, "w") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**env, TRIAL_ENV: link.to_env()}, preexec_fn=_die_with_parent
+            )
+            trial.set_user_attr("pid", process.pid)
+            try:
+                code = process.wait()
+            except KeyboardInterrupt:
+                _stop(process)
+                raise
+        result = read_result(result_file)
+        if code != 0 or result is None or result.get("state") == "stopped":
+            why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"
+            say(f"trial {number}: failed ({why}): {_last_line(log_file)} (log: {log_file})")
+            raise TrialFailed(f"{why}; log: {log_file}")
+        value = result.get("value")
+        if result.get("state") == "pruned":
+            say(f"trial {number}: pruned at step {result.get('pruned_at')}")
+            raise optuna.TrialPruned(f"at step {result.get('pruned_at')}")
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TrialFailed(f"no finite {base.run.metric_for_best_model} in {result_file}")
+        say(f"trial {number}: {base.run.metric_for_best_model} {value:.4f}")
+        return float(value)
+
+    return objective
+
+
+def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[..., None]) -> dict[str, str]:
+    """The trials' environment: this one, and with MLflow on, ``MLFLOW_TAGS`` that make each trial a child run of
+    the study's run (one per study, whichever tuner made it first)."""
+    env = dict(os.environ)
+    if "mlflow" not in base.run.report_to:
+        return env
+    from .tracking import study_parent_run
+
+    parent = study_parent_run(study, MLFLOW_PARENT_ATTR, say)
+    if parent is not None:
+        tags = json.loads(env.get("MLFLOW_TAGS") or "{}")
+        tags["mlflow.parentRunId"] = parent
+        env["MLFLOW_TAGS"] = json.dumps(tags)
+        env.pop("MLFLOW_RUN_ID", None)  # each trial is a run of its own
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the trial's process, before it runs: SIGTERM when the tuner dies, SIGKILL included (Linux's
+    PR_SET_PDEATHSIG); a run stops at a step boundary on SIGTERM. Elsewhere the trial outlives a killed tuner."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM: the run saves a checkpoint at its next step and ends; killed if it has not within the grace."""
+    from ..distributed.launch import PREEMPTION_GRACE_S
+
+    process.terminate()
+    try:
+        process.wait(timeout=PREEMPTION_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _shown(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "(the base config)"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
