@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads((args.checkpoint / "distrinews.json").read_text())
     config = trained_on(record.get("training_config"), args.data)
     data = load_labelled(config.data, config.run.seed)
+    assert data.train is not None, "load_labelled reads the training split unless need_train=False"
     sampled = set(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
     rest = data.train.subset([i for i in range(len(data.train)) if i not in sampled])
     if len(rest) == 0:

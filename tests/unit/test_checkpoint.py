@@ -256,10 +256,10 @@ def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
     assert torch.equal(loaded.classifier.weight, model.classifier.weight)
 
 
-def test_legacy_pt_naming_no_tokenizer_is_refused_in_one_line(tmp_path, tiny):
+def test_seed_pt_naming_no_tokenizer_is_refused_in_one_line(tmp_path, tiny):
     model, tok = tiny
     save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64))
-    path = export_legacy_pt(tmp_path / "best", tmp_path / "legacy.pt")
+    path = export_seed_pt(tmp_path / "best", tmp_path / "seed.pt")
     payload = torch.load(path, weights_only=True)
     del payload["config"]["model_name"], payload["config"]["tokenizer"]
     torch.save(payload, path)

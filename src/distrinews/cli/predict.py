@@ -117,7 +117,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         for text, r in zip(texts, results):
             probs = "  ".join(f"{k}={v:.3f}" for k, v in r["probabilities"].items())
-            unsure = "" if r.get("confident", True) else f", not confident: below {predictor.min_confidence.minimum(r['label']):g}"
+            threshold = predictor.min_confidence  # set whenever a row can be unsure
+            unsure = "" if r.get("confident", True) or threshold is None else f", not confident: below {threshold.minimum(r['label']):g}"
             print(f"{r['label']} ({r['confidence']:.1%}{unsure})  {text[:80]}\n    {probs}")
     return 0
 

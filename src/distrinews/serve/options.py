@@ -200,7 +200,7 @@ def _check_min_confidence(spec: str | None, checkpoint: str) -> None:
     try:
         threshold = ConfidenceThreshold.parse(spec)
         labels = checkpoint_labels(checkpoint) if threshold is not None else None
-        if labels:
+        if threshold is not None and labels:
             threshold.for_labels(labels)
     except ConfigError as exc:
         raise ServeOptionError(str(exc)) from None

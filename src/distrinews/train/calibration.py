@@ -164,13 +164,13 @@ def measure(
     calibration: tuple[np.ndarray, Sequence[int]] | None,
 ) -> ConfidenceReport:
     """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature; score the evaluation rows."""
-    fitted = method == "temperature" and calibration is not None and len(calibration[1]) > 0
-    temperature = fit_temperature(*calibration) if fitted else 1.0
+    fitted = calibration if method == "temperature" and calibration is not None and len(calibration[1]) > 0 else None
+    temperature = fit_temperature(*fitted) if fitted is not None else 1.0
     before, after = softmax(eval_logits), softmax(eval_logits, temperature)
     return ConfidenceReport(
-        method=method if fitted else "none",
+        method=method if fitted is not None else "none",
         temperature=temperature,
-        calibration_rows=len(calibration[1]) if fitted else 0,
+        calibration_rows=len(fitted[1]) if fitted is not None else 0,
         eval_rows=len(eval_labels),
         ece_before=expected_calibration_error(before, eval_labels),
         ece_after=expected_calibration_error(after, eval_labels),

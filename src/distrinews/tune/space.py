@@ -53,6 +53,7 @@ class Dimension:
         """The value an Optuna trial draws (``trial.suggest_*``, whose name is the field's)."""
         if self.kind == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
+        assert self.low is not None and self.high is not None, "a numeric range has both ends (checked when parsed)"
         if self.kind == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import optuna.storages.journal
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 # Optuna's heartbeat interface, which RDBStorage implements; not exported, so this import is checked by the tests

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import yaml
@@ -100,7 +100,7 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric = base.run.metric_for_best_model
-    direction = "maximize" if base.run.best_is_greater else "minimize"
+    direction: Literal["maximize", "minimize"] = "maximize" if base.run.best_is_greater else "minimize"
     study, joined = _create_or_join(storage, options, direction)
     known = study.user_attrs.get(METRIC_ATTR, metric)
     if known != metric or study.direction.name.lower() != direction:
@@ -141,7 +141,7 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     return study
 
 
-def _create_or_join(storage: Any, options: StudyOptions, direction: str) -> tuple[optuna.Study, bool]:
+def _create_or_join(storage: Any, options: StudyOptions, direction: Literal["maximize", "minimize"]) -> tuple[optuna.Study, bool]:
     """The study, made with the sampler seeded ``seed``, or joined with a sampler of its own seed: tuners with one
     seed would propose the same parameters to the same history (a resumed tuner joins too)."""
     common = {"study_name": options.study_name, "storage": storage, "pruner": options.pruner.build()}

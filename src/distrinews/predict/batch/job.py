@@ -97,7 +97,7 @@ def check(job: BatchJob) -> CheckedJob:
         raise ConfigError(f"predict: checkpoint {job.checkpoint} does not exist")
     threshold = ConfidenceThreshold.parse(job.min_confidence)
     labels = checkpoint_labels(job.checkpoint) if threshold is not None else None
-    if labels:
+    if threshold is not None and labels:
         threshold.for_labels(labels)
     output = Path(job.output).expanduser()
     output_format = format_of(output)
