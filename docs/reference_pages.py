@@ -140,7 +140,10 @@ def api_markdown(schema: dict[str, Any] | None = None) -> str:
             params = op.get("parameters", [])
             if params:
                 lines += ["| parameter | in | required | description |", "|---|---|---|---|"]
-                lines += [f"| `{p['name']}` | {p['in']} | {p.get('required', False)} | {_cell(p.get('description', ''))} |" for p in params]
+                lines += [
+                    f"| `{p['name']}` | {p['in']} | {p.get('required', False)} | {_cell(p.get('description', ''))} |"
+                    for p in params
+                ]
                 lines.append("")
             lines += ["| status | description | body |", "|---|---|---|"]
             for status, response in op.get("responses", {}).items():
@@ -158,7 +161,9 @@ def api_markdown(schema: dict[str, Any] | None = None) -> str:
             required = set(comp.get("required", []))
             lines += ["| field | type | required | description |", "|---|---|---|---|"]
             for field, spec in props.items():
-                lines.append(f"| `{field}` | {_schema_name(spec)} | {field in required} | {_cell(spec.get('description', ''))} |")
+                lines.append(
+                    f"| `{field}` | {_schema_name(spec)} | {field in required} | {_cell(spec.get('description', ''))} |"
+                )
             lines.append("")
         for example in comp.get("examples", [])[:1]:
             lines += ["Example:", "", "```json", json.dumps(example, indent=2), "```", ""]
@@ -167,4 +172,8 @@ def api_markdown(schema: dict[str, Any] | None = None) -> str:
 
 def pages() -> dict[str, str]:
     """The generated pages, by their path under docs/."""
-    return {"reference/cli.md": cli_markdown(), "reference/configuration.md": config_markdown(), "reference/rest-api.md": api_markdown()}
+    return {
+        "reference/cli.md": cli_markdown(),
+        "reference/configuration.md": config_markdown(),
+        "reference/rest-api.md": api_markdown(),
+    }

@@ -17,7 +17,10 @@ DESKS = {"2": "sport", "3": "business", "4": "tech"}  # the AG News classes the 
 def main(source: str, target: str) -> None:
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if source.endswith(".gz") else open
-    with opener(source, "rt", encoding="utf-8", newline="") as fin, open(target, "w", encoding="utf-8", newline="") as fout:
+    with (
+        opener(source, "rt", encoding="utf-8", newline="") as fin,
+        open(target, "w", encoding="utf-8", newline="") as fout,
+    ):
         writer = csv.writer(fout)
         writer.writerow(["headline", "summary", "desk"])
         rows = 0

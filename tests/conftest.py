@@ -334,12 +334,20 @@ class FakePredictor:
     def predict_encoded(self, batch):
         inputs = self.encoder.collate(batch)
         assert inputs["input_ids"].shape[0] == len(batch)
-        self.computed.extend(self.encoder.tokenizer.decode_batch([e.ids.tolist() for e in batch], skip_special_tokens=True))
+        self.computed.extend(
+            self.encoder.tokenizer.decode_batch([e.ids.tolist() for e in batch], skip_special_tokens=True)
+        )
         answer = dict(zip(SERVE_LABELS, (1.0, 0.0, 0.0, 0.0)))
         return [{"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(answer)} for _ in batch]
 
     def describe(self):
-        return {"model_name": "fake", "runtime": self.runtime, "labels": SERVE_LABELS, "max_length": self.max_length, "metrics": {}}
+        return {
+            "model_name": "fake",
+            "runtime": self.runtime,
+            "labels": SERVE_LABELS,
+            "max_length": self.max_length,
+            "metrics": {},
+        }
 
 
 @pytest.fixture(scope="session")
@@ -363,7 +371,9 @@ def cli():
         cmd = [sys.executable, "-m", "distrinews", *args]
         if nproc is not None:
             cmd += ["--nproc-per-node", str(nproc)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env={**os.environ, **(env or {})}
+        )
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
@@ -380,7 +390,9 @@ def asgi_post():
     The client stays connected after the body until ``hang_up`` is set (never, without one)."""
     import asyncio
 
-    async def post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], hang_up=None) -> tuple[int, dict, bytes]:
+    async def post(
+        app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], hang_up=None
+    ) -> tuple[int, dict, bytes]:
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -499,7 +511,15 @@ SIX_STEPS = (
     "false",
 )
 # That run over 2 processes with DDP: 8 rows a rank, no accumulation, length-grouped batches.
-SIX_STEPS_DDP = (*SIX_STEPS, "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--group_by_length", "true")
+SIX_STEPS_DDP = (
+    *SIX_STEPS,
+    "--per_device_train_batch_size",
+    "8",
+    "--gradient_accumulation_steps",
+    "1",
+    "--group_by_length",
+    "true",
+)
 
 
 @pytest.fixture(scope="session")
@@ -540,10 +560,14 @@ def spread_checkpoint():
             enc = tokenizer(calibration_texts, truncation=True, max_length=64, padding=True, return_tensors="pt")
             pooled = model.bert(**enc).pooler_output
             mean, std = pooled.mean(0), pooled.std(0) + 1e-6
-            weight = torch.randn(model.config.num_labels, pooled.shape[1], generator=g) / std / pooled.shape[1] ** 0.5 * 2
+            weight = (
+                torch.randn(model.config.num_labels, pooled.shape[1], generator=g) / std / pooled.shape[1] ** 0.5 * 2
+            )
             model.classifier.weight.copy_(weight)
             model.classifier.bias.copy_(-(weight @ mean))
-        return save_servable(path, model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random-spread"))
+        return save_servable(
+            path, model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random-spread")
+        )
 
     return build
 
@@ -558,7 +582,18 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         target = ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
-        cmd = [sys.executable, "-m", "distrinews", "serve", *target, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distrinews",
+            "serve",
+            *target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
@@ -614,7 +649,10 @@ class OtlpReceiver:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
 
         self.spans: list[dict] = []
         self.paths: list[str] = []

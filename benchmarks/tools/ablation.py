@@ -30,16 +30,28 @@ _LEVERS = [
     ("+ dynamic padding", ["--optimizer", "for-loop", "--host-sync"], {}),
     ("+ length grouping", ["--optimizer", "for-loop", "--host-sync"], {"group_by_length": "true"}),
     ("+ bf16 autocast where the CPU computes it (auto)", ["--optimizer", "for-loop", "--host-sync"], {"bf16": "auto"}),
-    ("+ hidden states kept in bf16 between layers (with bf16)", ["--optimizer", "for-loop", "--host-sync"], {"bf16_hidden_states": "true"}),
+    (
+        "+ hidden states kept in bf16 between layers (with bf16)",
+        ["--optimizer", "for-loop", "--host-sync"],
+        {"bf16_hidden_states": "true"},
+    ),
     ("+ fused AdamW", ["--optimizer", "fused", "--host-sync"], {}),
     ("+ no per-step host reads", ["--optimizer", "fused"], {}),
     ("+ fast CPU dropout", ["--optimizer", "fused"], {"fast_dropout": "true"}),
     ("+ attention dropout 0 (fused attention kernel)", ["--optimizer", "fused"], {"attention_dropout": "0"}),
-    ("+ attention in fp32 where bf16's kernel is slow (auto: a CPU without AMX)", ["--optimizer", "fused"], {"fp32_attention": "auto"}),
+    (
+        "+ attention in fp32 where bf16's kernel is slow (auto: a CPU without AMX)",
+        ["--optimizer", "fused"],
+        {"fp32_attention": "auto"},
+    ),
     ("+ frozen word embeddings", ["--optimizer", "fused"], {"freeze_word_embeddings": "true"}),
     ("+ the bottom encoder layer frozen (forward only)", ["--optimizer", "fused"], {"freeze_layers": "1"}),
     ("+ no dropout at all (no masks drawn)", ["--optimizer", "fused"], {"dropout": "0"}),
-    ("+ torch.compile (pad to a multiple of 16)", ["--optimizer", "fused"], {"torch_compile": "true", "pad_to_multiple_of": "16"}),
+    (
+        "+ torch.compile (pad to a multiple of 16)",
+        ["--optimizer", "fused"],
+        {"torch_compile": "true", "pad_to_multiple_of": "16"},
+    ),
 ]
 
 
@@ -63,7 +75,9 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
         scaling.add_arguments(parser)
         # compiled points need warm-up steps for their first shapes; the others one
         warmup = 8 if overrides.get("torch_compile") == "true" else 1
-        args = parser.parse_args(["--steps", str(a.ablation_steps), "--warmup", str(warmup), "--no-sync-probe", "0", *flags])
+        args = parser.parse_args(
+            ["--steps", str(a.ablation_steps), "--warmup", str(warmup), "--no-sync-probe", "0", *flags]
+        )
         args.cores_per_worker = threads_per_process(a.nproc)
         args.batch, args.global_batch, args.mode = a.batch_size, None, "weak"
         extra = [
@@ -93,4 +107,9 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
         print(f"[ablation] {label}: {row['samples_per_s']:.1f} samples/s", flush=True)
         rows.append(row)
         previous = row
-    return {"rows": rows, "steps": a.ablation_steps, "workers": a.nproc, "cores_per_worker": threads_per_process(a.nproc)}
+    return {
+        "rows": rows,
+        "steps": a.ablation_steps,
+        "workers": a.nproc,
+        "cores_per_worker": threads_per_process(a.nproc),
+    }

@@ -39,7 +39,9 @@ def split_rows(config: TrainConfig):
     return train, evaluation, data.label_names, data.eval_from
 
 
-def tfidf_logistic_regression(train_texts, train_labels, eval_texts, balanced: bool, seed: int) -> tuple[list[int], float]:
+def tfidf_logistic_regression(
+    train_texts, train_labels, eval_texts, balanced: bool, seed: int
+) -> tuple[list[int], float]:
     """Predictions for ``eval_texts`` and the seconds fitting took."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
@@ -63,7 +65,10 @@ def confusion(truth: list[int], predicted: list[int], k: int) -> list[list[int]]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", help="a finished run's folder: its config.yaml gives the data and split, its best/ the fine-tuned scores")
+    p.add_argument(
+        "--run",
+        help="a finished run's folder: its config.yaml gives the data and split, its best/ the fine-tuned scores",
+    )
     p.add_argument("--config", help="a preset YAML, when there is no run (then any --field value overrides follow)")
     p.add_argument("--output-dir", default="runs/bench")
     p.add_argument("--name", default="baseline")
@@ -120,7 +125,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     f = report.get("fine_tuned")
     if f and f.get("accuracy") is not None:
-        lines.append(f"| fine-tuned {f.get('model')} (the run's best/) | {100 * f['accuracy']:.2f}% | {100 * f['macro_f1']:.2f}% |")
+        lines.append(
+            f"| fine-tuned {f.get('model')} (the run's best/) | {100 * f['accuracy']:.2f}% | {100 * f['macro_f1']:.2f}% |"
+        )
     return "\n".join(lines) + "\n"
 
 

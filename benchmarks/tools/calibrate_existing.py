@@ -24,8 +24,12 @@ from distrinews.train.calibration import calibrate_best, summary_lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.calibrate_existing", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a best/ folder (a copy: its distrinews.json and README.md are rewritten)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tools.calibrate_existing", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "checkpoint", type=Path, help="a best/ folder (a copy: its distrinews.json and README.md are rewritten)"
+    )
     parser.add_argument("--rows", type=int, default=3000, help="unsampled training rows to fit the temperature on")
     parser.add_argument("--data", default=None, help="AG News's folder (default: $DISTRINEWS_DATA)")
     args = parser.parse_args(argv)
@@ -36,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     sampled = set(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
     rest = data.train.subset([i for i in range(len(data.train)) if i not in sampled])
     if len(rest) == 0:
-        print(f"{args.checkpoint}: its run trained on every training row; none is left to calibrate on", file=sys.stderr)
+        print(
+            f"{args.checkpoint}: its run trained on every training row; none is left to calibrate on", file=sys.stderr
+        )
         return 2
     calibration = rest.subset(stratified_sample(rest.labels, args.rows, config.run.seed))
     report = calibrate_best(args.checkpoint, data.eval, calibration, "temperature", batch_size=256)

@@ -76,7 +76,14 @@ def baseline_settings(a: argparse.Namespace) -> list[str]:
     baseline trains on the rows, seed and recipe that ours does."""
     settings = [
         *("--model", a.model, "--train-samples", str(a.train_samples), "--batch-size", str(a.batch_size)),
-        *("--max-length", str(a.max_length), "--learning-rate", str(a.learning_rate), "--warmup-ratio", str(a.warmup_ratio)),
+        *(
+            "--max-length",
+            str(a.max_length),
+            "--learning-rate",
+            str(a.learning_rate),
+            "--warmup-ratio",
+            str(a.warmup_ratio),
+        ),
         *("--weight-decay", str(a.weight_decay), "--max-grad-norm", str(a.max_grad_norm), "--seed", str(a.seed)),
     ]
     settings += ["--data", a.data] if a.data else []

@@ -64,7 +64,9 @@ def _torchrun(nproc: int, target: list[str], env: dict[str, str], log: Path, tim
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
 
 
-def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str], options: str = "", key: str = "ours") -> dict[str, Any]:
+def run_ours(
+    a: argparse.Namespace, tmp: Path, env: dict[str, str], options: str = "", key: str = "ours"
+) -> dict[str, Any]:
     run_dir = tmp / key
     _torchrun(
         a.nproc,
@@ -122,7 +124,9 @@ def run_ours(a: argparse.Namespace, tmp: Path, env: dict[str, str], options: str
     }
 
 
-def run_script(name: str, script: str, a: argparse.Namespace, tmp: Path, env: dict[str, str], extra: list[str]) -> dict[str, Any]:
+def run_script(
+    name: str, script: str, a: argparse.Namespace, tmp: Path, env: dict[str, str], extra: list[str]
+) -> dict[str, Any]:
     out = tmp / f"{script}.json"
     _torchrun(
         a.nproc,
@@ -175,11 +179,19 @@ def _compare_once(a: argparse.Namespace, env: dict[str, str]) -> list[dict[str, 
         tmp = Path(tmp_s)
         # each --ours-options is one run of ours, side by side with the baselines; the first is "ours"
         jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            (f"ours{i + 1 if i else ''}", functools.partial(run_ours, a, tmp, env, options, f"ours{i + 1 if i else ''}"))
+            (
+                f"ours{i + 1 if i else ''}",
+                functools.partial(run_ours, a, tmp, env, options, f"ours{i + 1 if i else ''}"),
+            )
             for i, options in enumerate(a.ours_options)
         ]
         jobs += [
-            ("trainer", lambda: run_script("Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"])),
+            (
+                "trainer",
+                lambda: run_script(
+                    "Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"]
+                ),
+            ),
             ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, [])),
         ]
         for key, job in jobs:

@@ -19,7 +19,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by the run's seed), {s['nproc']} "
             f"process(es) x batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one "
             f"epoch, {'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} thread(s) a process. Test: "
-            + ("the full 7,600-row test split" if not s["eval_samples"] else f"a stratified sample of {s['eval_samples']:,} test rows")
+            + (
+                "the full 7,600-row test split"
+                if not s["eval_samples"]
+                else f"a stratified sample of {s['eval_samples']:,} test rows"
+            )
             + ", the same exact evaluator for all three. Steady samples/s from the end of step "
             f"{s['warmup_step']} to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
             "",
@@ -87,7 +91,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for ax, key in zip(axes[0], panels):
         if key == "compare":
             rows = report["compare"]["rows"]
-            bars = ax.bar([r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0")
+            bars = ax.bar(
+                [r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0"
+            )
             for b, r in zip(bars, rows):
                 ax.annotate(
                     f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%",
@@ -100,7 +106,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.set_title("same model, rows, batch, steps, machine")
         else:
             rows = report["ablation"]["rows"]
-            ax.barh([r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C1")
+            ax.barh(
+                [r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C1"
+            )
             ax.set_xlabel("samples/s")
             ax.set_title("cumulative optimisations")
             ax.tick_params(axis="y", labelsize=8)

@@ -104,7 +104,11 @@ def main() -> None:
     )
     clock = StepClock()
     trainer = Trainer(
-        model=model, args=targs, train_dataset=Rows(train), data_collator=DataCollatorWithPadding(tokenizer), callbacks=[clock]
+        model=model,
+        args=targs,
+        train_dataset=Rows(train),
+        data_collator=DataCollatorWithPadding(tokenizer),
+        callbacks=[clock],
     )
     output = trainer.train()
 

@@ -63,7 +63,13 @@ def medians(times: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Each variant's median, fastest and slowest turn (ms a step), and its speed over the first variant's median."""
     first = statistics.median(next(iter(times.values())))
     return [
-        {"variant": name, "step_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t), "speedup": first / statistics.median(t)}
+        {
+            "variant": name,
+            "step_ms": statistics.median(t),
+            "min_ms": min(t),
+            "max_ms": max(t),
+            "speedup": first / statistics.median(t),
+        }
         for name, t in times.items()
     ]
 
@@ -129,7 +135,9 @@ def build_variants(variants: list[tuple[str, Any, bool]], labels: list[str]) -> 
     return [(name, Variant(config, labels, master)) for name, config, master in variants]
 
 
-def time_variants(built: list[tuple[str, Variant]], batch: dict, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+def time_variants(
+    built: list[tuple[str, Variant]], batch: dict, rounds: int, steps: int, warmup: int
+) -> dict[str, list[float]]:
     """Warm each variant up, then time ``rounds`` turns of ``steps`` steps each, the variants in turn (ms a step)."""
     for _, v in built:
         for _ in range(warmup):
@@ -144,7 +152,11 @@ def time_variants(built: list[tuple[str, Variant]], batch: dict, rounds: int, st
     return times
 
 
-ATTENTION_KERNELS = ("bf16, fused (flash) kernel", "bf16, math path", "fp32 fused kernel on bf16 inputs (fp32_attention)")
+ATTENTION_KERNELS = (
+    "bf16, fused (flash) kernel",
+    "bf16, math path",
+    "fp32 fused kernel on bf16 inputs (fp32_attention)",
+)
 
 
 def time_attention(batch: int, length: int, heads: int, head_dim: int, repeats: int = 10) -> list[dict[str, Any]]:
@@ -155,7 +167,9 @@ def time_attention(batch: int, length: int, heads: int, head_dim: int, repeats: 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, length, head_dim, generator=generator).bfloat16().requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, heads, length, head_dim, generator=generator).bfloat16().requires_grad_() for _ in range(3)
+    )
     mask = torch.ones(batch, 1, length, length, dtype=torch.bool)
     mask[-max(1, batch // 4) :, ..., length - max(1, length // 5) :] = False
 
@@ -206,8 +220,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     wanted = [v.strip() for v in args.variants.split(",")] if args.variants else [name for name, _, _ in VARIANTS]
     unknown = sorted(set(wanted) - {name for name, _, _ in VARIANTS})
     if unknown:
-        raise ConfigError(f"--variants: unknown {', '.join(unknown)}; choose from: {'; '.join(name for name, _, _ in VARIANTS)}")
-    chosen = [(name, load_config(args.config, {**overrides, **fields}), master) for name, fields, master in VARIANTS if name in wanted]
+        raise ConfigError(
+            f"--variants: unknown {', '.join(unknown)}; choose from: {'; '.join(name for name, _, _ in VARIANTS)}"
+        )
+    chosen = [
+        (name, load_config(args.config, {**overrides, **fields}), master)
+        for name, fields, master in VARIANTS
+        if name in wanted
+    ]
     torch.manual_seed(0)
     built = build_variants(chosen, list(AG_NEWS_LABELS))
     times = time_variants(built, make_batch(args.batch, args.length), args.rounds, args.steps, args.warmup)
@@ -248,7 +268,9 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---:|---:|",
     ]
     for row in r["rows"]:
-        lines.append(f"| {row['variant']} | {row['step_ms']:.1f} ({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |")
+        lines.append(
+            f"| {row['variant']} | {row['step_ms']:.1f} ({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |"
+        )
     if "attention" in r:
         a = r["attention"]
         lines += [

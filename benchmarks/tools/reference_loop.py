@@ -48,7 +48,9 @@ class AGNewsDataset(Dataset):
         return len(self.texts)
 
     def __getitem__(self, idx):
-        enc = self.tokenizer(self.texts[idx], truncation=True, padding="max_length", max_length=self.max_length, return_tensors="pt")
+        enc = self.tokenizer(
+            self.texts[idx], truncation=True, padding="max_length", max_length=self.max_length, return_tensors="pt"
+        )
         return {
             "input_ids": enc["input_ids"].squeeze(0),
             "attention_mask": enc["attention_mask"].squeeze(0),
@@ -83,7 +85,9 @@ def main() -> None:
         raw = load_split(args.data, "train")
         raw = raw.subset(stratified_sample(raw.labels, args.train_samples, args.seed))
         dataset = AGNewsDataset(raw.texts, raw.labels, tokenizer, args.max_length)
-        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        sampler: DistributedSampler[int] = DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed
+        )
         loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=0)
 
         model = build_model(args.model, seed=args.seed, labels=AG_NEWS_LABELS).to(device)

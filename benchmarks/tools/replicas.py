@@ -39,10 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,32", help="comma-separated client counts (default: 1,32)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each level")
-    parser.add_argument("--replicas", type=int, default=2, help="replicas of the many-replica configuration (default: 2)")
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="replicas of the many-replica configuration (default: 2)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="threads in all (default: the cores available)")
     parser.add_argument("--runtime", default=None, help="the replicas' --runtime (default: serve's)")
-    parser.add_argument("--output", default="benchmarks/serving-replicas", help="folder for replicas.json and replicas.md")
+    parser.add_argument(
+        "--output", default="benchmarks/serving-replicas", help="folder for replicas.json and replicas.md"
+    )
 
 
 class ReplicaSet:
@@ -51,12 +55,23 @@ class ReplicaSet:
     def __init__(self, checkpoint: str, replicas: int, threads: int, runtime: str | None, log_dir: Path):
         self.port = free_port()
         log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "distrinews", "serve-replicas", "--checkpoint", checkpoint, "--replicas", str(replicas)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distrinews",
+            "serve-replicas",
+            "--checkpoint",
+            checkpoint,
+            "--replicas",
+            str(replicas),
+        ]
         cmd += ["--threads", str(threads), "--port", str(self.port), "--log-dir", str(log_dir), "--no-access-log"]
         cmd += ["--runtime", runtime] if runtime else []
         self.out = log_dir / "serve-replicas.out"
         self._out = open(self.out, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
         self.replica_ports: list[int] = []
 
     def wait_ready(self, timeout: float = 600) -> ReplicaSet:
@@ -140,7 +155,9 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     ]
     if overhead is not None:
         lines.append(f"\nnginx's own cost at 1 client: {overhead:+.2f} ms p50 (through nginx minus direct).")
-    (out / "replicas.md").write_text(f"`{report['command']}` on {report['machine']['cpu']}, {report['date']}\n\n" + "\n".join(lines) + "\n")
+    (out / "replicas.md").write_text(
+        f"`{report['command']}` on {report['machine']['cpu']}, {report['date']}\n\n" + "\n".join(lines) + "\n"
+    )
     print(f"wrote {out / 'replicas.json'} and {out / 'replicas.md'}")
     return 0
 

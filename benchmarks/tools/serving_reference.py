@@ -57,7 +57,13 @@ def reference_app(checkpoint: str):
         if "model" not in state:
             raise HTTPException(status_code=503, detail="Model not loaded")
         model, tokenizer = state["model"], state["tokenizer"]
-        enc = tokenizer(request.text, truncation=True, padding="max_length", max_length=state["info"].max_length, return_tensors="pt")
+        enc = tokenizer(
+            request.text,
+            truncation=True,
+            padding="max_length",
+            max_length=state["info"].max_length,
+            return_tensors="pt",
+        )
         with torch.no_grad():
             probs = torch.softmax(model(**enc).logits, dim=-1)[0]
         labels = [model.config.id2label[i] for i in range(len(probs))]
@@ -96,7 +102,10 @@ def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for runtime in dict.fromkeys(r["runtime"] for r in results if r["server"] == "ours"):
         for c in sorted({r["concurrency"] for r in results if r["server"] == "reference" and r["texts"] == "full"}):
-            ours, reference = find_result(results, "ours", runtime, "full", c), find_result(results, "reference", "torch", "full", c)
+            ours, reference = (
+                find_result(results, "ours", runtime, "full", c),
+                find_result(results, "reference", "torch", "full", c),
+            )
             if ours and reference and reference["throughput_rps"] > 0 and ours["requests"] > 0:
                 out.append(
                     {

@@ -178,7 +178,11 @@ async def _one_client(port: int, bodies: list[bytes], warmup: int) -> list[float
             writer.write(head.encode() + body)
             await writer.drain()
             header = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":", 1)[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in header.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
             await reader.readexactly(length)
             if i >= warmup:
                 latencies.append(time.perf_counter() - t0)
@@ -196,7 +200,10 @@ def _derive(times: dict[str, list[float]], client: list[float], n: int) -> list[
         return 1000 * statistics.fmean(values) if values else 0.0
 
     client_ms = 1000 * statistics.fmean(client)
-    rows = [("client round trip (mean)", client_ms), ("  outside the app: TCP, HTTP parsing, uvicorn", client_ms - mean("app"))]
+    rows = [
+        ("client round trip (mean)", client_ms),
+        ("  outside the app: TCP, HTTP parsing, uvicorn", client_ms - mean("app")),
+    ]
     if "classify" not in times:  # the reference server: one sync endpoint
         inner = mean("tokenize") + mean("model_forward") + mean("serialize") + mean("render")
         rows += [
@@ -260,11 +267,29 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     out = Path(tempfile.mkdtemp(prefix="distrinews-stages-")) / "times.json"
     if args.server == "ours":
-        cmd = [sys.executable, "-m", "benchmarks.tools.serving_stages", "--serve", "ours", str(out), "--checkpoint", args.checkpoint]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.tools.serving_stages",
+            "--serve",
+            "ours",
+            str(out),
+            "--checkpoint",
+            args.checkpoint,
+        ]
         cmd += ["--host", "127.0.0.1", "--port", str(port), *serve_args]  # the default command: access log and all
         ready = "/ready"
     else:
-        cmd = [sys.executable, "-m", "benchmarks.tools.serving_stages", "--serve", "reference", str(out), "--checkpoint", args.checkpoint]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.tools.serving_stages",
+            "--serve",
+            "reference",
+            str(out),
+            "--checkpoint",
+            args.checkpoint,
+        ]
         cmd += ["--port", str(port)]
         ready = "/health"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -282,11 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     times = json.loads(out.read_text())
     rows = _derive(times, client, len(client))
     p50 = 1000 * statistics.median(client)
-    print(f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms (server log {log.name})")
+    print(
+        f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms (server log {log.name})"
+    )
     for name, ms in rows:
         print(f"{name:<48} {ms:7.3f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"server": args.server, "serve_args": serve_args, "p50_ms": p50, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"server": args.server, "serve_args": serve_args, "p50_ms": p50, "rows": rows}, indent=2)
+        )
     return 0
 
 

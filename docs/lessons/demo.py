@@ -38,7 +38,11 @@ def spawn(fn, *args, world: int = WORLD, timeout_s: float = 30.0) -> None:
 def _worker(rank: int, world: int, port: int, timeout_s: float, fn, args) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
     try:
         fn(rank, world, *args)
@@ -137,7 +141,9 @@ def _nosync(rank: int, world: int, accumulation: int) -> None:
         results[use_no_sync] = (calls["n"], calls["bytes"], len(ddp.reducer._get_zeros_like_grad_buckets()))
     if rank == 0:
         params = sum(p.numel() * 4 for p in model(width=256).parameters())
-        print(f"model: {params / 2**20:.2f} MiB of fp32 gradients; DDP buckets of 0.25 MiB: {results[False][2]} buckets")
+        print(
+            f"model: {params / 2**20:.2f} MiB of fp32 gradients; DDP buckets of 0.25 MiB: {results[False][2]} buckets"
+        )
         for use_no_sync, (n, sent, _) in results.items():
             how = "no_sync on the first micro-batches" if use_no_sync else "a plain backward each time"
             print(f"{accumulation} micro-batches, {how}: {n} all-reduces, {sent / 2**20:.2f} MiB averaged")
@@ -170,7 +176,9 @@ def _barrier(rank: int, world: int) -> None:
             dist.all_reduce(torch.ones(1))
         except RuntimeError as exc:
             why = str(exc).splitlines()[0].rsplit("] ", 1)[-1][:80]  # gloo's source path and line dropped
-            print(f"rank 0: {type(exc).__name__} after {time.monotonic() - start:.0f} s (the process group's timeout): {why}")
+            print(
+                f"rank 0: {type(exc).__name__} after {time.monotonic() - start:.0f} s (the process group's timeout): {why}"
+            )
     else:
         time.sleep(3)  # rank 1 is busy elsewhere (and in a real job would soon wait in a collective of its own)
 
@@ -189,7 +197,9 @@ def precision() -> None:
     err32 = ((a @ b).double() - exact).abs().max().item()
     err16 = (low.double() - exact).abs().max().item()
     print(f"fp32 matmul: max error {err32:.1e}")
-    print(f"bf16 autocast matmul: output dtype {low.dtype}, max error {err16:.1e}  (7 stored mantissa bits against fp32's 23)")
+    print(
+        f"bf16 autocast matmul: output dtype {low.dtype}, max error {err16:.1e}  (7 stored mantissa bits against fp32's 23)"
+    )
     for dtype in (torch.float16, torch.bfloat16):
         info = torch.finfo(dtype)
         small = torch.tensor(1e-8).to(dtype).item()
@@ -208,7 +218,9 @@ def _fsdp(rank: int, world: int) -> None:
             return t.to_local() if hasattr(t, "to_local") else t
 
         params = sum(local(p).numel() * local(p).element_size() for p in net.parameters())
-        tensors = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]  # not `step`
+        tensors = [
+            v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()
+        ]  # not `step`
         states = sum(local(v).numel() * local(v).element_size() for v in tensors)
         return params, states
 
@@ -235,7 +247,9 @@ def _fsdp(rank: int, world: int) -> None:
         for strategy in ("ddp", "fsdp"):
             for r, got in enumerate(per_rank):
                 params, states = got[strategy]
-                print(f"{strategy:4} rank {r}: parameters {params / 2**20:.2f} MiB, optimizer state {states / 2**20:.2f} MiB")
+                print(
+                    f"{strategy:4} rank {r}: parameters {params / 2**20:.2f} MiB, optimizer state {states / 2**20:.2f} MiB"
+                )
 
 
 def fsdp() -> None:
@@ -302,7 +316,9 @@ def scaling() -> None:
         results = dict(results)
     for mode in ("strong", "weak"):
         one, two = results[(mode, 1)], results[(mode, 2)]
-        per_rank = f"{global_rows // 2} rows per rank at 2" if mode == "strong" else f"{global_rows} rows per rank at both"
+        per_rank = (
+            f"{global_rows // 2} rows per rank at 2" if mode == "strong" else f"{global_rows} rows per rank at both"
+        )
         print(f"{mode} scaling ({per_rank}): 1 process {one:,.0f} rows/s, 2 processes {two:,.0f} rows/s")
         print(f"  speedup {two / one:.2f}x, efficiency {100 * two / one / 2:.0f}%")
 

@@ -43,7 +43,16 @@ class Lesson:
 
 
 DOCTOR_DROP = (
-    *(r"python \d", r"CUDA ", r"CPU: ", r"GPU: ", r"backends: ", r"^distrinews doctor$", r"^What to do", r"no shared-memory"),
+    *(
+        r"python \d",
+        r"CUDA ",
+        r"CPU: ",
+        r"GPU: ",
+        r"backends: ",
+        r"^distrinews doctor$",
+        r"^What to do",
+        r"no shared-memory",
+    ),
     r"^\s*\d\. ",  # the advice (kept where it is the lesson)
 )
 

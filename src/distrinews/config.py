@@ -50,7 +50,9 @@ def is_version(value: object) -> bool:
     return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
-def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), hints: tuple[str, ...] = (), **checks: Any) -> Any:
+def option(
+    default: Any, help: str, *, aliases: tuple[str, ...] = (), hints: tuple[str, ...] = (), **checks: Any
+) -> Any:
     """A field's one declaration: default, help text, pydantic's checks (``ge``, ``lt``, ...), the other
     names it is accepted under (``aliases``: the original system's flags) and words a user may mean it by
     (``hints``: offered as "did you mean" for an unknown name)."""
@@ -74,7 +76,11 @@ class Section(BaseModel):
     for an optional field, auto is None for an optional switch (decided at run time)."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, allow_inf_nan=False, protected_namespaces=(), coerce_numbers_to_str=True
+        extra="forbid",
+        validate_assignment=True,
+        allow_inf_nan=False,
+        protected_namespaces=(),
+        coerce_numbers_to_str=True,
     )
 
     @field_validator("*", mode="before")
@@ -134,7 +140,9 @@ class ModelConfig(Section):
         ge=0,
         lt=1,
     )
-    fast_dropout: bool = option(True, "on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)")
+    fast_dropout: bool = option(
+        True, "on CPU, dropout masks from a quarter of the random draws (distrinews.train.dropout)"
+    )
     freeze_word_embeddings: bool = option(False, "no gradient, optimizer state or all-reduce for the vocabulary matrix")
     freeze_layers: int = option(
         0,
@@ -152,27 +160,35 @@ class ModelConfig(Section):
     lora_r: int = option(16, "LoRA's rank", ge=1)
     lora_alpha: int = option(32, "LoRA's scale numerator (the update is scaled by alpha / r)", gt=0)
     lora_dropout: float = option(0.05, "dropout on LoRA's input", ge=0, lt=1)
-    lora_target_modules: str | None = option(None, "comma-separated module names, or all-linear; null = peft's default (query,value)")
+    lora_target_modules: str | None = option(
+        None, "comma-separated module names, or all-linear; null = peft's default (query,value)"
+    )
 
 
 class DataConfig(Section):
     """What ``train.components.prepare_data`` reads, samples and tokenizes."""
 
     data_dir: str | None = option(
-        None, "AG News in the original CSV form; else $DISTRINEWS_DATA; else the Hugging Face hub", hints=("data", "dataset_dir")
+        None,
+        "AG News in the original CSV form; else $DISTRINEWS_DATA; else the Hugging Face hub",
+        hints=("data", "dataset_dir"),
     )
     train_file: str | None = option(
         None,
         "your own labelled text instead of AG News (Hugging Face run_classification.py's names): files (CSV with a "
         "header, JSONL, Parquet; .gz for the first two; a folder or a glob of shards)",
     )
-    validation_file: str | None = option(None, "the rows to evaluate on (else test_file, else a stratified share of train_file)")
+    validation_file: str | None = option(
+        None, "the rows to evaluate on (else test_file, else a stratified share of train_file)"
+    )
     test_file: str | None = option(None, "the rows to evaluate on when there is no validation_file")
     dataset_name: str | None = option(None, "a data set from the hub (or a local folder that `datasets` made)")
     dataset_config_name: str | None = option(None, "the hub data set's configuration")
     text_column_names: str = option("text", "one column, or several comma-separated, joined with a space")
     label_column_name: str = option("label", "the column that holds the label")
-    label_names: str | None = option(None, "the labels in this order (comma-separated); default: sorted as read from training")
+    label_names: str | None = option(
+        None, "the labels in this order (comma-separated); default: sorted as read from training"
+    )
     validation_split_percentage: int = option(
         10, "of the training rows, held out for evaluation when no evaluation split is given", ge=1, le=50
     )
@@ -185,23 +201,35 @@ class DataConfig(Section):
     )
     train_samples: int | None = option(None, "seeded class-stratified sample of the training rows; null = all", ge=4)
     eval_samples: int | None = option(None, "likewise for the evaluation rows; null = the whole split", ge=1)
-    max_length: int = option(128, "tokens per text (longer texts are truncated)", ge=8, hints=("max_seq_length", "seq_len"))
+    max_length: int = option(
+        128, "tokens per text (longer texts are truncated)", ge=8, hints=("max_seq_length", "seq_len")
+    )
     cache_dir: str | None = option(None, "tokenized-data cache; default ~/.cache/distrinews")
 
 
 class BatchConfig(Section):
     """How rows become micro-batches and optimizer steps (``train.components.StepPlan``, the sampler, the loader)."""
 
-    num_train_epochs: float = option(1.0, "epochs to train (fractions allowed)", aliases=("epochs",), hints=("num_epochs", "epoch"))
+    num_train_epochs: float = option(
+        1.0, "epochs to train (fractions allowed)", aliases=("epochs",), hints=("num_epochs", "epoch")
+    )
     max_steps: int = option(-1, "> 0 overrides num_train_epochs")
     per_device_train_batch_size: int = option(
         16, "rows per forward pass on each process", ge=1, aliases=("batch_size",), hints=("train_batch_size", "bs")
     )
-    per_device_eval_batch_size: int = option(64, "rows per forward pass on each process when evaluating", ge=1, hints=("eval_batch_size",))
-    gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", ge=1, hints=("accumulation", "grad_accum"))
+    per_device_eval_batch_size: int = option(
+        64, "rows per forward pass on each process when evaluating", ge=1, hints=("eval_batch_size",)
+    )
+    gradient_accumulation_steps: int = option(
+        1, "micro-batches per optimizer step", ge=1, hints=("accumulation", "grad_accum")
+    )
     group_by_length: bool = option(True, "batch texts of similar length together (less padding)")
-    pad_to_multiple_of: int | None = option(None, "pad each batch's length up to a multiple (few distinct shapes for torch_compile)", ge=1)
-    dataloader_num_workers: int = option(0, "worker processes of each data loader", ge=0, hints=("num_workers", "workers"))
+    pad_to_multiple_of: int | None = option(
+        None, "pad each batch's length up to a multiple (few distinct shapes for torch_compile)", ge=1
+    )
+    dataloader_num_workers: int = option(
+        0, "worker processes of each data loader", ge=0, hints=("num_workers", "workers")
+    )
 
 
 class OptimizerConfig(Section):
@@ -209,7 +237,9 @@ class OptimizerConfig(Section):
 
     learning_rate: float = option(1e-4, "AdamW's peak learning rate", gt=0, hints=("lr",))
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", ge=0)
-    warmup_ratio: float = option(0.06, "share of the steps that warm the learning rate up", ge=0, lt=1, hints=("warmup", "warmup_steps"))
+    warmup_ratio: float = option(
+        0.06, "share of the steps that warm the learning rate up", ge=0, lt=1, hints=("warmup", "warmup_steps")
+    )
     lr_scheduler_type: LrSchedule = option(
         "linear",
         "the rate after the warm-up: linear | cosine | constant_with_warmup, as Hugging Face names them",
@@ -222,8 +252,12 @@ class OptimizerConfig(Section):
         gt=0,
         le=1,
     )
-    max_grad_norm: float = option(1.0, "clip the gradients' global norm to this (0 disables clipping)", ge=0, hints=("clip",))
-    label_smoothing_factor: float = option(0.0, "the training loss's targets: 1 - f on the label, f spread over all classes", ge=0, lt=1)
+    max_grad_norm: float = option(
+        1.0, "clip the gradients' global norm to this (0 disables clipping)", ge=0, hints=("clip",)
+    )
+    label_smoothing_factor: float = option(
+        0.0, "the training loss's targets: 1 - f on the label, f spread over all classes", ge=0, lt=1
+    )
     ema_decay: float = option(
         0.0,
         "> 0: keep an exponential moving average of the weights (decay per step, warmed up as TensorFlow does); "
@@ -312,10 +346,15 @@ class RunConfig(Section):
     eval_steps: int = option(0, "evaluate every N optimizer steps; 0 = at the end of every epoch only", ge=0)
     save_steps: int = option(0, "save a resumable checkpoint every N steps; 0 = at the end of every epoch only", ge=0)
     save_total_limit: int | None = option(2, "resumable checkpoints kept (the oldest are removed); null = all", ge=1)
-    metric_for_best_model: BestModelMetric = option("accuracy", "what best/ keeps the best of and early stopping watches")
-    greater_is_better: bool | None = option(None, "whether a larger metric_for_best_model is better; null: false for loss, true otherwise")
+    metric_for_best_model: BestModelMetric = option(
+        "accuracy", "what best/ keeps the best of and early stopping watches"
+    )
+    greater_is_better: bool | None = option(
+        None, "whether a larger metric_for_best_model is better; null: false for loss, true otherwise"
+    )
     load_best_model_at_end: bool = option(
-        True, "true: best/ holds the best evaluation's model; false: the last evaluation's (the model the run ended with)"
+        True,
+        "true: best/ holds the best evaluation's model; false: the last evaluation's (the model the run ended with)",
     )
     early_stopping_patience: int = option(
         0,
@@ -324,7 +363,9 @@ class RunConfig(Section):
         hints=("patience", "early_stopping"),
     )
     early_stopping_threshold: float = option(0.0, "the least improvement that counts for early stopping", ge=0)
-    resume_from_checkpoint: str | None = option(None, "a checkpoints/step-N directory, or auto (the newest)", hints=("resume",))
+    resume_from_checkpoint: str | None = option(
+        None, "a checkpoints/step-N directory, or auto (the newest)", hints=("resume",)
+    )
     overwrite_output_dir: bool = option(False, "replace the run already in output_dir (else: refuse, or --resume auto)")
     disable_tqdm: bool = option(False, "no progress bar")
     report_to: list[ReportTo] = option(
@@ -333,13 +374,17 @@ class RunConfig(Section):
         "variables, as Hugging Face reads them), or none; a YAML list or comma-separated",
         hints=("report_to_tensorboard", "tensorboard", "tracking", "logger"),
     )
-    save_training_curves: bool = option(True, "training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)")
+    save_training_curves: bool = option(
+        True, "training_curves.png when the run ends (matplotlib's import and drawing: ~2 s)"
+    )
     int8_model: bool = option(
         True,
         "best/model.int8.onnx when the run ends, checked against fp32 on the evaluation rows: what `serve` "
         "(--runtime auto) serves where the check passes. Needs onnxruntime; skipped, with a line, without it",
     )
-    model_version: str = option(DEFAULT_MODEL_VERSION, "MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)")
+    model_version: str = option(
+        DEFAULT_MODEL_VERSION, "MAJOR.MINOR.PATCH, stamped into best/ (checkpoint/versioning.py)"
+    )
     calibration: Calibration = option(
         "temperature",
         "temperature: when the run ends, fit one temperature to best/'s logits on the held-out calibration rows "
@@ -383,7 +428,10 @@ SECTIONS: dict[str, type[Section]] = {
 }
 SECTION_OF: dict[str, str] = {name: section for section, cls in SECTIONS.items() for name in cls.model_fields}
 ALIASES: dict[str, str] = {
-    alias: name for cls in SECTIONS.values() for name, info in cls.model_fields.items() for alias in _names(info, "aliases")
+    alias: name
+    for cls in SECTIONS.values()
+    for name, info in cls.model_fields.items()
+    for alias in _names(info, "aliases")
 }
 
 
@@ -433,14 +481,30 @@ class TrainConfig(BaseModel):
 
         own_data = d.train_file or d.dataset_name
         need(not (d.train_file and d.dataset_name), "dataset_name", "give train_file or dataset_name, not both")
-        need(not (own_data and d.data_dir), "data_dir", "is AG News's folder; with train_file or dataset_name leave it unset")
+        need(
+            not (own_data and d.data_dir),
+            "data_dir",
+            "is AG News's folder; with train_file or dataset_name leave it unset",
+        )
         for name in ("validation_file", "test_file", "label_names"):
-            need(self.get(name) is None or bool(own_data), name, "applies to your own data: give train_file or dataset_name too")
-        need(not (d.validation_file and d.test_file), "test_file", "the run evaluates on one split: give validation_file or test_file")
+            need(
+                self.get(name) is None or bool(own_data),
+                name,
+                "applies to your own data: give train_file or dataset_name too",
+            )
+        need(
+            not (d.validation_file and d.test_file),
+            "test_file",
+            "the run evaluates on one split: give validation_file or test_file",
+        )
         need(d.dataset_config_name is None or bool(d.dataset_name), "dataset_config_name", "needs dataset_name")
         need(bool(d.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
         need(bool(d.label_column_name.strip()), "label_column_name", "must not be empty")
-        need(self.batches.num_train_epochs > 0 or self.batches.max_steps > 0, "num_train_epochs", "must be > 0 unless max_steps > 0")
+        need(
+            self.batches.num_train_epochs > 0 or self.batches.max_steps > 0,
+            "num_train_epochs",
+            "must be > 0 unless max_steps > 0",
+        )
         need(not (p.bf16 is True and p.fp16), "fp16", "bf16 and fp16 are mutually exclusive")
         need(
             not (m.use_peft and self.parallel.strategy == "fsdp"),
@@ -535,7 +599,11 @@ def reference(markdown: bool = False) -> str:
 
 def _type_words(annotation: Any) -> str:
     base = _base(annotation)
-    words = " | ".join(map(str, typing.get_args(base))) if typing.get_origin(base) is Literal else getattr(base, "__name__", str(base))
+    words = (
+        " | ".join(map(str, typing.get_args(base)))
+        if typing.get_origin(base) is Literal
+        else getattr(base, "__name__", str(base))
+    )
     return f"{words} or null" if base is not annotation else words
 
 

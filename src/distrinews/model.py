@@ -56,20 +56,28 @@ def check_model_available(name: str) -> None:
         shipped_minilm_path()
         return
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
-        raise ConfigError(f"config field 'model_name_or_path': {name} does not exist (a local model directory was expected)")
+        raise ConfigError(
+            f"config field 'model_name_or_path': {name} does not exist (a local model directory was expected)"
+        )
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = "a local directory" if Path(name).exists() else "neither a local directory nor a model the hub can give now"
+        where = (
+            "a local directory" if Path(name).exists() else "neither a local directory nor a model the hub can give now"
+        )
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
 def label_fields(labels: Sequence[str]) -> dict:
     """``num_labels``, ``id2label`` and ``label2id`` of a config for ``labels`` (in id order)."""
-    return {"num_labels": len(labels), "id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
 
 
 def tiny_config(labels: Sequence[str], dropout: float | None = None) -> BertConfig:
@@ -143,7 +151,9 @@ _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 def num_layers(model: torch.nn.Module) -> int:
     """The encoder's layer count from the model's config (BERT's ``num_hidden_layers``, DistilBERT's ``n_layers``)."""
     cfg = getattr(getattr(model, "module", model), "config", None)
-    return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or getattr(cfg, "num_layers", 0) or 0)
+    return int(
+        getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layers", None) or getattr(cfg, "num_layers", 0) or 0
+    )
 
 
 def layer_depth(name: str, layers: int) -> int:
@@ -160,7 +170,9 @@ def freeze_layers(model: torch.nn.Module, n: int) -> int:
     costs its forward alone, about a third of what a trained one costs). Returns the parameters frozen."""
     layers = num_layers(model)
     if not 0 <= n < layers:
-        raise ConfigError(f"config field 'freeze_layers': the model has {layers} encoder layers, so 0-{layers - 1} can be frozen (got {n})")
+        raise ConfigError(
+            f"config field 'freeze_layers': the model has {layers} encoder layers, so 0-{layers - 1} can be frozen (got {n})"
+        )
     frozen = 0
     for name, p in model.named_parameters():
         if n and layer_depth(name, layers) > layers - n:
@@ -190,7 +202,9 @@ def _sdpa_in_fp32(module, query, key, value, attention_mask, dropout: float = 0.
 
 
 def _transformers_model(model: torch.nn.Module) -> torch.nn.Module:
-    return cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
+    return (
+        cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
+    )  # peft's wrapper: the model inside
 
 
 def use_fp32_attention(model: torch.nn.Module) -> bool:
@@ -235,10 +249,16 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
     try:
         from peft import LoraConfig, TaskType, get_peft_model
     except ImportError:
-        raise ConfigError("config field 'use_peft': LoRA needs the peft extra: pip install 'distrinews[peft]'") from None
+        raise ConfigError(
+            "config field 'use_peft': LoRA needs the peft extra: pip install 'distrinews[peft]'"
+        ) from None
     targets = None
     if target_modules:
-        targets = "all-linear" if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",") if t.strip()]
+        targets = (
+            "all-linear"
+            if target_modules == "all-linear"
+            else [t.strip() for t in target_modules.split(",") if t.strip()]
+        )
     # SEQ_CLS keeps the new classification head trainable (peft's modules_to_save).
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     try:
@@ -280,7 +300,9 @@ def forward_loss(
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if class_weights is None:
-        return F.cross_entropy(logits.float(), batch["labels"], reduction=reduction, label_smoothing=label_smoothing), logits
+        return F.cross_entropy(
+            logits.float(), batch["labels"], reduction=reduction, label_smoothing=label_smoothing
+        ), logits
     per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none", label_smoothing=label_smoothing)
     per_row = per_row * class_weights[batch["labels"]]
     return (per_row.sum() if reduction == "sum" else per_row.mean() if reduction == "mean" else per_row), logits

@@ -51,13 +51,17 @@ def require(what: str) -> None:
         except ModuleNotFoundError:  # a parent package is missing
             found = False
         if not found:
-            raise ConfigError(f"{what} needs OpenTelemetry, which is not installed: {INSTALL} (missing module {module})")
+            raise ConfigError(
+                f"{what} needs OpenTelemetry, which is not installed: {INSTALL} (missing module {module})"
+            )
 
 
 def check_endpoint(endpoint: str | None, flag: str = "--otlp-endpoint") -> None:
     """Refuse, in one line, an endpoint that is not an OTLP/HTTP URL (the exporter would only log its failures)."""
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"{flag} must be an http:// or https:// URL (OTLP/HTTP, e.g. http://127.0.0.1:4318), got {endpoint!r}")
+        raise ConfigError(
+            f"{flag} must be an http:// or https:// URL (OTLP/HTTP, e.g. http://127.0.0.1:4318), got {endpoint!r}"
+        )
 
 
 def traces_url(endpoint: str) -> str:
@@ -85,7 +89,9 @@ def start(service_name: str, endpoint: str | None = None) -> bool:
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but what is passed here wins over them.
     resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name})
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()))
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter())
+    )
     use(provider)
     return True
 
@@ -134,7 +140,9 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager:
     return _tracer.start_as_current_span(name, attributes=attributes)
 
 
-def traced(name: str, attributes: Callable[..., dict[str, Any]], outcome: Callable[[Any], dict[str, Any]] | None = None) -> Callable:
+def traced(
+    name: str, attributes: Callable[..., dict[str, Any]], outcome: Callable[[Any], dict[str, Any]] | None = None
+) -> Callable:
     """Decorate a function with a span around each call: ``attributes(*args, **kwargs)`` and ``outcome(result)`` are
     its attributes. When tracing is off the call goes straight through, and neither is called."""
 

@@ -72,7 +72,9 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
     assert (tmp_path / "weak.png").stat().st_size > 1000
     assert [(p["workers"], p["ddp_comm_hook"]) for p in report["points"]] == [(1, None), (2, "bf16"), (2, "auto")]
     one, two, shm = report["points"]
-    assert shm["allreduce"].startswith("shared memory, ") and "100 (shared memory)" in (tmp_path / "weak.md").read_text()
+    assert (
+        shm["allreduce"].startswith("shared memory, ") and "100 (shared memory)" in (tmp_path / "weak.md").read_text()
+    )
     assert shm["efficiency"] == pytest.approx(shm["samples_per_s"] / one["samples_per_s"] / 2)
     assert one["speedup"] == pytest.approx(1.0) and one["efficiency"] == pytest.approx(1.0)
     assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
@@ -172,7 +174,9 @@ def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir, monkeypatch):
 
 
 def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, agnews_dir, spread_checkpoint, cli):
-    checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
+    checkpoint = spread_checkpoint(
+        tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"]
+    )
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--runtimes", "torch", "--texts", "50"]
     cli("bench", "serving", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0",
@@ -183,15 +187,33 @@ def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, 
     for r in rows.values():
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["throughput_rps"] == pytest.approx(r["requests"] / r["duration_s"])
-        assert 0 < r["server_cpu_cores"] <= 4 and 0 < r["client_cpu_cores"] <= 4  # cores the server and the clients used
+        assert (
+            0 < r["server_cpu_cores"] <= 4 and 0 < r["client_cpu_cores"] <= 4
+        )  # cores the server and the clients used
     assert report["command"].startswith("distrinews bench serving --checkpoint")
-    assert "| CPU server | CPU clients |" in (out / "serving.md").read_text() and (out / "serving.png").stat().st_size > 1000
+    assert (
+        "| CPU server | CPU clients |" in (out / "serving.md").read_text()
+        and (out / "serving.png").stat().st_size > 1000
+    )
 
 
 def test_batch_times_the_engines_against_the_server_loop_and_a_resume(tmp_path, agnews_dir, spread_checkpoint, cli):
-    checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
+    checkpoint = spread_checkpoint(
+        tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"]
+    )
     out = tmp_path / "bench"
-    args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--rows", "120", "--nproc", "2", "--ray-actors", "0"]
+    args = [
+        "--checkpoint",
+        str(checkpoint),
+        "--data",
+        str(agnews_dir),
+        "--rows",
+        "120",
+        "--nproc",
+        "2",
+        "--ray-actors",
+        "0",
+    ]
     cli("bench", "batch", *args, "--rss-rows", "", "--kill-at", "0.5", "--runtime", "onnx", "--output-dir", str(out))
     report = json.loads((out / "batch.json").read_text())
     engines = {r["engine"]: r for r in report["results"]}

@@ -97,10 +97,22 @@ def test_two_runs_started_together_into_one_directory_one_is_refused(tmp_path, a
     launcher = {
         "one process": [sys.executable, "-m", "distrinews"],
         "launcher": [sys.executable, "-m", "distrinews", "--nproc-per-node", "2"],
-        "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "distrinews"],
+        "plain torchrun": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "-m",
+            "distrinews",
+        ],
     }[how]
     cmd = [*launcher, "train", *TINY, *RACE, "--output-dir", str(run)]
-    procs = [subprocess.Popen(cmd, cwd=CONFIGS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=CONFIGS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
@@ -109,7 +121,9 @@ def test_two_runs_started_together_into_one_directory_one_is_refused(tmp_path, a
                 p.kill()
     done = [subprocess.CompletedProcess(cmd, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
     codes = sorted(d.returncode for d in done)
-    assert codes[0] == 0 and codes[1] != 0, f"both ran into {run}: exit codes {codes}\n{done[0].stderr[-2000:]}\n{done[1].stderr[-2000:]}"
+    assert codes[0] == 0 and codes[1] != 0, (
+        f"both ran into {run}: exit codes {codes}\n{done[0].stderr[-2000:]}\n{done[1].stderr[-2000:]}"
+    )
     winner, loser = (0, 1) if done[0].returncode == 0 else (1, 0)
     refusal = f"distrinews: error: config field 'output_dir': {run} is locked by a run in progress (pid "
     if how == "plain torchrun":  # the refusal is rank 0's; torchrun's agent then adds its own report, exit 1
@@ -132,8 +146,28 @@ def test_the_seed_guides_training_command_trains(tmp_path, news_corpus):
     --batch_size 32 --learning_rate 2e-5`: the same flags train here, under torchrun itself, and mean the
     fields they name (one epoch and a small batch to keep it short)."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m", "distrinews", "train"]
-    cmd += [*TINY, "--data", str(news_corpus), "--output-dir", str(out), *QUIET, "--train_samples", "64", "--eval_samples", "32"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        "-m",
+        "distrinews",
+        "train",
+    ]
+    cmd += [
+        *TINY,
+        "--data",
+        str(news_corpus),
+        "--output-dir",
+        str(out),
+        *QUIET,
+        "--train_samples",
+        "64",
+        "--eval_samples",
+        "32",
+    ]
     cmd += ["--epochs", "1", "--batch_size", "8", "--learning_rate", "2e-5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=CONFIGS.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]

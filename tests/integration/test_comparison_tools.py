@@ -46,14 +46,18 @@ def test_every_tool_answers_help_as_python_dash_m():
 
 
 def test_ours_against_the_reference_server_reports_both_and_the_ratios(tmp_path, agnews_dir, spread_checkpoint):
-    checkpoint = spread_checkpoint(tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
+    checkpoint = spread_checkpoint(
+        tmp_path / "ckpt", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"]
+    )
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--runtimes", "torch", "--texts", "50"]
     tool("serving_reference", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0",
          "--output-dir", str(out))  # fmt: skip
     report = json.loads((out / "serving-vs-reference.json").read_text())
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
-    assert set(rows) == {(s, "torch", t, c) for s in ("reference", "ours") for t, c in (("full", 1), ("full", 2), ("headline", 1))}
+    assert set(rows) == {
+        (s, "torch", t, c) for s in ("reference", "ours") for t, c in (("full", 1), ("full", 2), ("headline", 1))
+    }
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
     ratio = next(x for x in report["ratios_vs_reference"] if x["concurrency"] == 2)
     ours, ref = rows["ours", "torch", "full", 2], rows["reference", "torch", "full", 2]

@@ -41,7 +41,9 @@ def _small_disk(path: Path, size: int) -> Iterator[Path]:
     if os.geteuid() != 0:
         unavailable("mounting a tmpfs needs root")
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(path)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         unavailable(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -75,7 +77,9 @@ def _bytes(number: str, unit: str) -> float:
         "best",
     ],
 )
-def test_a_full_disk_ends_the_run_in_one_line_and_leaves_the_newest_checkpoint_resumable(tmp_path, cli, agnews_dir, weights_bytes, full_at):
+def test_a_full_disk_ends_the_run_in_one_line_and_leaves_the_newest_checkpoint_resumable(
+    tmp_path, cli, agnews_dir, weights_bytes, full_at
+):
     checkpoint = 3 * weights_bytes
     if full_at == "checkpoint":
         size, extra, newest_step = 2 * checkpoint + 2 * weights_bytes, (), 2
@@ -95,15 +99,21 @@ def test_a_full_disk_ends_the_run_in_one_line_and_leaves_the_newest_checkpoint_r
         newest = run / "checkpoints" / f"step-{newest_step}"
         assert line.startswith(f"distrinews: error: no space left to save {target}: "), line
         assert f"the filesystem mounted at {disk} (tmpfs)" in line, line
-        assert f"the newest complete checkpoint is {newest}: free some space, then continue with --resume auto" in line, line
+        assert (
+            f"the newest complete checkpoint is {newest}: free some space, then continue with --resume auto" in line
+        ), line
         free = re.search(r"has ([\d.]+) (bytes|KiB|MiB|GiB) free", line)
         needed = re.search(r"the save needs (?:about|at least) ([\d.]+) (bytes|KiB|MiB|GiB)", line)
         assert free and needed, line
         assert _bytes(*free.groups()) < _bytes(*needed.groups()) <= size, line
 
-        leftovers = [p for d in (run, run / "checkpoints") for p in d.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+        leftovers = [
+            p for d in (run, run / "checkpoints") for p in d.iterdir() if p.name.startswith((".tmp-", ".old-"))
+        ]
         assert not leftovers, leftovers
-        assert [p.name for p in list_checkpoints(run / "checkpoints")] == [f"step-{s}" for s in range(1, newest_step + 1)]
+        assert [p.name for p in list_checkpoints(run / "checkpoints")] == [
+            f"step-{s}" for s in range(1, newest_step + 1)
+        ]
         verify_checkpoint(newest)
         assert resolve_resume("auto", run / "checkpoints") == newest
 

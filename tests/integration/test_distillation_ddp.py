@@ -7,9 +7,22 @@ from conftest import QUIET, TINY
 
 
 def test_two_ranks_distil_from_one_cached_teacher_computation(tmp_path, cli, spread_checkpoint):
-    teacher = spread_checkpoint(tmp_path / "teacher", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"])
+    teacher = spread_checkpoint(
+        tmp_path / "teacher", ["Oil prices jump", "Chelsea beat Arsenal", "Apple unveils a chip", "Rates rise"]
+    )
     cache = tmp_path / "cache"
-    args = (*TINY, *QUIET, "--train_samples", "64", "--eval_samples", "32", "--max_steps", "4", "--cache_dir", str(cache))
+    args = (
+        *TINY,
+        *QUIET,
+        "--train_samples",
+        "64",
+        "--eval_samples",
+        "32",
+        "--max_steps",
+        "4",
+        "--cache_dir",
+        str(cache),
+    )
     run = tmp_path / "run"
     out = cli("train", *args, "--teacher_model_name_or_path", str(teacher), "--distillation_alpha", "0.2",
               "--output-dir", str(run), nproc=2).stdout  # fmt: skip

@@ -33,7 +33,11 @@ def test_port_in_use_is_named_with_advice(cli):
         proc = cli("doctor", "--nproc", "2", "--port", str(port), "--timeout", "5", check=False)
     assert proc.returncode == 1
     assert f"[FAIL] port {port} on 127.0.0.1 cannot be bound" in proc.stdout
-    assert "What to do:" in proc.stdout and f"ss -ltnp | grep :{port}" in proc.stdout and "pick another port" in proc.stdout
+    assert (
+        "What to do:" in proc.stdout
+        and f"ss -ltnp | grep :{port}" in proc.stdout
+        and "pick another port" in proc.stdout
+    )
 
 
 def test_a_rank_that_never_joins_times_out_with_advice(cli):
@@ -57,7 +61,12 @@ def test_advice_for_each_failure_kind():
     in_use = doctor.advise("rendezvous", "RuntimeError: [Errno 98] Address already in use", "127.0.0.1", 29500, 30, [])
     assert "29500" in in_use and "in use" in in_use and "free port" in in_use
     missing = doctor.advise(
-        "rendezvous", "DistStoreError: Timed out after 30 seconds waiting for clients. 1/2 clients joined.", "10.0.0.1", 29500, 30, [1]
+        "rendezvous",
+        "DistStoreError: Timed out after 30 seconds waiting for clients. 1/2 clients joined.",
+        "10.0.0.1",
+        29500,
+        30,
+        [1],
     )
     assert "rank(s) 1 never joined" in missing and "10.0.0.1:29500" in missing and "firewall" in missing
     timeout = doctor.advise("all_reduce", "timed out", "10.0.0.1", 29500, 30, [])
@@ -113,7 +122,9 @@ def test_a_fast_all_reduce_keeps_its_digits(capsys):
     """A 1 MiB all-reduce over NVLink takes tens of microseconds: printed with one decimal it read "0.0 ms"."""
     from distrinews.cli.doctor.report import Report, report_results
 
-    report_results(Report(), _two_ranks("nccl", {"bytes": 2**20, "time_ms": 0.0412, "algbw": 25.4e9, "busbw": 25.4e9}), world=2)
+    report_results(
+        Report(), _two_ranks("nccl", {"bytes": 2**20, "time_ms": 0.0412, "algbw": 25.4e9, "busbw": 25.4e9}), world=2
+    )
     assert "[ OK ] all_reduce of 1 MiB: 0.0412 ms, algbw 25.40 GB/s, busbw 25.40 GB/s" in capsys.readouterr().out
 
 

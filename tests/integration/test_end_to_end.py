@@ -84,7 +84,11 @@ def test_best_is_calibrated_and_says_how_well(trained_run):
     assert "Calibration rows:     6 held out of training (5%, stratified, to fit the temperature)" in out
     info = json.loads((run / "best" / "distrinews.json").read_text())
     calibration = info["calibration"]
-    assert calibration["method"] == "temperature" and calibration["calibration_rows"] == 6 and calibration["eval_rows"] == 256
+    assert (
+        calibration["method"] == "temperature"
+        and calibration["calibration_rows"] == 6
+        and calibration["eval_rows"] == 256
+    )
     assert info["temperature"] == calibration["temperature"] > 0
     assert [c["coverage"] for c in calibration["coverage"]] == [1.0, 0.95, 0.9, 0.8]
     summary = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()][-1]
@@ -122,7 +126,9 @@ def test_calibrated_scores_agree_across_torch_onnx_and_int8(trained_run, agnews_
     torch_predictor = make_predictor(best, "torch")
     texts = load_split(agnews_dir, "test").texts[::25][:96]
     by_torch = np.array([list(r["probabilities"].values()) for r in torch_predictor.predict(texts)])
-    assert np.abs(by_torch - softmax(torch_predictor.logits(texts))).max() > 4 * INT8_TOLERANCE, "T must move the scores"
+    assert np.abs(by_torch - softmax(torch_predictor.logits(texts))).max() > 4 * INT8_TOLERANCE, (
+        "T must move the scores"
+    )
     from distrinews.predict.onnx import export_model
 
     export_model(torch_predictor.model, torch_predictor.tokenizer, best / "model.onnx")

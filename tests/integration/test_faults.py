@@ -69,7 +69,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(th
 def test_sigterm_saves_at_a_step_boundary_exits_0_and_the_resumed_run_matches(thirty_steps, tmp_path, cli, start_train):
     args, uninterrupted = thirty_steps
     run = tmp_path / "run"
-    proc = start_train(*args, "--output-dir", str(run), "--save_steps", "4")  # the stop's own save is the only one between
+    proc = start_train(
+        *args, "--output-dir", str(run), "--save_steps", "4"
+    )  # the stop's own save is the only one between
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)
         time.sleep(0.3)  # somewhere inside the next few steps
@@ -97,7 +99,9 @@ def test_a_stopped_rank_fails_the_run_within_the_timeout_and_is_named(thirty_ste
     # so a shorter timeout could end a live run. It beats every ddp_timeout / 6 s (1.7 s), and notices in 10-12 s.
     # The stopped rank runs on this machine, so rank 0's watchdog kills it: torch's agent would send SIGTERM, which
     # a stopped process cannot obey, and wait 30 s before SIGKILL (the run then took 40 s or more to fail).
-    proc = start_train(*args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "10")
+    proc = start_train(
+        *args, "--output-dir", str(run), "--max_steps", "100000", "--num_train_epochs", "1000", "--ddp_timeout", "10"
+    )
     stopped = None
     try:
         _wait_for(run / "checkpoints" / "step-4", proc)
@@ -122,7 +126,9 @@ def test_a_truncated_newest_checkpoint_is_skipped_by_auto_and_refused_by_path(th
     args, uninterrupted = thirty_steps
     run = tmp_path / "run"
     shutil.copytree(
-        uninterrupted, run, ignore=lambda _, names: [n for n in names if n.startswith("step-") and n not in ("step-29", "step-30")]
+        uninterrupted,
+        run,
+        ignore=lambda _, names: [n for n in names if n.startswith("step-") and n not in ("step-29", "step-30")],
     )
     newest = run / "checkpoints" / "step-30"
     weights = newest / "model.safetensors"
@@ -207,11 +213,15 @@ def test_the_lock_of_a_sigkilled_run_does_not_block_the_next_run(sigkilled_launc
     launcher = seen["launcher"]
     assert seen["holder"]["pid"] == launcher, "the launcher the user started holds the lock, not a worker"
     refused = seen["refused"]
-    assert refused.returncode == 2 and f"is locked by a run in progress (pid {launcher} on " in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and f"is locked by a run in progress (pid {launcher} on " in refused.stderr, (
+        refused.stderr
+    )
     assert (run / ".distrinews.lock").is_file(), "the killed run left its lock file"
 
     again = cli("train", *LOCKED, "--output-dir", str(run), "--max_steps", "4", check=False)
-    assert again.returncode == 2 and "already holds a run" in again.stderr, "refused for the run it holds, not for the lock"
+    assert again.returncode == 2 and "already holds a run" in again.stderr, (
+        "refused for the run it holds, not for the lock"
+    )
     cli("train", *LOCKED, "--output-dir", str(run), "--max_steps", "4", "--overwrite_output_dir", "true", nproc=2)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4"]
     assert not (run / ".distrinews.lock").exists()

@@ -88,7 +88,9 @@ def test_the_sharded_average_is_what_best_holds(runs):
     dcp.load(averaged, checkpoint_id=str(checkpoint / "sharded-ema"), no_dist=True)
     assert int(averaged["ema"]["__updates__"]) == 6
     assert max((averaged["ema"][k] - best[k]).abs().max().item() for k in best) == 0.0
-    assert max((weights[k] - best[k]).abs().max().item() for k in best) > 1e-4, "best/ holds the weights, not their average"
+    assert max((weights[k] - best[k]).abs().max().item() for k in best) > 1e-4, (
+        "best/ holds the weights, not their average"
+    )
 
 
 RESUME_CHECK = textwrap.dedent("""
@@ -189,7 +191,10 @@ def test_fsdp_trains_only_above_the_frozen_bottom_layers(tmp_path, cli, news_cor
     assert all(torch.equal(best[k], start[k]) for k in frozen)
     assert all(not torch.equal(best[k], start[k]) for k in trained), "every trained tensor moves"
     every, kept = (sum(t.numel() * 4 for k, t in best.items() if k in names) for names in (best, trained))
-    assert f"all-gather of {every / 2**20:.1f} MiB of parameters" in out and f"reduce-scatter of {kept / 2**10:.1f} KiB" in out
+    assert (
+        f"all-gather of {every / 2**20:.1f} MiB of parameters" in out
+        and f"reduce-scatter of {kept / 2**10:.1f} KiB" in out
+    )
 
 
 class _Planted:
@@ -259,25 +264,45 @@ def test_a_planted_sharded_checkpoint_runs_no_code(runs, tmp_path, cli, capsys):
         assert main(command) == 2
         assert capsys.readouterr().err == refusal + "\n"
         assert not marker.exists()
-    with pytest.raises(CheckpointError, match=r"refers to builtins\.eval"):  # the reader itself, without the manifest check
+    with pytest.raises(
+        CheckpointError, match=r"refers to builtins\.eval"
+    ):  # the reader itself, without the manifest check
         load_sharded_weights(build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0), planted)
     assert not marker.exists()
 
     # --resume auto: the planted step-9 is passed over, in one line, for the step it was copied from.
     shutil.copytree(step, tmp_path / "run" / "checkpoints" / "step-3")
     said = []
-    assert resolve_resume("auto", tmp_path / "run" / "checkpoints", warn=said.append) == tmp_path / "run" / "checkpoints" / "step-3"
+    assert (
+        resolve_resume("auto", tmp_path / "run" / "checkpoints", warn=said.append)
+        == tmp_path / "run" / "checkpoints" / "step-3"
+    )
     assert said == [f"warning: skipping step-9: {refusal.removeprefix('distrinews: error: ')}; trying the one before"]
 
     # The same file planted without its manifest rewritten: named as altered, unparsed.
     (planted / "manifest.json").write_text((step / "manifest.json").read_text().replace('"step": 3', '"step": 9'))
-    with pytest.raises(CheckpointError, match=f"is damaged: {re.escape(str(metadata))} has [0-9,]+ bytes, [0-9,]+ were written"):
+    with pytest.raises(
+        CheckpointError, match=f"is damaged: {re.escape(str(metadata))} has [0-9,]+ bytes, [0-9,]+ were written"
+    ):
         verify_checkpoint(planted)
 
     # A value torch unpickles with weights_only=False (the optimizer's learning rate): resuming refuses it.
     value = _plant(step, tmp_path / "value" / "step-3", marker, "value")
-    args = (*RUN, "--strategy", "fsdp", "--max_steps", "4", "--output-dir", str(tmp_path / "resumed"), "--resume", str(value))
+    args = (
+        *RUN,
+        "--strategy",
+        "fsdp",
+        "--max_steps",
+        "4",
+        "--output-dir",
+        str(tmp_path / "resumed"),
+        "--resume",
+        str(value),
+    )
     proc = cli("train", *args, check=False, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"distrinews: error: could not load checkpoint {value / 'sharded'}: the file contains pickled code" in proc.stderr
+    assert (
+        f"distrinews: error: could not load checkpoint {value / 'sharded'}: the file contains pickled code"
+        in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and not marker.exists()

@@ -36,7 +36,10 @@ def _hub_split(path: Path, rows: int) -> dict[str, list]:
     import io
 
     found = list(csv.reader(io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")))[:rows]
-    return {"text": [f"{title} {description}" for _, title, description in found], "label": [int(c) - 1 for c, _, _ in found]}
+    return {
+        "text": [f"{title} {description}" for _, title, description in found],
+        "label": [int(c) - 1 for c, _, _ in found],
+    }
 
 
 def test_train_without_data_dir_uses_the_hub(tmp_path, cli, configs_dir, agnews_dir):

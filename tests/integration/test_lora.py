@@ -38,7 +38,9 @@ def lora_run(tmp_path_factory, agnews_dir, cli):
         str(run),
         nproc=2,
     ).stdout
-    assert "Trainable:            1,156 parameters (0.11%) with LoRA" in out  # 2 layers x 2 projections x r(32+32) + the 4x32+4 head
+    assert (
+        "Trainable:            1,156 parameters (0.11%) with LoRA" in out
+    )  # 2 layers x 2 projections x r(32+32) + the 4x32+4 head
     assert "Communication a step: all-reduce of 4.5 KiB of gradients" in out
     return run
 

@@ -94,7 +94,9 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
             "--output-dir",
             str(run),
         ]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     outs = []
     try:
         for p in procs:
@@ -116,7 +118,9 @@ def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
     assert (run / "best" / "model.safetensors").is_file()
 
 
-def _our_command(host: str, veth: str, addr: str, node_rank: int, endpoint: str, run: Path, *extra: str) -> subprocess.Popen:
+def _our_command(
+    host: str, veth: str, addr: str, node_rank: int, endpoint: str, run: Path, *extra: str
+) -> subprocess.Popen:
     env = {**os.environ, "GLOO_SOCKET_IFNAME": veth, "OMP_NUM_THREADS": "1"}
     # --local-addr: both test hosts share this machine's host name, so each is named by its own address.
     cmd = [

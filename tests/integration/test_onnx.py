@@ -50,7 +50,11 @@ def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, row
     labels = [r["label"] for r in torch_results]
     assert len(set(labels)) == 4, "the test model should spread the rows over all labels"
     assert [r["label"] for r in onnx_results] == labels
-    worst = max(abs(o["probabilities"][k] - t["probabilities"][k]) for o, t in zip(onnx_results, torch_results) for k in t["probabilities"])
+    worst = max(
+        abs(o["probabilities"][k] - t["probabilities"][k])
+        for o, t in zip(onnx_results, torch_results)
+        for k in t["probabilities"]
+    )
     assert worst <= 1e-3
 
 
@@ -99,7 +103,11 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
     left_fp32, quantized, int8_weights = weight_products(out)
     assert fp32_products > 0 and left_fp32 == 0 and quantized == int8_weights == fp32_products
     reference = OnnxPredictor(checkpoint, onnx_model=fp32).predict(rows[:64])
-    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(results, reference) for k in a["probabilities"])
+    gap = max(
+        abs(a["probabilities"][k] - b["probabilities"][k])
+        for a, b in zip(results, reference)
+        for k in a["probabilities"]
+    )
     assert gap > 1e-4
 
 
@@ -155,7 +163,9 @@ def test_the_onnx_int8_runtime_quantizes_at_start_when_no_int8_file_exists(check
     predictor = make_predictor(checkpoint, runtime="onnx-int8")
     assert sorted(p.name for p in checkpoint.iterdir()) == before, "the checkpoint directory is left as it was"
     described = predictor.describe()
-    assert predictor.runtime == "onnx-int8" and described["runtime"] == "onnx-int8" and described["onnx_quantized"] is True
+    assert (
+        predictor.runtime == "onnx-int8" and described["runtime"] == "onnx-int8" and described["onnx_quantized"] is True
+    )
     results = predictor.predict(rows[:32])
     assert len(results) == 32 and all(abs(sum(r["probabilities"].values()) - 1) < 1e-5 for r in results)
 

@@ -14,7 +14,21 @@ pytestmark = pytest.mark.slow
 
 DESKS = [
     f"desk-{name}"
-    for name in ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike"]
+    for name in [
+        "alpha",
+        "bravo",
+        "charlie",
+        "delta",
+        "echo",
+        "foxtrot",
+        "golf",
+        "hotel",
+        "india",
+        "juliet",
+        "kilo",
+        "lima",
+        "mike",
+    ]
 ]
 DESKS += [f"desk-{name}" for name in ["november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]]  # 20 desks
 WORDS = "market match court vote storm launch album merger trial derby summit vaccine orbit harvest tariff verdict tour rally fossil quake"
@@ -25,7 +39,11 @@ def desk_rows(n_per_desk: int, offset: int = 0) -> list[dict]:
     """Each desk's stories share a word, so the label is learnable; the headline and the summary are separate columns."""
     words = WORDS.split()
     return [
-        {"headline": f"{words[d]} report number {offset + i}", "summary": f"more on the {words[d]} story {i}", "desk": desk}
+        {
+            "headline": f"{words[d]} report number {offset + i}",
+            "summary": f"more on the {words[d]} story {i}",
+            "desk": desk,
+        }
         for i in range(n_per_desk)
         for d, desk in enumerate(DESKS)
     ]
@@ -37,7 +55,9 @@ def desks_run(tmp_path_factory, write_rows, cli):
     best/ kept for macro-F1. ``(run dir, stdout, stderr)``."""
     root = tmp_path_factory.mktemp("desks")
     rows = desk_rows(20)
-    rows.append({"headline": rows[0]["headline"], "summary": rows[0]["summary"], "desk": DESKS[1]})  # a conflicting duplicate
+    rows.append(
+        {"headline": rows[0]["headline"], "summary": rows[0]["summary"], "desk": DESKS[1]}
+    )  # a conflicting duplicate
     train = write_rows(root / "desks.csv", rows)
     proc = cli(
         "train", *TINY, "--train_file", str(train), "--text_column_names", "headline,summary", "--label_column_name", "desk",
@@ -68,7 +88,9 @@ def test_twenty_string_classes_train_under_fsdp_and_every_artifact_speaks_them(d
     # the end: a per-class table and a 20 x 20 confusion matrix
     assert all(re.search(rf"^  {desk} +\d", out, re.M) for desk in DESKS)
     matrix = out.split("true \\ predicted")[1].splitlines()[1:21]
-    assert [int(line.split()[0]) for line in matrix] == list(range(20)) and sum(sum(map(int, ln.split()[2:])) for ln in matrix) == 100
+    assert [int(line.split()[0]) for line in matrix] == list(range(20)) and sum(
+        sum(map(int, ln.split()[2:])) for ln in matrix
+    ) == 100
 
 
 def test_the_trained_model_predicts_its_own_labels(desks_run):
@@ -92,7 +114,9 @@ def test_resuming_with_other_labels_is_refused_in_one_line(desks_run, tmp_path, 
 def test_lora_on_a_two_class_data_set_that_datasets_saved(tmp_path, cli):
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("peft")
-    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])})
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
+    )
     texts = [f"{'great lovely fine' if i % 2 else 'awful dull poor'} review {i}" for i in range(200)]
     split = {"text": texts, "label": [i % 2 for i in range(200)]}
     folder = tmp_path / "reviews"
@@ -113,9 +137,20 @@ def test_lora_on_a_two_class_data_set_that_datasets_saved(tmp_path, cli):
 @pytest.mark.parametrize("nproc", [None, 2])
 def test_bad_own_data_is_one_line_before_any_worker_starts(tmp_path, write_rows, cli, nproc):
     path = write_rows(
-        tmp_path / "rows.jsonl", [{"text": "fine", "label": "a"}, {"text": "fine too", "label": "b"}, {"txt": "x", "label": "a"}]
+        tmp_path / "rows.jsonl",
+        [{"text": "fine", "label": "a"}, {"text": "fine too", "label": "b"}, {"txt": "x", "label": "a"}],
     )
-    proc = cli("train", *TINY, "--train_file", str(path), "--output-dir", str(tmp_path / "run"), *QUIET, nproc=nproc, check=False)
+    proc = cli(
+        "train",
+        *TINY,
+        "--train_file",
+        str(path),
+        "--output-dir",
+        str(tmp_path / "run"),
+        *QUIET,
+        nproc=nproc,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     hint = "(choose with text_column_names and label_column_name)"
@@ -128,7 +163,9 @@ def test_eval_of_the_checkpoint_rereads_the_runs_own_validation_rows_and_agrees_
 
     run, _, _ = desks_run
     out = tmp_path / "metrics.json"
-    assert cli_module.main(["eval", "--checkpoint", str(run / "best"), "--bf16", "false", "--output-json", str(out)]) == 0
+    assert (
+        cli_module.main(["eval", "--checkpoint", str(run / "best"), "--bf16", "false", "--output-json", str(out)]) == 0
+    )
     got, recorded = json.loads(out.read_text()), json.loads((run / "best" / "distrinews.json").read_text())["metrics"]
     assert got["samples"] == recorded["samples"] == 100 and got["confusion"] == recorded["confusion"]
     assert got["accuracy"] == recorded["accuracy"] and got["macro_f1"] == recorded["macro_f1"]

@@ -122,7 +122,10 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
             lock.release()
 
     again = cli(*args, "--output", str(output))
-    assert "done by an earlier run" in again.stdout and f"{ROWS:,} rows read, {ROWS:,} labelled, 0 rejected" in again.stdout
+    assert (
+        "done by an earlier run" in again.stdout
+        and f"{ROWS:,} rows read, {ROWS:,} labelled, 0 rejected" in again.stdout
+    )
     got = [json.loads(line) for line in output.read_text().splitlines()]
     want = uninterrupted(checkpoint, corpus, root / "uninterrupted.jsonl")
     assert [r["id"] for r in got] == [f"n{i}" for i in range(ROWS)]  # every row exactly once, in input order
@@ -133,7 +136,9 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
     assert len({r["label"] for r in got}) > 1  # the model tells texts apart: equal labels mean something
 
 
-def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_path, agnews_dir, spread_checkpoint, write_rows):
+def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(
+    tmp_path, agnews_dir, spread_checkpoint, write_rows
+):
     """Two workers on a checkpoint without its int8 model: the parent makes it (and says what the workers
     will run) before they start; they load that file rather than each making and publishing another."""
     from distrinews.data.csv_files import read_csv
@@ -205,11 +210,23 @@ sys.exit(main())
 """
 
 
-def test_a_run_that_started_before_another_finished_is_refused_and_the_finished_output_kept(job, tmp_path, cli, write_rows):
+def test_a_run_that_started_before_another_finished_is_refused_and_the_finished_output_kept(
+    job, tmp_path, cli, write_rows
+):
     _, checkpoint, _, _ = job
     corpus = write_rows(tmp_path / "few.jsonl", [{"text": f"Stocks rally on earnings, day {i}"} for i in range(20)])
     output = tmp_path / "out.jsonl"
-    args = ["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), "--output", str(output), "--progress", "none"]
+    args = [
+        "predict",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(corpus),
+        "--output",
+        str(output),
+        "--progress",
+        "none",
+    ]
     paused, go = tmp_path / "paused", tmp_path / "go"
     second = subprocess.Popen(
         [sys.executable, "-c", PAUSED_AFTER_CHECKS, str(paused), str(go), *args],

@@ -23,12 +23,21 @@ from distrinews.predict.batch.state import JOB_FORMAT, state_dir_of  # noqa: E40
 ROWS = 40  # good rows; 3 bad ones besides
 ATOL = 1e-5
 # 4 texts a pass, at most 96 padded tokens: a 32-row window is cut into passes by both limits.
-OPTIONS = {"batch_size": 4, "max_batch_tokens": 96, "id_field": "key", "probabilities": True, "runtime": "torch", "progress": "none"}
+OPTIONS = {
+    "batch_size": 4,
+    "max_batch_tokens": 96,
+    "id_field": "key",
+    "probabilities": True,
+    "runtime": "torch",
+    "progress": "none",
+}
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", include_dashboard=False, num_cpus=2, log_to_driver=False)  # never a `ray start` cluster here
+    ray.init(
+        address="local", include_dashboard=False, num_cpus=2, log_to_driver=False
+    )  # never a `ray start` cluster here
     yield ray
     ray.shutdown()
 
@@ -55,7 +64,9 @@ def corpus(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
 
 
 def job(checkpoint, inputs, output, **options) -> BatchJob:
-    return BatchJob(checkpoint=str(checkpoint), inputs=[str(i) for i in inputs], output=str(output), **{**OPTIONS, **options})
+    return BatchJob(
+        checkpoint=str(checkpoint), inputs=[str(i) for i in inputs], output=str(output), **{**OPTIONS, **options}
+    )
 
 
 def read_jsonl(path):
@@ -80,7 +91,11 @@ def local_answers(tmp_path_factory, corpus):
     finally:
         torch.set_num_threads(threads)
     assert status == 0
-    return read_jsonl(output), read_jsonl(output.with_name(output.name + ".rejects.jsonl")), out.getvalue().replace(str(output), "OUT")
+    return (
+        read_jsonl(output),
+        read_jsonl(output.with_name(output.name + ".rejects.jsonl")),
+        out.getvalue().replace(str(output), "OUT"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +103,16 @@ def ray_answers(tmp_path_factory, corpus, local_ray):
     checkpoint, inputs = corpus
     output = tmp_path_factory.mktemp("ray") / "labels.jsonl"
     out = io.StringIO()
-    status = ray_engine.run(job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1), stdout=out, stderr=io.StringIO())
+    status = ray_engine.run(
+        job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1), stdout=out, stderr=io.StringIO()
+    )
     assert status == 0
     assert not state_dir_of(output).exists()
-    return read_jsonl(output), read_jsonl(output.with_name(output.name + ".rejects.jsonl")), out.getvalue().replace(str(output), "OUT")
+    return (
+        read_jsonl(output),
+        read_jsonl(output.with_name(output.name + ".rejects.jsonl")),
+        out.getvalue().replace(str(output), "OUT"),
+    )
 
 
 def test_ray_engine_answers_equal_the_local_engine(local_answers, ray_answers):
@@ -101,11 +122,15 @@ def test_ray_engine_answers_equal_the_local_engine(local_answers, ray_answers):
     assert [r["label"] for r in got] == [r["label"] for r in local]
     assert len({r["label"] for r in got}) > 1  # the model's answers depend on the text
     for mine, theirs in zip(got, local):
-        assert list(mine["probabilities"].values()) == pytest.approx(list(theirs["probabilities"].values()), abs=ATOL, rel=0)
+        assert list(mine["probabilities"].values()) == pytest.approx(
+            list(theirs["probabilities"].values()), abs=ATOL, rel=0
+        )
         assert mine["confidence"] == pytest.approx(theirs["confidence"], abs=ATOL, rel=0)
     assert f"{ROWS + 3} rows read, {ROWS} labelled, 3 rejected" in line
     assert line.split(";")[0] == local_line.split(";")[0]  # the same summary, up to the speed
-    assert line.startswith(f"predict: {ROWS + 3} rows read, {ROWS} labelled, 3 rejected (see OUT.rejects.jsonl) -> OUT;")
+    assert line.startswith(
+        f"predict: {ROWS + 3} rows read, {ROWS} labelled, 3 rejected (see OUT.rejects.jsonl) -> OUT;"
+    )
 
 
 def test_ray_engine_puts_bad_rows_in_rejects_with_file_and_line(corpus, ray_answers, local_answers):
@@ -135,7 +160,17 @@ def test_ray_engine_writes_csv_and_refuses_a_local_run_s_progress(tmp_path, corp
     assert (state / "job.json").exists() and not output.exists()
 
     status = ray_engine.run(
-        job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1, overwrite=True, strict=True, probabilities=False),
+        job(
+            checkpoint,
+            inputs,
+            output,
+            engine="ray",
+            nproc=2,
+            threads=1,
+            overwrite=True,
+            strict=True,
+            probabilities=False,
+        ),
         stdout=io.StringIO(),
         stderr=io.StringIO(),
     )

@@ -43,11 +43,15 @@ def _start(rank: int, port: int, attempt: int) -> subprocess.Popen:
         "TORCHELASTIC_RUN_ID": "restart-test",
         "OMP_NUM_THREADS": "1",
     }
-    return subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_a_restarted_group_connects_to_its_own_peers_not_the_dead_ones():
-    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
+    agent_store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+    )
     port = agent_store.port
     first = [_start(r, port, 0) for r in (0, 1)]
     for p in first:

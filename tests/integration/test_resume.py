@@ -165,7 +165,9 @@ def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp
     final_full = load_file(str(uninterrupted / "checkpoints" / "step-30" / "model.safetensors"))
     final_resumed = load_file(str(run / "checkpoints" / "step-30" / "model.safetensors"))
     start = load_file(str(uninterrupted / "checkpoints" / "step-26" / "model.safetensors"))
-    assert any(not torch.equal(final_full[k], start[k]) for k in start), "training must move the weights after the last kill"
+    assert any(not torch.equal(final_full[k], start[k]) for k in start), (
+        "training must move the weights after the last kill"
+    )
     for k in final_full:
         assert torch.equal(final_full[k], final_resumed[k]), k
 
@@ -173,7 +175,9 @@ def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp
     assert _comparable(resumed_log) == _comparable(full_log)
     evals = [r["step"] for r in resumed_log if r["kind"] == "eval"]
     assert evals == [5, 10, 13, 15, 20, 25, 26, 30], "every evaluation, the epoch-end ones included, exactly once"
-    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")], "no half-written checkpoint left"
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")], (
+        "no half-written checkpoint left"
+    )
     assert (run / "best" / "model.safetensors").is_file()
 
 
@@ -202,22 +206,34 @@ THREE_RANKS = (
 )
 
 
-def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_uninterrupted_run(tmp_path, agnews_dir, cli):
+def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_uninterrupted_run(
+    tmp_path, agnews_dir, cli
+):
     """With three ranks the order in which gloo adds the ranks' gradients depends on where each one sits
     in DDP's bucket (with two it cannot matter: a + b == b + a), so every step of a resumed run must
     reduce in the layout the uninterrupted run used. Continuing that run's own epoch-end checkpoint
     is continuing a run stopped there."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     cli("train", *THREE_RANKS, "--output-dir", str(full), nproc=3)
-    out = cli("train", *THREE_RANKS, "--output-dir", str(resumed), "--resume", str(full / "checkpoints" / "step-2"), nproc=3).stdout
+    out = cli(
+        "train", *THREE_RANKS, "--output-dir", str(resumed), "--resume", str(full / "checkpoints" / "step-2"), nproc=3
+    ).stdout
     assert "(step 2)" in out
 
     start = load_file(str(full / "checkpoints" / "step-2" / "model.safetensors"))
     final_full = load_file(str(full / "checkpoints" / "step-4" / "model.safetensors"))
     final_resumed = load_file(str(resumed / "checkpoints" / "step-4" / "model.safetensors"))
-    assert any(not torch.equal(final_full[k], start[k]) for k in start), "training must move the weights after the resume"
-    differing = {k: float((v - final_resumed[k]).abs().max()) for k, v in final_full.items() if not torch.equal(v, final_resumed[k])}
-    assert not differing, f"{len(differing)} of {len(final_full)} tensors differ, by up to {max(differing.values(), default=0):.3g}"
+    assert any(not torch.equal(final_full[k], start[k]) for k in start), (
+        "training must move the weights after the resume"
+    )
+    differing = {
+        k: float((v - final_resumed[k]).abs().max())
+        for k, v in final_full.items()
+        if not torch.equal(v, final_resumed[k])
+    }
+    assert not differing, (
+        f"{len(differing)} of {len(final_full)} tensors differ, by up to {max(differing.values(), default=0):.3g}"
+    )
     after = [r for r in _records(full) if r["step"] > 2]
     assert _comparable(_records(resumed)) == _comparable(after)
 

@@ -92,7 +92,14 @@ config = ServeConfig(host="127.0.0.1", port=port, max_wait_ms=50, no_access_log=
 sys.exit(run_server(config, Predictor))
 '''.replace(
     "LIMITS",
-    repr(dict(body_timeout=BODY_TIMEOUT, forward_timeout=FORWARD_TIMEOUT, max_body_bytes=MAX_BODY, max_pending_body_bytes=MAX_PENDING)),
+    repr(
+        dict(
+            body_timeout=BODY_TIMEOUT,
+            forward_timeout=FORWARD_TIMEOUT,
+            max_body_bytes=MAX_BODY,
+            max_pending_body_bytes=MAX_PENDING,
+        )
+    ),
 )
 
 
@@ -198,12 +205,17 @@ def test_slow_bodies_are_cut_at_the_deadline_and_bounded_while_the_probes_answer
     port = server.port
     public_post = _open(port, "POST", "/health", MAX_BODY - 1, 1_000, auth=False)  # a method the probe does not serve
     keyless = _open(port, "POST", "/predict", MAX_BODY - 1, 1_000, auth=False)  # 401 before its body is read
-    keyed = [_open(port, "POST", "/predict", MAX_BODY - 1, 60_000, auth=True) for _ in range(2)]  # read, as the key is right
+    keyed = [
+        _open(port, "POST", "/predict", MAX_BODY - 1, 60_000, auth=True) for _ in range(2)
+    ]  # read, as the key is right
     _until(lambda: _gauge(server, "distrinews_pending_body_bytes") == 120_000, "the two keyed bodies are pending")
     over_budget = _open(port, "POST", "/predict/batch", MAX_BODY - 1, 20_000, auth=True)
     # A fresh probe, and a full request, answer while all of these wait for their bodies.
     assert httpx.get(server.url + "/ready", timeout=10).status_code == 200
-    assert httpx.post(server.url + "/predict", json={"text": "Oil prices jump"}, headers=AUTH, timeout=10).status_code == 200
+    assert (
+        httpx.post(server.url + "/predict", json={"text": "Oil prices jump"}, headers=AUTH, timeout=10).status_code
+        == 200
+    )
 
     with ThreadPoolExecutor(5) as pool:
         answers = list(pool.map(_answer, [public_post, keyless, *keyed, over_budget]))
@@ -216,9 +228,9 @@ def test_slow_bodies_are_cut_at_the_deadline_and_bounded_while_the_probes_answer
     assert busy_closed
     _until(lambda: _gauge(server, "distrinews_pending_body_bytes") == 0, "the pending bytes are given back")
     metrics = _metrics(server)
-    assert re.search(r'^distrinews_http_requests_total\{method="POST",route="<unmatched>",status="408"\} 2\.0$', metrics, re.M), [
-        line for line in metrics.splitlines() if line.startswith("distrinews_http_requests_total")
-    ]
+    assert re.search(
+        r'^distrinews_http_requests_total\{method="POST",route="<unmatched>",status="408"\} 2\.0$', metrics, re.M
+    ), [line for line in metrics.splitlines() if line.startswith("distrinews_http_requests_total")]
 
 
 # ---------------------------------------------------------------------- metric labels
@@ -238,7 +250,9 @@ def test_methods_no_one_uses_share_one_label(server):
 # ---------------------------------------------------------------------- the forward pass
 def _post_texts(server: Injected, *texts: str) -> list[httpx.Response]:
     with ThreadPoolExecutor(len(texts)) as pool:
-        return list(pool.map(lambda t: httpx.post(server.url + "/predict", json={"text": t}, headers=AUTH, timeout=60), texts))
+        return list(
+            pool.map(lambda t: httpx.post(server.url + "/predict", json={"text": t}, headers=AUTH, timeout=60), texts)
+        )
 
 
 def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server):
@@ -252,7 +266,10 @@ def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server)
     holding.join(60)
     first, bad, second = requests.result(60)
     assert first.status_code == 200 and second.status_code == 200
-    assert bad.status_code == 500 and bad.json()["detail"] == "the model failed on this request's texts (the server log has the details)"
+    assert (
+        bad.status_code == 500
+        and bad.json()["detail"] == "the model failed on this request's texts (the server log has the details)"
+    )
     assert "secret" not in bad.text and "ValueError" not in bad.text
     shared = next(b for b in server.batches() if "boom" in b and len(b) == 3)
     assert sorted(shared) == ["boom", "fine one", "fine two"]

@@ -47,7 +47,11 @@ def checkpoint(tmp_path_factory) -> Path:
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     return save_servable(
-        tmp_path_factory.mktemp("serve") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
+        tmp_path_factory.mktemp("serve") / "best",
+        model,
+        model.state_dict(),
+        build_tokenizer("tiny-random"),
+        ServableInfo(max_length=32),
     )
 
 
@@ -105,7 +109,11 @@ def test_hostile_json_is_a_422_over_http(server, body, phrase):
 
 @pytest.mark.parametrize("content_type", [None, "text/plain"])
 def test_json_sent_as_something_else_is_a_415(server, content_type):
-    _assert_json_error(_post(server.url + "/predict", '{"text": "Oil prices jump"}', content_type), 415, "Content-Type: application/json")
+    _assert_json_error(
+        _post(server.url + "/predict", '{"text": "Oil prices jump"}', content_type),
+        415,
+        "Content-Type: application/json",
+    )
 
 
 def _raw_request(port: int, request: bytes) -> bytes:
@@ -118,7 +126,9 @@ def _raw_request(port: int, request: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "content_length", [b"abc", b"-5", b"+17", b"17\r\nContent-Length: 18"], ids=["letters", "negative", "plus", "two-values"]
+    "content_length",
+    [b"abc", b"-5", b"+17", b"17\r\nContent-Length: 18"],
+    ids=["letters", "negative", "plus", "two-values"],
 )
 def test_malformed_content_length_is_refused_by_uvicorn_in_plain_text(server, content_length):
     """uvicorn's h11 parser refuses these before the app runs; its 400 is plain text (documented in the README)."""
@@ -135,17 +145,28 @@ def test_malformed_content_length_is_refused_by_uvicorn_in_plain_text(server, co
 
 
 def test_none_of_it_was_a_5xx(server):
-    for path, body, ctype in [("/predict", '{"text": ' + "[" * 5_000, "application/json"), ("/predict/batch", "{}", "text/plain")]:
+    for path, body, ctype in [
+        ("/predict", '{"text": ' + "[" * 5_000, "application/json"),
+        ("/predict/batch", "{}", "text/plain"),
+    ]:
         assert _post(server.url + path, body, ctype).status_code < 500
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
-    errors = [line for line in metrics.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line]
+    errors = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("distrinews_http_requests_total{") and 'status="5' in line
+    ]
     assert all('route="/ready"' in line for line in errors), errors  # /ready is 503 while the model loads, by design
 
 
 # ---------------------------------------------------------------------- refused checkpoints on the command line
 def _load_with(command: str, checkpoint: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """``distrinews predict|eval|serve --checkpoint CHECKPOINT`` with what else the command needs, output captured."""
-    extra = {"predict": ["Oil prices jump"], "eval": ["--data", str(tmp_path / "never-read")], "serve": ["--port", "0"]}[command]
+    extra = {
+        "predict": ["Oil prices jump"],
+        "eval": ["--data", str(tmp_path / "never-read")],
+        "serve": ["--port", "0"],
+    }[command]
     return subprocess.run(
         [sys.executable, "-m", "distrinews", command, "--checkpoint", str(checkpoint), *extra],
         capture_output=True,
@@ -183,7 +204,13 @@ def tokenizerless(tmp_path_factory) -> Path:
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     best = tmp_path_factory.mktemp("no-tokenizer") / "best"
-    save_servable(best, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32, model_name="tiny-random"))
+    save_servable(
+        best,
+        model,
+        model.state_dict(),
+        build_tokenizer("tiny-random"),
+        ServableInfo(max_length=32, model_name="tiny-random"),
+    )
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (best / name).unlink(missing_ok=True)
     return best
@@ -194,8 +221,12 @@ def _assert_tokenizer_refusal(output: str, folder: Path) -> None:
 
     lines = output.splitlines()
     assert len(lines) == 1, output
-    assert lines[0].startswith(f"distrinews: error: could not load checkpoint {folder}: its tokenizer is missing (no tokenizer.json, ")
-    assert f"AutoTokenizer.from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{folder}')" in lines[0]
+    assert lines[0].startswith(
+        f"distrinews: error: could not load checkpoint {folder}: its tokenizer is missing (no tokenizer.json, "
+    )
+    assert (
+        f"AutoTokenizer.from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{folder}')" in lines[0]
+    )
 
 
 def _listens(port: int) -> bool:
@@ -206,8 +237,12 @@ def _listens(port: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("entry", [["--runtime", "torch"], ["--runtime", "onnx"]], ids=["distrinews-serve", "distrinews-serve-onnx"])
-def test_serve_refuses_a_model_folder_without_its_tokenizer_before_it_listens(tokenizerless, tmp_path, server_process, entry):
+@pytest.mark.parametrize(
+    "entry", [["--runtime", "torch"], ["--runtime", "onnx"]], ids=["distrinews-serve", "distrinews-serve-onnx"]
+)
+def test_serve_refuses_a_model_folder_without_its_tokenizer_before_it_listens(
+    tokenizerless, tmp_path, server_process, entry
+):
     srv = server_process(tokenizerless, tmp_path / "server.log", *entry)
     listened = False
     try:
@@ -229,7 +264,9 @@ def test_the_slim_server_refuses_a_model_folder_without_its_tokenizer_without_to
         "import sys; sys.modules['torch'] = sys.modules['transformers'] = None; "  # importing either now fails
         f"from distrinews.serve.__main__ import main; sys.exit(main({argv!r}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT, check=False
+    )
     assert proc.returncode == 2, proc.stderr
     assert not proc.stdout
     lines = proc.stderr.splitlines()

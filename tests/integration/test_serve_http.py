@@ -53,7 +53,14 @@ def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory, server_process):
     srv = server_process(
-        checkpoint, tmp_path_factory.mktemp("logs") / "server.log", "--runtime", "torch", "--max-wait-ms", "50", "--max-body-bytes", "65536"
+        checkpoint,
+        tmp_path_factory.mktemp("logs") / "server.log",
+        "--runtime",
+        "torch",
+        "--max-wait-ms",
+        "50",
+        "--max-body-bytes",
+        "65536",
     )
     try:
         yield srv.wait_ready()
@@ -118,7 +125,12 @@ def test_every_endpoint_answers_with_the_documented_shape(server, padding_atol):
         info = client.get("/info").json()
         assert info["labels"] == LABELS and info["max_length"] == 64 and info["runtime"] == "torch"
         assert info["model_name"] == "tiny-random-spread"
-        assert info["batching"] == {"max_batch_size": 32, "max_batch_tokens": 512, "max_wait_ms": 50.0, "max_queue": 1024}
+        assert info["batching"] == {
+            "max_batch_size": 32,
+            "max_batch_tokens": 512,
+            "max_wait_ms": 50.0,
+            "max_queue": 1024,
+        }
         assert info["limits"]["max_batch_texts"] == 64 and info["limits"]["max_body_bytes"] == 65536
 
         one = client.post("/predict", json={"text": HEADLINES[0]})
@@ -197,7 +209,9 @@ def test_64_concurrent_requests_all_succeed_and_share_forward_passes(server, tes
 
     after = httpx.get(server.url + "/metrics").text
     passes = _metric(after, "distrinews_batch_requests_count") - _metric(before, "distrinews_batch_requests_count")
-    single = _metric(after, 'distrinews_batch_requests_bucket{le="1.0"}') - _metric(before, 'distrinews_batch_requests_bucket{le="1.0"}')
+    single = _metric(after, 'distrinews_batch_requests_bucket{le="1.0"}') - _metric(
+        before, 'distrinews_batch_requests_bucket{le="1.0"}'
+    )
     # 64 requests + the one /predict/batch: fewer forward passes than requests, some with several requests.
     assert passes - single >= 1, f"no forward pass coalesced two requests ({passes:.0f} passes)"
     assert passes < 65
@@ -212,8 +226,20 @@ BAD_REQUESTS = [
     ("65 texts", "/predict/batch", {"json": {"texts": ["news"] * 65}}, 413, "limit is 64"),
     ("no texts", "/predict/batch", {"json": {"texts": []}}, 422, "empty"),
     ("an empty text in a batch", "/predict/batch", {"json": {"texts": ["fine", "  "]}}, 422, "texts[1]"),
-    ("non-JSON", "/predict", {"content": b"text=hello", "headers": {"content-type": "application/json"}}, 422, "not valid JSON"),
-    ("truncated JSON", "/predict", {"content": b'{"text": "abc"', "headers": {"content-type": "application/json"}}, 422, "not valid JSON"),
+    (
+        "non-JSON",
+        "/predict",
+        {"content": b"text=hello", "headers": {"content-type": "application/json"}},
+        422,
+        "not valid JSON",
+    ),
+    (
+        "truncated JSON",
+        "/predict",
+        {"content": b'{"text": "abc"', "headers": {"content-type": "application/json"}},
+        422,
+        "not valid JSON",
+    ),
     ("empty body", "/predict", {"content": b"", "headers": {"content-type": "application/json"}}, 422, "empty"),
     ("a JSON array", "/predict", {"json": ["Oil prices jump"]}, 422, "JSON object"),
     ("text is a number", "/predict", {"json": {"text": 42}}, 422, "text: Input should be a valid string"),
@@ -222,7 +248,13 @@ BAD_REQUESTS = [
     ("texts holds a number", "/predict/batch", {"json": {"texts": ["ok", 3]}}, 422, "texts.1"),
     ("missing field", "/predict", {"json": {"headline": "Oil prices jump"}}, 422, "text: Field required"),
     ("missing texts", "/predict/batch", {"json": {"text": "Oil prices jump"}}, 422, "texts: Field required"),
-    ("invalid UTF-8", "/predict", {"content": b'{"text": "caf\xe9 \xff"}', "headers": {"content-type": "application/json"}}, 422, "UTF-8"),
+    (
+        "invalid UTF-8",
+        "/predict",
+        {"content": b'{"text": "caf\xe9 \xff"}', "headers": {"content-type": "application/json"}},
+        422,
+        "UTF-8",
+    ),
     (
         "unpaired surrogate",
         "/predict",
@@ -281,7 +313,9 @@ def test_no_bad_input_ever_produced_a_500(server):
     )
     assert counted >= len(BAD_REQUESTS) - 1, "the metrics must have counted the bad requests"
     # (503 on /ready while the model loaded is by design; nothing else may be a 5xx.)
-    server_errors = [line for line in text.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line]
+    server_errors = [
+        line for line in text.splitlines() if line.startswith("distrinews_http_requests_total{") and 'status="5' in line
+    ]
     assert all('route="/ready",status="503"' in line for line in server_errors), server_errors
 
 
@@ -319,7 +353,12 @@ class Chromium:
         ]
         # its own process group: Chromium's helpers (zygote, renderer, crashpad) are stopped with it in close()
         self.proc = subprocess.Popen(
-            args, preexec_fn=wire_fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args,
+            preexec_fn=wire_fds,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         os.close(cmd_read)
         os.close(out_write)
@@ -365,7 +404,9 @@ class Chromium:
             "return [r.x + r.width / 2, r.y + r.height / 2]; })()"
         )
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1})
+            self.send(
+                "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
+            )
 
     def close(self) -> None:
         try:
@@ -414,7 +455,9 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
             browser.click("#classify")
 
             shown = wait_until(
-                lambda: browser.evaluate("document.getElementById('label').dataset.label || ''"), 30, "a prediction on the page"
+                lambda: browser.evaluate("document.getElementById('label').dataset.label || ''"),
+                30,
+                "a prediction on the page",
             )
             bars = browser.evaluate(
                 "[...document.querySelectorAll('#bars .bar')].map(b => [b.children[0].textContent, b.querySelector('.fill').style.width])"
@@ -507,7 +550,9 @@ def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_s
 
         from distrinews.predict.int8 import INT8_FILE, read_check
 
-        recorded = read_check(onnxruntime.InferenceSession(str(checkpoint / INT8_FILE), providers=["CPUExecutionProvider"]))
+        recorded = read_check(
+            onnxruntime.InferenceSession(str(checkpoint / INT8_FILE), providers=["CPUExecutionProvider"])
+        )
         assert recorded == choice["check"]
         assert info["runtime"] == ("onnx-int8" if recorded["passed"] else "torch")
         assert info.get("onnx_quantized", False) is recorded["passed"]
@@ -523,16 +568,24 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(checkpoint, tmp_p
     srv = server_process(checkpoint, tmp_path / "gone.log", "--runtime", "torch", "--max-batch-size", "1").wait_ready()
     blockers_n = 10
     try:
-        long_texts = [f"{i} " + "Stocks fell sharply on Wall Street as investors weighed new data " * 8 for i in range(64)]
+        long_texts = [
+            f"{i} " + "Stocks fell sharply on Wall Street as investors weighed new data " * 8 for i in range(64)
+        ]
 
         def metric(name: str) -> float:
             return _metric(httpx.get(srv.url + "/metrics", timeout=30).text, name)
 
-        dropped_at_start, computed_at_start = metric("distrinews_requests_dropped_total"), metric("distrinews_batch_size_sum")
+        dropped_at_start, computed_at_start = (
+            metric("distrinews_requests_dropped_total"),
+            metric("distrinews_batch_size_sum"),
+        )
 
         async def scenario():
             async with httpx.AsyncClient(base_url=srv.url, timeout=300) as client:
-                blockers = [asyncio.ensure_future(client.post("/predict/batch", json={"texts": long_texts})) for _ in range(blockers_n)]
+                blockers = [
+                    asyncio.ensure_future(client.post("/predict/batch", json={"texts": long_texts}))
+                    for _ in range(blockers_n)
+                ]
                 # the model runs one, the others wait
                 queued = (blockers_n - 1) * 64
                 await await_until(lambda: metric("distrinews_queue_depth") >= queued, 120, "the blockers queued", 0.01)
@@ -556,7 +609,9 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(checkpoint, tmp_p
         assert dropped_while_queued == dropped_at_start == 0
         assert metric("distrinews_requests_dropped_total") == 1
         computed = metric("distrinews_batch_size_sum") - computed_at_start
-        assert computed == blockers_n * 64, f"{computed:.0f} texts computed: the hung-up request's text must not be one of them"
+        assert computed == blockers_n * 64, (
+            f"{computed:.0f} texts computed: the hung-up request's text must not be one of them"
+        )
     finally:
         srv.stop()
 
@@ -566,7 +621,10 @@ def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_pa
     srv = server_process(checkpoint, tmp_path / "drain.log").wait_ready()
     # Each request is 32 texts of 10,000 characters: slow to tokenize, so several are still
     # queued behind the first when SIGTERM arrives.
-    texts = [(f"{i} " + "Stocks fell sharply on Wall Street today as investors weighed new data " * 150)[:10_000] for i in range(32)]
+    texts = [
+        (f"{i} " + "Stocks fell sharply on Wall Street today as investors weighed new data " * 150)[:10_000]
+        for i in range(32)
+    ]
     results: list[tuple[int, int, float]] = []
     lock = threading.Lock()
     first_done = threading.Event()
@@ -596,7 +654,9 @@ def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_pa
         srv.stop()
     assert [r[0] for r in results] == [200] * 8, f"{results}\n{srv.log()}"
     assert all(n == 32 for _, n, _ in results)
-    assert sum(done > sigterm_at for _, _, done in results) >= 1, "no request was in flight at SIGTERM: the test proved nothing"
+    assert sum(done > sigterm_at for _, _, done in results) >= 1, (
+        "no request was in flight at SIGTERM: the test proved nothing"
+    )
     assert code == 0, srv.log()
     log = srv.log()
     assert "Shutting down" in log and "Finished server process" in log
@@ -605,7 +665,9 @@ def test_sigterm_answers_every_in_flight_request_then_exits_0(checkpoint, tmp_pa
 # ---------------------------------------------------------------------- command line
 def test_serve_without_a_checkpoint_says_what_to_do(tmp_path):
     env_free = {k: v for k, v in os.environ.items() if k != "MODEL_CHECKPOINT"}
-    proc = subprocess.run([sys.executable, "-m", "distrinews", "serve"], capture_output=True, text=True, env=env_free, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrinews", "serve"], capture_output=True, text=True, env=env_free, timeout=120
+    )
     assert proc.returncode == 2 and "MODEL_CHECKPOINT" in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "distrinews", "serve", "--checkpoint", str(tmp_path / "missing")],

@@ -105,7 +105,14 @@ def _predict(port: int, text: str = "Oil prices jump") -> tuple[int, dict[str, s
 
 def test_server_closes_half_sent_headers_and_caps_connections(checkpoints, tmp_path, server_process):
     srv = server_process(
-        checkpoints["1.0.0"], tmp_path / "server.log", "--runtime", "torch", "--header-timeout", "1.5", "--max-connections", "52"
+        checkpoints["1.0.0"],
+        tmp_path / "server.log",
+        "--runtime",
+        "torch",
+        "--header-timeout",
+        "1.5",
+        "--max-connections",
+        "52",
     ).wait_ready()
     try:
         slow = [_half_headers(srv.port) for _ in range(50)]
@@ -135,11 +142,34 @@ class Replicas:
         self.link, self.log_dir = checkpoint_link, log_dir
         self.pid_file = log_dir / "supervisor.pid"
         self.out_path = log_dir / "supervisor.out"
-        cmd = [sys.executable, "-m", "distrinews", "serve-replicas", "--checkpoint", str(checkpoint_link), "--replicas", "2"]
-        cmd += ["--port", str(self.port), "--threads", "1", "--log-dir", str(log_dir), "--pid-file", str(self.pid_file), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distrinews",
+            "serve-replicas",
+            "--checkpoint",
+            str(checkpoint_link),
+            "--replicas",
+            "2",
+        ]
+        cmd += [
+            "--port",
+            str(self.port),
+            "--threads",
+            "1",
+            "--log-dir",
+            str(log_dir),
+            "--pid-file",
+            str(self.pid_file),
+            *args,
+        ]
         self._out = open(self.out_path, "wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, cwd=ROOT
+            cmd,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+            cwd=ROOT,
         )
 
     def out(self) -> str:
@@ -347,7 +377,9 @@ def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(replic
     from distrinews.serve.replicas import get_json
 
     deadline = time.monotonic() + 60  # the replica killed above is back and ready
-    while len(replicas.replica_pids()) < 2 or any(get_json(f"http://127.0.0.1:{p}/ready")[0] != 200 for p in replicas.replica_pids()):
+    while len(replicas.replica_pids()) < 2 or any(
+        get_json(f"http://127.0.0.1:{p}/ready")[0] != 200 for p in replicas.replica_pids()
+    ):
         assert time.monotonic() < deadline, replicas.out()
         time.sleep(0.2)
     replicas.link.unlink()
@@ -361,7 +393,9 @@ def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(replic
     status, body, headers = get_json(f"http://127.0.0.1:{replicas.port}/info")
     assert status == 200 and body["model_version"] == headers["x-model-version"] == "2.0.0"
     first = {v: next(b for w, _, ver, b in load.answers if w == TEXTS[1] and ver == v) for v in ("1.0.0", "2.0.0")}
-    assert first["1.0.0"]["probabilities"] != pytest.approx(first["2.0.0"]["probabilities"], abs=padding_atol), "the two models agree"
+    assert first["1.0.0"]["probabilities"] != pytest.approx(first["2.0.0"]["probabilities"], abs=padding_atol), (
+        "the two models agree"
+    )
 
 
 def test_every_replica_down_is_a_one_line_json_503(replicas):
@@ -398,7 +432,16 @@ def test_the_replicas_comparison_runs_on_a_tiny_model(checkpoints, tmp_path, agn
     if why := _nginx_missing():
         unavailable(f"nginx is not installed: {why}")
     out = tmp_path / "bench"
-    args = ["--checkpoint", str(checkpoints["1.0.0"]), "--data", str(agnews_dir), "--runtime", "torch", "--threads", "2"]
+    args = [
+        "--checkpoint",
+        str(checkpoints["1.0.0"]),
+        "--data",
+        str(agnews_dir),
+        "--runtime",
+        "torch",
+        "--threads",
+        "2",
+    ]
     args += ["--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--output", str(out)]
     result = subprocess.run([sys.executable, "-m", "benchmarks.tools.replicas", *args], capture_output=True, text=True,
                             cwd=ROOT, timeout=600)  # fmt: skip

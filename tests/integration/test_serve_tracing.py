@@ -40,7 +40,9 @@ def _of_trace(spans: list[dict], trace_id: str) -> dict[str, dict]:
     return {span["name"]: span for span in spans if span["trace_id"] == trace_id}
 
 
-def test_a_request_with_a_traceparent_is_traced_to_the_forward_pass_and_exported_over_otlp(traced_server, otlp_receiver):
+def test_a_request_with_a_traceparent_is_traced_to_the_forward_pass_and_exported_over_otlp(
+    traced_server, otlp_receiver
+):
     from distrinews import tracing
     from distrinews.predict.client import RemoteClassifier
 
@@ -55,9 +57,16 @@ def test_a_request_with_a_traceparent_is_traced_to_the_forward_pass_and_exported
     assert request["parent_span_id"] == CALLER_SPAN  # a child of the caller's span, in the caller's trace
     assert request["kind"] == 2  # SERVER
     assert request["service"] == SERVICE
-    expected = {"http.request.method": "POST", "url.path": "/predict", "http.route": "/predict", "http.response.status_code": 200}
+    expected = {
+        "http.request.method": "POST",
+        "url.path": "/predict",
+        "http.route": "/predict",
+        "http.response.status_code": 200,
+    }
     assert expected.items() <= request["attributes"].items()
-    stages = [spans[name] for name in ("distrinews.tokenize", "distrinews.queue", "distrinews.forward", "distrinews.response")]
+    stages = [
+        spans[name] for name in ("distrinews.tokenize", "distrinews.queue", "distrinews.forward", "distrinews.response")
+    ]
     for stage in stages:
         assert stage["parent_span_id"] == request["span_id"]
         assert request["start_ns"] <= stage["start_ns"] <= stage["end_ns"] <= request["end_ns"], stage["name"]
@@ -68,7 +77,12 @@ def test_a_request_with_a_traceparent_is_traced_to_the_forward_pass_and_exported
     assert tokens > 0
     assert spans["distrinews.tokenize"]["attributes"] == {"distrinews.texts": 1, "distrinews.tokens": tokens}
     forward = spans["distrinews.forward"]["attributes"]
-    assert forward["distrinews.batch.texts"] == forward["distrinews.batch.requests"] == forward["distrinews.batch.passes"] == 1
+    assert (
+        forward["distrinews.batch.texts"]
+        == forward["distrinews.batch.requests"]
+        == forward["distrinews.batch.passes"]
+        == 1
+    )
     assert forward["distrinews.batch.padded_tokens"] == tokens  # one text: no padding
     assert forward["distrinews.batch.id"] >= 1 and forward["distrinews.runtime"] == "torch"
     assert spans["distrinews.response"]["attributes"] == {"http.response.status_code": 200}
@@ -79,10 +93,14 @@ def test_a_request_with_a_traceparent_is_traced_to_the_forward_pass_and_exported
     # A refused request is traced too, with its status; without a traceparent it starts a trace of its own.
     refused = httpx.post(f"{traced_server.url}/predict", json={"text": "  "}, timeout=30)
     assert refused.status_code == 422
-    spans = otlp_receiver.wait_for(lambda got: any(s["attributes"].get("http.response.status_code") == 422 for s in got))
+    spans = otlp_receiver.wait_for(
+        lambda got: any(s["attributes"].get("http.response.status_code") == 422 for s in got)
+    )
     (bad,) = [s for s in spans if s["attributes"].get("http.response.status_code") == 422]
     assert bad["trace_id"] != CALLER_TRACE and bad["parent_span_id"] == "" and bad["name"] == "POST /predict"
-    assert not [s for s in spans if s["trace_id"] == bad["trace_id"] and s["name"] != "POST /predict"]  # nothing computed
+    assert not [
+        s for s in spans if s["trace_id"] == bad["trace_id"] and s["name"] != "POST /predict"
+    ]  # nothing computed
 
     # RemoteClassifier carries its caller's trace into the server's: the server's span is the client span's child.
     with (

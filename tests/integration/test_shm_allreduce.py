@@ -20,14 +20,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distrinews.distributed.shm_allreduce import SHM_DIR, chunk_bounds, open_segment, segment_prefix, why_not_shared_memory
+from distrinews.distributed.shm_allreduce import (
+    SHM_DIR,
+    chunk_bounds,
+    open_segment,
+    segment_prefix,
+    why_not_shared_memory,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
 
 
 def _init(rank: int, world: int, store: str, timeout_s: float = 60) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 def _inputs(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:

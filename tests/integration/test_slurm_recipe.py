@@ -63,7 +63,11 @@ def slurm(tmp_path):
     bash = shutil.which("bash")
 
     def run(
-        env: dict[str, str] | None = None, args: tuple[str, ...] = (), scontrol: bool = True, hold: bool = False, distrinews: bool = True
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        scontrol: bool = True,
+        hold: bool = False,
+        distrinews: bool = True,
     ):
         (fake / "scontrol").unlink(missing_ok=True)
         if scontrol:
@@ -85,7 +89,9 @@ def slurm(tmp_path):
         full_env = {k: v for k, v in full_env.items() if v is not None}
         cmd = [bash, str(SBATCH), *args]
         if hold:
-            return subprocess.Popen(cmd, env=full_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            return subprocess.Popen(
+                cmd, env=full_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         proc = subprocess.run(cmd, check=False, env=full_env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
         argv_file = tmp_path / "srun.argv"
         argv = argv_file.read_text().splitlines() if argv_file.exists() else None

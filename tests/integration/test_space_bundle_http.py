@@ -34,7 +34,12 @@ TEXTS = ["Stock market reaches all-time high", "Lakers win championship in overt
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, spread_checkpoint):
-    calibration = [*TEXTS, "Apple unveils a new iPhone", "Oil prices jump after OPEC cuts output", "Talks resume in Geneva"]
+    calibration = [
+        *TEXTS,
+        "Apple unveils a new iPhone",
+        "Oil prices jump after OPEC cuts output",
+        "Talks resume in Geneva",
+    ]
     return spread_checkpoint(tmp_path_factory.mktemp("space") / "best", calibration)
 
 
@@ -44,7 +49,9 @@ def blocker(tmp_path: Path, modules: tuple[str, ...]) -> Path:
     as libraries that probe for optional packages (transformers does) expect of a missing one."""
     root = tmp_path / "blocked"
     root.mkdir()
-    (root / "sitecustomize.py").write_text(f"import sys\nfor name in {list(modules)!r}:\n    sys.modules[name] = None\n")
+    (root / "sitecustomize.py").write_text(
+        f"import sys\nfor name in {list(modules)!r}:\n    sys.modules[name] = None\n"
+    )
     return root
 
 
@@ -59,9 +66,12 @@ def test_bundle_server_answers_the_reference_calls(checkpoint, tmp_path, runtime
     # The bundle's own copy of the package is the one imported (the working directory comes first),
     # and the blocked packages look not installed.
     probe = (
-        "import distrinews, importlib.util, sys; print(distrinews.__file__); print(*[importlib.util.find_spec(m) for m in sys.argv[1:]])"
+        "import distrinews, importlib.util, sys; print(distrinews.__file__); "
+        "print(*[importlib.util.find_spec(m) for m in sys.argv[1:]])"
     )
-    where = subprocess.run([sys.executable, "-c", probe, *BLOCKED[runtime]], cwd=bundle, env=env, text=True, capture_output=True)
+    where = subprocess.run(
+        [sys.executable, "-c", probe, *BLOCKED[runtime]], cwd=bundle, env=env, text=True, capture_output=True
+    )
     file, specs = where.stdout.splitlines()
     assert Path(file).resolve() == (bundle / "distrinews" / "__init__.py").resolve(), where.stderr
     assert specs.split() == ["None"] * len(BLOCKED[runtime])
@@ -85,7 +95,9 @@ def test_bundle_server_answers_the_reference_calls(checkpoint, tmp_path, runtime
         batch = httpx.post(f"{url}/predict/batch", json={"texts": TEXTS}).json()
         assert isinstance(batch, list) and len(batch) == 2 and all(set(r) == RESULT_KEYS for r in batch)
         if runtime == "torch":  # int8 quantizes activations per batch: its batch answers move more
-            assert batch[0]["label"] == answer["label"] and batch[0]["confidence"] == pytest.approx(answer["confidence"], abs=1e-3)
+            assert batch[0]["label"] == answer["label"] and batch[0]["confidence"] == pytest.approx(
+                answer["confidence"], abs=1e-3
+            )
         info = httpx.get(f"{url}/info").json()
         assert info["model_version"] == "1.1.0" and info["runtime"] == ("torch" if runtime == "torch" else "onnx")
         if runtime == "onnx-int8":

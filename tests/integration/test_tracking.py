@@ -68,19 +68,30 @@ def test_two_processes_report_one_mlflow_run_stop_early_and_resume_into_it(cli, 
     assert found.info.status == "FINISHED" and found.info.run_name == "run"
     assert json.loads((run / "mlflow_run.json").read_text())["run_id"] == run_id
     params, tags = found.data.params, found.data.tags
-    assert params["learning_rate"] == "0.001" and params["early_stopping_patience"] == "2" and params["world_size"] == "2"
+    assert (
+        params["learning_rate"] == "0.001" and params["early_stopping_patience"] == "2" and params["world_size"] == "2"
+    )
     assert params["report_to"] == "mlflow" and params["id2label.3"] == "Sci/Tech"
     best = json.loads((run / "best" / "distrinews.json").read_text())
     assert tags["config_hash"] == best["config_hash"] and tags["model_version"] == "1.0.0" and tags["team"] == "news"
     assert tags["distrinews.best_dir"] == str((run / "best").resolve())
     history = {
-        name: [m.step for m in client.get_metric_history(run_id, name)] for name in ("eval/accuracy", "train/loss", "summary/best_accuracy")
+        name: [m.step for m in client.get_metric_history(run_id, name)]
+        for name in ("eval/accuracy", "train/loss", "summary/best_accuracy")
     }
     assert history == {"eval/accuracy": [2, 4, 6], "train/loss": [2, 4, 6], "summary/best_accuracy": [6]}
     logged = client.get_metric_history(run_id, "eval/per_class/World/f1")
     assert [m.step for m in logged] == [2, 4, 6]
-    artifacts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "eval")}
-    assert artifacts >= {"config.yaml", "training_curves.png", "confusion_matrix.png", "eval/best_eval.json", "eval/per_class_report.txt"}
+    artifacts = {a.path for a in client.list_artifacts(run_id)} | {
+        a.path for a in client.list_artifacts(run_id, "eval")
+    }
+    assert artifacts >= {
+        "config.yaml",
+        "training_curves.png",
+        "confusion_matrix.png",
+        "eval/best_eval.json",
+        "eval/per_class_report.txt",
+    }
     report = Path(client.download_artifacts(run_id, "eval/per_class_report.txt", str(tmp_path))).read_text()
     assert "Sci/Tech" in report and "Confusion matrix" in report
 
@@ -105,9 +116,21 @@ def test_three_processes_stop_early_together_while_the_tracking_server_is_gone(c
         "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
     }
     run = tmp_path / "run"
-    proc = cli("train", *EARLY_STOPPING, "--report_to", "mlflow,tensorboard", "--output-dir", str(run), nproc=3, env=env, cwd=tmp_path)
+    proc = cli(
+        "train",
+        *EARLY_STOPPING,
+        "--report_to",
+        "mlflow,tensorboard",
+        "--output-dir",
+        str(run),
+        nproc=3,
+        env=env,
+        cwd=tmp_path,
+    )
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "MLflow" in line or "mlflow" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: MLflow tracking stopped (starting the run: "), warnings
+    assert len(warnings) == 1 and warnings[0].startswith("warning: MLflow tracking stopped (starting the run: "), (
+        warnings
+    )
     assert "Traceback" not in proc.stderr
     # 200 rows over 3 ranks: 5 steps an epoch, so the evaluations are at 2, 4 and the epoch's end, 5.
     assert "Early stopping at step 5" in proc.stdout and "Replicas: identical parameters on the 3 ranks" in proc.stdout

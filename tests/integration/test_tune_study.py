@@ -48,7 +48,18 @@ TRIAL = (
 def _tune(tmp_path: Path, *args: str) -> list[str]:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    return [sys.executable, "-m", "distrinews", "tune", "--space", str(space), "--output-dir", str(tmp_path / "study"), *args, *TRIAL]
+    return [
+        sys.executable,
+        "-m",
+        "distrinews",
+        "tune",
+        "--space",
+        str(space),
+        "--output-dir",
+        str(tmp_path / "study"),
+        *args,
+        *TRIAL,
+    ]
 
 
 # One thread a trial: the two tuners' trials share 2 cores without oversubscribing them.
@@ -62,7 +73,9 @@ def _run(command: list[str], timeout: float = 300) -> str:
 
 
 def _study(tmp_path: Path) -> optuna.Study:
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "study" / "study.journal")))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "study" / "study.journal"))
+    )
     return optuna.load_study(study_name="distrinews", storage=storage)
 
 
@@ -73,7 +86,9 @@ def _records(run: Path) -> list[dict]:
 def test_a_pruned_trial_stops_both_of_its_processes_at_the_step_it_was_pruned(tmp_path):
     # A finished trial that reached accuracy 1.0 at every step: with pruning from the second trial on, the median
     # pruner stops any trial that does worse at its first report (the tiny random model does).
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal")))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.journal"))
+    )
     study = optuna.create_study(study_name="distrinews", storage=storage, direction="maximize")
     study.add_trial(
         optuna.trial.create_trial(
@@ -89,7 +104,13 @@ def test_a_pruned_trial_stops_both_of_its_processes_at_the_step_it_was_pruned(tm
     (tmp_path / "study" / "trials").mkdir(parents=True)
     (tmp_path / "study.journal").rename(tmp_path / "study" / "study.journal")
     # Links planted where the tuner writes are replaced, never written through.
-    planted = ["trials/trial-1.log", "trials/trial-1.yaml", "trials/trial-1.result.json", "trials.md", "optimization_history.png"]
+    planted = [
+        "trials/trial-1.log",
+        "trials/trial-1.yaml",
+        "trials/trial-1.result.json",
+        "trials.md",
+        "optimization_history.png",
+    ]
     for i, name in enumerate(planted):
         (tmp_path / "study" / name).symlink_to(tmp_path / f"victim-{i}")
     out = _run(_tune(tmp_path, "--n-trials", "2", "--pruner-startup-trials", "1", "--nproc-per-node", "2"))
@@ -158,7 +179,9 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
 
     # Started again, the tuner finds trial 1's heartbeat stale and runs its parameters as trial 2; stopped in turn
     # (SIGTERM, as Ctrl-C), it stops trial 2's training before it exits and queues the parameters once more.
-    tuner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ONE_THREAD)
+    tuner = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ONE_THREAD
+    )
     try:
         retry = _wait_for(lambda: _running_trial(tmp_path, 2), 240, "trial 2 to start")
     finally:
@@ -172,7 +195,9 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
     # Started a third time with a budget of 3, it runs trial 1's parameters again as trial 3; that trial's training
     # process is killed (as the OOM killer would): the trial fails and counts, and a new trial completes the study.
     command[command.index("--n-trials") + 1] = "3"
-    tuner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD)
+    tuner = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD
+    )
     try:
         third = _wait_for(lambda: _running_trial(tmp_path, 3), 240, "trial 3 to start")
         os.kill(third.user_attrs["pid"], signal.SIGKILL)
@@ -200,14 +225,18 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
 def test_two_tuners_on_one_journal_finish_the_study_together_with_no_trial_run_twice(tmp_path):
     command = _tune(tmp_path, "--n-trials", "3", "--heartbeat-interval", "2")
     tuners = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD) for _ in range(2)
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD)
+        for _ in range(2)
     ]
     outputs = []
     for tuner in tuners:
         out, _ = tuner.communicate(timeout=400)
         assert tuner.returncode == 0, out
         outputs.append(out)
-    ran = [{int(line.split()[1].rstrip(":")) for line in out.splitlines() if line.startswith("trial ") and "=" in line} for out in outputs]
+    ran = [
+        {int(line.split()[1].rstrip(":")) for line in out.splitlines() if line.startswith("trial ") and "=" in line}
+        for out in outputs
+    ]
     assert not ran[0] & ran[1], ran  # no trial ran in both
     assert ran[0] | ran[1] == {0, 1, 2}, ran
 

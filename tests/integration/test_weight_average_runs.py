@@ -58,6 +58,8 @@ def test_best_holds_the_average_and_a_resumed_run_continues_it_exactly(tmp_path,
 def test_a_checkpoint_without_an_average_resumes_with_one_started_from_its_weights(tmp_path, agnews_dir, capsys):
     _train(tmp_path / "plain", capsys, ema_decay=0.0, max_steps=3)
     assert not (tmp_path / "plain" / "checkpoints" / "step-3" / "ema.safetensors").exists()
-    out = _train(tmp_path / "averaged", capsys, resume_from_checkpoint=str(tmp_path / "plain" / "checkpoints" / "step-3"))
+    out = _train(
+        tmp_path / "averaged", capsys, resume_from_checkpoint=str(tmp_path / "plain" / "checkpoints" / "step-3")
+    )
     assert "holds no average of the weights (ema_decay): the average starts from its weights" in out
     assert int(load_file(str(tmp_path / "averaged" / "checkpoints" / "step-6" / "ema.safetensors"))["__updates__"]) == 3

@@ -17,14 +17,22 @@ from distrinews.predict.runtimes import make_predictor
 from distrinews.serve.app import create_app
 from distrinews.serve.options import ServeConfig
 
-TEXTS = ["Oil prices jump after OPEC cuts output", "Chelsea beat Arsenal in the cup final", "Apple unveils a faster chip"]
+TEXTS = [
+    "Oil prices jump after OPEC cuts output",
+    "Chelsea beat Arsenal in the cup final",
+    "Apple unveils a faster chip",
+]
 
 
 def test_thresholds_parse_in_three_forms_and_refuse_what_is_malformed():
     assert ConfidenceThreshold.parse("0.7") == ConfidenceThreshold(0.7)
     both = ConfidenceThreshold.parse(" 0.5, World=0.8 ,Sci/Tech=0.6")
     assert both == ConfidenceThreshold(0.5, {"World": 0.8, "Sci/Tech": 0.6})
-    assert both.minimum("Sports") == 0.5 and both.confident("World", 0.79) is False and both.confident("World", 0.8) is True
+    assert (
+        both.minimum("Sports") == 0.5
+        and both.confident("World", 0.79) is False
+        and both.confident("World", 0.8) is True
+    )
     per_label = ConfidenceThreshold.parse({"Sports": 0.6})
     assert per_label.minimum("World") is None and per_label.confident("World", 0.01)
     assert ConfidenceThreshold.parse(None) is None and ConfidenceThreshold.parse("  ") is None
@@ -97,7 +105,14 @@ def test_the_server_answers_not_confident_and_counts_it(checkpoint, threshold):
     assert info["min_confidence"] == {"default": middle, "per_label": {}} and info["temperature"] == 1.0
     unsure = singles[expected.index(False)]["label"]
     assert f'distrinews_answers_total{{confident="false",label="{unsure}"}} 2.0' in metrics
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("distrinews_answers_total")) == 6
+    assert (
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("distrinews_answers_total")
+        )
+        == 6
+    )
     confident = schema["components"]["schemas"]["PredictResponse"]["properties"]["confident"]
     assert "--min-confidence" in confident["description"]
 

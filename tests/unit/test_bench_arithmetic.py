@@ -77,8 +77,14 @@ def test_seed_ratio_is_the_lesson_formula_as_written():
     assert est["comm_s"] == pytest.approx(2 * 1 / 2 * 4e6 / 100e9)
     assert est["comp_s"] == pytest.approx(6 * 4e6 * 32 * 512 / 100e12)
     assert est["ratio"] == pytest.approx(est["comm_s"] / est["comp_s"])
-    corr = collectives.corrected_comm_comp_ratio(grad_bytes=8e6, train_flops=4e9, busbw=1e9, peak_flops=1e11, world_size=2)
-    assert corr["comm_s"] == pytest.approx(8e-3) and corr["comp_s"] == pytest.approx(0.04) and corr["ratio"] == pytest.approx(0.2)
+    corr = collectives.corrected_comm_comp_ratio(
+        grad_bytes=8e6, train_flops=4e9, busbw=1e9, peak_flops=1e11, world_size=2
+    )
+    assert (
+        corr["comm_s"] == pytest.approx(8e-3)
+        and corr["comp_s"] == pytest.approx(0.04)
+        and corr["ratio"] == pytest.approx(0.2)
+    )
 
 
 # ---------------------------------------------------------------------- MFU
@@ -122,7 +128,9 @@ def test_train_flops_formula():
     from distrinews.train.metrics import Counts
 
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    counts = Counts.of_batch(torch.tensor(0.5), torch.zeros(2, 4), {"attention_mask": mask, "labels": torch.tensor([0, 1])})
+    counts = Counts.of_batch(
+        torch.tensor(0.5), torch.zeros(2, 4), {"attention_mask": mask, "labels": torch.tensor([0, 1])}
+    )
     assert (counts.tokens, counts.squared_lengths, counts.samples) == (8.0, 34.0, 2.0)
 
 
@@ -163,7 +171,9 @@ def test_train_flops_of_a_mostly_frozen_model_match_a_flop_counter():
     T = 48
     counted = _counted_train_flops(model, T)
     shape = flops.ModelShape.of(model)
-    assert shape.frozen_matmul_params == shape.matmul_params - sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert shape.frozen_matmul_params == shape.matmul_params - sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
     predicted = shape.train_flops(T, T * T)
     assert 0.97 * counted <= predicted <= 1.08 * counted, (predicted, counted)
 
@@ -180,7 +190,9 @@ def test_train_flops_with_frozen_bottom_layers_match_a_flop_counter():
     shape = flops.ModelShape.of(model)
     assert (shape.forward_only_layers, shape.frozen_matmul_params) == (3, 0)
     layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
-    assert shape.forward_only_matmul_params == 3 * layer + sum(p.numel() for p in model.bert.embeddings.LayerNorm.parameters())
+    assert shape.forward_only_matmul_params == 3 * layer + sum(
+        p.numel() for p in model.bert.embeddings.LayerNorm.parameters()
+    )
     predicted = shape.train_flops(T, T * T)
     # a few % high, as for the whole model (the pooler), plus the lowest trained layer's query/key/value
     # projections, whose input needs no gradient either: 2 FLOPs a parameter and token more than they cost
@@ -263,8 +275,12 @@ def test_ddp_bucket_default_depends_on_the_device():
     from distrinews.config import TrainConfig
     from distrinews.distributed.parallel import ddp_bucket_cap_mb
 
-    assert ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cpu")) == 100.0  # measured best on gloo (benchmarks/README.md)
-    assert ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cuda", 0)) == 25.0  # torch's default where overlap pays
+    assert (
+        ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cpu")) == 100.0
+    )  # measured best on gloo (benchmarks/README.md)
+    assert (
+        ddp_bucket_cap_mb(TrainConfig().parallel, torch.device("cuda", 0)) == 25.0
+    )  # torch's default where overlap pays
     assert ddp_bucket_cap_mb(TrainConfig(ddp_bucket_cap_mb=5).parallel, torch.device("cpu")) == 5.0
 
 
@@ -274,7 +290,10 @@ def test_scaling_rejects_bad_input_before_starting_workers(capsys):
     assert main(["bench", "scaling", "--nproc", "1,8", "--cores-per-worker", "4"]) == 2
     assert "need 32 cores" in capsys.readouterr().err
     configs = Path(__file__).resolve().parents[2] / "configs"
-    assert main(["bench", "scaling", "--nproc", "1,2", "--config", str(configs / "tiny.yaml"), "--ddp_comm_hook", "int4"]) == 2
+    assert (
+        main(["bench", "scaling", "--nproc", "1,2", "--config", str(configs / "tiny.yaml"), "--ddp_comm_hook", "int4"])
+        == 2
+    )
     assert "ddp_comm_hook" in capsys.readouterr().err
     assert main(["bench", "scaling", "--nproc", "1,2", "--comm-hooks", "auto,int4"]) == 2
     assert "expected a comma-separated list of auto, none, shm, bf16, fp16, got 'auto,int4'" in capsys.readouterr().err
@@ -299,7 +318,13 @@ def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_s
 
     accuracy = [
         {"runtime": r, "accuracy": acc, "agreement_with_torch_fp32": 1.0, "changed_labels": 0, "seconds": 1.0}
-        for r, acc in (("torch", 0.9078), ("auto", 0.9076), ("onnx", 0.9078), ("onnx-int8", 0.9076), ("torch-bf16", 0.9040))
+        for r, acc in (
+            ("torch", 0.9078),
+            ("auto", 0.9076),
+            ("onnx", 0.9078),
+            ("onnx-int8", 0.9076),
+            ("torch-bf16", 0.9040),
+        )
     ]
     load = [
         {"server": "ours", "runtime": r, "texts": "full", "concurrency": c, "throughput_rps": rps, "p50_ms": 5.0}

@@ -73,7 +73,9 @@ def calibrated(tmp_path_factory, spread_checkpoint, texts):
     """The spread tiny model, and labels drawn from its own probabilities: calibrated by construction."""
     best = spread_checkpoint(tmp_path_factory.mktemp("calibrated") / "best", texts[:256])
     probs = softmax(Predictor(best, device="cpu", max_batch_size=256).logits(texts))
-    labels = torch.multinomial(torch.from_numpy(probs), 1, generator=torch.Generator().manual_seed(0)).squeeze(1).tolist()
+    labels = (
+        torch.multinomial(torch.from_numpy(probs), 1, generator=torch.Generator().manual_seed(0)).squeeze(1).tolist()
+    )
     return best, labels
 
 
@@ -92,7 +94,9 @@ def test_calibrate_best_on_the_tiny_model(calibrated, texts, tmp_path):
     calibration_rows = RawSplit(texts[fit], labels[fit], "calibration")
     eval_rows = RawSplit(texts[evaluation], labels[evaluation], "evaluation")
 
-    as_is = calibrate_best(shutil.copytree(best, tmp_path / "as-is"), eval_rows, calibration_rows, "temperature", batch_size=256)
+    as_is = calibrate_best(
+        shutil.copytree(best, tmp_path / "as-is"), eval_rows, calibration_rows, "temperature", batch_size=256
+    )
     assert as_is.temperature == pytest.approx(1.0, abs=0.15)
     assert as_is.ece_before < 0.05
 
@@ -164,7 +168,9 @@ def test_the_calibration_rows_are_held_out_of_training_only_when_calibrating(new
     assert whole.calibration_rows is None and len(whole.train) == 800  # every row: none left unsampled
     calibration, train = held.calibration_rows, held.labelled.train
     assert len(calibration) == 80 and len(held.train) == len(train) == 720
-    assert sorted(calibration.texts + train.texts) == sorted(whole.labelled.train.texts) and not set(calibration.texts) & set(train.texts)
+    assert sorted(calibration.texts + train.texts) == sorted(whole.labelled.train.texts) and not set(
+        calibration.texts
+    ) & set(train.texts)
     assert sorted(set(calibration.labels)) == [0, 1, 2, 3] and held.eval_rows.texts == whole.eval_rows.texts
 
 

@@ -29,7 +29,10 @@ def test_report_to_is_a_yaml_list_or_comma_separated(tmp_path):
     assert load_config(preset).run.report_to == ["tensorboard", "mlflow"]
     assert load_config(preset, {"report_to": "mlflow , tensorboard"}).run.report_to == ["mlflow", "tensorboard"]
     assert load_config(None, {"report_to": "none"}).run.report_to == ["none"]
-    assert TrainConfig().run.report_to == ["tensorboard"] and TrainConfig().run.report_to is not TrainConfig().run.report_to
+    assert (
+        TrainConfig().run.report_to == ["tensorboard"]
+        and TrainConfig().run.report_to is not TrainConfig().run.report_to
+    )
     for bad in ("wandb", "none,mlflow", ""):
         with pytest.raises(ConfigError, match="config field 'report_to'"):
             load_config(None, {"report_to": bad})
@@ -41,7 +44,11 @@ def test_best_model_and_early_stopping_fields():
     assert TrainConfig().run.best_is_greater and not TrainConfig(metric_for_best_model="loss").run.best_is_greater
     assert TrainConfig(metric_for_best_model="loss", greater_is_better=True).run.best_is_greater
     assert TrainConfig().run.greater_is_better is None  # the resolved direction is not written back into the config
-    for field, value in (("early_stopping_patience", -1), ("early_stopping_threshold", -0.1), ("metric_for_best_model", "f1")):
+    for field, value in (
+        ("early_stopping_patience", -1),
+        ("early_stopping_threshold", -0.1),
+        ("metric_for_best_model", "f1"),
+    ):
         with pytest.raises(ConfigError, match=f"config field '{field}'"):
             TrainConfig(**{field: value})
 
@@ -53,7 +60,9 @@ def test_improves_in_the_metrics_direction_by_more_than_the_threshold():
     assert not improves(0.505, 0.5, True, threshold=0.01) and improves(0.52, 0.5, True, threshold=0.01)
 
 
-def evaluations(config: TrainConfig, values: list[float], state: TrainState | None = None) -> tuple[list[int], TrainState, list[str]]:
+def evaluations(
+    config: TrainConfig, values: list[float], state: TrainState | None = None
+) -> tuple[list[int], TrainState, list[str]]:
     """Feed ``values`` of metric_for_best_model to early stopping as the trainer does (best_metric moves after it)."""
     said: list[str] = []
     state = state or TrainState()
@@ -76,7 +85,9 @@ def test_early_stopping_counts_evaluations_without_improvement_and_stops_at_pati
     config = TrainConfig(early_stopping_patience=2, early_stopping_threshold=0.01)
     counters, state, said = evaluations(config, [0.5, 0.505, 0.6, 0.6, 0.59, 0.9])
     assert counters == [0, 1, 0, 1, 2] and state.global_step == 5
-    assert len(said) == 1 and said[0].startswith("Early stopping at step 5: accuracy has not improved by more than 0.01 in 2")
+    assert len(said) == 1 and said[0].startswith(
+        "Early stopping at step 5: accuracy has not improved by more than 0.01 in 2"
+    )
     loss = TrainConfig(early_stopping_patience=1, metric_for_best_model="loss")
     assert evaluations(loss, [0.9, 0.8, 0.85, 0.1])[0] == [0, 0, 1]
 
@@ -117,7 +128,13 @@ def test_the_handler_calls_in_order_and_a_save_clears_should_save():
 def store(tmp_path, monkeypatch):
     """A local MLflow store of its own (sqlite, MLflow's default kind), and none of the caller's MLFLOW_* settings."""
     pytest.importorskip("mlflow")
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_NESTED_RUN", "MLFLOW_TAGS", "HF_MLFLOW_LOG_ARTIFACTS"):
+    for name in (
+        "MLFLOW_RUN_ID",
+        "MLFLOW_EXPERIMENT_ID",
+        "MLFLOW_NESTED_RUN",
+        "MLFLOW_TAGS",
+        "HF_MLFLOW_LOG_ARTIFACTS",
+    ):
         monkeypatch.delenv(name, raising=False)
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
@@ -130,7 +147,9 @@ def test_params_are_flattened_and_a_long_one_is_shortened_with_a_marker():
 
     config = {"learning_rate": 1e-4, "report_to": ["mlflow", "tensorboard"], "bf16": None, "label_names": "x" * 7000}
     params, shortened = mlflow_params(config, {0: "World", 1: "Sports"}, 2, limit=6000)
-    assert params["learning_rate"] == "0.0001" and params["report_to"] == "mlflow,tensorboard" and params["bf16"] == "null"
+    assert (
+        params["learning_rate"] == "0.0001" and params["report_to"] == "mlflow,tensorboard" and params["bf16"] == "null"
+    )
     assert params["id2label.1"] == "Sports" and params["world_size"] == "2"
     assert shortened == ["label_names"] and len(params["label_names"]) == 6000
     assert params["label_names"].endswith("... [shortened from 7000 characters]")
@@ -151,14 +170,22 @@ def test_mlflow_records_the_run_and_a_store_broken_mid_run_is_one_line(tmp_path,
     long_names = type("Model", (), {"config": type("C", (), {"id2label": {0: "y" * 7000, 1: "b"}})()})()
     callback.on_train_begin(config, state, TrainerControl(), resumed_from=None, model=long_names)
     state.global_step = 3
-    callback.on_log(config, state, TrainerControl(), {"loss": 0.5, "per_class": {"World": {"f1": 0.25}}, "note": "x"}, kind="eval")
+    callback.on_log(
+        config, state, TrainerControl(), {"loss": 0.5, "per_class": {"World": {"f1": 0.25}}, "note": "x"}, kind="eval"
+    )
 
     client = mlflow.MlflowClient()
     run = client.get_run(json.loads(run_dir.mlflow_run.read_text())["run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "unit" and run.info.run_name == "run"
-    assert run.data.tags["team"] == "news" and run.data.tags["config_hash"] and run.data.tags["model_version"] == "1.0.0"
-    assert run.data.params["id2label.1"] == "b" and run.data.params["id2label.0"].endswith("[shortened from 7000 characters]")
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/per_class/World/f1")] == [(3, 0.25)]
+    assert (
+        run.data.tags["team"] == "news" and run.data.tags["config_hash"] and run.data.tags["model_version"] == "1.0.0"
+    )
+    assert run.data.params["id2label.1"] == "b" and run.data.params["id2label.0"].endswith(
+        "[shortened from 7000 characters]"
+    )
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/per_class/World/f1")] == [
+        (3, 0.25)
+    ]
     assert said[-1] == "MLflow: parameter(s) id2label.0 shortened to 6000 characters (in full in config.yaml)"
 
     said.clear()
@@ -181,7 +208,9 @@ def test_report_to_mlflow_without_mlflow_fails_before_any_worker_starts(tmp_path
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     config = TrainConfig(output_dir=str(tmp_path / "run"), report_to=["mlflow"])
-    missing = r"config field 'report_to': mlflow is not installed \(pip install 'distrinews\[mlflow\]', or --report_to none\)"
+    missing = (
+        r"config field 'report_to': mlflow is not installed \(pip install 'distrinews\[mlflow\]', or --report_to none\)"
+    )
     with pytest.raises(ConfigError, match=missing):
         preflight_train(config, read_data=False)
     assert not (tmp_path / "run").exists()

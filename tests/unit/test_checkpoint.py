@@ -40,7 +40,12 @@ def _save_step(root, step, model, limit=None):
     wrapped, opt, sched = _parts(model)
     checkpointer = Checkpointer(root, ONE_PROCESS, limit, {"model_name_or_path": "tiny-random"})
     return checkpointer.save(
-        step, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=step, label_names=list(AG_NEWS_LABELS))
+        step,
+        wrapped,
+        opt,
+        sched,
+        None,
+        TrainerStateRecord(epoch=0, step_in_epoch=step, label_names=list(AG_NEWS_LABELS)),
     )
 
 
@@ -78,7 +83,8 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     model = copy.deepcopy(tiny[0]).train()
     g = torch.Generator().manual_seed(0)
     batches = [
-        {"input_ids": torch.randint(5, 1000, (4, 12), generator=g), "labels": torch.randint(0, 4, (4,), generator=g)} for _ in range(3)
+        {"input_ids": torch.randint(5, 1000, (4, 12), generator=g), "labels": torch.randint(0, 4, (4,), generator=g)}
+        for _ in range(3)
     ]
     wrapped, opt, sched = _stepping_parts(model)
     for batch in batches[:2]:
@@ -108,9 +114,13 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
         saved, back = opt.state[p], fresh_opt.state[q]
         assert float(back["step"]) == float(saved["step"]) == 2.0, name
-        assert torch.equal(back["exp_avg"], saved["exp_avg"]) and torch.equal(back["exp_avg_sq"], saved["exp_avg_sq"]), name
+        assert torch.equal(back["exp_avg"], saved["exp_avg"]) and torch.equal(
+            back["exp_avg_sq"], saved["exp_avg_sq"]
+        ), name
         assert back["exp_avg_sq"].abs().sum() > 0, f"{name}: the steps moved the moments"
-    assert fresh_sched.state_dict()["last_epoch"] == 2 and fresh_sched.get_last_lr() == sched.get_last_lr() == [1e-3 * 0.25]
+    assert fresh_sched.state_dict()["last_epoch"] == 2 and fresh_sched.get_last_lr() == sched.get_last_lr() == [
+        1e-3 * 0.25
+    ]
 
     _train_step(model, opt, sched, batches[2])
     _train_step(fresh, fresh_opt, fresh_sched, batches[2])
@@ -153,7 +163,9 @@ def test_a_kill_between_the_renames_of_best_leaves_the_previous_best_after_clean
     from distrinews.checkpoint import atomic
 
     model, tok = tiny
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64))
+    save_servable(
+        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64)
+    )
     replace = os.replace
 
     def stopped_after_moving_aside(src, dst):
@@ -163,7 +175,9 @@ def test_a_kill_between_the_renames_of_best_leaves_the_previous_best_after_clean
 
     monkeypatch.setattr(atomic.os, "replace", stopped_after_moving_aside)
     with pytest.raises(KeyboardInterrupt):
-        save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64))
+        save_servable(
+            tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64)
+        )
     monkeypatch.undo()
     assert not (tmp_path / "best").exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".old-best-")]
     clean_stale_tmp(tmp_path)
@@ -214,8 +228,12 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
     from transformers import pipeline
 
     model, tok = tiny
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64))
-    save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64))
+    save_servable(
+        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.1}, max_length=64)
+    )
+    save_servable(
+        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.2}, max_length=64)
+    )
     assert sorted(os.listdir(tmp_path)) == ["best"]
     info = json.loads((tmp_path / "best" / "distrinews.json").read_text())
     assert info["metrics"]["accuracy"] == 0.2 and info["label_names"] == ["World", "Sports", "Business", "Sci/Tech"]
@@ -228,12 +246,18 @@ def test_servable_replaces_previous_and_loads_with_transformers(tmp_path, tiny):
 def test_legacy_pt_export_and_load(tmp_path, tiny):
     model, tok = tiny
     save_servable(
-        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(metrics={"accuracy": 0.25, "loss": 1.3}, max_length=64, epoch=1)
+        tmp_path / "best",
+        model,
+        model.state_dict(),
+        tok,
+        ServableInfo(metrics={"accuracy": 0.25, "loss": 1.3}, max_length=64, epoch=1),
     )
     out = export_seed_pt(tmp_path / "best", tmp_path / "model.pt")
     payload = torch.load(out, weights_only=True)
     assert set(payload) == {"epoch", "model_state_dict", "optimizer_state_dict", "loss", "accuracy", "config"}
-    assert payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
+    assert (
+        payload["accuracy"] == 25.0 and payload["config"]["max_length"] == 64 and payload["config"]["num_labels"] == 4
+    )
     loaded, _tok2, info = load_for_inference(out)
     enc = tok(["Stocks rally on Wall Street"], return_tensors="pt")
     with torch.no_grad():
@@ -241,7 +265,10 @@ def test_legacy_pt_export_and_load(tmp_path, tiny):
         b = loaded(**enc).logits
     assert torch.allclose(a, b, atol=1e-6)
     assert info.max_length == 64
-    assert info.tokenizer.to_json() == {"source": "recorded_path", "path": str(tmp_path / "best")}  # the .pt names the folder it came from
+    assert info.tokenizer.to_json() == {
+        "source": "recorded_path",
+        "path": str(tmp_path / "best"),
+    }  # the .pt names the folder it came from
 
 
 def test_reference_style_wrapped_state_dict_loads(tmp_path, tiny):
@@ -319,10 +346,14 @@ def _fill_disk_midway(monkeypatch, free: int):
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save)
-    monkeypatch.setattr(shutil, "disk_usage", lambda _path: SimpleNamespace(total=1 << 50, used=(1 << 50) - free, free=free))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda _path: SimpleNamespace(total=1 << 50, used=(1 << 50) - free, free=free)
+    )
 
 
-def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_checkpoint_to_resume(tmp_path, tiny, monkeypatch):
+def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_checkpoint_to_resume(
+    tmp_path, tiny, monkeypatch
+):
     model, _ = tiny
     previous = _save_step(tmp_path, 1, model)
     size = sum(p.stat().st_size for p in previous.iterdir())
@@ -333,14 +364,18 @@ def test_a_save_that_runs_out_of_space_is_one_error_naming_the_space_and_the_che
     assert "\n" not in message and "inline_container" not in message
     assert message.startswith(f"no space left to save {tmp_path / 'step-2'}: the filesystem mounted at /"), message
     assert f"has 4.9 KiB free, the save needs about {_size(size)}, the size of step-1" in message, message
-    assert message.endswith(f"the newest complete checkpoint is {previous}: free some space, then continue with --resume auto")
+    assert message.endswith(
+        f"the newest complete checkpoint is {previous}: free some space, then continue with --resume auto"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"], "the half-written step-2 is removed"
 
 
 def test_with_no_checkpoint_yet_the_error_says_so_and_estimates_from_the_tensors(tmp_path, tiny, monkeypatch):
     model, _ = tiny
     _fill_disk_midway(monkeypatch, free=0)
-    with pytest.raises(DiskFullError, match=r"needs at least [\d.]+ MiB for its tensors; .*there is no complete checkpoint"):
+    with pytest.raises(
+        DiskFullError, match=r"needs at least [\d.]+ MiB for its tensors; .*there is no complete checkpoint"
+    ):
         _save_step(tmp_path, 1, model)
     assert list(tmp_path.iterdir()) == []
 
@@ -359,7 +394,10 @@ def test_a_failed_write_with_room_to_spare_is_not_called_a_full_disk(tmp_path, t
     [
         (OSError(errno.ENOSPC, "No space left on device"), True),
         (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
-        (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"), True),  # safetensors
+        (
+            RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),
+            True,
+        ),  # safetensors
         (RuntimeError("unexpected pos 576 vs 534"), False),  # torch: decided by the free space instead
         (PermissionError(errno.EACCES, "Permission denied"), False),
     ],
@@ -393,13 +431,17 @@ def test_a_servable_folder_without_its_tokenizer_is_refused(tmp_path, tiny, load
     from distrinews.model import resolve_model_path
 
     model, tok = tiny
-    best = save_servable(tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64, model_name="tiny-random"))
+    best = save_servable(
+        tmp_path / "best", model, model.state_dict(), tok, ServableInfo(max_length=64, model_name="tiny-random")
+    )
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (best / name).unlink(missing_ok=True)
     with pytest.raises(CheckpointError) as refused:
         load(best)
     message = str(refused.value)
-    assert message.startswith(f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json")
+    assert message.startswith(
+        f"could not load checkpoint {best}: its tokenizer is missing (no tokenizer.json, tokenizer_config.json"
+    )
     assert f"from_pretrained('{resolve_model_path('tiny-random')}').save_pretrained('{best}')" in message
     assert "\n" not in message
 
@@ -423,7 +465,9 @@ def test_sharded_metadata_is_read_without_running_code_or_leaving_its_folder(tmp
     def written(shard: str):
         chunk = ChunkStorageMetadata(torch.Size([0]), torch.Size([2]))
         tensor = TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([2]), [chunk])
-        metadata = Metadata({"w": tensor}, storage_data={MetadataIndex("w", torch.Size([0])): _StorageInfo(shard, 0, 8)})
+        metadata = Metadata(
+            {"w": tensor}, storage_data={MetadataIndex("w", torch.Size([0])): _StorageInfo(shard, 0, 8)}
+        )
         path = tmp_path / shard.replace("/", "_")
         path.write_bytes(pickle.dumps(metadata))
         return path

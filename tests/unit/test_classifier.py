@@ -19,7 +19,9 @@ def run_dir(tmp_path_factory):
 
     run = tmp_path_factory.mktemp("run")
     model = build_model("tiny-random", labels=LABELS, dropout=0.0, seed=0).eval()
-    save_servable(run / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(label_names=LABELS))
+    save_servable(
+        run / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(label_names=LABELS)
+    )
     return run
 
 

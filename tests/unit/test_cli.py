@@ -21,7 +21,18 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def test_every_subcommand_is_registered():
     commands = _subcommands(cli.build_parser())
-    assert set(commands) == {"train", "eval", "predict", "export", "serve", "serve-replicas", "report", "bench", "doctor", "tune"}
+    assert set(commands) == {
+        "train",
+        "eval",
+        "predict",
+        "export",
+        "serve",
+        "serve-replicas",
+        "report",
+        "bench",
+        "doctor",
+        "tune",
+    }
     assert set(_subcommands(commands["bench"])) == {"scaling", "collectives", "serving", "profile", "batch"}
 
 
@@ -63,4 +74,6 @@ def test_the_package_never_imports_the_comparison_tools_or_the_tests():
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
-            assert not [n for n in names if n.split(".")[0] in ("benchmarks", "tests")], f"{path.relative_to(ROOT)} imports {names}"
+            assert not [n for n in names if n.split(".")[0] in ("benchmarks", "tests")], (
+                f"{path.relative_to(ROOT)} imports {names}"
+            )

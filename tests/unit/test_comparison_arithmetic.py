@@ -25,7 +25,11 @@ def test_the_ablation_names_the_cores_each_worker_ran_on(monkeypatch):
     a = parser.parse_args(["--nproc", "1", "--ablation-steps", "3"])
     a.ours_options = a.ours_options or [""]
     result = ablation.ablation(a)
-    assert result["workers"] == 1 and result["cores_per_worker"] == 2 and len(result["rows"]) == len(ablation.ABLATION_STEPS)
+    assert (
+        result["workers"] == 1
+        and result["cores_per_worker"] == 2
+        and len(result["rows"]) == len(ablation.ABLATION_STEPS)
+    )
     machine = {"cpu": "a CPU", "cores_available": 2, "torch": "2"}
     report = {"machine": machine, "settings": {"batch_size": 32}, "date": "today", "command": "c", "ablation": result}
     assert "(1 worker(s) x 2 core(s), pinned, 3 timed steps, batch 32/worker" in compare_report.markdown(report)
@@ -96,12 +100,17 @@ def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trai
     assert list(rows) == ["ours", "ours2", "trainer"]
     assert [rows[k]["over_trainer"] for k in rows] == [pytest.approx(1.2), pytest.approx(1.5), pytest.approx(1.0)]
     assert rows["trainer"]["ours_over_this"] == pytest.approx(1.2)  # the first run of ours is "distrinews / this"
-    assert report["command"] == "python -m benchmarks.tools.compare --ours-options '--freeze_layers 1'"  # quoted: it runs again as written
+    assert (
+        report["command"] == "python -m benchmarks.tools.compare --ours-options '--freeze_layers 1'"
+    )  # quoted: it runs again as written
     md = (tmp_path / "c.md").read_text()
     assert "| distrinews train --freeze_layers 1 | 42 | 100 | 1.0 | 75.0 | 0.80x | 1.50x | 90.00% |" in md, md
     from distrinews.distributed.machine import threads_per_process
 
-    assert f"2 process(es) x batch 16 (global 32), max length 128, one epoch, DDP over gloo, {threads_per_process(2)} thread(s)" in md
+    assert (
+        f"2 process(es) x batch 16 (global 32), max length 128, one epoch, DDP over gloo, {threads_per_process(2)} thread(s)"
+        in md
+    )
     assert "Mean over" not in md
 
 
@@ -117,29 +126,52 @@ def test_compare_over_several_seeds_rates_each_seed_within_itself_and_the_means_
         return {"name": name, "steady_samples_per_s": 1.0, "loop_samples_per_s": speed[key, a.seed], "steps": 100,
                 "test_accuracy": accuracy[key, a.seed], "test_macro_f1": 0.9, "train_loss": 0.3}  # fmt: skip
 
-    monkeypatch.setattr(compare, "run_ours", lambda a, tmp, env, options="", key="ours": row(key, a, "distrinews train"))
+    monkeypatch.setattr(
+        compare, "run_ours", lambda a, tmp, env, options="", key="ours": row(key, a, "distrinews train")
+    )
     monkeypatch.setattr(compare, "run_script", lambda name, script, a, *rest: row("trainer", a, name))
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
-    args = ["--what", "compare", "--runs", "ours,trainer", "--seeds", "1,2", "--output-dir", str(tmp_path), "--name", "s"]
+    args = [
+        "--what",
+        "compare",
+        "--runs",
+        "ours,trainer",
+        "--seeds",
+        "1,2",
+        "--output-dir",
+        str(tmp_path),
+        "--name",
+        "s",
+    ]
     monkeypatch.setattr("sys.argv", ["compare.py", *args])
     assert compare.run(parser.parse_args(args), []) == 0
     assert order == [("ours", 1), ("trainer", 1), ("ours", 2), ("trainer", 2)]
     report = json.loads((tmp_path / "s.json").read_text())["compare"]
     assert [r["over_trainer"] for r in report["rows"]] == [pytest.approx(1.2), 1.0, pytest.approx(2.0), 1.0]
     ours, trainer = report["means"]
-    assert (ours["loop_samples_per_s"], ours["test_accuracy"], ours["accuracy_min"]) == (70.0, pytest.approx(0.892), 0.890)
+    assert (ours["loop_samples_per_s"], ours["test_accuracy"], ours["accuracy_min"]) == (
+        70.0,
+        pytest.approx(0.892),
+        0.890,
+    )
     assert ours["over_trainer"] == pytest.approx(70 / 45) and ours["points_from_trainer"] == pytest.approx(-0.2)
     assert trainer["points_from_trainer"] == 0
     md = (tmp_path / "s.md").read_text()
-    assert "Mean over the seeds 1, 2" in md and "| distrinews train | 1.0 | 70.0 | 1.56x | 89.20% (89.00-89.40%) | -0.20 |" in md, md
+    assert (
+        "Mean over the seeds 1, 2" in md
+        and "| distrinews train | 1.0 | 70.0 | 1.56x | 89.20% (89.00-89.40%) | -0.20 |" in md
+    ), md
 
 
 def test_bench_precision_reports_each_variants_median_turn_against_the_first():
     from benchmarks.tools.precision import medians
 
     rows = medians({"fp32": [300.0, 100.0, 200.0], "bf16": [50.0, 100.0, 400.0]})
-    assert [(r["variant"], r["step_ms"], r["min_ms"], r["max_ms"]) for r in rows] == [("fp32", 200, 100, 300), ("bf16", 100, 50, 400)]
+    assert [(r["variant"], r["step_ms"], r["min_ms"], r["max_ms"]) for r in rows] == [
+        ("fp32", 200, 100, 300),
+        ("bf16", 100, 50, 400),
+    ]
     assert [r["speedup"] for r in rows] == [1.0, 2.0]
 
 
@@ -151,13 +183,16 @@ def test_bench_precision_trains_every_variant_and_the_master_copy_refreshes_the_
     from distrinews.data.rows import AG_NEWS_LABELS
 
     chosen = [
-        (name, load_config(configs_dir / "tiny.yaml", dict(fields, output_dir="unused")), master) for name, fields, master in bench.VARIANTS
+        (name, load_config(configs_dir / "tiny.yaml", dict(fields, output_dir="unused")), master)
+        for name, fields, master in bench.VARIANTS
     ]
     batch = bench.make_batch(4, 12)
     assert batch["attention_mask"][-1, -2:].sum() == 0 and batch["attention_mask"][0].all()
     built = bench.build_variants(chosen, AG_NEWS_LABELS)
     times = bench.time_variants(built, batch, rounds=1, steps=1, warmup=1)
-    assert list(times) == [name for name, _, _ in bench.VARIANTS] and all(len(t) == 1 and t[0] > 0 for t in times.values())
+    assert list(times) == [name for name, _, _ in bench.VARIANTS] and all(
+        len(t) == 1 and t[0] > 0 for t in times.values()
+    )
     master = built[-1][1]
     trained = [p for p in master.model.parameters() if p.requires_grad]
     assert master.master and all(p.dtype == torch.bfloat16 for p in trained)
@@ -180,9 +215,16 @@ def test_bench_compare_gives_the_baselines_every_shared_setting_it_was_given():
     add_shared_arguments(p)
     a = p.parse_args(given)
     baseline = vars(comparison_parser("x").parse_args([*baseline_settings(a), "--result", "r.json"]))
-    assert {k: v for k, v in baseline.items() if k not in ("result", "bf16")} == {k: v for k, v in vars(a).items() if k != "bf16"}
+    assert {k: v for k, v in baseline.items() if k not in ("result", "bf16")} == {
+        k: v for k, v in vars(a).items() if k != "bf16"
+    }
     ours = ours_settings(a, "")
-    for flag, value in (("--seed", "7"), ("--learning_rate", "3e-05"), ("--data_dir", "/some/ag_news"), ("--max_grad_norm", "0.5")):
+    for flag, value in (
+        ("--seed", "7"),
+        ("--learning_rate", "3e-05"),
+        ("--data_dir", "/some/ag_news"),
+        ("--max_grad_norm", "0.5"),
+    ):
         assert ours[ours.index(flag) + 1] == value
 
 
@@ -190,12 +232,16 @@ def test_bench_precision_times_each_attention_kernel_in_both_passes():
     from benchmarks.tools.precision import ATTENTION_KERNELS, markdown, time_attention
 
     rows = time_attention(batch=4, length=10, heads=2, head_dim=8, repeats=1)
-    assert [(r["kernel"], r["pass"]) for r in rows] == [(k, p) for p in ("forward", "forward + backward") for k in ATTENTION_KERNELS]
+    assert [(r["kernel"], r["pass"]) for r in rows] == [
+        (k, p) for p in ("forward", "forward + backward") for k in ATTENTION_KERNELS
+    ]
     assert all(r["ms"] > 0 for r in rows)
     report = {"date": "d", "machine": {"cpu": "c", "cpu_flags": [], "torch": "t"}, "threads": 1, "command": "x", "batch": 4, "length": 10,
               "rounds": 1, "steps_per_round": 1, "rows": [], "attention": {"heads": 2, "head_dim": 8, "rows": rows}}  # fmt: skip
     md = markdown(report)
-    assert "one layer: 4 rows x 2 heads x 10 tokens x 8" in md and f"| {ATTENTION_KERNELS[2]} | forward + backward |" in md
+    assert (
+        "one layer: 4 rows x 2 heads x 10 tokens x 8" in md and f"| {ATTENTION_KERNELS[2]} | forward + backward |" in md
+    )
 
 
 def test_ours_against_the_reference_server_is_each_runtimes_ratio_at_each_concurrency():
@@ -221,11 +267,15 @@ def test_the_baseline_scores_tf_idf_on_the_runs_own_split(tmp_path, write_rows, 
     words = ["goal", "shares", "chip"]
     rows = [{"text": f"{words[i % 3]} story {i}", "label": ["sport", "business", "tech"][i % 3]} for i in range(90)]
     path = write_rows(tmp_path / "news.csv", rows)
-    args = argparse.Namespace(run=None, config=str(configs_dir / "tiny.yaml"), output_dir=str(tmp_path / "out"), name="b")
+    args = argparse.Namespace(
+        run=None, config=str(configs_dir / "tiny.yaml"), output_dir=str(tmp_path / "out"), name="b"
+    )
     assert baseline.run(args, ["--train_file", str(path), "--validation_split_percentage", "20"]) == 0
     report = json.loads((tmp_path / "out" / "b.json").read_text())
     assert report["data"]["eval_rows"] == 18 and report["data"]["labels"] == ["business", "sport", "tech"]
-    assert report["baseline"]["accuracy"] == 1.0 and report["baseline"]["macro_f1"] == 1.0  # one word gives the label away
+    assert (
+        report["baseline"]["accuracy"] == 1.0 and report["baseline"]["macro_f1"] == 1.0
+    )  # one word gives the label away
     with pytest.raises(ConfigError, match="give --run RUN_DIR, or --config PRESET"):
         baseline.run(argparse.Namespace(run=None, config=None, output_dir="x", name="b"), [])
 

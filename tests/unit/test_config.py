@@ -67,7 +67,8 @@ def test_fp16_needs_cuda():
 
 def test_command_line_strings_are_typed():
     cfg = load_config(
-        CONFIGS / "tiny.yaml", parse_overrides(["--learning-rate", "3e-4", "--bf16=true", "--train_samples", "null", "--max_steps", "7"])
+        CONFIGS / "tiny.yaml",
+        parse_overrides(["--learning-rate", "3e-4", "--bf16=true", "--train_samples", "null", "--max_steps", "7"]),
     )
     assert cfg.optimizer.learning_rate == 3e-4 and cfg.precision.bf16 is True
     assert cfg.data.train_samples is None and cfg.batches.max_steps == 7
@@ -108,7 +109,9 @@ def _as_text(value):
 def test_each_declaration_reaches_the_command_line_defaults_records_and_reference(name, info):
     default = info.get_default(call_default_factory=True)
     # the command line: its default, written as a string, parses back to the same typed value
-    assert load_config(None, parse_overrides([f"--{name}", _as_text(default)])).get(name) == default == field_default(name)
+    assert (
+        load_config(None, parse_overrides([f"--{name}", _as_text(default)])).get(name) == default == field_default(name)
+    )
     # the records: config.yaml and distrinews.json hold the flat form, which reads back
     assert name in TrainConfig().to_dict() and TrainConfig.from_dict(TrainConfig().to_dict()) == TrainConfig()
     # the reference (train --help and the docs) shows it with its help
@@ -116,12 +119,19 @@ def test_each_declaration_reaches_the_command_line_defaults_records_and_referenc
 
 
 def test_the_original_systems_flags_mean_the_fields():
-    cfg = load_config(CONFIGS / "tiny.yaml", parse_overrides(["--epochs", "3", "--batch_size", "32", "--learning_rate", "2e-5"]))
-    assert (cfg.batches.num_train_epochs, cfg.batches.per_device_train_batch_size, cfg.optimizer.learning_rate) == (3, 32, 2e-5)
+    cfg = load_config(
+        CONFIGS / "tiny.yaml", parse_overrides(["--epochs", "3", "--batch_size", "32", "--learning_rate", "2e-5"])
+    )
+    assert (cfg.batches.num_train_epochs, cfg.batches.per_device_train_batch_size, cfg.optimizer.learning_rate) == (
+        3,
+        32,
+        2e-5,
+    )
 
 
 @pytest.mark.parametrize(
-    "typed,meant", [("lr", "learning_rate"), ("num_workers", "dataloader_num_workers"), ("warmup_steps", "warmup_ratio")]
+    "typed,meant",
+    [("lr", "learning_rate"), ("num_workers", "dataloader_num_workers"), ("warmup_steps", "warmup_ratio")],
 )
 def test_an_unknown_field_is_hinted_by_meaning_too(typed, meant):
     with pytest.raises(ConfigError, match=rf"unknown config field '{typed}'; did you mean .*'{meant}'"):

@@ -202,7 +202,9 @@ def test_inputs_are_files_folders_and_globs_in_name_order(tmp_path, write_rows):
 def test_the_text_is_its_field_or_ag_news_title_and_description_cleaned_as_in_training():
     fields = RowFields()
     assert fields.text({"text": "  as given  "}) == "  as given  "
-    assert fields.text({"title": "Profit", "description": "rose to \\$1.2 billion"}) == clean_text("Profit", "rose to \\$1.2 billion")
+    assert fields.text({"title": "Profit", "description": "rose to \\$1.2 billion"}) == clean_text(
+        "Profit", "rose to \\$1.2 billion"
+    )
     assert fields.columns() == ["text", "title", "description"]
     for row, reason in [
         ({"body": "x"}, "no field 'text' (nor 'title' and 'description')"),

@@ -43,14 +43,29 @@ def fake_run(path, accuracies=(0.60, 0.80, 0.75), total_time=125.0, model="minil
         for _ in range(2):
             step += 10
             log.log(
-                "train", step, {"loss": 1.0 / step, "accuracy": 0.5, "learning_rate": 1e-4 * (1 - step / 60), "samples_per_s": 100.0 + step}
+                "train",
+                step,
+                {
+                    "loss": 1.0 / step,
+                    "accuracy": 0.5,
+                    "learning_rate": 1e-4 * (1 - step / 60),
+                    "samples_per_s": 100.0 + step,
+                },
             )
-        log.log("eval", step, {"loss": 0.5, "accuracy": accuracy, "macro_f1": accuracy - 0.01, "per_class_accuracy": {"World": accuracy}})
+        log.log(
+            "eval",
+            step,
+            {"loss": 0.5, "accuracy": accuracy, "macro_f1": accuracy - 0.01, "per_class_accuracy": {"World": accuracy}},
+        )
         # Epochs of 10 s at 100 samples/s and 30 s at 200: the run's rate is samples over time, not a mean of rates.
         log.log(
             "epoch",
             step,
-            {"test_accuracy": accuracy, "samples_per_s": 100.0 if epoch == 0 else 200.0, "epoch_time_s": 10.0 if epoch == 0 else 30.0},
+            {
+                "test_accuracy": accuracy,
+                "samples_per_s": 100.0 if epoch == 0 else 200.0,
+                "epoch_time_s": 10.0 if epoch == 0 else 30.0,
+            },
         )
     log.log("summary", step, {"total_time_s": total_time, "best_accuracy": max(accuracies)})
     log.close()
@@ -75,7 +90,11 @@ def test_panels_hold_the_logged_values(tmp_path):
 def test_results_table(tmp_path):
     run = RunLog.load(fake_run(tmp_path / "run").path)
     result = run.result()
-    assert result["final_accuracy"] == 0.75 and result["best_accuracy"] == 0.80 and result["best_macro_f1"] == pytest.approx(0.79)
+    assert (
+        result["final_accuracy"] == 0.75
+        and result["best_accuracy"] == 0.80
+        and result["best_macro_f1"] == pytest.approx(0.79)
+    )
     assert result["samples_per_s"] == pytest.approx((100 * 10 + 200 * 30 + 200 * 30) / 70)
     assert result["steps"] == 60 and result["wall_time_s"] == 125.0 and result["model"] == "minilm"
     table = results_table([run])
@@ -128,7 +147,12 @@ def test_report_overlays_runs_with_distinct_names(tmp_path, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert "a/run" in out and "b/run" in out
     fig = draw(curves.load_runs([a.path, b.path]))
-    assert {line.get_label() for line in fig.axes[0].lines} == {"a/run train", "a/run test", "b/run train", "b/run test"}
+    assert {line.get_label() for line in fig.axes[0].lines} == {
+        "a/run train",
+        "a/run test",
+        "b/run train",
+        "b/run test",
+    }
     monkeypatch.chdir(tmp_path)
     assert main(["report", str(a.path), str(b.path)]) == 0
     assert (tmp_path / "training_curves_comparison.png").is_file()
@@ -137,7 +161,10 @@ def test_report_overlays_runs_with_distinct_names(tmp_path, capsys, monkeypatch)
 def test_report_on_a_directory_without_a_log_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"distrinews: error: {tmp_path} has no log.jsonl: not a run directory (distrinews train --output-dir DIR writes one)"
+    assert (
+        err
+        == f"distrinews: error: {tmp_path} has no log.jsonl: not a run directory (distrinews train --output-dir DIR writes one)"
+    )
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

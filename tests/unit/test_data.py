@@ -113,7 +113,10 @@ def test_truncation_to_max_length():
 
 
 def test_collator_pads_to_longest_in_batch():
-    batch = [(torch.tensor([101, 5, 102], dtype=torch.int32), 1, 7), (torch.tensor([101, 102], dtype=torch.int32), 3, 2)]
+    batch = [
+        (torch.tensor([101, 5, 102], dtype=torch.int32), 1, 7),
+        (torch.tensor([101, 102], dtype=torch.int32), 3, 2),
+    ]
     out = Collator(pad_token_id=0)(batch)
     assert out["input_ids"].tolist() == [[101, 5, 102], [101, 102, 0]]
     assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]

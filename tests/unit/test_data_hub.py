@@ -21,7 +21,11 @@ from distrinews.errors import DataError
 
 # Rows as the original release has them: escapes (\\$, a backslash for a line break, #39;) included.
 ORIGINAL_ROWS = [
-    ("3", "Wall St. Bears Claw Back (Reuters)", "Reuters - Short-sellers, Wall Street's dwindling\\band of ultra-cynics"),
+    (
+        "3",
+        "Wall St. Bears Claw Back (Reuters)",
+        "Reuters - Short-sellers, Wall Street's dwindling\\band of ultra-cynics",
+    ),
     ("2", "Phelps wins again", "Michael Phelps #39;s fifth gold medal"),
     ("4", "New chip", "Profit rose to \\$1.2 billion.\\nAnalysts cheered"),
     ("1", "Talks resume", "Diplomats met in Geneva on Monday"),
@@ -41,7 +45,10 @@ class FakeDataset:
 
 def hub_rows(rows) -> dict[str, list]:
     """The hub's schema of original CSV rows: the dataset script joins title and description with a space."""
-    return {"text": [f"{title} {description}" for _, title, description in rows], "label": [int(c) - 1 for c, _, _ in rows]}
+    return {
+        "text": [f"{title} {description}" for _, title, description in rows],
+        "label": [int(c) - 1 for c, _, _ in rows],
+    }
 
 
 @pytest.fixture
@@ -74,7 +81,11 @@ def test_hub_rows_are_cleaned_like_the_local_files(tmp_path, fake_hub, write_csv
     assert fake_hub.calls == [(HUB_DATASET, "test"), (HUB_DATASET, "train")]
     assert test.texts == local.texts  # same article, same text, same token-cache entry
     assert test.labels == local.labels == [2, 1, 3, 0]
-    assert "dwindling band" in test.texts[0] and "$1.2 billion. Analysts" in test.texts[2] and "Phelps's fifth" in test.texts[1]
+    assert (
+        "dwindling band" in test.texts[0]
+        and "$1.2 billion. Analysts" in test.texts[2]
+        and "Phelps's fifth" in test.texts[1]
+    )
     assert train.labels == [0, 3, 1, 2]
     assert test.source == f"hub:{HUB_DATASET}/test" and train.source == f"hub:{HUB_DATASET}/train"
 
@@ -121,7 +132,15 @@ def test_offline_without_data_says_both_ways(fake_hub, monkeypatch):
 
 def online(monkeypatch, resolves: bool = True) -> None:
     """No offline switch, no proxy, and the hub's name resolving (or not)."""
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_ENDPOINT"):
+    for name in (
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "HF_ENDPOINT",
+    ):
         monkeypatch.delenv(name, raising=False)
 
     def getaddrinfo(host, port, *args, **kwargs):
@@ -151,7 +170,9 @@ def test_behind_a_proxy_the_name_is_not_probed(fake_hub, monkeypatch):
 
 def test_unreachable_hub_without_data_says_both_ways(fake_hub, monkeypatch):
     online(monkeypatch)
-    fake_hub.error = ConnectionError("Couldn't reach 'fancyzhx/ag_news' on the Hub (LocalEntryNotFoundError)\nsecond line")
+    fake_hub.error = ConnectionError(
+        "Couldn't reach 'fancyzhx/ag_news' on the Hub (LocalEntryNotFoundError)\nsecond line"
+    )
     with pytest.raises(DataError) as caught:
         load_split(None, "test")
     _assert_names_both_ways(str(caught.value))
@@ -171,7 +192,17 @@ def test_train_command_offline_without_data_is_one_line(fake_hub, monkeypatch, c
     """What `make demo` on a fresh offline clone shows: exit 2 and one line, before any worker starts."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     fake_hub.error = ConnectionError("Couldn't reach 'fancyzhx/ag_news' on the Hub (OfflineModeIsEnabled)")
-    code = main(["train", "--config", str(configs_dir / "tiny.yaml"), "--output-dir", str(tmp_path / "run"), "--nproc-per-node", "2"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(configs_dir / "tiny.yaml"),
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--nproc-per-node",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()

@@ -18,7 +18,14 @@ from safetensors.torch import load_file, save_file
 from distrinews.config import ConfigError, load_config
 from distrinews.distributed.process_group import distributed_context
 from distrinews.predict.runtimes import Predictor
-from distrinews.train.distillation import Distillation, TeacherCacheError, cache_path, cached_log_probs, soft_loss, teacher_paths
+from distrinews.train.distillation import (
+    Distillation,
+    TeacherCacheError,
+    cache_path,
+    cached_log_probs,
+    soft_loss,
+    teacher_paths,
+)
 from distrinews.train.trainer import Trainer, train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -36,7 +43,9 @@ def train_rows(tmp_path_factory):
     from distrinews.train.components import prepare_data
 
     config = _config(tmp_path_factory.mktemp("rows"))
-    data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, DistEnv(0, 0, 1, 1, torch.device("cpu"), None))
+    data = prepare_data(
+        config.data, config.model.model_name_or_path, config.run.seed, DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
+    )
     return data.labelled.train, data.label_names
 
 
@@ -57,7 +66,9 @@ def test_the_loss_is_alpha_hard_plus_one_minus_alpha_soft_at_temperature_squared
     batch = {"labels": torch.tensor([0, 3, 1, 1, 2]), "index": torch.tensor([8, 0, 4, 4, 2])}
     T = 2.5
     # by hand: KL(p_t || p_s) = sum p_t (log p_t - log p_s) over classes, mean over rows, x T^2
-    p_t = torch.exp(teacher_logits[batch["index"]] / T) / torch.exp(teacher_logits[batch["index"]] / T).sum(-1, keepdim=True)
+    p_t = torch.exp(teacher_logits[batch["index"]] / T) / torch.exp(teacher_logits[batch["index"]] / T).sum(
+        -1, keepdim=True
+    )
     log_p_s = logits / T - torch.log(torch.exp(logits / T).sum(-1, keepdim=True))
     kl = (p_t * (torch.log(p_t) - log_p_s)).sum(-1).mean() * T * T
     ce = -(logits - torch.log(torch.exp(logits).sum(-1, keepdim=True)))[torch.arange(5), batch["labels"]].mean()
@@ -67,7 +78,9 @@ def test_the_loss_is_alpha_hard_plus_one_minus_alpha_soft_at_temperature_squared
         got = Distillation(teacher, T, alpha).loss(hard, logits, batch)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert kl > 0.05, "the rows' teacher differs from the student, so the soft loss is not zero"
-    assert soft_loss(logits, F.log_softmax(logits, -1), T).abs() < 1e-6, "a student equal to its teacher has no soft loss"
+    assert soft_loss(logits, F.log_softmax(logits, -1), T).abs() < 1e-6, (
+        "a student equal to its teacher has no soft loss"
+    )
 
 
 def test_teacher_fields_are_checked():
@@ -97,7 +110,9 @@ def test_the_cache_is_computed_once_reused_and_keyed_by_the_teachers(teachers, t
     both, computed = cached_log_probs([a, b], rows, labels, tmp_path, build=True)
     only_b, _ = cached_log_probs([b], rows, labels, tmp_path, build=True)
     assert computed, "another teacher set, another cache entry"
-    torch.testing.assert_close(both.exp(), (first.exp() + only_b.exp()) / 2, atol=1e-6, rtol=1e-5)  # probabilities averaged
+    torch.testing.assert_close(
+        both.exp(), (first.exp() + only_b.exp()) / 2, atol=1e-6, rtol=1e-5
+    )  # probabilities averaged
 
     changed = tmp_path / "changed"
     shutil.copytree(a, changed)
@@ -109,11 +124,15 @@ def test_the_cache_is_computed_once_reused_and_keyed_by_the_teachers(teachers, t
     moved, computed = cached_log_probs([changed], rows, labels, tmp_path, build=True)
     assert computed and not torch.equal(moved, first), "a teacher whose weights changed is asked again"
     (changed / "model.int8.onnx").write_bytes(b"made later by serve")
-    assert not cached_log_probs([changed], rows, labels, tmp_path, build=True)[1], "an ONNX file beside it is not the teacher"
+    assert not cached_log_probs([changed], rows, labels, tmp_path, build=True)[1], (
+        "an ONNX file beside it is not the teacher"
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong shape", "not log-probabilities", "a link"])
-def test_a_damaged_cache_file_is_refused_by_readers_and_rebuilt_by_the_first_process(teachers, train_rows, tmp_path, damage):
+def test_a_damaged_cache_file_is_refused_by_readers_and_rebuilt_by_the_first_process(
+    teachers, train_rows, tmp_path, damage
+):
     rows, labels = train_rows
     good, _ = cached_log_probs(teachers[:1], rows, labels, tmp_path, build=True)
     path = cache_path(teachers[:1], rows, labels, tmp_path)
@@ -174,7 +193,9 @@ def test_a_distilled_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one
     assert "probabilities computed" in capsys.readouterr().out
     step3 = tmp_path / "whole" / "checkpoints" / "step-3"
     train(_config(tmp_path, **common, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(step3)))
-    assert "probabilities read from the cache" in capsys.readouterr().out, "the second run does not ask the teachers again"
+    assert "probabilities read from the cache" in capsys.readouterr().out, (
+        "the second run does not ask the teachers again"
+    )
     whole = load_file(str(tmp_path / "whole" / "checkpoints" / "step-6" / "model.safetensors"))
     resumed = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-6" / "model.safetensors"))
     at3 = load_file(str(step3 / "model.safetensors"))

@@ -74,7 +74,14 @@ def text() -> str:
     return DOCKERFILE.read_text()
 
 
-CHECKS = [user_problems, healthcheck_problems, expose_problems, base_image_problems, cmd_problems, cpu_only_torch_problems]
+CHECKS = [
+    user_problems,
+    healthcheck_problems,
+    expose_problems,
+    base_image_problems,
+    cmd_problems,
+    cpu_only_torch_problems,
+]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -114,10 +121,16 @@ BREAKAGES = {
         ('"torch==${TORCH_VERSION}+cpu"; fi', '"torch==${TORCH_VERSION}"; fi'),
         ('--index-url "${TORCH_INDEX_URL}"', ""),
         ("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", "ARG TORCH_INDEX_URL=https://pypi.org/simple"),
-        ('--find-links /context/.whl "torch', '--extra-index-url https://pypi.org/simple --find-links /context/.whl "torch'),
+        (
+            '--find-links /context/.whl "torch',
+            '--extra-index-url https://pypi.org/simple --find-links /context/.whl "torch',
+        ),
         ("pip install -r /app/requirements.txt", "pip install torch -r /app/requirements.txt"),
         ("pip install -r /app/requirements.txt", "pip install 'torch>=2.4' && pip install -r /app/requirements.txt"),
-        ("pip install -r /app/requirements.txt", "python3 -m pip install torch && pip install -r /app/requirements.txt"),
+        (
+            "pip install -r /app/requirements.txt",
+            "python3 -m pip install torch && pip install -r /app/requirements.txt",
+        ),
     ],
 }
 
@@ -145,13 +158,20 @@ def unreadable_shell_problems(text: str) -> list[str]:
     runs = [args for _, args in find(instructions(text), "RUN")]
     written = [m.group(0).strip() for args in runs for m in re.finditer(r"\bpip3?\s+install\b[^;&|]*", args)]
     seen = len(pip_installs(text))
-    return [] if seen == len(written) else [f"the checks read {seen} of the {len(written)} pip installs written: {written}"]
+    return (
+        []
+        if seen == len(written)
+        else [f"the checks read {seen} of the {len(written)} pip installs written: {written}"]
+    )
 
 
 # Shell the checks cannot read, each hiding a pip install from them.
 UNREADABLE = [
     # an environment marker: pip's own syntax, and a ';' inside quotes; an unpinned torch from the default index
-    ('pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu";', "pip install \"torch; sys_platform == 'linux'\";"),
+    (
+        'pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu";',
+        "pip install \"torch; sys_platform == 'linux'\";",
+    ),
     ("pip install -r /app/requirements.txt", 'pip install -r "/app/requirements.txt'),
 ]
 

@@ -50,7 +50,9 @@ def test_training_without_tensorboard_names_the_extra_or_report_to_none(monkeypa
     args = ["train", "--config", str(CONFIGS / "tiny.yaml"), "--output-dir", str(tmp_path / "run")]
     assert main(args) == 2
     line = _one_line(capsys)
-    assert "'report_to': tensorboard is not installed (pip install 'distrinews[tensorboard]', or --report_to none)" in line
+    assert (
+        "'report_to': tensorboard is not installed (pip install 'distrinews[tensorboard]', or --report_to none)" in line
+    )
 
 
 def test_the_default_model_without_its_package_names_the_extra(monkeypatch):

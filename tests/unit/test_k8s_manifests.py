@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra)")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra)"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -59,9 +61,9 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(path):
 
 def test_the_validator_refuses_a_misspelt_field():
     doc = _documents(K8S / "serve.yaml")[0]
-    doc["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = doc["spec"]["template"]["spec"]["containers"][0].pop(
-        "readinessProbe"
-    )
+    doc["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = doc["spec"]["template"]["spec"]["containers"][
+        0
+    ].pop("readinessProbe")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -178,7 +180,11 @@ def test_each_hardening_check_fails_when_its_setting_goes(broken, problem):
 
 
 def test_a_pinned_image_passes():
-    for image in ("ghcr.io/OWNER/distrinews-serve:0.1.0", "localhost:5000/distrinews-serve:1.2", f"busybox@sha256:{'0' * 64}"):
+    for image in (
+        "ghcr.io/OWNER/distrinews-serve:0.1.0",
+        "localhost:5000/distrinews-serve:1.2",
+        f"busybox@sha256:{'0' * 64}",
+    ):
         assert not [p for p in hardening_problems(_set_image(image)()) if "is not pinned" in p], image
 
 
@@ -226,7 +232,10 @@ def test_serving_manifest_matches_the_server(name, routes):
         assert get["path"] in routes, f"{probe} asks {get['path']}, which the app does not serve"
         assert get["path"] in PUBLIC_PATHS, f"{probe} path {get['path']} needs the API key, which a probe does not send"
         assert ports.get(get["port"], get["port"]) == DEFAULT_PORT
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready" and container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert (
+        container["readinessProbe"]["httpGet"]["path"] == "/ready"
+        and container["livenessProbe"]["httpGet"]["path"] == "/health"
+    )
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 120, "the startup probe must cover model loading"
 
@@ -237,7 +246,9 @@ def test_serving_manifest_matches_the_server(name, routes):
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     drain = ServeConfig().timeout_graceful_shutdown
-    assert pod["spec"]["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain, "the grace period must let the drain finish"
+    assert pod["spec"]["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain, (
+        "the grace period must let the drain finish"
+    )
 
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
@@ -264,5 +275,7 @@ def test_the_two_serving_manifests_differ_only_in_where_the_model_comes_from():
     on_volume = {e["name"]: e.get("value") for e in volume["containers"][0]["env"]}["MODEL_CHECKPOINT"]
     in_image = {e["name"]: e.get("value") for e in baked["containers"][0]["env"]}["MODEL_CHECKPOINT"]
     mounted = {m["mountPath"] for m in volume["containers"][0]["volumeMounts"]}
-    assert any(on_volume.startswith(m + "/") for m in mounted - {"/tmp"}), "serve.yaml reads the model from a mounted volume"
+    assert any(on_volume.startswith(m + "/") for m in mounted - {"/tmp"}), (
+        "serve.yaml reads the model from a mounted volume"
+    )
     assert in_image == "/models/best" and {m["mountPath"] for m in baked["containers"][0]["volumeMounts"]} == {"/tmp"}

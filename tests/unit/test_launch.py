@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from distrinews.distributed import launch
-from distrinews.distributed.launch import LaunchError, report_failures, spans_nodes, split_launch_flags, torchrun_args, wants_launch
+from distrinews.distributed.launch import (
+    LaunchError,
+    report_failures,
+    spans_nodes,
+    split_launch_flags,
+    torchrun_args,
+    wants_launch,
+)
 
 PET = (
     "PET_NPROC_PER_NODE",
@@ -101,7 +108,10 @@ def test_torchrun_arguments(monkeypatch):
 
 def _failure(exitcode, message="", timestamp=0):
     return SimpleNamespace(
-        exitcode=exitcode, message=message, timestamp=timestamp, signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else ""
+        exitcode=exitcode,
+        message=message,
+        timestamp=timestamp,
+        signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "",
     )
 
 
@@ -120,7 +130,10 @@ def test_a_usage_error_is_still_exit_2_when_the_launcher_stopped_the_other_ranks
 def test_the_first_real_failure_is_named_not_the_ranks_the_launcher_stopped(capsys):
     failures = {0: _failure(-int(signal.SIGTERM), timestamp=5), 1: _failure(-int(signal.SIGKILL), timestamp=3)}
     assert report_failures(failures) == 1
-    assert capsys.readouterr().err.strip() == "distrinews: error: worker rank 1 was killed by SIGKILL; the other workers were stopped"
+    assert (
+        capsys.readouterr().err.strip()
+        == "distrinews: error: worker rank 1 was killed by SIGKILL; the other workers were stopped"
+    )
     assert report_failures({3: _failure(1, "RuntimeError: boom", timestamp=1)}) == 1
     assert "worker rank 3 failed with exit code 1 (its output is above)" in capsys.readouterr().err
 

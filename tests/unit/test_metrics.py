@@ -42,12 +42,18 @@ def test_scores_agree_with_scikit_learn_for_any_number_of_classes():  # macro-F1
         m = classification_metrics(confusion_matrix(pred, truth, k), 0.0, names)
         present = sorted(set(truth.tolist()))
         assert m["classes_present"] == [names[i] for i in present]
-        assert math.isclose(m["macro_f1"], sklearn_metrics.f1_score(truth, pred, labels=present, average="macro"), rel_tol=1e-12)
+        assert math.isclose(
+            m["macro_f1"], sklearn_metrics.f1_score(truth, pred, labels=present, average="macro"), rel_tol=1e-12
+        )
         assert math.isclose(m["accuracy"], sklearn_metrics.accuracy_score(truth, pred), rel_tol=1e-12)
-        p, r, f, support = sklearn_metrics.precision_recall_fscore_support(truth, pred, labels=list(range(k)), zero_division=0)
+        p, r, f, support = sklearn_metrics.precision_recall_fscore_support(
+            truth, pred, labels=list(range(k)), zero_division=0
+        )
         for i, name in enumerate(names):
             got = m["per_class"][name]
-            assert math.isclose(got["precision"], p[i], abs_tol=1e-12) and math.isclose(got["recall"], r[i], abs_tol=1e-12)
+            assert math.isclose(got["precision"], p[i], abs_tol=1e-12) and math.isclose(
+                got["recall"], r[i], abs_tol=1e-12
+            )
             assert math.isclose(got["f1"], f[i], abs_tol=1e-12) and got["support"] == support[i]
 
 
@@ -93,4 +99,9 @@ def test_a_resumed_run_drops_what_the_interrupted_run_logged_after_its_checkpoin
     resumed = _sinks(tmp_path, ["none"], resumed_from="checkpoints/step-10")
     log_at(resumed, "train", 15, {"loss": 0.0})
     resumed.on_train_end(None)
-    assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "log.jsonl")] == [(5, 5.0), (10, 10.0), (10, 10.0), (15, 0.0)]
+    assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "log.jsonl")] == [
+        (5, 5.0),
+        (10, 10.0),
+        (10, 10.0),
+        (15, 0.0),
+    ]

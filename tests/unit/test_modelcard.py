@@ -32,7 +32,9 @@ def tiny():
 
 def save(path, tiny, model_name="minilm", **extra):
     model, tokenizer = tiny
-    config = TrainConfig(model_name_or_path=model_name, train_samples=16000, learning_rate=1e-4, output_dir="runs/cpu-quick", **extra)
+    config = TrainConfig(
+        model_name_or_path=model_name, train_samples=16000, learning_rate=1e-4, output_dir="runs/cpu-quick", **extra
+    )
     info = ServableInfo(
         metrics=METRICS,
         epoch=1.0,
@@ -108,7 +110,9 @@ def test_random_weights_and_local_paths_have_no_base_model(tmp_path, tiny):
 
 def test_a_checkpoint_never_evaluated_has_no_results_but_still_parses(tmp_path, tiny):
     model, tokenizer = tiny
-    best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random"))
+    best = save_servable(
+        tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random")
+    )
     meta, body, info = read(best)
     assert "model-index" not in meta and meta["pipeline_tag"] == "text-classification"
     assert info["model_version"] == "1.0.0" and info["config_hash"] is None
@@ -117,7 +121,12 @@ def test_a_checkpoint_never_evaluated_has_no_results_but_still_parses(tmp_path, 
 
 @pytest.mark.parametrize(
     "broken",
-    ["library_name: transformers\n---\n", "---\nlibrary_name: [unclosed\n---\n", "---\n- a list\n---\n", "---\nlibrary_name: x\n"],
+    [
+        "library_name: transformers\n---\n",
+        "---\nlibrary_name: [unclosed\n---\n",
+        "---\n- a list\n---\n",
+        "---\nlibrary_name: x\n",
+    ],
 )
 def test_split_front_matter_refuses_what_the_hub_could_not_read(broken):
     with pytest.raises((ValueError, yaml.YAMLError)):
@@ -135,7 +144,9 @@ def _own_data_card(path, training: dict):
     model = build_model("tiny-random", labels=desks, dropout=0.0, seed=0).eval()
     scores = classification_scores([[40, 5, 5], [2, 45, 3], [4, 1, 29]], desks)
     config = TrainConfig(model_name_or_path="minilm", output_dir="runs/bbc", **training)
-    info = ServableInfo(label_names=desks, metrics={"loss": 0.4, **scores}, model_name="minilm", training_config=config.to_dict())
+    info = ServableInfo(
+        label_names=desks, metrics={"loss": 0.4, **scores}, model_name="minilm", training_config=config.to_dict()
+    )
     return read(save_servable(path, model, model.state_dict(), build_tokenizer("tiny-random"), info))
 
 
@@ -148,7 +159,11 @@ def test_a_card_for_your_own_csv_names_its_labels_and_data_and_claims_nothing_of
     assert "AG News" not in card and "ag_news" not in card and "agnews" not in card and "World" not in card
     assert "datasets" not in meta and meta["license"] == "unknown"
     assert meta["model-index"][0]["name"] == "distrinews-minilm-bbc-news-v1.0.0"
-    assert meta["model-index"][0]["results"][0]["dataset"] == {"name": "bbc_news.csv", "type": "bbc-news", "split": "validation"}
+    assert meta["model-index"][0]["results"][0]["dataset"] == {
+        "name": "bbc_news.csv",
+        "type": "bbc-news",
+        "split": "validation",
+    }
     assert "A text classifier trained on bbc_news.csv, 3 labels (business, sport, tech)" in body
     assert "| sport | 88.24% | 90.00% | 89.11% | 50 |" in body  # precision 45/51, recall 45/50
     assert "text = `headline` + `summary`, label = `desk` (3 labels). Evaluated on 10% of the training rows" in body
@@ -156,5 +171,8 @@ def test_a_card_for_your_own_csv_names_its_labels_and_data_and_claims_nothing_of
 
 def test_a_card_for_a_hub_data_set_lists_it(tmp_path):
     meta, body, _ = _own_data_card(tmp_path / "best", {"dataset_name": "SetFit/bbc-news"})
-    assert meta["datasets"] == ["SetFit/bbc-news"] and meta["model-index"][0]["results"][0]["dataset"]["type"] == "SetFit/bbc-news"
+    assert (
+        meta["datasets"] == ["SetFit/bbc-news"]
+        and meta["model-index"][0]["results"][0]["dataset"]["type"] == "SetFit/bbc-news"
+    )
     assert "[SetFit/bbc-news](https://huggingface.co/datasets/SetFit/bbc-news)" in body and "AG News" not in body

@@ -37,7 +37,9 @@ def test_a_csv_with_string_labels_gives_sorted_labels_joined_texts_and_its_valid
     got = labelled(data(train_file=str(train), validation_file=str(valid)))
     assert got.label_names == sorted(DESKS) and got.own_data and got.warnings == []
     assert len(got.train) == 20 and len(got.eval) == 10 and got.eval_from == str(valid)
-    assert got.train.texts[0] == "Story 0 from the politics desk body text 0"  # columns joined, whitespace made one space
+    assert (
+        got.train.texts[0] == "Story 0 from the politics desk body text 0"
+    )  # columns joined, whitespace made one space
     assert [got.label_names[y] for y in got.train.labels[:5]] == DESKS
     assert class_counts(got.eval, got.label_names) == [2] * 5
 
@@ -60,7 +62,9 @@ def test_label_names_set_the_order_and_name_integer_ids(tmp_path, write_rows):
     assert got.label_names[got.train.labels[0]] == got.train.texts[0].split(" the ")[1].split()[0]
     ids = write_rows(tmp_path / "ids.jsonl", [{"text": f"t{i}", "label": i % 3} for i in range(30)])
     got = labelled(TrainConfig(train_file=str(ids), label_names="World,Sports,Business"))
-    assert got.label_names == ["World", "Sports", "Business"] and Counter(got.train.labels) == Counter({0: 9, 1: 9, 2: 9})
+    assert got.label_names == ["World", "Sports", "Business"] and Counter(got.train.labels) == Counter(
+        {0: 9, 1: 9, 2: 9}
+    )
     with pytest.raises(DataError, match=r"named.jsonl:1: label 'politics' is not in label_names \(tech, sport\)"):
         labelled(data(train_file=str(named), label_names="tech,sport"))
     with pytest.raises(ConfigError, match="config field 'label_names': names 'tech' twice"):
@@ -85,8 +89,14 @@ def test_an_evaluation_label_training_never_saw_is_named_with_a_row_holding_it(t
             [{"headline": "a", "body": "b", "desk": "x"}, {"headline": " ", "body": "", "desk": "y"}],
             r"rows.csv:3: empty text in 'headline' and 'body'",
         ),
-        ([{"headline": "a", "body": "b", "desk": "x"}, {"headline": "c", "body": "d", "desk": " "}], r"rows.csv:3: empty label in 'desk'"),
-        ([{"headline": f"a{i}", "body": "b", "desk": "sport"} for i in range(5)], r"holds one class only \('sport', \d+ rows\)"),
+        (
+            [{"headline": "a", "body": "b", "desk": "x"}, {"headline": "c", "body": "d", "desk": " "}],
+            r"rows.csv:3: empty label in 'desk'",
+        ),
+        (
+            [{"headline": f"a{i}", "body": "b", "desk": "sport"} for i in range(5)],
+            r"holds one class only \('sport', \d+ rows\)",
+        ),
     ],
     ids=["missing-column", "empty-text", "empty-label", "one-class"],
 )
@@ -106,7 +116,9 @@ def test_a_malformed_csv_row_names_its_line(tmp_path):
 
 def test_a_class_with_one_row_cannot_be_stratified_but_trains_with_a_validation_file(tmp_path, write_rows):
     train = write_rows(tmp_path / "train.jsonl", [*rows_of(4, labels=DESKS[:3]), *rows_of(1, labels=["weather"])])
-    with pytest.raises(DataError, match=r"train.jsonl:13: label 'weather' occurs once in training, so the validation split"):
+    with pytest.raises(
+        DataError, match=r"train.jsonl:13: label 'weather' occurs once in training, so the validation split"
+    ):
         labelled(data(train_file=str(train)))
     valid = write_rows(tmp_path / "valid.jsonl", rows_of(1, labels=DESKS[:3]))
     got = labelled(data(train_file=str(train), validation_file=str(valid)))
@@ -116,7 +128,11 @@ def test_a_class_with_one_row_cannot_be_stratified_but_trains_with_a_validation_
 
 def test_texts_with_different_labels_are_counted_and_shown(tmp_path, write_rows):
     rows = [{"text": f"t{i}", "label": "ab"[i % 2]} for i in range(20)]
-    rows += [{"text": "t0", "label": "b"}, {"text": "t1", "label": "a"}, {"text": "t2", "label": "a"}]  # t2 is 'a' already
+    rows += [
+        {"text": "t0", "label": "b"},
+        {"text": "t1", "label": "a"},
+        {"text": "t2", "label": "a"},
+    ]  # t2 is 'a' already
     path = write_rows(tmp_path / "dupes.jsonl", rows)
     (warning,) = labelled(TrainConfig(train_file=str(path), validation_split_percentage=10)).warnings
     assert warning.startswith("warning: 2 texts occur in training with different labels, e.g. 't0' as 'a' and 'b' (")
@@ -136,7 +152,9 @@ def test_the_carved_validation_split_is_stratified_seeded_and_disjoint(tmp_path,
 
 def test_a_data_set_saved_by_datasets_takes_its_class_label_names_and_validation_split(tmp_path):
     datasets = pytest.importorskip("datasets")
-    features = datasets.Features({"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos", "mixed"])})
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos", "mixed"])}
+    )
     split = {"sentence": [f"review {i}" for i in range(30)], "label": [i % 3 for i in range(30)]}
     datasets.DatasetDict(
         train=datasets.Dataset.from_dict(split, features=features),
@@ -162,16 +180,25 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"train_file": "a.csv", "dataset_name": "x/y"}, "config field 'dataset_name': give train_file or dataset_name, not both"),
+        (
+            {"train_file": "a.csv", "dataset_name": "x/y"},
+            "config field 'dataset_name': give train_file or dataset_name, not both",
+        ),
         ({"validation_file": "v.csv"}, "config field 'validation_file': applies to your own data"),
         ({"train_file": "a.csv", "data_dir": "d"}, "config field 'data_dir': is AG News's folder"),
         (
             {"train_file": "a.csv", "validation_file": "v.csv", "test_file": "t.csv"},
             "config field 'test_file': the run evaluates on one split",
         ),
-        ({"train_file": "a.csv", "validation_split_percentage": 0}, "config field 'validation_split_percentage': must be in \\[1, 50\\]"),
+        (
+            {"train_file": "a.csv", "validation_split_percentage": 0},
+            "config field 'validation_split_percentage': must be in \\[1, 50\\]",
+        ),
         ({"class_weights": "inverse"}, "config field 'class_weights': must be one of none, balanced"),
-        ({"metric_for_best_model": "f1"}, "config field 'metric_for_best_model': must be one of accuracy, macro_f1, loss"),
+        (
+            {"metric_for_best_model": "f1"},
+            "config field 'metric_for_best_model': must be one of accuracy, macro_f1, loss",
+        ),
     ],
 )
 def test_own_data_settings_are_checked_naming_the_field(fields, message):
@@ -210,7 +237,11 @@ def test_balanced_class_weights_match_scikit_learn_and_the_weighted_loss_splits_
     logits = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
 
     def batch(rows):
-        return {"input_ids": torch.zeros(len(rows), 1), "attention_mask": torch.ones(len(rows), 1), "labels": labels[rows]}
+        return {
+            "input_ids": torch.zeros(len(rows), 1),
+            "attention_mask": torch.ones(len(rows), 1),
+            "labels": labels[rows],
+        }
 
     def loss(rows):
         model = lambda **_: SimpleNamespace(logits=logits[rows])  # noqa: E731

@@ -106,7 +106,9 @@ def test_export_refuses_a_planted_optimizer(step_dir, tmp_path):
 
 def test_a_folder_with_a_planted_pytorch_model_bin_is_refused(tmp_path):
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0)
-    best = save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32))
+    best = save_servable(
+        tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
+    )
     (best / "model.safetensors").unlink()  # the weights as a Hugging Face folder of the pickle era keeps them
     marker = tmp_path / "pwned"
     _plant(best / "pytorch_model.bin", marker)
@@ -122,12 +124,19 @@ def test_a_folder_with_a_planted_pytorch_model_bin_is_refused(tmp_path):
 def _torch_load_calls(tree: ast.AST):
     for node in ast.walk(tree):
         func = node.func if isinstance(node, ast.Call) else None
-        if isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name) and func.value.id == "torch":
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "load"
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "torch"
+        ):
             yield node
 
 
 def _says_weights_only(call: ast.Call) -> bool:
-    return any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True for k in call.keywords)
+    return any(
+        k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True for k in call.keywords
+    )
 
 
 def test_every_torch_load_in_src_says_weights_only_true():
@@ -142,5 +151,7 @@ def test_every_torch_load_in_src_says_weights_only_true():
 
 
 def test_the_static_check_sees_an_unsafe_call():
-    bad = ast.parse("import torch\ntorch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=True)\n")
+    bad = ast.parse(
+        "import torch\ntorch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=True)\n"
+    )
     assert [_says_weights_only(c) for c in _torch_load_calls(bad)] == [False, False, True]

@@ -102,7 +102,9 @@ def test_fp32_attention_attends_as_fp32_does_padding_masked():
     layer = torch.nn.Module()
     layer.is_causal = False
     generator = torch.Generator().manual_seed(0)
-    q, k, v = ((torch.randn(2, 3, 10, 8, generator=generator) * 3).bfloat16().float() for _ in range(3))  # exact in bf16
+    q, k, v = (
+        (torch.randn(2, 3, 10, 8, generator=generator) * 3).bfloat16().float() for _ in range(3)
+    )  # exact in bf16
     mask = torch.ones(2, 1, 10, 10, dtype=torch.bool)
     mask[1, ..., 6:] = False  # row 1's last 4 tokens are padding
     exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)

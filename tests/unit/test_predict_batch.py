@@ -44,7 +44,9 @@ def predictor(checkpoint):
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # what --threads does in a worker; two busy cores shared with other tests run a tiny model faster on one
+    torch.set_num_threads(
+        1
+    )  # what --threads does in a worker; two busy cores shared with other tests run a tiny model faster on one
     yield Predictor(checkpoint, device="cpu")
     torch.set_num_threads(threads)
 
@@ -57,7 +59,9 @@ def expected(predictor, news):
 
 def run_job(checkpoint, inputs, output, predictor=None, **options):
     """``(exit status, summary line)`` of a job run in this process."""
-    job = BatchJob(checkpoint=str(checkpoint), inputs=[str(i) for i in inputs], output=str(output), progress="none", **options)
+    job = BatchJob(
+        checkpoint=str(checkpoint), inputs=[str(i) for i in inputs], output=str(output), progress="none", **options
+    )
     out = io.StringIO()
     status = engine.run(job, stdout=out, stderr=io.StringIO(), predictor=predictor)
     return status, out.getvalue().strip()
@@ -105,13 +109,19 @@ def test_labels_equal_predictor_predict_in_every_format(
     assert [r["id"] for r in got] == [r["key"] for r in rows]  # input order
     assert [r["label"] for r in got] == [e["label"] for e in expected]
     for row, answer in zip(got, expected):
-        probs = row["probabilities"] if "probabilities" in row else {k: float(row[f"prob_{k}"]) for k in answer["probabilities"]}
+        probs = (
+            row["probabilities"]
+            if "probabilities" in row
+            else {k: float(row[f"prob_{k}"]) for k in answer["probabilities"]}
+        )
         assert list(probs.values()) == pytest.approx(list(answer["probabilities"].values()), abs=padding_atol)
         assert float(row["confidence"]) == max(probs.values())
     assert not state_dir_of(output).exists() and not read_rejects(output)
 
 
-def test_a_folder_of_shards_is_read_in_name_order_and_rows_are_numbered_across_files(tmp_path, checkpoint, predictor, news, write_rows):
+def test_a_folder_of_shards_is_read_in_name_order_and_rows_are_numbered_across_files(
+    tmp_path, checkpoint, predictor, news, write_rows
+):
     folder = tmp_path / "shards"
     folder.mkdir()
     # AG News's own layout (title, description): the text is the two joined as in training
@@ -158,7 +168,9 @@ def test_every_kind_of_bad_row_goes_to_rejects_with_file_and_line_and_the_run_ex
         ("b.csv", 4, "not UTF-8"),
     ]
     assert rejects[3]["raw"] == '{"text": "caf\ufffd"}' and rejects[4]["raw"] == "one field only"
-    assert rejects[-1]["file"].endswith("c.jsonl.gz") and rejects[-1]["reason"].startswith("truncated or damaged gzip stream")
+    assert rejects[-1]["file"].endswith("c.jsonl.gz") and rejects[-1]["reason"].startswith(
+        "truncated or damaged gzip stream"
+    )
     assert len(rejects) == 7
     every = sorted([r["id"] for r in got] + [r["row"] for r in rejects])
     assert every == list(range(len(every)))  # each row once: labelled or rejected
@@ -179,7 +191,9 @@ class Recording:
         return self.predictor.encode(texts)
 
 
-def test_rows_that_stopped_a_job_for_good_are_rejected_and_long_texts_cut_before_tokenizing(tmp_path, checkpoint, predictor):
+def test_rows_that_stopped_a_job_for_good_are_rejected_and_long_texts_cut_before_tokenizing(
+    tmp_path, checkpoint, predictor
+):
     corpus = tmp_path / "hostile.jsonl"
     corpus.write_bytes(
         b'{"text": "Oil prices jump after OPEC cuts output"}\n'
@@ -241,7 +255,9 @@ def uninterrupted(tmp_path, checkpoint, predictor, corpus):
     return read_output(output)
 
 
-def test_a_killed_run_leaves_no_output_and_the_same_command_finishes_it_exactly(tmp_path, checkpoint, predictor, corpus, uninterrupted):
+def test_a_killed_run_leaves_no_output_and_the_same_command_finishes_it_exactly(
+    tmp_path, checkpoint, predictor, corpus, uninterrupted
+):
     output = tmp_path / "out.jsonl"
     dying = DiesAfter(predictor, n=5)
     with pytest.raises(Killed):
@@ -336,7 +352,9 @@ def test_bad_requests_are_one_line_and_exit_2_before_any_model_loads(tmp_path, c
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_an_output_partly_computed_from_other_input_is_refused(tmp_path, checkpoint, predictor, corpus, write_rows, capsys, monkeypatch):
+def test_an_output_partly_computed_from_other_input_is_refused(
+    tmp_path, checkpoint, predictor, corpus, write_rows, capsys, monkeypatch
+):
     output = tmp_path / "out.jsonl"
     with pytest.raises(Killed):
         run_job(checkpoint, [corpus], output, DiesAfter(predictor, n=2), batch_size=8)
@@ -382,7 +400,9 @@ def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp
     third.release()
 
 
-def test_links_planted_in_the_progress_folder_are_refused_or_replaced_never_followed(tmp_path, checkpoint, predictor, corpus):
+def test_links_planted_in_the_progress_folder_are_refused_or_replaced_never_followed(
+    tmp_path, checkpoint, predictor, corpus
+):
     from distrinews.errors import ConfigError
 
     victim, precious = tmp_path / "victim.txt", tmp_path / "precious"
@@ -428,7 +448,12 @@ class Constant:
 
     def __init__(self, encoder):
         self.encode = encoder.encode
-        self.answer = {"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict(zip(self.labels, (1.0, 0, 0, 0)))}
+        self.answer = {
+            "label": "World",
+            "label_id": 0,
+            "confidence": 1.0,
+            "probabilities": dict(zip(self.labels, (1.0, 0, 0, 0))),
+        }
 
     def predict_encoded(self, batch):
         return [self.answer] * len(batch)
@@ -438,10 +463,14 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path, checkpoint, predictor, w
     import os
     import tracemalloc
 
-    monkeypatch.setattr(os, "fsync", lambda fd: None)  # memory is measured here, not durability: a commit costs microseconds
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: None
+    )  # memory is measured here, not durability: a commit costs microseconds
 
     def peak(rows: int) -> int:
-        path = write_rows(tmp_path / f"{rows}.jsonl", [{"text": f"headline {i} " + "word " * (i % 40)} for i in range(rows)])
+        path = write_rows(
+            tmp_path / f"{rows}.jsonl", [{"text": f"headline {i} " + "word " * (i % 40)} for i in range(rows)]
+        )
         tracemalloc.start()
         run_job(checkpoint, [path], tmp_path / f"{rows}-out.jsonl", Constant(predictor.encoder), batch_size=8)
         _, top = tracemalloc.get_traced_memory()
@@ -469,7 +498,10 @@ def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_
     rows = [{"text": t, "label": ["world", 1][y] if i % 3 else y} for i, (t, y) in enumerate(zip(news, truth))]
     path = write_rows(tmp_path / "labelled.jsonl", [*rows, {"text": "no label"}, {"label": "Sports"}])
     metrics_path = tmp_path / "metrics.json"
-    assert cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), "--output-json", str(metrics_path)]) == 0
+    assert (
+        cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), "--output-json", str(metrics_path)])
+        == 0
+    )
     out = capsys.readouterr().out
     predicted = [predictor.labels.index(e["label"]) for e in expected]
     accuracy = sum(p == y for p, y in zip(predicted, truth)) / N_ROWS
@@ -479,8 +511,13 @@ def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_
         precision, recall = tp / max(1, predicted.count(c)), tp / truth.count(c)
         f1.append(2 * precision * recall / (precision + recall) if tp else 0.0)
     metrics = json.loads(metrics_path.read_text())
-    assert metrics["samples"] == N_ROWS and metrics["skipped"] == 2 and metrics["classes_present"] == ["World", "Sports"]
+    assert (
+        metrics["samples"] == N_ROWS and metrics["skipped"] == 2 and metrics["classes_present"] == ["World", "Sports"]
+    )
     assert metrics["accuracy"] == pytest.approx(accuracy) and metrics["macro_f1"] == pytest.approx(sum(f1) / 2)
-    assert f"Samples: {N_ROWS} labelled rows" in out and "2 rows skipped; labelled.jsonl:151: no label field 'label'" in out
+    assert (
+        f"Samples: {N_ROWS} labelled rows" in out
+        and "2 rows skipped; labelled.jsonl:151: no label field 'label'" in out
+    )
     scores = f"Accuracy: {100 * accuracy:.2f}% | Macro-F1: {100 * sum(f1) / 2:.2f}%"
     assert f"{scores} (over the 2 classes present; absent from the labels: Business, Sci/Tech)" in out

@@ -17,10 +17,14 @@ def corpus(tmp_path, write_rows):
 
 
 def predict(checkpoint, corpus, output, *args):
-    return cli.main(["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), "--output", str(output), *args])
+    return cli.main(
+        ["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), "--output", str(output), *args]
+    )
 
 
-def test_engine_ray_without_ray_installed_is_one_line_naming_the_extra_and_exit_2(tmp_path, corpus, monkeypatch, capsys):
+def test_engine_ray_without_ray_installed_is_one_line_naming_the_extra_and_exit_2(
+    tmp_path, corpus, monkeypatch, capsys
+):
     checkpoint, news = corpus
     for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -66,5 +70,7 @@ def test_an_actor_that_died_of_a_user_error_is_reported_as_that_error_in_one_lin
     crashed = _user_error(ActorDiedError("The actor died unexpectedly (out of memory)\nmore detail"))
     assert isinstance(crashed, WorkerFailed) and "\n" not in str(crashed) and "out of memory" in str(crashed)
     assert _user_error(ValueError("a bug of ours")) is None  # raised as it is, with its traceback
-    stale = _user_error(ActorDiedError("...\nModuleNotFoundError: No module named 'distrinews.predict.batch.ray_engine'\n"))
+    stale = _user_error(
+        ActorDiedError("...\nModuleNotFoundError: No module named 'distrinews.predict.batch.ray_engine'\n")
+    )
     assert isinstance(stale, ConfigError) and "install the same distrinews on every machine" in str(stale)

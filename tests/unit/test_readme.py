@@ -11,7 +11,9 @@ README = (ROOT / "README.md").read_text()
 
 def results_rows() -> list[list[str]]:
     section = README.split("\n## Results", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")]
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")
+    ]
     return rows[2:]  # past the header and its rule
 
 

@@ -69,7 +69,9 @@ def check_shared_volume(volumes: list[dict], mounts: list[dict], argv: list[str]
     (shared_mount,) = [m["mountPath"] for m in mounts if m["name"] in claims]
     for flag in ("--data", "--output-dir"):
         path = option(argv, flag)
-        assert path.startswith(shared_mount.rstrip("/") + "/"), f"{flag} {path} is not on the shared volume ({shared_mount})"
+        assert path.startswith(shared_mount.rstrip("/") + "/"), (
+            f"{flag} {path} is not on the shared volume ({shared_mount})"
+        )
 
 
 def gpu_limit(resources: dict) -> int:
@@ -131,8 +133,20 @@ def test_trainjob_fields():
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
     spec = job["spec"]
     # Field names of TrainJobSpec / Trainer in kubeflow/trainer pkg/apis/trainer/v1alpha1 (v2.3.0).
-    assert set(spec) <= {"runtimeRef", "initializer", "trainer", "runtimePatches", "suspend", "activeDeadlineSeconds", "managedBy"}
-    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
+    assert set(spec) <= {
+        "runtimeRef",
+        "initializer",
+        "trainer",
+        "runtimePatches",
+        "suspend",
+        "activeDeadlineSeconds",
+        "managedBy",
+    }
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
     trainer = spec["trainer"]
     assert set(trainer) <= {"image", "command", "args", "env", "numNodes", "resourcesPerNode", "numProcPerNode"}
     assert trainer["image"] == IMAGE

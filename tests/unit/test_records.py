@@ -70,9 +70,9 @@ def test_trainer_state_round_trips():
     assert data["format_version"] == TRAINER_STATE_FORMAT == 1
     assert list(data)[1:] == [f.name for f in dataclasses.fields(TrainerStateRecord) if f.name != "format_version"]
     assert TrainerStateRecord.from_json(_through_a_file(data), "trainer_state.json") == STATE
-    assert TrainerStateRecord.from_json(_through_a_file(TrainerStateRecord(global_step=1).to_json()), "x") == TrainerStateRecord(
-        global_step=1
-    )
+    assert TrainerStateRecord.from_json(
+        _through_a_file(TrainerStateRecord(global_step=1).to_json()), "x"
+    ) == TrainerStateRecord(global_step=1)
 
 
 def test_servable_info_round_trips_and_keeps_unknown_keys():
@@ -141,7 +141,9 @@ def test_a_wrong_type_is_named(record, key, value, what):
     with pytest.raises(CheckpointError) as refused:
         record.from_json(data, "/runs/x/the-file.json")
     message = str(refused.value)
-    assert message.startswith(f"could not load checkpoint /runs/x/the-file.json: key '{key}' must be {what}, not "), message
+    assert message.startswith(f"could not load checkpoint /runs/x/the-file.json: key '{key}' must be {what}, not "), (
+        message
+    )
     assert "\n" not in message
 
 
@@ -149,7 +151,9 @@ def test_running_counts_and_the_top_level_are_checked():
     data = {**STATE.to_json(), "running_counts": {"window": [1.0]}}
     with pytest.raises(CheckpointError, match=r"missing key 'running_counts.epoch'$"):
         TrainerStateRecord.from_json(data, "f.json")
-    with pytest.raises(CheckpointError, match=r"^could not load checkpoint f.json: expected a JSON object, found list$"):
+    with pytest.raises(
+        CheckpointError, match=r"^could not load checkpoint f.json: expected a JSON object, found list$"
+    ):
         ServableInfo.from_json([1, 2], "f.json")
 
 
@@ -157,7 +161,9 @@ def test_defaults_come_from_where_they_are_owned(monkeypatch):
     from distrinews.data.rows import AG_NEWS_LABELS
 
     # a record built without labels is AG News's (the default data set)
-    assert ServableInfo().max_length == TrainConfig().data.max_length and ServableInfo().label_names == list(AG_NEWS_LABELS)
+    assert ServableInfo().max_length == TrainConfig().data.max_length and ServableInfo().label_names == list(
+        AG_NEWS_LABELS
+    )
     # Not a copy: change the field's one declaration and the record's default follows.
     monkeypatch.setattr(DataConfig.model_fields["max_length"], "default", 96)
     assert field_default("max_length") == 96 and ServableInfo().max_length == 96
@@ -235,7 +241,9 @@ def test_a_best_folder_it_cannot_read_is_refused_in_one_line_by_every_reader(tmp
     from distrinews.cli import main
 
     model, tokenizer = tiny
-    best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random"))
+    best = save_servable(
+        tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random")
+    )
     assert load_for_inference(best)[2].max_length == 64
     _edit(best / SERVABLE_INFO, change)
     expected = f"could not load checkpoint {best / SERVABLE_INFO}: {why}"
@@ -247,7 +255,17 @@ def test_a_best_folder_it_cannot_read_is_refused_in_one_line_by_every_reader(tmp
     for command in (
         ["serve", "--checkpoint", str(best)],  # check_loadable, before the server starts
         ["export", "--checkpoint", str(best), "--format", "pt"],
-        ["export", "--checkpoint", str(best), "--format", "space", "--runtime", "torch", "--output", str(tmp_path / "space")],
+        [
+            "export",
+            "--checkpoint",
+            str(best),
+            "--format",
+            "space",
+            "--runtime",
+            "torch",
+            "--output",
+            str(tmp_path / "space"),
+        ],
     ):
         assert main(command) == 2, command
         assert capsys.readouterr().err == f"distrinews: error: {expected}\n", command
@@ -259,7 +277,10 @@ def test_a_best_folder_it_cannot_read_is_refused_in_one_line_by_every_reader(tmp
     [
         (_set("format_version", 99), NEWER),
         (_drop("global_step"), "missing key 'global_step'"),
-        (_set("running_counts", {"window": [1.0], "epoch": None}), "key 'running_counts.epoch' must be a list of numbers, not None"),
+        (
+            _set("running_counts", {"window": [1.0], "epoch": None}),
+            "key 'running_counts.epoch' must be a list of numbers, not None",
+        ),
     ],
     ids=["newer-format", "missing-key", "wrong-type"],
 )
@@ -278,12 +299,21 @@ def test_a_step_checkpoint_it_cannot_read_is_refused_before_any_tensor_loads(tmp
 
     def parts(model):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        return ParallelModel(model, model, "ddp", env), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        return (
+            ParallelModel(model, model, "ddp", env),
+            optimizer,
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+        )
 
     model, _ = tiny
-    checkpointer = Checkpointer(tmp_path / "checkpoints", env, None, TrainConfig(model_name_or_path="tiny-random", max_length=64).to_dict())
+    checkpointer = Checkpointer(
+        tmp_path / "checkpoints", env, None, TrainConfig(model_name_or_path="tiny-random", max_length=64).to_dict()
+    )
     step = checkpointer.save(
-        3, *parts(model), None, TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}, label_names=list(AG_NEWS_LABELS))
+        3,
+        *parts(model),
+        None,
+        TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}, label_names=list(AG_NEWS_LABELS)),
     )
     info = load_for_inference(step)[2]
     assert (info.checkpoint_format, info.max_length, info.metrics, info.tokenizer.to_json()) == (
@@ -323,9 +353,16 @@ def test_what_a_checkpoint_lacks_takes_train_configs_defaults(tmp_path, tiny, mo
     model, _ = tiny
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    checkpointer = Checkpointer(tmp_path, env, None, {"model_name_or_path": "tiny-random"})  # no max_length, seed, lora_*
+    checkpointer = Checkpointer(
+        tmp_path, env, None, {"model_name_or_path": "tiny-random"}
+    )  # no max_length, seed, lora_*
     step = checkpointer.save(
-        1, ParallelModel(model, model, "ddp", env), optimizer, scheduler, None, TrainerStateRecord(label_names=list(AG_NEWS_LABELS))
+        1,
+        ParallelModel(model, model, "ddp", env),
+        optimizer,
+        scheduler,
+        None,
+        TrainerStateRecord(label_names=list(AG_NEWS_LABELS)),
     )
     model.save_pretrained(tmp_path / "plain")
     tiny[1].save_pretrained(tmp_path / "plain")

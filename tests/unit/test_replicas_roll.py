@@ -61,7 +61,9 @@ class FakeReplica:
 
 
 def _supervisor(tmp_path, replicas: list[FakeReplica]) -> Supervisor:
-    settings = ReplicaSettings(checkpoint=str(tmp_path), replicas=len(replicas), fail_timeout=FAIL_TIMEOUT, ready_timeout=10)
+    settings = ReplicaSettings(
+        checkpoint=str(tmp_path), replicas=len(replicas), fail_timeout=FAIL_TIMEOUT, ready_timeout=10
+    )
     supervisor = Supervisor(settings)
     supervisor.replicas = replicas
     supervisor._version = lambda replica: "2.0.0"
@@ -84,7 +86,9 @@ def test_the_next_replica_goes_only_once_nginx_has_the_new_one_back(tmp_path):
     assert sorted(stops) == sorted(readies) == [0, 1, 2]
     assert stops[0] < readies[0] < stops[1] < readies[1] < stops[2] < readies[2]  # one away at a time
     for previous, following in ((0, 1), (1, 2)):
-        assert stops[following] - readies[previous] >= FAIL_TIMEOUT + 1.0, "stopped while nginx may still rest the new one"
+        assert stops[following] - readies[previous] >= FAIL_TIMEOUT + 1.0, (
+            "stopped while nginx may still rest the new one"
+        )
 
 
 def test_a_replica_started_again_after_a_crash_is_back_in_rotation_before_another_goes(tmp_path):
@@ -106,6 +110,8 @@ def test_a_roll_waits_for_a_replica_still_loading_and_says_done_when_all_are_bac
     supervisor.say = said.append
     supervisor.roll()
     first_ready = next(t for t, what, i in events if what == "ready" and i == 1)
-    assert first_ready < min(t for t, what, _ in events if what == "stop"), "a replica stopped while replica 1 was loading"
+    assert first_ready < min(t for t, what, _ in events if what == "stop"), (
+        "a replica stopped while replica 1 was loading"
+    )
     assert said[-1] == "rolling restart done"
     assert all(clock.monotonic() - r.ready_since >= FAIL_TIMEOUT + 1.0 for r in replicas)

@@ -8,12 +8,27 @@ import torch
 
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
-from distrinews.train.console import RunFacts, banner_lines, epoch_lines, final_lines, fmt_time, replicas_line, stopped_line
+from distrinews.train.console import (
+    RunFacts,
+    banner_lines,
+    epoch_lines,
+    final_lines,
+    fmt_time,
+    replicas_line,
+    stopped_line,
+)
 from distrinews.train.metrics import Counts
 
 
 def env(world_size: int) -> DistEnv:
-    return DistEnv(rank=0, world_size=world_size, local_rank=0, local_world_size=world_size, device=torch.device("cpu"), backend="gloo")
+    return DistEnv(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=world_size,
+        device=torch.device("cpu"),
+        backend="gloo",
+    )
 
 
 FACTS = RunFacts(
@@ -74,7 +89,11 @@ def test_epoch_lines_are_the_seeds_plus_throughput():
 def test_the_banner_lists_every_class_with_its_rows_wrapped_and_the_loss_weights():
     names = [f"desk-{i:02d}" for i in range(20)]
     facts = dataclasses.replace(
-        FACTS, label_names=names, train_counts=list(range(100, 120)), eval_counts=[5] * 20, class_weights=[1.0] * 19 + [2.5]
+        FACTS,
+        label_names=names,
+        train_counts=list(range(100, 120)),
+        eval_counts=[5] * 20,
+        class_weights=[1.0] * 19 + [2.5],
     )
     lines = banner_lines(TrainConfig(), env(1), facts, resumed_from=None, step=0)
     classes = [line for line in lines if line.startswith("Classes (20, train/test rows): ")]
@@ -94,7 +113,9 @@ def test_the_end_shows_the_best_models_per_class_scores_and_confusion_matrix():
     lines = final_lines(10, 0.7667, "runs/x/best", scores)
     text = "\n".join(lines)
     row = next(line for line in lines if line.strip().startswith("sport"))
-    assert "58.82%" in row and "100.00%" in row and "74.07%" in row and row.rstrip().endswith("10")  # 10/17 precision, F1 20/27
+    assert (
+        "58.82%" in row and "100.00%" in row and "74.07%" in row and row.rstrip().endswith("10")
+    )  # 10/17 precision, F1 20/27
     assert "Confusion matrix" in text
     matrix = lines[lines.index(next(line for line in lines if "true \\ predicted" in line)) + 1 :][:3]
     assert [line.split()[-3:] for line in matrix] == [["8", "2", "0"], ["0", "10", "0"], ["0", "5", "5"]]

@@ -30,7 +30,8 @@ def _previous_run(path):
 def test_a_directory_holding_a_run_is_refused_without_resume_or_overwrite(tmp_path):
     before = _previous_run(tmp_path)
     with pytest.raises(
-        ConfigError, match=r"already holds a run \(log.jsonl, checkpoints\); pass --resume auto .* --overwrite_output_dir true"
+        ConfigError,
+        match=r"already holds a run \(log.jsonl, checkpoints\); pass --resume auto .* --overwrite_output_dir true",
     ):
         RunDir(tmp_path).check_usable(resume=None, overwrite=False)
     RunDir(tmp_path).check_usable(resume="auto", overwrite=False)
@@ -107,7 +108,9 @@ def test_a_locked_run_directory_refuses_a_second_run_naming_the_holder(tmp_path)
     with run.lock():
         assert run.lock_file.is_file()
         # flock is per open file: a second open in this same process is refused like another process would be
-        with pytest.raises(ConfigError, match=rf"'output_dir': .*runs/a is locked by a run in progress \(pid {os.getpid()} on "):
+        with pytest.raises(
+            ConfigError, match=rf"'output_dir': .*runs/a is locked by a run in progress \(pid {os.getpid()} on "
+        ):
             run.lock()
         (run.path / "log.jsonl").write_text("{}\n")
         assert run.previous_run() == ["log.jsonl"], "the lock file is not a previous run"
@@ -161,7 +164,9 @@ def test_single_strategy_refuses_several_processes():
 
 def test_shared_memory_average_is_refused_where_ranks_are_on_several_hosts():
     two_hosts = DistEnv(0, 0, 2, 1, torch.device("cpu"), "gloo")
-    with pytest.raises(ConfigError, match="'ddp_comm_hook': shm cannot run here: 2 ranks, 1 on this host; use auto or none"):
+    with pytest.raises(
+        ConfigError, match="'ddp_comm_hook': shm cannot run here: 2 ranks, 1 on this host; use auto or none"
+    ):
         wrap_model(torch.nn.Linear(2, 2), TrainConfig(ddp_comm_hook="shm").parallel, two_hosts)
     with pytest.raises(ConfigError, match="'ddp_comm_hook': must be one of auto, none, shm, bf16, fp16"):
         TrainConfig(ddp_comm_hook="nvlink")
@@ -175,7 +180,9 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_step_plan_and_windows():
-    plan = StepPlan.of(TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3).batches, rows_per_rank=50)
+    plan = StepPlan.of(
+        TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=3).batches, rows_per_rank=50
+    )
     assert (plan.micro_per_epoch, plan.steps_per_epoch, plan.total_steps, plan.num_epochs) == (13, 5, 5, 1)
     windows = list(optimizer_windows(range(13), 3))
     assert [len(w) for w in windows] == [3, 3, 3, 3, 1]
@@ -209,7 +216,9 @@ def test_fast_dropout_keeps_the_right_fraction_and_scales_what_it_keeps():
     assert torch.equal(drop(torch.ones(1000)), first), "the global generator decides the mask: runs repeat"
     assert torch.equal(drop.eval()(x), x)
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0, dropout=0.1)
-    assert use_fast_dropout(model) == 2 * 3 + 2  # per layer: attention probabilities, attention output, feed-forward; + 2
+    assert (
+        use_fast_dropout(model) == 2 * 3 + 2
+    )  # per layer: attention probabilities, attention output, feed-forward; + 2
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
 
 
@@ -264,15 +273,22 @@ def test_freeze_layers_trains_only_above_the_bottom_layers_and_the_backward_pass
     frozen = freeze_layers(model, 1)
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trained and all(n.startswith(("bert.encoder.layer.1.", "bert.pooler.", "classifier.")) for n in trained)
-    assert frozen == sum(p.numel() for p in model.parameters()) - sum(p.numel() for n, p in model.named_parameters() if n in trained)
+    assert frozen == sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for n, p in model.named_parameters() if n in trained
+    )
     graph = []  # whether each layer's output is in autograd's graph
     for layer in model.bert.encoder.layer:
-        layer.register_forward_hook(lambda module, args, out: graph.append((out[0] if isinstance(out, tuple) else out).requires_grad))
+        layer.register_forward_hook(
+            lambda module, args, out: graph.append((out[0] if isinstance(out, tuple) else out).requires_grad)
+        )
     ids = torch.randint(5, 1000, (2, 12))
     model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss.backward()
     assert graph == [False, True], "the frozen bottom runs outside the backward graph"
     assert all(p.grad is None for p in model.bert.encoder.layer[0].parameters())
-    with pytest.raises(ConfigError, match=r"config field 'freeze_layers': the model has 2 encoder layers, so 0-1 can be frozen \(got 2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config field 'freeze_layers': the model has 2 encoder layers, so 0-1 can be frozen \(got 2\)",
+    ):
         freeze_layers(build_model("tiny-random", labels=list(AG_NEWS_LABELS), dropout=0.0, seed=0), 2)
     with pytest.raises(ConfigError, match="config field 'freeze_layers': must be >= 0"):
         TrainConfig(freeze_layers=-1)

@@ -29,7 +29,9 @@ def best(tmp_path, monkeypatch):
 
     monkeypatch.delenv("DISTRINEWS_DATA", raising=False)  # no labelled data at hand: the fixed-sample check
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0, dropout=0.0).eval()
-    return save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=64))
+    return save_servable(
+        tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=64)
+    )
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ def dataset(n: int, seed: int = 0) -> TokenizedDataset:
     lengths = torch.randint(3, 60, (n,), generator=g)
     offsets = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    return TokenizedDataset(torch.ones(int(offsets[-1]), dtype=torch.int32), offsets, torch.zeros(n, dtype=torch.int64), 0)
+    return TokenizedDataset(
+        torch.ones(int(offsets[-1]), dtype=torch.int32), offsets, torch.zeros(n, dtype=torch.int64), 0
+    )
 
 
 @pytest.mark.parametrize("group", [False, True])
@@ -92,7 +94,9 @@ def test_grouped_batches_come_in_a_seeded_random_order_with_a_partial_one_last()
     for start in range(0, len(order), 16 * 50):
         chunk = sorted(order[start : start + 16 * 50], key=lambda i: -int(lengths[i]))
         sorted_cut += [frozenset(chunk[b : b + 16]) for b in range(0, len(chunk), 16)]
-    assert sorted(map(frozenset, batches), key=sorted) == sorted(sorted_cut, key=sorted), "the same batches as the sorted cut"
+    assert sorted(map(frozenset, batches), key=sorted) == sorted(sorted_cut, key=sorted), (
+        "the same batches as the sorted cut"
+    )
     assert frozenset(batches[-1]) == sorted_cut[-1], "the last (partial or padded) batch stays last"
     longest = [int(lengths[b].max()) for b in batches]
     fifth = len(longest) // 5

@@ -123,7 +123,9 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post, gated_
             gone = asyncio.ensure_future(predict(app, "nobody waits for this", hang_up))
             kept = asyncio.ensure_future(predict(app, "still wanted"))
             state = app.state.serve
-            await await_until(lambda: state.batcher.queue_depth >= 2 and not state.batcher._tokenizing, 10, "two queued")
+            await await_until(
+                lambda: state.batcher.queue_depth >= 2 and not state.batcher._tokenizing, 10, "two queued"
+            )
             hang_up.set()  # the client disconnects while its request waits in the queue
             # its place in the queue is freed at once
             await await_until(lambda: state.batcher.queue_depth <= 1, 10, "the hung-up request to leave the queue")
@@ -155,7 +157,9 @@ def test_the_page_and_the_api_description_speak_the_checkpoints_own_labels(tmp_p
 
     desks = ["business", "sport", "tech"]
     model = build_model("tiny-random", labels=desks, dropout=0.0, seed=0).eval()
-    best = save_servable(tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(label_names=desks))
+    best = save_servable(
+        tmp_path / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(label_names=desks)
+    )
     app = create_app(ServeConfig(checkpoint=str(best), api_key="", runtime="torch"))
 
     async def main():
@@ -166,7 +170,10 @@ def test_the_page_and_the_api_description_speak_the_checkpoints_own_labels(tmp_p
 
     page, schema = asyncio.run(main())
     assert "Labels: business, sport or tech." in page and "World" not in page
-    assert "Labels: business, sport or tech." in schema["info"]["description"] and "AG News" not in schema["info"]["description"]
+    assert (
+        "Labels: business, sport or tech." in schema["info"]["description"]
+        and "AG News" not in schema["info"]["description"]
+    )
     (example,) = schema["components"]["schemas"]["PredictResponse"]["examples"]
     assert example["label"] == "business" and list(example["probabilities"]) == desks
 

@@ -52,7 +52,9 @@ def test_results_come_back_to_the_right_caller_in_order():
         model = GatedModel()
         batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=20)
         await batcher.start()
-        results = await asyncio.gather(batcher.submit(["a", "b"]), batcher.submit(["c"]), batcher.submit(["d", "e", "f"]))
+        results = await asyncio.gather(
+            batcher.submit(["a", "b"]), batcher.submit(["c"]), batcher.submit(["d", "e", "f"])
+        )
         await batcher.close()
         return results
 
@@ -303,7 +305,9 @@ def _run_queued(sizes: list[int], max_batch_size: int, max_batch_tokens: int) ->
 
     async def main():
         model = RecordingModel(open_gate=False)
-        batcher = MicroBatcher(model, max_batch_size=max_batch_size, max_wait_ms=50, encode=words, max_batch_tokens=max_batch_tokens)
+        batcher = MicroBatcher(
+            model, max_batch_size=max_batch_size, max_wait_ms=50, encode=words, max_batch_tokens=max_batch_tokens
+        )
         await batcher.start()
         blocker = asyncio.ensure_future(batcher.submit(["blocker"]))
         await _until(model.started.is_set)
@@ -327,7 +331,11 @@ def test_batches_stay_within_max_batch_tokens_and_group_similar_lengths():
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=24), max_batch_size=st.integers(1, 8), max_batch_tokens=st.integers(8, 96))
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=24),
+    max_batch_size=st.integers(1, 8),
+    max_batch_tokens=st.integers(8, 96),
+)
 def test_the_oldest_waiting_request_is_always_in_the_next_batch(sizes, max_batch_size, max_batch_tokens):
     batches = _run_queued(sizes, max_batch_size, max_batch_tokens)
     assert sorted(i for b in batches for i in b) == list(range(len(sizes)))
@@ -390,7 +398,9 @@ def test_tokenization_runs_on_its_own_thread_and_the_forward_pass_gets_tokens():
     assert results == [[f"TEXT NUMBER {i}"] for i in range(10)]
     assert encode_threads and all(name.startswith(TOKENIZER_THREAD) for name in encode_threads)
     assert model.threads and all(name.startswith(FORWARD_THREAD) for name in model.threads)
-    assert all(isinstance(item, list) for batch in model.batches for item in batch), "forward must get encoded items, not texts"
+    assert all(isinstance(item, list) for batch in model.batches for item in batch), (
+        "forward must get encoded items, not texts"
+    )
 
 
 def test_the_next_batch_is_tokenized_while_the_model_runs():

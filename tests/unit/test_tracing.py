@@ -51,7 +51,9 @@ print("untraced")
 
 def test_with_no_endpoint_the_sdk_is_never_imported_and_no_span_is_made():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run([sys.executable, "-c", OFF.format(tests=str(TESTS))], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", OFF.format(tests=str(TESTS))], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0 and "untraced" in done.stdout, done.stderr[-3000:]
 
 
@@ -88,11 +90,25 @@ def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch,
     monkeypatch.setenv(tracing.ENDPOINT_ENV, "http://127.0.0.1:9")
     rows = tmp_path / "in.jsonl"
     rows.write_text('{"text": "Oil prices jump"}\n')
-    status = cli.main(["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    status = cli.main(
+        ["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", str(tmp_path / "out.jsonl")]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and "pip install 'distrinews[tracing]'" in err and len(err.splitlines()) == 1, err
     output = str(tmp_path / "out.jsonl")
-    status = cli.main(["predict", "--checkpoint", str(tmp_path), "--input", str(rows), "--output", output, "--otlp-endpoint", "collector"])
+    status = cli.main(
+        [
+            "predict",
+            "--checkpoint",
+            str(tmp_path),
+            "--input",
+            str(rows),
+            "--output",
+            output,
+            "--otlp-endpoint",
+            "collector",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and "--otlp-endpoint must be an http:// or https:// URL" in err, err
 
@@ -104,7 +120,9 @@ def checkpoint(tmp_path_factory, agnews_dir, spread_checkpoint):
     return spread_checkpoint(tmp_path_factory.mktemp("trace") / "best", load_split(agnews_dir, "train").texts[:64])
 
 
-def test_batch_inference_exports_a_span_per_window(tmp_path, checkpoint, agnews_dir, otlp_receiver, monkeypatch, write_rows):
+def test_batch_inference_exports_a_span_per_window(
+    tmp_path, checkpoint, agnews_dir, otlp_receiver, monkeypatch, write_rows
+):
     from distrinews.data.splits import load_split
 
     monkeypatch.setenv(tracing.ENDPOINT_ENV, "")  # predict sets it for its workers: this puts it back after the test
@@ -133,22 +151,47 @@ def test_batch_inference_exports_a_span_per_window(tmp_path, checkpoint, agnews_
     assert status == 0
     assert len(output.read_text().splitlines()) == 39
     # The command's end sent every span: nothing to wait for.
-    windows = sorted((s for s in otlp_receiver.spans if s["name"] == "distrinews.predict.window"), key=lambda s: s["start_ns"])
-    assert [(w["attributes"]["distrinews.window.start"], w["attributes"]["distrinews.window.end"]) for w in windows] == [(0, 32), (32, 40)]
+    windows = sorted(
+        (s for s in otlp_receiver.spans if s["name"] == "distrinews.predict.window"), key=lambda s: s["start_ns"]
+    )
+    assert [
+        (w["attributes"]["distrinews.window.start"], w["attributes"]["distrinews.window.end"]) for w in windows
+    ] == [(0, 32), (32, 40)]
     first, last = (w["attributes"] for w in windows)
-    assert (first["distrinews.window.labelled"], first["distrinews.window.rejected"], first["distrinews.window.passes"]) == (32, 0, 8)
-    assert (last["distrinews.window.labelled"], last["distrinews.window.rejected"], last["distrinews.window.passes"]) == (7, 1, 2)
+    assert (
+        first["distrinews.window.labelled"],
+        first["distrinews.window.rejected"],
+        first["distrinews.window.passes"],
+    ) == (32, 0, 8)
+    assert (
+        last["distrinews.window.labelled"],
+        last["distrinews.window.rejected"],
+        last["distrinews.window.passes"],
+    ) == (7, 1, 2)
     assert {w["service"] for w in windows} == {"distrinews-predict"} and first["distrinews.worker"] == 0
 
 
-def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(tmp_path, agnews_dir, otlp_receiver, monkeypatch):
+def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(
+    tmp_path, agnews_dir, otlp_receiver, monkeypatch
+):
     from conftest import QUIET, TINY
 
     monkeypatch.setenv(tracing.ENDPOINT_ENV, otlp_receiver.endpoint)
     monkeypatch.setenv("OTEL_SERVICE_NAME", "nightly-training")
     run = tmp_path / "run"
     args = ["train", *TINY, *QUIET, "--data", str(agnews_dir), "--output-dir", str(run)]
-    args += ["--max_steps", "4", "--train_samples", "64", "--eval_samples", "32", "--eval_steps", "2", "--save_steps", "2"]
+    args += [
+        "--max_steps",
+        "4",
+        "--train_samples",
+        "64",
+        "--eval_samples",
+        "32",
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+    ]
     assert cli.main(args) == 0
     spans = otlp_receiver.spans
     evaluations = [s for s in spans if s["name"] == "distrinews.train.evaluate"]
@@ -160,7 +203,9 @@ def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(tmp_path
         assert span["attributes"]["distrinews.rows"] == 32 and span["attributes"]["distrinews.world_size"] == 1
         assert 0.0 <= span["attributes"]["distrinews.accuracy"] <= 1.0
     assert [s["attributes"]["distrinews.step"] for s in saves] == [2, 4]
-    assert [s["attributes"]["distrinews.checkpoint.path"] for s in saves] == [str(run / "checkpoints" / f"step-{n}") for n in (2, 4)]
+    assert [s["attributes"]["distrinews.checkpoint.path"] for s in saves] == [
+        str(run / "checkpoints" / f"step-{n}") for n in (2, 4)
+    ]
     assert {s["service"] for s in spans} == {"nightly-training"}
 
 
@@ -185,14 +230,24 @@ def _serve(app, requests):
 def test_hostile_traceparents_and_refused_requests_are_traced_as_their_own(otlp_receiver, fake_predictor):
     from distrinews.serve.app import ServeConfig, create_app
 
-    app = create_app(ServeConfig(checkpoint="unused", api_key="k", otlp_endpoint=otlp_receiver.endpoint), predictor_factory=fake_predictor)
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="k", otlp_endpoint=otlp_receiver.endpoint),
+        predictor_factory=fake_predictor,
+    )
     assert tracing.tracer() is not None
     key = {"Authorization": "Bearer k"}
-    hostile = ["garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "ff-" + "a" * 32 + "-" + "b" * 16 + "-01", "00-" + "x" * 300]
+    hostile = [
+        "garbage",
+        "00-" + "0" * 32 + "-" + "0" * 16 + "-01",
+        "ff-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        "00-" + "x" * 300,
+    ]
 
     async def requests(client):
         for value in hostile:
-            answer = await client.post("/predict", json={"text": "Oil prices jump"}, headers={**key, "traceparent": value})
+            answer = await client.post(
+                "/predict", json={"text": "Oil prices jump"}, headers={**key, "traceparent": value}
+            )
             assert answer.status_code == 200, answer.text
         assert (await client.post("/predict", json={"text": "Oil prices jump"})).status_code == 401
         tracing.shutdown()  # the process's tracing ends under the app (another app's lifespan): the app still answers
@@ -219,10 +274,14 @@ def test_an_unreachable_collector_costs_the_answers_nothing(monkeypatch, fake_pr
     from distrinews.distributed.launch import free_port
     from distrinews.serve.app import ServeConfig, create_app
 
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # the export gives up after a second, at the latest at the end
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_TIMEOUT", "1"
+    )  # the export gives up after a second, at the latest at the end
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    app = create_app(ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=nobody), predictor_factory=fake_predictor)
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=nobody), predictor_factory=fake_predictor
+    )
 
     async def requests(client):
         return [(await client.post("/predict", json={"text": f"Oil prices jump {i}"})).status_code for i in range(5)]

@@ -64,14 +64,29 @@ def test_a_space_samples_every_kind_and_a_conditional_choice_only_when_its_condi
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("learning_rate: {low: 1.0e-4, high: 1.0e-3}\nlearnin_rat: {low: 1, high: 2}\n", "space.yaml:2: unknown config field 'learnin_rat"),
-        ("learning_rate: {low: 0.0, high: 1.0e-3}\n", "space.yaml:1: learning_rate = 0.0: config field 'learning_rate': must be > 0"),
-        ("freeze_layers: {low: 0, high: 2.5, type: int}\n", "space.yaml:1: freeze_layers: an int distribution needs whole numbers"),
+        (
+            "learning_rate: {low: 1.0e-4, high: 1.0e-3}\nlearnin_rat: {low: 1, high: 2}\n",
+            "space.yaml:2: unknown config field 'learnin_rat",
+        ),
+        (
+            "learning_rate: {low: 0.0, high: 1.0e-3}\n",
+            "space.yaml:1: learning_rate = 0.0: config field 'learning_rate': must be > 0",
+        ),
+        (
+            "freeze_layers: {low: 0, high: 2.5, type: int}\n",
+            "space.yaml:1: freeze_layers: an int distribution needs whole numbers",
+        ),
         ("weight_decay: {low: 0.0, high: 0.1, log: true}\n", "space.yaml:1: weight_decay: log needs low > 0"),
         ("weight_decay: {low: 0.1, high: 0.1}\n", "weight_decay: low must be below high"),
-        ("lr_scheduler_type: {choices: [linear, sawtooth]}\n", "lr_scheduler_type = 'sawtooth': config field 'lr_scheduler_type'"),
+        (
+            "lr_scheduler_type: {choices: [linear, sawtooth]}\n",
+            "lr_scheduler_type = 'sawtooth': config field 'lr_scheduler_type'",
+        ),
         ("weight_decay: {low: 0.0, hi: 0.1}\n", "weight_decay: unknown key(s) hi"),
-        ("lora_r: {low: 4, high: 8, when: {use_peft: true}}\nuse_peft: {choices: [true, false]}\n", "lora_r: when names use_peft"),
+        (
+            "lora_r: {low: 4, high: 8, when: {use_peft: true}}\nuse_peft: {choices: [true, false]}\n",
+            "lora_r: when names use_peft",
+        ),
         ("metric_for_best_model: {choices: [accuracy, loss]}\n", None),  # checked by the tuner: see the next test
         ("- learning_rate\n", "space.yaml: must map config fields to distributions"),
         ("learning_rate: [1, 2\n", "space.yaml: not valid YAML"),
@@ -92,7 +107,9 @@ def test_tune_refuses_a_bad_space_or_an_untunable_field_in_one_line_exit_2(tmp_p
     common = ["tune", "--config", str(configs_dir / "tiny.yaml"), "--output-dir", str(tmp_path / "study")]
     assert main([*common, "--space", str(tmp_path / "bad.yaml")]) == 2
     assert main([*common, "--space", str(tmp_path / "objective.yaml")]) == 2
-    assert main([*common, "--space", str(tmp_path / "bad.yaml"), "--grace-period", "5", "--heartbeat-interval", "10"]) == 2
+    assert (
+        main([*common, "--space", str(tmp_path / "bad.yaml"), "--grace-period", "5", "--heartbeat-interval", "10"]) == 2
+    )
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
         f"distrinews: error: {tmp_path / 'bad.yaml'}:1: learning_rate = -1.0: config field 'learning_rate': must be > 0 (got -1.0)",
@@ -232,5 +249,7 @@ def test_a_sampled_combination_the_config_refuses_fails_its_trial_in_one_line_be
 def test_config_overrides_pass_through_tune_to_the_base_config_seed_included():
     from distrinews.cli import build_parser
 
-    args, extra = build_parser().parse_known_args(["tune", "--space", "s.yaml", "--seed", "7", "--sampler-seed", "3", "--max_steps", "9"])
+    args, extra = build_parser().parse_known_args(
+        ["tune", "--space", "s.yaml", "--seed", "7", "--sampler-seed", "3", "--max_steps", "9"]
+    )
     assert args.sampler_seed == 3 and extra == ["--seed", "7", "--max_steps", "9"]

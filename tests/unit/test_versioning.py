@@ -29,7 +29,11 @@ def test_model_version_config_field_is_checked():
 def test_config_hash_names_the_recipe_not_the_run():
     base = TrainConfig(learning_rate=1e-4).to_dict()
     same_recipe = TrainConfig(
-        learning_rate=1e-4, output_dir="elsewhere", resume_from_checkpoint="auto", overwrite_output_dir=True, model_version="1.1.0"
+        learning_rate=1e-4,
+        output_dir="elsewhere",
+        resume_from_checkpoint="auto",
+        overwrite_output_dir=True,
+        model_version="1.1.0",
     ).to_dict()
     assert config_hash(base) == config_hash(same_recipe)
     assert config_hash(base) != config_hash(TrainConfig(learning_rate=2e-4).to_dict())
@@ -39,7 +43,9 @@ def test_config_hash_names_the_recipe_not_the_run():
 def test_config_hash_is_12_hex_digits_of_sha256_over_canonical_json():
     """Pinned to a literal: a change of canonical form would silently give every existing model a new hash."""
     recipe = {"learning_rate": 0.0001, "seed": 42, "model_name_or_path": "minilm"}
-    assert config_hash(recipe) == "8ca1fa9045a9"  # sha256(b'{"learning_rate":0.0001,"model_name_or_path":"minilm","seed":42}')[:12]
+    assert (
+        config_hash(recipe) == "8ca1fa9045a9"
+    )  # sha256(b'{"learning_rate":0.0001,"model_name_or_path":"minilm","seed":42}')[:12]
     assert config_hash(dict(reversed(recipe.items()))) == "8ca1fa9045a9"  # key order is not part of the recipe
     assert re.fullmatch(r"[0-9a-f]{12}", config_hash(TrainConfig().to_dict()))
 

@@ -17,7 +17,9 @@ from distrinews.distributed.watchdog import Watchdog
 
 @pytest.fixture
 def store(monkeypatch):
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5)
+    )
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(master.port))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "unit")
@@ -26,7 +28,9 @@ def store(monkeypatch):
 
 
 def _watchdog(rank: int, timeout_s: float, failures: list[str]) -> Watchdog:
-    env = DistEnv(rank=rank, local_rank=rank, world_size=2, local_world_size=2, device=torch.device("cpu"), backend="gloo")
+    env = DistEnv(
+        rank=rank, local_rank=rank, world_size=2, local_world_size=2, device=torch.device("cpu"), backend="gloo"
+    )
     wd = Watchdog(env, timeout_s=timeout_s, progress=lambda: 7, interval_s=0.1)
     # a store client whose requests give up after half a second, as a loaded machine's would after 20 s
     wd._connect = lambda: dist.TCPStore(

@@ -49,10 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the corpus the engines are timed on")
     parser.add_argument("--nproc", default="1,2", help="comma-separated --nproc of the local engine")
     parser.add_argument("--ray-actors", type=int, default=2, help="actors of --engine ray (0: skip Ray)")
-    parser.add_argument("--no-server-loop", action="store_true", help="skip the loop posting batches to distrinews serve")
-    parser.add_argument("--rss-rows", default="10000,1000000", help="comma-separated corpus sizes for peak memory (empty: skip)")
-    parser.add_argument("--rss-checkpoint", default=None, help="the checkpoint of the memory runs (default: --checkpoint)")
-    parser.add_argument("--kill-at", type=float, default=0.5, help="resume: SIGKILL after this fraction of the --nproc 2 time (0: skip)")
+    parser.add_argument(
+        "--no-server-loop", action="store_true", help="skip the loop posting batches to distrinews serve"
+    )
+    parser.add_argument(
+        "--rss-rows", default="10000,1000000", help="comma-separated corpus sizes for peak memory (empty: skip)"
+    )
+    parser.add_argument(
+        "--rss-checkpoint", default=None, help="the checkpoint of the memory runs (default: --checkpoint)"
+    )
+    parser.add_argument(
+        "--kill-at", type=float, default=0.5, help="resume: SIGKILL after this fraction of the --nproc 2 time (0: skip)"
+    )
     parser.add_argument("--runtime", default=None, help="--runtime of every engine (default: predict's and serve's)")
     parser.add_argument("--output-dir", default="runs/bench", help="where batch.{json,md} go")
     parser.add_argument("--name", default="batch", help="file name stem of the results")
@@ -98,7 +106,18 @@ def run_measured(cmd: list[str], log: Path, kill_after: float | None = None) -> 
 
 
 def predict_command(checkpoint: str, corpus: Path, output: Path, runtime: str | None, *flags: str) -> list[str]:
-    cmd = [sys.executable, "-m", "distrinews", "predict", "--checkpoint", checkpoint, "--input", str(corpus), "--output", str(output)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrinews",
+        "predict",
+        "--checkpoint",
+        checkpoint,
+        "--input",
+        str(corpus),
+        "--output",
+        str(output),
+    ]
     return [*cmd, "--id-field", "id", "--progress", "lines", *(["--runtime", runtime] if runtime else []), *flags]
 
 
@@ -112,7 +131,17 @@ def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None
     from .serving_servers import Server
 
     port = free_port()
-    cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--port", str(port), "--no-access-log"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrinews",
+        "serve",
+        "--checkpoint",
+        checkpoint,
+        "--port",
+        str(port),
+        "--no-access-log",
+    ]
     cmd += ["--log-level", "warning", *(["--runtime", runtime] if runtime else [])]
     started = time.monotonic()
     server = Server("loop", cmd, port, "/ready", logs / "server-loop.log")
@@ -123,19 +152,31 @@ def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None
         with open(corpus) as rows, open(output, "w") as out:
             while batch := [json.loads(line) for line in itertools.islice(rows, POST_BATCH)]:
                 conn.request(
-                    "POST", "/predict/batch", json.dumps({"texts": [r["text"] for r in batch]}), {"Content-Type": "application/json"}
+                    "POST",
+                    "/predict/batch",
+                    json.dumps({"texts": [r["text"] for r in batch]}),
+                    {"Content-Type": "application/json"},
                 )
                 response = conn.getresponse()
                 answers = json.loads(response.read())
                 if response.status != 200:
                     raise RuntimeError(f"/predict/batch answered {response.status}: {answers}")
                 for row, answer in zip(batch, answers, strict=True):
-                    out.write(json.dumps({"id": row["id"], "label": answer["label"], "confidence": answer["confidence"]}) + "\n")
+                    out.write(
+                        json.dumps({"id": row["id"], "label": answer["label"], "confidence": answer["confidence"]})
+                        + "\n"
+                    )
         conn.close()
         server_rss = _rss_mib(server.proc.pid)
     finally:
         server.stop()
-    return {"seconds": time.monotonic() - started, "ready_s": ready, "exit": 0, "peak_rss_mib": server_rss, "output": ""}
+    return {
+        "seconds": time.monotonic() - started,
+        "ready_s": ready,
+        "exit": 0,
+        "peak_rss_mib": server_rss,
+        "output": "",
+    }
 
 
 def _rss_mib(pid: int) -> float:
@@ -181,34 +222,58 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     for n in nprocs:
         output = work / f"local-{n}.jsonl"
         cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", str(n))
-        record(f"predict --nproc {n}", run_measured(cmd, work / f"local-{n}.log"), args.rows, output, command=_shown(cmd, work))
+        record(
+            f"predict --nproc {n}",
+            run_measured(cmd, work / f"local-{n}.log"),
+            args.rows,
+            output,
+            command=_shown(cmd, work),
+        )
     if args.ray_actors:
         try:
             import ray  # noqa: F401
 
             output = work / "ray.jsonl"
-            cmd = predict_command(checkpoint, corpus, output, args.runtime, "--engine", "ray", "--nproc", str(args.ray_actors))
+            cmd = predict_command(
+                checkpoint, corpus, output, args.runtime, "--engine", "ray", "--nproc", str(args.ray_actors)
+            )
             result = run_measured(cmd, work / "ray.log")
             name = f"predict --engine ray ({args.ray_actors} actors)"
-            record(name, result, args.rows, output, command=_shown(cmd, work), rss_of="the driver (Ray's actors are not its children)")
+            record(
+                name,
+                result,
+                args.rows,
+                output,
+                command=_shown(cmd, work),
+                rss_of="the driver (Ray's actors are not its children)",
+            )
         except ImportError:
             print("Ray is not installed: --engine ray skipped (pip install 'distrinews[ray]')", flush=True)
     if not args.no_server_loop:
         output = work / "loop.jsonl"
         result = server_loop(checkpoint, corpus, output, args.runtime, work)
-        record(f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command="(bench/batch.py: server_loop)")
+        record(
+            f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command="(bench/batch.py: server_loop)"
+        )
 
     memory = []
     sizes = [int(x) for x in str(args.rss_rows).split(",") if x.strip()]
     if sizes:  # not measured: a first start may make the checkpoint's int8 model, which a later start only loads
         warm = write_corpus(work / "corpus-warm-up.jsonl", 8, args.data)
-        run_measured(predict_command(args.rss_checkpoint or checkpoint, warm, work / "warm-up.jsonl", args.runtime), work / "warm-up.log")
+        run_measured(
+            predict_command(args.rss_checkpoint or checkpoint, warm, work / "warm-up.jsonl", args.runtime),
+            work / "warm-up.log",
+        )
     for n in sizes:
         rss_corpus = corpus if n == args.rows else write_corpus(work / f"corpus-{n}.jsonl", n, args.data)
         output = work / f"rss-{n}.jsonl"
         cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
         row = record(
-            f"memory: predict --nproc 1, {n:,} rows", run_measured(cmd, work / f"rss-{n}.log"), n, output, command=_shown(cmd, work)
+            f"memory: predict --nproc 1, {n:,} rows",
+            run_measured(cmd, work / f"rss-{n}.log"),
+            n,
+            output,
+            command=_shown(cmd, work),
         )
         memory.append(row)
         rss_corpus.unlink() if rss_corpus != corpus else None
@@ -233,7 +298,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             "labelled": count_lines(output) if output.is_file() else None,
             "exit": again["exit"],
         }
-        print(f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all", flush=True)
+        print(
+            f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all",
+            flush=True,
+        )
 
     report = {
         "command": invoked_as("batch"),
@@ -278,7 +346,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak memory of `predict --nproc 1` (checkpoint `{report['rss_checkpoint']}`):", ""]
         lines += ["| rows | seconds | peak RSS (MiB) |", "| ---: | ---: | ---: |"]
         lines += [f"| {m['rows']:,} | {m['seconds']:.1f} | {m['peak_rss_mib']:.0f} |" for m in report["memory"]]
-        lines += ["", "(Each after a start that made the checkpoint's int8 model, if it had none: every measured start only loads it.)"]
+        lines += [
+            "",
+            "(Each after a start that made the checkpoint's int8 model, if it had none: every measured start only loads it.)",
+        ]
     if report["resume"]:
         r = report["resume"]
         lines += [

@@ -49,7 +49,12 @@ def iterations_for(size_bytes: int) -> int:
 
 
 def lesson_comm_comp_ratio(
-    num_params: int, batch_size: int, world_size: int, seq_len: int = 512, bandwidth: float = 100e9, compute: float = 100e12
+    num_params: int,
+    batch_size: int,
+    world_size: int,
+    seq_len: int = 512,
+    bandwidth: float = 100e9,
+    compute: float = 100e12,
 ) -> dict[str, float]:
     """Lesson 04's estimate, as written there: note it multiplies the *byte* count (params x 4) by
     6 x batch x seq_len as FLOPs, assumes 512 tokens, 100 GB/s and 100 TFLOP/s."""
@@ -61,7 +66,9 @@ def lesson_comm_comp_ratio(
     return {"comm_s": comm_time, "comp_s": comp_time, "ratio": comm_time / comp_time}
 
 
-def corrected_comm_comp_ratio(grad_bytes: int, train_flops: float, busbw: float, peak_flops: float, world_size: int) -> dict[str, float]:
+def corrected_comm_comp_ratio(
+    grad_bytes: int, train_flops: float, busbw: float, peak_flops: float, world_size: int
+) -> dict[str, float]:
     """The same estimate with this machine's inputs: measured busbw at the payload size, the model-FLOPs
     count of a real batch (not bytes), and the measured per-process peak."""
     comm_time = bus_factor("all_reduce", world_size) * grad_bytes / busbw
@@ -194,14 +201,20 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
     config = model_config(args, tempfile.gettempdir())
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
-    model = build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names).to(env.device).train()
+    model = (
+        build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
+        .to(env.device)
+        .train()
+    )
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     payload = [torch.ones(grad_bytes // 4, device=env.device)]
     allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
     payload.clear()
 
-    sampler = TrainSampler(data.train_set, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False)
+    sampler = TrainSampler(
+        data.train_set, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False
+    )
     loader = iter(
         DataLoader(
             data.train_set,
@@ -246,7 +259,9 @@ def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) ->
         "batch_model_flops": statistics.fmean(flops),
         "measured_ratio": allreduce_s / compute_s,
         "lesson_estimate": lesson_comm_comp_ratio(params, args.batch_size, env.world_size),
-        "corrected_estimate": corrected_comm_comp_ratio(grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size),
+        "corrected_estimate": corrected_comm_comp_ratio(
+            grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size
+        ),
         "table_busbw_near_payload": nearest["busbw"] if nearest else None,
         "peak": peak.source,
         "peak_flops": peak.flops,
@@ -281,7 +296,15 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
                 seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
                 alg, bus = bandwidths(op, actual, seconds, env.world_size)
                 table.append(
-                    {"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6, "algbw": alg, "busbw": bus, "how": how}
+                    {
+                        "op": op,
+                        "bytes": actual,
+                        "iterations": iters,
+                        "time_us": seconds * 1e6,
+                        "algbw": alg,
+                        "busbw": bus,
+                        "how": how,
+                    }
                 )
                 if env.is_main and args.verbose:
                     print(
@@ -317,7 +340,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}`",
         "",
-        "Correctness (rank r sends r + 1): " + ", ".join(f"{op} {'OK' if ok else 'WRONG'}" for op, ok in report["checks"].items()),
+        "Correctness (rank r sends r + 1): "
+        + ", ".join(f"{op} {'OK' if ok else 'WRONG'}" for op, ok in report["checks"].items()),
         "",
     ]
     for op in dict.fromkeys(r["op"] for r in report["table"]):
@@ -331,7 +355,10 @@ def markdown(report: dict[str, Any]) -> str:
             "| size | time (us) | algbw (GB/s) | busbw (GB/s) |",
             "|---:|---:|---:|---:|",
         ]
-        lines += [f"| {format_bytes(r['bytes'])} | {r['time_us']:.1f} | {r['algbw'] / 1e9:.3f} | {r['busbw'] / 1e9:.3f} |" for r in rows]
+        lines += [
+            f"| {format_bytes(r['bytes'])} | {r['time_us']:.1f} | {r['algbw'] / 1e9:.3f} | {r['busbw'] / 1e9:.3f} |"
+            for r in rows
+        ]
         lines.append("")
     mod = report.get("model")
     if mod:
@@ -464,14 +491,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-bytes", type=int, default=KIB, help="smallest message (default 1 KiB)")
     p.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest message (default 256 MiB)")
     p.add_argument("--ops", nargs="+", default=list(OPS), help=f"collectives to time (default: {' '.join(OPS)})")
-    p.add_argument("--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)")
+    p.add_argument(
+        "--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)"
+    )
     p.add_argument("--no-model", action="store_true", help="skip the model section")
     p.add_argument("--data", help="AG News directory the model section's batches come from (default: $DISTRINEWS_DATA)")
     p.add_argument("--batch-size", type=int, default=16, help="per-process batch for the compute time")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--train-samples", type=int, default=2000, help="rows to draw the compute batches from")
     p.add_argument("--compute-batches", type=int, default=5)
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for the compute time")
+    p.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for the compute time"
+    )
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--output-dir", default="runs/bench")
     p.add_argument("--name", default="collectives")

@@ -27,7 +27,10 @@ def write_report(
     stem.with_suffix(".md").write_text(md)
     plotted = plot(report, stem.with_suffix(".png")) is not False if plot is not None else None
     print(md)
-    print(f"wrote {stem}.json, {stem}.md" + {True: f", {stem}.png", False: " (no PNG: matplotlib missing)", None: ""}[plotted])
+    print(
+        f"wrote {stem}.json, {stem}.md"
+        + {True: f", {stem}.png", False: " (no PNG: matplotlib missing)", None: ""}[plotted]
+    )
     return stem
 
 

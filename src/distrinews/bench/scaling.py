@@ -65,7 +65,9 @@ __all__ = [
 ]
 
 
-def worker_argv(args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]) -> list[str]:
+def worker_argv(
+    args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]
+) -> list[str]:
     argv = [
         "bench",
         "scaling",
@@ -96,7 +98,9 @@ def worker_argv(args: argparse.Namespace, workers: int, bucket_cap_mb: float | N
     return argv + list(extra)
 
 
-def run_point(args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, extra: list[str], log=print) -> dict[str, Any]:
+def run_point(
+    args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, extra: list[str], log=print
+) -> dict[str, Any]:
     """One torchrun job of ``workers`` pinned processes; returns rank 0's figures."""
     from ..distributed.launch import torchrun_command
 
@@ -181,17 +185,25 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
 
-    specs = [(n, bucket, hook) for n in counts for bucket in (buckets if n > 1 else buckets[:1]) for hook in (hooks if n > 1 else [None])]
+    specs = [
+        (n, bucket, hook)
+        for n in counts
+        for bucket in (buckets if n > 1 else buckets[:1])
+        for hook in (hooks if n > 1 else [None])
+    ]
     runs: dict[tuple, list[dict[str, Any]]] = {spec: [] for spec in specs}
     for round_ in range(args.repeat):  # rounds, so that a slow spell of the machine touches every point alike
         for n, bucket, hook in specs:
             label = f"{n} worker(s) x {args.cores_per_worker} core(s)"
-            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (f", ddp_comm_hook {hook}" if hook else "")
+            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (
+                f", ddp_comm_hook {hook}" if hook else ""
+            )
             label += f" (round {round_ + 1}/{args.repeat})" if args.repeat > 1 else ""
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
             p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if hook else []))
             print(
-                f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)", flush=True
+                f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)",
+                flush=True,
             )
             runs[(n, bucket, hook)].append(p)
     points = [median_run(runs[spec]) for spec in specs]
@@ -215,9 +227,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="training preset (default: TrainConfig's defaults); --field value overrides follow")
     p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
     p.add_argument(
-        "--batch", type=int, default=None, help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)"
+        "--batch",
+        type=int,
+        default=None,
+        help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)",
     )
-    p.add_argument("--global-batch", type=int, default=None, help="strong mode: global batch (default batch x max workers)")
+    p.add_argument(
+        "--global-batch", type=int, default=None, help="strong mode: global batch (default batch x max workers)"
+    )
     p.add_argument("--cores-per-worker", type=int, default=None, help="default: cores / max workers")
     p.add_argument(
         "--bucket-cap-mb",
@@ -230,12 +247,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ddp_comm_hook value(s), comma-separated (auto, none, shm, bf16, fp16): one point each for n > 1 (default: the config's)",
     )
     p.add_argument(
-        "--repeat", type=int, default=1, help="rounds over every point; each point reports its median run by samples/s (default 1)"
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over every point; each point reports its median run by samples/s (default 1)",
     )
     p.add_argument("--optimizer", choices=("fused", "foreach", "for-loop"), default="fused")
-    p.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)")
-    p.add_argument("--host-sync", action="store_true", help="read loss and accuracy to the host every step (the reference loop's)")
-    p.add_argument("--no-sync-probe", type=int, default=5, help="extra windows timed without and with the all-reduce (n > 1)")
+    p.add_argument(
+        "--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)"
+    )
+    p.add_argument(
+        "--host-sync", action="store_true", help="read loss and accuracy to the host every step (the reference loop's)"
+    )
+    p.add_argument(
+        "--no-sync-probe", type=int, default=5, help="extra windows timed without and with the all-reduce (n > 1)"
+    )
     p.add_argument("--output-dir", default="runs/bench")
     p.add_argument("--name", default="scaling")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per point")

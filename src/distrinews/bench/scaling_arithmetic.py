@@ -25,7 +25,9 @@ def per_worker_batch(mode: str, batch: int, global_batch: int | None, workers: i
     if mode != "strong":
         raise ValueError(f"mode must be weak or strong, not {mode!r}")
     if global_batch is None or global_batch % workers:
-        raise ValueError(f"strong scaling needs a global batch divisible by every worker count (got {global_batch} for {workers})")
+        raise ValueError(
+            f"strong scaling needs a global batch divisible by every worker count (got {global_batch} for {workers})"
+        )
     return global_batch // workers
 
 
@@ -33,7 +35,9 @@ def core_slices(cores: list[int], workers: int, cores_per_worker: int) -> list[l
     """Disjoint core sets, one per local rank; fails when the machine has too few cores."""
     need = workers * cores_per_worker
     if need > len(cores):
-        raise ValueError(f"{workers} workers x {cores_per_worker} cores need {need} cores; this process may use {len(cores)} ({cores})")
+        raise ValueError(
+            f"{workers} workers x {cores_per_worker} cores need {need} cores; this process may use {len(cores)} ({cores})"
+        )
     return [cores[i * cores_per_worker : (i + 1) * cores_per_worker] for i in range(workers)]
 
 
@@ -45,5 +49,12 @@ def summarize(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for p in points:
         s = speedup(p["samples_per_s"], base["samples_per_s"])
-        rows.append({**p, "speedup": s, "efficiency": efficiency(s, p["workers"], base["workers"]), "baseline_workers": base["workers"]})
+        rows.append(
+            {
+                **p,
+                "speedup": s,
+                "efficiency": efficiency(s, p["workers"], base["workers"]),
+                "baseline_workers": base["workers"],
+            }
+        )
     return rows

@@ -86,7 +86,12 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     buckets = sorted({r["bucket_cap_mb"] for r in rows if r["bucket_cap_mb"]})
     for b in buckets or [None]:
         pts = sorted([r for r in rows if r["bucket_cap_mb"] in (b, None)], key=lambda r: r["workers"])
-        ax.plot([r["workers"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"measured, bucket {b:g} MB" if b else "measured")
+        ax.plot(
+            [r["workers"] for r in pts],
+            [r["speedup"] for r in pts],
+            "o-",
+            label=f"measured, bucket {b:g} MB" if b else "measured",
+        )
     ax.set_xlabel("workers")
     ax.set_ylabel("speedup (samples/s)")
     ax.set_xticks(workers)

@@ -45,7 +45,11 @@ class PadToMaxLength:
         for row, (ids, *_) in enumerate(batch):
             input_ids[row, : ids.numel()] = ids
             attention_mask[row, : ids.numel()] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.tensor([row[1] for row in batch])}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": torch.tensor([row[1] for row in batch]),
+        }
 
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
@@ -71,7 +75,9 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
 
         def make_optimizer(model):
-            return torch.optim.AdamW(model.parameters(), lr=config.optimizer.learning_rate, foreach=args.optimizer == "foreach")
+            return torch.optim.AdamW(
+                model.parameters(), lr=config.optimizer.learning_rate, foreach=args.optimizer == "foreach"
+            )
 
     with distributed_context(threads=args.cores_per_worker) as env:
         trainer = Trainer(config, env, make_optimizer=make_optimizer)
@@ -89,7 +95,9 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         barrier(env)
         elapsed = time.perf_counter() - started
         counts = trainer.take_window_counts()  # the timed steps only
-        probe_local, probe_sync = _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
+        probe_local, probe_sync = (
+            _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
+        )
         barrier(env)
         mine = {
             "rank": env.rank,
@@ -106,7 +114,9 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         }
         ranks = all_gather_object(mine, env)
         if env.is_main:
-            Path(args.result).write_text(json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device)), indent=2))
+            Path(args.result).write_text(
+                json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device)), indent=2)
+            )
     return 0
 
 
@@ -119,7 +129,11 @@ def _windows(trainer, args: argparse.Namespace):
 
     config = trainer.config
     pad = trainer.data.train.pad_token_id
-    collate = PadToMaxLength(pad, config.data.max_length) if args.pad_to_max_length else Collator(pad, config.batches.pad_to_multiple_of)
+    collate = (
+        PadToMaxLength(pad, config.data.max_length)
+        if args.pad_to_max_length
+        else Collator(pad, config.batches.pad_to_multiple_of)
+    )
 
     def batches():
         for epoch in range(10**6):

@@ -60,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="our server's runtimes, comma-separated (default: torch,onnx,onnx-int8, and torch-bf16 where bf16 is in hardware)",
     )
     parser.add_argument("--max-batch-size", type=int, default=None, help="ours: --max-batch-size (default: serve's)")
-    parser.add_argument("--max-batch-tokens", type=int, default=None, help="ours: --max-batch-tokens (default: serve's)")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=None, help="ours: --max-batch-tokens (default: serve's)"
+    )
     parser.add_argument("--max-wait-ms", type=float, default=None, help="ours: --max-wait-ms (default: serve's)")
     parser.add_argument("--threads", type=int, default=None, help="ours: --threads (default: serve's)")
     parser.add_argument(
@@ -69,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="also load the default runtime with this --max-queue at the two highest concurrencies (the 429 table); 0: skip",
     )
-    parser.add_argument("--accuracy", action="store_true", help="also compare the runtimes on the test split and apply the default rule")
+    parser.add_argument(
+        "--accuracy", action="store_true", help="also compare the runtimes on the test split and apply the default rule"
+    )
     parser.add_argument("--accuracy-rows", type=int, default=None, help="test rows for --accuracy (default: all 7,600)")
     parser.add_argument("--output-dir", default="runs/bench", help="where serving.{json,md,png} go")
     parser.add_argument("--name", default="serving", help="file name stem of the results")
@@ -103,7 +107,9 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
     results: list[dict[str, Any]] = []
     servers: dict[str, dict[str, Any]] = {}
 
-    def measure_levels(server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags) -> None:
+    def measure_levels(
+        server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags
+    ) -> None:
         for c in concurrency:
             # What each side spends: the server's process and this one (the load generator), in cores, over the level.
             server0, client0, wall0 = process_cpu_seconds(server.proc.pid), time.process_time(), time.monotonic()

@@ -153,13 +153,16 @@ def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     return full, headlines
 
 
-def find_result(results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None):
+def find_result(
+    results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None
+):
     """The result of one server, runtime, text kind and concurrency (and overload queue), or None."""
     return next(
         (
             r
             for r in results
-            if (r["server"], r["runtime"], r["texts"], r["concurrency"]) == (server, runtime, texts, c) and r.get("max_queue") == max_queue
+            if (r["server"], r["runtime"], r["texts"], r["concurrency"]) == (server, runtime, texts, c)
+            and r.get("max_queue") == max_queue
         ),
         None,
     )

@@ -164,7 +164,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
             (
                 r
                 for r in report["results"]
-                if r["server"] == server and r["runtime"] == runtime and r["texts"] == "full" and r.get("max_queue") is None
+                if r["server"] == server
+                and r["runtime"] == runtime
+                and r["texts"] == "full"
+                and r.get("max_queue") is None
             ),
             key=lambda r: r["concurrency"],
         )
@@ -173,7 +176,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
         cs = [r["concurrency"] for r in rows]
         ax_t.plot(cs, [r["throughput_rps"] for r in rows], marker="o", label=label)
         line = ax_l.plot(cs, [r["p50_ms"] for r in rows], marker="o", label=f"{label} p50")[0]
-        ax_l.plot(cs, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{label} p99")
+        ax_l.plot(
+            cs, [r["p99_ms"] for r in rows], marker="x", linestyle="--", color=line.get_color(), label=f"{label} p99"
+        )
     for ax in (ax_t, ax_l):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients (closed loop)")

@@ -43,7 +43,9 @@ def bf16_matmul_gflops(n: int = 512, repeats: int = 5) -> dict[str, float]:
     return out
 
 
-def runtime_accuracy(checkpoint: str, runtimes: list[str], data_dir: str | None, rows: int | None) -> list[dict[str, Any]]:
+def runtime_accuracy(
+    checkpoint: str, runtimes: list[str], data_dir: str | None, rows: int | None
+) -> list[dict[str, Any]]:
     """Each runtime on the test split (all rows unless ``rows``): accuracy, label agreement with PyTorch fp32, seconds."""
     from ..data.splits import load_split
     from ..predict.runtimes import make_predictor
@@ -82,7 +84,9 @@ def runtime_accuracy(checkpoint: str, runtimes: list[str], data_dir: str | None,
     return results
 
 
-def choose_default(accuracy: list[dict[str, Any]], load: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
+def choose_default(
+    accuracy: list[dict[str, Any]], load: list[dict[str, Any]], concurrency: int
+) -> dict[str, Any] | None:
     """The default-runtime rule: among runtimes within ACCURACY_TOLERANCE_POINTS of PyTorch fp32's accuracy,
     the one with the highest throughput at ``concurrency`` clients (ties: the lower p50 at 1 client)."""
     base = next((a for a in accuracy if a["runtime"] == "torch"), None)
@@ -101,4 +105,9 @@ def choose_default(accuracy: list[dict[str, Any]], load: list[dict[str, Any]], c
     if not candidates:
         return None
     throughput, _, runtime = max(candidates)
-    return {"runtime": runtime, "throughput_rps": throughput, "concurrency": concurrency, "tolerance_points": ACCURACY_TOLERANCE_POINTS}
+    return {
+        "runtime": runtime,
+        "throughput_rps": throughput,
+        "concurrency": concurrency,
+        "tolerance_points": ACCURACY_TOLERANCE_POINTS,
+    }

@@ -82,7 +82,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         windows = optimizer_windows(trainer.epoch_batches(0), trainer.plan.accumulation)
         steps = [window for window, _ in zip(windows, range(needed))]
         if len(steps) < needed:
-            raise SystemExit(f"bench profile: the data gives {len(steps)} steps; ask for fewer (--warmup/--steps/--profiled-steps)")
+            raise SystemExit(
+                f"bench profile: the data gives {len(steps)} steps; ask for fewer (--warmup/--steps/--profiled-steps)"
+            )
         for window in steps[: args.warmup]:
             trainer.train_step(window)
         timed = steps[args.warmup : args.warmup + args.steps]
@@ -97,7 +99,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 trainer.forward_backward(window)
                 trainer.optimizer_step()
     operators = [
-        {"name": e.key, "self_ms": e.self_cpu_time_total / 1000 / args.profiled_steps, "calls": e.count / args.profiled_steps}
+        {
+            "name": e.key,
+            "self_ms": e.self_cpu_time_total / 1000 / args.profiled_steps,
+            "calls": e.count / args.profiled_steps,
+        }
         for e in prof.key_averages()
     ]
     total = sum(o["self_ms"] for o in operators)
@@ -138,8 +144,14 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | ---: | ---: |",
     ]
     lines += [f"| {group} | {ms:.1f} | {100 * ms / total:.1f}% |" for group, ms in report["groups"].items()]
-    lines += ["", "| operator (top 15 by self time) | group | ms a step | calls a step |", "| --- | --- | ---: | ---: |"]
-    lines += [f"| `{o['name']}` | {o['group']} | {o['self_ms']:.1f} | {o['calls']:.0f} |" for o in report["operators"][:15]]
+    lines += [
+        "",
+        "| operator (top 15 by self time) | group | ms a step | calls a step |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    lines += [
+        f"| `{o['name']}` | {o['group']} | {o['self_ms']:.1f} | {o['calls']:.0f} |" for o in report["operators"][:15]
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,9 @@ from ..errors import ConfigError
 
 
 def symlink_refused(path: os.PathLike | str) -> ConfigError:
-    return ConfigError(f"{path} is a symbolic link; refusing to follow it (a run writes only through files it made: remove it)")
+    return ConfigError(
+        f"{path} is a symbolic link; refusing to follow it (a run writes only through files it made: remove it)"
+    )
 
 
 def open_nofollow(path: os.PathLike | str, flags: int, mode: int = 0o666) -> int:

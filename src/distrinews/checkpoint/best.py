@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 
 class BestModel:
-    def __init__(self, directory: Path, checkpoints: Path, env: DistEnv, tokenizer: Any, training_config: dict[str, Any]):
+    def __init__(
+        self, directory: Path, checkpoints: Path, env: DistEnv, tokenizer: Any, training_config: dict[str, Any]
+    ):
         self.directory, self.checkpoints, self.env = directory, checkpoints, env
         self.tokenizer, self.training_config = tokenizer, training_config
 
@@ -30,7 +32,9 @@ class BestModel:
         """Write ``model`` with the evaluation it was kept for into ``best/``; every rank calls this."""
         weights = model.full_state_dict()  # every rank: a collective under sharded strategies
         target = self.directory
-        with saving_together(self.env, target, self.checkpoints, lambda: space_needed(target if target.is_dir() else None, weights)):
+        with saving_together(
+            self.env, target, self.checkpoints, lambda: space_needed(target if target.is_dir() else None, weights)
+        ):
             if self.env.is_main:
                 servable = merged(model.raw)  # LoRA folded in: best/ loads without peft
                 save_servable(

@@ -29,7 +29,12 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota used up is a full disk to
 
 # Writers that raise no OSError: safetensors passes Rust's io::Error text along ("... (os error 28)").
 # torch's zip writer says only "unexpected pos" or "file write failed"; the free space tells then.
-_FULL_WORDS = ("no space left on device", "disk quota exceeded", f"(os error {errno.ENOSPC})", f"(os error {errno.EDQUOT})")
+_FULL_WORDS = (
+    "no space left on device",
+    "disk quota exceeded",
+    f"(os error {errno.ENOSPC})",
+    f"(os error {errno.EDQUOT})",
+)
 
 
 def _says_disk_full(exc: BaseException | None) -> bool:
@@ -144,7 +149,9 @@ def _disk_full_message(target: Path, checkpoints: Path, needed: tuple[int, str])
 
 
 @contextmanager
-def saving_together(env: DistEnv, target: Path, checkpoints: Path, needed: Callable[[], tuple[int, str]]) -> Iterator[None]:
+def saving_together(
+    env: DistEnv, target: Path, checkpoints: Path, needed: Callable[[], tuple[int, str]]
+) -> Iterator[None]:
     """Around the part of a save that some ranks write (rank 0 alone, or every rank): all ranks leave it
     together, through one all-gather of how it went, which each rank reaches whether it wrote or not.
 
@@ -173,7 +180,10 @@ def saving_together(env: DistEnv, target: Path, checkpoints: Path, needed: Calla
         if full:
             outcome = ("full", _disk_full_message(target, checkpoints, needed()))
         else:
-            outcome = ("failed", f"rank {env.rank} could not save {target}: {type(failure).__name__}: {first_line(failure)}")
+            outcome = (
+                "failed",
+                f"rank {env.rank} could not save {target}: {type(failure).__name__}: {first_line(failure)}",
+            )
     outcomes = [o for o in all_gather_object(outcome, env) if o is not None]
     full_message = next((text for kind, text in outcomes if kind == "full"), None)
     if full_message is not None:

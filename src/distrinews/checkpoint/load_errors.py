@@ -34,7 +34,9 @@ def _why(exc: BaseException) -> str:
         return f"the safetensors file is invalid or truncated ({first_line(exc)})"
     if isinstance(exc, json.JSONDecodeError):
         return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    if isinstance(exc, (pickle.UnpicklingError, EOFError)) or (isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)):
+    if isinstance(exc, (pickle.UnpicklingError, EOFError)) or (
+        isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)
+    ):
         return f"not a readable PyTorch checkpoint file ({first_line(exc)})"
     message = first_line(exc)
     if "weights_only" in message:

@@ -78,11 +78,15 @@ def verify_checkpoint(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} is damaged: {manifest} cannot be read ({first_line(exc)})") from None
     named = STEP_DIR.match(path.name)
     if named and step != int(named.group(1)):
-        raise CheckpointError(f"checkpoint {path} is not what its save wrote: {manifest} is the manifest of step {step}")
+        raise CheckpointError(
+            f"checkpoint {path} is not what its save wrote: {manifest} is the manifest of step {step}"
+        )
     on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_symlink() or not p.is_dir()} - {MANIFEST}
     for name in sorted(on_disk):
         if (path / name).is_symlink() or not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} is refused: {path / name} is not a plain file (a save writes only files)")
+            raise CheckpointError(
+                f"checkpoint {path} is refused: {path / name} is not a plain file (a save writes only files)"
+            )
     if unlisted := sorted(on_disk - set(entries)):
         raise CheckpointError(f"checkpoint {path} is refused: {path / unlisted[0]} is not in its {MANIFEST}")
     for name in entries:
@@ -101,7 +105,9 @@ def verify_checkpoint(path: Path) -> None:
             read_metadata(path / name)
 
 
-def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn: Callable[[str], None] = print) -> Path | None:
+def resolve_resume(
+    spec: str | None, checkpoints: str | os.PathLike, warn: Callable[[str], None] = print
+) -> Path | None:
     """The checkpoint to continue from, verified against its manifest.
 
     ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); a newer one
@@ -123,6 +129,8 @@ def resolve_resume(spec: str | None, checkpoints: str | os.PathLike, warn: Calla
         return None
     path = Path(spec)
     if not path.is_dir():
-        raise FileNotFoundError(f"--resume {spec}: no such checkpoint directory; expected runs/<name>/checkpoints/step-N or 'auto'")
+        raise FileNotFoundError(
+            f"--resume {spec}: no such checkpoint directory; expected runs/<name>/checkpoints/step-N or 'auto'"
+        )
     verify_checkpoint(path)
     return path

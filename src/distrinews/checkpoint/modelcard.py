@@ -110,7 +110,9 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
     if data.hub_id:
         meta["datasets"] = [data.hub_id]
     if data.ag_news:
-        meta.update({"language": ["en"], "license": "other", "license_name": DATA_TERMS_NAME, "license_link": DATA_TERMS_LINK})
+        meta.update(
+            {"language": ["en"], "license": "other", "license_name": DATA_TERMS_NAME, "license_link": DATA_TERMS_LINK}
+        )
     else:  # the user's data: its terms are theirs to state
         meta["license"] = "unknown"
     meta["metrics"] = ["accuracy", "f1"]
@@ -120,7 +122,12 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
         results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
         if metrics.get("macro_f1") is not None:
             results.append(
-                {"type": "f1", "value": round(float(metrics["macro_f1"]), 6), "name": "Test macro-F1", "args": {"average": "macro"}}
+                {
+                    "type": "f1",
+                    "value": round(float(metrics["macro_f1"]), 6),
+                    "name": "Test macro-F1",
+                    "args": {"average": "macro"},
+                }
             )
         meta["model-index"] = [
             {
@@ -213,7 +220,11 @@ def training_command(info: ServableInfo) -> str | None:
     if world_size > 1:
         parts.append(f"--nproc-per-node {world_size}")
     for name, value in training.items():
-        if name in ("resume_from_checkpoint", "overwrite_output_dir") or name not in defaults or defaults[name] == value:
+        if (
+            name in ("resume_from_checkpoint", "overwrite_output_dir")
+            or name not in defaults
+            or defaults[name] == value
+        ):
             continue
         parts.append(f"--{name} {_cli_value(value)}")
     return " \\\n    ".join(parts)
@@ -251,7 +262,11 @@ def _summary(info: ServableInfo, data: TrainingData, base: str | None) -> list[s
     """The title, one sentence and the table of what the model is and how well it did."""
     metrics, labels = info.metrics, info.label_names
     world_size = int(info.world_size or 1)
-    what = "An AG News topic classifier" if data.ag_news else f"A text classifier trained on {data.name}, {len(labels)} labels"
+    what = (
+        "An AG News topic classifier"
+        if data.ag_news
+        else f"A text classifier trained on {data.name}, {len(labels)} labels"
+    )
     return [
         f"# {model_title(info)}",
         "",
@@ -278,9 +293,15 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
     if scores:
-        lines = ["## Per class (evaluation rows)", "", "| label | precision | recall | F1 | rows |", "| --- | --- | --- | --- | --- |"]
+        lines = [
+            "## Per class (evaluation rows)",
+            "",
+            "| label | precision | recall | F1 | rows |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         lines += [
-            f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} | {s['support']:,} |" for name, s in scores.items()
+            f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} | {s['support']:,} |"
+            for name, s in scores.items()
         ]
         return [*lines, ""]
     if per_class:
@@ -322,7 +343,10 @@ def _confidence(info: ServableInfo) -> list[str]:
             "| coverage | accuracy | min confidence |",
             "| --- | --- | --- |",
         ]
-        lines += [f"| {_pct(row.get('coverage'))} | {_pct(row.get('accuracy'))} | {row.get('min_confidence', 0):.4f} |" for row in coverage]
+        lines += [
+            f"| {_pct(row.get('coverage'))} | {_pct(row.get('accuracy'))} | {row.get('min_confidence', 0):.4f} |"
+            for row in coverage
+        ]
         lines.append("")
     return lines
 
@@ -368,7 +392,9 @@ def _training(info: ServableInfo) -> list[str]:
         return []
     world_size = int(info.world_size or 1)
     rows = [(k, training[k]) for k in KEY_HYPERPARAMETERS if k in training]
-    per_step = training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
+    per_step = (
+        training.get("per_device_train_batch_size", 0) * training.get("gradient_accumulation_steps", 1) * world_size
+    )
     lines = [
         "## Training",
         "",

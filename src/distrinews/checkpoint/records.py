@@ -111,11 +111,16 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: 
     if not _is_int(version) or version < 1:
         raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
     if version > newest:
-        raise _refuse(path, f"it was written by a newer DistriNews (format {version}); this one reads format {newest}: upgrade distrinews")
+        raise _refuse(
+            path,
+            f"it was written by a newer DistriNews (format {version}); this one reads format {newest}: upgrade distrinews",
+        )
     return version
 
 
-def read_fields(data: Any, path: str | PathLike, checks: Mapping[str, _Check], required: tuple[str, ...], newest: int) -> dict[str, Any]:
+def read_fields(
+    data: Any, path: str | PathLike, checks: Mapping[str, _Check], required: tuple[str, ...], newest: int
+) -> dict[str, Any]:
     """The known keys of ``data`` (those in ``checks``), each checked; the format version first, then required keys."""
     if not isinstance(data, dict):
         raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
@@ -341,7 +346,9 @@ class ModelInfo(ServableInfo):
 
     def __post_init__(self) -> None:
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
-            raise ValueError(f"checkpoint format {self.checkpoint_format!r}: expected one of {', '.join(CHECKPOINT_FORMATS)}")
+            raise ValueError(
+                f"checkpoint format {self.checkpoint_format!r}: expected one of {', '.join(CHECKPOINT_FORMATS)}"
+            )
 
     @classmethod
     def of(cls, servable: ServableInfo, *, checkpoint_format: str, tokenizer: TokenizerSource) -> ModelInfo:

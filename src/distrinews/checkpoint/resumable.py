@@ -113,7 +113,9 @@ class ReplicatedLayout:
         """The states to write (every rank calls this: gathering may be a collective)."""
         return model.full_state_dict(), optimizer.state_dict() if env.is_main else {}
 
-    def write(self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv, average: dict[str, torch.Tensor] | None) -> None:
+    def write(
+        self, states: tuple[Any, Any], tmp: Path | None, env: DistEnv, average: dict[str, torch.Tensor] | None
+    ) -> None:
         if env.is_main:
             assert tmp is not None, "the main rank writes into the checkpoint's temporary folder"
             save_weights(states[0], tmp / "model.safetensors")

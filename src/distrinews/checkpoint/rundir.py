@@ -129,7 +129,9 @@ class RunDir:
         for parent in (self.path, *self.path.parents):
             if parent.exists():
                 if not parent.is_dir():
-                    raise ConfigError(f"config field 'output_dir': {self.path} is under {parent}, which is a file, not a directory")
+                    raise ConfigError(
+                        f"config field 'output_dir': {self.path} is under {parent}, which is a file, not a directory"
+                    )
                 if not os.access(parent, os.W_OK | os.X_OK):
                     raise ConfigError(f"config field 'output_dir': cannot write to {parent} (permission denied)")
                 break
@@ -186,7 +188,9 @@ class RunLock:
             raise
         if self._fd is not None:
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-            with contextlib.suppress(OSError):  # only ever read to word the refusal: a full disk must not stop the run here
+            with contextlib.suppress(
+                OSError
+            ):  # only ever read to word the refusal: a full disk must not stop the run here
                 os.ftruncate(self._fd, 0)
                 os.pwrite(self._fd, json.dumps(holder).encode(), 0)
         return self
@@ -200,7 +204,9 @@ class RunLock:
                 self._make_dir()
                 continue
             except OSError as exc:
-                raise ConfigError(f"config field 'output_dir': cannot create the lock file {self.path}: {exc.strerror}") from exc
+                raise ConfigError(
+                    f"config field 'output_dir': cannot create the lock file {self.path}: {exc.strerror}"
+                ) from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -215,7 +221,10 @@ class RunLock:
                 if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
                 # Some network file systems are mounted without lock support; refusing every run there would be worse.
-                print(f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory", file=sys.stderr)
+                print(
+                    f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory",
+                    file=sys.stderr,
+                )
                 return None
             if same_file(fd, self.path):
                 return fd

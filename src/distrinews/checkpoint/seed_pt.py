@@ -32,7 +32,9 @@ def load_seed_pt(path: Path):
         )
     missing = {"model_state_dict", "config"} - set(payload)
     if missing:
-        raise CheckpointError(f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})"
+        )
     with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
         return _seed_pt_model(path, payload)
 
@@ -59,7 +61,10 @@ def _seed_pt_model(path: Path, payload: dict[str, Any]):
     info = ModelInfo(
         label_names=labels,
         epoch=payload.get("epoch"),
-        metrics={"loss": payload.get("loss"), "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0},
+        metrics={
+            "loss": payload.get("loss"),
+            "accuracy": None if payload.get("accuracy") is None else payload["accuracy"] / 100.0,
+        },
         max_length=cfg["max_length"] if "max_length" in cfg else field_default("max_length"),
         model_name=cfg.get("model_name"),
         model_version=cfg.get("model_version"),
@@ -75,7 +80,9 @@ def _temperature(path: Path, value: Any) -> float:
     """The file's calibration temperature (1: the seed's files, which have none); anything out of range is refused."""
     accepts, what = TEMPERATURE
     if not accepts(value):
-        raise CheckpointError(f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}"
+        )
     return float(value)
 
 
@@ -92,7 +99,9 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
     else:
         name = cfg.get("model_name") or recorded
         if not name:
-            raise CheckpointError(f"could not load checkpoint {path}: its config names neither a base model nor a tokenizer")
+            raise CheckpointError(
+                f"could not load checkpoint {path}: its config names neither a base model nor a tokenizer"
+            )
         tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
         where = f"the tokenizer of its base model {name}"
     log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)

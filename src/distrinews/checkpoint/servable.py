@@ -46,7 +46,11 @@ def stamped(info: ServableInfo) -> ServableInfo:
 
 
 def save_servable(
-    directory: str | os.PathLike, model: torch.nn.Module, weights: dict[str, torch.Tensor], tokenizer, info: ServableInfo
+    directory: str | os.PathLike,
+    model: torch.nn.Module,
+    weights: dict[str, torch.Tensor],
+    tokenizer,
+    info: ServableInfo,
 ) -> Path:
     """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (``info``, stamped with the package
     version, model version and config hash) and ``README.md``, the model card.
@@ -55,7 +59,9 @@ def save_servable(
     ``model`` supplies the architecture's config and file layout.
     """
     if not isinstance(info, ServableInfo):
-        raise TypeError(f"save_servable takes a ServableInfo (distrinews.checkpoint.records), not {type(info).__name__}")
+        raise TypeError(
+            f"save_servable takes a ServableInfo (distrinews.checkpoint.records), not {type(info).__name__}"
+        )
     info = stamped(info)
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +132,9 @@ def check_loadable(path: str | os.PathLike) -> None:
             torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
         return
     if not (path / "config.json").is_file() and not (path / TRAINER_STATE).is_file():
-        raise CheckpointError(f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)"
+        )
     if (path / TRAINER_STATE).is_file():
         verify_checkpoint(path)  # a step-N: every file as its save wrote it, the sharded metadata safe to read
     if (path / "config.json").is_file():
@@ -155,7 +163,9 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, Any, M
     if path.is_file():
         model, tokenizer, info = load_seed_pt(path)
     elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
-        info = ModelInfo.of(read_servable_info(path), checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path))
+        info = ModelInfo.of(
+            read_servable_info(path), checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path)
+        )
         model, tokenizer = _load_pretrained(path)
     elif (path / TRAINER_STATE).is_file():
         # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
@@ -192,7 +202,9 @@ def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, Any, M
             # A resumable checkpoint tokenizes with the base model its training config names.
             tokenizer=TokenizerSource.base_model(name),
         )
-    elif (path / "config.json").is_file():  # any HF sequence-classification folder: its labels, TrainConfig's max_length
+    elif (
+        path / "config.json"
+    ).is_file():  # any HF sequence-classification folder: its labels, TrainConfig's max_length
         model, tokenizer = _load_pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         info = ModelInfo(label_names=labels, checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path))

@@ -60,7 +60,9 @@ def read_metadata(path: Path) -> Metadata:
     with loading(path), open(path, "rb") as fh:
         data = fh.read(METADATA_LIMIT + 1)
     if len(data) > METADATA_LIMIT:
-        raise CheckpointError(f"could not load checkpoint {path}: over {METADATA_LIMIT >> 20} MiB (refused, not loaded)")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: over {METADATA_LIMIT >> 20} MiB (refused, not loaded)"
+        )
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as exc:
@@ -68,13 +70,17 @@ def read_metadata(path: Path) -> Metadata:
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         raise CheckpointError(f"could not load checkpoint {path}: not readable metadata ({first_line(exc)})") from None
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"could not load checkpoint {path}: holds a {type(metadata).__name__}, not a checkpoint's metadata")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: holds a {type(metadata).__name__}, not a checkpoint's metadata"
+        )
     storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
     for info in storage.values():
         name = getattr(info, "relative_path", None)
         # torch reads each shard from the folder by this name: one beside the metadata, never a path out of it
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
-            raise CheckpointError(f"could not load checkpoint {path}: names the shard {name!r}, not a file of its folder (refused)")
+            raise CheckpointError(
+                f"could not load checkpoint {path}: names the shard {name!r}, not a file of its folder (refused)"
+            )
     return metadata
 
 

@@ -17,7 +17,14 @@ from ..errors import CheckpointError
 from .records import SERVABLE_INFO, TRAINER_STATE, ServableInfo
 
 # Any one of these holds a vocabulary: a fast tokenizer, WordPiece, BPE, SentencePiece.
-VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+VOCABULARY_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
 # What save_pretrained writes for the BERT-style tokenizers trained here (the names the message gives).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
@@ -53,7 +60,9 @@ def require_tokenizer(directory: str | os.PathLike, base_model: str | None = Non
         )
     else:
         fix = "copy the tokenizer files of the model it was fine-tuned from into it"
-    raise CheckpointError(f"could not load checkpoint {directory}: its tokenizer is missing (no {', '.join(missing)}); {fix}")
+    raise CheckpointError(
+        f"could not load checkpoint {directory}: its tokenizer is missing (no {', '.join(missing)}); {fix}"
+    )
 
 
 def _recorded_base_model(directory: Path) -> str | None:

@@ -17,11 +17,27 @@ from typing import Any
 
 from ..config import DEFAULT_MODEL_VERSION, is_version
 
-__all__ = ["DEFAULT_MODEL_VERSION", "NOT_HASHED", "artifact_name", "config_hash", "is_version", "short_model_name", "version_fields"]
+__all__ = [
+    "DEFAULT_MODEL_VERSION",
+    "NOT_HASHED",
+    "artifact_name",
+    "config_hash",
+    "is_version",
+    "short_model_name",
+    "version_fields",
+]
 
 # Fields that do not change the trained model: where it is written, resumed from, and how it is reported.
 NOT_HASHED = frozenset(
-    {"output_dir", "resume_from_checkpoint", "overwrite_output_dir", "disable_tqdm", "report_to", "cache_dir", "model_version"}
+    {
+        "output_dir",
+        "resume_from_checkpoint",
+        "overwrite_output_dir",
+        "disable_tqdm",
+        "report_to",
+        "cache_dir",
+        "model_version",
+    }
 )
 # Hub ids whose names carry a size/casing suffix the reference system's file names leave out.
 _NAME_SUFFIXES = ("-base-uncased", "-base-cased", "-uncased", "-cased")

@@ -23,7 +23,15 @@ from . import bench, doctor, evaluate, export, predict, report, serve, serve_rep
 EXIT_USAGE = 2
 COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune)
 # Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
-USAGE_ERRORS = (ConfigError, DataError, LaunchError, CheckpointError, ServeOptionError, FileNotFoundError, DiskFullError)
+USAGE_ERRORS = (
+    ConfigError,
+    DataError,
+    LaunchError,
+    CheckpointError,
+    ServeOptionError,
+    FileNotFoundError,
+    DiskFullError,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # ours are the only bars (transformers reads it at import)
+    os.environ.setdefault(
+        "HF_HUB_DISABLE_PROGRESS_BARS", "1"
+    )  # ours are the only bars (transformers reads it at import)
     try:
         flags, rest = split_launch_flags(argv)
         args, extra = build_parser().parse_known_args(rest)
@@ -71,7 +81,9 @@ def require_extra(module: str, extra: str, what: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ConfigError(f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})") from None
+        raise ConfigError(
+            f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})"
+        ) from None
 
 
 def require_serving(what: str) -> None:

@@ -9,7 +9,10 @@ import importlib
 
 # name -> (module, help)
 TOOLS = {
-    "scaling": ("distrinews.bench.scaling", "samples/s, speedup, efficiency and step-time breakdown for 1, 2, ... workers"),
+    "scaling": (
+        "distrinews.bench.scaling",
+        "samples/s, speedup, efficiency and step-time breakdown for 1, 2, ... workers",
+    ),
     "collectives": (
         "distrinews.bench.collectives",
         "all_reduce / all_gather / broadcast / reduce_scatter bandwidth, nccl-tests style",

@@ -26,10 +26,18 @@ def register(subparsers) -> None:
     )
     p.add_argument("--output-json")
     files = p.add_argument_group("labelled files instead of the test split (--input; one process)")
-    files.add_argument("--input", nargs="+", metavar="PATH", help="JSONL, CSV (with a header) or Parquet files, folders or globs")
-    files.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, help="the text (default: text, or AG News's title + description)")
-    files.add_argument("--label-field", default=DEFAULT_LABEL_FIELD, help="the label: a class name (any case) or a 0-based id")
-    files.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})")
+    files.add_argument(
+        "--input", nargs="+", metavar="PATH", help="JSONL, CSV (with a header) or Parquet files, folders or globs"
+    )
+    files.add_argument(
+        "--text-field", default=DEFAULT_TEXT_FIELD, help="the text (default: text, or AG News's title + description)"
+    )
+    files.add_argument(
+        "--label-field", default=DEFAULT_LABEL_FIELD, help="the label: a class name (any case) or a 0-based id"
+    )
+    files.add_argument(
+        "--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})"
+    )
     p.set_defaults(func=run, distributed=True)
 
 
@@ -82,7 +90,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         metrics["world_size"] = env.world_size
         if env.is_main:
             print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
-            print(f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%")
+            print(
+                f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%"
+            )
             print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
             if args.output_json:
                 write_json(args.output_json, metrics)

@@ -19,16 +19,34 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="write the legacy .pt file, an ONNX model, or a Hugging Face Space folder")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--format", choices=("pt", "onnx", "space"), required=True)
-    p.add_argument("--output", help="file (pt, onnx) or directory (space; default: RUN/space-RUNTIME beside the checkpoint)")
+    p.add_argument(
+        "--output", help="file (pt, onnx) or directory (space; default: RUN/space-RUNTIME beside the checkpoint)"
+    )
     p.add_argument("--quantize", choices=("int8",), default=None, help="onnx: int8 dynamic quantization")
-    p.add_argument("--version", help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)")
+    p.add_argument(
+        "--version",
+        help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)",
+    )
     space = p.add_argument_group("--format space")
-    space.add_argument("--runtime", choices=("onnx-int8", "onnx", "torch"), default=None, help="what the Space runs (default: onnx-int8)")
-    space.add_argument("--check-accuracy", action="store_true", help="onnx-int8: measure int8 against fp32 on the test split first")
-    space.add_argument("--data", help="AG News directory for --check-accuracy (default: $DISTRINEWS_DATA, else the HF hub)")
-    space.add_argument("--push-to-hub", metavar="REPO_ID", help="create the Docker Space OWNER/NAME if new and upload the folder")
+    space.add_argument(
+        "--runtime",
+        choices=("onnx-int8", "onnx", "torch"),
+        default=None,
+        help="what the Space runs (default: onnx-int8)",
+    )
+    space.add_argument(
+        "--check-accuracy", action="store_true", help="onnx-int8: measure int8 against fp32 on the test split first"
+    )
+    space.add_argument(
+        "--data", help="AG News directory for --check-accuracy (default: $DISTRINEWS_DATA, else the HF hub)"
+    )
+    space.add_argument(
+        "--push-to-hub", metavar="REPO_ID", help="create the Docker Space OWNER/NAME if new and upload the folder"
+    )
     space.add_argument("--private", action="store_true", help="with --push-to-hub: a private Space")
-    space.add_argument("--base-image", help="the Dockerfile's default BASE_IMAGE (default: python:3.X-slim of this Python)")
+    space.add_argument(
+        "--base-image", help="the Dockerfile's default BASE_IMAGE (default: python:3.X-slim of this Python)"
+    )
     p.set_defaults(func=run)
 
 
@@ -49,7 +67,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.format == "pt":
         from ..export.seed_pt import export_seed_pt
 
-        out = args.output or os.path.join(args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version))
+        out = args.output or os.path.join(
+            args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version)
+        )
         print(f"wrote {export_seed_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
     require_extra("onnx", "onnx", "export --format onnx")
@@ -86,7 +106,9 @@ def _space(args: argparse.Namespace) -> int:
         base_image=args.base_image,
     )
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file() and ".git" not in p.relative_to(bundle).parts)
-    print(f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)")
+    print(
+        f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)"
+    )
     if args.push_to_hub:
         from ..export.space.push import PushError, push_to_hub
 

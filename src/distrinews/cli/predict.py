@@ -32,7 +32,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--json", action="store_true", help="texts form: print the answers as JSON")
-    p.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})")
+    p.add_argument(
+        "--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})"
+    )
     p.add_argument(
         "--min-confidence",
         default=BatchJob.min_confidence,
@@ -40,17 +42,32 @@ def register(subparsers) -> None:
         "'confident' field or column): a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both",
     )
     batch = p.add_argument_group("corpus form (--input/--output)")
-    batch.add_argument("--input", nargs="+", metavar="PATH", help="files, folders or globs (.jsonl, .csv, .parquet; .jsonl.gz, .csv.gz)")
-    batch.add_argument("--output", metavar="FILE", help="the labelled rows: .jsonl, .csv or .parquet (.jsonl.gz, .csv.gz)")
+    batch.add_argument(
+        "--input",
+        nargs="+",
+        metavar="PATH",
+        help="files, folders or globs (.jsonl, .csv, .parquet; .jsonl.gz, .csv.gz)",
+    )
+    batch.add_argument(
+        "--output", metavar="FILE", help="the labelled rows: .jsonl, .csv or .parquet (.jsonl.gz, .csv.gz)"
+    )
     batch.add_argument(
         "--text-field",
         default=BatchJob.text_field,
         help="the field holding the text (default: text; AG News rows with title and description are joined as in training)",
     )
-    batch.add_argument("--id-field", default=BatchJob.id_field, help="the field written as each row's id (default: the row number, from 0)")
+    batch.add_argument(
+        "--id-field",
+        default=BatchJob.id_field,
+        help="the field written as each row's id (default: the row number, from 0)",
+    )
     batch.add_argument("--probabilities", action="store_true", help="also write every class's probability")
-    batch.add_argument("--nproc", type=int, default=BatchJob.nproc, help="worker processes, each on its own range of rows")
-    batch.add_argument("--threads", type=int, default=BatchJob.threads, help="threads per worker (default: the cores / --nproc)")
+    batch.add_argument(
+        "--nproc", type=int, default=BatchJob.nproc, help="worker processes, each on its own range of rows"
+    )
+    batch.add_argument(
+        "--threads", type=int, default=BatchJob.threads, help="threads per worker (default: the cores / --nproc)"
+    )
     batch.add_argument("--batch-size", type=int, default=BatchJob.batch_size, help="texts per forward pass")
     batch.add_argument(
         "--max-batch-tokens",
@@ -66,10 +83,17 @@ def register(subparsers) -> None:
         f"(default: {BatchJob.max_row_bytes:,}; "
         f"texts are cut to their first {TEXT_CHARS:,} characters, the server's limit, before tokenizing)",
     )
-    batch.add_argument("--overwrite", action="store_true", help="start again: drop the output, its rejects and its progress")
-    batch.add_argument("--strict", action="store_true", help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)")
     batch.add_argument(
-        "--progress", choices=PROGRESS_MODES, default=BatchJob.progress, help="auto: a bar on a terminal, else a line every 10 s"
+        "--overwrite", action="store_true", help="start again: drop the output, its rejects and its progress"
+    )
+    batch.add_argument(
+        "--strict", action="store_true", help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)"
+    )
+    batch.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default=BatchJob.progress,
+        help="auto: a bar on a terminal, else a line every 10 s",
     )
     batch.add_argument(
         "--engine",
@@ -118,14 +142,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for text, r in zip(texts, results):
             probs = "  ".join(f"{k}={v:.3f}" for k, v in r["probabilities"].items())
             threshold = predictor.min_confidence  # set whenever a row can be unsure
-            unsure = "" if r.get("confident", True) or threshold is None else f", not confident: below {threshold.minimum(r['label']):g}"
+            unsure = (
+                ""
+                if r.get("confident", True) or threshold is None
+                else f", not confident: below {threshold.minimum(r['label']):g}"
+            )
             print(f"{r['label']} ({r['confidence']:.1%}{unsure})  {text[:80]}\n    {probs}")
     return 0
 
 
 def run_corpus(args: argparse.Namespace) -> int:
     if not (args.input and args.output):
-        raise ConfigError("predict: --input and --output go together: distrinews predict --checkpoint DIR --input FILES --output FILE")
+        raise ConfigError(
+            "predict: --input and --output go together: distrinews predict --checkpoint DIR --input FILES --output FILE"
+        )
     if args.texts:
         raise ConfigError(f"predict: texts ({args.texts[0]!r}...) and --input are two forms; give one")
     from ..predict.batch.engine import WorkerFailed

@@ -9,7 +9,9 @@ COMPARISON_PNG = "training_curves_comparison.png"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="draw a run's training curves (or overlay several runs) and print their results")
+    p = subparsers.add_parser(
+        "report", help="draw a run's training curves (or overlay several runs) and print their results"
+    )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each with a log.jsonl)")
     p.add_argument(
         "--output",

@@ -19,16 +19,32 @@ def register(subparsers) -> None:
         "replicas one at a time on the checkpoint --checkpoint names then (point a symlink at a new best/ to roll out a "
         "model); SIGTERM or Ctrl-C stops everything, and so does SIGKILL.",
     )
-    p.add_argument("--checkpoint", default=None, help="best/ directory (or a symlink to one; default: $MODEL_CHECKPOINT)")
+    p.add_argument(
+        "--checkpoint", default=None, help="best/ directory (or a symlink to one; default: $MODEL_CHECKPOINT)"
+    )
     p.add_argument("--replicas", type=int, default=2, help="server processes (default: 2)")
     p.add_argument("--port", type=int, default=None, help="nginx's port (default: $PORT, else 8080)")
     p.add_argument("--host", default="127.0.0.1", help="nginx's interface (the replicas listen on 127.0.0.1 only)")
     p.add_argument("--threads", type=int, default=0, help="threads per replica (default: the cores / replicas)")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has to send its request headers (nginx, replicas)")
-    p.add_argument("--fail-timeout", type=float, default=2.0, help="seconds nginx rests a replica that failed a request (fail_timeout)")
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send its request headers (nginx, replicas)",
+    )
+    p.add_argument(
+        "--fail-timeout",
+        type=float,
+        default=2.0,
+        help="seconds nginx rests a replica that failed a request (fail_timeout)",
+    )
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a replica may take to load its model")
     p.add_argument("--nginx", default=None, help="the nginx binary (default: nginx on PATH, else /usr/sbin/nginx)")
-    p.add_argument("--log-dir", default=None, help="keep the replicas' and nginx's logs here (default: a temp dir, removed at exit)")
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="keep the replicas' and nginx's logs here (default: a temp dir, removed at exit)",
+    )
     p.add_argument("--pid-file", default=None, help="write this process's pid here (for `kill -HUP $(cat FILE)`)")
     p.set_defaults(func=cmd_serve_replicas)
 
@@ -44,7 +60,9 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
 
     checkpoint = args.checkpoint or os.environ.get("MODEL_CHECKPOINT")
     if not checkpoint:
-        raise ServeOptionError("serve-replicas needs a checkpoint: --checkpoint runs/NAME/best (or set MODEL_CHECKPOINT)")
+        raise ServeOptionError(
+            "serve-replicas needs a checkpoint: --checkpoint runs/NAME/best (or set MODEL_CHECKPOINT)"
+        )
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     port = args.port if args.port is not None else int(os.environ.get("PORT") or 8080)

@@ -24,7 +24,9 @@ def register(subparsers) -> None:
         "after the options overrides the base config, launcher flags (--nproc-per-node N ...) are each trial's.",
     )
     p.add_argument("--config", help="the base config every trial starts from (YAML preset)")
-    p.add_argument("--space", required=True, help="search space YAML: field: {low, high, log, step} | {choices} [, when]")
+    p.add_argument(
+        "--space", required=True, help="search space YAML: field: {low, high, log, step} | {choices} [, when]"
+    )
     p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
     p.add_argument("--study-name", default="distrinews", help="the study in the storage (default: distrinews)")
     p.add_argument("--output-dir", help="the study's folder: trials, results, the journal (default: runs/tune-STUDY)")
@@ -33,12 +35,18 @@ def register(subparsers) -> None:
         help="a database URL (sqlite:///study.db, postgresql://...): several tuners, on several machines; "
         "default: the journal file OUTPUT_DIR/study.journal (several tuners on this machine or a shared file system)",
     )
-    p.add_argument("--n-trials", type=int, default=20, help="trials the study runs in all, over every tuner (default 20)")
+    p.add_argument(
+        "--n-trials", type=int, default=20, help="trials the study runs in all, over every tuner (default 20)"
+    )
     p.add_argument("--timeout", type=float, help="seconds after which this tuner starts no new trial")
     # Not --seed: that is the config field every trial's run is seeded with (an override like any other)
     p.add_argument("--sampler-seed", type=int, default=42, help="the TPE sampler's seed (default 42)")
-    p.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median", help="stop unpromising trials early")
-    p.add_argument("--pruner-startup-trials", type=int, default=5, help="median: no pruning before this many trials finished")
+    p.add_argument(
+        "--pruner", choices=("median", "hyperband", "none"), default="median", help="stop unpromising trials early"
+    )
+    p.add_argument(
+        "--pruner-startup-trials", type=int, default=5, help="median: no pruning before this many trials finished"
+    )
     p.add_argument("--pruner-warmup-steps", type=int, default=0, help="median: no pruning before this global step")
     p.add_argument("--heartbeat-interval", type=int, default=60, help="seconds between a running trial's heartbeats")
     p.add_argument(
@@ -59,7 +67,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     require_extra("optuna", "tune", "distrinews tune")
     for name in ("n_trials", "heartbeat_interval", "max_retry", "pruner_startup_trials", "pruner_warmup_steps"):
         if getattr(args, name) < (1 if name in ("n_trials", "heartbeat_interval") else 0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {1 if name in ('n_trials', 'heartbeat_interval') else 0}")
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be >= {1 if name in ('n_trials', 'heartbeat_interval') else 0}"
+            )
     if args.grace_period is not None and args.grace_period <= args.heartbeat_interval:
         raise ConfigError("--grace-period must be longer than --heartbeat-interval")
     if args.timeout is not None and not args.timeout > 0:

@@ -50,7 +50,11 @@ class RowFields:
             also = f" (nor {' and '.join(map(repr, AG_NEWS_FIELDS))})" if self.text_field == DEFAULT_TEXT_FIELD else ""
             raise BadRow(f"no field {self.text_field!r}{also}")
         if not text.strip():
-            raise BadRow(f"empty text in {self.text_field!r}" if self.text_field in fields else "empty text (title and description)")
+            raise BadRow(
+                f"empty text in {self.text_field!r}"
+                if self.text_field in fields
+                else "empty text (title and description)"
+            )
         return text
 
     def id(self, fields: dict[str, Any], row_number: int) -> Any:

@@ -144,7 +144,9 @@ def _expand(spec: str, what: str) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_rows(shard: Shard, start: int = 0, columns: list[str] | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[RawRow]:
+def read_rows(
+    shard: Shard, start: int = 0, columns: list[str] | None = None, max_row_bytes: int = MAX_ROW_BYTES
+) -> Iterator[RawRow]:
     """Rows ``start``, ``start + 1``, ... of ``shard`` (0-based row positions), to the end of the file.
 
     ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
@@ -232,7 +234,9 @@ def _jsonl_row(line_no: int, line: bytes) -> RawRow:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return RawRow(line_no, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", _clip(line.decode("utf-8", "replace")))
+        return RawRow(
+            line_no, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", _clip(line.decode("utf-8", "replace"))
+        )
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -448,7 +452,9 @@ def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
     return rows
 
 
-def _parquet_group(parquet: Any, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
+def _parquet_group(
+    parquet: Any, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int
+) -> Iterator[RawRow]:
     """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
     try:

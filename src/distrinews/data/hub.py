@@ -12,7 +12,10 @@ from .rows import GET_DATA, HUB_DATASET, RawSplit, clean_text
 
 
 def _hub_offline() -> bool:
-    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def _hub_unreachable() -> str | None:
@@ -45,7 +48,9 @@ def load_from_hub(split: str) -> RawSplit:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"no data directory given, and the hub path needs the 'datasets' package (not installed); {GET_DATA}") from None
+        raise DataError(
+            f"no data directory given, and the hub path needs the 'datasets' package (not installed); {GET_DATA}"
+        ) from None
     unreachable = None if _hub_offline() else _hub_unreachable()
     if unreachable:
         raise DataError(
@@ -55,8 +60,12 @@ def load_from_hub(split: str) -> RawSplit:
     try:
         ds = datasets.load_dataset(HUB_DATASET, split=split)
     except Exception as exc:  # network, offline mode, auth, a moved dataset: all leave the user the same two ways
-        why = "the hub is offline (HF_HUB_OFFLINE=1) and no copy is cached" if _hub_offline() else "could not download it"
-        raise DataError(f"no data directory given and {HUB_DATASET} is not available: {why} ({_first_line(exc)}); {GET_DATA}") from None
+        why = (
+            "the hub is offline (HF_HUB_OFFLINE=1) and no copy is cached" if _hub_offline() else "could not download it"
+        )
+        raise DataError(
+            f"no data directory given and {HUB_DATASET} is not available: {why} ({_first_line(exc)}); {GET_DATA}"
+        ) from None
     where = f"hub:{HUB_DATASET}/{split}"
     missing = {"text", "label"} - set(ds.column_names)
     if missing:

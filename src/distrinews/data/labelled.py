@@ -71,7 +71,11 @@ class _Rows:
     def subset(self, indices: Sequence[int]) -> _Rows:
         pick = list(indices)
         return _Rows(
-            [self.texts[i] for i in pick], [self.labels[i] for i in pick], [self.where[i] for i in pick], self.source, self.classlabel_names
+            [self.texts[i] for i in pick],
+            [self.labels[i] for i in pick],
+            [self.where[i] for i in pick],
+            self.source,
+            self.classlabel_names,
         )
 
 
@@ -105,12 +109,18 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
     if config.train_file:
         train_rows = read_file_rows(config.train_file, "train_file", columns, config.label_column_name)
         eval_field = "validation_file" if config.validation_file else "test_file" if config.test_file else None
-        eval_rows = read_file_rows(getattr(config, eval_field), eval_field, columns, config.label_column_name) if eval_field else None
+        eval_rows = (
+            read_file_rows(getattr(config, eval_field), eval_field, columns, config.label_column_name)
+            if eval_field
+            else None
+        )
     else:
         train_rows, eval_rows = read_dataset_rows(config, columns)
     warnings: list[str] = []
     names, to_id = label_set(train_rows, given_label_names(config), warnings)
-    check_training_rows(train_rows, to_id, names, config.label_column_name, warnings)  # all of them, before any is held out
+    check_training_rows(
+        train_rows, to_id, names, config.label_column_name, warnings
+    )  # all of them, before any is held out
     if eval_rows is None:
         train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, seed)
     else:
@@ -139,9 +149,14 @@ def read_file_rows(spec: str, field_name: str, columns: list[str], label_column:
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
     shards = resolve_inputs([spec], what=f"config field '{field_name}':")
     if not shards:
-        raise DataError(f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)")
+        raise DataError(
+            f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)"
+        )
     rows = _Rows(
-        [], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)"
+        [],
+        [],
+        [],
+        "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)",
     )
     needed = [*columns, label_column]
     for shard in shards:
@@ -187,7 +202,9 @@ def _load_dataset(name: str, config_name: str | None) -> Any:  # a datasets.Data
     try:
         import datasets
     except ImportError:
-        raise ConfigError("config field 'dataset_name': needs the 'datasets' package: pip install 'distrinews[hub]'") from None
+        raise ConfigError(
+            "config field 'dataset_name': needs the 'datasets' package: pip install 'distrinews[hub]'"
+        ) from None
     path = Path(name).expanduser()
     try:
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
@@ -259,7 +276,9 @@ def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tupl
     if all(label in to_id for label in seen):
         return list(given), to_id
     # Integer labels that are ids into the names (a hub ClassLabel, or --label_names naming ids 0..K-1).
-    if all(_is_int(label) and 0 <= int(label) < len(given) for label in seen) and not any(_is_int(name) for name in given):
+    if all(_is_int(label) and 0 <= int(label) < len(given) for label in seen) and not any(
+        _is_int(name) for name in given
+    ):
         return list(given), {str(i): i for i in range(len(given))}
     unknown = next(label for label in seen if label not in to_id)
     raise DataError(
@@ -296,11 +315,15 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
     chosen = set(stratified_sample(ids, n, seed))
     held = sorted(chosen)
     kept = [i for i in range(len(rows)) if i not in chosen]
-    note = f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
+    note = (
+        f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
+    )
     return rows.subset(kept), rows.subset(held), note
 
 
-def check_training_rows(rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]) -> None:
+def check_training_rows(
+    rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]
+) -> None:
     """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a warning."""
     counts = Counter(to_id[label] for label in rows.labels)
     if len(counts) < 2:
@@ -315,7 +338,9 @@ def check_training_rows(rows: _Rows, to_id: dict[str, int], names: list[str], la
         warnings.append(f"warning: {_listing(once)} {verb} a single training row: the model sees it once an epoch")
     unused = [name for i, name in enumerate(names) if i not in counts]
     if unused:
-        warnings.append(f"warning: label_names has {_listing(unused)} with no training rows: the model never learns to predict them")
+        warnings.append(
+            f"warning: label_names has {_listing(unused)} with no training rows: the model never learns to predict them"
+        )
     conflicts = conflicting_duplicates(rows)
     if conflicts:
         shown = "; ".join(

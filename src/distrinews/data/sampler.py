@@ -26,7 +26,9 @@ class TrainSampler(DistributedSampler):
 
     MEGABATCH_MULT = 50
 
-    def __init__(self, dataset: TokenizedDataset, num_replicas: int, rank: int, batch_size: int, seed: int, group_by_length: bool):
+    def __init__(
+        self, dataset: TokenizedDataset, num_replicas: int, rank: int, batch_size: int, seed: int, group_by_length: bool
+    ):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.batch_size = batch_size
         self.group_by_length = group_by_length

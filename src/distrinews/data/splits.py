@@ -36,7 +36,9 @@ def load_split(data_dir: str | None, split: str) -> RawSplit:
         return load_from_hub(split)
     files = split_files(path, split)
     if not files:
-        raise DataError(f"{path} has no {split}.csv or {split}.csv.gz; point --data (or ${DATA_ENV}) at an AG News directory")
+        raise DataError(
+            f"{path} has no {split}.csv or {split}.csv.gz; point --data (or ${DATA_ENV}) at an AG News directory"
+        )
     parts = [read_csv(f) for f in files]
     return RawSplit(
         [t for p in parts for t in p.texts],

@@ -43,7 +43,11 @@ class TokenizedDataset(Dataset):
 def _cache_key(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
     h = hashlib.sha256()
     h.update(f"v1|{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
-    h.update(hashlib.sha256("\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97)))).encode()).digest())
+    h.update(
+        hashlib.sha256(
+            "\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97)))).encode()
+        ).digest()
+    )
     for text, label in zip(split.texts, split.labels):
         h.update(f"{label}\x1e{text}\x1f".encode())
     return h.hexdigest()[:24]
@@ -64,7 +68,11 @@ def tokenize(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: in
 
 
 def tokenize_cached(
-    split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int, cache_dir: str | os.PathLike | None, build: bool
+    split: RawSplit,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    cache_dir: str | os.PathLike | None,
+    build: bool,
 ) -> TokenizedDataset:
     """Load the tokenized split from the cache; if ``build`` and it is missing, tokenize and write it atomically.
 

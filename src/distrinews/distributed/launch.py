@@ -152,7 +152,16 @@ def _is_this_machine(host: str) -> bool:
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` for ``nproc`` workers of ``python -m distrinews <argv>`` on this node,
     on a free port: what the benchmarks start as a child process for each measured point."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "distrinews", *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "distrinews",
+        *argv,
+    ]
 
 
 def launch(flags: dict[str, str], argv: list[str]) -> int:
@@ -264,7 +273,9 @@ def report_failures(failures: dict[int, Any]) -> int:
     """
     stopped_by_us = {r for r, f in failures.items() if f.exitcode == -int(signal.SIGTERM)}
     causes = {r: f for r, f in failures.items() if r not in stopped_by_us} or failures
-    messages = {f.message for f in causes.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")}
+    messages = {
+        f.message for f in causes.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")
+    }
     if messages and all(f.exitcode == 2 for f in causes.values()):
         for message in sorted(messages):
             print(message, file=sys.stderr)

@@ -196,7 +196,9 @@ def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
     return 25.0 if device.type == "cuda" else 100.0
 
 
-def _ddp(model: torch.nn.Module, config: ParallelConfig, env: DistEnv, run: str | os.PathLike | None) -> tuple[DDP, str]:
+def _ddp(
+    model: torch.nn.Module, config: ParallelConfig, env: DistEnv, run: str | os.PathLike | None
+) -> tuple[DDP, str]:
     not_here = why_not_shared_memory(env.backend, env.device.type, env.world_size, env.local_world_size)
     if config.ddp_comm_hook == "shm" and not_here:
         raise ConfigError(f"config field 'ddp_comm_hook': shm cannot run here: {not_here}; use auto or none")

@@ -62,7 +62,9 @@ def _kill_local(silent: list[tuple[int, str | None]]) -> None:
 class Watchdog:
     """``with Watchdog(env, timeout_s, progress=lambda: step):`` around the distributed part of a run."""
 
-    def __init__(self, env: DistEnv, timeout_s: float, progress: Callable[[], int] = lambda: 0, interval_s: float | None = None):
+    def __init__(
+        self, env: DistEnv, timeout_s: float, progress: Callable[[], int] = lambda: 0, interval_s: float | None = None
+    ):
         self.env = env
         self.timeout_s = float(timeout_s)
         self.interval_s = interval_s or max(0.5, min(5.0, self.timeout_s / 6))
@@ -126,7 +128,9 @@ class Watchdog:
                 values = {r: store.get(k) for r, k in keys.items() if store.check([k])}
             except Exception as exc:  # the store's host (the launcher of the first node) is gone or stuck
                 if time.monotonic() - store_ok > self.timeout_s:
-                    self._fail(f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} stopped answering ({exc})")
+                    self._fail(
+                        f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} stopped answering ({exc})"
+                    )
                     return
                 continue
             now = store_ok = time.monotonic()
@@ -163,7 +167,9 @@ class Watchdog:
             return "an unknown place"
         stack = traceback.extract_stack(frame)
         ours = [f for f in stack if f.filename.startswith(_PACKAGE)]
-        collective = next((f.name for f in reversed(stack) if "torch/distributed" in f.filename.replace("\\", "/")), None)
+        collective = next(
+            (f.name for f in reversed(stack) if "torch/distributed" in f.filename.replace("\\", "/")), None
+        )
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(ours[-3:]))
         if collective is None and ours and ours[-1].name == "forward_backward":
             collective = "backward (DDP's gradient all-reduce)"

@@ -8,9 +8,24 @@ import os
 from pathlib import Path
 
 from ..checkpoint.servable import load_for_inference
-from ..predict.onnx import FP32_PROB_TOLERANCE, SAMPLE_TEXTS, compare_with_torch, export_model, is_quantized, quantize_int8
+from ..predict.onnx import (
+    FP32_PROB_TOLERANCE,
+    SAMPLE_TEXTS,
+    compare_with_torch,
+    export_model,
+    is_quantized,
+    quantize_int8,
+)
 
-__all__ = ["FP32_PROB_TOLERANCE", "SAMPLE_TEXTS", "compare_with_torch", "export_model", "export_onnx", "is_quantized", "quantize_int8"]
+__all__ = [
+    "FP32_PROB_TOLERANCE",
+    "SAMPLE_TEXTS",
+    "compare_with_torch",
+    "export_model",
+    "export_onnx",
+    "is_quantized",
+    "quantize_int8",
+]
 
 
 def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> Path:
@@ -39,5 +54,7 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
     del model
     from ..predict.int8 import SERVE_CHECK_ROWS, labelled_rows, make_int8
 
-    path, _check = make_int8(checkpoint, labelled_rows(info.training_config, SERVE_CHECK_ROWS, info.label_names), out=out)
+    path, _check = make_int8(
+        checkpoint, labelled_rows(info.training_config, SERVE_CHECK_ROWS, info.label_names), out=out
+    )
     return path

@@ -31,7 +31,9 @@ class Classifier:
         threads: int | None = None,
     ) -> Classifier:
         """A checkpoint folder (``runs/NAME/best``), or a run folder (``runs/NAME``: its ``best/``)."""
-        return cls(make_predictor(resolve_checkpoint(path_or_run), runtime, max_batch_size=max_batch_size, threads=threads))
+        return cls(
+            make_predictor(resolve_checkpoint(path_or_run), runtime, max_batch_size=max_batch_size, threads=threads)
+        )
 
     def predict(self, texts: str | Sequence[str]) -> Any:
         """One result per text, in order (a list); for one text given as a string, its result alone.

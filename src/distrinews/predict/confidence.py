@@ -54,7 +54,9 @@ class ConfidenceThreshold:
                     raise ConfigError(f"{FLAG}: label {label!r} is given twice")
                 per_label[label] = _probability(value, item)
             elif default is not None:
-                raise ConfigError(f"{FLAG}: two thresholds for every label ({default} and {item}); give one, then LABEL=NUMBER pairs")
+                raise ConfigError(
+                    f"{FLAG}: two thresholds for every label ({default} and {item}); give one, then LABEL=NUMBER pairs"
+                )
             else:
                 default = _probability(item, item)
         return cls(default, per_label) if default is not None or per_label else None
@@ -79,7 +81,9 @@ class ConfidenceThreshold:
         return {"default": self.default, "per_label": dict(self.per_label)}
 
     def __str__(self) -> str:
-        parts = ([] if self.default is None else [f"{self.default:g}"]) + [f"{k}={v:g}" for k, v in self.per_label.items()]
+        parts = ([] if self.default is None else [f"{self.default:g}"]) + [
+            f"{k}={v:g}" for k, v in self.per_label.items()
+        ]
         return ",".join(parts)
 
 

@@ -151,7 +151,9 @@ def labelled_rows(
 
 
 def make_int8(
-    checkpoint: str | os.PathLike, labelled: tuple[Sequence[str], Sequence[int]] | None, out: str | os.PathLike | None = None
+    checkpoint: str | os.PathLike,
+    labelled: tuple[Sequence[str], Sequence[int]] | None,
+    out: str | os.PathLike | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
     (with the check in its metadata) atomically at ``out`` (default ``int8_path``). Returns (path, check).
@@ -178,7 +180,9 @@ def make_int8(
     return out, check
 
 
-def compare(checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[int]] | None) -> dict[str, Any]:
+def compare(
+    checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[int]] | None
+) -> dict[str, Any]:
     """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
     from .runtimes import OnnxPredictor
 

@@ -98,11 +98,17 @@ def is_quantized(path: str | os.PathLike) -> bool:
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    return any(node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node)
+    return any(
+        node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node
+    )
 
 
 def compare_with_torch(
-    model: torch.nn.Module, tokenizer, onnx_path: str | os.PathLike, texts: list[str] | None = None, max_length: int = 128
+    model: torch.nn.Module,
+    tokenizer,
+    onnx_path: str | os.PathLike,
+    texts: list[str] | None = None,
+    max_length: int = 128,
 ) -> dict[str, Any]:
     """Max |p_onnx - p_torch| and label agreement on ``texts`` (one padded batch)."""
     import onnxruntime as ort

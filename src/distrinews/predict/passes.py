@@ -24,7 +24,9 @@ def plan_passes(lengths: Sequence[int], max_texts: int, max_tokens: int | None) 
     current: list[int] = []
     for i in sorted(range(n), key=lambda i: lengths[i]):
         # Sorted ascending: the newcomer is the longest, so the padded cost is its length x (count + 1).
-        if current and (len(current) >= max_texts or (max_tokens is not None and lengths[i] * (len(current) + 1) > max_tokens)):
+        if current and (
+            len(current) >= max_texts or (max_tokens is not None and lengths[i] * (len(current) + 1) > max_tokens)
+        ):
             passes.append(current)
             current = []
         current.append(i)

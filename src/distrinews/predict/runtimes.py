@@ -93,7 +93,9 @@ class Predictor:
         self.autocast_dtype = torch.bfloat16 if bf16 else None
         if bf16:
             self.runtime = "torch-bf16"
-        self._init_common(_labels_of(self.model.config), max_batch_size, getattr(self.model.config, "name_or_path", None))
+        self._init_common(
+            _labels_of(self.model.config), max_batch_size, getattr(self.model.config, "name_or_path", None)
+        )
         self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
     def _init_common(self, labels: list[str], max_batch_size: int, fallback_name: str | None = None) -> None:
@@ -110,7 +112,9 @@ class Predictor:
 
     def tokenize(self, texts: Sequence[str], return_tensors: str) -> dict[str, Any]:
         """The padded batch through ``transformers`` itself (the reference the encoder is checked against)."""
-        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=True, return_tensors=return_tensors)
+        enc = self.tokenizer(
+            list(texts), truncation=True, max_length=self.max_length, padding=True, return_tensors=return_tensors
+        )
         return {k: v for k, v in enc.items() if k in MODEL_INPUTS}
 
     # ------------------------------------------------------------------ the forward pass
@@ -121,7 +125,9 @@ class Predictor:
         import torch
 
         autocast = (
-            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
+            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype
+            else contextlib.nullcontext()
         )
         with torch.inference_mode(), autocast:
             feed = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
@@ -194,7 +200,8 @@ class Predictor:
             # Where the token ids come from: a model is only right with the tokenizer it was trained with.
             "tokenizer": self.info.tokenizer.to_json(),
             "runtime": self.runtime,
-            "runtime_choice": self.choice or {"requested": self.runtime, "runtime": self.runtime, "reason": "asked for by name"},
+            "runtime_choice": self.choice
+            or {"requested": self.runtime, "runtime": self.runtime, "reason": "asked for by name"},
             "labels": list(self.labels),
             "max_length": self.max_length,
             "temperature": self.temperature,
@@ -281,7 +288,9 @@ class OnnxPredictor(Predictor):
         labels = _standalone_labels(self.checkpoint) if path.is_file() else None
         if labels is not None:
             info_path = self.checkpoint / SERVABLE_INFO
-            servable = ServableInfo.from_json(json.loads(info_path.read_text()), info_path) if info_path.is_file() else None
+            servable = (
+                ServableInfo.from_json(json.loads(info_path.read_text()), info_path) if info_path.is_file() else None
+            )
             self.info = ModelInfo.of(
                 servable or ServableInfo(label_names=labels),  # a plain folder: its labels, TrainConfig's max_length
                 checkpoint_format="pretrained",
@@ -303,7 +312,9 @@ class OnnxPredictor(Predictor):
         if int8:
             self.runtime = "onnx-int8"
             if not self.quantized:
-                raise ValueError(f"--runtime onnx-int8: {path} is not a quantized model (make one with distrinews export --quantize int8)")
+                raise ValueError(
+                    f"--runtime onnx-int8: {path} is not a quantized model (make one with distrinews export --quantize int8)"
+                )
 
     def _load_with_transformers(self, path: Path, max_batch_size: int, int8: bool) -> Path:
         """A legacy ``.pt`` file, a step-N directory, or no ONNX file yet: load (and export) with torch."""
@@ -331,7 +342,11 @@ class OnnxPredictor(Predictor):
             export_model(model, self.tokenizer, fp32)
         if not int8:
             return fp32
-        log.info("quantizing %s to int8 in %s (distrinews export --quantize int8 writes it beside the checkpoint once)", fp32, tmp)
+        log.info(
+            "quantizing %s to int8 in %s (distrinews export --quantize int8 writes it beside the checkpoint once)",
+            fp32,
+            tmp,
+        )
         out = quantize_int8(fp32, tmp / "model.int8.onnx")
         if fp32.parent == tmp:
             fp32.unlink()
@@ -375,7 +390,11 @@ def make_predictor(
 
 
 def _make_predictor(
-    checkpoint: str | os.PathLike, runtime: str, max_batch_size: int, onnx_model: str | os.PathLike | None, threads: int | None
+    checkpoint: str | os.PathLike,
+    runtime: str,
+    max_batch_size: int,
+    onnx_model: str | os.PathLike | None,
+    threads: int | None,
 ) -> Predictor:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
@@ -394,7 +413,9 @@ def _make_predictor(
         if (why := bf16_refusal(device)) is not None:
             raise ValueError(why)
         return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
-    return OnnxPredictor(checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, threads=threads, int8=runtime == "onnx-int8")
+    return OnnxPredictor(
+        checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, threads=threads, int8=runtime == "onnx-int8"
+    )
 
 
 def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None) -> Predictor:
@@ -403,16 +424,24 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        return _fall_back(checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads)
+        return _fall_back(
+            checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads
+        )
     beside = int8.int8_path(checkpoint)
     cached = _cache_path(beside)  # where it goes when the checkpoint's folder is read-only
     path = cached if cached.is_file() and not beside.is_file() else beside
     predictor, check = None, None
     if path.is_file():
-        predictor = OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
+        predictor = OnnxPredictor(
+            checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True
+        )
         check = int8.read_check(predictor.session)
         if check is not None and not int8.is_current(check, checkpoint):
-            log.info("runtime auto: %s was checked against other weights than %s holds now: making it again", path, checkpoint)
+            log.info(
+                "runtime auto: %s was checked against other weights than %s holds now: making it again",
+                path,
+                checkpoint,
+            )
             check = None
     if check is None:  # none yet, one made before checks were recorded, or one of other weights
         try:
@@ -427,11 +456,23 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
         predictor = None
     if not check["passed"]:
         return _fall_back(
-            checkpoint, max_batch_size, f"its int8 model failed its check ({check['kind']}: {check['summary']})", check, threads=threads
+            checkpoint,
+            max_batch_size,
+            f"its int8 model failed its check ({check['kind']}: {check['summary']})",
+            check,
+            threads=threads,
         )
-    predictor = predictor or OnnxPredictor(checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True)
+    predictor = predictor or OnnxPredictor(
+        checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True
+    )
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
-    predictor.choice = {"requested": "auto", "runtime": "onnx-int8", "reason": reason, "check": check, "onnx_model": str(path)}
+    predictor.choice = {
+        "requested": "auto",
+        "runtime": "onnx-int8",
+        "reason": reason,
+        "check": check,
+        "onnx_model": str(path),
+    }
     log.info("runtime auto: onnx-int8 (%s)", reason)
     return predictor
 
@@ -445,12 +486,21 @@ def _torch_threads(threads: int | None) -> None:
 
 
 def _fall_back(
-    checkpoint: str | os.PathLike, max_batch_size: int, reason: str, check: dict[str, Any] | None = None, threads: int | None = None
+    checkpoint: str | os.PathLike,
+    max_batch_size: int,
+    reason: str,
+    check: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
     _torch_threads(threads)
     predictor = Predictor(checkpoint, max_batch_size=max_batch_size)
-    predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason, **({"check": check} if check else {})}
+    predictor.choice = {
+        "requested": "auto",
+        "runtime": "torch",
+        "reason": reason,
+        **({"check": check} if check else {}),
+    }
     return predictor
 
 

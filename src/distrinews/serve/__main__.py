@@ -19,7 +19,9 @@ from .server import run_server
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distrinews.serve", description="DistriNews REST API (a text classifier)")
+    parser = argparse.ArgumentParser(
+        prog="python -m distrinews.serve", description="DistriNews REST API (a text classifier)"
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -28,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
             require_tokenizer(args.checkpoint)
     except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
         return usage_error(exc)
-    if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
+    if (
+        args.runtime == "torch"
+    ):  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
         from ..checkpoint.servable import check_loadable
 
         try:

@@ -131,7 +131,12 @@ class ServingState:
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
             self.predictor, self.batcher = predictor, batcher
-            log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, time.perf_counter() - t0)
+            log.info(
+                "model loaded from %s (runtime %s) in %.1fs; ready",
+                config.checkpoint,
+                predictor.runtime,
+                time.perf_counter() - t0,
+            )
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
             # What failed and where goes to the operator's log only: the probes are public.
             self.load_error = "the model failed to load (the server log says why)"
@@ -172,7 +177,9 @@ class ServingState:
             raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
         except (BatcherClosedError, ForwardStalledError) as exc:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
-        watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future)) if receive else None
+        watcher = (
+            asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future)) if receive else None
+        )
         try:
             results = await future
             self.metrics.count_answers(results)
@@ -201,7 +208,9 @@ async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.
     return False
 
 
-def create_app(config: ServeConfig | None = None, predictor_factory: Callable[[], ServingPredictor] | None = None) -> FastAPI:
+def create_app(
+    config: ServeConfig | None = None, predictor_factory: Callable[[], ServingPredictor] | None = None
+) -> FastAPI:
     """The API. ``predictor_factory`` (tests) replaces loading ``config.checkpoint``."""
     config = config or ServeConfig()
     if config.api_key is None:
@@ -277,7 +286,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal server error (this is a bug, not your input; the server log has the traceback)")
+        return error_response(
+            500, "internal server error (this is a bug, not your input; the server log has the traceback)"
+        )
 
 
 def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, tracer: Any) -> None:
@@ -287,7 +298,11 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         labels = list(loaded) if loaded else checkpoint_labels(config.checkpoint)
         return HTMLResponse(_index_html().replace("{{LABELS}}", html.escape(labels_sentence(labels))))
 
-    @app.get("/health", summary="liveness: the process is up (and whether the model is loaded)", responses=declared(503, health=True))
+    @app.get(
+        "/health",
+        summary="liveness: the process is up (and whether the model is loaded)",
+        responses=declared(503, health=True),
+    )
     async def health():
         body = {
             "status": "unhealthy" if state.load_error else "healthy",
@@ -309,7 +324,10 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
     def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
         runtime = state.predictor.runtime if state.predictor is not None else config.runtime
-        headers = {**state.version_header(), **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime)}
+        headers = {
+            **state.version_header(),
+            **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime),
+        }
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
         if tracer is None:
@@ -362,8 +380,15 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
         f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
     )
-    shared: dict[str, Any] = {"response_model": answers, "description": described, "openapi_extra": both_shapes, "responses": codes}
-    app.add_api_route("/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared)
+    shared: dict[str, Any] = {
+        "response_model": answers,
+        "description": described,
+        "openapi_extra": both_shapes,
+        "responses": codes,
+    }
+    app.add_api_route(
+        "/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared
+    )
     for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
         summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
         app.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
@@ -373,7 +398,8 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         response_model=list[PredictResponse],
         summary=f"classify up to {config.max_batch_texts} texts, results in order",
         openapi_extra=json_schema_body(
-            BatchPredictRequest, descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"}
+            BatchPredictRequest,
+            descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"},
         ),
         responses=declared(400, 401, 413, 415, 422, 429, 503),
     )
@@ -384,13 +410,19 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         if not body.texts:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
         if len(body.texts) > config.max_batch_texts:
-            raise ApiError(413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)")
+            raise ApiError(
+                413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
+            )
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
         timing: dict[str, float] = {}
         results = await state.classify(texts, request.receive, timing)
         return answer(results, start, timing, texts)
 
-    @app.get("/info", summary="the model, its labels and metrics, the runtime and the serving limits", responses=declared(401, 503))
+    @app.get(
+        "/info",
+        summary="the model, its labels and metrics, the runtime and the serving limits",
+        responses=declared(401, 503),
+    )
     async def info():
         state.require_ready()
         assert state.predictor is not None, "set with the batcher, which require_ready checked"
@@ -453,7 +485,12 @@ def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
     def openapi() -> dict[str, Any]:
         schema = build()  # FastAPI's, cached on the app: the example is added once
         share = round(1 / len(labels), 4)
-        example = {"label": labels[0], "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
+        example = {
+            "label": labels[0],
+            "label_id": 0,
+            "confidence": share,
+            "probabilities": dict.fromkeys(labels, share),
+        }
         for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
             target = schema.get("components", {}).get("schemas", {}).get(name)
             if target is not None:
@@ -465,7 +502,9 @@ def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
 
 def _index_html() -> str:
     if "page" not in _INDEX_CACHE:
-        _INDEX_CACHE["page"] = resources.files("distrinews.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+        _INDEX_CACHE["page"] = (
+            resources.files("distrinews.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+        )
     return _INDEX_CACHE["page"]
 
 

@@ -123,7 +123,12 @@ class MicroBatcher:
         forward_timeout: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ):
-        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or (max_batch_tokens is not None and max_batch_tokens < 1):
+        if (
+            max_batch_size < 1
+            or max_queue < 1
+            or max_wait_ms < 0
+            or (max_batch_tokens is not None and max_batch_tokens < 1)
+        ):
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
         if forward_timeout is not None and forward_timeout <= 0:
             raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
@@ -170,7 +175,8 @@ class MicroBatcher:
             return None
         running = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
         return (
-            f"the model is stuck: a forward pass has run for {running:.0f}s (the server's --forward-timeout is {self.forward_timeout:g}s)"
+            f"the model is stuck: a forward pass has run for {running:.0f}s "
+            f"(the server's --forward-timeout is {self.forward_timeout:g}s)"
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -238,7 +244,9 @@ class MicroBatcher:
         # A request larger than the whole queue is still admitted when the queue is empty:
         # otherwise it could never be served at all.
         if self._queued_texts and self._queued_texts + n > self.max_queue:
-            raise QueueFullError(f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly")
+            raise QueueFullError(
+                f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly"
+            )
         loop = asyncio.get_running_loop()
         busy = self._busy or bool(self._ready) or self._tokenizing > 0
         request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy, timing=timing)
@@ -282,7 +290,9 @@ class MicroBatcher:
             request.items, request.tokenize_s = job.result()
             if len(request.items) != len(request.texts):
                 self._queued_texts -= len(request.texts)
-                request.future.set_exception(RuntimeError(f"encode returned {len(request.items)} items for {len(request.texts)} texts"))
+                request.future.set_exception(
+                    RuntimeError(f"encode returned {len(request.items)} items for {len(request.texts)} texts")
+                )
             else:
                 request.longest = max((len(item) for item in request.items), default=0)
                 request.stage = "ready"
@@ -328,7 +338,9 @@ class MicroBatcher:
             self._gone = 0
 
     def _fits(self, texts: int, longest: int) -> bool:
-        return texts <= self.max_batch_size and (self.max_batch_tokens is None or longest * texts <= self.max_batch_tokens)
+        return texts <= self.max_batch_size and (
+            self.max_batch_tokens is None or longest * texts <= self.max_batch_tokens
+        )
 
     def _take(self) -> tuple[list[_Request], bool]:
         """The next batch, and whether it is full (waiting longer cannot make it bigger).
@@ -340,7 +352,9 @@ class MicroBatcher:
         ``lookahead`` newer ones.
         """
         candidates = list(itertools.islice(self._ready, self.lookahead))
-        order = sorted(range(len(candidates)), key=lambda i: candidates[i].longest)  # stable: equal lengths stay in arrival order
+        order = sorted(
+            range(len(candidates)), key=lambda i: candidates[i].longest
+        )  # stable: equal lengths stay in arrival order
         lo = hi = order.index(0)
         texts, longest = len(candidates[0].items), candidates[0].longest
         while True:
@@ -366,7 +380,11 @@ class MicroBatcher:
                 longest = max(longest, candidates[order[hi]].longest)
         batch = [candidates[i] for i in sorted(order[lo : hi + 1])]
         left_out = hi - lo + 1 < len(self._ready)
-        full = left_out or texts >= self.max_batch_size or (self.max_batch_tokens is not None and longest * texts >= self.max_batch_tokens)
+        full = (
+            left_out
+            or texts >= self.max_batch_size
+            or (self.max_batch_tokens is not None and longest * texts >= self.max_batch_tokens)
+        )
         return batch, full
 
     async def _next_batch(self) -> list[_Request] | None:
@@ -449,7 +467,12 @@ class MicroBatcher:
             if request.timing is not None:
                 unpadded = sum(len(item) for item in request.items)
                 done = time.perf_counter()
-                mine = {"tokenize_s": request.tokenize_s, "queue_s": waited[id(request)], "inference_s": done - start, "tokens": unpadded}
+                mine = {
+                    "tokenize_s": request.tokenize_s,
+                    "queue_s": waited[id(request)],
+                    "inference_s": done - start,
+                    "tokens": unpadded,
+                }
                 request.timing.update(job, done=done, batch=self._batches, **mine)
             request.future.set_result(part)
 
@@ -475,7 +498,12 @@ class MicroBatcher:
                     self._fail(request, retry_exc)
                 else:
                     tokens, passes = tokens + part_tokens, passes + part_passes
-                    alone = {"batch_texts": len(request.items), "batch_requests": 1, "padded_tokens": part_tokens, "passes": part_passes}
+                    alone = {
+                        "batch_texts": len(request.items),
+                        "batch_requests": 1,
+                        "padded_tokens": part_tokens,
+                        "passes": part_passes,
+                    }
                     answer(request, part, alone)
             return tokens, passes + 1
         offset = 0

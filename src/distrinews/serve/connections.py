@@ -56,7 +56,9 @@ class OneWritePerStep:
             self._loop.call_soon(self.flush)
         self._pending.append(bytes(data))
 
-    def writelines(self, chunks) -> None:  # defined here, or it would reach the wrapped transport ahead of what is pending
+    def writelines(
+        self, chunks
+    ) -> None:  # defined here, or it would reach the wrapped transport ahead of what is pending
         self.write(b"".join(chunks))
 
     def flush(self) -> None:
@@ -91,7 +93,9 @@ def _body_too_late(body_timeout: float) -> bytes:
     return head.encode() + body
 
 
-def guarded_protocol(header_timeout: float | None, max_connections: int | None, body_timeout: float | None = None) -> type[H11Protocol]:
+def guarded_protocol(
+    header_timeout: float | None, max_connections: int | None, body_timeout: float | None = None
+) -> type[H11Protocol]:
     """uvicorn's h11 protocol with header and body deadlines and a connection cap (None: that one is off),
     writing each answer in one write."""
     refusal = _refusal(max_connections) if max_connections else b""
@@ -104,7 +108,9 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None, 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(OneWritePerStep(transport, self.loop))  # type: ignore[arg-type]
             if max_connections and len(self.connections) > max_connections:
-                log.warning("refused a connection: %d open, --max-connections is %d", len(self.connections) - 1, max_connections)
+                log.warning(
+                    "refused a connection: %d open, --max-connections is %d", len(self.connections) - 1, max_connections
+                )
                 transport.write(refusal)
                 transport.close()
                 return
@@ -135,7 +141,11 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None, 
             self._body_timer = None
             if self.transport.is_closing():
                 return
-            log.info("closed a connection from %s: no complete request body in %gs (--body-timeout)", self.client, body_timeout)
+            log.info(
+                "closed a connection from %s: no complete request body in %gs (--body-timeout)",
+                self.client,
+                body_timeout,
+            )
             if self.cycle is not None and not self.cycle.response_started:
                 # an extension key: uvicorn's TypedDict of the scope lists only the standard ones
                 cast("dict[str, Any]", self.cycle.scope)[PROTOCOL_STATUS] = 408
@@ -164,7 +174,11 @@ def guarded_protocol(header_timeout: float | None, max_connections: int | None, 
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being answered (a pipelined one started since the timer was armed)
             if not self.transport.is_closing():
-                log.info("closed a connection from %s: no complete request headers in %gs (--header-timeout)", self.client, header_timeout)
+                log.info(
+                    "closed a connection from %s: no complete request headers in %gs (--header-timeout)",
+                    self.client,
+                    header_timeout,
+                )
                 self.transport.close()
 
     return GuardedH11Protocol

@@ -88,7 +88,9 @@ def parse_json(text: str) -> Any:
     except RecursionError:
         raise ApiError(422, _TOO_DEEP) from None
     except json.JSONDecodeError as exc:
-        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise ApiError(
+            422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     # Text with at most MAX_JSON_DEPTH brackets in all cannot nest deeper: skip the walk (C-speed count).
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):
         raise ApiError(422, _TOO_DEEP)
@@ -121,8 +123,15 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
     """The request's body as a JSON object, not yet validated (``model`` gives the example an empty body is told)."""
     content_type = request.headers.get("content-type")
     if not _is_json_media_type(content_type):
-        got = f"Content-Type {content_type.split(';', 1)[0].strip()!r}" if content_type and content_type.strip() else "no Content-Type"
-        raise ApiError(415, f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'")
+        got = (
+            f"Content-Type {content_type.split(';', 1)[0].strip()!r}"
+            if content_type and content_type.strip()
+            else "no Content-Type"
+        )
+        raise ApiError(
+            415,
+            f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'",
+        )
     raw = await request.body()
     if not raw.strip():
         extra = model.model_config.get("json_schema_extra")
@@ -156,5 +165,7 @@ def clean_text(text: str, where: str, max_chars: int) -> str:
     try:  # JSON may smuggle in lone surrogates ("\ud800") that no tokenizer can encode
         stripped.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ApiError(422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text") from None
+        raise ApiError(
+            422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text"
+        ) from None
     return stripped

@@ -19,7 +19,10 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "distrinews_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=self.registry
+            "distrinews_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
             "distrinews_http_request_duration_seconds",
@@ -29,7 +32,10 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.batch_size = Histogram(
-            "distrinews_batch_size", "texts per forward job", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
+            "distrinews_batch_size",
+            "texts per forward job",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
         )
         self.batch_tokens = Histogram(
             "distrinews_batch_padded_tokens",
@@ -73,7 +79,9 @@ class ServeMetrics:
             "bytes of request bodies held by the requests in progress (at most --max-pending-body-bytes)",
             registry=self.registry,
         )
-        self.model_loaded = Gauge("distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry)
+        self.model_loaded = Gauge(
+            "distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry
+        )
         # One series per label of the model and confident true | false: bounded by the checkpoint, not by requests.
         self.answers = Counter(
             "distrinews_answers",

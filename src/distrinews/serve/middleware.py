@@ -92,14 +92,20 @@ class ApiKeyMiddleware:
         # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict. A method
         # a public path does not serve goes on to its 405 (body unread), key or not.
         public = scope["type"] == "http" and scope["path"] in self.public
-        if scope["type"] != "http" or (public and (scope["method"] in ("GET", "HEAD") or not_served(self.routes, scope) is not None)):
+        if scope["type"] != "http" or (
+            public and (scope["method"] in ("GET", "HEAD") or not_served(self.routes, scope) is not None)
+        ):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
         # compare_digest: the time taken does not reveal how much of the key was right.
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
             return await self.app(scope, receive, send)
-        detail = "invalid API key" if header else "this server requires an API key: send the header 'Authorization: Bearer <key>'"
+        detail = (
+            "invalid API key"
+            if header
+            else "this server requires an API key: send the header 'Authorization: Bearer <key>'"
+        )
         await send_json(send, 401, {"detail": detail}, {"www-authenticate": "Bearer"})
 
 
@@ -138,7 +144,9 @@ class BodyLimitMiddleware:
             self.budget.held -= held[0]
 
     async def _read_then_call(self, scope, receive, send, held: list[int]) -> None:
-        too_big = {"detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"}
+        too_big = {
+            "detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"
+        }
         # uvicorn (h11) already refuses a malformed Content-Length in plain text before calling
         # us; other servers and in-process transports may not, so check it here too.
         values = {v.strip() for k, v in scope["headers"] if k.lower() == b"content-length"}
@@ -149,7 +157,9 @@ class BodyLimitMiddleware:
                 return await send_json(
                     send,
                     400,
-                    {"detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"},
+                    {
+                        "detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"
+                    },
                 )
             declared = int(next(iter(values)))
             if declared > self.max_bytes:

@@ -36,7 +36,9 @@ def _flag(default: Any, help: str | None = None, **argparse_kwargs: Any) -> Any:
 class ServeConfig:
     """Every option of the server: its flags (``add_arguments``) are built from these fields, in this order."""
 
-    checkpoint: str | None = _flag(None, "best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)")
+    checkpoint: str | None = _flag(
+        None, "best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)"
+    )
     host: str = _flag("127.0.0.1", "interface to listen on (0.0.0.0 in a container)")
     port: int | None = _flag(None, f"port (default: $PORT, else {DEFAULT_PORT})", type=int)
     runtime: str = _flag(
@@ -47,11 +49,15 @@ class ServeConfig:
         "in hardware)",
         choices=RUNTIMES,
     )
-    onnx_model: str | None = _flag(None, "ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)")
+    onnx_model: str | None = _flag(
+        None, "ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)"
+    )
     max_batch_size: int = _flag(32, "texts per forward pass")
     # 512: on a CPU, small batches of similar lengths beat one batch padded to its longest text (32 clients on 2 cores,
     # benchmarks/README.md: 1.7x the throughput of no limit for int8, 1.4x for PyTorch); on a GPU raise it (e.g. 16384)
-    max_batch_tokens: int = _flag(512, "padded tokens per forward pass (the batch's longest text x its texts); 0: no limit")
+    max_batch_tokens: int = _flag(
+        512, "padded tokens per forward pass (the batch's longest text x its texts); 0: no limit"
+    )
     max_wait_ms: float = _flag(5.0, "longest a batch waits for more requests")
     max_queue: int = _flag(1024, "texts waiting before new requests get 429")
     max_batch_texts: int = _flag(64, "texts allowed in one /predict/batch request (413 above)")
@@ -61,7 +67,8 @@ class ServeConfig:
     timeout_graceful_shutdown: float = _flag(30.0, "seconds SIGTERM waits for in-flight requests")
     threads: int = _flag(0, "CPU threads of the model's forward pass (0: the runtime's default, all cores)")
     header_timeout: float = _flag(
-        10.0, "seconds a connection has to send a request's headers (from connect, or from the previous answer); then it is closed"
+        10.0,
+        "seconds a connection has to send a request's headers (from connect, or from the previous answer); then it is closed",
     )
     max_connections: int = _flag(
         1000, "open connections at most; one more is answered 503 (JSON, Retry-After) and closed before it is read"
@@ -69,15 +76,19 @@ class ServeConfig:
     # Whole body, not nginx's time between two reads (client_body_timeout, also 60 s): a client sending a byte every
     # 59 s would pass that forever. 60 s for at most --max-body-bytes (4 MiB) asks for 70 KB/s.
     body_timeout: float = _flag(
-        60.0, "seconds a request's body has to arrive in full, from the end of its headers; then 408 and the connection is closed"
+        60.0,
+        "seconds a request's body has to arrive in full, from the end of its headers; then 408 and the connection is closed",
     )
     # 1,000 connections x a 4 MiB body would be 4 GiB, twice deploy/k8s/serve.yaml's memory limit; 256 MiB is 64 bodies
     # of the largest size, or thousands of ordinary ones.
     max_pending_body_bytes: int = _flag(
-        256 * 1024 * 1024, "request body bytes all requests in progress may hold together; a body that would go over gets 503"
+        256 * 1024 * 1024,
+        "request body bytes all requests in progress may hold together; a body that would go over gets 503",
     )
     # A forward pass takes milliseconds on a CPU batch of --max-batch-tokens 512, seconds at most for a GPU's large batches.
-    forward_timeout: float = _flag(30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns")
+    forward_timeout: float = _flag(
+        30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns"
+    )
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", action="store_true")
     otlp_endpoint: str | None = _flag(
@@ -91,7 +102,9 @@ class ServeConfig:
         "counted in /metrics: a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both (0.5,World=0.8)",
     )
     public_metrics: bool = _flag(
-        False, "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)", action="store_true"
+        False,
+        "answer GET /metrics without the API key (Prometheus scraping pods by annotation sends none)",
+        action="store_true",
     )
     # Not a flag: create_app reads $DISTRINEWS_API_KEY (api_key_from_env), which keeps the secret off the command line.
     api_key: str | None = field(default=None, repr=False)
@@ -125,7 +138,9 @@ def api_key_from_env() -> str | None:
     if raw is None:
         return None
     if not raw.strip():
-        raise ServeOptionError(f"{API_KEY_ENV} is set but empty: set it to the key clients must send, or unset it to serve without one")
+        raise ServeOptionError(
+            f"{API_KEY_ENV} is set but empty: set it to the key clients must send, or unset it to serve without one"
+        )
     return raw.strip()
 
 
@@ -162,7 +177,14 @@ def validate(args: argparse.Namespace) -> None:
         raise ServeOptionError(f"port must be 0..65535, got {args.port}")
     if args.max_batch_tokens < 0:
         raise ServeOptionError(f"--max-batch-tokens must be >= 0 (0: no limit), got {args.max_batch_tokens}")
-    for name in ("max_batch_size", "max_queue", "max_batch_texts", "max_text_chars", "max_body_bytes", "max_connections"):
+    for name in (
+        "max_batch_size",
+        "max_queue",
+        "max_batch_texts",
+        "max_text_chars",
+        "max_body_bytes",
+        "max_connections",
+    ):
         if getattr(args, name) < 1:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.threads < 0:
@@ -210,7 +232,9 @@ def _check_bf16() -> None:
     try:
         import torch
     except ImportError:
-        raise ServeOptionError("--runtime torch-bf16 needs torch, which is not installed here; use --runtime onnx-int8 or onnx") from None
+        raise ServeOptionError(
+            "--runtime torch-bf16 needs torch, which is not installed here; use --runtime onnx-int8 or onnx"
+        ) from None
     from ..predict.runtimes import bf16_refusal
 
     if (why := bf16_refusal("cuda" if torch.cuda.is_available() else "cpu")) is not None:

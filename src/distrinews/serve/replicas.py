@@ -41,14 +41,18 @@ from ..distributed.lifetime import die_with_parent
 from .options import ServeOptionError
 
 NGINX_TEMPLATE = "nginx.conf.template"
-INSTALL_HINT = "`apt-get install nginx-light` installs it (`make serve-replicas` does that where it may), or pass --nginx PATH"
+INSTALL_HINT = (
+    "`apt-get install nginx-light` installs it (`make serve-replicas` does that where it may), or pass --nginx PATH"
+)
 
 
 def template_path() -> Path:
     """deploy/nginx/nginx.conf.template of the checkout this package runs from."""
     path = Path(__file__).resolve().parents[3] / "deploy" / "nginx" / NGINX_TEMPLATE
     if not path.is_file():
-        raise FileNotFoundError(f"the nginx template {path} is missing (serve-replicas runs from a checkout: pip install -e .)")
+        raise FileNotFoundError(
+            f"the nginx template {path} is missing (serve-replicas runs from a checkout: pip install -e .)"
+        )
     return path
 
 
@@ -119,7 +123,9 @@ def _start_child(cmd: list[str], log_path: Path, env: dict[str, str] | None = No
         die_with_parent(parent)
 
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec)
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec
+        )
 
 
 def _stop(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
@@ -158,10 +164,25 @@ class Replica:
 
     def start(self, checkpoint: str) -> None:
         s = self.settings
-        cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distrinews",
+            "serve",
+            "--checkpoint",
+            checkpoint,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         cmd += ["--threads", str(s.threads), "--header-timeout", str(s.header_timeout), *s.serve_args]
         env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
-        self.proc, self.checkpoint, self.started_at = _start_child(cmd, self.log_path, env), checkpoint, time.monotonic()
+        self.proc, self.checkpoint, self.started_at = (
+            _start_child(cmd, self.log_path, env),
+            checkpoint,
+            time.monotonic(),
+        )
         self.ready_since = None
 
     def seen_ready(self) -> bool:
@@ -268,7 +289,9 @@ class Supervisor:
                 replica.failures = 0
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"replica {replica.index} was not ready after {self.settings.ready_timeout:g}s; see {replica.log_path}")
+        raise RuntimeError(
+            f"replica {replica.index} was not ready after {self.settings.ready_timeout:g}s; see {replica.log_path}"
+        )
 
     @property
     def settle_seconds(self) -> float:
@@ -284,16 +307,22 @@ class Supervisor:
         deadline = time.monotonic() + self.settings.ready_timeout + self.settle_seconds
         for replica in replicas:
             while not (
-                replica.seen_ready() and replica.ready_since is not None and time.monotonic() - replica.ready_since >= self.settle_seconds
+                replica.seen_ready()
+                and replica.ready_since is not None
+                and time.monotonic() - replica.ready_since >= self.settle_seconds
             ):
                 self._check_stop()
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"replica {replica.index} (port {replica.port}) is not ready; see {replica.log_path}")
+                    raise RuntimeError(
+                        f"replica {replica.index} (port {replica.port}) is not ready; see {replica.log_path}"
+                    )
                 time.sleep(0.1)
 
     def nginx_conf(self) -> str:
         s = self.settings
-        servers = "\n".join(f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout={s.fail_timeout:g}s;" for r in self.replicas)
+        servers = "\n".join(
+            f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout={s.fail_timeout:g}s;" for r in self.replicas
+        )
         values = {
             "TEMP": str(self.temp),
             "ACCESS_LOG": str(self.log_dir / "nginx-access.log"),
@@ -323,7 +352,9 @@ class Supervisor:
         while time.monotonic() < deadline:
             self._check_stop()
             if self.nginx.poll() is not None:
-                raise RuntimeError(f"nginx exited with {self.nginx.returncode}: {_tail(self.log_dir / 'nginx.log') or _tail(error_log)}")
+                raise RuntimeError(
+                    f"nginx exited with {self.nginx.returncode}: {_tail(self.log_dir / 'nginx.log') or _tail(error_log)}"
+                )
             if get_json(url)[0] == 200:
                 return
             time.sleep(0.1)
@@ -353,7 +384,9 @@ class Supervisor:
         backoff = min(30.0, 0.5 * 2**replica.failures)
         if time.monotonic() - replica.started_at < backoff:
             return
-        self.say(f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode}: starting it again")
+        self.say(
+            f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode}: starting it again"
+        )
         replica.failures += 1
         replica.start(replica.checkpoint or os.path.realpath(self.settings.checkpoint))
 
@@ -405,7 +438,11 @@ def parse_serve_args(extra: list[str]) -> argparse.Namespace:
     try:
         args, unknown = parser.parse_known_args(extra)
     except SystemExit:
-        raise ServeOptionError(f"serve-replicas: these flags are not flags of distrinews serve: {' '.join(extra)}") from None
+        raise ServeOptionError(
+            f"serve-replicas: these flags are not flags of distrinews serve: {' '.join(extra)}"
+        ) from None
     if unknown:
-        raise ServeOptionError(f"serve-replicas: unknown flags {' '.join(unknown)} (flags of distrinews serve are passed to every replica)")
+        raise ServeOptionError(
+            f"serve-replicas: unknown flags {' '.join(unknown)} (flags of distrinews serve are passed to every replica)"
+        )
     return args

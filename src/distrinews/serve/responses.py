@@ -54,7 +54,9 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
                 "version": __version__,
                 "uptime_s": 3.2,
             }
-            examples["seed"] = {"value": {**body, "error": "could not load the model from runs/x/best: FileNotFoundError"}}
+            examples["seed"] = {
+                "value": {**body, "error": "could not load the model from runs/x/best: FileNotFoundError"}
+            }
             declared_codes[code] = {
                 "description": "the model failed to load",
                 "content": {"application/json": {"examples": examples}},
@@ -68,7 +70,9 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
                 "summary": "TEI's or Hugging Face's shape",
                 "value": {"error": error, "error_type": error_type},
             }
-        model: Any = ErrorDetail if "TEI" not in examples else TeiError if "seed API" not in examples else ErrorDetail | TeiError
+        model: Any = (
+            ErrorDetail if "TEI" not in examples else TeiError if "seed API" not in examples else ErrorDetail | TeiError
+        )
         entry: dict[str, Any] = {
             "description": _WHY[code],
             "model": model,

@@ -11,13 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 
 class PredictRequest(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"text": "Apple unveils a new iPhone with a faster chip"}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"text": "Apple unveils a new iPhone with a faster chip"}]}
+    )
     text: StrictStr = Field(description="the news text to classify (1 to 10,000 characters after stripping)")
 
 
 class BatchPredictRequest(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]}
+        json_schema_extra={
+            "examples": [{"texts": ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets"]}]
+        }
     )
     texts: list[StrictStr] = Field(description="the texts, at least one and at most the server's --max-batch-texts")
 
@@ -40,14 +44,19 @@ class TeiPredictRequest(BaseModel):
     model_config = ConfigDict(
         title="TEI PredictRequest",
         json_schema_extra={
-            "examples": [{"inputs": "Oil prices jump after OPEC cuts output"}, {"inputs": [["Oil prices jump"], ["Federer wins"]]}]
+            "examples": [
+                {"inputs": "Oil prices jump after OPEC cuts output"},
+                {"inputs": [["Oil prices jump"], ["Federer wins"]]},
+            ]
         },
     )
     inputs: str | list[str] | list[list[str]] = Field(
         description="one text, or a batch [[text], [text], ...]; a pair [a, b] (or [[a, b]] in a batch) is refused: "
         "this model classifies single texts"
     )
-    truncate: bool | None = Field(None, description="cut a text longer than the model reads (null: yes); false: 422 instead")
+    truncate: bool | None = Field(
+        None, description="cut a text longer than the model reads (null: yes); false: 422 instead"
+    )
     truncation_direction: Literal["Left", "Right", "left", "right"] = Field("Right", description="which end is cut")
     raw_scores: bool = Field(False, description="log-probabilities instead of probabilities")
 
@@ -55,7 +64,8 @@ class TeiPredictRequest(BaseModel):
 class HfParameters(BaseModel):
     top_k: int | None = Field(None, ge=1, description="only the k most probable labels (null: all)")
     function_to_apply: Literal["softmax", "none"] | None = Field(
-        None, description="softmax (the default) or none (log-probabilities); sigmoid is refused: the model is single-label"
+        None,
+        description="softmax (the default) or none (log-probabilities); sigmoid is refused: the model is single-label",
     )
 
 

@@ -32,7 +32,9 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
     log.info("serving %s", config_summary(app.state.config))
     if not app.state.config.api_key and not is_loopback(config.host):
         # A warning, not a refusal: an open demo (a Hugging Face Space) is a choice; an unset key is not a typo.
-        log.warning("no API key: anyone who reaches %s:%s can use every route (set %s)", config.host, config.port, API_KEY_ENV)
+        log.warning(
+            "no API key: anyone who reaches %s:%s can use every route (set %s)", config.host, config.port, API_KEY_ENV
+        )
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -29,7 +29,9 @@ from starlette.responses import JSONResponse
 _NS = 1_000_000_000
 
 
-def traced_answer(tracer: Any, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str) -> JSONResponse:
+def traced_answer(
+    tracer: Any, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str
+) -> JSONResponse:
     """The answer, after the current request's stage spans from the batcher's ``timing`` (``time.perf_counter``'s clock)."""
     if "done" not in timing or not trace.get_current_span().is_recording():
         return JSONResponse(content, headers=headers)
@@ -48,7 +50,12 @@ def traced_answer(tracer: Any, content: Any, headers: dict[str, str], timing: di
         "distrinews.runtime": runtime,
     }
     stages: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
-        ("distrinews.tokenize", tokenizing, queued, {"distrinews.texts": texts, "distrinews.tokens": int(timing["tokens"])}),
+        (
+            "distrinews.tokenize",
+            tokenizing,
+            queued,
+            {"distrinews.texts": texts, "distrinews.tokens": int(timing["tokens"])},
+        ),
         ("distrinews.queue", queued, forward, {}),
         ("distrinews.forward", forward, done, batch),
     )

@@ -91,10 +91,16 @@ def reliability(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) 
 def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> float:
     """ECE over ``bins`` equal-width bins of the top probability (Naeini et al. 2015; Guo et al. 2017)."""
     total = len(labels)
-    return sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins)) if total else 0.0
+    return (
+        sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins))
+        if total
+        else 0.0
+    )
 
 
-def coverage_accuracy(probs: np.ndarray, labels: Sequence[int], coverages: Sequence[float] = COVERAGES) -> list[dict[str, float]]:
+def coverage_accuracy(
+    probs: np.ndarray, labels: Sequence[int], coverages: Sequence[float] = COVERAGES
+) -> list[dict[str, float]]:
     """For each coverage c: the accuracy of the ``ceil(c x rows)`` most confident answers, and the least confidence among
     them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
     probs = np.asarray(probs, dtype=np.float64)
@@ -218,7 +224,10 @@ def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
         f"(NLL {report.nll_before:.4f} -> {report.nll_after:.4f})",
         "  coverage  accuracy  --min-confidence",
     ]
-    lines += [f"  {100 * c['coverage']:7.0f}%  {100 * c['accuracy']:7.2f}%  {c['min_confidence']:.4f}" for c in report.coverage]
+    lines += [
+        f"  {100 * c['coverage']:7.0f}%  {100 * c['accuracy']:7.2f}%  {c['min_confidence']:.4f}"
+        for c in report.coverage
+    ]
     return lines
 
 

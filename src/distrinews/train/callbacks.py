@@ -57,10 +57,14 @@ class TrainerCallback:
     def on_train_begin(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
         pass
 
-    def on_log(self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kwargs: Any) -> None:
+    def on_log(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kwargs: Any
+    ) -> None:
         pass
 
-    def on_evaluate(self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any
+    ) -> None:
         pass
 
     def on_save(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
@@ -109,7 +113,9 @@ class CallbackHandler:
             self.control.take(flags)
 
 
-def default_callbacks(args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None]) -> list[TrainerCallback]:
+def default_callbacks(
+    args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None]
+) -> list[TrainerCallback]:
     """The run's callbacks from its config: log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every rank."""
     from .early_stopping import EarlyStoppingCallback
     from .metrics import JsonLogCallback, TensorBoardCallback

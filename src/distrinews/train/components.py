@@ -19,7 +19,15 @@ from ..data.rows import RawSplit
 from ..data.splits import hold_out, stratified_sample
 from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.process_group import DistEnv, all_reduce_max, main_process_first
-from ..model import add_lora, build_model, build_tokenizer, freeze_layers, freeze_word_embeddings, layer_depth, num_layers
+from ..model import (
+    add_lora,
+    build_model,
+    build_tokenizer,
+    freeze_layers,
+    freeze_word_embeddings,
+    layer_depth,
+    num_layers,
+)
 from .dropout import use_fast_dropout
 
 
@@ -96,7 +104,11 @@ def build_train_model(config: ModelConfig, seed: int, device: torch.device, labe
     """The classifier as it trains, one output per label: dropout overrides, frozen embeddings and bottom layers,
     fast dropout on CPU, LoRA; on ``device``. ``seed`` draws the new head's weights."""
     model = build_model(
-        config.model_name_or_path, labels=labels, dropout=config.dropout, seed=seed, attention_dropout=config.attention_dropout
+        config.model_name_or_path,
+        labels=labels,
+        dropout=config.dropout,
+        seed=seed,
+        attention_dropout=config.attention_dropout,
     )
     if config.freeze_word_embeddings:
         freeze_word_embeddings(model)
@@ -133,7 +145,12 @@ class Datasets:
 
 
 def prepare_data(
-    config: DataConfig, tokenizer_name: str, seed: int, env: DistEnv, need_train: bool = True, calibration_percentage: int = 0
+    config: DataConfig,
+    tokenizer_name: str,
+    seed: int,
+    env: DistEnv,
+    need_train: bool = True,
+    calibration_percentage: int = 0,
 ) -> Datasets:
     """Read, check, sample (``seed``) and tokenize with the model's tokenizer; each node's first process builds the
     token cache, the others read it. ``calibration_percentage`` > 0: that share of the training rows (after
@@ -152,8 +169,12 @@ def prepare_data(
         labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, seed))
         for name, raw in (("train", labelled.train), ("test", labelled.eval)):
             if raw is not None:
-                splits[name] = tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
-    return Datasets(splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval, calibration)
+                splits[name] = tokenize_cached(
+                    raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main
+                )
+    return Datasets(
+        splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval, calibration
+    )
 
 
 def calibration_split(every: RawSplit, picked: list[int], percentage: int, seed: int) -> tuple[RawSplit, RawSplit]:
@@ -228,12 +249,16 @@ def schedule_with_warmup(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def linear_schedule_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def linear_schedule_with_warmup(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Hugging Face's ``get_linear_schedule_with_warmup``."""
     return schedule_with_warmup(optimizer, "linear", warmup_steps, total_steps)
 
 
-def optimizer_windows(batches: Iterable[dict[str, torch.Tensor]], accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+def optimizer_windows(
+    batches: Iterable[dict[str, torch.Tensor]], accumulation: int
+) -> Iterator[list[dict[str, torch.Tensor]]]:
     """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
     window: list[dict[str, torch.Tensor]] = []
     for batch in batches:

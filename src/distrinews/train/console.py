@@ -81,7 +81,9 @@ def calibration_lines(config: TrainConfig, facts: RunFacts) -> list[str]:
     if not facts.calibration_rows:
         return []
     share = config.data.calibration_split_percentage
-    return [f"Calibration rows:     {facts.calibration_rows:,} held out of training ({share}%, stratified, to fit the temperature)"]
+    return [
+        f"Calibration rows:     {facts.calibration_rows:,} held out of training ({share}%, stratified, to fit the temperature)"
+    ]
 
 
 def frozen_lines(config: TrainConfig) -> list[str]:
@@ -96,7 +98,9 @@ def tuning_lines(config: TrainConfig) -> list[str]:
     """The loss's label smoothing and the averaged weights, where a run asks for them."""
     lines = []
     if config.optimizer.label_smoothing_factor:
-        lines.append(f"Loss:                 cross-entropy, label smoothing {config.optimizer.label_smoothing_factor:g}")
+        lines.append(
+            f"Loss:                 cross-entropy, label smoothing {config.optimizer.label_smoothing_factor:g}"
+        )
     if config.optimizer.ema_decay:
         lines.append(f"Evaluated weights:    their moving average (ema_decay {config.optimizer.ema_decay:g})")
     return lines
@@ -112,7 +116,10 @@ def schedule_words(config: TrainConfig) -> str:
 
 def class_lines(facts: RunFacts, width: int = 100) -> list[str]:
     """The labels with their rows in each split (train / test), wrapped to ``width``; the loss weights if any."""
-    cells = [f"{name} {train:,}/{test:,}" for name, train, test in zip(facts.label_names, facts.train_counts, facts.eval_counts)]
+    cells = [
+        f"{name} {train:,}/{test:,}"
+        for name, train, test in zip(facts.label_names, facts.train_counts, facts.eval_counts)
+    ]
     head = f"Classes ({len(cells)}, train/test rows): "
     lines, line = [], head
     for i, cell in enumerate(cells):
@@ -128,7 +135,9 @@ def class_lines(facts: RunFacts, width: int = 100) -> list[str]:
     return lines
 
 
-def epoch_lines(epoch: int, num_epochs: int, seconds: float, totals: Counts, metrics: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+def epoch_lines(
+    epoch: int, num_epochs: int, seconds: float, totals: Counts, metrics: dict[str, Any], summary: dict[str, Any]
+) -> list[str]:
     """The seed's epoch lines, plus throughput, MFU and memory."""
     return [
         f"\nEpoch [{epoch + 1}/{num_epochs}] - {fmt_time(seconds)}",
@@ -146,18 +155,25 @@ def replicas_line(digests: list[str]) -> str:
 
 def stopped_line(reason: str | None, step: int, total_steps: int, saved: str | None) -> str:
     """The last line of a run stopped early (SIGTERM, a preemption), naming what to resume from."""
-    where = f"checkpoint {saved}; continue with --resume auto" if saved else "no step trained in this run, nothing saved"
+    where = (
+        f"checkpoint {saved}; continue with --resume auto" if saved else "no step trained in this run, nothing saved"
+    )
     return f"\nStopped by {reason} at step {step} of {total_steps}: {where}."
 
 
-def final_lines(total_seconds: float, best_accuracy: float | None, best_dir: Any, best_metrics: dict[str, Any] | None = None) -> list[str]:
+def final_lines(
+    total_seconds: float, best_accuracy: float | None, best_dir: Any, best_metrics: dict[str, Any] | None = None
+) -> list[str]:
     """The end: time, best accuracy, and the best model's per-class scores and confusion matrix."""
     lines = [RULE, "TRAINING COMPLETE", RULE, f"Total time: {fmt_time(total_seconds)}"]
     if best_accuracy is not None:
         lines.append(f"Best test accuracy: {100 * best_accuracy:.2f}%")
     if best_metrics and best_metrics.get("per_class"):
         lines += ["Per class (the best model, on the test rows):", *per_class_table(best_metrics)]
-        lines += ["Confusion matrix (rows: true label, columns: predicted, numbered as the rows):", *confusion_table(best_metrics)]
+        lines += [
+            "Confusion matrix (rows: true label, columns: predicted, numbered as the rows):",
+            *confusion_table(best_metrics),
+        ]
     return [*lines, f"Checkpoint saved to: {best_dir}"]
 
 

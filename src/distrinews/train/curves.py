@@ -41,7 +41,9 @@ class RunLog:
         rd = RunDir(run_dir)
         if not rd.log.is_file():
             what = "does not exist" if not rd.path.exists() else "has no log.jsonl"
-            raise FileNotFoundError(f"{rd.path} {what}: not a run directory (distrinews train --output-dir DIR writes one)")
+            raise FileNotFoundError(
+                f"{rd.path} {what}: not a run directory (distrinews train --output-dir DIR writes one)"
+            )
         run = cls(rd.path, name or rd.path.name)
         for record in read_log(rd.log):
             kind = record.get("kind")
@@ -53,7 +55,9 @@ class RunLog:
         return run
 
     def series(self, kind: str, key: str) -> tuple[list[int], list[float]]:
-        points = [(r["step"], r[key]) for r in getattr(self, kind) if isinstance(r.get(key), (int, float)) and "step" in r]
+        points = [
+            (r["step"], r[key]) for r in getattr(self, kind) if isinstance(r.get(key), (int, float)) and "step" in r
+        ]
         return [s for s, _ in points], [float(v) for _, v in points]
 
     def result(self) -> dict[str, Any]:
@@ -61,7 +65,11 @@ class RunLog:
         accuracies = [r["accuracy"] for r in self.eval if r.get("accuracy") is not None]
         best = max(range(len(accuracies)), key=accuracies.__getitem__) if accuracies else None
         # Training samples/s over the whole run: samples (rate x time) over time, epoch by epoch.
-        timed = [(r["samples_per_s"], r["epoch_time_s"]) for r in self.epoch if r.get("samples_per_s") and r.get("epoch_time_s")]
+        timed = [
+            (r["samples_per_s"], r["epoch_time_s"])
+            for r in self.epoch
+            if r.get("samples_per_s") and r.get("epoch_time_s")
+        ]
         rate = sum(s * t for s, t in timed) / sum(t for _, t in timed) if timed else None
         if rate is None and self.train:
             rates = [r["samples_per_s"] for r in self.train if r.get("samples_per_s")]
@@ -131,7 +139,10 @@ def results_table(runs: Sequence[RunLog]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -143,7 +154,11 @@ PANELS = (
     ("Accuracy", "accuracy", [("train", "accuracy", "-", "train"), ("eval", "accuracy", "o--", "test")]),
     ("Learning rate", "learning rate", [("train", "learning_rate", "-", "")]),
     ("Training throughput", "samples/s", [("train", "samples_per_s", "-", "")]),
-    ("Test set, each evaluation", "score", [("eval", "accuracy", "o-", "accuracy"), ("eval", "macro_f1", "s:", "macro-F1")]),
+    (
+        "Test set, each evaluation",
+        "score",
+        [("eval", "accuracy", "o-", "accuracy"), ("eval", "macro_f1", "s:", "macro-F1")],
+    ),
     ("Gradient norm (before clipping)", "L2 norm", [("train", "grad_norm", "-", "")]),
 )
 # Scores (0-1) shown over at least 2 points: one evaluation alone would otherwise fill the axis with 1e-4 of noise.
@@ -241,12 +256,24 @@ def draw_confusion(metrics: dict[str, Any]):
     if k <= 30:  # counts stay legible
         for i in range(k):
             for j in range(k):
-                ax.text(j, i, f"{cm[i][j]:,}", ha="center", va="center", fontsize=8, color="white" if shares[i][j] > 0.5 else "black")
-    ax.set_title(f"Confusion matrix: accuracy {_pct(metrics.get('accuracy'))}, macro-F1 {_pct(metrics.get('macro_f1'))}")
+                ax.text(
+                    j,
+                    i,
+                    f"{cm[i][j]:,}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if shares[i][j] > 0.5 else "black",
+                )
+    ax.set_title(
+        f"Confusion matrix: accuracy {_pct(metrics.get('accuracy'))}, macro-F1 {_pct(metrics.get('macro_f1'))}"
+    )
     return fig
 
 
-def write_confusion_matrix(run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print) -> Path | None:
+def write_confusion_matrix(
+    run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print
+) -> Path | None:
     """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
@@ -273,7 +300,13 @@ def draw_reliability(report: Any):
     width = 1 / len(report.reliability_before)
     for i, (name, bins, ece, color) in enumerate(shown):
         used = [b for b in bins if b["rows"]]
-        top.plot([b["confidence"] for b in used], [b["accuracy"] for b in used], "o-", color=color, label=f"{name}: ECE {_pct(ece)}")
+        top.plot(
+            [b["confidence"] for b in used],
+            [b["accuracy"] for b in used],
+            "o-",
+            color=color,
+            label=f"{name}: ECE {_pct(ece)}",
+        )
         offset = (i - (len(shown) - 1) / 2) * width / len(shown)
         centres = [(b["low"] + b["high"]) / 2 + offset for b in bins]
         bottom.bar(centres, [b["rows"] for b in bins], width=width / len(shown), color=color, alpha=0.7)
@@ -311,6 +344,8 @@ def draw_coverage(report: Any):
         ax.set_ylim(max(0, 100 * float(shown.min()) - 1), min(100.5, 100 * float(shown.max()) + 1))
     ax.set_xlabel("coverage: share of answers kept, most confident first (%)")
     ax.set_ylabel("accuracy of the answers kept (%)")
-    ax.set_title(f"Coverage-accuracy on {report.eval_rows:,} evaluation rows (calibrated scores; --min-confidence in brackets)")
+    ax.set_title(
+        f"Coverage-accuracy on {report.eval_rows:,} evaluation rows (calibrated scores; --min-confidence in brackets)"
+    )
     ax.grid(alpha=0.3)
     return fig

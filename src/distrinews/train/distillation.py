@@ -53,7 +53,9 @@ def teacher_paths(spec: str) -> list[Path]:
         raise ConfigError(f"config field '{FIELD}': names no checkpoint")
     for path in paths:
         if not path.exists():
-            raise ConfigError(f"config field '{FIELD}': {path} does not exist (a checkpoint directory, e.g. runs/NAME/best)")
+            raise ConfigError(
+                f"config field '{FIELD}': {path} does not exist (a checkpoint directory, e.g. runs/NAME/best)"
+            )
     return paths
 
 
@@ -77,7 +79,13 @@ class Distillation:
 
     @classmethod
     def prepare(
-        cls, config: DistillationConfig, cache_dir: str | None, rows: RawSplit, labels: list[str], env: DistEnv, say: Callable[..., None]
+        cls,
+        config: DistillationConfig,
+        cache_dir: str | None,
+        rows: RawSplit,
+        labels: list[str],
+        env: DistEnv,
+        say: Callable[..., None],
     ) -> Distillation:
         """The teacher's log-probabilities of ``rows`` (the training split, in its dataset's order): cached, or
         computed by each node's first process while the others wait, then read by them."""
@@ -85,9 +93,13 @@ class Distillation:
         paths = teacher_paths(config.teacher_model_name_or_path)
         started = time.perf_counter()
         with main_process_first(env, local=True):
-            log_probs, computed = cached_log_probs(paths, rows, labels, cache_dir, build=env.is_local_main, device=env.device)
+            log_probs, computed = cached_log_probs(
+                paths, rows, labels, cache_dir, build=env.is_local_main, device=env.device
+            )
         what = "computed" if computed else "read from the cache"
-        say(f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {time.perf_counter() - started:.1f} s")
+        say(
+            f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {time.perf_counter() - started:.1f} s"
+        )
         return cls(log_probs.to(env.device), config.distillation_temperature, config.distillation_alpha)
 
 
@@ -171,6 +183,8 @@ def cached_log_probs(
     log_probs = torch.from_numpy(out.log_probs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({"log_probs": log_probs}, str(tmp), metadata={"teachers": ",".join(map(str, paths)), "rows": str(len(rows))})
+    save_file(
+        {"log_probs": log_probs}, str(tmp), metadata={"teachers": ",".join(map(str, paths)), "rows": str(len(rows))}
+    )
     os.replace(tmp, path)  # a link planted at ``path`` is replaced, not followed
     return log_probs, True

@@ -60,7 +60,15 @@ def evaluate(
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=env.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
     # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
-    bar = tqdm(total=len(shard), desc="eval", unit="row", leave=False, disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    bar = tqdm(
+        total=len(shard),
+        desc="eval",
+        unit="row",
+        leave=False,
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
     for b in range(batches):
         rows = shard[b * batch_size : (b + 1) * batch_size]
         batch = {k: v.to(env.device, non_blocking=True) for k, v in collate([dataset[i] for i in rows or [0]]).items()}

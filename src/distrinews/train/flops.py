@@ -82,7 +82,9 @@ def gpu_table_peak(name: str, low_precision: bool) -> float | None:
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
     """Best FLOP/s of ``repeats`` square matmuls (after one warm-up) on this process's threads."""
-    g = torch.Generator().manual_seed(0)  # private: drawing from the global RNG would change the training's dropout masks
+    g = torch.Generator().manual_seed(
+        0
+    )  # private: drawing from the global RNG would change the training's dropout masks
     a = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -111,12 +113,18 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
         name = torch.cuda.get_device_name(device)
         table = gpu_table_peak(name, low)
         if table is not None:
-            return Peak(table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s")
+            return Peak(
+                table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s"
+            )
         measured = measure_matmul_peak(device, dtype, size=4096)
-        return Peak(measured, f"{name}: measured {str(dtype).removeprefix('torch.')} 4096^3 matmul peak (not in the table)")
+        return Peak(
+            measured, f"{name}: measured {str(dtype).removeprefix('torch.')} 4096^3 matmul peak (not in the table)"
+        )
     name = str(dtype).removeprefix("torch.")
     best, runs = best_cpu_peak(f"{name} 1024^3 x {threads} thread(s)", measure_matmul_peak(device, dtype))
-    return Peak(best, f"CPU: {name} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here")
+    return Peak(
+        best, f"CPU: {name} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here"
+    )
 
 
 PEAKS_FILE = "peaks.json"
@@ -148,7 +156,11 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
             except (OSError, ValueError):
                 peaks = {}
             entry: Any = peaks.get(key)  # JSON, checked below
-            valid = isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and isinstance(entry.get("runs"), int)
+            valid = (
+                isinstance(entry, dict)
+                and isinstance(entry.get("flops"), (int, float))
+                and isinstance(entry.get("runs"), int)
+            )
             if not valid or entry["flops"] <= 0:  # a damaged record starts afresh
                 entry = {"flops": 0.0, "runs": 0}
             entry = {"flops": max(float(entry["flops"]), measured), "runs": entry["runs"] + 1}
@@ -181,7 +193,11 @@ class ModelShape:
         embedding_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
         named = list(model.named_parameters())
         bottom = forward_only_layers(named, layers)
-        matmul = [(bottom > 0 and layer_depth(name, layers) > layers - bottom, p) for name, p in named if id(p) not in embedding_ids]
+        matmul = [
+            (bottom > 0 and layer_depth(name, layers) > layers - bottom, p)
+            for name, p in named
+            if id(p) not in embedding_ids
+        ]
         n = sum(p.numel() for _, p in matmul)
         forward_only = sum(p.numel() for below, p in matmul if below)
         frozen = sum(p.numel() for below, p in matmul if not below and not p.requires_grad)
@@ -205,7 +221,9 @@ def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int
     if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
         return 0
     bottom = 0
-    while bottom < layers and not any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers - bottom):
+    while bottom < layers and not any(
+        p.requires_grad for name, p in named if layer_depth(name, layers) == layers - bottom
+    ):
         bottom += 1
     return bottom
 
@@ -217,7 +235,9 @@ def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world
     return model_flops / seconds / (peak_flops_per_process * world_size)
 
 
-def throughput(counts: Counts, seconds: float, shape: ModelShape, peak_flops: float, world_size: int) -> dict[str, float]:
+def throughput(
+    counts: Counts, seconds: float, shape: ModelShape, peak_flops: float, world_size: int
+) -> dict[str, float]:
     """samples/s, tokens/s (real tokens) and MFU of all ranks' summed ``metrics.Counts`` over ``seconds``."""
     if seconds <= 0:
         return {"samples_per_s": 0.0, "tokens_per_s": 0.0, "mfu": 0.0}

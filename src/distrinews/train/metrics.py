@@ -35,7 +35,9 @@ class Counts:
     FIELDS = ("loss_sum", "correct", "samples", "tokens", "squared_lengths")
 
     def __init__(self, device: torch.device | str = "cpu", values: torch.Tensor | None = None):
-        self.values = values if values is not None else torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device)
+        self.values = (
+            values if values is not None else torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device)
+        )
 
     @classmethod
     def of_batch(cls, loss: torch.Tensor, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> Counts:
@@ -45,7 +47,9 @@ class Counts:
             n = torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device)
             lengths = batch["attention_mask"].sum(dim=1, dtype=torch.float64)
             correct = (logits.argmax(-1) == labels).sum().double()
-            return cls(values=torch.stack([loss.detach().double() * n, correct, n, lengths.sum(), lengths.square().sum()]))
+            return cls(
+                values=torch.stack([loss.detach().double() * n, correct, n, lengths.sum(), lengths.square().sum()])
+            )
 
     @classmethod
     def from_list(cls, values: list[float], device: torch.device | str = "cpu") -> Counts:
@@ -94,7 +98,11 @@ def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names
     """Loss and ``scores.classification_scores`` (accuracy, macro-F1, per class, the confusion matrix)."""
     scores = classification_scores(confusion.cpu().tolist(), label_names)
     total = scores["samples"]
-    return {"samples": total, "loss": loss_sum / total if total else float("nan"), **{k: v for k, v in scores.items() if k != "samples"}}
+    return {
+        "samples": total,
+        "loss": loss_sum / total if total else float("nan"),
+        **{k: v for k, v in scores.items() if k != "samples"},
+    }
 
 
 # ---------------------------------------------------------------------- sinks
@@ -114,7 +122,9 @@ class JsonLogCallback(TrainerCallback):
         if resumed_from is not None:
             truncate_log(self.run_dir.log, state.global_step)
         # a link planted as log.jsonl would have the run append to (and a resume truncate) the file it points to
-        self._file = os.fdopen(open_nofollow(self.run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+        self._file = os.fdopen(
+            open_nofollow(self.run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8"
+        )
 
     def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
         record = {"kind": kind, "step": state.global_step, "time": round(time.time(), 3), **logs}

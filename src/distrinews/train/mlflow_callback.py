@@ -59,7 +59,9 @@ def _env_true(name: str) -> bool:
     return os.getenv(name, "").strip().lower() in _TRUE
 
 
-def mlflow_params(config: dict[str, Any], id2label: dict[int, str] | None, world_size: int, limit: int) -> tuple[dict[str, str], list[str]]:
+def mlflow_params(
+    config: dict[str, Any], id2label: dict[int, str] | None, world_size: int, limit: int
+) -> tuple[dict[str, str], list[str]]:
     """The run's parameters as MLflow strings, and the names of those shortened to ``limit`` characters."""
     flat: dict[str, Any] = dict(config)
     for i, label in sorted((id2label or {}).items()):
@@ -67,7 +69,13 @@ def mlflow_params(config: dict[str, Any], id2label: dict[int, str] | None, world
     flat["world_size"] = world_size
     params, shortened = {}, []
     for name, value in flat.items():
-        text = value if isinstance(value, str) else ",".join(map(str, value)) if isinstance(value, list) else json.dumps(value)
+        text = (
+            value
+            if isinstance(value, str)
+            else ",".join(map(str, value))
+            if isinstance(value, list)
+            else json.dumps(value)
+        )
         if len(text) > limit:
             marker = _MARKER.format(n=len(text))
             text = text[: limit - len(marker)] + marker
@@ -105,7 +113,9 @@ class MLflowCallback(TrainerCallback):
         self.stopped = False  # after a failure, or when disabled
 
     # ------------------------------------------------------------------ events
-    def on_train_begin(self, args, state, control, resumed_from: str | None = None, model: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args, state, control, resumed_from: str | None = None, model: Any = None, **kwargs: Any
+    ) -> None:
         if _env_true("DISABLE_MLFLOW_INTEGRATION"):
             self.stopped = True
             self.say("MLflow: DISABLE_MLFLOW_INTEGRATION is set, not tracking")
@@ -117,7 +127,13 @@ class MLflowCallback(TrainerCallback):
         self._safely("logging metrics", lambda: self._log_metrics(kind, logs, state.global_step))
 
     def on_train_end(
-        self, args, state, control, best_metrics: dict[str, Any] | None = None, stopped_by: str | None = None, **kwargs: Any
+        self,
+        args,
+        state,
+        control,
+        best_metrics: dict[str, Any] | None = None,
+        stopped_by: str | None = None,
+        **kwargs: Any,
     ) -> None:
         if stopped_by is None:
             self._safely("logging artifacts", lambda: self._log_artifacts(best_metrics))
@@ -143,7 +159,9 @@ class MLflowCallback(TrainerCallback):
         else:
             if active is not None:
                 tags[MLFLOW_PARENT_RUN_ID] = active.info.run_id
-            run_id = self.client.create_run(experiment_id(self.client), run_name=self.run_dir.path.name, tags=tags).info.run_id
+            run_id = self.client.create_run(
+                experiment_id(self.client), run_name=self.run_dir.path.name, tags=tags
+            ).info.run_id
             tags = {}
         self.run_id = run_id
         self.run_dir.mlflow_run.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
@@ -166,9 +184,13 @@ class MLflowCallback(TrainerCallback):
         self._log_batch(params=params, tags=tags)
         self.say(f"MLflow: run {run_id} in experiment {self.client.get_run(run_id).info.experiment_id} at {uri}")
         if shortened:
-            self.say(f"MLflow: parameter(s) {', '.join(shortened)} shortened to {MAX_PARAM_VAL_LENGTH} characters (in full in config.yaml)")
+            self.say(
+                f"MLflow: parameter(s) {', '.join(shortened)} shortened to {MAX_PARAM_VAL_LENGTH} characters (in full in config.yaml)"
+            )
         if changed:
-            self.say(f"MLflow: run {run_id} keeps its first value of {', '.join(changed)} (MLflow parameters cannot change)")
+            self.say(
+                f"MLflow: run {run_id} keeps its first value of {', '.join(changed)} (MLflow parameters cannot change)"
+            )
 
     def _recorded_run(self, uri: str) -> str | None:
         """The MLflow run of the run being resumed, if it reported to this same store."""
@@ -176,11 +198,17 @@ class MLflowCallback(TrainerCallback):
             recorded = json.loads(self.run_dir.mlflow_run.read_text()[:4096])
         except (OSError, ValueError):
             return None
-        if isinstance(recorded, dict) and recorded.get("tracking_uri") == uri and isinstance(recorded.get("run_id"), str):
+        if (
+            isinstance(recorded, dict)
+            and recorded.get("tracking_uri") == uri
+            and isinstance(recorded.get("run_id"), str)
+        ):
             return recorded["run_id"]
         return None
 
-    def _log_batch(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None) -> None:
+    def _log_batch(
+        self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None
+    ) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
@@ -200,7 +228,10 @@ class MLflowCallback(TrainerCallback):
 
         now = int(time.time() * 1000)
         # MLflow's metric names take letters, digits and _-. :/ (a label may hold anything)
-        metrics = [Metric(re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{kind}/{k}"), float(v), now, step) for k, v in scalars(logs).items()]
+        metrics = [
+            Metric(re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{kind}/{k}"), float(v), now, step)
+            for k, v in scalars(logs).items()
+        ]
         self._log_batch(metrics=metrics)
 
     def _log_artifacts(self, best_metrics: dict[str, Any] | None) -> None:
@@ -212,7 +243,9 @@ class MLflowCallback(TrainerCallback):
             client.log_dict(run_id, best_metrics, "eval/best_eval.json")
             if best_metrics.get("per_class"):
                 report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
-                client.log_text(run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt")
+                client.log_text(
+                    run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt"
+                )
         for picture in (run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage):
             if picture.is_file():
                 client.log_artifact(run_id, str(picture))
@@ -237,4 +270,6 @@ class MLflowCallback(TrainerCallback):
         except Exception as exc:
             self.stopped = True
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            self.say(f"warning: MLflow tracking stopped ({what}: {type(exc).__name__}: {first}); training goes on without it")
+            self.say(
+                f"warning: MLflow tracking stopped ({what}: {type(exc).__name__}: {first}); training goes on without it"
+            )

@@ -35,7 +35,9 @@ def preflight_train(
     check_precision_supported(config.precision)
     for sink in ("mlflow", "tensorboard"):
         if sink in config.run.report_to and importlib.util.find_spec(sink) is None:
-            raise ConfigError(f"config field 'report_to': {sink} is not installed (pip install 'distrinews[{sink}]', or --report_to none)")
+            raise ConfigError(
+                f"config field 'report_to': {sink} is not installed (pip install 'distrinews[{sink}]', or --report_to none)"
+            )
     if nproc_per_node is not None:
         if torch.cuda.is_available():
             check_one_gpu_per_process(nproc_per_node)

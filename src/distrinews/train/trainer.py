@@ -67,7 +67,15 @@ from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
 from .precision import Precision, check_precision_supported
 
-__all__ = ["StepPlan", "TrainState", "Trainer", "linear_schedule_with_warmup", "optimizer_windows", "prepare_data", "train"]
+__all__ = [
+    "StepPlan",
+    "TrainState",
+    "Trainer",
+    "linear_schedule_with_warmup",
+    "optimizer_windows",
+    "prepare_data",
+    "train",
+]
 
 
 def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
@@ -105,11 +113,18 @@ class Trainer:
 
         # calibration temperature: a share of the training rows is held out to fit it on (train/calibration.py)
         held_out = config.data.calibration_split_percentage if config.run.calibration == "temperature" else 0
-        self.data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out)
+        self.data = prepare_data(
+            config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out
+        )
         # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
         self.distillation = (
             Distillation.prepare(
-                config.distillation, config.data.cache_dir, self.data.train_rows, self.data.label_names, env, self.report.say
+                config.distillation,
+                config.data.cache_dir,
+                self.data.train_rows,
+                self.data.label_names,
+                env,
+                self.report.say,
             )
             if config.distillation.teacher_model_name_or_path
             else None
@@ -118,24 +133,38 @@ class Trainer:
         # of step k are the same however they are split into processes and micro-batches.
         batches = config.batches
         rows_per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps
-        self.sampler = TrainSampler(self.data.train_set, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length)
+        self.sampler = TrainSampler(
+            self.data.train_set, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length
+        )
         self.plan = StepPlan.of(batches, len(self.sampler))
 
         model = build_train_model(config.model, config.run.seed, env.device, self.data.label_names)
         self.precision = Precision.from_config(config.precision, env.device).prepare(model)
-        self.model: ParallelModel = wrap_model(model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir)
+        self.model: ParallelModel = wrap_model(
+            model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir
+        )
         if config.model.torch_compile:  # what forward and backward run through; checkpoints read the raw model
             # torch's stub types the result as a function; compiling a module gives a module (an OptimizedModule)
-            self.model.module = cast(torch.nn.Module, torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None))
-        self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(self.model.raw)
+            self.model.module = cast(
+                torch.nn.Module, torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None)
+            )
+        self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(
+            self.model.raw
+        )
         warmup = math.ceil(config.optimizer.warmup_ratio * self.plan.total_steps)
-        self.scheduler = schedule_with_warmup(self.optimizer, config.optimizer.lr_scheduler_type, warmup, self.plan.total_steps)
+        self.scheduler = schedule_with_warmup(
+            self.optimizer, config.optimizer.lr_scheduler_type, warmup, self.plan.total_steps
+        )
         # ema_decay: evaluation, best/ and the served model use an average of the weights (train/ema.py)
-        self.average = WeightAverage(self.model.raw, config.optimizer.ema_decay) if config.optimizer.ema_decay > 0 else None
+        self.average = (
+            WeightAverage(self.model.raw, config.optimizer.ema_decay) if config.optimizer.ema_decay > 0 else None
+        )
         self.scaler = self.precision.grad_scaler()
         # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
         balanced = config.optimizer.class_weights == "balanced"
-        self.class_weights = class_weights(self.data.train_set, len(self.data.label_names), env.device) if balanced else None
+        self.class_weights = (
+            class_weights(self.data.train_set, len(self.data.label_names), env.device) if balanced else None
+        )
 
         self.state = TrainState()
         self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict())
@@ -272,7 +301,11 @@ class Trainer:
     # ------------------------------------------------------------------ setup steps
     def resume(self) -> str | None:
         # Rank 0 verifies the checkpoint files (and says what it skips); every rank takes its choice.
-        chosen = resolve_resume(self.config.run.resume_from_checkpoint, self.run_dir.checkpoints) if self.env.is_main else None
+        chosen = (
+            resolve_resume(self.config.run.resume_from_checkpoint, self.run_dir.checkpoints)
+            if self.env.is_main
+            else None
+        )
         path = broadcast_object(chosen, self.env)
         if path is None:
             torch.manual_seed(self.config.run.seed + self.env.rank)  # dropout differs across ranks, repeatably
@@ -281,7 +314,9 @@ class Trainer:
         saved = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler, self.scaler, self.average)
         if self.average is not None and not saved.average_loaded:
             self.average.reset()
-            self.report.say(f"warning: {path} holds no average of the weights (ema_decay): the average starts from its weights")
+            self.report.say(
+                f"warning: {path} holds no average of the weights (ema_decay): the average starts from its weights"
+            )
         self.state.load_state_dict(asdict(saved.trainer_state))
         running = saved.trainer_state.running_counts
         if running and self.env.is_main:
@@ -341,7 +376,11 @@ class Trainer:
             "accuracy": counts.accuracy,
             "learning_rate": self.scheduler.get_last_lr()[0],
         }
-        values.update(throughput(counts, self.clock.elapsed() - self.window_started, self.shape, self.peak.flops, self.env.world_size))
+        values.update(
+            throughput(
+                counts, self.clock.elapsed() - self.window_started, self.shape, self.peak.flops, self.env.world_size
+            )
+        )
         if grad_norm is not None:
             values["grad_norm"] = float(grad_norm)
         self.callbacks.on_log("train", values)
@@ -447,7 +486,11 @@ class Trainer:
             "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
-            saved = str(self.run_dir.checkpoints / f"step-{self.last_saved_step}") if self.last_saved_step is not None else None
+            saved = (
+                str(self.run_dir.checkpoints / f"step-{self.last_saved_step}")
+                if self.last_saved_step is not None
+                else None
+            )
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             self.callbacks.on_train_end(None, stopped_by=self.stop.reason)
             return result
@@ -498,7 +541,9 @@ class Trainer:
                 batch_size=c.batches.per_device_eval_batch_size,
             )
         except Exception as exc:  # the model is saved: served with the softmax as trained, and said so
-            self.report.say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
+            self.report.say(
+                f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)"
+            )
             return None
 
     def make_int8_model(self) -> None:
@@ -506,7 +551,9 @@ class Trainer:
         try:
             import onnxruntime  # noqa: F401
         except ImportError:
-            self.report.say("int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch")
+            self.report.say(
+                "int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch"
+            )
             return
         from ..predict.int8 import make_int8
 

@@ -32,10 +32,15 @@ PLOTS = {
 }
 
 
-def write_results(study: optuna.Study, base: TrainConfig, space: SearchSpace, folder: Path, say: Callable[..., None]) -> list[Path]:
+def write_results(
+    study: optuna.Study, base: TrainConfig, space: SearchSpace, folder: Path, say: Callable[..., None]
+) -> list[Path]:
     """The files written (the best config only once a trial completed; a plot only where Optuna can draw it)."""
     trials = study.get_trials(deepcopy=False)
-    written = [_write(folder / TRIALS_CSV, _csv(trials, space)), _write(folder / TRIALS_MD, _markdown(study, trials, space))]
+    written = [
+        _write(folder / TRIALS_CSV, _csv(trials, space)),
+        _write(folder / TRIALS_MD, _markdown(study, trials, space)),
+    ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if complete:
         best = study.best_trial
@@ -109,7 +114,12 @@ def _markdown(study: optuna.Study, trials: list[FrozenTrial], space: SearchSpace
         return str(value).replace("|", "\\|")
 
     direction = study.direction.name.lower()
-    lines = [f"# Study {study.study_name} ({direction})", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [
+        f"# Study {study.study_name} ({direction})",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     lines += ["| " + " | ".join(cell(v) for v in row[:-1]) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 

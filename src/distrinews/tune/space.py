@@ -81,8 +81,12 @@ class SearchSpace:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
         if not isinstance(loaded, dict) or not loaded:
-            raise ConfigError(f"{p}: must map config fields to distributions, e.g. learning_rate: {{low: 1.0e-5, high: 1.0e-3, log: true}}")
-        lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
+            raise ConfigError(
+                f"{p}: must map config fields to distributions, e.g. learning_rate: {{low: 1.0e-5, high: 1.0e-3, log: true}}"
+            )
+        lines = (
+            {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
+        )
         dims: list[Dimension] = []
         for key, spec in loaded.items():
             where = f"{p}:{lines.get(str(key), 1)}"
@@ -95,7 +99,9 @@ class SearchSpace:
         for i, dim in enumerate(dims):
             later = [other for other in dim.when if other in names[i:]]
             if later:
-                raise ConfigError(f"{p}:{lines.get(dim.name, 1)}: {dim.name}: when names {later[0]}, which must be sampled above it")
+                raise ConfigError(
+                    f"{p}:{lines.get(dim.name, 1)}: {dim.name}: when names {later[0]}, which must be sampled above it"
+                )
         space = cls(tuple(dims))
         for dim in dims:
             for value in dim.extremes():
@@ -124,7 +130,9 @@ def _dimension(key: str, spec: Any, earlier: list[str]) -> Dimension:
     if name in earlier:
         raise ConfigError(f"{name} is in the space twice")
     if not isinstance(spec, dict):
-        raise ConfigError(f"{name}: expects a mapping such as {{low: 0.0, high: 0.1}} or {{choices: [a, b]}}, got {spec!r}")
+        raise ConfigError(
+            f"{name}: expects a mapping such as {{low: 0.0, high: 0.1}} or {{choices: [a, b]}}, got {spec!r}"
+        )
     unknown = sorted(set(map(str, spec)) - _KEYS)
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; a distribution has {', '.join(sorted(_KEYS))}")

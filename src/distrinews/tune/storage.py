@@ -63,9 +63,13 @@ def open_storage(
                     heartbeat_stale_trial_callback=retry,
                 )
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL
-            raise ConfigError(f"--storage {_redacted(storage)}: cannot open it: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+            raise ConfigError(
+                f"--storage {_redacted(storage)}: cannot open it: {type(exc).__name__}: {exc}".splitlines()[0]
+            ) from None
     if "://" in storage:
-        raise ConfigError(f"--storage {_redacted(storage)}: a database URL ({', '.join(RDB_SCHEMES)}) or the path of a journal file")
+        raise ConfigError(
+            f"--storage {_redacted(storage)}: a database URL ({', '.join(RDB_SCHEMES)}) or the path of a journal file"
+        )
     path = Path(storage)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise ConfigError(f"--storage {path}: must be a regular file (a journal), not a link or a folder")
@@ -101,7 +105,9 @@ class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
         now = time.time()
         running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
         return [
-            t._trial_id for t in running if HEARTBEAT_ATTR in t.system_attrs and now - float(t.system_attrs[HEARTBEAT_ATTR]) > self._grace
+            t._trial_id
+            for t in running
+            if HEARTBEAT_ATTR in t.system_attrs and now - float(t.system_attrs[HEARTBEAT_ATTR]) > self._grace
         ]
 
     def get_heartbeat_interval(self) -> int | None:

@@ -51,7 +51,13 @@ __all__ = ["StudyOptions", "TrialFailed", "budget_counts", "run_study"]
 METRIC_ATTR = "distrinews:metric"
 MLFLOW_PARENT_ATTR = "distrinews:mlflow_parent_run_id"
 # What a trial must not change: the objective, and where and how the tuner runs it.
-NOT_TUNABLE = ("metric_for_best_model", "greater_is_better", "output_dir", "resume_from_checkpoint", "overwrite_output_dir")
+NOT_TUNABLE = (
+    "metric_for_best_model",
+    "greater_is_better",
+    "output_dir",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+)
 
 
 class TrialFailed(Exception):
@@ -83,12 +89,16 @@ def budget_counts(trials: list[FrozenTrial]) -> tuple[int, int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retried = {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
-    finished = sum(1 for t in trials if t.state.is_finished() and not (t.state == TrialState.FAIL and t.number in retried))
+    finished = sum(
+        1 for t in trials if t.state.is_finished() and not (t.state == TrialState.FAIL and t.number in retried)
+    )
     in_progress = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
     return finished, in_progress
 
 
-def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say: Callable[..., None] = print) -> optuna.Study:
+def run_study(
+    base: TrainConfig, space: SearchSpace, options: StudyOptions, say: Callable[..., None] = print
+) -> optuna.Study:
     """Run trials until the study has ``n_trials`` finished (or ``timeout_s`` passed); the study."""
     tuned = [d.name for d in space.dimensions if d.name in NOT_TUNABLE]
     if tuned:
@@ -114,7 +124,9 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     objective = _objective(base, space, options, env, say)
     started, said_waiting = time.monotonic(), False
     joined_note = (
-        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own" if joined else f"new, sampler seed {options.seed}"
+        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own"
+        if joined
+        else f"new, sampler seed {options.seed}"
     )
     say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
     while True:
@@ -123,11 +135,15 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
         if finished >= options.n_trials:
             break
         if options.timeout_s is not None and time.monotonic() - started >= options.timeout_s:
-            say(f"timeout: {options.timeout_s:g} s passed, no new trial starts ({finished} of {options.n_trials} finished)")
+            say(
+                f"timeout: {options.timeout_s:g} s passed, no new trial starts ({finished} of {options.n_trials} finished)"
+            )
             break
         if finished + in_progress >= options.n_trials and not _waiting(study):
             if not said_waiting:
-                say(f"waiting for {in_progress} trial(s) running in other tuners ({finished} of {options.n_trials} finished)")
+                say(
+                    f"waiting for {in_progress} trial(s) running in other tuners ({finished} of {options.n_trials} finished)"
+                )
                 said_waiting = True
             time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them
             continue
@@ -141,12 +157,16 @@ def run_study(base: TrainConfig, space: SearchSpace, options: StudyOptions, say:
     return study
 
 
-def _create_or_join(storage: Any, options: StudyOptions, direction: Literal["maximize", "minimize"]) -> tuple[optuna.Study, bool]:
+def _create_or_join(
+    storage: Any, options: StudyOptions, direction: Literal["maximize", "minimize"]
+) -> tuple[optuna.Study, bool]:
     """The study, made with the sampler seeded ``seed``, or joined with a sampler of its own seed: tuners with one
     seed would propose the same parameters to the same history (a resumed tuner joins too)."""
     common = {"study_name": options.study_name, "storage": storage, "pruner": options.pruner.build()}
     try:
-        return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=options.seed), direction=direction, **common), False
+        return optuna.create_study(
+            sampler=optuna.samplers.TPESampler(seed=options.seed), direction=direction, **common
+        ), False
     except optuna.exceptions.DuplicatedStudyError:
         return optuna.load_study(sampler=optuna.samplers.TPESampler(seed=None), **common), True
 
@@ -194,7 +214,9 @@ def _objective(
         except ConfigError as exc:
             say(f"trial {number}: {exc}")
             raise TrialFailed(str(exc)) from None
-        write_text_atomically(config_file, yaml.safe_dump(config.to_dict(), sort_keys=False))  # a link there is replaced
+        write_text_atomically(
+            config_file, yaml.safe_dump(config.to_dict(), sort_keys=False)
+        )  # a link there is replaced
         trial.set_user_attr("output_dir", str(run_dir))
         say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
         link = TrialLink(
@@ -210,7 +232,11 @@ def _objective(
         trial.set_user_attr("tuner", _tuner_id())
         with open_new(log_file, "w") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env={**env, TRIAL_ENV: link.to_env()}, preexec_fn=_die_with_parent
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**env, TRIAL_ENV: link.to_env()},
+                preexec_fn=_die_with_parent,
             )
             trial.set_user_attr("pid", process.pid)
             try:
@@ -272,7 +298,10 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def _shown(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "(the base config)"
+    return (
+        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        or "(the base config)"
+    )
 
 
 def _last_line(path: Path) -> str:

@@ -22,7 +22,9 @@ def study_parent_run(study: optuna.Study, attr: str, say: Callable[..., None]) -
         import mlflow
 
         client = mlflow.MlflowClient()
-        run = client.create_run(experiment_id(client), run_name=study.study_name, tags={"distrinews.study": study.study_name})
+        run = client.create_run(
+            experiment_id(client), run_name=study.study_name, tags={"distrinews.study": study.study_name}
+        )
     except Exception as exc:  # no mlflow, the store unwritable, the server gone
         say(f"warning: MLflow: no parent run for the study ({type(exc).__name__}: {exc})".splitlines()[0])
         return None

@@ -55,7 +55,9 @@ class TrialLink:
         except (ValueError, KeyError, TypeError) as exc:
             from ..errors import ConfigError
 
-            raise ConfigError(f"{TRIAL_ENV} is set but is not a trial from distrinews tune ({type(exc).__name__}: {exc})") from None
+            raise ConfigError(
+                f"{TRIAL_ENV} is set but is not a trial from distrinews tune ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 class TrialCallback(TrainerCallback):
@@ -73,7 +75,9 @@ class TrialCallback(TrainerCallback):
             pruner=PrunerSpec.from_dict(self.link.pruner).build(),
         )
         self.trial = optuna.Trial(study, self.link.trial_id)
-        print(f"Optuna: reporting {args.run.metric_for_best_model} to trial {self.link.number} of study {self.link.study_name}")
+        print(
+            f"Optuna: reporting {args.run.metric_for_best_model} to trial {self.link.number} of study {self.link.study_name}"
+        )
 
     def on_evaluate(self, args, state, control, metrics: dict[str, Any], **kwargs: Any) -> None:
         self.last_value = float(metrics[args.run.metric_for_best_model])
@@ -83,22 +87,40 @@ class TrialCallback(TrainerCallback):
             self.trial.report(self.last_value, state.global_step)
             prune = self.trial.should_prune()
         except Exception as exc:  # the storage gone, or the trial failed meanwhile (its tuner died): the run goes on
-            print(f"warning: Optuna: trial {self.link.number} no longer reported to ({type(exc).__name__}: {exc})".splitlines()[0])
+            print(
+                f"warning: Optuna: trial {self.link.number} no longer reported to ({type(exc).__name__}: {exc})".splitlines()[
+                    0
+                ]
+            )
             self.trial = None
             return
         if prune:
             self.pruned_at = state.global_step
             control.should_training_stop = True
             metric = args.run.metric_for_best_model
-            print(f"Optuna: trial {self.link.number} pruned at step {state.global_step} ({metric} {self.last_value:.4f})")
+            print(
+                f"Optuna: trial {self.link.number} pruned at step {state.global_step} ({metric} {self.last_value:.4f})"
+            )
 
     def on_train_end(
-        self, args, state, control, best_metrics: dict[str, Any] | None = None, stopped_by: str | None = None, **kwargs: Any
+        self,
+        args,
+        state,
+        control,
+        best_metrics: dict[str, Any] | None = None,
+        stopped_by: str | None = None,
+        **kwargs: Any,
     ) -> None:
         metric = args.run.metric_for_best_model
         value = float(best_metrics[metric]) if best_metrics and metric in best_metrics else self.last_value
         outcome = "stopped" if stopped_by else "pruned" if self.pruned_at is not None else "complete"
-        result = {"state": outcome, "value": value, "step": state.global_step, "pruned_at": self.pruned_at, "stopped_by": stopped_by}
+        result = {
+            "state": outcome,
+            "value": value,
+            "step": state.global_step,
+            "pruned_at": self.pruned_at,
+            "stopped_by": stopped_by,
+        }
         write_text_atomically(Path(self.link.result), json.dumps(result) + "\n")
 
 

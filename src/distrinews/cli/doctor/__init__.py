@@ -8,7 +8,9 @@ import argparse
 def register(subparsers) -> None:
     from .checks import add_arguments
 
-    p = subparsers.add_parser("doctor", help="versions, devices, backends, a real N-process rendezvous and collective check")
+    p = subparsers.add_parser(
+        "doctor", help="versions, devices, backends, a real N-process rendezvous and collective check"
+    )
     add_arguments(p)
     p.set_defaults(func=run, distributed=True)
 

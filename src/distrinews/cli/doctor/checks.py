@@ -58,7 +58,14 @@ def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
         print(f"[FAIL] rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(
             "advice: "
-            + advise("rendezvous", str(exc), os.environ.get("MASTER_ADDR", "?"), int(os.environ.get("MASTER_PORT", 0)), args.timeout, []),
+            + advise(
+                "rendezvous",
+                str(exc),
+                os.environ.get("MASTER_ADDR", "?"),
+                int(os.environ.get("MASTER_PORT", 0)),
+                args.timeout,
+                [],
+            ),
             file=sys.stderr,
         )
         return EXIT_FAIL
@@ -109,7 +116,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print("\nAll checks passed.", flush=True)
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data}, indent=2, default=str)
+            json.dumps(
+                {"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data}, indent=2, default=str
+            )
         )
     return code
 
@@ -120,7 +129,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     p.add_argument("--timeout", type=float, default=60.0, help="rendezvous and collective timeout, seconds")
     p.add_argument("--bandwidth-mb", type=float, default=16.0, help="all-reduce size for the bandwidth figure (MiB)")
-    p.add_argument("--start-ranks", type=int, default=None, help="start only the first K ranks (rehearse a rank that never joins)")
+    p.add_argument(
+        "--start-ranks", type=int, default=None, help="start only the first K ranks (rehearse a rank that never joins)"
+    )
     p.add_argument("--json", help="also write the findings here")
 
 

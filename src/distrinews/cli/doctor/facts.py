@@ -54,7 +54,12 @@ def devices() -> dict[str, Any]:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             out["cuda_devices"].append(
-                {"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
+                {
+                    "index": i,
+                    "name": p.name,
+                    "memory_gib": round(p.total_memory / 2**30, 1),
+                    "capability": f"{p.major}.{p.minor}",
+                }
             )
     return out
 

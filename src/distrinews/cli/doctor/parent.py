@@ -54,7 +54,14 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
         owner = port_owner(args.port)
         rep.fail(
             f"port {args.port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
-            advise("port", "address already in use" if "in use" in (why or "").lower() else (why or ""), host, args.port, args.timeout, []),
+            advise(
+                "port",
+                "address already in use" if "in use" in (why or "").lower() else (why or ""),
+                host,
+                args.port,
+                args.timeout,
+                [],
+            ),
         )
         return None
     rep.ok(f"port {args.port} on {host} is free")
@@ -120,10 +127,16 @@ def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, proc
     """Name what went wrong with the ranks that did not all report a result, with advice for each."""
     host = args.host
     not_started = [r for r in range(world) if r not in procs]
-    crashed = [r for r in procs if r not in hung and (states[r] is None or ("error" not in states[r] and "result" not in states[r]))]
+    crashed = [
+        r
+        for r in procs
+        if r not in hung and (states[r] is None or ("error" not in states[r] and "result" not in states[r]))
+    ]
     errors = {r: s for r, s in states.items() if s and "error" in s}
     stuck = {r: states[r]["phase"] if states[r] else "start" for r in hung}
-    missing = sorted(set(not_started) | {r for r in crashed if states[r] is None or states[r]["phase"] in ("start", "rendezvous")})
+    missing = sorted(
+        set(not_started) | {r for r in crashed if states[r] is None or states[r]["phase"] in ("start", "rendezvous")}
+    )
     for r in crashed:
         rep.fail(
             f"rank {r} exited (code {procs[r].returncode}) in phase '{states[r]['phase'] if states[r] else 'start'}' without a result",

@@ -35,7 +35,11 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
     report("rendezvous")
     started = time.perf_counter()
     dist.init_process_group(
-        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s), device_id=device if backend == "nccl" else None
+        backend,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if backend == "nccl" else None,
     )
     result: dict[str, Any] = {
         "rank": rank,
@@ -57,7 +61,11 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
         out = [torch.zeros(1, device=device) for _ in range(world)]
         dist.all_gather(out, torch.tensor([float(rank)], device=device))
         got = [t.item() for t in out]
-        result["checks"]["all_gather"] = {"ok": got == [float(r) for r in range(world)], "got": got, "expected": list(range(world))}
+        result["checks"]["all_gather"] = {
+            "ok": got == [float(r) for r in range(world)],
+            "got": got,
+            "expected": list(range(world)),
+        }
 
         report("broadcast")
         b = torch.tensor([123.0 if rank == 0 else -1.0], device=device)
@@ -111,13 +119,25 @@ def _shared_memory_check(payload, backend: str, device, rank: int, world: int) -
         return {"used": False, "why": why_not}
     segment = open_segment(payload.numel() * 4, rank, world)
     if isinstance(segment, str):
-        return {"used": False, "why": segment, "bytes": payload.numel() * 4, "needs_bytes": segment_bytes(payload.numel() * 4, world)}
+        return {
+            "used": False,
+            "why": segment,
+            "bytes": payload.numel() * 4,
+            "needs_bytes": segment_bytes(payload.numel() * 4, world),
+        }
     x = torch.full((payload.numel(),), float(rank + 1))
     segment.allreduce_mean_(x)
     expect = (world + 1) / 2
     ok = bool(torch.allclose(x, torch.full_like(x, expect)))
     seconds = _slowest_mean_seconds(lambda: segment.allreduce_mean_(payload), device)
-    return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": payload.numel() * 4, "time_ms": 1000 * seconds}
+    return {
+        "used": True,
+        "ok": ok,
+        "got": x[0].item(),
+        "expected": expect,
+        "bytes": payload.numel() * 4,
+        "time_ms": 1000 * seconds,
+    }
 
 
 def worker_main(argv: list[str]) -> int:

@@ -50,13 +50,17 @@ def report_facts(rep: Report) -> None:
             "install a torch build with distributed support (the official wheels have gloo; CUDA wheels add nccl)",
         )
     elif b["cuda"] and not b["nccl"]:
-        rep.fail("CUDA is available but NCCL is not", "install a CUDA build of torch with NCCL, or train on CPU with gloo")
+        rep.fail(
+            "CUDA is available but NCCL is not", "install a CUDA build of torch with NCCL, or train on CPU with gloo"
+        )
 
 
 def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> None:
     """Every rank's results: the rendezvous, each collective's answer (a failure naming the wrong ranks), the bandwidth."""
     first = results[0]
-    rep.ok(f"rendezvous of {world} processes ({first['backend']}, {first['device']} on rank 0) in {first['rendezvous_s']:.2f}s")
+    rep.ok(
+        f"rendezvous of {world} processes ({first['backend']}, {first['device']} on rank 0) in {first['rendezvous_s']:.2f}s"
+    )
     for name in ("all_reduce", "all_gather", "broadcast"):
         bad = [r["rank"] for r in results if not r["checks"][name]["ok"]]
         c = first["checks"][name]

@@ -11,7 +11,12 @@ from typing import Any
 
 INT8_TOLERANCE_POINTS = 0.2
 # What was measured when int8 became the default (benchmarks/onnx-int8.md): cpu-quick MiniLM-L6, 7,600 test rows.
-RECORDED: dict[str, Any] = {"fp32_accuracy": 0.9017, "int8_accuracy": 0.9022, "rows": 7600, "source": "benchmarks/onnx-int8.md"}
+RECORDED: dict[str, Any] = {
+    "fp32_accuracy": 0.9017,
+    "int8_accuracy": 0.9022,
+    "rows": 7600,
+    "source": "benchmarks/onnx-int8.md",
+}
 
 
 def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: str | None) -> dict[str, Any]:

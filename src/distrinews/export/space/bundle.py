@@ -39,7 +39,9 @@ STATIC_FILES = ("serve/static/index.html",)
 # The tokenizer and config files a slim ONNX server reads; the torch runtime takes the whole folder.
 ONNX_MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 NOT_COPIED = (".onnx", ".pt", ".md")  # earlier exports and the model card (the Space README carries it)
-GITATTRIBUTES = "".join(f"*.{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in ("onnx", "safetensors", "bin", "pt"))
+GITATTRIBUTES = "".join(
+    f"*.{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in ("onnx", "safetensors", "bin", "pt")
+)
 DOCKERIGNORE = ".git\n**/__pycache__\n"
 # A local torch wheel (.whl/, staged by `make space-image-test`) is build input, never Space content.
 GITIGNORE = ".whl/\n__pycache__/\n"
@@ -109,7 +111,9 @@ def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file, not a directory")
     if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not _is_bundle(output):
-        raise ConfigError(f"--output {output} is not empty and holds no earlier Space bundle; choose a new or empty directory")
+        raise ConfigError(
+            f"--output {output} is not empty and holds no earlier Space bundle; choose a new or empty directory"
+        )
 
 
 def _publish(staging: Path, output: Path) -> None:
@@ -126,13 +130,19 @@ def _publish(staging: Path, output: Path) -> None:
 
 
 def _read_checkpoint(checkpoint: Path) -> ServableInfo:
-    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file() or not (checkpoint / SERVABLE_INFO).is_file():
+    if (
+        not checkpoint.is_dir()
+        or not (checkpoint / "config.json").is_file()
+        or not (checkpoint / SERVABLE_INFO).is_file()
+    ):
         raise ConfigError(
             f"--checkpoint {checkpoint}: export --format space needs a servable checkpoint directory "
             "(runs/NAME/best, with config.json and distrinews.json)"
         )
     if not (checkpoint / "tokenizer.json").is_file():
-        raise ConfigError(f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads")
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads"
+        )
     return ServableInfo.from_json(read_json(checkpoint / SERVABLE_INFO), checkpoint / SERVABLE_INFO)
 
 
@@ -196,7 +206,9 @@ def export_space(
     return output
 
 
-def _write_model(checkpoint: Path, model_dir: Path, runtime: str, check_accuracy: bool, data_dir: str | None, say) -> dict | None:
+def _write_model(
+    checkpoint: Path, model_dir: Path, runtime: str, check_accuracy: bool, data_dir: str | None, say
+) -> dict | None:
     """The runtime's model files into ``model_dir``; for int8 with ``check_accuracy``, the comparison with fp32."""
     model_dir.mkdir(parents=True)
     if runtime == "torch":

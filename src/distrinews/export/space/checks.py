@@ -39,7 +39,9 @@ def check_bundle(bundle: str | Path) -> list[str]:
     found += readme.problems((bundle / "README.md").read_text())
     text = (bundle / "Dockerfile").read_text()
     found += [f"Dockerfile: {p}" for p in dockerfile.problems(text, runtime)]
-    found += [f"requirements.txt: {p}" for p in requirements.problems((bundle / "requirements.txt").read_text(), runtime)]
+    found += [
+        f"requirements.txt: {p}" for p in requirements.problems((bundle / "requirements.txt").read_text(), runtime)
+    ]
     argv = dockerfile.cmd_argv(text) or []
     for flag in ("--checkpoint", "--onnx-model"):
         if flag in argv and argv.index(flag) + 1 < len(argv) and not (bundle / argv[argv.index(flag) + 1]).exists():

@@ -183,7 +183,11 @@ def problems(text: str, runtime: str) -> list[str]:
     items = instructions(text)
     found: list[str] = []
     froms = find(items, "FROM")
-    if not froms or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in arg_defaults(items, True):
+    if (
+        not froms
+        or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE")
+        or "BASE_IMAGE" not in arg_defaults(items, True)
+    ):
         found.append("FROM must use ARG BASE_IMAGE (declared before it)")
     found += user_problems(items) + healthcheck_problems(items) + expose_problems(items, PORT)
     argv = cmd_argv(text)
@@ -228,10 +232,24 @@ def expose_problems(items: list[tuple[str, str]], port: int) -> list[str]:
     return [] if str(port) in ports else [f"EXPOSE {port} missing (exposed: {ports})"]
 
 
-_VALUED = {"--index-url", "-i", "--extra-index-url", "--find-links", "-f", "-r", "--requirement", "-c", "--constraint", "--target", "-t"}
+_VALUED = {
+    "--index-url",
+    "-i",
+    "--extra-index-url",
+    "--find-links",
+    "-f",
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "--target",
+    "-t",
+}
 
 
-def torch_install_problems(items: list[tuple[str, str]], runtime: str = "torch", requirements: str | None = None) -> list[str]:
+def torch_install_problems(
+    items: list[tuple[str, str]], runtime: str = "torch", requirements: str | None = None
+) -> list[str]:
     """torch only for the torch runtime, and then only a pinned +cpu build from the CPU index or a
     local wheel dir; a requirements file (``requirements``, its text) must not name torch at all,
     since it installs from the default index, where torch is the multi-GB CUDA build."""
@@ -239,7 +257,11 @@ def torch_install_problems(items: list[tuple[str, str]], runtime: str = "torch",
     defaults = arg_defaults(items)
     torch_installs = 0
     for words in pip_installs(items):
-        specs = [w for i, w in enumerate(words[1:], 1) if not w.startswith("-") and words[i - 1] not in _VALUED and re.match(r"torch\b", w)]
+        specs = [
+            w
+            for i, w in enumerate(words[1:], 1)
+            if not w.startswith("-") and words[i - 1] not in _VALUED and re.match(r"torch\b", w)
+        ]
         if not specs:
             continue
         torch_installs += 1
@@ -252,7 +274,9 @@ def torch_install_problems(items: list[tuple[str, str]], runtime: str = "torch",
         sources = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--index-url", "-i", "--find-links", "-f")}
         sources = {defaults.get(s[2:-1], s) if s.startswith("${") else s for s in sources}
         if not sources or not all(s == CPU_INDEX or s.startswith("/") for s in sources):
-            found.append(f"torch installed from {sorted(sources) or 'the default index'}, not the CPU index or a local wheel dir")
+            found.append(
+                f"torch installed from {sorted(sources) or 'the default index'}, not the CPU index or a local wheel dir"
+            )
         if "--extra-index-url" in words:
             found.append("torch installed with --extra-index-url, which could reach a CUDA build")
     if runtime == "torch" and torch_installs == 0:

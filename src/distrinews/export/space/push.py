@@ -19,7 +19,9 @@ class PushError(RuntimeError):
     """The upload failed (network, permissions, the Hub); the folder itself is complete."""
 
 
-def push_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False, commit_message: str = "DistriNews Space") -> str:
+def push_to_hub(
+    folder: str | os.PathLike, repo_id: str, private: bool = False, commit_message: str = "DistriNews Space"
+) -> str:
     """Upload ``folder`` to the Space ``repo_id``; returns the Space's page."""
     if "/" not in repo_id or repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ConfigError(f"--push-to-hub {repo_id!r}: want OWNER/NAME, e.g. your-user/distrinews")
@@ -31,12 +33,18 @@ def push_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False, 
         raise ConfigError("--push-to-hub: HF_HUB_OFFLINE=1 is set; unset it where the Hub is reachable")
     token = huggingface_hub.get_token()
     if not token:
-        raise ConfigError("--push-to-hub needs a Hugging Face token with write access: run `hf auth login`, or set HF_TOKEN")
+        raise ConfigError(
+            "--push-to-hub needs a Hugging Face token with write access: run `hf auth login`, or set HF_TOKEN"
+        )
     api = huggingface_hub.HfApi(token=token)
     try:
         api.create_repo(repo_id, repo_type="space", space_sdk="docker", exist_ok=True, private=private)
         api.upload_folder(
-            repo_id=repo_id, repo_type="space", folder_path=str(Path(folder)), commit_message=commit_message, ignore_patterns=IGNORE
+            repo_id=repo_id,
+            repo_type="space",
+            folder_path=str(Path(folder)),
+            commit_message=commit_message,
+            ignore_patterns=IGNORE,
         )
     except Exception as exc:  # network, 401/403, a name taken by a non-Docker Space: the same advice
         first = " ".join(str(exc).split())[:300] or type(exc).__name__

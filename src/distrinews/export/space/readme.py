@@ -36,7 +36,14 @@ def space_url(repo_id: str | None) -> str:
 
 def metadata(info: ServableInfo, runtime: str) -> dict[str, Any]:
     card = modelcard.metadata(info)
-    meta = {"title": "DistriNews", "emoji": "📰", "colorFrom": "blue", "colorTo": "green", "sdk": "docker", "app_port": PORT}
+    meta = {
+        "title": "DistriNews",
+        "emoji": "📰",
+        "colorFrom": "blue",
+        "colorTo": "green",
+        "sdk": "docker",
+        "app_port": PORT,
+    }
     meta.update({key: card[key] for key in ("license", "license_name", "license_link") if key in card})
     meta["short_description"] = f"{_what(info)}: {', '.join(info.label_names)}"[:60]  # the Hub's limit
     if card.get("datasets"):
@@ -78,7 +85,9 @@ def _curl_examples(url: str, labels: list[str]) -> list[str]:
 
 def render(info: ServableInfo, runtime: str, accuracy_note: str, repo_id: str | None = None) -> str:
     url = space_url(repo_id)
-    remote = f"https://huggingface.co/spaces/{repo_id}" if repo_id else "https://huggingface.co/spaces/YOUR-USER/YOUR-SPACE"
+    remote = (
+        f"https://huggingface.co/spaces/{repo_id}" if repo_id else "https://huggingface.co/spaces/YOUR-USER/YOUR-SPACE"
+    )
     lines = [
         f"# DistriNews: {_what(info)} (v{modelcard.model_version(info)})",
         "",

@@ -52,7 +52,9 @@ def pinned(runtime: str) -> list[str]:
         try:
             lines.append(f"{name}=={metadata.version(name)}")
         except metadata.PackageNotFoundError:
-            raise RuntimeError(f"the {runtime} server needs {name}, which is not installed here: pip install {name}") from None
+            raise RuntimeError(
+                f"the {runtime} server needs {name}, which is not installed here: pip install {name}"
+            ) from None
     return lines
 
 

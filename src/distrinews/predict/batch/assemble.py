@@ -66,7 +66,9 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
         for k, manifest in enumerate(manifests):
             if manifest.end == manifest.start:
                 continue
-            for record in in_input_order(checked.state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end):
+            for record in in_input_order(
+                checked.state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end
+            ):
                 files.add(record)
     finally:
         files.close()

@@ -63,7 +63,11 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     finally:
         lock.release()
     rejects = display(checked.rejects) if totals.rejected else None
-    print(summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects), file=stdout, flush=True)
+    print(
+        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
+        file=stdout,
+        flush=True,
+    )
     return EXIT_REJECTED if job.strict and totals.rejected else 0
 
 
@@ -88,7 +92,10 @@ def _prepare(checked: CheckedJob) -> JobRecord:
                 "repeat that command to finish it, or pass --overwrite to start again"
             )
         state.clear()  # nothing was done: nothing is lost
-    counted = [replace(shard, rows=count_rows(source, job.max_row_bytes)) for shard, source in zip(request.inputs, checked.shards)]
+    counted = [
+        replace(shard, rows=count_rows(source, job.max_row_bytes))
+        for shard, source in zip(request.inputs, checked.shards)
+    ]
     record = replace(request, inputs=counted)
     record.ranges = split_rows(record.total_rows, job.nproc)
     state.write_job(record)
@@ -141,14 +148,20 @@ def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSett
 
     context = multiprocessing.get_context("spawn")
     processes: dict[int, Any] = {}
-    pipes: dict[Connection, int] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
+    pipes: dict[
+        Connection, int
+    ] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
     saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
-    os.environ.update({name: str(settings.threads) for name in THREAD_VARIABLES})  # inherited: no worker takes every core
+    os.environ.update(
+        {name: str(settings.threads) for name in THREAD_VARIABLES}
+    )  # inherited: no worker takes every core
     try:
         for k in pending:
             reader, writer = context.Pipe(duplex=False)
             processes[k] = context.Process(
-                target=spawned, args=(str(checked.state.path), k, settings, writer, os.getpid()), name=f"distrinews-predict-{k}"
+                target=spawned,
+                args=(str(checked.state.path), k, settings, writer, os.getpid()),
+                name=f"distrinews-predict-{k}",
             )
             processes[k].start()
             writer.close()  # the worker holds the only writer: its exit is the pipe's end
@@ -175,7 +188,9 @@ def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSett
                         p.terminate()
     finally:
         for p in processes.values():
-            if p.exitcode is None and (errors or crashes or any(q.exitcode not in (None, 0) for q in processes.values())):
+            if p.exitcode is None and (
+                errors or crashes or any(q.exitcode not in (None, 0) for q in processes.values())
+            ):
                 p.terminate()
             p.join(timeout=30)
             if p.exitcode is None:
@@ -187,8 +202,14 @@ def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSett
     if failed:
         # the first that failed on its own, not one stopped (SIGTERM) because another had failed
         k, code = min(failed.items(), key=lambda item: (item[1] == -signal.SIGTERM, item[0]))
-        why = crashes[0] if crashes else (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-        raise WorkerFailed(f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue")
+        why = (
+            crashes[0]
+            if crashes
+            else (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        )
+        raise WorkerFailed(
+            f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue"
+        )
 
 
 def _handle(event: tuple, progress: Progress, errors: list[str], crashes: list[str]) -> None:

@@ -43,7 +43,9 @@ class Evaluation:
         return {"samples": scores.pop("samples"), "skipped": self.skipped, **scores}
 
 
-def _labelled(shards: list[Shard], fields: RowFields, labels: list[str], evaluation: Evaluation) -> Iterator[tuple[str, int]]:
+def _labelled(
+    shards: list[Shard], fields: RowFields, labels: list[str], evaluation: Evaluation
+) -> Iterator[tuple[str, int]]:
     for shard in shards:
         for raw in read_rows(shard, columns=fields.columns()):
             try:

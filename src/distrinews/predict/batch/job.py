@@ -150,7 +150,9 @@ def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[s
     for spec in specs:
         folder = Path(spec).expanduser()
         if folder.is_dir() and target.parent == folder.resolve():
-            raise ConfigError(f"predict: --output {output} is inside the input folder {spec}, which a later run would read as input")
+            raise ConfigError(
+                f"predict: --output {output} is inside the input folder {spec}, which a later run would read as input"
+            )
 
 
 def requested_record(checked: CheckedJob) -> JobRecord:

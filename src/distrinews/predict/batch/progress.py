@@ -30,7 +30,14 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts rows as workers commit them; draws a bar, prints lines, or stays quiet (``mode``: bar | lines | none)."""
 
-    def __init__(self, total: int, done_before: int, mode: str = "auto", stream: TextIO | None = None, every_s: float = PROGRESS_EVERY_S):
+    def __init__(
+        self,
+        total: int,
+        done_before: int,
+        mode: str = "auto",
+        stream: TextIO | None = None,
+        every_s: float = PROGRESS_EVERY_S,
+    ):
         self.stream = stream or sys.stderr
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "lines"
@@ -42,7 +49,9 @@ class Progress:
         self.computing: float | None = None  # when the first worker had its model loaded
         self.every_s = every_s
         self._last_line = self.started
-        self._bar: tqdm[Any] | None = None  # drawn once a model is loaded, so its rate and time left leave the loading out
+        self._bar: tqdm[Any] | None = (
+            None  # drawn once a model is loaded, so its rate and time left leave the loading out
+        )
 
     @property
     def elapsed(self) -> float:
@@ -60,7 +69,9 @@ class Progress:
             from tqdm import tqdm
 
             initial = self.done_before + self.rows
-            self._bar = tqdm(total=self.total, initial=initial, unit="rows", unit_scale=True, file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self.total, initial=initial, unit="rows", unit_scale=True, file=self.stream, dynamic_ncols=True
+            )
 
     def rate(self) -> float:
         return self.rows / self.computing_s if self.computing_s > 0 else 0.0
@@ -97,7 +108,9 @@ def summary(rows: int, labelled: int, rejected: int, progress: Progress, output:
     """The run's last line: rows read, labelled, rejected, and this run's speed."""
     where = f" (see {rejects})" if rejected and rejects else ""
     before = f"; {progress.done_before:,} done by an earlier run" if progress.done_before else ""
-    loading = f" after {_duration(progress.computing - progress.started)} loading" if progress.computing is not None else ""
+    loading = (
+        f" after {_duration(progress.computing - progress.started)} loading" if progress.computing is not None else ""
+    )
     return (
         f"predict: {rows:,} rows read, {labelled:,} labelled, {rejected:,} rejected{where} -> {output}; "
         f"{progress.rate():,.1f} rows/s ({progress.rows:,} rows in {_duration(progress.computing_s)}{loading}{before})"

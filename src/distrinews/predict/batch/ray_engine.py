@@ -70,7 +70,9 @@ def require_ray() -> Any:
         import ray
         import ray.data
     except ImportError as exc:
-        raise ConfigError(f"predict: --engine ray needs Ray Data: pip install 'distrinews[{RAY_EXTRA}]' ({exc})") from None
+        raise ConfigError(
+            f"predict: --engine ray needs Ray Data: pip install 'distrinews[{RAY_EXTRA}]' ({exc})"
+        ) from None
     return ray
 
 
@@ -86,7 +88,9 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     try:
         refuse_finished(checked.output, job.overwrite)
         _take_over(checked)
-        check_loadable(checked.checkpoint)  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
+        check_loadable(
+            checked.checkpoint
+        )  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
         inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
         started = _connect(ray, job.ray_address)
         try:
@@ -101,7 +105,11 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     finally:
         lock.release()
     rejects = display(checked.rejects) if totals.rejected else None
-    print(summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects), file=stdout, flush=True)
+    print(
+        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
+        file=stdout,
+        flush=True,
+    )
     return EXIT_REJECTED if job.strict and totals.rejected else 0
 
 
@@ -140,7 +148,9 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
     job = checked.job
-    record = JobRecord(inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes)
+    record = JobRecord(
+        inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes
+    )
     total = record.total_rows
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)
@@ -179,7 +189,9 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
         if files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
             from ..runtimes import checkpoint_labels
 
-            files = OutputFiles(checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None)
+            files = OutputFiles(
+                checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None
+            )
         files.publish(total)
     except Exception as exc:
         error = _user_error(exc)
@@ -204,7 +216,9 @@ def _where(ray: Any) -> str:
         return "Ray"
 
 
-def _results(ray: Any, checked: CheckedJob, record: JobRecord, window_rows: int, tasks: int) -> Iterator[dict[str, Any]]:
+def _results(
+    ray: Any, checked: CheckedJob, record: JobRecord, window_rows: int, tasks: int
+) -> Iterator[dict[str, Any]]:
     """Every window's results, in input order: ``{start, end, labels, records, labelled, rejected}``."""
     from .ray_source import CorpusDatasource
 
@@ -236,7 +250,11 @@ def _user_error(exc: BaseException) -> Exception | None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, (ConfigError, CheckpointError, DataError, FileNotFoundError)):
-            return ConfigError(str(cause).splitlines()[0]) if not isinstance(cause, ConfigError) else ConfigError(str(cause))
+            return (
+                ConfigError(str(cause).splitlines()[0])
+                if not isinstance(cause, ConfigError)
+                else ConfigError(str(cause))
+            )
         cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
     if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):
         return None
@@ -248,10 +266,16 @@ def _user_error(exc: BaseException) -> Exception | None:
                 f"predict: a Ray worker could not import this DistriNews ({message}): "
                 "install the same distrinews on every machine of the cluster"
             )
-        if message and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"} and name.startswith("distrinews."):
+        if (
+            message
+            and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"}
+            and name.startswith("distrinews.")
+        ):
             return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return WorkerFailed(f"predict: the Ray job failed ({type(exc).__name__}: {first}); nothing was published: run the same command again")
+    return WorkerFailed(
+        f"predict: the Ray job failed ({type(exc).__name__}: {first}); nothing was published: run the same command again"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -273,8 +297,12 @@ def _result_schema():
 class WindowPredictor:
     """The stateful ``map_batches`` class: one model per actor (the local worker's loader), windows in, records out."""
 
-    def __init__(self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int, with_id: bool):
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the driver's bar is the one (a cluster's workers lack our env)
+    def __init__(
+        self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int, with_id: bool
+    ):
+        os.environ.setdefault(
+            "HF_HUB_DISABLE_PROGRESS_BARS", "1"
+        )  # the driver's bar is the one (a cluster's workers lack our env)
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()

@@ -58,7 +58,8 @@ def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int
                 assert text is not None, "read_row gives a text or a reject"
                 texts.append(text)
         yield pa.Table.from_pydict(
-            {"start": [start], "end": [end], "rows": [kept], "ids": [ids], "texts": [texts], "rejects": [rejects]}, schema=schema
+            {"start": [start], "end": [end], "rows": [kept], "ids": [ids], "texts": [texts], "rejects": [rejects]},
+            schema=schema,
         )
 
 
@@ -75,7 +76,9 @@ class CorpusDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> int:
         return sum(s.size for s in self.record.inputs)
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
         total, size = self.record.total_rows, self.window_rows
         windows = -(-total // size)
         tasks = max(1, min(self.tasks, windows)) if windows else 0
@@ -85,9 +88,15 @@ class CorpusDatasource(Datasource):
             lo, hi = min(total, windows * k // tasks * size), min(total, windows * (k + 1) // tasks * size)
             if hi <= lo:
                 continue
-            files = tuple(s.path for s, first in zip(self.record.inputs, self.record.offsets()) if first < hi and first + s.rows > lo)
+            files = tuple(
+                s.path
+                for s, first in zip(self.record.inputs, self.record.offsets())
+                if first < hi and first + s.rows > lo
+            )
             windows_here = -(-(hi - lo) // size)
-            metadata = BlockMetadata(num_rows=windows_here, size_bytes=int(bytes_per_row * (hi - lo)), input_files=files, exec_stats=None)
+            metadata = BlockMetadata(
+                num_rows=windows_here, size_bytes=int(bytes_per_row * (hi - lo)), input_files=files, exec_stats=None
+            )
             out.append(ReadTask(_ReadRange(self.record, self.fields, size, lo, hi), metadata, schema=_window_schema()))
         return out
 

@@ -240,7 +240,9 @@ class WorkerManifest:
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> WorkerManifest:
         if payload.get("format_version") != JOB_FORMAT:
-            raise StateError(f"manifest.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
+            raise StateError(
+                f"manifest.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}"
+            )
         payload = {k: v for k, v in payload.items() if k != "format_version"}
         payload["window"] = tuple(payload["window"]) if payload.get("window") else None
         return cls(**payload)
@@ -296,7 +298,9 @@ class StateDir:
         for k, (start, end) in enumerate(job.ranges):
             manifest = self.read_manifest(k) or WorkerManifest.fresh(k, start, end)
             if (manifest.start, manifest.end) != (start, end):
-                raise StateError(f"{self.manifest_path(k)} covers rows {manifest.start}-{manifest.end}, job.json says {start}-{end}")
+                raise StateError(
+                    f"{self.manifest_path(k)} covers rows {manifest.start}-{manifest.end}, job.json says {start}-{end}"
+                )
             out.append(manifest)
         return out
 

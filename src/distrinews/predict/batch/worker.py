@@ -109,7 +109,9 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             row += 1
 
 
-def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str, Any, None] | tuple[None, None, dict[str, Any]]:
+def read_row(
+    fields: RowFields, row: int, path: Path, raw: RawRow
+) -> tuple[str, Any, None] | tuple[None, None, dict[str, Any]]:
     """``(text, id, None)`` for a usable row, else ``(None, None, reject)``: what the rejects file says of it."""
     reason = raw.error
     if reason is None:
@@ -121,7 +123,9 @@ def read_row(fields: RowFields, row: int, path: Path, raw: RawRow) -> tuple[str,
     return None, None, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
 
 
-def _windows(job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings) -> Iterator[_Window]:
+def _windows(
+    job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings
+) -> Iterator[_Window]:
     size = settings.window_rows
     if manifest.window is not None:  # resuming inside a window: its done rows are left out
         start, end = manifest.window
@@ -262,7 +266,9 @@ def run_worker(
     ``predictor``: one already loaded (else loaded here)."""
     lock = FileLock(state.make_worker_dir(k) / "lock")
     if not lock.acquire(wait_s=LOCK_WAIT_S):
-        raise ConfigError(f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output")
+        raise ConfigError(
+            f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output"
+        )
     try:
         manifest = state.read_manifest(k) or WorkerManifest.fresh(k, *job.ranges[k])
         if manifest.complete:
@@ -278,7 +284,9 @@ def run_worker(
         with state.open_rows(k) as log:
             size = os.fstat(log.fileno()).st_size
             if size < manifest.committed_bytes:
-                raise StateError(f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed")
+                raise StateError(
+                    f"{rows_path} holds {size} bytes, fewer than the {manifest.committed_bytes} its manifest committed"
+                )
             log.truncate(manifest.committed_bytes)  # lines written after the last commit: their pass is computed again
             _work(state, job, manifest, settings, predictor, _Committer(state, manifest, log, report))
         return manifest
@@ -286,7 +294,14 @@ def run_worker(
         lock.release()
 
 
-def _work(state: StateDir, job: JobRecord, manifest: WorkerManifest, settings: WorkerSettings, predictor: Any, committer: _Committer):
+def _work(
+    state: StateDir,
+    job: JobRecord,
+    manifest: WorkerManifest,
+    settings: WorkerSettings,
+    predictor: Any,
+    committer: _Committer,
+):
     fields = RowFields(job.text_field, job.id_field)
     with_id = job.id_field is not None
     windows = _Prefetch(_windows(job, manifest, fields, predictor.encode, settings))
@@ -305,11 +320,15 @@ def _work(state: StateDir, job: JobRecord, manifest: WorkerManifest, settings: W
             ):
                 committer.begin(window)
                 if window.rejects:
-                    lines = [json.dumps({"r": row, "x": reject}, ensure_ascii=False) + "\n" for row, reject in window.rejects]
+                    lines = [
+                        json.dumps({"r": row, "x": reject}, ensure_ascii=False) + "\n" for row, reject in window.rejects
+                    ]
                     committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
                 for batch in window.batches:
                     results = predictor.predict_encoded([encoded for _, _, encoded in batch])
-                    committer.commit(result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch))
+                    committer.commit(
+                        result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch)
+                    )
                 committer.end(window)
     finally:
         windows.close()
