@@ -121,7 +121,7 @@ class Injected:
         return (self.work / "server.log").read_text(errors="replace")
 
     def wait_ready(self) -> Injected:
-        from distrinews.bench.serving import ServerNotReady, wait_ready
+        from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
         try:
             wait_ready(self.url + "/ready", self.proc, 120)
