@@ -292,6 +292,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, tracer: Any) -> None:
+    """The routes, by kind: the page and the probes, the predictions (the seed's shapes and TEI's), what the
+    server says about itself."""
+    _add_probe_routes(app, state, config)
+    _add_predict_routes(app, state, config, tracer)
+    _add_info_routes(app, state, config, metrics)
+
+
+def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         loaded = getattr(state.predictor, "labels", None)
@@ -321,6 +329,8 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         state.require_ready()
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
+
+def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, tracer: Any) -> None:
     def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
         runtime = state.predictor.runtime if state.predictor is not None else config.runtime
@@ -418,6 +428,8 @@ def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics:
         results = await state.classify(texts, request.receive, timing)
         return answer(results, start, timing, texts)
 
+
+def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
     @app.get(
         "/info",
         summary="the model, its labels and metrics, the runtime and the serving limits",
