@@ -202,13 +202,40 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"corpora, outputs and logs in {work}", flush=True)
     checkpoint = str(args.checkpoint)
     corpus = write_corpus(work / f"corpus-{args.rows}.jsonl", args.rows, args.data)
-    rows: list[dict[str, Any]] = []
+    results = _Results()
+    _measure_engines(args, checkpoint, corpus, work, results)
+    memory = _measure_memory(args, checkpoint, corpus, work, results)
+    resume = _measure_resume(args, checkpoint, corpus, work, results.rows)
+    report = {
+        "command": invoked_as("batch"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "checkpoint": checkpoint,
+        "rss_checkpoint": args.rss_checkpoint or checkpoint,
+        "runtime": args.runtime or "the default",
+        "results": results.rows,
+        "memory": memory,
+        "resume": resume,
+    }
+    (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2))
+    (out_dir / f"{args.name}.md").write_text(markdown(report))
+    print(f"wrote {out_dir / (args.name + '.json')} and {out_dir / (args.name + '.md')}", flush=True)
+    return 0
 
-    def record(name: str, result: dict[str, Any], n: int, output: Path | None = None, **extra_fields) -> dict[str, Any]:
+
+class _Results:
+    """The measured runs, in order: each printed as it ends; a run that failed ends the benchmark."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def record(
+        self, name: str, result: dict[str, Any], n: int, output: Path | None = None, **extra_fields: Any
+    ) -> dict[str, Any]:
         labelled = count_lines(output) if output is not None and output.is_file() else None
         row = {"engine": name, "rows": n, "labelled": labelled, "rows_per_s": n / result["seconds"], **extra_fields}
         row.update({k: v for k, v in result.items() if k != "output"})
-        rows.append(row)
+        self.rows.append(row)
         print(
             f"{name:<28} {n:>9,} rows  {result['seconds']:8.1f} s  {row['rows_per_s']:8.1f} rows/s  "
             f"peak RSS {result['peak_rss_mib']:7.0f} MiB  exit {result['exit']}",
@@ -218,17 +245,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             raise SystemExit(f"bench batch: {name} failed (exit {result['exit']}):\n{result['output'][-3000:]}")
         return row
 
-    nprocs = [int(n) for n in str(args.nproc).split(",") if n.strip()]
-    for n in nprocs:
+
+def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: _Results) -> None:
+    """``predict --nproc N`` for each N, Ray's engine, and a loop posting to ``serve``, on the same corpus."""
+    for n in [int(n) for n in str(args.nproc).split(",") if n.strip()]:
         output = work / f"local-{n}.jsonl"
         cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", str(n))
-        record(
-            f"predict --nproc {n}",
-            run_measured(cmd, work / f"local-{n}.log"),
-            args.rows,
-            output,
-            command=_shown(cmd, work),
-        )
+        run = run_measured(cmd, work / f"local-{n}.log")
+        results.record(f"predict --nproc {n}", run, args.rows, output, command=_shown(cmd, work))
     if args.ray_actors:
         try:
             import ray  # noqa: F401
@@ -239,7 +263,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             )
             result = run_measured(cmd, work / "ray.log")
             name = f"predict --engine ray ({args.ray_actors} actors)"
-            record(
+            results.record(
                 name,
                 result,
                 args.rows,
@@ -252,10 +276,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if not args.no_server_loop:
         output = work / "loop.jsonl"
         result = server_loop(checkpoint, corpus, output, args.runtime, work)
-        record(
-            f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command="(bench/batch.py: server_loop)"
-        )
+        command = "(bench/batch.py: server_loop)"
+        results.record(f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command=command)
 
+
+def _measure_memory(
+    args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: _Results
+) -> list[dict[str, Any]]:
+    """Peak RSS of ``predict --nproc 1`` over corpora of each ``--rss-rows`` size."""
     memory = []
     sizes = [int(x) for x in str(args.rss_rows).split(",") if x.strip()]
     if sizes:  # not measured: a first start may make the checkpoint's int8 model, which a later start only loads
@@ -268,56 +296,43 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         rss_corpus = corpus if n == args.rows else write_corpus(work / f"corpus-{n}.jsonl", n, args.data)
         output = work / f"rss-{n}.jsonl"
         cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
-        row = record(
-            f"memory: predict --nproc 1, {n:,} rows",
-            run_measured(cmd, work / f"rss-{n}.log"),
-            n,
-            output,
-            command=_shown(cmd, work),
+        run = run_measured(cmd, work / f"rss-{n}.log")
+        memory.append(
+            results.record(f"memory: predict --nproc 1, {n:,} rows", run, n, output, command=_shown(cmd, work))
         )
-        memory.append(row)
         rss_corpus.unlink() if rss_corpus != corpus else None
         output.unlink()
+    return memory
 
-    resume = None
+
+def _measure_resume(
+    args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, rows: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``predict --nproc 2`` killed after ``--kill-at`` of its uninterrupted time, then run again: what it cost."""
     uninterrupted = next((r for r in rows if r["engine"] == "predict --nproc 2"), None)
-    if args.kill_at and uninterrupted:
-        output = work / "resume.jsonl"
-        cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", "2")
-        killed = run_measured(cmd, work / "resume-killed.log", kill_after=args.kill_at * uninterrupted["seconds"])
-        again = run_measured(cmd, work / "resume-again.log")
-        found = re.search(r"continuing: ([\d,]+) rows were done", again["output"])
-        done_at_kill = int(found.group(1).replace(",", "")) if found else 0
-        resume = {
-            "killed_after_s": killed["seconds"],
-            "rows_done_at_kill": done_at_kill,
-            "resumed_s": again["seconds"],
-            "total_s": killed["seconds"] + again["seconds"],
-            "uninterrupted_s": uninterrupted["seconds"],
-            "cost_s": killed["seconds"] + again["seconds"] - uninterrupted["seconds"],
-            "labelled": count_lines(output) if output.is_file() else None,
-            "exit": again["exit"],
-        }
-        print(
-            f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all",
-            flush=True,
-        )
-
-    report = {
-        "command": invoked_as("batch"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
-        "checkpoint": checkpoint,
-        "rss_checkpoint": args.rss_checkpoint or checkpoint,
-        "runtime": args.runtime or "the default",
-        "results": rows,
-        "memory": memory,
-        "resume": resume,
+    if not (args.kill_at and uninterrupted):
+        return None
+    output = work / "resume.jsonl"
+    cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", "2")
+    killed = run_measured(cmd, work / "resume-killed.log", kill_after=args.kill_at * uninterrupted["seconds"])
+    again = run_measured(cmd, work / "resume-again.log")
+    found = re.search(r"continuing: ([\d,]+) rows were done", again["output"])
+    done_at_kill = int(found.group(1).replace(",", "")) if found else 0
+    resume = {
+        "killed_after_s": killed["seconds"],
+        "rows_done_at_kill": done_at_kill,
+        "resumed_s": again["seconds"],
+        "total_s": killed["seconds"] + again["seconds"],
+        "uninterrupted_s": uninterrupted["seconds"],
+        "cost_s": killed["seconds"] + again["seconds"] - uninterrupted["seconds"],
+        "labelled": count_lines(output) if output.is_file() else None,
+        "exit": again["exit"],
     }
-    (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out_dir / f"{args.name}.md").write_text(markdown(report))
-    print(f"wrote {out_dir / (args.name + '.json')} and {out_dir / (args.name + '.md')}", flush=True)
-    return 0
+    print(
+        f"resume: {done_at_kill:,} rows were done at the kill; the interruption cost {resume['cost_s']:.1f} s in all",
+        flush=True,
+    )
+    return resume
 
 
 def _shown(cmd: list[str], work: Path) -> str:
