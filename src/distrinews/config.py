@@ -233,7 +233,7 @@ class BatchConfig(Section):
 
 
 class OptimizerConfig(Section):
-    """AdamW (its rate per layer), the schedule with warm-up, gradient clipping, the loss, the average of the weights."""
+    """AdamW (its rate per layer), the warm-up and schedule, gradient clipping, the loss, the average of the weights."""
 
     learning_rate: float = option(1e-4, "AdamW's peak learning rate", gt=0, hints=("lr",))
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", ge=0)
@@ -358,7 +358,8 @@ class RunConfig(Section):
     )
     early_stopping_patience: int = option(
         0,
-        "> 0: stop once this many evaluations in a row did not improve metric_for_best_model by more than the threshold",
+        "> 0: stop once this many evaluations in a row did not improve metric_for_best_model by more than the "
+        "threshold",
         ge=0,
         hints=("patience", "early_stopping"),
     )
@@ -514,7 +515,8 @@ class TrainConfig(BaseModel):
         need(
             not (m.use_peft and m.freeze_layers),
             "freeze_layers",
-            "LoRA already freezes the base model; with use_peft leave freeze_layers at 0 (lora_target_modules picks the layers)",
+            "LoRA already freezes the base model; with use_peft leave "
+            "freeze_layers at 0 (lora_target_modules picks the layers)",
         )
         return self
 

@@ -18,11 +18,11 @@ class DataError(ValueError):
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded, as one line that names the file and says why.
 
-    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``, or
-    the restricted unpickler of a sharded checkpoint's metadata, stops before running anything; a file
-    its checkpoint's manifest does not list, or a symbolic link), damaged (a safetensors header that is invalid or truncated,
-    JSON that does not parse) or incomplete (missing weights or keys). The original exception
-    is chained (``__cause__``) for logs; the message never suggests ``weights_only=False``.
+    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``, or the restricted
+    unpickler of a sharded checkpoint's metadata, stops before running anything; a file its checkpoint's manifest does
+    not list, or a symbolic link), damaged (a safetensors header that is invalid or truncated, JSON that does not parse)
+    or incomplete (missing weights or keys). The original exception is chained (``__cause__``) for logs; the message
+    never suggests ``weights_only=False``.
     """
 
 

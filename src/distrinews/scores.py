@@ -53,7 +53,8 @@ def per_class_table(scores: dict[str, Any]) -> list[str]:
     lines = [f"  {'':<{width}} precision  recall      f1  support"]
     for name, s in per_class.items():
         lines.append(
-            f"  {name:<{width}} {100 * s['precision']:8.2f}% {100 * s['recall']:6.2f}% {100 * s['f1']:6.2f}% {s['support']:8,}"
+            f"  {name:<{width}} {100 * s['precision']:8.2f}% "
+            f"{100 * s['recall']:6.2f}% {100 * s['f1']:6.2f}% {s['support']:8,}"
         )
     return lines
 

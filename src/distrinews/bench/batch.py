@@ -127,7 +127,8 @@ def count_lines(path: Path) -> int:
 
 
 def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None, logs: Path) -> dict[str, Any]:
-    """``distrinews serve``, then one client posting ``POST_BATCH`` rows at a time to /predict/batch, answers to JSONL."""
+    """``distrinews serve``, then one client posting ``POST_BATCH`` rows at a time to /predict/batch, answers to
+    JSONL."""
     from .serving_servers import Server
 
     port = free_port()
@@ -363,7 +364,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"| {m['rows']:,} | {m['seconds']:.1f} | {m['peak_rss_mib']:.0f} |" for m in report["memory"]]
         lines += [
             "",
-            "(Each after a start that made the checkpoint's int8 model, if it had none: every measured start only loads it.)",
+            "(Each after a start that made the checkpoint's int8 model, "
+            "if it had none: every measured start only loads it.)",
         ]
     if report["resume"]:
         r = report["resume"]

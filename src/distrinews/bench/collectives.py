@@ -335,8 +335,9 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
-        f"Collectives on {report['backend']} ({report['device']}), {report['world_size']} processes x "
-        f"{report['threads_per_process']} thread(s), {report['date']}: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}",
+        f"Collectives on {report['backend']} ({report['device']}), "
+        f"{report['world_size']} processes x {report['threads_per_process']} thread(s), "
+        f"{report['date']}: {m['cpu']}, {m['cores_available']} cores, torch {m['torch']}",
         "",
         f"`{report['command']}`",
         "",
@@ -369,12 +370,15 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "| quantity | value |",
             "|---|---:|",
-            f"| gradient payload per step (fp32 gradients) | {format_bytes(mod['gradient_bytes'])} ({mod['gradient_bytes']:,} B) |",
-            f"| measured all-reduce of the payload | {1000 * mod['allreduce_s']:.1f} ms (busbw {mod['allreduce_busbw'] / 1e9:.2f} GB/s) |",
+            "| gradient payload per step (fp32 gradients) | "
+            f"{format_bytes(mod['gradient_bytes'])} ({mod['gradient_bytes']:,} B) |",
+            f"| measured all-reduce of the payload | {1000 * mod['allreduce_s']:.1f} "
+            f"ms (busbw {mod['allreduce_busbw'] / 1e9:.2f} GB/s) |",
             f"| measured forward + backward of a real batch | {1000 * mod['forward_backward_s']:.1f} ms |",
             f"| **measured comm/compute ratio** | **{mod['measured_ratio']:.3f}** |",
             "| lesson 04's estimate (its formula as written: 100 GB/s, 100 TFLOP/s, seq 512, bytes as FLOP count) | "
-            f"{lesson['ratio']:.2e} (comm {1000 * lesson['comm_s']:.3f} ms, compute {1000 * lesson['comp_s']:.1f} ms) |",
+            f"{lesson['ratio']:.2e} (comm {1000 * lesson['comm_s']:.3f} ms, compute {1000 * lesson['comp_s']:.1f} ms) "
+            "|",
             "| same formula, this machine's inputs (measured busbw, real-batch model FLOPs, measured peak) | "
             f"{corr['ratio']:.3f} (comm {1000 * corr['comm_s']:.1f} ms, compute {1000 * corr['comp_s']:.1f} ms) |",
             "",

@@ -202,7 +202,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
             p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if hook else []))
             print(
-                f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)",
+                f"[scaling] {label}: {p['samples_per_s']:.1f} samples/s, "
+                f"step {p['step_ms']:.0f} ms (wall {p['wall_s']:.0f} s)",
                 flush=True,
             )
             runs[(n, bucket, hook)].append(p)
@@ -239,12 +240,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bucket-cap-mb",
         default=None,
-        help="DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see ddp_bucket_cap_mb)",
+        help="DDP bucket size(s) in MB, comma-separated: one point "
+        "each for n > 1 (default: the config's, see ddp_bucket_cap_mb)",
     )
     p.add_argument(
         "--comm-hooks",
         default=None,
-        help="ddp_comm_hook value(s), comma-separated (auto, none, shm, bf16, fp16): one point each for n > 1 (default: the config's)",
+        help="ddp_comm_hook value(s), comma-separated (auto, none, shm, "
+        "bf16, fp16): one point each for n > 1 (default: the config's)",
     )
     p.add_argument(
         "--repeat",

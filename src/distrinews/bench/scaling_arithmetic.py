@@ -36,7 +36,8 @@ def core_slices(cores: list[int], workers: int, cores_per_worker: int) -> list[l
     need = workers * cores_per_worker
     if need > len(cores):
         raise ValueError(
-            f"{workers} workers x {cores_per_worker} cores need {need} cores; this process may use {len(cores)} ({cores})"
+            f"{workers} workers x {cores_per_worker} cores need {need} "
+            f"cores; this process may use {len(cores)} ({cores})"
         )
     return [cores[i * cores_per_worker : (i + 1) * cores_per_worker] for i in range(workers)]
 

@@ -27,21 +27,20 @@ def markdown_table(report: dict[str, Any]) -> str:
         ph = r["phases_ms"]
         opt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         lines.append(
-            f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | "
-            f"{_samples(r)} | {r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | "
-            f"{r['step_ms']:.0f} | "
-            f"{ph['data']:.1f} | {ph['forward_backward']:.0f} | {ph['optimizer']:.0f} | "
-            f"{opt(r['fwd_bwd_no_sync_ms'])} | {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |"
+            f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | {_samples(r)} | "
+            f"{r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | {r['step_ms']:.0f} | "
+            f"{ph['data']:.1f} | {ph['forward_backward']:.0f} | {ph['optimizer']:.0f} | {opt(r['fwd_bwd_no_sync_ms'])} "
+            f"| {opt(r['fwd_bwd_sync_ms'])} | {opt(r['exposed_allreduce_ms'])} | {100 * r['mfu']:.1f}% |"
         )
     first = report["points"][0]
     lines += [
         "",
-        f"Model {first['model']} ({first['parameters'] / 1e6:.1f}M parameters, {first['gradient_bytes'] / 2**20:.1f} MiB of "
-        f"gradients a step), max_length {first['max_length']}, {first['precision']}, group_by_length {first['group_by_length']}, "
-        f"{first['steps']} timed steps after {first['warmup_steps']} warm-up, each the trainer's own step. Phase times "
-        f"are per step, mean over ranks (ms); the probe columns time the trainer's forward + backward on the same "
-        f"extra windows without and with the all-reduce (their difference is the exposed all-reduce). "
-        f"MFU peak: {first['peak']}."
+        f"Model {first['model']} ({first['parameters'] / 1e6:.1f}M parameters, "
+        f"{first['gradient_bytes'] / 2**20:.1f} MiB of gradients a step), max_length {first['max_length']}, "
+        f"{first['precision']}, group_by_length {first['group_by_length']}, {first['steps']} timed steps after "
+        f"{first['warmup_steps']} warm-up, each the trainer's own step. Phase times are per step, mean over "
+        "ranks (ms); the probe columns time the trainer's forward + backward on the same extra windows without "
+        f"and with the all-reduce (their difference is the exposed all-reduce). MFU peak: {first['peak']}."
         + (
             f" Each point is the median of {len(first['runs_samples_per_s'])} rounds over all the points by samples/s "
             "(the range in brackets), with that run's other figures."

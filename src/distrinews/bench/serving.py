@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtimes",
         default=None,
-        help="our server's runtimes, comma-separated (default: torch,onnx,onnx-int8, and torch-bf16 where bf16 is in hardware)",
+        help="our server's runtimes, comma-separated (default: "
+        "torch,onnx,onnx-int8, and torch-bf16 where bf16 is in hardware)",
     )
     parser.add_argument("--max-batch-size", type=int, default=None, help="ours: --max-batch-size (default: serve's)")
     parser.add_argument(
@@ -69,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overload-queue",
         type=int,
         default=32,
-        help="also load the default runtime with this --max-queue at the two highest concurrencies (the 429 table); 0: skip",
+        help="also load the default runtime with this --max-queue "
+        "at the two highest concurrencies (the 429 table); 0: skip",
     )
     parser.add_argument(
         "--accuracy", action="store_true", help="also compare the runtimes on the test split and apply the default rule"
@@ -120,9 +122,9 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             r.update(server=label, runtime=runtime, texts=kind, **tags)
             results.append(r)
             print(
-                f"{label:<9} {runtime:<10} {kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
-                f"p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  errors {r['errors']}  "
-                f"cpu server {r['server_cpu_cores']:.2f} client {r['client_cpu_cores']:.2f}",
+                f"{label:<9} {runtime:<10} {kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 "
+                f"{r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  "
+                f"errors {r['errors']}  cpu server {r['server_cpu_cores']:.2f} client {r['client_cpu_cores']:.2f}",
                 flush=True,
             )
 

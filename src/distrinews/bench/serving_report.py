@@ -71,16 +71,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {machine['cpu']} ({', '.join(machine.get('cpu_flags') or []) or 'no AVX2/AVX-512 flags'}), "
         f"{machine['cores_available']} cores, torch {machine['torch']}; {report['note']}.  ",
         f"Date: {report['date']}  ",
-        f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:g} s measured per row after "
-        f"{report['settings']['warmup_s']:g} s warm-up; ours with max_batch_size {batching.get('max_batch_size')}, "
-        f"max_batch_tokens {batching.get('max_batch_tokens')}, max_wait_ms {batching.get('max_wait_ms')}, "
-        f"max_queue {batching.get('max_queue')}.",
+        f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:g} s "
+        f"measured per row after {report['settings']['warmup_s']:g} s warm-up; ours with max_batch_size "
+        f"{batching.get('max_batch_size')}, max_batch_tokens {batching.get('max_batch_tokens')}, "
+        f"max_wait_ms {batching.get('max_wait_ms')}, max_queue {batching.get('max_queue')}.",
         "",
         "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
         "",
         "## Load",
         "",
-        f"CPU = cores each side used over the level (server process; load generator, this process), of the machine's {os.cpu_count()}.",
+        "CPU = cores each side used over the level (server process; load "
+        f"generator, this process), of the machine's {os.cpu_count()}.",
         "",
         "| server | runtime | texts | clients | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) | 429s | errors "
         "| CPU server | CPU clients |",
@@ -102,14 +103,15 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "Clients answered 429 wait the `Retry-After` they are given before their next request.",
             "",
-            "| runtime | clients | accepted (req/s) | accepted p50 (ms) | accepted p99 (ms) | 429s | 429 p50 (ms) | 429 p99 (ms) "
-            "| 429s without Retry-After |",
+            "| runtime | clients | accepted (req/s) | accepted p50 (ms) | accepted p99 "
+            "(ms) | 429s | 429 p50 (ms) | 429 p99 (ms) | 429s without Retry-After |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in overload:
             lines.append(
-                f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} | "
-                f"{r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | {_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
+                f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} "
+                f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
+                f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
             )
     if report["accuracy"]:
         rows = report["accuracy"][0]["rows"]
@@ -117,7 +119,8 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"## Runtimes on the test split ({rows:,} rows)",
             "",
-            "| runtime | accuracy | vs torch fp32 (points) | label agreement with torch fp32 | labels changed | seconds |",
+            "| runtime | accuracy | vs torch fp32 (points) | label "
+            "agreement with torch fp32 | labels changed | seconds |",
             "|---|---:|---:|---:|---:|---:|",
         ]
         base = report["accuracy"][0]["accuracy"]
@@ -131,23 +134,25 @@ def markdown(report: dict[str, Any]) -> str:
             verdict = default_verdict(rule["runtime"], report)
             lines += [
                 "",
-                f"Default rule (the fastest within {rule['tolerance_points']} points of torch fp32, by throughput at "
-                f"{rule['concurrency']} clients): **{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
+                f"Default rule (the fastest within {rule['tolerance_points']} points of "
+                f"torch fp32, by throughput at {rule['concurrency']} clients): "
+                f"**{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
             ]
     bf16 = report.get("bf16")
     if bf16:
         gf = bf16["matmul_gflops"]
         lines += [
             "",
-            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a {gf.get('n', 1024)}³ matmul runs at "
-            f"{gf['bf16']:.1f} GFLOP/s in bf16 against {gf['fp32']:.1f} in fp32"
+            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a {gf.get('n', 1024)}³ "
+            f"matmul runs at {gf['bf16']:.1f} GFLOP/s in bf16 against {gf['fp32']:.1f} in fp32"
             + ("." if bf16["bf16_is_fast_cpu"] else ", so torch-bf16 is not offered here (serve refuses it)."),
         ]
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (nothing without matplotlib)."""
+    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (nothing without
+    matplotlib)."""
     try:
         import matplotlib
 

@@ -46,7 +46,8 @@ def bf16_matmul_gflops(n: int = 512, repeats: int = 5) -> dict[str, float]:
 def runtime_accuracy(
     checkpoint: str, runtimes: list[str], data_dir: str | None, rows: int | None
 ) -> list[dict[str, Any]]:
-    """Each runtime on the test split (all rows unless ``rows``): accuracy, label agreement with PyTorch fp32, seconds."""
+    """Each runtime on the test split (all rows unless ``rows``): accuracy, label agreement with PyTorch fp32,
+    seconds."""
     from ..data.splits import load_split
     from ..predict.runtimes import make_predictor
 

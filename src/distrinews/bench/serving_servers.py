@@ -91,7 +91,8 @@ def start_server(name: str, cmd: list[str], port: int, ready: str, out: Path) ->
 
 
 def ours_command(checkpoint: str, args: argparse.Namespace) -> list[str]:
-    """``distrinews serve`` with the benchmark's batching options (unset ones: serve's defaults), less runtime and port."""
+    """``distrinews serve`` with the benchmark's batching options (unset ones: serve's defaults), less runtime and
+    port."""
     ours_cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1"]
     ours_cmd += ["--no-access-log", "--log-level", "warning"]
     for flag, value in (("--max-batch-size", args.max_batch_size), ("--max-batch-tokens", args.max_batch_tokens)):

@@ -32,17 +32,19 @@ GROUPS = [
     ("layer norm, GELU, tanh", ("aten::native_layer_norm*", "aten::layer_norm", "aten::gelu*", "aten::tanh*")),
     (
         "attention (fused kernels, softmax, masks)",
-        ("aten::scaled_dot_product*", "aten::_scaled_dot_product*", "aten::_softmax*", "aten::softmax", "aten::isneginf",
-         "aten::where", "aten::all", "aten::logical_not", "aten::masked_fill*"),
+        ("aten::scaled_dot_product*", "aten::_scaled_dot_product*", "aten::_softmax*", "aten::softmax",
+         "aten::isneginf", "aten::where", "aten::all", "aten::logical_not", "aten::masked_fill*"),
     ),
-    ("dropout", ("aten::bernoulli_", "aten::dropout", "aten::native_dropout*", "aten::random_", "aten::bitwise_and", "aten::ge",
-                 "_FastDropout*")),
-    ("optimizer (AdamW)", ("aten::_fused_adamw_", "aten::_foreach*", "aten::addcdiv_", "aten::addcmul_", "aten::lerp_")),
+    ("dropout", ("aten::bernoulli_", "aten::dropout", "aten::native_dropout*", "aten::random_", "aten::bitwise_and",
+                 "aten::ge", "_FastDropout*")),
+    ("optimizer (AdamW)",
+     ("aten::_fused_adamw_", "aten::_foreach*", "aten::addcdiv_", "aten::addcmul_", "aten::lerp_")),
     ("gradient clipping (norms)", ("aten::linalg_vector_norm", "aten::norm", "aten::clamp*", "aten::stack")),
     ("copies and casts", ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone")),
-    ("embedding lookup and its gradient", ("aten::embedding*", "aten::index_select", "aten::index_add_", "aten::index_put_")),
-    ("elementwise (add, mul, div, fill, sum)", ("aten::add*", "aten::mul*", "aten::div*", "aten::fill_", "aten::zero_", "aten::sum",
-                                                "aten::sub*")),
+    ("embedding lookup and its gradient",
+     ("aten::embedding*", "aten::index_select", "aten::index_add_", "aten::index_put_")),
+    ("elementwise (add, mul, div, fill, sum)",
+     ("aten::add*", "aten::mul*", "aten::div*", "aten::fill_", "aten::zero_", "aten::sum", "aten::sub*")),
 ]  # fmt: skip
 
 
@@ -136,9 +138,10 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     total = report["profiled_ms_per_step"]
     lines = [
-        f"`{report['command']}` on {m['cpu']} ({m['cores_available']} cores), {report['date']}: {report['precision']}, "
-        f"{report['threads']} threads; a step {report['step_ms']:.0f} ms without the profiler ({report['samples_per_s']:.1f} "
-        f"samples/s, {report['tokens_per_step']:.0f} real tokens), {total:.0f} ms of operator time under it.",
+        f"`{report['command']}` on {m['cpu']} ({m['cores_available']} cores), {report['date']}: "
+        f"{report['precision']}, {report['threads']} threads; a step {report['step_ms']:.0f} ms "
+        f"without the profiler ({report['samples_per_s']:.1f} samples/s, "
+        f"{report['tokens_per_step']:.0f} real tokens), {total:.0f} ms of operator time under it.",
         "",
         "| where the step goes | ms a step | share |",
         "| --- | ---: | ---: |",

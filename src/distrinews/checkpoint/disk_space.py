@@ -141,10 +141,13 @@ def _disk_full_message(target: Path, checkpoints: Path, needed: tuple[int, str])
     if newest is not None:
         then = f"the newest complete checkpoint is {newest}: free some space, then continue with --resume auto"
     else:
-        then = "there is no complete checkpoint to resume from: free some space, then run again with --resume auto (it starts over)"
+        then = (
+            "there is no complete checkpoint to resume from: free some "
+            "space, then run again with --resume auto (it starts over)"
+        )
     return (
-        f"no space left to save {target}: the filesystem mounted at {mount}{f' ({kind})' if kind else ''} has {_size(free)} free, "
-        f"the save needs {needed[1]}; the half-written copy was removed; {then}"
+        f"no space left to save {target}: the filesystem mounted at {mount}{f' ({kind})' if kind else ''} "
+        f"has {_size(free)} free, the save needs {needed[1]}; the half-written copy was removed; {then}"
     )
 
 

@@ -1,4 +1,5 @@
-"""Reading a checkpoint that is damaged, incomplete or refused: one :class:`CheckpointError` line naming the file and why.
+"""Reading a checkpoint that is damaged, incomplete or refused: one :class:`CheckpointError` line naming the file and
+why.
 
 torch, safetensors, transformers and json each fail in their own words; ``loading`` turns all of
 them into a sentence a person can act on, without torch's advice to unpickle anyway.
@@ -29,7 +30,10 @@ def _why(exc: BaseException) -> str:
     """What went wrong, in words a person can act on, without torch's advice to unpickle anyway."""
     if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower():
         blocked = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        return f"the file contains pickled code that is not allowed ({f'{blocked.group(1)}; ' if blocked else ''}refused, not loaded)"
+        return (
+            "the file contains pickled code that is not allowed "
+            f"({f'{blocked.group(1)}; ' if blocked else ''}refused, not loaded)"
+        )
     if isinstance(exc, SafetensorError):
         return f"the safetensors file is invalid or truncated ({first_line(exc)})"
     if isinstance(exc, json.JSONDecodeError):

@@ -83,7 +83,10 @@ class TrainingData:
         if evaluation_file:
             evaluated = f"`{Path(str(evaluation_file)).name}`"
         elif not evaluated:
-            evaluated = f"{training.get('validation_split_percentage', 10)}% of the training rows, held out (stratified by label)"
+            evaluated = (
+                f"{training.get('validation_split_percentage', 10)}% "
+                "of the training rows, held out (stratified by label)"
+            )
         stem = name.split("/")[-1].split(".")[0]
         slug = "-".join("".join(c if c.isalnum() else " " for c in stem.lower()).split()) or "data"
         return cls(name, hub_id, slug, evaluated, False)
@@ -164,7 +167,8 @@ def front_matter(meta: dict[str, Any]) -> str:
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
-    """(metadata, body) of a README with YAML front matter; raises ValueError when there is none or it does not parse."""
+    """(metadata, body) of a README with YAML front matter; raises ValueError when there is none or it does not
+    parse."""
     if not text.startswith("---\n"):
         raise ValueError("no YAML front matter (the file must start with a '---' line)")
     end = text.find("\n---\n", 3)
@@ -317,10 +321,10 @@ def _confidence(info: ServableInfo) -> list[str]:
     if not c:
         return []
     fitted = (
-        f"Scores are calibrated by temperature scaling: every DistriNews runtime divides the logits by "
-        f"**T = {info.temperature:.4f}** (`temperature` in `distrinews.json`), fitted on {c.get('calibration_rows', 0):,} "
-        "training rows held out of training. Hugging Face's `pipeline` does not: it gives the same labels with "
-        "the uncalibrated scores."
+        "Scores are calibrated by temperature scaling: every DistriNews runtime divides the "
+        f"logits by **T = {info.temperature:.4f}** (`temperature` in `distrinews.json`), fitted "
+        f"on {c.get('calibration_rows', 0):,} training rows held out of training. Hugging "
+        "Face's `pipeline` does not: it gives the same labels with the uncalibrated scores."
         if c.get("method") == "temperature"
         else "Scores are the softmax as trained (no temperature was fitted)."
     )
@@ -331,8 +335,10 @@ def _confidence(info: ServableInfo) -> list[str]:
         "",
         f"| on {c.get('eval_rows', 0):,} evaluation rows | before | after |",
         "| --- | --- | --- |",
-        f"| expected calibration error ({c.get('ece_bins', 15)} bins) | {_pct(c.get('ece_before'))} | {_pct(c.get('ece_after'))} |",
-        f"| negative log-likelihood | {_or_na(_rounded(c.get('nll_before')))} | {_or_na(_rounded(c.get('nll_after')))} |",
+        f"| expected calibration error ({c.get('ece_bins', 15)} bins) "
+        f"| {_pct(c.get('ece_before'))} | {_pct(c.get('ece_after'))} |",
+        f"| negative log-likelihood | {_or_na(_rounded(c.get('nll_before')))} "
+        f"| {_or_na(_rounded(c.get('nll_after')))} |",
         "",
     ]
     coverage = c.get("coverage") or []
@@ -378,7 +384,8 @@ def _how_to_load(load_path: str, example: str) -> list[str]:
         "",
         "```bash",
         f'distrinews predict --checkpoint {load_path} "{example}"',
-        f"distrinews serve --checkpoint {load_path}    # REST API on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
+        f"distrinews serve --checkpoint {load_path}    # REST API "
+        "on http://127.0.0.1:7860 (/predict, /predict/batch, /docs)",
         "```",
         "",
     ]
@@ -417,9 +424,9 @@ def _training_data(info: ServableInfo, data: TrainingData) -> list[str]:
         return [
             "## Training data",
             "",
-            f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original CSV release): "
-            "news articles in 4 classes, text = title + description. Evaluated on the complete official test split "
-            "(7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
+            f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original "
+            "CSV release): news articles in 4 classes, text = title + description. Evaluated on the complete official "
+            "test split (7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
             "",
             "## License and terms",
             "",
@@ -432,11 +439,13 @@ def _training_data(info: ServableInfo, data: TrainingData) -> list[str]:
         "## Training data",
         "",
         f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
-        f"label = `{training.get('label_column_name', 'label')}` ({len(info.label_names)} labels). Evaluated on {data.evaluated_on}.",
+        f"label = `{training.get('label_column_name', 'label')}` ({len(info.label_names)} "
+        f"labels). Evaluated on {data.evaluated_on}.",
         "",
         "## License and terms",
         "",
-        "The training data's terms are its owner's; this card does not know them. State them here before publishing the model.",
+        "The training data's terms are its owner's; this card does "
+        "not know them. State them here before publishing the model.",
     ]
 
 

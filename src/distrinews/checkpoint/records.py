@@ -113,7 +113,8 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: 
     if version > newest:
         raise _refuse(
             path,
-            f"it was written by a newer DistriNews (format {version}); this one reads format {newest}: upgrade distrinews",
+            f"it was written by a newer DistriNews (format {version}); "
+            f"this one reads format {newest}: upgrade distrinews",
         )
     return version
 
@@ -226,7 +227,8 @@ class TrainerStateRecord:
 
     @classmethod
     def from_json(cls, data: Any, path: str | PathLike) -> TrainerStateRecord:
-        """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors); see the module docstring."""
+        """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors); see the module
+        docstring."""
         values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, TRAINER_STATE_FORMAT)
         if values.get("running_counts") is not None:
             values["running_counts"] = RunningCounts.from_json(values["running_counts"], path)
@@ -280,7 +282,8 @@ class ServableInfo:
     }
 
     def to_json(self) -> dict[str, Any]:
-        """The ``distrinews.json`` payload: the format version, the known fields (null where unknown), then ``extra``."""
+        """The ``distrinews.json`` payload: the format version, the known fields (null where unknown), then
+        ``extra``."""
         data: dict[str, Any] = {"format_version": self.format_version}
         data.update({key: getattr(self, key) for key in self.CHECKS})
         data.update({key: value for key, value in self.extra.items() if key not in data})

@@ -223,7 +223,8 @@ class Checkpointer:
     ) -> Path | None:
         if not isinstance(trainer_state, TrainerStateRecord):
             raise TypeError(
-                f"Checkpointer.save takes a TrainerStateRecord (distrinews.checkpoint.records), not {type(trainer_state).__name__}"
+                "Checkpointer.save takes a TrainerStateRecord "
+                f"(distrinews.checkpoint.records), not {type(trainer_state).__name__}"
             )
         rng_states = all_gather_object(capture_rng_state(), self.env)
         final = self.root / f"step-{step}"

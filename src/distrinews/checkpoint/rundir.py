@@ -47,7 +47,8 @@ RUN_ARTIFACTS = (
 )
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
-# Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would be refused.
+# Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would
+# be refused.
 LOCK_HELD_ENV = "DISTRINEWS_RUN_DIR_LOCKED"
 
 
@@ -213,8 +214,8 @@ class RunLock:
                 holder = _holder(fd)
                 os.close(fd)
                 raise ConfigError(
-                    f"config field 'output_dir': {self.run_dir.path} is locked by a run in progress ({holder}, lock file {self.path}); "
-                    "wait for it to end, or choose another --output-dir"
+                    f"config field 'output_dir': {self.run_dir.path} is locked by a run in progress "
+                    f"({holder}, lock file {self.path}); wait for it to end, or choose another --output-dir"
                 ) from None
             except OSError as exc:
                 os.close(fd)

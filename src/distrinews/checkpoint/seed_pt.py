@@ -28,7 +28,8 @@ def load_seed_pt(path: Path):
         payload = torch.load(path, weights_only=True, map_location="cpu")
     if not isinstance(payload, dict):
         raise CheckpointError(
-            f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (it holds a {type(payload).__name__}, not a dict)"
+            f"could not load checkpoint {path}: not a DistriNews or legacy "
+            f".pt checkpoint (it holds a {type(payload).__name__}, not a dict)"
         )
     missing = {"model_state_dict", "config"} - set(payload)
     if missing:

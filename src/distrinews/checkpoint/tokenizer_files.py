@@ -56,7 +56,8 @@ def require_tokenizer(directory: str | os.PathLike, base_model: str | None = Non
     if base:
         fix = (
             "save its base model's tokenizer into it: python -c "
-            f"\"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('{base}').save_pretrained('{directory}')\""
+            '"from transformers import AutoTokenizer; '
+            f"AutoTokenizer.from_pretrained('{base}').save_pretrained('{directory}')\""
         )
     else:
         fix = "copy the tokenizer files of the model it was fine-tuned from into it"

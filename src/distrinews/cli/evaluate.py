@@ -1,4 +1,5 @@
-"""``distrinews eval``: exact metrics of a checkpoint on the test split, with 1 or N processes, or on labelled files (``--input``)."""
+"""``distrinews eval``: exact metrics of a checkpoint on the test split, with 1 or N processes, or on labelled files
+(``--input``)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if env.is_main:
             print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
             print(
-                f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%"
+                f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
+                f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%"
             )
             print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
             if args.output_json:
@@ -116,7 +118,10 @@ def run_files(args: argparse.Namespace) -> int:
     result = evaluate_files(shards, predictor, args.text_field, args.label_field, batch_size=args.batch_size)
     skipped = ""
     if result.skipped:
-        skipped = f" ({result.skipped:,} row{'s' if result.skipped != 1 else ''} skipped; {'; '.join(result.skipped_examples)})"
+        skipped = (
+            f" ({result.skipped:,} row{'s' if result.skipped != 1 else ''} "
+            f"skipped; {'; '.join(result.skipped_examples)})"
+        )
     if not result.rows:
         raise DataError(f"eval: no row of {describe_inputs(shards)} has a text and a label{skipped}")
     metrics = result.to_json()

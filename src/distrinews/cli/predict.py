@@ -26,9 +26,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "predict",
         help="classify texts, or a corpus of JSONL/CSV/Parquet files",
-        description="Classify the texts given, or with --input/--output every row of JSONL, CSV (with a header) or Parquet "
-        "files: output in input order (id, label, confidence), bad rows to OUTPUT.rejects.jsonl; a killed run continues "
-        "when the same command is run again (progress in OUTPUT.partial/).",
+        description="Classify the texts given, or with --input/--output every row of JSONL, CSV (with a header) "
+        "or Parquet files: output in input order (id, label, confidence), bad rows to OUTPUT.rejects.jsonl; a "
+        "killed run continues when the same command is run again (progress in OUTPUT.partial/).",
     )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--json", action="store_true", help="texts form: print the answers as JSON")
@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     batch.add_argument(
         "--text-field",
         default=BatchJob.text_field,
-        help="the field holding the text (default: text; AG News rows with title and description are joined as in training)",
+        help="the field holding the text (default: text; AG News "
+        "rows with title and description are joined as in training)",
     )
     batch.add_argument(
         "--id-field",
@@ -99,13 +100,14 @@ def register(subparsers) -> None:
         "--engine",
         choices=ENGINES,
         default=BatchJob.engine,
-        help="local: --nproc processes on this machine, resumable; ray: --nproc Ray Data actors on a Ray cluster or a Ray started "
-        "here (pip install 'distrinews[ray]'; not resumable: a killed run starts again)",
+        help="local: --nproc processes on this machine, resumable; ray: --nproc Ray Data actors on a Ray "
+        "cluster or a Ray started here (pip install 'distrinews[ray]'; not resumable: a killed run starts again)",
     )
     batch.add_argument(
         "--ray-address",
         default=BatchJob.ray_address,
-        help="--engine ray: the cluster to join (e.g. HEAD:6379 or ray://HEAD:10001; default: $RAY_ADDRESS, else a Ray started here)",
+        help="--engine ray: the cluster to join (e.g. HEAD:6379 or "
+        "ray://HEAD:10001; default: $RAY_ADDRESS, else a Ray started here)",
     )
     batch.add_argument(
         "--otlp-endpoint",

@@ -1,4 +1,5 @@
-"""``distrinews serve``: the REST API under uvicorn (options in ``serve/options.py``, the run loop in ``serve/server.py``).
+"""``distrinews serve``: the REST API under uvicorn (options in ``serve/options.py``, the run loop in
+``serve/server.py``).
 
 ``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port``. SIGTERM stops
 accepting connections, answers every request already in flight, finishes the batcher's

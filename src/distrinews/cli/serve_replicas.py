@@ -13,11 +13,12 @@ import os
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve-replicas",
-        help="N `distrinews serve` replicas behind nginx on one port (health-checked, retried, rolling restarts on SIGHUP)",
-        description="Starts N `distrinews serve` processes on loopback ports and nginx in front of them on --port. "
-        "Other flags of `distrinews serve` (--runtime, --max-batch-size ...) go to every replica. SIGHUP restarts the "
-        "replicas one at a time on the checkpoint --checkpoint names then (point a symlink at a new best/ to roll out a "
-        "model); SIGTERM or Ctrl-C stops everything, and so does SIGKILL.",
+        help="N `distrinews serve` replicas behind nginx on one "
+        "port (health-checked, retried, rolling restarts on SIGHUP)",
+        description="Starts N `distrinews serve` processes on loopback ports and nginx in front of them on "
+        "--port. Other flags of `distrinews serve` (--runtime, --max-batch-size ...) go to every replica. "
+        "SIGHUP restarts the replicas one at a time on the checkpoint --checkpoint names then (point a "
+        "symlink at a new best/ to roll out a model); SIGTERM or Ctrl-C stops everything, and so does SIGKILL.",
     )
     p.add_argument(
         "--checkpoint", default=None, help="best/ directory (or a symlink to one; default: $MODEL_CHECKPOINT)"

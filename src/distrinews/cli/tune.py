@@ -20,8 +20,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "tune",
         help="hyperparameter search on Optuna (each trial a training run; launcher flags apply to each trial)",
-        description="Search the config fields a YAML space names; trials are `distrinews train` runs, any --field value "
-        "after the options overrides the base config, launcher flags (--nproc-per-node N ...) are each trial's.",
+        description="Search the config fields a YAML space names; trials are `distrinews train` runs, any --field "
+        "value after the options overrides the base config, launcher flags (--nproc-per-node N ...) are each trial's.",
     )
     p.add_argument("--config", help="the base config every trial starts from (YAML preset)")
     p.add_argument(

@@ -1,4 +1,5 @@
-"""Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad one.
+"""Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad
+one.
 
 An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files
 such as ``_SUCCESS`` and subfolders left out) or a glob; ``.gz`` is allowed for JSONL and CSV. Its
@@ -455,7 +456,8 @@ def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
 def _parquet_group(
     parquet: Any, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int
 ) -> Iterator[RawRow]:
-    """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad rows."""
+    """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad
+    rows."""
     i = 0
     try:
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):

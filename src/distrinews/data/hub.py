@@ -54,8 +54,8 @@ def load_from_hub(split: str) -> RawSplit:
     unreachable = None if _hub_offline() else _hub_unreachable()
     if unreachable:
         raise DataError(
-            f"no data directory given and the Hugging Face hub cannot be reached ({unreachable}; with HF_HUB_OFFLINE=1 a copy "
-            f"an earlier run downloaded is read from the cache); {GET_DATA}"
+            f"no data directory given and the Hugging Face hub cannot be reached ({unreachable}; with "
+            f"HF_HUB_OFFLINE=1 a copy an earlier run downloaded is read from the cache); {GET_DATA}"
         )
     try:
         ds = datasets.load_dataset(HUB_DATASET, split=split)

@@ -307,8 +307,9 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
     if single:
         where = rows.where[rows.labels.index(single[0])]
         raise DataError(
-            f"{where}: label {single[0]!r} occurs once in training, so the validation split (stratified by label) cannot "
-            f"hold it and training too{_more(len(single) - 1, 'label')}; give validation_file, or add rows of it, or remove it"
+            f"{where}: label {single[0]!r} occurs once in training, so the validation split "
+            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1, 'label')}; "
+            "give validation_file, or add rows of it, or remove it"
         )
     ids = [to_id[label] for label in rows.labels]
     n = max(len(counts), round(len(rows) * percentage / 100))
@@ -324,7 +325,8 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
 def check_training_rows(
     rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]
 ) -> None:
-    """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a warning."""
+    """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a
+    warning."""
     counts = Counter(to_id[label] for label in rows.labels)
     if len(counts) < 2:
         only = names[next(iter(counts))]

@@ -56,7 +56,7 @@ def clean_text(title: str, description: str) -> str:
 
 # Both ways to get the data, for every message that has to say none was found.
 GET_DATA = (
-    f"get AG News either way: pass --data DIR (or set ${DATA_ENV}) to a directory holding train.csv[.gz] and test.csv[.gz] "
-    f"in the original layout (class 1-4, title, description; no header), or run where the Hugging Face hub is reachable, "
-    f"which downloads {HUB_DATASET} once and caches it (needs `pip install 'distrinews[hub]'`)"
+    f"get AG News either way: pass --data DIR (or set ${DATA_ENV}) to a directory holding train.csv[.gz] and "
+    "test.csv[.gz] in the original layout (class 1-4, title, description; no header), or run where the Hugging Face "
+    f"hub is reachable, which downloads {HUB_DATASET} once and caches it (needs `pip install 'distrinews[hub]'`)"
 )

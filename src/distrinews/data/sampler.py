@@ -1,4 +1,5 @@
-"""Which rows each rank reads, in which order: the training sampler (length grouping, resume offset) and the eval shard."""
+"""Which rows each rank reads, in which order: the training sampler (length grouping, resume offset) and the eval
+shard."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Which rows a run reads: the train or test split, from ``--data`` / ``$DISTRINEWS_DATA`` or else the hub, and a seeded sample of them."""
+"""Which rows a run reads: the train or test split, from ``--data`` / ``$DISTRINEWS_DATA`` or else the hub, and a seeded
+sample of them."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ LAUNCH_FLAGS = (
     "master-port",
     "monitor-interval",
 )
-# Set in the workers of our launcher: it has already checked the run (on one node it also holds the lock), and collects their errors.
+# Set in the workers of our launcher: it has already checked the run (on one node it also holds the lock), and collects
+# their errors.
 LAUNCHED_ENV = "DISTRINEWS_LAUNCHED"
 
 
@@ -233,7 +234,8 @@ PREEMPTION_GRACE_S = float(os.environ.get("DISTRINEWS_PREEMPTION_GRACE_S", "120"
 def _forward_to_workers(signum: int, _frame: Any) -> None:
     workers = child_pids(os.getpid())
     print(
-        f"distrinews: {signal.Signals(signum).name}: the workers save a checkpoint at the next step boundary, then stop",
+        f"distrinews: {signal.Signals(signum).name}: the workers save a checkpoint at the next step boundary, then "
+        "stop",
         file=sys.stderr,
         flush=True,
     )

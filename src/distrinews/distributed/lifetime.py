@@ -1,9 +1,10 @@
 """A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``).
 
-Every launcher of ours relies on it: torchrun's workers under ``distrinews train`` (``process_group.die_with_launcher``),
-the batch-predict workers (``predict.batch.worker``), and the servers and nginx under ``distrinews serve-replicas``
-(``serve.replicas``, through ``preexec_die_with_parent`` for programs that are not ours). A parent killed with SIGKILL
-(the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the kernel can take the children with it.
+Every launcher of ours relies on it: torchrun's workers under ``distrinews train``
+(``process_group.die_with_launcher``), the batch-predict workers (``predict.batch.worker``), and the servers and nginx
+under ``distrinews serve-replicas`` (``serve.replicas``, through ``preexec_die_with_parent`` for programs that are not
+ours). A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
+kernel can take the children with it.
 """
 
 from __future__ import annotations

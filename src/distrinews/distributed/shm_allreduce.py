@@ -84,7 +84,8 @@ class SharedMemoryAllReduce:
         n, r = self.world_size, self.rank
         if tensor.numel() * tensor.element_size() > self.slot_bytes:
             raise ValueError(
-                f"a bucket of {tensor.numel() * tensor.element_size()} bytes is larger than the slot ({self.slot_bytes})"
+                f"a bucket of {tensor.numel() * tensor.element_size()} "
+                f"bytes is larger than the slot ({self.slot_bytes})"
             )
         slots = self._slots(tensor.dtype, tensor.numel())
         torch.div(tensor, n, out=slots[r])

@@ -129,7 +129,8 @@ class Watchdog:
             except Exception as exc:  # the store's host (the launcher of the first node) is gone or stuck
                 if time.monotonic() - store_ok > self.timeout_s:
                     self._fail(
-                        f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} stopped answering ({exc})"
+                        f"the rendezvous store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                        f"stopped answering ({exc})"
                     )
                     return
                 continue

@@ -47,7 +47,8 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
         if check["max_abs_prob_diff"] > FP32_PROB_TOLERANCE:
             out.unlink(missing_ok=True)
             raise RuntimeError(
-                f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| = {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
+                f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| "
+                f"= {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
             )
         return out
     # int8: made and checked against fp32 as the server's `auto` rule does (predict/int8.py), the check in its metadata.

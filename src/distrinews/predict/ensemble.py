@@ -65,8 +65,8 @@ def ensemble_log_probs(
             names = list(predictor.labels)
         if list(predictor.labels) != names:
             raise ConfigError(
-                f"config field 'teacher_model_name_or_path': {checkpoint} predicts the labels {', '.join(predictor.labels)}, "
-                f"but {', '.join(names)} were expected (in this order)"
+                f"config field 'teacher_model_name_or_path': {checkpoint} predicts the labels "
+                f"{', '.join(predictor.labels)}, but {', '.join(names)} were expected (in this order)"
             )
         members.append(member_log_probs(predictor, texts, batch_size))
         del predictor

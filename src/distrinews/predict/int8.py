@@ -215,7 +215,8 @@ def compare(
             kind="label agreement with fp32 on the fixed sample",
             min_agreement=MIN_AGREEMENT,
             passed=agreement >= MIN_AGREEMENT,
-            summary=f"{100 * agreement:.1f}% of {len(texts)} texts labelled as fp32 labels them (at least {100 * MIN_AGREEMENT:.0f}%)",
+            summary=f"{100 * agreement:.1f}% of {len(texts)} texts labelled "
+            f"as fp32 labels them (at least {100 * MIN_AGREEMENT:.0f}%)",
         )
     return check
 

@@ -1,4 +1,5 @@
-"""How a batch of tokenized texts is cut into forward passes: at most ``max_texts`` texts and ``max_tokens`` padded tokens each.
+"""How a batch of tokenized texts is cut into forward passes: at most ``max_texts`` texts and ``max_tokens`` padded
+tokens each.
 
 The rule the server's micro-batcher (``serve/batcher.py``) and the batch engine (``predict/batch``)
 share: texts sorted by length, cut greedily, so each pass pads little.

@@ -179,12 +179,14 @@ class Predictor:
         return result
 
     def set_min_confidence(self, spec: Any) -> None:
-        """``--min-confidence`` (``confidence.ConfidenceThreshold.parse``'s forms; None: none), checked against the labels."""
+        """``--min-confidence`` (``confidence.ConfidenceThreshold.parse``'s forms; None: none), checked against the
+        labels."""
         threshold = ConfidenceThreshold.parse(spec)
         self.min_confidence = None if threshold is None else threshold.for_labels(self.labels)
 
     def warmup(self) -> None:
-        """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy initialisation."""
+        """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy
+        initialisation."""
         self.predict(["warm up"])
         self.predict(["warm up", "warm up the model with a slightly longer sentence"])
         self.predict(["warm up with the longest text the model reads " * 40])
@@ -313,7 +315,8 @@ class OnnxPredictor(Predictor):
             self.runtime = "onnx-int8"
             if not self.quantized:
                 raise ValueError(
-                    f"--runtime onnx-int8: {path} is not a quantized model (make one with distrinews export --quantize int8)"
+                    f"--runtime onnx-int8: {path} is not a quantized model "
+                    "(make one with distrinews export --quantize int8)"
                 )
 
     def _load_with_transformers(self, path: Path, max_batch_size: int, int8: bool) -> Path:
@@ -368,8 +371,8 @@ def bf16_refusal(device: str = "cpu") -> str | None:
     if machine.bf16_is_fast(device):
         return None
     return (
-        f"--runtime torch-bf16: this {device.upper()} has no bf16 matrix hardware (AVX512-BF16 or AMX), so every bf16 matmul "
-        "is emulated, about 100x slower than fp32; use --runtime onnx-int8, onnx or torch"
+        f"--runtime torch-bf16: this {device.upper()} has no bf16 matrix hardware (AVX512-BF16 or AMX), so "
+        "every bf16 matmul is emulated, about 100x slower than fp32; use --runtime onnx-int8, onnx or torch"
     )
 
 

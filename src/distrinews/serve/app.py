@@ -69,7 +69,10 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     """
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
-        return f"could not load the model from {checkpoint}: {type(exc).__name__} (refused; the server log has the details)"
+        return (
+            f"could not load the model from {checkpoint}: "
+            f"{type(exc).__name__} (refused; the server log has the details)"
+        )
     if isinstance(exc, (FileNotFoundError, CheckpointError)):
         return " ".join(text.split())
     first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
@@ -248,7 +251,8 @@ def create_app(
         },
         title="DistriNews",
         version=__version__,
-        description=f"A text classifier. {labels_sentence(labels)} Concurrent requests are micro-batched into one forward pass.",
+        description=f"A text classifier. {labels_sentence(labels)} "
+        "Concurrent requests are micro-batched into one forward pass.",
         lifespan=lifespan,
     )
     _label_examples(app, labels)

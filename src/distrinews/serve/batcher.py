@@ -300,7 +300,8 @@ class MicroBatcher:
         self._wake()
 
     def _on_done(self, request: _Request) -> None:
-        """A cancelled future before its batch ran: the request leaves the queue now (its place is free) and is never computed."""
+        """A cancelled future before its batch ran: the request leaves the queue now (its place is free) and is never
+        computed."""
         if not request.future.cancelled() or request.stage not in ("tokenizing", "ready"):
             return
         if request.stage == "ready":

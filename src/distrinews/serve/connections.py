@@ -89,7 +89,10 @@ def _refusal(max_connections: int) -> bytes:
 def _body_too_late(body_timeout: float) -> bytes:
     detail = f"the request body did not arrive within {body_timeout:g}s of its headers (the server's --body-timeout)"
     body = json.dumps({"detail": detail}).encode()
-    head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    head = (
+        "HTTP/1.1 408 Request Timeout\r\ncontent-type: "
+        f"application/json\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 

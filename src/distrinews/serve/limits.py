@@ -130,7 +130,8 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
         )
         raise ApiError(
             415,
-            f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: application/json'",
+            f"unsupported media type: got {got}; send the body as JSON with the header 'Content-Type: "
+            "application/json'",
         )
     raw = await request.body()
     if not raw.strip():

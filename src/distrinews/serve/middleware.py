@@ -158,7 +158,8 @@ class BodyLimitMiddleware:
                     send,
                     400,
                     {
-                        "detail": f"invalid Content-Length header ({shown!r}): send one non-negative integer, the body's size in bytes"
+                        "detail": f"invalid Content-Length header ({shown!r}): "
+                        "send one non-negative integer, the body's size in bytes"
                     },
                 )
             declared = int(next(iter(values)))

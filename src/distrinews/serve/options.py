@@ -43,10 +43,10 @@ class ServeConfig:
     port: int | None = _flag(None, f"port (default: $PORT, else {DEFAULT_PORT})", type=int)
     runtime: str = _flag(
         DEFAULT_RUNTIME,
-        f"inference runtime (default: {DEFAULT_RUNTIME}; auto = onnx-int8 where the checkpoint's int8 model passed its accuracy "
-        "check against fp32 (made and checked at the first start if missing), else torch; onnx-int8/onnx use "
-        "CHECKPOINT/model.int8.onnx / model.onnx, made at start if missing; torch-bf16 only where the CPU or GPU computes bf16 "
-        "in hardware)",
+        f"inference runtime (default: {DEFAULT_RUNTIME}; auto = onnx-int8 where the checkpoint's "
+        "int8 model passed its accuracy check against fp32 (made and checked at the first start "
+        "if missing), else torch; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, "
+        "made at start if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
         choices=RUNTIMES,
     )
     onnx_model: str | None = _flag(
@@ -68,7 +68,8 @@ class ServeConfig:
     threads: int = _flag(0, "CPU threads of the model's forward pass (0: the runtime's default, all cores)")
     header_timeout: float = _flag(
         10.0,
-        "seconds a connection has to send a request's headers (from connect, or from the previous answer); then it is closed",
+        "seconds a connection has to send a request's headers (from "
+        "connect, or from the previous answer); then it is closed",
     )
     max_connections: int = _flag(
         1000, "open connections at most; one more is answered 503 (JSON, Retry-After) and closed before it is read"
@@ -77,7 +78,8 @@ class ServeConfig:
     # 59 s would pass that forever. 60 s for at most --max-body-bytes (4 MiB) asks for 70 KB/s.
     body_timeout: float = _flag(
         60.0,
-        "seconds a request's body has to arrive in full, from the end of its headers; then 408 and the connection is closed",
+        "seconds a request's body has to arrive in full, from the "
+        "end of its headers; then 408 and the connection is closed",
     )
     # 1,000 connections x a 4 MiB body would be 4 GiB, twice deploy/k8s/serve.yaml's memory limit; 256 MiB is 64 bodies
     # of the largest size, or thousands of ordinary ones.
@@ -85,7 +87,8 @@ class ServeConfig:
         256 * 1024 * 1024,
         "request body bytes all requests in progress may hold together; a body that would go over gets 503",
     )
-    # A forward pass takes milliseconds on a CPU batch of --max-batch-tokens 512, seconds at most for a GPU's large batches.
+    # A forward pass takes milliseconds on a CPU batch of --max-batch-tokens 512, seconds at most for a GPU's large
+    # batches.
     forward_timeout: float = _flag(
         30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns"
     )
@@ -99,7 +102,8 @@ class ServeConfig:
     min_confidence: str | None = _flag(
         None,
         'answers whose top probability is below this are marked "confident": false (the label is still given) and '
-        "counted in /metrics: a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both (0.5,World=0.8)",
+        "counted in /metrics: a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both "
+        "(0.5,World=0.8)",
     )
     public_metrics: bool = _flag(
         False,
@@ -194,7 +198,8 @@ def validate(args: argparse.Namespace) -> None:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
     if args.max_pending_body_bytes < args.max_body_bytes:
         raise ServeOptionError(
-            f"--max-pending-body-bytes ({args.max_pending_body_bytes}) must be at least --max-body-bytes ({args.max_body_bytes})"
+            f"--max-pending-body-bytes ({args.max_pending_body_bytes}) "
+            f"must be at least --max-body-bytes ({args.max_body_bytes})"
         )
     api_key_from_env()
     if args.max_wait_ms < 0:

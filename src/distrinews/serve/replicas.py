@@ -250,8 +250,8 @@ class Supervisor:
             s = self.settings
             self.say(
                 f"ready on http://{s.host}:{s.port}: nginx in front of {s.replicas} replica(s) on ports "
-                f"{', '.join(str(r.port) for r in self.replicas)}, {s.threads} thread(s) each, model version {', '.join(versions)}; "
-                f"logs in {self.log_dir}; SIGHUP rolls them, Ctrl-C stops everything"
+                f"{', '.join(str(r.port) for r in self.replicas)}, {s.threads} thread(s) each, model version "
+                f"{', '.join(versions)}; logs in {self.log_dir}; SIGHUP rolls them, Ctrl-C stops everything"
             )
             self._watch()
         except Stopped:
@@ -282,8 +282,8 @@ class Supervisor:
             if not replica.alive():
                 assert replica.proc is not None, "started before it is waited on"
                 raise RuntimeError(
-                    f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} before it was ready; "
-                    f"its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
+                    f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} "
+                    f"before it was ready; its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
                 )
             if replica.seen_ready():
                 replica.failures = 0
@@ -347,13 +347,15 @@ class Supervisor:
         error_log = self.log_dir / "nginx-error.log" if self.settings.log_dir else self.temp / "nginx-error.log"
         cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
         self.nginx = _start_child(cmd, self.log_dir / "nginx.log")
-        url = f"http://{'127.0.0.1' if self.settings.host in ('0.0.0.0', '') else self.settings.host}:{self.settings.port}/ready"
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
+        url = f"http://{host}:{self.settings.port}/ready"
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             self._check_stop()
             if self.nginx.poll() is not None:
                 raise RuntimeError(
-                    f"nginx exited with {self.nginx.returncode}: {_tail(self.log_dir / 'nginx.log') or _tail(error_log)}"
+                    f"nginx exited with {self.nginx.returncode}: "
+                    f"{_tail(self.log_dir / 'nginx.log') or _tail(error_log)}"
                 )
             if get_json(url)[0] == 200:
                 return

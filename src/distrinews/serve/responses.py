@@ -24,7 +24,8 @@ _SEED = {
     400: "invalid Content-Length header ('12a'): send one non-negative integer, the body's size in bytes",
     401: "this server requires an API key: send the header 'Authorization: Bearer <key>'",
     413: "65 texts in one request; the limit is 64 (split the batch)",
-    415: "unsupported media type: got no Content-Type; send the body as JSON with the header 'Content-Type: application/json'",
+    415: "unsupported media type: got no Content-Type; send the "
+    "body as JSON with the header 'Content-Type: application/json'",
     422: "text is empty (or only whitespace): send 1 to 10,000 characters of text",
     429: "server busy: 1024 texts already queued (limit 1024); retry shortly",
     503: "model is still loading; retry shortly (GET /ready turns 200 when it is ready)",

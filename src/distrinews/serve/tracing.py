@@ -32,7 +32,8 @@ _NS = 1_000_000_000
 def traced_answer(
     tracer: Any, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str
 ) -> JSONResponse:
-    """The answer, after the current request's stage spans from the batcher's ``timing`` (``time.perf_counter``'s clock)."""
+    """The answer, after the current request's stage spans from the batcher's ``timing`` (``time.perf_counter``'s
+    clock)."""
     if "done" not in timing or not trace.get_current_span().is_recording():
         return JSONResponse(content, headers=headers)
     # perf_counter has no epoch: place the batcher's times on the wall clock by their distance from now.

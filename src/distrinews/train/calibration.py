@@ -101,8 +101,8 @@ def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], bins: i
 def coverage_accuracy(
     probs: np.ndarray, labels: Sequence[int], coverages: Sequence[float] = COVERAGES
 ) -> list[dict[str, float]]:
-    """For each coverage c: the accuracy of the ``ceil(c x rows)`` most confident answers, and the least confidence among
-    them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
+    """For each coverage c: the accuracy of the ``ceil(c x rows)`` most confident answers, and the least confidence
+    among them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
     probs = np.asarray(probs, dtype=np.float64)
     confidence = probs.max(axis=1)
     correct = probs.argmax(axis=1) == np.asarray(labels)
@@ -122,7 +122,8 @@ def coverage_accuracy(
 
 
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident answers."""
+    """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident
+    answers."""
     probs = np.asarray(probs, dtype=np.float64)
     order = np.argsort(-probs.max(axis=1), kind="stable")
     correct = (probs.argmax(axis=1) == np.asarray(labels))[order]
@@ -148,7 +149,8 @@ class ConfidenceReport:
     curve: tuple[np.ndarray, np.ndarray]
 
     def to_json(self) -> dict[str, Any]:
-        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the plots)."""
+        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the
+        plots)."""
         return {
             "method": self.method,
             "temperature": self.temperature,
@@ -169,7 +171,8 @@ def measure(
     method: str,
     calibration: tuple[np.ndarray, Sequence[int]] | None,
 ) -> ConfidenceReport:
-    """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature; score the evaluation rows."""
+    """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature; score the evaluation
+    rows."""
     fitted = calibration if method == "temperature" and calibration is not None and len(calibration[1]) > 0 else None
     temperature = fit_temperature(*fitted) if fitted is not None else 1.0
     before, after = softmax(eval_logits), softmax(eval_logits, temperature)
@@ -197,7 +200,8 @@ def calibrate_best(
     device: Any = None,
     batch_size: int = 64,
 ) -> ConfidenceReport:
-    """Score ``best/`` on the rows, fit its temperature (``method``), and write both into ``best/`` (rank 0, after the run)."""
+    """Score ``best/`` on the rows, fit its temperature (``method``), and write both into ``best/`` (rank 0, after the
+    run)."""
     predictor = Predictor(best, device=device, max_batch_size=batch_size)
     eval_logits = predictor.logits(eval_rows.texts)
     calibration = None
@@ -214,7 +218,10 @@ def calibrate_best(
 def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
     """The final summary's lines: the temperature, ECE before and after, and the coverage-accuracy table."""
     if report.method == "temperature":
-        fitted = f"Calibration: temperature {report.temperature:.3f}, fitted on {report.calibration_rows:,} rows held out of training"
+        fitted = (
+            f"Calibration: temperature {report.temperature:.3f}, fitted "
+            f"on {report.calibration_rows:,} rows held out of training"
+        )
     else:
         fitted = "Calibration: no temperature fitted (no rows were held out to fit it on): the softmax as trained"
     lines = [

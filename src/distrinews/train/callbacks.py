@@ -116,7 +116,8 @@ class CallbackHandler:
 def default_callbacks(
     args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None]
 ) -> list[TrainerCallback]:
-    """The run's callbacks from its config: log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every rank."""
+    """The run's callbacks from its config: log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every
+    rank."""
     from .early_stopping import EarlyStoppingCallback
     from .metrics import JsonLogCallback, TensorBoardCallback
 

@@ -82,7 +82,8 @@ def calibration_lines(config: TrainConfig, facts: RunFacts) -> list[str]:
         return []
     share = config.data.calibration_split_percentage
     return [
-        f"Calibration rows:     {facts.calibration_rows:,} held out of training ({share}%, stratified, to fit the temperature)"
+        f"Calibration rows:     {facts.calibration_rows:,} held out "
+        f"of training ({share}%, stratified, to fit the temperature)"
     ]
 
 
@@ -142,7 +143,8 @@ def epoch_lines(
     return [
         f"\nEpoch [{epoch + 1}/{num_epochs}] - {fmt_time(seconds)}",
         f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%",
-        f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%",
+        f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  "
+        f"{100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%",
         f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
         f"MFU {100 * summary['mfu']:.1f}%, peak memory {summary['peak_memory_mib']:.0f} MiB a process",
     ]
@@ -150,7 +152,10 @@ def epoch_lines(
 
 def replicas_line(digests: list[str]) -> str:
     same = len(set(digests)) == 1
-    return f"Replicas: {'identical' if same else 'DIFFERENT'} parameters on the {len(digests)} ranks ({', '.join(digests)})"
+    return (
+        f"Replicas: {'identical' if same else 'DIFFERENT'} parameters "
+        f"on the {len(digests)} ranks ({', '.join(digests)})"
+    )
 
 
 def stopped_line(reason: str | None, step: int, total_steps: int, saved: str | None) -> str:

@@ -238,7 +238,8 @@ def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) ->
 
 
 def draw_confusion(metrics: dict[str, Any]):
-    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written in."""
+    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written
+    in."""
     from matplotlib.figure import Figure
 
     cm, names = metrics["confusion"], list(metrics["per_class"])
@@ -274,7 +275,8 @@ def draw_confusion(metrics: dict[str, Any]):
 def write_confusion_matrix(
     run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print
 ) -> Path | None:
-    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the run."""
+    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the
+    run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
     try:

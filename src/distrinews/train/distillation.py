@@ -98,7 +98,8 @@ class Distillation:
             )
         what = "computed" if computed else "read from the cache"
         say(
-            f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {time.perf_counter() - started:.1f} s"
+            f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' "
+            f"probabilities {what} in {time.perf_counter() - started:.1f} s"
         )
         return cls(log_probs.to(env.device), config.distillation_temperature, config.distillation_alpha)
 

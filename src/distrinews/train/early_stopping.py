@@ -42,7 +42,7 @@ class EarlyStoppingCallback(TrainerCallback):
     def _line(args, state) -> str:
         threshold = f" by more than {args.run.early_stopping_threshold:g}" if args.run.early_stopping_threshold else ""
         return (
-            f"Early stopping at step {state.global_step}: {args.run.metric_for_best_model} has not improved{threshold} "
-            f"in {state.early_stopping_patience_counter} evaluations (early_stopping_patience {args.run.early_stopping_patience}; "
-            f"best {state.best_metric:.4f})"
+            f"Early stopping at step {state.global_step}: {args.run.metric_for_best_model} has not "
+            f"improved{threshold} in {state.early_stopping_patience_counter} evaluations "
+            f"(early_stopping_patience {args.run.early_stopping_patience}; best {state.best_metric:.4f})"
         )

@@ -217,7 +217,8 @@ class ModelShape:
 
 def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int) -> int:
     """How many bottom encoder layers the backward pass never reaches: every embedding parameter and every
-    parameter of those layers is frozen (``freeze_layers``), so nothing below the first trained layer needs a gradient."""
+    parameter of those layers is frozen (``freeze_layers``), so nothing below the first trained layer needs a
+    gradient."""
     if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
         return 0
     bottom = 0

@@ -139,7 +139,8 @@ class JsonLogCallback(TrainerCallback):
 
 
 class TensorBoardCallback(TrainerCallback):
-    """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0); a resumed run purges the steps after its checkpoint."""
+    """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0); a resumed run purges the steps after its
+    checkpoint."""
 
     def __init__(self, run_dir: RunDir | str | os.PathLike):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)

@@ -185,7 +185,8 @@ class MLflowCallback(TrainerCallback):
         self.say(f"MLflow: run {run_id} in experiment {self.client.get_run(run_id).info.experiment_id} at {uri}")
         if shortened:
             self.say(
-                f"MLflow: parameter(s) {', '.join(shortened)} shortened to {MAX_PARAM_VAL_LENGTH} characters (in full in config.yaml)"
+                f"MLflow: parameter(s) {', '.join(shortened)} shortened to "
+                f"{MAX_PARAM_VAL_LENGTH} characters (in full in config.yaml)"
             )
         if changed:
             self.say(

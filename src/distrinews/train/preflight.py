@@ -36,7 +36,8 @@ def preflight_train(
     for sink in ("mlflow", "tensorboard"):
         if sink in config.run.report_to and importlib.util.find_spec(sink) is None:
             raise ConfigError(
-                f"config field 'report_to': {sink} is not installed (pip install 'distrinews[{sink}]', or --report_to none)"
+                f"config field 'report_to': {sink} is not installed (pip "
+                f"install 'distrinews[{sink}]', or --report_to none)"
             )
     if nproc_per_node is not None:
         if torch.cuda.is_available():

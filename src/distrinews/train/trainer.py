@@ -334,8 +334,9 @@ class Trainer:
         """A checkpoint continues only the run of the same label set."""
         if saved != self.data.label_names:
             raise CheckpointError(
-                f"{path}: trained on the labels {', '.join(saved)}, but this run's data has {', '.join(self.data.label_names)}; "
-                "resume it with the data it was trained on, or start a new run (another output_dir, or --overwrite_output_dir)"
+                f"{path}: trained on the labels {', '.join(saved)}, but this run's data has "
+                f"{', '.join(self.data.label_names)}; resume it with the data it was trained "
+                "on, or start a new run (another output_dir, or --overwrite_output_dir)"
             )
 
     def open_logs(self, resumed_from: str | None) -> None:

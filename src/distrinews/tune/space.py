@@ -82,7 +82,8 @@ class SearchSpace:
             raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
         if not isinstance(loaded, dict) or not loaded:
             raise ConfigError(
-                f"{p}: must map config fields to distributions, e.g. learning_rate: {{low: 1.0e-5, high: 1.0e-3, log: true}}"
+                f"{p}: must map config fields to distributions, e.g. "
+                "learning_rate: {low: 1.0e-5, high: 1.0e-3, log: true}"
             )
         lines = (
             {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}

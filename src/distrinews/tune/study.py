@@ -136,13 +136,15 @@ def run_study(
             break
         if options.timeout_s is not None and time.monotonic() - started >= options.timeout_s:
             say(
-                f"timeout: {options.timeout_s:g} s passed, no new trial starts ({finished} of {options.n_trials} finished)"
+                f"timeout: {options.timeout_s:g} s passed, no new trial "
+                f"starts ({finished} of {options.n_trials} finished)"
             )
             break
         if finished + in_progress >= options.n_trials and not _waiting(study):
             if not said_waiting:
                 say(
-                    f"waiting for {in_progress} trial(s) running in other tuners ({finished} of {options.n_trials} finished)"
+                    f"waiting for {in_progress} trial(s) running in other "
+                    f"tuners ({finished} of {options.n_trials} finished)"
                 )
                 said_waiting = True
             time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them

@@ -76,7 +76,8 @@ class TrialCallback(TrainerCallback):
         )
         self.trial = optuna.Trial(study, self.link.trial_id)
         print(
-            f"Optuna: reporting {args.run.metric_for_best_model} to trial {self.link.number} of study {self.link.study_name}"
+            f"Optuna: reporting {args.run.metric_for_best_model} to "
+            f"trial {self.link.number} of study {self.link.study_name}"
         )
 
     def on_evaluate(self, args, state, control, metrics: dict[str, Any], **kwargs: Any) -> None:
@@ -87,11 +88,8 @@ class TrialCallback(TrainerCallback):
             self.trial.report(self.last_value, state.global_step)
             prune = self.trial.should_prune()
         except Exception as exc:  # the storage gone, or the trial failed meanwhile (its tuner died): the run goes on
-            print(
-                f"warning: Optuna: trial {self.link.number} no longer reported to ({type(exc).__name__}: {exc})".splitlines()[
-                    0
-                ]
-            )
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"warning: Optuna: trial {self.link.number} no longer reported to ({why})")
             self.trial = None
             return
         if prune:

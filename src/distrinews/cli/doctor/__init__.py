@@ -1,4 +1,5 @@
-"""``distrinews doctor``: check the distributed setup end to end (the command is ``checks``; each kind of check sits beside it)."""
+"""``distrinews doctor``: check the distributed setup end to end (the command is ``checks``; each kind of check sits
+beside it)."""
 
 from __future__ import annotations
 

@@ -10,24 +10,24 @@ def advise(phase: str, error: str, host: str, port: int, timeout_s: float, missi
     low = error.lower()
     if "address already in use" in low or "eaddrinuse" in low or "errno 98" in low:
         return (
-            f"port {port} on {host} is already in use. Another run (or a zombie process from one) holds it: find it with "
-            f"`ss -ltnp | grep :{port}` and stop it, or pick another port (--port, or MASTER_PORT / torchrun --master-port). "
-            f"`distrinews train --nproc-per-node N` picks a free port by itself."
+            f"port {port} on {host} is already in use. Another run (or a zombie process from one) holds it: "
+            f"find it with `ss -ltnp | grep :{port}` and stop it, or pick another port (--port, or MASTER_PORT "
+            "/ torchrun --master-port). `distrinews train --nproc-per-node N` picks a free port by itself."
         )
     if missing:
         who = ", ".join(map(str, missing))
         return (
-            f"rank(s) {who} never joined the rendezvous at {host}:{port} within {timeout_s:g}s. Check that every node "
-            f"started its processes (same --nnodes and --nproc-per-node everywhere, same MASTER_ADDR:MASTER_PORT), that "
-            f"no rank crashed at start-up (its log), and that {host}:{port} is reachable from every node (firewall, "
-            f"GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the right network interface). If the nodes are just slow to "
-            f"start, raise the timeout."
+            f"rank(s) {who} never joined the rendezvous at {host}:{port} within {timeout_s:g}s. Check that "
+            "every node started its processes (same --nnodes and --nproc-per-node everywhere, same "
+            f"MASTER_ADDR:MASTER_PORT), that no rank crashed at start-up (its log), and that {host}:{port} "
+            "is reachable from every node (firewall, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the "
+            "right network interface). If the nodes are just slow to start, raise the timeout."
         )
     if "timed out" in low or "timeout" in low:
         return (
             f"the rendezvous at {host}:{port} timed out after {timeout_s:g}s during '{phase}'. Check MASTER_ADDR is an "
-            f"address every node can reach, that no firewall blocks port {port}, and the interface "
-            f"(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); run with NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL for more."
+            f"address every node can reach, that no firewall blocks port {port}, and the interface (GLOO_SOCKET_IFNAME "
+            "/ NCCL_SOCKET_IFNAME); run with NCCL_DEBUG=INFO or TORCH_DISTRIBUTED_DEBUG=DETAIL for more."
         )
     if "nccl" in low:
         return (

@@ -69,7 +69,8 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
 
 
 def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report):
-    """Start ``start_ranks`` of ``world`` ranks, wait for them (stopping the ones that hang), read what each reported."""
+    """Start ``start_ranks`` of ``world`` ranks, wait for them (stopping the ones that hang), read what each
+    reported."""
     cores = threads_per_process(world)
     with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
         procs: dict[int, subprocess.Popen] = {}
@@ -139,8 +140,10 @@ def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, proc
     )
     for r in crashed:
         rep.fail(
-            f"rank {r} exited (code {procs[r].returncode}) in phase '{states[r]['phase'] if states[r] else 'start'}' without a result",
-            f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output ---\n{tails[r]}",
+            f"rank {r} exited (code {procs[r].returncode}) in phase "
+            f"'{states[r]['phase'] if states[r] else 'start'}' without a result",
+            f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output "
+            f"---\n{tails[r]}",
         )
     for r, phase in stuck.items():
         rep.fail(

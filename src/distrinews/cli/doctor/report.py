@@ -56,10 +56,12 @@ def report_facts(rep: Report) -> None:
 
 
 def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> None:
-    """Every rank's results: the rendezvous, each collective's answer (a failure naming the wrong ranks), the bandwidth."""
+    """Every rank's results: the rendezvous, each collective's answer (a failure naming the wrong ranks), the
+    bandwidth."""
     first = results[0]
     rep.ok(
-        f"rendezvous of {world} processes ({first['backend']}, {first['device']} on rank 0) in {first['rendezvous_s']:.2f}s"
+        f"rendezvous of {world} processes ({first['backend']}, "
+        f"{first['device']} on rank 0) in {first['rendezvous_s']:.2f}s"
     )
     for name in ("all_reduce", "all_gather", "broadcast"):
         bad = [r["rank"] for r in results if not r["checks"][name]["ok"]]
@@ -88,18 +90,20 @@ def report_results(rep: Report, results: list[dict[str, Any]], world: int) -> No
             rep.fail(
                 f"the shared-memory gradient average gave the wrong answer on rank(s) {bad}: got "
                 f"{ {r['rank']: r['shared_memory']['got'] for r in results} }, expected {shm['expected']}",
-                "train with --ddp_comm_hook none (gloo's all-reduce) and report this with the output of distrinews doctor --json",
+                "train with --ddp_comm_hook none (gloo's all-reduce) and "
+                "report this with the output of distrinews doctor --json",
             )
         else:
             rep.ok(
-                f"shared-memory gradient average of {shm['bytes'] / 2**20:.0f} MiB (what training uses here, ddp_comm_hook auto): "
-                f"{shm['time_ms']:.1f} ms, correct on every rank"
+                f"shared-memory gradient average of {shm['bytes'] / 2**20:.0f} MiB (what training "
+                f"uses here, ddp_comm_hook auto): {shm['time_ms']:.1f} ms, correct on every rank"
             )
     elif "needs_bytes" in shm:
         rep.info(
-            f"no shared-memory gradient average: {shm['why']}; training averages through {first['backend']} instead "
-            f"(slower on one host). {shm['bytes'] / 2**20:.0f} MiB of gradients need {shm['needs_bytes'] / 2**20:.0f} MiB "
-            "of /dev/shm: give a container a larger one (docker --shm-size, a memory-backed emptyDir as deploy/k8s has)"
+            f"no shared-memory gradient average: {shm['why']}; training averages through "
+            f"{first['backend']} instead (slower on one host). {shm['bytes'] / 2**20:.0f} MiB of "
+            f"gradients need {shm['needs_bytes'] / 2**20:.0f} MiB of /dev/shm: give a container "
+            "a larger one (docker --shm-size, a memory-backed emptyDir as deploy/k8s has)"
         )
     else:
         rep.info(f"no shared-memory gradient average ({shm['why']}): training averages through {first['backend']}")

@@ -51,9 +51,9 @@ def note(runtime: str, check: dict[str, Any] | None) -> str:
             f"({check['difference_points']:+.2f} points; the tolerance is -{INT8_TOLERANCE_POINTS} points)."
         )
     return (
-        "int8 accuracy was not measured for this checkpoint at export (run the export with `--check-accuracy` to measure it "
-        f"on the test split). DistriNews' recorded measurement ({RECORDED['source']}, the cpu-quick MiniLM-L6 model, "
-        f"{RECORDED['rows']:,} test rows): int8 {100 * RECORDED['int8_accuracy']:.2f}% against fp32 "
-        f"{100 * RECORDED['fp32_accuracy']:.2f}%, within the {INT8_TOLERANCE_POINTS}-point tolerance. "
-        "The test metrics below are the PyTorch model's."
+        "int8 accuracy was not measured for this checkpoint at export (run the export with "
+        "`--check-accuracy` to measure it on the test split). DistriNews' recorded measurement "
+        f"({RECORDED['source']}, the cpu-quick MiniLM-L6 model, {RECORDED['rows']:,} test rows): int8 "
+        f"{100 * RECORDED['int8_accuracy']:.2f}% against fp32 {100 * RECORDED['fp32_accuracy']:.2f}%, within "
+        f"the {INT8_TOLERANCE_POINTS}-point tolerance. The test metrics below are the PyTorch model's."
     )

@@ -61,7 +61,8 @@ def _module_file(dotted: str) -> Path | None:
 
 
 def _imports_followed(path: Path) -> list[str]:
-    """Our modules that ``path`` imports when it is imported, and the server modules it imports later (in a function)."""
+    """Our modules that ``path`` imports when it is imported, and the server modules it imports later (in a
+    function)."""
     package = list(path.relative_to(PACKAGE_ROOT.parent).parts[:-1])  # a module's package; an __init__'s own
     found: list[str] = []
 
@@ -233,8 +234,8 @@ def _write_model(
         say("measuring int8 against fp32 on the test split (--check-accuracy)")
         result = accuracy.compare_int8(checkpoint, fp32, int8, data_dir)
         say(
-            f"int8 {100 * result['int8_accuracy']:.2f}% vs fp32 {100 * result['fp32_accuracy']:.2f}% on {result['rows']:,} rows "
-            f"({result['difference_points']:+.2f} points)"
+            f"int8 {100 * result['int8_accuracy']:.2f}% vs fp32 {100 * result['fp32_accuracy']:.2f}% "
+            f"on {result['rows']:,} rows ({result['difference_points']:+.2f} points)"
         )
         if not result["within_tolerance"]:
             raise ConfigError(

@@ -23,7 +23,8 @@ SPACE_UID = 1000  # Docker Spaces run the container as uid 1000 (huggingface.co/
 
 # deploy/Dockerfile's: a request to /health from inside the container (the slim base has no curl).
 HEALTHCHECK_CMD = (
-    r"""python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"7860\")}/health', """
+    r"""python -c "import os, urllib.request; """
+    r"""urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"7860\")}/health', """
     r"""timeout=4)" || exit 1"""
 )
 _PIP_CERT = "if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi"

@@ -68,7 +68,8 @@ def _curl_examples(url: str, labels: list[str]) -> list[str]:
         f"curl -X POST {url}/predict \\",
         '  -H "Content-Type: application/json" \\',
         '  -d \'{"text": "Stock market reaches all-time high"}\'',
-        f'# {{"label":"{labels[-1]}","label_id":{len(labels) - 1},"confidence":0.97,"probabilities":{{{probabilities}}}}}',
+        f'# {{"label":"{labels[-1]}","label_id":{len(labels) - 1},"confidence":0.97,'
+        f'"probabilities":{{{probabilities}}}}}',
         "",
         f"curl -X POST {url}/predict/batch \\",
         '  -H "Content-Type: application/json" \\',

@@ -1,4 +1,5 @@
-"""The end of a batch job: every worker's committed rows, in input order, into the output and rejects files, published whole.
+"""The end of a batch job: every worker's committed rows, in input order, into the output and rejects files, published
+whole.
 
 Worker K's ``rows.jsonl`` holds the rows of its range ``[start, end)``, each exactly once, in commit
 order: a window's rows are committed in length order, and a window is at most
@@ -77,7 +78,8 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
 
 
 class OutputFiles:
-    """The output and rejects files of a job, written in the progress folder from records in input order, then published.
+    """The output and rejects files of a job, written in the progress folder from records in input order, then
+    published.
 
     A record is a line of a worker's ``rows.jsonl``: ``{"r": row, "l": label id, "p": probabilities[, "id": id]}``
     for a labelled row, ``{"r": row, "x": {file, line, row, reason, raw}}`` for a rejected one. The Ray engine

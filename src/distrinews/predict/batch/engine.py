@@ -88,8 +88,8 @@ def _prepare(checked: CheckedJob) -> JobRecord:
             return existing
         if state.committed_rows():
             raise ConfigError(
-                f"predict: {display(checked.output)} is partly computed by a run with {difference} ({display(state.path)}); "
-                "repeat that command to finish it, or pass --overwrite to start again"
+                f"predict: {display(checked.output)} is partly computed by a run with {difference} "
+                f"({display(state.path)}); repeat that command to finish it, or pass --overwrite to start again"
             )
         state.clear()  # nothing was done: nothing is lost
     counted = [
@@ -110,10 +110,10 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
     if job.progress != "none":
         resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
         stderr.write(
-            f"predict: {record.total_rows:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: "
-            f"{job.nproc} worker{'s' if job.nproc > 1 else ''} x {checked.threads} thread{'s' if checked.threads > 1 else ''}, "
-            f"runtime {job.runtime}, passes of <= {job.batch_size} texts"
-            f"{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}{resuming}\n"
+            f"predict: {record.total_rows:,} rows in {describe_inputs(checked.shards)} -> "
+            f"{display(checked.output)}: {job.nproc} worker{'s' if job.nproc > 1 else ''} x {checked.threads} "
+            f"thread{'s' if checked.threads > 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
+            f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}{resuming}\n"
         )
         stderr.flush()
     pending = [k for k, m in enumerate(manifests) if not m.complete]

@@ -68,7 +68,8 @@ def evaluate_files(
     max_batch_tokens: int | None = 4096,
     progress: Callable[[int], None] = lambda rows: None,
 ) -> Evaluation:
-    """The confusion matrix of ``predictor`` (``encode``/``predict_encoded``/``labels``) over the files' labelled rows."""
+    """The confusion matrix of ``predictor`` (``encode``/``predict_encoded``/``labels``) over the files' labelled
+    rows."""
     labels = list(predictor.labels)
     evaluation = Evaluation(labels, np.zeros((len(labels), len(labels)), dtype=np.int64))
     rows = _labelled(shards, RowFields(text_field, label_field=label_field), labels, evaluation)

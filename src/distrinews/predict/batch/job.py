@@ -26,7 +26,8 @@ _MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".mod
 
 @dataclass
 class BatchJob:
-    """``distrinews predict --input ... --output ...``: every option, with its default (the flags' defaults are these)."""
+    """``distrinews predict --input ... --output ...``: every option, with its default (the flags' defaults are
+    these)."""
 
     checkpoint: str
     inputs: list[str]

@@ -114,7 +114,8 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
 
 
 def _take_over(checked: CheckedJob) -> None:
-    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused without --overwrite)."""
+    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused without
+    --overwrite)."""
     job, state = checked.job, checked.state
     if job.overwrite:
         state.clear()
@@ -137,7 +138,8 @@ def _connect(ray: Any, address: str | None) -> bool:
     try:
         if address:
             ray.init(address=address, logging_level=logging.WARNING)
-        else:  # "local": a Ray of its own, even where a `ray start` cluster (or its stale address file) is on this machine
+        else:
+            # "local": a Ray of its own, even where a `ray start` cluster (or its stale address file) is on this machine
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
@@ -157,10 +159,11 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
     if job.progress != "none":
         stderr.write(
-            f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: Ray engine, "
-            f"{job.nproc} actor{'s' if job.nproc > 1 else ''} x {checked.threads} CPU{'s' if checked.threads > 1 else ''} "
-            f"({_where(ray)}), {tasks} read task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} texts"
-            f"{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
+            f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> "
+            f"{display(checked.output)}: Ray engine, {job.nproc} actor{'s' if job.nproc > 1 else ''} x "
+            f"{checked.threads} CPU{'s' if checked.threads > 1 else ''} ({_where(ray)}), {tasks} read "
+            f"task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
+            f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
         )
         stderr.flush()
     progress = Progress(total, 0, job.progress, stderr)
@@ -244,7 +247,8 @@ def _results(
 
 
 def _user_error(exc: BaseException) -> Exception | None:
-    """What to report for a failed Ray job: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit 1)."""
+    """What to report for a failed Ray job: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit
+    1)."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -274,7 +278,8 @@ def _user_error(exc: BaseException) -> Exception | None:
             return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return WorkerFailed(
-        f"predict: the Ray job failed ({type(exc).__name__}: {first}); nothing was published: run the same command again"
+        f"predict: the Ray job failed ({type(exc).__name__}: "
+        f"{first}); nothing was published: run the same command again"
     )
 
 

@@ -37,7 +37,8 @@ def _window_schema():
 
 
 def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int, hi: int) -> Iterator[Any]:
-    """Rows ``lo`` .. ``hi - 1`` as one-row Arrow tables, one per window (``window_rows`` rows; ``lo`` on a window boundary)."""
+    """Rows ``lo`` .. ``hi - 1`` as one-row Arrow tables, one per window (``window_rows`` rows; ``lo`` on a window
+    boundary)."""
     import pyarrow as pa
 
     schema = _window_schema()

@@ -77,7 +77,8 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
 
 
 class FileLock:
-    """An exclusive ``flock`` on ``path`` (created if missing, with its folder), held until ``release`` or the process ends.
+    """An exclusive ``flock`` on ``path`` (created if missing, with its folder), held until ``release`` or the process
+    ends.
 
     The kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks.
     Its holder may remove the folder while it holds the lock (a published job's progress folder goes):

@@ -52,7 +52,8 @@ Report = Callable[[int, int, int], None]  # rows done, of which labelled, of whi
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How a worker computes; none of it changes the results' identity, so it may differ between a run and its restart."""
+    """How a worker computes; none of it changes the results' identity, so it may differ between a run and its
+    restart."""
 
     threads: int
     batch_size: int
@@ -336,7 +337,8 @@ def _work(
 
 # ---------------------------------------------------------------------------------------------- as a process
 def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, parent_pid: int) -> None:
-    """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
+    """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's
+    end)."""
     die_with_parent(parent_pid)
     state = StateDir(Path(state_path))
     # The parent's OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint, put there): this process's windows are traced too.
