@@ -358,7 +358,8 @@ def fake_predictor() -> type[FakePredictor]:
 
 @pytest.fixture(scope="session")
 def cli():
-    """``cli(*args, nproc=None, timeout=600, check=True, cwd=None, env=None)``: ``python -m distrinews ARGS``, output captured."""
+    """``cli(*args, nproc=None, timeout=600, check=True, cwd=None, env=None)``: ``python -m distrinews ARGS``, output
+    captured."""
 
     def run(
         *args: str,
@@ -376,7 +377,8 @@ def cli():
         )
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"{' '.join(cmd)} exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+                f"{' '.join(cmd)} exited "
+                f"{proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
             )
         return proc
 
@@ -602,7 +604,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        """Wait with bench serving's readiness poller; a server that exits or never gets ready fails the test with its log."""
+        """Wait with bench serving's readiness poller; a server that exits or never gets ready fails the test with its
+        log."""
         from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
         try:
@@ -635,7 +638,8 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def server_process():
-    """The ``ServerProcess`` class (``server_process(checkpoint, log_path, *serve_args, env=...)``); the caller stops it."""
+    """The ``ServerProcess`` class (``server_process(checkpoint, log_path, *serve_args, env=...)``); the caller stops
+    it."""
     return ServerProcess
 
 

@@ -21,7 +21,8 @@ _REFERENCE = {
     "fp32_attention": "false",
 }
 _LEVERS = [
-    # (label, scaling-worker flags, config overrides added to the previous step's): from the reference loop's settings to ours
+    # (label, scaling-worker flags, config overrides added to the previous step's): from the reference loop's settings
+    # to ours
     (
         "reference loop's settings: fp32, pad to 128, random batches, for-loop AdamW, loss/acc .item() every step",
         ["--pad-to-max-length", "--optimizer", "for-loop", "--host-sync"],

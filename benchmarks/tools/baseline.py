@@ -1,8 +1,10 @@
 """What fine-tuning buys on a data set: a plain baseline (TF-IDF + logistic regression, scikit-learn) on the
 very split a run trained and evaluated on, beside that run's best model.
 
-    python -m benchmarks.tools.baseline --run runs/bbc                    # the run's own config.yaml: same rows, same split
-    python -m benchmarks.tools.baseline --config configs/x.yaml --train_file data/news.csv ...   # no run: the baseline alone
+    # the run's own config.yaml: same rows, same split
+    python -m benchmarks.tools.baseline --run runs/bbc
+    # no run: the baseline alone
+    python -m benchmarks.tools.baseline --config configs/x.yaml --train_file data/news.csv ...
 
 The rows are read by the trainer's reader (``data.labelled.load_labelled``) from the run's
 ``config.yaml`` and sampled as the trainer samples them (``train_samples``/``eval_samples``, seeded), so
@@ -28,7 +30,8 @@ from .common import invoked_as, main
 
 
 def split_rows(config: TrainConfig):
-    """(train texts, train labels, eval texts, eval labels, label names, where the eval rows come from), as the trainer samples them."""
+    """(train texts, train labels, eval texts, eval labels, label names, where the eval rows come from), as the trainer
+    samples them."""
     from distrinews.data.labelled import load_labelled
     from distrinews.data.splits import stratified_sample
 
@@ -117,7 +120,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"`{report['command']}` on {report['machine']['cpu']} ({report['date']})",
         "",
-        f"{d['train_rows']:,} training rows, {d['eval_rows']:,} evaluation rows ({d['eval_from']}), {len(d['labels'])} labels.",
+        f"{d['train_rows']:,} training rows, {d['eval_rows']:,} "
+        f"evaluation rows ({d['eval_from']}), {len(d['labels'])} labels.",
         "",
         "| model | accuracy | macro-F1 |",
         "| --- | --- | --- |",
@@ -126,7 +130,8 @@ def markdown(report: dict[str, Any]) -> str:
     f = report.get("fine_tuned")
     if f and f.get("accuracy") is not None:
         lines.append(
-            f"| fine-tuned {f.get('model')} (the run's best/) | {100 * f['accuracy']:.2f}% | {100 * f['macro_f1']:.2f}% |"
+            f"| fine-tuned {f.get('model')} (the run's best/) | "
+            f"{100 * f['accuracy']:.2f}% | {100 * f['macro_f1']:.2f}% |"
         )
     return "\n".join(lines) + "\n"
 

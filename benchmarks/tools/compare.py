@@ -262,13 +262,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ours-options",
         action="append",
-        help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'; give it again for another run of ours "
-        "with other overrides, side by side (the first is the one the ablation and 'distrinews / this' use)",
+        help="extra distrinews train overrides for ours, e.g. '--attention_dropout 0'; give it again for another run "
+        "of ours with other overrides, side by side (the first is the one the ablation and 'distrinews / this' use)",
     )
     p.add_argument(
         "--seeds",
         default=None,
-        help="comma-separated seeds: every run once per seed (the seeds in turn), then each run's mean (default: --seed alone)",
+        help="comma-separated seeds: every run once per seed (the "
+        "seeds in turn), then each run's mean (default: --seed alone)",
     )
     p.add_argument("--warmup-step", type=int, default=10, help="steady throughput is measured after this step")
     p.add_argument("--ablation-steps", type=int, default=50)

@@ -16,19 +16,21 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if "compare" in report:
         lines += [
-            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by the run's seed), {s['nproc']} "
-            f"process(es) x batch {s['batch_size']} (global {s['nproc'] * s['batch_size']}), max length {s['max_length']}, one "
-            f"epoch, {'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} thread(s) a process. Test: "
+            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by "
+            f"the run's seed), {s['nproc']} process(es) x batch {s['batch_size']} (global "
+            f"{s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
+            f"{'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} "
+            "thread(s) a process. Test: "
             + (
                 "the full 7,600-row test split"
                 if not s["eval_samples"]
                 else f"a stratified sample of {s['eval_samples']:,} test rows"
             )
-            + ", the same exact evaluator for all three. Steady samples/s from the end of step "
-            f"{s['warmup_step']} to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
+            + f", the same exact evaluator for all three. Steady samples/s from the end of step {s['warmup_step']} "
+            "to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
             "",
-            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | distrinews / this | this / Trainer | test accuracy "
-            "| macro-F1 | train loss |",
+            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | "
+            "distrinews / this | this / Trainer | test accuracy | macro-F1 | train loss |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in report["compare"]["rows"]:
@@ -42,25 +44,26 @@ def markdown(report: dict[str, Any]) -> str:
         means = report["compare"].get("means") or []
         if len(report["compare"].get("seeds") or []) > 1:
             lines += [
-                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} (speed ratios of the mean speeds):",
+                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} "
+                "(speed ratios of the mean speeds):",
                 "",
-                "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | this / Trainer | test accuracy, mean (range) "
-                "| points from Trainer's |",
+                "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | "
+                "this / Trainer | test accuracy, mean (range) | points from Trainer's |",
                 "|---|---:|---:|---:|---:|---:|",
             ]
             for m in means:
                 away = "" if m["points_from_trainer"] is None else f"{m['points_from_trainer']:+.2f}"
                 lines.append(
-                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} | {_times(m['over_trainer'])} | "
-                    f"{100 * m['test_accuracy']:.2f}% ({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | {away} |"
+                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} "
+                    f"| {_times(m['over_trainer'])} | {100 * m['test_accuracy']:.2f}% "
+                    f"({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | {away} |"
                 )
             lines.append("")
     if "ablation" in report:
         ab = report["ablation"]
         lines += [
-            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} core(s), pinned, "
-            f"{ab['steps']} timed steps, "
-            f"batch {s['batch_size']}/worker, cpu-quick rows)",
+            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} "
+            f"core(s), pinned, {ab['steps']} timed steps, batch {s['batch_size']}/worker, cpu-quick rows)",
             "",
             "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
             "| over reference settings | MFU |",
@@ -69,8 +72,8 @@ def markdown(report: dict[str, Any]) -> str:
         for r in ab["rows"]:
             gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
             lines.append(
-                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} | "
-                f"{r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
+                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} "
+                f"| {r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
             )
         lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
     return "\n".join(lines)

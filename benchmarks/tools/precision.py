@@ -259,7 +259,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"# One training step in each precision ({r['date']})",
         "",
-        f"Machine: {m['cpu']} ({', '.join(m['cpu_flags'])}), {r['threads']} threads, torch {m['torch']}. Command: `{r['command']}`",
+        f"Machine: {m['cpu']} ({', '.join(m['cpu_flags'])}), {r['threads']} "
+        f"threads, torch {m['torch']}. Command: `{r['command']}`",
         "",
         f"Batch {r['batch']} x {r['length']} tokens; {r['rounds']} turns of {r['steps_per_round']} steps a variant, "
         "in turn; each figure is the variant's median turn (fastest-slowest turn in brackets).",
@@ -269,7 +270,8 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for row in r["rows"]:
         lines.append(
-            f"| {row['variant']} | {row['step_ms']:.1f} ({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |"
+            f"| {row['variant']} | {row['step_ms']:.1f} "
+            f"({row['min_ms']:.1f}-{row['max_ms']:.1f}) | {row['speedup']:.2f}x |"
         )
     if "attention" in r:
         a = r["attention"]

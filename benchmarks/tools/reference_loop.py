@@ -1,4 +1,6 @@
-"""The reference system's training loop (``../shared/seeds/003_d2ea3caf0b11520d.txt``, training/train_ddp.py), for speed comparisons.
+"""The reference system's training loop (seed 003_d2ea3caf0b11520d, training/train_ddp.py), for speed comparisons.
+
+The seed is ``../shared/seeds/003_d2ea3caf0b11520d.txt``.
 
 What makes it the reference loop: a Dataset that tokenizes each row when it is fetched and pads it to
 max_length (128), fp32 throughout, ``DistributedSampler`` + ``DataLoader``, ``DDP(model)`` with its

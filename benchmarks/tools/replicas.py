@@ -149,7 +149,8 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
         "| configuration | clients | req/s | p50 ms | p99 ms | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
         *(
-            f"| {r['config']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
+            f"| {r['config']} | {r['concurrency']} | {r['throughput_rps']:.1f} "
+            f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |"
             for r in rows
         ),
     ]

@@ -92,8 +92,8 @@ def serve_reference(argv: list[str]) -> int:
 
 def reference_command(checkpoint: str, port: int) -> list[str]:
     """The command that starts the reference server on ``port`` (what ``serve_reference`` reads)."""
-    return [sys.executable, "-m", "benchmarks.tools.serving_reference", "--reference-server", "--checkpoint", checkpoint,
-            "--port", str(port)]  # fmt: skip
+    module = "benchmarks.tools.serving_reference"
+    return [sys.executable, "-m", module, "--reference-server", "--checkpoint", checkpoint, "--port", str(port)]
 
 
 def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:

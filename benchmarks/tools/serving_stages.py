@@ -1,6 +1,7 @@
 """Where one request's time goes, stage by stage, through our server or the reference server (1 client).
 
-    python -m benchmarks.tools.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] [-- SERVE ARGS]
+    python -m benchmarks.tools.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] \
+        [-- SERVE ARGS]
 
 The server runs in a subprocess of this script (``serve`` mode below) with timers wrapped around
 the functions each stage calls; one closed-loop client sends ``--requests`` requests one at a
@@ -109,7 +110,8 @@ def _install_ours() -> None:
         for name, stage in (("predict", "predict"), ("tokenize", "tokenize"), ("logits", "logits")):
             if name in vars(cls):
                 _wrap(cls, name, stage)
-        # After: encode on the tokenizer thread; predict_encoded = collate + forward + softmax/format on the forward thread.
+        # After: encode on the tokenizer thread; predict_encoded = collate + forward + softmax/format on the forward
+        # thread.
         for name, stage in (("encode", "encode"), ("predict_encoded", "predict_encoded"), ("forward", "model_forward")):
             if name in vars(cls):
                 _wrap(cls, name, stage)
@@ -173,7 +175,10 @@ async def _one_client(port: int, bodies: list[bytes], warmup: int) -> list[float
     latencies = []
     try:
         for i, body in enumerate(bodies):
-            head = f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            head = (
+                "POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
             t0 = time.perf_counter()
             writer.write(head.encode() + body)
             await writer.drain()
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = _derive(times, client, len(client))
     p50 = 1000 * statistics.median(client)
     print(
-        f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms (server log {log.name})"
+        f"{args.server} {' '.join(serve_args)}: {len(client)} requests, "
+        f"1 client, client p50 {p50:.2f} ms (server log {log.name})"
     )
     for name, ms in rows:
         print(f"{name:<48} {ms:7.3f} ms")

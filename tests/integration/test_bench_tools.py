@@ -179,8 +179,8 @@ def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, 
     )
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--runtimes", "torch", "--texts", "50"]
-    cli("bench", "serving", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0",
-        "--output-dir", str(out))  # fmt: skip
+    load = ["--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0"]
+    cli("bench", "serving", *args, *load, "--output-dir", str(out))
     report = json.loads((out / "serving.json").read_text())
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
     assert set(rows) == {("ours", "torch", t, c) for t, c in (("full", 1), ("full", 2), ("headline", 1))}

@@ -28,7 +28,8 @@ def tool(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedPro
 
 
 def test_every_tool_answers_help_as_python_dash_m():
-    """One process runs each tool's ``__main__`` with ``--help`` (each tool's own process would cost its imports again)."""
+    """One process runs each tool's ``__main__`` with ``--help`` (each tool's own process would cost its imports
+    again)."""
     script = (
         "import runpy, sys, warnings\n"
         "warnings.simplefilter('ignore', RuntimeWarning)\n"  # a tool another one imported is in sys.modules already
@@ -51,8 +52,8 @@ def test_ours_against_the_reference_server_reports_both_and_the_ratios(tmp_path,
     )
     out = tmp_path / "bench"
     args = ["--checkpoint", str(checkpoint), "--data", str(agnews_dir), "--runtimes", "torch", "--texts", "50"]
-    tool("serving_reference", *args, "--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0",
-         "--output-dir", str(out))  # fmt: skip
+    load = ["--concurrency", "1,2", "--duration", "0.3", "--warmup", "0.1", "--overload-queue", "0"]
+    tool("serving_reference", *args, *load, "--output-dir", str(out))
     report = json.loads((out / "serving-vs-reference.json").read_text())
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
     assert set(rows) == {

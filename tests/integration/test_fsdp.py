@@ -32,7 +32,8 @@ AVERAGE = ("--ema_decay", "0.6")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, six_steps_ddp, cli):
-    """``runs / "ddp"`` (the session's SIX_STEPS_DDP run) and ``runs / "fsdp"``: the same run with FSDP (and an average)."""
+    """``runs / "ddp"`` (the session's SIX_STEPS_DDP run) and ``runs / "fsdp"``: the same run with FSDP (and an
+    average)."""
     root = tmp_path_factory.mktemp("fsdp")
     ddp, ddp_out = six_steps_ddp
     (root / "ddp").symlink_to(ddp, target_is_directory=True)

@@ -1,4 +1,5 @@
-"""Training on your own labelled data: any number of classes, string labels, every strategy, from files or a data set."""
+"""Training on your own labelled data: any number of classes, string labels, every strategy, from files or a data
+set."""
 
 from __future__ import annotations
 
@@ -31,12 +32,16 @@ DESKS = [
     ]
 ]
 DESKS += [f"desk-{name}" for name in ["november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]]  # 20 desks
-WORDS = "market match court vote storm launch album merger trial derby summit vaccine orbit harvest tariff verdict tour rally fossil quake"
+WORDS = (
+    "market match court vote storm launch album merger trial derby "
+    "summit vaccine orbit harvest tariff verdict tour rally fossil quake"
+)
 SHORT = ("--max_steps", "8", "--eval_steps", "4", "--logging_steps", "4", "--bf16", "false", *QUIET)
 
 
 def desk_rows(n_per_desk: int, offset: int = 0) -> list[dict]:
-    """Each desk's stories share a word, so the label is learnable; the headline and the summary are separate columns."""
+    """Each desk's stories share a word, so the label is learnable; the headline and the summary are separate
+    columns."""
     words = WORDS.split()
     return [
         {
@@ -60,7 +65,8 @@ def desks_run(tmp_path_factory, write_rows, cli):
     )  # a conflicting duplicate
     train = write_rows(root / "desks.csv", rows)
     proc = cli(
-        "train", *TINY, "--train_file", str(train), "--text_column_names", "headline,summary", "--label_column_name", "desk",
+        "train", *TINY, "--train_file", str(train), "--text_column_names", "headline,summary",
+        "--label_column_name", "desk",
         "--validation_split_percentage", "25", "--class_weights", "balanced", "--metric_for_best_model", "macro_f1",
         "--strategy", "fsdp", "--output-dir", str(root / "run"), *SHORT, nproc=2,
     )  # fmt: skip

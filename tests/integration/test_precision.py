@@ -1,8 +1,8 @@
 """Both precisions train on every CPU: bf16 autocast (in hardware or emulated) and fp32.
 
-The presets' ``bf16: auto`` picks one of them by the CPU the suite runs on, so without this the
-other path would go untested on that machine. Three steps of the tiny model each, in this process (no launch to pay for):
-emulated bf16 (an AVX2-only CPU) is slow, and three steps are enough to tell the two apart.
+The presets' ``bf16: auto`` picks one of them by the CPU the suite runs on, so without this the other path would go
+untested on that machine. Three steps of the tiny model each, in this process (no launch to pay for): emulated bf16
+(an AVX2-only CPU) is slow, and three steps are enough to tell the two apart.
 """
 
 from __future__ import annotations

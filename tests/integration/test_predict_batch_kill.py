@@ -1,4 +1,5 @@
-"""``distrinews predict --input/--output`` killed for real: SIGKILL mid-run, the same command again, every row exactly once."""
+"""``distrinews predict --input/--output`` killed for real: SIGKILL mid-run, the same command again, every row exactly
+once."""
 
 from __future__ import annotations
 

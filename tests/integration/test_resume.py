@@ -48,9 +48,9 @@ def _resumed_step(run: Path, killed_at: int) -> int:
     return max(steps)
 
 
-# Loaded through PYTHONPATH by every process of a run: rank 0 SIGKILLs its launcher and itself (the other worker
-# dies with the launcher: a power cut, as the run sees it) at two moments of its saves, each once (the marker files say so): in
-# the middle of writing checkpoint step-{write_at} (weights, optimizer, scheduler and RNG states written, the trainer
+# Loaded through PYTHONPATH by every process of a run: rank 0 SIGKILLs its launcher and itself (the other worker dies
+# with the launcher: a power cut, as the run sees it) at two moments of its saves, each once (the marker files say so):
+# in the middle of writing checkpoint step-{write_at} (weights, optimizer, scheduler and RNG states written, the trainer
 # state not yet), and between the two renames that replace best/ (the old one moved aside, the new one not in).
 _KILL_IN_SAVES = """
 import io, os, signal
@@ -287,8 +287,8 @@ def test_checkpoints_of_older_runs_resume_and_those_of_a_newer_distrinews_are_re
     proc = cli("train", *ONE_PROCESS, "--output-dir", str(refused), "--resume", str(newer), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
-        f"distrinews: error: could not load checkpoint {newer / 'trainer_state.json'}: it was written by a newer DistriNews "
-        "(format 99); this one reads format 1: upgrade distrinews"
+        f"distrinews: error: could not load checkpoint {newer / 'trainer_state.json'}: it was "
+        "written by a newer DistriNews (format 99); this one reads format 1: upgrade distrinews"
     ) in proc.stderr.splitlines()
     assert "Traceback" not in proc.stderr
     assert not (refused / "checkpoints").exists() or not any((refused / "checkpoints").iterdir())

@@ -65,7 +65,10 @@ class Predictor:
                     time.sleep(0.02)
         if "boom" in batch:
             raise ValueError("tensor size mismatch in /opt/secret/model.py line 7")
-        return [{"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict.fromkeys(LABELS, 0.25)} for _ in batch]
+        return [
+            {"label": "World", "label_id": 0, "confidence": 1.0, "probabilities": dict.fromkeys(LABELS, 0.25)}
+            for _ in batch
+        ]
 
     def describe(self):
         return {"model_name": "injected", "runtime": self.runtime, "labels": LABELS, "max_length": 8, "metrics": {}}

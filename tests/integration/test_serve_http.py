@@ -91,7 +91,8 @@ def strict_server(checkpoint, tmp_path_factory, server_process):
 
 @pytest.fixture(scope="module")
 def default_server(checkpoint, tmp_path_factory, server_process):
-    """``distrinews serve --checkpoint X`` and nothing else: the default runtime (made at start: no ONNX file beside X)."""
+    """``distrinews serve --checkpoint X`` and nothing else: the default runtime (made at start: no ONNX file beside
+    X)."""
     srv = server_process(checkpoint, tmp_path_factory.mktemp("logs") / "default.log")
     try:
         yield srv.wait_ready()
@@ -460,7 +461,8 @@ def test_demo_page_shows_a_prediction_after_typing_and_clicking(server):
                 "a prediction on the page",
             )
             bars = browser.evaluate(
-                "[...document.querySelectorAll('#bars .bar')].map(b => [b.children[0].textContent, b.querySelector('.fill').style.width])"
+                "[...document.querySelectorAll('#bars .bar')].map(b => "
+                "[b.children[0].textContent, b.querySelector('.fill').style.width])"
             )
             error = browser.evaluate("document.getElementById('error').textContent")
         finally:
@@ -592,7 +594,10 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(checkpoint, tmp_p
                 # A raw client: sends its request, waits until the server has queued it, then hangs up.
                 _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
                 body = json.dumps({"text": "a request nobody waits for"}).encode()
-                head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                head = (
+                    "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                )
                 writer.write(head.encode() + body)
                 await writer.drain()
                 # blockers move the depth in steps of 64 texts

@@ -66,7 +66,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {"1.0.0": _checkpoint(root / "v1", "1.0.0", 0), "2.0.0": _checkpoint(root / "v2", "2.0.0", 1)}
 
 
-# ---------------------------------------------------------------------------------------------- one server, slow clients
+# --------------------------------------------------------------------------------------------- one server, slow clients
 def _half_headers(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")  # and then nothing

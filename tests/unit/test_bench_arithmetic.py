@@ -1,4 +1,5 @@
-"""``distrinews bench``'s arithmetic: speedup/efficiency, bus-bandwidth factors, MFU and model FLOPs, the seed's estimate."""
+"""``distrinews bench``'s arithmetic: speedup/efficiency, bus-bandwidth factors, MFU and model FLOPs, the seed's
+estimate."""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ def calibrated(tmp_path_factory, spread_checkpoint, texts):
 
 
 def _scaled(best, into, factor: float):
-    """A copy of ``best`` whose head gives ``factor`` times the logits: as sure of itself as it is right, times factor."""
+    """A copy of ``best`` whose head gives ``factor`` times the logits: as sure of itself as it is right, times
+    factor."""
     copy = shutil.copytree(best, into)
     weights = load_file(copy / "model.safetensors")
     weights = {k: v * factor if k.startswith("classifier.") else v for k, v in weights.items()}

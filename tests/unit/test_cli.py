@@ -1,4 +1,5 @@
-"""The command line's shape: every subcommand listed, a missing optional dependency named, benchmarks out of benchmarks/."""
+"""The command line's shape: every subcommand listed, a missing optional dependency named, benchmarks out of
+benchmarks/."""
 
 from __future__ import annotations
 

@@ -108,8 +108,8 @@ def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trai
     from distrinews.distributed.machine import threads_per_process
 
     assert (
-        f"2 process(es) x batch 16 (global 32), max length 128, one epoch, DDP over gloo, {threads_per_process(2)} thread(s)"
-        in md
+        "2 process(es) x batch 16 (global 32), max length 128, one "
+        f"epoch, DDP over gloo, {threads_per_process(2)} thread(s)" in md
     )
     assert "Mean over" not in md
 
@@ -236,8 +236,9 @@ def test_bench_precision_times_each_attention_kernel_in_both_passes():
         (k, p) for p in ("forward", "forward + backward") for k in ATTENTION_KERNELS
     ]
     assert all(r["ms"] > 0 for r in rows)
-    report = {"date": "d", "machine": {"cpu": "c", "cpu_flags": [], "torch": "t"}, "threads": 1, "command": "x", "batch": 4, "length": 10,
-              "rounds": 1, "steps_per_round": 1, "rows": [], "attention": {"heads": 2, "head_dim": 8, "rows": rows}}  # fmt: skip
+    report = {"date": "d", "machine": {"cpu": "c", "cpu_flags": [], "torch": "t"}, "threads": 1, "command": "x",
+              "batch": 4, "length": 10, "rounds": 1, "steps_per_round": 1, "rows": [],
+              "attention": {"heads": 2, "head_dim": 8, "rows": rows}}  # fmt: skip
     md = markdown(report)
     assert (
         "one layer: 4 rows x 2 heads x 10 tokens x 8" in md and f"| {ATTENTION_KERNELS[2]} | forward + backward |" in md

@@ -1,4 +1,5 @@
-"""Corpus files for batch inference (data/files.py, data/fields.py): every format read alike, bad rows kept as rows with a reason."""
+"""Corpus files for batch inference (data/files.py, data/fields.py): every format read alike, bad rows kept as rows with
+a reason."""
 
 from __future__ import annotations
 

@@ -162,8 +162,8 @@ def test_report_on_a_directory_without_a_log_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert (
-        err
-        == f"distrinews: error: {tmp_path} has no log.jsonl: not a run directory (distrinews train --output-dir DIR writes one)"
+        err == f"distrinews: error: {tmp_path} has no log.jsonl: not a "
+        "run directory (distrinews train --output-dir DIR writes one)"
     )
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -53,7 +53,8 @@ def hub_rows(rows) -> dict[str, list]:
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    """Install a fake ``datasets``; ``fake_hub(splits=..., error=...)`` sets what it answers; ``.calls`` records requests."""
+    """Install a fake ``datasets``; ``fake_hub(splits=..., error=...)`` sets what it answers; ``.calls`` records
+    requests."""
     monkeypatch.delenv("DISTRINEWS_DATA", raising=False)
     module = types.ModuleType("datasets")
     module.calls = []

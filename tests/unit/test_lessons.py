@@ -43,5 +43,6 @@ def test_the_lessons_command_prints_what_its_page_shows(name):
     lesson = regenerate.BY_NAME[name]
     printed = regenerate.run(lesson)
     assert regenerate.shape(printed) == regenerate.shape(regenerate.page_output(lesson)), (
-        f"{lesson.page}: the output changed shape; if that is right, run python docs/lessons/regenerate.py {name}\n{printed}"
+        f"{lesson.page}: the output changed shape; if that is right, "
+        f"run python docs/lessons/regenerate.py {name}\n{printed}"
     )

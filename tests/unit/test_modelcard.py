@@ -1,4 +1,5 @@
-"""best/README.md, the model card: Hub metadata that parses and agrees with distrinews.json, and a body a user can act on."""
+"""best/README.md, the model card: Hub metadata that parses and agrees with distrinews.json, and a body a user can act
+on."""
 
 from __future__ import annotations
 

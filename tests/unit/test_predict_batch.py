@@ -1,4 +1,5 @@
-"""The batch engine in process (``predict.batch``): formats, rejects, input order, atomic output, resuming, refusals, memory.
+"""The batch engine in process (``predict.batch``): formats, rejects, input order, atomic output, resuming, refusals,
+memory.
 
 A real (tiny, spread) model answers, loaded once; each job runs with ``--nproc 1`` in this process.
 Kills are stood in for by exceptions raised where a kill would land; ``tests/integration`` kills

@@ -62,7 +62,8 @@ def test_an_actor_that_died_of_a_user_error_is_reported_as_that_error_in_one_lin
         __module__ = "ray.exceptions"
 
     died = ActorDiedError(
-        'The actor died because of an error raised in its creation task\n  File "worker.py", line 77, in load_predictor\n'
+        'The actor died because of an error raised in its creation task\n  File "worker.py", line 77, in '
+        "load_predictor\n"
         "distrinews.errors.ConfigError: predict: --runtime onnx-int8 needs onnxruntime\n"
     )
     error = _user_error(died)

@@ -195,7 +195,10 @@ def test_the_writers_take_records_not_dicts(tmp_path):
 
 # ---------------------------------------------------------------------- on real checkpoints, through every reader
 NEWER = "it was written by a newer DistriNews (format 99); this one reads format 1: upgrade distrinews"
-NEWER_SERVABLE = f"it was written by a newer DistriNews (format 99); this one reads format {SERVABLE_INFO_FORMAT}: upgrade distrinews"
+NEWER_SERVABLE = (
+    "it was written by a newer DistriNews (format 99); this one "
+    f"reads format {SERVABLE_INFO_FORMAT}: upgrade distrinews"
+)
 
 
 @pytest.fixture(scope="module")

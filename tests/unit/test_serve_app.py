@@ -224,7 +224,8 @@ def test_an_empty_api_key_refuses_to_start_in_one_line(entry, value, tmp_path, m
     lines = capsys.readouterr().err.splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert lines[0] == (
-        "distrinews: error: DISTRINEWS_API_KEY is set but empty: set it to the key clients must send, or unset it to serve without one"
+        "distrinews: error: DISTRINEWS_API_KEY is set but empty: set it "
+        "to the key clients must send, or unset it to serve without one"
     )
 
 

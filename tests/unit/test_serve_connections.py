@@ -121,7 +121,8 @@ def test_an_answer_then_close_writes_before_it_closes():
 
 
 def test_writelines_joins_the_pending_write_in_order():
-    """Not one of uvicorn's calls today, but one that reached the wrapped transport directly would overtake what waits."""
+    """Not one of uvicorn's calls today, but one that reached the wrapped transport directly would overtake what
+    waits."""
     from distrinews.serve.connections import OneWritePerStep
 
     async def main() -> list[bytes | str]:

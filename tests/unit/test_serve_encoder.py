@@ -1,4 +1,5 @@
-"""The slim server's tokenizer (TextEncoder.from_tokenizer_json: tokenizer.json through `tokenizers` alone) gives transformers' ids."""
+"""The slim server's tokenizer (TextEncoder.from_tokenizer_json: tokenizer.json through `tokenizers` alone) gives
+transformers' ids."""
 
 from __future__ import annotations
 

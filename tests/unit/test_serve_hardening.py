@@ -244,7 +244,8 @@ def test_a_correct_content_length_is_served(client, app, asgi_post):
 
 # ---------------------------------------------------------------------- dead code stays dead
 def test_no_route_asks_fastapi_to_validate_anything(app):
-    """Every route parses its own body, so FastAPI never raises RequestValidationError (the app has no handler for it)."""
+    """Every route parses its own body, so FastAPI never raises RequestValidationError (the app has no handler for
+    it)."""
     routes = [r for r in app.routes if isinstance(r, APIRoute)]
     assert {r.path for r in routes} >= {"/predict", "/predict/batch", "/health", "/ready", "/info", "/metrics"}
     for route in routes:

@@ -1,4 +1,5 @@
-"""The predictor's stages with a real (tiny) model: tokenization apart from the forward pass, the runtimes, the default."""
+"""The predictor's stages with a real (tiny) model: tokenization apart from the forward pass, the runtimes, the
+default."""
 
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def test_the_default_runtime_is_what_serve_help_shows_and_what_the_app_uses():
 
 
 def test_both_entry_points_take_the_pipeline_options(tmp_path):
-    """serve/options.py is the one place for server options: distrinews serve and python -m distrinews.serve share it."""
+    """serve/options.py is the one place for server options: distrinews serve and python -m distrinews.serve share
+    it."""
     import argparse
 
     from distrinews.cli import build_parser

@@ -363,7 +363,8 @@ def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, 
 
 
 def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bundles, checkpoint, monkeypatch):
-    """--runtime onnx-int8 on a folder with its ONNX file: no transformers (the slim path), the serving pipeline's stages."""
+    """--runtime onnx-int8 on a folder with its ONNX file: no transformers (the slim path), the serving pipeline's
+    stages."""
     import numpy as np
 
     from distrinews.predict.runtimes import OnnxPredictor, make_predictor

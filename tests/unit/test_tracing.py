@@ -1,5 +1,5 @@
-"""Tracing off costs nothing (no OpenTelemetry SDK import, FastAPI's telemetry off, no span objects); on, batch inference
-traces a span per window and training a span per evaluation and per checkpoint save, exported over OTLP/HTTP
+"""Tracing off costs nothing (no OpenTelemetry SDK import, FastAPI's telemetry off, no span objects); on, batch
+inference traces a span per window and training a span per evaluation and per checkpoint save, exported over OTLP/HTTP
 to a receiver on loopback (``otlp_receiver``). The server's request traces: tests/integration/test_serve_tracing.py."""
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ assert tracing.tracer() is None and tracing.span("a") is tracing.span("b")  # on
 assert tracing.inject({{}}) == {{}}
 # FastAPI imports OpenTelemetry's API for its own telemetry, which is off; the SDK (the only thing that records
 # spans) and the exporter never load.
-loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto")))
+recorders = ("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto")
+loaded = sorted(m for m in sys.modules if m.startswith(recorders))
 assert not loaded, loaded
 print("untraced")
 """

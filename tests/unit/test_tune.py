@@ -112,7 +112,8 @@ def test_tune_refuses_a_bad_space_or_an_untunable_field_in_one_line_exit_2(tmp_p
     )
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
-        f"distrinews: error: {tmp_path / 'bad.yaml'}:1: learning_rate = -1.0: config field 'learning_rate': must be > 0 (got -1.0)",
+        f"distrinews: error: {tmp_path / 'bad.yaml'}:1: learning_rate "
+        "= -1.0: config field 'learning_rate': must be > 0 (got -1.0)",
         "distrinews: error: the search space may not tune metric_for_best_model: every trial of a study keeps it",
         "distrinews: error: --grace-period must be longer than --heartbeat-interval",
     ]
@@ -240,8 +241,8 @@ def test_a_sampled_combination_the_config_refuses_fails_its_trial_in_one_line_be
     study.optimize(_objective(BASE, space, options, {}, said.append), n_trials=1, catch=(TrialFailed,))
     assert study.trials[0].state == TrialState.FAIL
     assert said == [
-        "trial 0: config field 'freeze_layers': LoRA already freezes the base model; with use_peft leave freeze_layers at 0 "
-        "(lora_target_modules picks the layers) (got 1)"
+        "trial 0: config field 'freeze_layers': LoRA already freezes the base model; with "
+        "use_peft leave freeze_layers at 0 (lora_target_modules picks the layers) (got 1)"
     ]
     assert not list((options.output_dir / "trials").iterdir())  # no config, no log, no process
 

@@ -1,4 +1,5 @@
-"""The moving average of the weights (``ema_decay``, ``train/ema.py``): its arithmetic, the swap in and out, its state."""
+"""The moving average of the weights (``ema_decay``, ``train/ema.py``): its arithmetic, the swap in and out, its
+state."""
 
 from __future__ import annotations
 
