@@ -287,6 +287,17 @@ def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
         return None
 
 
+def checkpoint_multi_label(checkpoint: str | os.PathLike | None) -> bool:
+    """Whether a checkpoint's ``config.json`` says its model is multi-label (False where it cannot be read)."""
+    if checkpoint is None:
+        return False
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("problem_type") == MULTI_LABEL
+
+
 def _standalone_labels(directory: Path) -> tuple[list[str], str | None] | None:
     """The labels and ``problem_type`` of a Hugging Face folder that a slim server can run from alone (its
     tokenizer.json and a config.json with id2label), else None."""
