@@ -39,7 +39,7 @@ class ScoreHistogram:
 
     def add(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
         """``scores`` [rows, labels] sigmoid probabilities (float32, as the runtimes compare them), ``labels`` 0/1."""
-        bins = torch.bucketize(scores.float(), self._edges, right=True)  # edges <= score
+        bins = torch.bucketize(scores.float().contiguous(), self._edges, right=True)  # edges <= score
         positive = (labels > 0.5).long()
         label = torch.arange(scores.shape[1], device=scores.device).expand_as(bins)
         flat = (positive * scores.shape[1] + label) * HISTOGRAM_BINS + bins
