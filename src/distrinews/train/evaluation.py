@@ -42,6 +42,7 @@ def evaluate(
     progress: bool = False,
     label_names: Sequence[str] | None = None,
     lockstep: bool = False,
+    thresholds: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size. A multi-label
     dataset: thresholds per label tuned on it, micro- and macro-F1, exact-match accuracy (``multilabel.py``).
@@ -49,7 +50,8 @@ def evaluate(
     ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so
     their numbers of batches can differ. ``lockstep`` is for sharded models, whose every forward
     pass gathers parameters from all ranks: then every rank runs as many forward passes as the
-    busiest one, the extra ones on a placeholder row that is not counted.
+    busiest one, the extra ones on a placeholder row that is not counted. ``thresholds``: a multi-label model's
+    own (``distrinews eval``), instead of tuning them on the dataset.
     """
     was_training = model.training
     model.eval()
@@ -95,7 +97,8 @@ def evaluate(
         all_reduce_sum(confusion, env)
         return classification_metrics(confusion, loss_sum.item(), names)
     all_reduce_sum(histogram.counts, env)
-    thresholds = tune_thresholds(histogram)  # the same on every rank: a function of the summed counts
+    if thresholds is None:
+        thresholds = tune_thresholds(histogram)  # the same on every rank: a function of the summed counts
     matched = sum(exact_matches(scores, labels, thresholds) for scores, labels in kept)
     totals = torch.tensor([matched, len(shard)], dtype=torch.int64, device=env.device)
     all_reduce_sum(totals, env)
