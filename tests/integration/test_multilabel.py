@@ -70,7 +70,6 @@ def _chosen(result: dict) -> list[str]:
 def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(trained, tmp_path, capsys):
     from distrinews.cli import main
     from distrinews.predict.classifier import Classifier
-    from distrinews.predict.runtimes import make_predictor
     from distrinews.serve.app import create_app
     from distrinews.serve.options import ServeConfig
 

@@ -133,6 +133,10 @@ def test_malformed_rows_and_configs_are_refused_in_one_line(tmp_path):
     with pytest.raises(DataError, match=rf"{flags}:3: label column 'World' holds '2', not 0 or 1"):
         load_labelled(_config(tmp_path, flags, label_column_name="World,Sports"), seed=0)
 
+    bad.write_text(json.dumps({"text": "x", "label": []}) + "\n" + json.dumps({"text": "y", "label": []}) + "\n")
+    with pytest.raises(DataError, match="holds one class only \\(no label on any row, 2 rows\\)"):
+        load_labelled(_config(tmp_path, bad), seed=0)
+
     with pytest.raises(ConfigError, match="'problem_type': AG News has one label a row"):
         TrainConfig(problem_type="multi_label_classification")
     with pytest.raises(ConfigError, match="'class_weights': applies to single-label classification only"):

@@ -416,9 +416,9 @@ def check_training_rows(
     """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a warning."""
     counts = Counter(to_id[label] for label in _keys(rows))
     if len(counts) < 2:
-        only = names[next(iter(counts))]
+        only = repr(names[next(iter(counts))]) if counts else "no label on any row"
         raise DataError(
-            f"{rows.source}: the label column {label_column!r} holds one class only ({only!r}, {len(rows):,} rows); "
+            f"{rows.source}: the label column {label_column!r} holds one class only ({only}, {len(rows):,} rows); "
             "a classifier needs at least two"
         )
     once = [names[i] for i, n in counts.items() if n == 1]
