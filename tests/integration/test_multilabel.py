@@ -155,6 +155,9 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["labels"] for row in rows] == list(map(_chosen, torch_results))
     capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(best), "--runtime", "torch", texts[0]]) == 0
+    shown = ", ".join(f"{x['label']} ({x['score']:.1%})" for x in torch_results[0]["labels"]) or "none of the labels"
+    assert capsys.readouterr().out.startswith(f"{shown}  {texts[0][:80]}")
 
     # Hugging Face's pipeline, from best/ alone: the sigmoid comes from config.json's problem_type
     from transformers import pipeline

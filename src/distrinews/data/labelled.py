@@ -371,7 +371,8 @@ def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -
         unknown = next((key for key in keys if key not in to_id), None)
         if unknown is not None:
             raise DataError(
-                f"{where}: label {unknown!r} in {what} never occurs in training (training's labels: {_listing(names)}); "
+                f"{where}: label {unknown!r} in {what} never occurs in training "
+                f"(training's labels: {_listing(names)}); "
                 "every evaluation label must be one the model can learn"
             )
         if isinstance(label, tuple):  # multi-label: one 0/1 per label

@@ -142,8 +142,8 @@ def epoch_lines(
     return [
         f"\nEpoch [{epoch + 1}/{num_epochs}] - {fmt_time(seconds)}",
         f"  Train Loss: {totals.loss:.4f} | Train Acc: {100 * totals.accuracy:.2f}%",
-        f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}%"
-        + multilabel_words(metrics),
+        f"  Test Loss:  {metrics['loss']:.4f} | Test Acc:  {100 * metrics['accuracy']:.2f}% "
+        f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics),
         f"  Throughput: {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
         f"MFU {100 * summary['mfu']:.1f}%, peak memory {summary['peak_memory_mib']:.0f} MiB a process",
     ]
@@ -178,7 +178,8 @@ def final_lines(
         lines.append(f"Best test accuracy: {100 * best_accuracy:.2f}%")
     if best_metrics and "micro_f1" in best_metrics:
         lines.append(
-            f"Best model: micro-F1 {100 * best_metrics['micro_f1']:.2f}%, macro-F1 {100 * best_metrics['macro_f1']:.2f}% "
+            f"Best model: micro-F1 {100 * best_metrics['micro_f1']:.2f}%, "
+            f"macro-F1 {100 * best_metrics['macro_f1']:.2f}% "
             f"at the thresholds tuned on the evaluation rows (at 0.5: {100 * best_metrics['micro_f1_at_0.5']:.2f}%, "
             f"{100 * best_metrics['macro_f1_at_0.5']:.2f}%), stored in best/distrinews.json"
         )
