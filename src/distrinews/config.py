@@ -34,8 +34,10 @@ Strategy = Literal["ddp", "fsdp", "single"]
 DdpCommHook = Literal["auto", "none", "shm", "bf16", "fp16"]
 LrSchedule = Literal["linear", "cosine", "constant_with_warmup"]
 ReportTo = Literal["tensorboard", "mlflow", "none"]
-BestModelMetric = Literal["accuracy", "macro_f1", "loss"]
+BestModelMetric = Literal["accuracy", "macro_f1", "micro_f1", "loss"]
 Calibration = Literal["temperature", "none"]
+ProblemType = Literal["single_label_classification", "multi_label_classification"]
+MULTI_LABEL = "multi_label_classification"
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
 LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
@@ -185,7 +187,17 @@ class DataConfig(Section):
     dataset_name: str | None = option(None, "a data set from the hub (or a local folder that `datasets` made)")
     dataset_config_name: str | None = option(None, "the hub data set's configuration")
     text_column_names: str = option("text", "one column, or several comma-separated, joined with a space")
-    label_column_name: str = option("label", "the column that holds the label")
+    label_column_name: str = option(
+        "label",
+        "the column that holds the label; multi-label: a column holding a list of labels (JSONL/Parquet list, or in a "
+        "CSV cell comma-separated names or a JSON list), or several comma-separated 0/1 columns named by their label",
+    )
+    problem_type: ProblemType = option(
+        "single_label_classification",
+        "multi_label_classification: each text has any number of the labels (sigmoid outputs, binary cross-entropy, "
+        "a threshold per label tuned on the evaluation split); single_label_classification: exactly one (softmax)",
+        hints=("multi_label", "multilabel"),
+    )
     label_names: str | None = option(
         None, "the labels in this order (comma-separated); default: sorted as read from training"
     )
@@ -347,7 +359,9 @@ class RunConfig(Section):
     save_steps: int = option(0, "save a resumable checkpoint every N steps; 0 = at the end of every epoch only", ge=0)
     save_total_limit: int | None = option(2, "resumable checkpoints kept (the oldest are removed); null = all", ge=1)
     metric_for_best_model: BestModelMetric = option(
-        "accuracy", "what best/ keeps the best of and early stopping watches"
+        "accuracy",
+        "what best/ keeps the best of and early stopping watches (multi-label: accuracy is the exact match; "
+        "micro_f1 is multi-label's alone)",
     )
     greater_is_better: bool | None = option(
         None, "whether a larger metric_for_best_model is better; null: false for loss, true otherwise"
@@ -500,7 +514,28 @@ class TrainConfig(BaseModel):
         )
         need(d.dataset_config_name is None or bool(d.dataset_name), "dataset_config_name", "needs dataset_name")
         need(bool(d.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
-        need(bool(d.label_column_name.strip()), "label_column_name", "must not be empty")
+        need(bool(d.label_column_name.strip(" ,")), "label_column_name", "must not be empty")
+        multi = d.problem_type == MULTI_LABEL
+        need(
+            not multi or bool(own_data), "problem_type", "AG News has one label a row: give train_file or dataset_name"
+        )
+        need(
+            "," not in d.label_column_name or multi,
+            "label_column_name",
+            "names several 0/1 columns, which is multi-label: set problem_type multi_label_classification",
+        )
+        need(
+            multi or self.run.metric_for_best_model != "micro_f1",
+            "metric_for_best_model",
+            "micro_f1 is a multi-label metric (problem_type multi_label_classification); a single-label run's "
+            "micro-F1 is its accuracy",
+        )
+        for name, single_only in (
+            ("class_weights", self.optimizer.class_weights != "none"),
+            ("label_smoothing_factor", self.optimizer.label_smoothing_factor > 0),
+            ("teacher_model_name_or_path", self.distillation.teacher_model_name_or_path is not None),
+        ):
+            need(not (multi and single_only), name, "applies to single-label classification only")
         need(
             self.batches.num_train_epochs > 0 or self.batches.max_steps > 0,
             "num_train_epochs",
@@ -707,6 +742,7 @@ __all__ = [
     "BEST_MODEL_METRICS",
     "DDP_COMM_HOOKS",
     "LR_SCHEDULES",
+    "MULTI_LABEL",
     "REPORT_TO",
     "SECTIONS",
     "SECTION_OF",

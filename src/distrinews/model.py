@@ -72,16 +72,24 @@ def check_model_available(name: str) -> None:
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
-def label_fields(labels: Sequence[str]) -> dict:
-    """``num_labels``, ``id2label`` and ``label2id`` of a config for ``labels`` (in id order)."""
+def label_fields(labels: Sequence[str], problem_type: str | None = None) -> dict:
+    """``num_labels``, ``id2label``, ``label2id`` and ``problem_type`` of a config for ``labels`` (in id order).
+    ``problem_type`` multi_label_classification has transformers compute a binary cross-entropy on the logits
+    when given float labels, and its ``pipeline`` apply a sigmoid; None leaves it to transformers."""
     return {
         "num_labels": len(labels),
         "id2label": dict(enumerate(labels)),
         "label2id": {name: i for i, name in enumerate(labels)},
+        **({"problem_type": problem_type} if problem_type else {}),
     }
 
 
-def tiny_config(labels: Sequence[str], dropout: float | None = None) -> BertConfig:
+def is_multi_label(model: torch.nn.Module) -> bool:
+    """Whether the model scores each label on its own (a sigmoid per label) rather than one softmax over them."""
+    return getattr(hf_config(model), "problem_type", None) == "multi_label_classification"
+
+
+def tiny_config(labels: Sequence[str], dropout: float | None = None, problem_type: str | None = None) -> BertConfig:
     from transformers import BertConfig
 
     p = 0.1 if dropout is None else dropout
@@ -94,7 +102,7 @@ def tiny_config(labels: Sequence[str], dropout: float | None = None) -> BertConf
         max_position_embeddings=512,
         hidden_dropout_prob=p,
         attention_probs_dropout_prob=p,
-        **label_fields(labels),
+        **label_fields(labels, problem_type),
     )
 
 
@@ -102,7 +110,12 @@ ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BER
 
 
 def build_model(
-    name: str, seed: int, labels: Sequence[str], dropout: float | None = None, attention_dropout: float | None = None
+    name: str,
+    seed: int,
+    labels: Sequence[str],
+    dropout: float | None = None,
+    attention_dropout: float | None = None,
+    problem_type: str | None = None,
 ) -> torch.nn.Module:
     """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named."""
     # The new classification head is initialised from the global RNG: seed it so every
@@ -111,10 +124,10 @@ def build_model(
 
     torch.manual_seed(seed)
     if name == TINY_RANDOM:
-        config = tiny_config(labels, dropout)
+        config = tiny_config(labels, dropout, problem_type)
     else:
         path = resolve_model_path(name)
-        config = AutoConfig.from_pretrained(path, **label_fields(labels))
+        config = AutoConfig.from_pretrained(path, **label_fields(labels, problem_type))
         if dropout is not None:
             for attr in ("hidden_dropout_prob", *ATTENTION_DROPOUT, "dropout", "seq_classif_dropout"):
                 if hasattr(config, attr):
@@ -294,11 +307,25 @@ def forward_loss(
     """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
     benchmarks share. The model runs under ``autocast``; the loss is computed in fp32.
 
+    Multi-label labels (a float 0/1 row per text) go to the model itself, whose config's ``problem_type``
+    (multi_label_classification) has transformers compute its binary cross-entropy with logits, the mean over
+    every (row, label); ``reduction="sum"`` gives that mean times the rows: a sum over rows of each row's mean.
+
     ``class_weights`` scale each row's loss by its class's weight, and the mean stays one over the
     rows (not over the weights, as ``F.cross_entropy(weight=...)`` divides): a batch's loss is then
     the same sum of per-row terms however the rows are split into ranks and micro-batches, so a
     weighted run is as equivalent across world sizes as an unweighted one. ``label_smoothing`` is
     ``F.cross_entropy``'s (training only: evaluation reports the plain loss)."""
+    labels = batch["labels"]
+    if labels.dim() == 2:
+        with autocast():
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels)
+        loss = out.loss.float()
+        if reduction == "sum":
+            loss = loss * labels.shape[0]
+        elif reduction != "mean":
+            raise ValueError("multi-label losses are reduced: reduction mean or sum")
+        return loss, out.logits
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if class_weights is None:

@@ -50,11 +50,13 @@ def per_class_table(scores: dict[str, Any]) -> list[str]:
     if not per_class:
         return []
     width = max(12, *(len(name) for name in per_class))
-    lines = [f"  {'':<{width}} precision  recall      f1  support"]
+    thresholds = all("threshold" in s for s in per_class.values())  # multi-label: each label's own
+    lines = [f"  {'':<{width}} precision  recall      f1  support" + ("  threshold" if thresholds else "")]
     for name, s in per_class.items():
         lines.append(
             f"  {name:<{width}} {100 * s['precision']:8.2f}% "
             f"{100 * s['recall']:6.2f}% {100 * s['f1']:6.2f}% {s['support']:8,}"
+            + (f"  {s['threshold']:9.2f}" if thresholds else "")
         )
     return lines
 

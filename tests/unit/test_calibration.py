@@ -112,7 +112,7 @@ def test_calibrate_best_on_the_tiny_model(calibrated, texts, tmp_path):
 
     # best/ holds it; the predictor applies it (the same probabilities as the calibrated copy's, within float error)
     record = json.loads((sure / "distrinews.json").read_text())
-    assert record["format_version"] == 2 and record["temperature"] == report.temperature
+    assert record["format_version"] == 3 and record["temperature"] == report.temperature
     assert record["calibration"]["ece_after"] == report.ece_after and record["calibration"]["calibration_rows"] == 600
     card = (sure / "README.md").read_text()
     assert "## Confidence" in card and f"T = {report.temperature:.4f}" in card

@@ -197,7 +197,7 @@ def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, writ
         ({"class_weights": "inverse"}, "config field 'class_weights': must be one of none, balanced"),
         (
             {"metric_for_best_model": "f1"},
-            "config field 'metric_for_best_model': must be one of accuracy, macro_f1, loss",
+            "config field 'metric_for_best_model': must be one of accuracy, macro_f1, micro_f1, loss",
         ),
     ],
 )

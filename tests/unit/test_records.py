@@ -81,8 +81,9 @@ def test_servable_info_round_trips_and_keeps_unknown_keys():
     assert read.extra == {"export": {"runtime": "onnx", "model_file": "model/model.onnx"}}
     assert dataclasses.replace(read, extra={}) == INFO
     assert read.to_json() == data, "the unknown key is written back as it was read"
-    assert data["format_version"] == SERVABLE_INFO_FORMAT == 2  # 2: the temperature (a format-1 reader would ignore it)
-    assert data["temperature"] == 1.0 and data["calibration"] is None
+    # 2: the temperature, 3: multi-label thresholds (an older reader would ignore either)
+    assert data["format_version"] == SERVABLE_INFO_FORMAT == 3
+    assert data["temperature"] == 1.0 and data["calibration"] is None and data["thresholds"] is None
 
 
 def test_files_from_before_format_versions_read_as_version_1():

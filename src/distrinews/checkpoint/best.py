@@ -45,6 +45,7 @@ class BestModel:
                     ServableInfo(
                         label_names=model_label_names(servable),
                         metrics=metrics,
+                        thresholds=metrics.get("thresholds"),
                         epoch=epoch,
                         global_step=global_step,
                         max_length=self.training_config["max_length"],

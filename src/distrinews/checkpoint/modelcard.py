@@ -284,6 +284,16 @@ def _summary(info: ServableInfo, data: TrainingData, base: str | None) -> list[s
         f"| Test accuracy | {_pct(metrics.get('accuracy'))}"
         + (f" on {metrics['samples']:,} test rows |" if metrics.get("samples") else " |"),
         f"| Test macro-F1 | {_pct(metrics.get('macro_f1'))} |",
+        *(
+            [
+                f"| Test micro-F1 | {_pct(metrics.get('micro_f1'))} (multi-label: a sigmoid and a threshold per label, "
+                "tuned on the evaluation rows; accuracy is the exact match) |",
+                f"| At 0.5 | micro-F1 {_pct(metrics.get('micro_f1_at_0.5'))}, "
+                f"macro-F1 {_pct(metrics.get('macro_f1_at_0.5'))} |",
+            ]
+            if "micro_f1" in metrics
+            else []
+        ),
         f"| Test loss | {metrics['loss']:.4f} |" if metrics.get("loss") is not None else "| Test loss | n/a |",
         f"| Saved at | epoch {_or_na(info.epoch)}, optimizer step {_or_na(info.global_step)} |",
         f"| Max sequence length | {info.max_length} tokens |",
@@ -296,6 +306,19 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     """Precision, recall and F1 a class; a checkpoint written before those were kept has accuracy a class."""
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
+    if scores and all("threshold" in s for s in scores.values()):  # multi-label
+        lines = [
+            "## Per label (evaluation rows)",
+            "",
+            "| label | threshold | precision | recall | F1 | rows with it |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {name} | {s['threshold']:.2f} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} "
+            f"| {s['support']:,} |"
+            for name, s in scores.items()
+        ]
+        return [*lines, ""]
     if scores:
         lines = [
             "## Per class (evaluation rows)",

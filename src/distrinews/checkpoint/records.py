@@ -45,7 +45,8 @@ TRAINER_STATE = "trainer_state.json"  # in a resumable checkpoint (step-N)
 TRAINER_STATE_FORMAT = 1  # the trainer_state.json format this code writes and the newest it reads
 # likewise for distrinews.json. 2 added ``temperature``: a reader that ignored it would serve other scores than the
 # model's, so format 1 readers refuse it; a format 1 file reads with temperature 1 (the softmax as trained).
-SERVABLE_INFO_FORMAT = 2
+# 3 added ``thresholds`` (a multi-label model's per-label thresholds), which an older reader would not apply.
+SERVABLE_INFO_FORMAT = 3
 CHECKPOINT_FORMATS = ("pretrained", "resumable", "pt")  # ModelInfo.checkpoint_format
 TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSource.source
 
@@ -82,6 +83,11 @@ STR: _Check = (lambda v: isinstance(v, str), "a string")
 OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
 STR_LIST: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
 NUMBER_LIST: _Check = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
+DEFAULT_THRESHOLD = 0.5  # a multi-label model's threshold for a label that ``thresholds`` does not give
+THRESHOLDS: _Check = (
+    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_number(x) and 0 <= x <= 1 for k, x in v.items()),
+    "a JSON object of label: threshold from 0 to 1",
+)
 # The temperatures a record may hold (and train/calibration.py fits within): beyond them the scores carry no usable
 # ranking, and a hostile file's 1e-300 would turn every logit into an infinity.
 TEMPERATURE_RANGE = (0.05, 20.0)
@@ -260,6 +266,9 @@ class ServableInfo:
     # Every runtime divides the logits by it before the softmax (train/calibration.py fits it); 1: as trained.
     temperature: float = 1.0
     calibration: dict[str, Any] | None = None  # how the temperature was fitted and what it did (ECE, coverage)
+    # A multi-label model's threshold per label (train/multilabel.py tunes them): a label is in the answer when its
+    # sigmoid is at least its threshold. None: a single-label model (or a label missing here: 0.5).
+    thresholds: dict[str, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = field(default=SERVABLE_INFO_FORMAT, init=False)
 
@@ -279,6 +288,7 @@ class ServableInfo:
         "world_size": optional(INT),
         "temperature": TEMPERATURE,
         "calibration": optional(OBJECT),
+        "thresholds": optional(THRESHOLDS),
     }
 
     def to_json(self) -> dict[str, Any]:

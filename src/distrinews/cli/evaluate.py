@@ -60,12 +60,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     import torch
 
+    from ..checkpoint.records import DEFAULT_THRESHOLD
     from ..checkpoint.servable import load_for_inference
     from ..data.labelled import load_labelled, trained_on
     from ..data.splits import stratified_sample
     from ..data.tokenized import tokenize_cached
     from ..distributed.process_group import distributed_context, main_process_first
     from ..errors import DataError
+    from ..train.console import multilabel_words
     from ..train.evaluation import evaluate
     from ..train.precision import Precision, bf16_is_fast
 
@@ -83,19 +85,24 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                     f"eval: the model's labels ({', '.join(info.label_names)}) are not those of the data it records "
                     f"({', '.join(data.label_names)}); evaluate it on a labelled file with --input"
                 )
-            raw = data.eval.subset(stratified_sample(data.eval.labels, args.samples, seed=args.seed))
+            raw = data.eval.subset(stratified_sample(data.eval.strata, args.samples, seed=args.seed))
             test = tokenize_cached(raw, tokenizer, max_length, None, build=env.is_local_main)
         bf16 = bf16_is_fast(env.device) if args.bf16 == "auto" else args.bf16 == "true"
         precision = Precision(env.device.type, torch.bfloat16 if bf16 else None)
-        metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main)
+        # a multi-label model is scored at the thresholds it is served with (distrinews.json), not tuned again
+        thresholds = (
+            None if info.thresholds is None else [info.thresholds.get(n, DEFAULT_THRESHOLD) for n in info.label_names]
+        )
+        metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main, thresholds=thresholds)
         metrics["world_size"] = env.world_size
         if env.is_main:
             print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
             print(
                 f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
-                f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%"
+                f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics)
             )
-            print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
+            confusion = confusion_table(metrics)  # none for multi-label
+            print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
             if args.output_json:
                 write_json(args.output_json, metrics)
     return 0

@@ -143,6 +143,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         for text, r in zip(texts, results):
             probs = "  ".join(f"{k}={v:.3f}" for k, v in r["probabilities"].items())
+            if "labels" in r:  # multi-label: every label over its threshold
+                chosen = ", ".join(f"{x['label']} ({x['score']:.1%})" for x in r["labels"]) or "none of the labels"
+                print(f"{chosen}  {text[:80]}\n    {probs}")
+                continue
             threshold = predictor.min_confidence  # set whenever a row can be unsure
             unsure = (
                 ""

@@ -15,7 +15,7 @@ class Collator:
         self.pad_token_id = pad_token_id
         self.multiple = pad_to_multiple_of or 1
 
-    def __call__(self, batch: list[tuple[torch.Tensor, int, int]]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: list[tuple[torch.Tensor, int | torch.Tensor, int]]) -> dict[str, torch.Tensor]:
         longest = max(ids.numel() for ids, _, _ in batch)
         longest = -(-longest // self.multiple) * self.multiple
         input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
@@ -23,6 +23,8 @@ class Collator:
         for row, (ids, _, _) in enumerate(batch):
             input_ids[row, : ids.numel()] = ids
             attention_mask[row, : ids.numel()] = 1
-        labels = torch.tensor([y for _, y, _ in batch], dtype=torch.long)
+        targets = [y for _, y, _ in batch]
+        multi_hot = [y for y in targets if isinstance(y, torch.Tensor)]  # multi-label rows: float 0/1 each
+        labels = torch.stack(multi_hot) if multi_hot else torch.tensor(targets, dtype=torch.long)
         index = torch.tensor([i for _, _, i in batch], dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "index": index}

@@ -22,21 +22,28 @@ each as one line: a missing column (naming the columns there are), an empty text
 and line), a label column with one class, a class with a single row where a split must be
 stratified. What training survives becomes a warning: a class with one row, classes of
 ``label_names`` with no training rows, texts that occur with different labels.
+
+Multi-label (``problem_type: multi_label_classification``): a row's label is a list of labels (a
+JSONL or Parquet list; in a CSV cell, names separated by commas or a JSON list; an empty list is a
+row with none of them), or ``label_column_name`` names several columns, one per label, each 0 or 1
+(the columns' names are the labels). The labels become a 0/1 list per row (multi-hot); the label set
+is every label seen in training, as above. A value that is neither is an error naming ``file:line``.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig, TrainConfig
+from ..config import MULTI_LABEL, DataConfig, TrainConfig
 from ..errors import ConfigError, DataError
 from .files import read_rows, resolve_inputs
 from .rows import AG_NEWS_LABELS, RawSplit
-from .splits import load_split, stratified_sample
+from .splits import hold_out, load_split, stratified_sample
 
 MAX_EXAMPLES = 3  # rows a warning shows
 
@@ -49,6 +56,7 @@ class LabelledData:
     eval_from: str  # where the evaluation rows come from, for the banner
     warnings: list[str] = field(default_factory=list)
     own_data: bool = False  # not AG News
+    multi_label: bool = False  # each row's label a 0/1 list (problem_type multi_label_classification)
 
     @property
     def num_labels(self) -> int:
@@ -60,7 +68,7 @@ class _Rows:
     """Rows as read, before labels become ids: text, raw label and where each came from."""
 
     texts: list[str]
-    labels: list[str]
+    labels: list[Any]  # the raw label; multi-label: a tuple of them
     where: list[str]
     source: str
     classlabel_names: list[str] | None = None  # a hub ClassLabel's names: the labels are their ids
@@ -87,6 +95,11 @@ def text_columns(config: DataConfig) -> list[str]:
     return [name.strip() for name in config.text_column_names.split(",") if name.strip()]
 
 
+def label_columns(config: DataConfig) -> list[str]:
+    """The label column, or a multi-label set's 0/1 columns (one per label)."""
+    return [name.strip() for name in config.label_column_name.split(",") if name.strip()]
+
+
 def given_label_names(config: DataConfig) -> list[str] | None:
     if config.label_names is None:
         return None
@@ -106,18 +119,19 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         test = load_split(config.data_dir, "test")
         return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
     columns = text_columns(config)
+    multi = config.problem_type == MULTI_LABEL
+    labels = label_columns(config)
     if config.train_file:
-        train_rows = read_file_rows(config.train_file, "train_file", columns, config.label_column_name)
+        train_rows = read_file_rows(config.train_file, "train_file", columns, labels, multi)
         eval_field = "validation_file" if config.validation_file else "test_file" if config.test_file else None
         eval_rows = (
-            read_file_rows(getattr(config, eval_field), eval_field, columns, config.label_column_name)
-            if eval_field
-            else None
+            read_file_rows(getattr(config, eval_field), eval_field, columns, labels, multi) if eval_field else None
         )
     else:
-        train_rows, eval_rows = read_dataset_rows(config, columns)
+        train_rows, eval_rows = read_dataset_rows(config, columns, multi)
     warnings: list[str] = []
-    names, to_id = label_set(train_rows, given_label_names(config), warnings)
+    given = labels if len(labels) > 1 else given_label_names(config)  # 0/1 columns: their names are the labels
+    names, to_id = label_set(train_rows, given, warnings)
     check_training_rows(
         train_rows, to_id, names, config.label_column_name, warnings
     )  # all of them, before any is held out
@@ -127,7 +141,9 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         eval_from = eval_rows.source
     train = _labelled(train_rows, to_id, names, "training")
     evaluation = _labelled(eval_rows, to_id, names, "the evaluation split")
-    return LabelledData(train if need_train else None, evaluation, names, eval_from, warnings, own_data=True)
+    return LabelledData(
+        train if need_train else None, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi
+    )
 
 
 def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> TrainConfig:
@@ -145,7 +161,9 @@ def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = No
 
 
 # ---------------------------------------------------------------------- reading
-def read_file_rows(spec: str, field_name: str, columns: list[str], label_column: str) -> _Rows:
+def read_file_rows(
+    spec: str, field_name: str, columns: list[str], label_columns: list[str], multi: bool = False
+) -> _Rows:
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
     shards = resolve_inputs([spec], what=f"config field '{field_name}':")
     if not shards:
@@ -158,25 +176,26 @@ def read_file_rows(spec: str, field_name: str, columns: list[str], label_column:
         [],
         "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)",
     )
-    needed = [*columns, label_column]
+    needed = [*columns, *label_columns]
     for shard in shards:
         for row in read_rows(shard, columns=needed):
             where = f"{shard.path}:{row.line}" if shard.format != "parquet" else f"{shard.path} row {row.line}"
             if row.error is not None:
                 raise DataError(f"{where}: {row.error}")
-            _add_row(rows, row.fields or {}, where, columns, label_column)
+            _add_row(rows, row.fields or {}, where, columns, label_columns, multi)
     if not rows.texts:
         raise DataError(f"config field '{field_name}': {spec} has no rows")
     return rows
 
 
-def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _Rows | None]:
+def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = False) -> tuple[_Rows, _Rows | None]:
     """The training split and the validation (else test) split of a ``datasets`` data set, or None for the latter."""
     assert config.dataset_name is not None, "read for uses_own_data without a train_file"
     splits = _load_dataset(config.dataset_name, config.dataset_config_name)
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
-    label_column = config.label_column_name
+    labels = label_columns(config)
+    label_column = labels[0]
     out: list[_Rows | None] = []
     for split in ("train", next((s for s in ("validation", "test") if s in splits), None)):
         if split is None:
@@ -184,13 +203,15 @@ def read_dataset_rows(config: DataConfig, columns: list[str]) -> tuple[_Rows, _R
             continue
         ds = splits[split]
         where = f"{config.dataset_name}/{split}"
-        _require_columns(where, [*columns, label_column], list(ds.column_names))
+        _require_columns(where, [*columns, *labels], list(ds.column_names))
         feature = ds.features.get(label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) of a multi-label set
         names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
         rows = _Rows([], [], [], where, classlabel_names=names)
-        values = {name: ds[name] for name in dict.fromkeys([*columns, label_column])}
+        values = {name: ds[name] for name in dict.fromkeys([*columns, *labels])}
         for i in range(len(ds)):
-            _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, label_column)
+            fields = {name: values[name][i] for name in values}
+            _add_row(rows, fields, f"{where} row {i}", columns, labels, multi)
         if not rows.texts:
             raise DataError(f"data set {where}: no rows")
         out.append(rows)
@@ -228,8 +249,10 @@ def _require_columns(where: str, needed: Iterable[str], present: list[str]) -> N
         )
 
 
-def _add_row(rows: _Rows, fields: dict[str, Any], where: str, columns: list[str], label_column: str) -> None:
-    _require_columns(where, [*columns, label_column], list(fields))
+def _add_row(
+    rows: _Rows, fields: dict[str, Any], where: str, columns: list[str], labels: list[str], multi: bool = False
+) -> None:
+    _require_columns(where, [*columns, *labels], list(fields))
     parts = []
     for name in columns:
         value = fields[name]
@@ -242,8 +265,49 @@ def _add_row(rows: _Rows, fields: dict[str, Any], where: str, columns: list[str]
     if not text:
         raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
     rows.texts.append(text)
-    rows.labels.append(_label_key(fields[label_column], where, label_column))
+    if not multi:
+        rows.labels.append(_label_key(fields[labels[0]], where, labels[0]))
+    elif len(labels) > 1:
+        rows.labels.append(tuple(name for name in labels if _flag(fields[name], where, name)))
+    else:
+        rows.labels.append(_label_keys(fields[labels[0]], where, labels[0]))
     rows.where.append(where)
+
+
+def _label_keys(value: Any, where: str, column: str) -> tuple[str, ...]:
+    """A multi-label row's labels: a list (JSONL, Parquet), or text holding a JSON list or comma-separated names."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise DataError(f"{where}: {column!r} holds {_clip(text)}, which is not a JSON list") from None
+        else:
+            value = [part for part in text.split(",") if part.strip()]
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # a numpy array (Parquet, datasets)
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise DataError(
+            f"{where}: {column!r} holds {_clip(repr(value))}; a multi-label row's label is a list of labels "
+            "(or, in CSV, names separated by commas)"
+        )
+    keys = tuple(dict.fromkeys(_label_key(item, where, column) for item in value))
+    return keys
+
+
+def _flag(value: Any, where: str, column: str) -> bool:
+    """A 0/1 label column's value: 0 or 1 (a number, a bool, or their text)."""
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("1", "1.0", "true"):
+        return True
+    if text in ("0", "0.0", "false"):
+        return False
+    raise DataError(f"{where}: label column {column!r} holds {_clip(repr(value))}, not 0 or 1")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _label_key(value: Any, where: str, column: str) -> str:
@@ -264,9 +328,15 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
+def _keys(rows: _Rows) -> list[str]:
+    """Every raw label of every row, in order (a multi-label row gives each of its labels)."""
+    return [key for label in rows.labels for key in (label if isinstance(label, tuple) else (label,))]
+
+
 def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tuple[list[str], dict[str, int]]:
     """The label names in id order, and each raw label's id (see the module docstring)."""
-    seen = list(dict.fromkeys(rows.labels))
+    keys = _keys(rows)
+    seen = list(dict.fromkeys(keys))
     if given is None and rows.classlabel_names is not None:
         given = rows.classlabel_names
     if given is None:
@@ -282,26 +352,49 @@ def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tupl
         return list(given), {str(i): i for i in range(len(given))}
     unknown = next(label for label in seen if label not in to_id)
     raise DataError(
-        f"{rows.where[rows.labels.index(unknown)]}: label {unknown!r} is not in label_names ({', '.join(given)}); "
+        f"{_where_first(rows, unknown)}: label {unknown!r} is not in label_names ({', '.join(given)}); "
         "add it there, or leave label_names unset to take the labels from the data"
     )
 
 
+def _where_first(rows: _Rows, key: str) -> str:
+    """Where the first row holding raw label ``key`` came from."""
+    return next(
+        w for label, w in zip(rows.labels, rows.where) if key in (label if isinstance(label, tuple) else (label,))
+    )
+
+
 def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -> RawSplit:
-    ids = []
+    ids: list[Any] = []
     for label, where in zip(rows.labels, rows.where):
-        i = to_id.get(label)
-        if i is None:
+        keys = label if isinstance(label, tuple) else (label,)
+        unknown = next((key for key in keys if key not in to_id), None)
+        if unknown is not None:
             raise DataError(
-                f"{where}: label {label!r} in {what} never occurs in training (training's labels: {_listing(names)}); "
+                f"{where}: label {unknown!r} in {what} never occurs in training "
+                f"(training's labels: {_listing(names)}); "
                 "every evaluation label must be one the model can learn"
             )
-        ids.append(i)
+        if isinstance(label, tuple):  # multi-label: one 0/1 per label
+            hot = [0] * len(names)
+            for key in keys:
+                hot[to_id[key]] = 1
+            ids.append(hot)
+        else:
+            ids.append(to_id[label])
     return RawSplit(rows.texts, ids, rows.source)
 
 
 def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: int) -> tuple[_Rows, _Rows, str]:
-    """A stratified, seeded ``percentage`` of ``rows`` for evaluation; the rest for training."""
+    """A stratified, seeded ``percentage`` of ``rows`` for evaluation; the rest for training. Multi-label rows are
+    stratified by their set of labels, and a set that occurs once stays in training."""
+    note = (
+        f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
+    )
+    if rows.labels and isinstance(rows.labels[0], tuple):
+        strata = {key: i for i, key in enumerate(dict.fromkeys(rows.labels))}
+        kept_rows, held_rows = hold_out([strata[label] for label in rows.labels], percentage, seed)
+        return rows.subset(kept_rows), rows.subset(held_rows), note
     counts = Counter(rows.labels)
     single = [label for label, n in counts.items() if n == 1]
     if single:
@@ -316,9 +409,6 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
     chosen = set(stratified_sample(ids, n, seed))
     held = sorted(chosen)
     kept = [i for i in range(len(rows)) if i not in chosen]
-    note = (
-        f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
-    )
     return rows.subset(kept), rows.subset(held), note
 
 
@@ -327,11 +417,11 @@ def check_training_rows(
 ) -> None:
     """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a
     warning."""
-    counts = Counter(to_id[label] for label in rows.labels)
+    counts = Counter(to_id[label] for label in _keys(rows))
     if len(counts) < 2:
-        only = names[next(iter(counts))]
+        only = repr(names[next(iter(counts))]) if counts else "no label on any row"
         raise DataError(
-            f"{rows.source}: the label column {label_column!r} holds one class only ({only!r}, {len(rows):,} rows); "
+            f"{rows.source}: the label column {label_column!r} holds one class only ({only}, {len(rows):,} rows); "
             "a classifier needs at least two"
         )
     once = [names[i] for i, n in counts.items() if n == 1]
@@ -374,6 +464,9 @@ def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]
 
 
 def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:
+    """Rows of each class (multi-label: rows that carry each label)."""
+    if split.multi_label:
+        return [sum(row[i] for row in split.labels) for i in range(len(names))]
     counts = Counter(split.labels)
     return [counts.get(i, 0) for i in range(len(names))]
 

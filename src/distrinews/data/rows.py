@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DATA_ENV = "DISTRINEWS_DATA"
 
@@ -16,11 +17,20 @@ AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")  # classes 1-4 of t
 @dataclass
 class RawSplit:
     texts: list[str]
-    labels: list[int]  # 0-based class ids
+    labels: list[Any]  # 0-based class ids; multi-label: a 0/1 list per row, one entry per label (multi-hot)
     source: str
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def multi_label(self) -> bool:
+        return bool(self.labels) and isinstance(self.labels[0], list)
+
+    @property
+    def strata(self) -> list[Hashable]:
+        """What a stratified sample keeps in proportion: the class, or for multi-label the row's set of labels."""
+        return [tuple(y) for y in self.labels] if self.multi_label else list(self.labels)
 
     def subset(self, indices: Sequence[int]) -> "RawSplit":
         return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source)

@@ -4,8 +4,9 @@ sample of them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,12 +49,12 @@ def load_split(data_dir: str | None, split: str) -> RawSplit:
     )
 
 
-def stratified_sample(labels: Sequence[int], n: int | None, seed: int) -> list[int]:
+def stratified_sample(labels: Sequence[Hashable], n: int | None, seed: int) -> list[int]:
     """Indices of a seeded sample with each class in proportion; all indices when n is None or too big."""
     if n is None or n >= len(labels):
         return list(range(len(labels)))
     gen = torch.Generator().manual_seed(seed)
-    by_class: dict[int, list[int]] = {}
+    by_class: dict[Any, list[int]] = {}
     for i, y in enumerate(labels):
         by_class.setdefault(y, []).append(i)
     total = len(labels)

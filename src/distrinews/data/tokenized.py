@@ -29,11 +29,17 @@ class TokenizedDataset(Dataset):
         self.pad_token_id = pad_token_id
 
     def __len__(self) -> int:
-        return self.labels.numel()
+        return self.labels.shape[0]
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
-        """(token ids, label, i): the row's index travels with it into the batch (``collate.Collator``)."""
-        return self.flat_ids[self.offsets[i] : self.offsets[i + 1]], int(self.labels[i]), int(i)
+    @property
+    def multi_label(self) -> bool:
+        return self.labels.dim() == 2
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor, int]:
+        """(token ids, label, i): the row's index travels with it into the batch (``collate.Collator``). The label
+        of a multi-label row is its float 0/1 vector, the targets of the binary cross-entropy."""
+        label = self.labels[i] if self.multi_label else int(self.labels[i])
+        return self.flat_ids[self.offsets[i] : self.offsets[i + 1]], label, int(i)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -64,7 +70,8 @@ def tokenize(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: in
     offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
     flat = torch.tensor([t for x in ids for t in x], dtype=torch.int32)
-    return TokenizedDataset(flat, offsets, torch.tensor(split.labels, dtype=torch.int64), tokenizer.pad_token_id)
+    labels = torch.tensor(split.labels, dtype=torch.float32 if split.multi_label else torch.int64)
+    return TokenizedDataset(flat, offsets, labels, tokenizer.pad_token_id)
 
 
 def tokenize_cached(

@@ -127,7 +127,7 @@ def read_check(session: Any) -> dict[str, Any] | None:
 
 def labelled_rows(
     training_config: dict[str, Any] | None, limit: int | None, labels: Sequence[str], seed: int = 42
-) -> tuple[list[str], list[int]] | None:
+) -> tuple[list[str], list[Any]] | None:
     """A seeded, class-stratified sample of the evaluation rows of the data a checkpoint was trained on (its
     ``training_config``: AG News's test split, or the user's validation rows), or None when they are not at
     hand here or their labels are not the model's ``labels``."""
@@ -146,13 +146,13 @@ def labelled_rows(
     if data.label_names != list(labels):
         log.info("the training data's labels are not the model's: label agreement on the fixed sample instead")
         return None
-    rows = data.eval.subset(stratified_sample(data.eval.labels, limit, seed))
+    rows = data.eval.subset(stratified_sample(data.eval.strata, limit, seed))
     return list(rows.texts), list(rows.labels)
 
 
 def make_int8(
     checkpoint: str | os.PathLike,
-    labelled: tuple[Sequence[str], Sequence[int]] | None,
+    labelled: tuple[Sequence[str], Sequence[Any]] | None,
     out: str | os.PathLike | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
@@ -181,14 +181,14 @@ def make_int8(
 
 
 def compare(
-    checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[int]] | None
+    checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
 ) -> dict[str, Any]:
     """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
     from .runtimes import OnnxPredictor
 
     texts = list(labelled[0]) if labelled else list(FIXED_SAMPLE)
-    labels_fp32 = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=fp32).predict(texts)]
-    labels_int8 = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=int8, int8=True).predict(texts)]
+    labels_fp32 = [_answer(p) for p in OnnxPredictor(checkpoint, onnx_model=fp32).predict(texts)]
+    labels_int8 = [_answer(p) for p in OnnxPredictor(checkpoint, onnx_model=int8, int8=True).predict(texts)]
     agreement = sum(a == b for a, b in zip(labels_fp32, labels_int8)) / len(texts)
     check: dict[str, Any] = {
         "rows": len(texts),
@@ -196,7 +196,7 @@ def compare(
         "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if labelled:
-        gold = list(labelled[1])
+        gold = [_gold(y) for y in labelled[1]]
         fp32_acc = sum(a == y for a, y in zip(labels_fp32, gold)) / len(gold)
         int8_acc = sum(a == y for a, y in zip(labels_int8, gold)) / len(gold)
         diff = round(100 * (int8_acc - fp32_acc), 4)
@@ -219,6 +219,16 @@ def compare(
             f"as fp32 labels them (at least {100 * MIN_AGREEMENT:.0f}%)",
         )
     return check
+
+
+def _answer(result: dict[str, Any]) -> Any:
+    """What is compared: the label, or a multi-label answer's set of labels (right only when all of it is)."""
+    return result["label_id"] if "label_id" in result else sorted(x["label_id"] for x in result["labels"])
+
+
+def _gold(label: Any) -> Any:
+    """A row's label as ``_answer`` gives it: a class id, or a multi-label row's 0/1 list as the ids it marks."""
+    return [i for i, on in enumerate(label) if on] if isinstance(label, list) else label
 
 
 def _write_with_metadata(model_path: Path, out: Path, check: dict[str, Any]) -> None:

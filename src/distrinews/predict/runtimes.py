@@ -8,7 +8,11 @@ steps, kept apart so the server can run them on different threads:
 - ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);
 - ``format_batch(logits)``: softmax of the logits divided by the checkpoint's temperature (``distrinews.json``,
   fitted when training ended: ``train/calibration.py``; 1 where it has none), named labels, and with a
-  ``min_confidence`` threshold (``confidence.py``) whether the answer is ``confident``.
+  ``min_confidence`` threshold (``confidence.py``) whether the answer is ``confident``. A multi-label model
+  (its config's ``problem_type`` is multi_label_classification) answers with a sigmoid per label instead, and
+  every label whose score is at least its threshold (``distrinews.json``'s ``thresholds``, tuned when training;
+  0.5 where none is recorded; ``min_confidence`` replaces those of the labels it gives a number for):
+  ``{"labels": [{"label", "label_id", "score"}, ...] (highest first, possibly none), "probabilities"}``.
 
 ``predict_encoded`` is the micro-batcher's forward job (collate + forward + format, one pass);
 ``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
@@ -40,11 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.records import SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
+from ..checkpoint.records import DEFAULT_THRESHOLD, SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
 from ..errors import CheckpointError
 from . import int8
 from .confidence import ConfidenceThreshold
 from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
+
+MULTI_LABEL = "multi_label_classification"  # transformers' problem_type (config.py's, which this module cannot import)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,12 @@ __all__ = [
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Each logit's probability on its own (float64): a multi-label model's scores."""
+    x = np.asarray(logits, dtype=np.float64)
+    return np.exp(-np.logaddexp(0.0, -x))  # 1 / (1 + e^-x) without overflow for large |x|
+
+
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Probabilities of ``logits / temperature`` (float64), per row."""
     shifted = np.asarray(logits, dtype=np.float64) / temperature
@@ -80,6 +92,8 @@ class Predictor:
     choice: dict[str, Any] | None = None
     info: ModelInfo  # what the checkpoint says about its model (checkpoint.records)
     min_confidence: ConfidenceThreshold | None = None  # below it an answer is marked "confident": false
+    multi_label = False  # a sigmoid per label and every label over its threshold (the model config's problem_type)
+    thresholds: list[float] | None = None  # multi-label: each label's least score to be in the answer
 
     def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
         import torch
@@ -94,16 +108,25 @@ class Predictor:
         if bf16:
             self.runtime = "torch-bf16"
         self._init_common(
-            _labels_of(self.model.config), max_batch_size, getattr(self.model.config, "name_or_path", None)
+            _labels_of(self.model.config),
+            max_batch_size,
+            getattr(self.model.config, "name_or_path", None),
+            getattr(self.model.config, "problem_type", None),
         )
         self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
-    def _init_common(self, labels: list[str], max_batch_size: int, fallback_name: str | None = None) -> None:
+    def _init_common(
+        self, labels: list[str], max_batch_size: int, fallback_name: str | None = None, problem_type: str | None = None
+    ) -> None:
         self.max_length = int(self.info.max_length)
         self.labels = labels
         self.model_name = self.info.model_name or fallback_name or str(self.checkpoint)
         self.max_batch_size = max_batch_size
         self.temperature = float(self.info.temperature)
+        self.multi_label = problem_type == MULTI_LABEL
+        if self.multi_label:
+            tuned = self.info.thresholds or {}
+            self.thresholds = [float(tuned.get(name, DEFAULT_THRESHOLD)) for name in labels]
 
     # ------------------------------------------------------------------ tokenization (no model)
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
@@ -163,7 +186,28 @@ class Predictor:
 
     # ------------------------------------------------------------------ output
     def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
+        if self.multi_label:
+            return [self.format_multi_label(p) for p in sigmoid(logits).tolist()]
         return [self.format(p) for p in softmax(logits, self.temperature).tolist()]
+
+    def label_thresholds(self) -> list[float]:
+        """A multi-label model's threshold per label: ``min_confidence``'s where it gives one, else the tuned one."""
+        assert self.thresholds is not None, "a multi-label predictor has thresholds"
+        chosen = []
+        for name, tuned in zip(self.labels, self.thresholds):
+            least = None if self.min_confidence is None else self.min_confidence.minimum(name)
+            chosen.append(tuned if least is None else least)
+        return chosen
+
+    def format_multi_label(self, scores: Sequence[float]) -> dict[str, Any]:
+        """Every label whose score reaches its threshold, highest first (none is an answer too), and every score."""
+        scores = [float(p) for p in scores]
+        over = [i for i, (p, t) in enumerate(zip(scores, self.label_thresholds())) if p >= t]
+        over.sort(key=lambda i: -scores[i])
+        return {
+            "labels": [{"label": self.labels[i], "label_id": i, "score": scores[i]} for i in over],
+            "probabilities": dict(zip(self.labels, scores)),
+        }
 
     def format(self, probs: Sequence[float]) -> dict[str, Any]:
         probs = [float(p) for p in probs]
@@ -207,6 +251,8 @@ class Predictor:
             "labels": list(self.labels),
             "max_length": self.max_length,
             "temperature": self.temperature,
+            "problem_type": MULTI_LABEL if self.multi_label else "single_label_classification",
+            "thresholds": None if self.thresholds is None else dict(zip(self.labels, self.thresholds)),
             "min_confidence": None if self.min_confidence is None else self.min_confidence.to_json(),
             "metrics": self.info.metrics,
             "epoch": self.info.epoch,
@@ -243,16 +289,28 @@ def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
         return None
 
 
-def _standalone_labels(directory: Path) -> list[str] | None:
-    """The labels of a Hugging Face folder that a slim server can run from alone (its tokenizer.json and
-    a config.json with id2label), else None."""
+def checkpoint_multi_label(checkpoint: str | os.PathLike | None) -> bool:
+    """Whether a checkpoint's ``config.json`` says its model is multi-label (False where it cannot be read)."""
+    if checkpoint is None:
+        return False
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("problem_type") == MULTI_LABEL
+
+
+def _standalone_labels(directory: Path) -> tuple[list[str], str | None] | None:
+    """The labels and ``problem_type`` of a Hugging Face folder that a slim server can run from alone (its
+    tokenizer.json and a config.json with id2label), else None."""
     if not (directory.is_dir() and (directory / TOKENIZER_FILE).is_file() and (directory / "config.json").is_file()):
         return None
     config = json.loads((directory / "config.json").read_text())
     id2label = config.get("id2label")
     if not isinstance(id2label, dict) or not id2label:
         return None  # e.g. a resumable step-N directory, whose config.json is the training config
-    return [id2label[key] for key in sorted(id2label, key=int)]
+    problem_type = config.get("problem_type")
+    return [id2label[key] for key in sorted(id2label, key=int)], problem_type if isinstance(problem_type, str) else None
 
 
 class OnnxPredictor(Predictor):
@@ -287,8 +345,9 @@ class OnnxPredictor(Predictor):
         if onnx_model and not path.is_file():
             raise FileNotFoundError(f"ONNX model {path} does not exist")
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        labels = _standalone_labels(self.checkpoint) if path.is_file() else None
-        if labels is not None:
+        standalone = _standalone_labels(self.checkpoint) if path.is_file() else None
+        if standalone is not None:
+            labels, problem_type = standalone
             info_path = self.checkpoint / SERVABLE_INFO
             servable = (
                 ServableInfo.from_json(json.loads(info_path.read_text()), info_path) if info_path.is_file() else None
@@ -299,7 +358,7 @@ class OnnxPredictor(Predictor):
                 tokenizer=TokenizerSource.checkpoint(self.checkpoint),
             )
             self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
-            self._init_common(labels, max_batch_size)
+            self._init_common(labels, max_batch_size, problem_type=problem_type)
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
         else:
             path = self._load_with_transformers(path, max_batch_size, int8)
@@ -326,7 +385,12 @@ class OnnxPredictor(Predictor):
         # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
         # weights are only kept long enough to export them when no ONNX file exists yet.
         model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
-        self._init_common(_labels_of(model.config), max_batch_size, getattr(model.config, "name_or_path", None))
+        self._init_common(
+            _labels_of(model.config),
+            max_batch_size,
+            getattr(model.config, "name_or_path", None),
+            getattr(model.config, "problem_type", None),
+        )
         self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
         if not path.is_file():
             path = self._make_onnx(model, int8)

@@ -47,6 +47,7 @@ from .schemas import (
     ApiError,
     BatchPredictRequest,
     HfClassificationRequest,
+    MultiLabelPredictResponse,
     Prediction,
     PredictRequest,
     PredictResponse,
@@ -370,7 +371,8 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
 
     async def predict_foreign(request: Request, payload: dict[str, Any], start: float) -> Response:
         try:
-            foreign, top_k = tei.parse(payload, config.max_batch_texts, config.max_text_chars)
+            multi_label = bool(getattr(state.predictor, "multi_label", False))
+            foreign, top_k = tei.parse(payload, config.max_batch_texts, config.max_text_chars, multi_label)
             texts = foreign.texts
             if not foreign.truncate or foreign.keep_end:
                 texts = await asyncio.to_thread(tei.fit, foreign, getattr(state.predictor, "encoder", None))
@@ -387,7 +389,7 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         return answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
 
     both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
-    answers = PredictResponse | list[Prediction] | list[list[Prediction]]
+    answers = PredictResponse | MultiLabelPredictResponse | list[Prediction] | list[list[Prediction]]
     codes = declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True)
     described = (
         'One text in the seed\'s shape ({"text"}), or text-embeddings-inference\'s ({"inputs"}, with truncate, '
@@ -409,7 +411,7 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
 
     @app.post(
         "/predict/batch",
-        response_model=list[PredictResponse],
+        response_model=list[PredictResponse | MultiLabelPredictResponse],
         summary=f"classify up to {config.max_batch_texts} texts, results in order",
         openapi_extra=json_schema_body(
             BatchPredictRequest,

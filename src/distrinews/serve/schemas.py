@@ -38,6 +38,22 @@ class PredictResponse(BaseModel):
     )
 
 
+class LabelScore(BaseModel):
+    label: str
+    label_id: int
+    score: float = Field(description="the label's sigmoid score")
+
+
+class MultiLabelPredictResponse(BaseModel):
+    """A multi-label model's answer (its config's problem_type is multi_label_classification)."""
+
+    labels: list[LabelScore] = Field(
+        description="every label whose score reaches its threshold (tuned when training, stored in distrinews.json; "
+        "--min-confidence replaces those it names), highest first; empty when none does"
+    )
+    probabilities: dict[str, float] = Field(description="every label's sigmoid score (they need not add up to 1)")
+
+
 class TeiPredictRequest(BaseModel):
     """text-embeddings-inference's ``POST /predict`` body (its router's ``PredictRequest``)."""
 
@@ -63,9 +79,10 @@ class TeiPredictRequest(BaseModel):
 
 class HfParameters(BaseModel):
     top_k: int | None = Field(None, ge=1, description="only the k most probable labels (null: all)")
-    function_to_apply: Literal["softmax", "none"] | None = Field(
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         None,
-        description="softmax (the default) or none (log-probabilities); sigmoid is refused: the model is single-label",
+        description="softmax (the default) or none (log-probabilities) for a single-label model; sigmoid (the "
+        "default) or none (logits) for a multi-label one; the other function is refused",
     )
 
 

@@ -16,7 +16,9 @@ Where this server answers otherwise than TEI, and why:
 - ``raw_scores`` (and Hugging Face's ``function_to_apply: "none"``) answers log-probabilities,
   which are the model's logits shifted by one constant per text (the predictor's answers carry
   probabilities; softmax cannot tell the two apart); ``sigmoid`` is refused: the model is
-  single-label;
+  single-label. A multi-label model (a sigmoid per label) is the other way round: its scores are
+  sigmoids, ``sigmoid`` is accepted and ``softmax`` refused, and raw scores are its logits exactly
+  (a sigmoid can be undone), as TEI and Hugging Face answer them;
 - ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.keep_end``), so it may
   keep one partial word fewer than TEI;
 - a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
@@ -58,9 +60,10 @@ class ForeignRequest:
     texts: list[str]
     batch: bool  # TEI's answer for a batch is a list per text (Hugging Face's always is)
     hf: bool
-    log_scores: bool
+    log_scores: bool  # raw scores: log-probabilities, or a multi-label model's logits
     truncate: bool  # False: a text longer than the model reads is refused (422)
     keep_end: bool  # truncate on the left
+    multi_label: bool = False  # the model's scores are a sigmoid per label
 
 
 def is_foreign(payload: Any) -> bool:
@@ -129,7 +132,7 @@ def _hf_inputs(inputs: Any, max_texts: int, max_chars: int) -> list[str]:
     return [_text(text, f"`inputs[{i}]`", max_chars) for i, text in enumerate(inputs)]
 
 
-def _hf_parameters(parameters: Any) -> tuple[int | None, str | None]:
+def _hf_parameters(parameters: Any, multi_label: bool = False) -> tuple[int | None, str | None]:
     if parameters is None:
         return None, None
     if not isinstance(parameters, dict):
@@ -140,16 +143,21 @@ def _hf_parameters(parameters: Any) -> tuple[int | None, str | None]:
     top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {top_k!r}")
-    if function == "sigmoid":
-        why = '"sigmoid" is for multi-label models; this one is single-label (softmax)'
+    own, other = ("sigmoid", "softmax") if multi_label else ("softmax", "sigmoid")
+    if function == other:
+        kinds = {"sigmoid": "multi-label models", "softmax": "single-label models"}
+        why = f'"{other}" is for {kinds[other]}; this one is {"multi" if multi_label else "single"}-label ({own})'
         raise _invalid(f"`parameters.function_to_apply` {why}")
-    if function not in (None, "softmax", "none"):
-        raise _invalid(f'`parameters.function_to_apply` must be "softmax" or "none", got {function!r}')
+    if function not in (None, own, "none"):
+        raise _invalid(f'`parameters.function_to_apply` must be "{own}" or "none", got {function!r}')
     return top_k, function
 
 
-def parse(payload: dict[str, Any], max_texts: int, max_chars: int) -> tuple[ForeignRequest, int | None]:
-    """The request and Hugging Face's ``top_k`` (None: every label); every way it can be wrong is an ApiError."""
+def parse(
+    payload: dict[str, Any], max_texts: int, max_chars: int, multi_label: bool = False
+) -> tuple[ForeignRequest, int | None]:
+    """The request and Hugging Face's ``top_k`` (None: every label); every way it can be wrong is an ApiError.
+    ``multi_label``: the model's scores are a sigmoid per label (which ``function_to_apply`` it takes)."""
     raw_scores = payload.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
         raise _invalid(f"`raw_scores` must be true or false, got {_kind(raw_scores)}")
@@ -160,7 +168,7 @@ def parse(payload: dict[str, Any], max_texts: int, max_chars: int) -> tuple[Fore
     if direction not in TRUNCATION_DIRECTIONS:
         raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {direction!r}')
     hf = "parameters" in payload
-    top_k, function = _hf_parameters(payload["parameters"]) if hf else (None, None)
+    top_k, function = _hf_parameters(payload["parameters"], multi_label) if hf else (None, None)
     if hf:
         texts, batch = _hf_inputs(payload["inputs"], max_texts, max_chars), True
     else:
@@ -172,6 +180,7 @@ def parse(payload: dict[str, Any], max_texts: int, max_chars: int) -> tuple[Fore
         log_scores=(function == "none") if function is not None else raw_scores,
         truncate=truncate is not False,  # null: TEI's --auto-truncate, whose default is true
         keep_end=direction.lower() == "left",
+        multi_label=multi_label,
     )
     return request, top_k
 
@@ -191,22 +200,26 @@ def fit(request: ForeignRequest, encoder: Any) -> list[str]:
     return encoder.keep_end(request.texts)
 
 
-def _score(p: float, log: bool) -> float:
+def _score(p: float, log: bool, multi_label: bool = False) -> float:
     if not log:
         return p
+    if multi_label:  # the logit the sigmoid came from: log p - log(1 - p)
+        return (math.log(p) if p > 0 else LOG_OF_ZERO) - (math.log1p(-p) if p < 1 else LOG_OF_ZERO)
     return math.log(p) if p > 0 else LOG_OF_ZERO
 
 
 def answer(request: ForeignRequest, results: list[dict[str, Any]], top_k: int | None = None) -> list[Any]:
     """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest first."""
-    ranked = [_ranked(r["probabilities"], request.log_scores, top_k) for r in results]
+    ranked = [_ranked(r["probabilities"], request.log_scores, top_k, request.multi_label) for r in results]
     return ranked if request.batch else ranked[0]
 
 
-def _ranked(probabilities: dict[str, float], log: bool, top_k: int | None) -> list[dict[str, Any]]:
+def _ranked(
+    probabilities: dict[str, float], log: bool, top_k: int | None, multi_label: bool = False
+) -> list[dict[str, Any]]:
     # sorted() is stable: equal scores keep the model's label order
     highest_first = sorted(probabilities.items(), key=lambda item: -item[1])[:top_k]
-    return [{"label": label, "score": _score(p, log)} for label, p in highest_first]
+    return [{"label": label, "score": _score(p, log, multi_label)} for label, p in highest_first]
 
 
 def error_response(exc: ApiError) -> JSONResponse:

@@ -100,12 +100,16 @@ class _Pause:
         self.clock._paused += time.perf_counter() - self.t0
 
 
-def build_train_model(config: ModelConfig, seed: int, device: torch.device, labels: list[str]) -> torch.nn.Module:
+def build_train_model(
+    config: ModelConfig, seed: int, device: torch.device, labels: list[str], problem_type: str | None = None
+) -> torch.nn.Module:
     """The classifier as it trains, one output per label: dropout overrides, frozen embeddings and bottom layers,
-    fast dropout on CPU, LoRA; on ``device``. ``seed`` draws the new head's weights."""
+    fast dropout on CPU, LoRA; on ``device``. ``seed`` draws the new head's weights; ``problem_type`` is the data's
+    (``DataConfig.problem_type``, which the model's config carries)."""
     model = build_model(
         config.model_name_or_path,
         labels=labels,
+        problem_type=problem_type,
         dropout=config.dropout,
         seed=seed,
         attention_dropout=config.attention_dropout,
@@ -162,11 +166,11 @@ def prepare_data(
         labelled = load_labelled(config, seed, need_train=need_train)
         if labelled.train is not None:
             every = labelled.train
-            picked = stratified_sample(every.labels, config.train_samples, seed)
+            picked = stratified_sample(every.strata, config.train_samples, seed)
             labelled.train = every.subset(picked)
             if calibration_percentage:
                 labelled.train, calibration = calibration_split(every, picked, calibration_percentage, seed)
-        labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.labels, config.eval_samples, seed))
+        labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.strata, config.eval_samples, seed))
         for name, raw in (("train", labelled.train), ("test", labelled.eval)):
             if raw is not None:
                 splits[name] = tokenize_cached(

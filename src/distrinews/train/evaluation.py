@@ -19,6 +19,7 @@ from ..data.tokenized import TokenizedDataset
 from ..distributed.process_group import DistEnv, all_reduce_max, all_reduce_sum
 from ..model import forward_loss, model_label_names
 from .metrics import classification_metrics, confusion_matrix
+from .multilabel import ScoreHistogram, exact_matches, multilabel_metrics, tune_thresholds
 from .precision import Precision
 
 
@@ -41,13 +42,16 @@ def evaluate(
     progress: bool = False,
     label_names: Sequence[str] | None = None,
     lockstep: bool = False,
+    thresholds: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size.
+    """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size. A multi-label
+    dataset: thresholds per label tuned on it, micro- and macro-F1, exact-match accuracy (``multilabel.py``).
 
     ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so
     their numbers of batches can differ. ``lockstep`` is for sharded models, whose every forward
     pass gathers parameters from all ranks: then every rank runs as many forward passes as the
-    busiest one, the extra ones on a placeholder row that is not counted.
+    busiest one, the extra ones on a placeholder row that is not counted. ``thresholds``: a multi-label model's
+    own (``distrinews eval``), instead of tuning them on the dataset.
     """
     was_training = model.training
     model.eval()
@@ -58,6 +62,8 @@ def evaluate(
         batches = int(all_reduce_max(torch.tensor([batches], device=env.device), env).item())
     collate = Collator(dataset.pad_token_id)
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=env.device)
+    histogram = ScoreHistogram(num_labels, env.device) if dataset.multi_label else None
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # multi-label: this rank's scores, for the exact matches
     loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
     # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
     bar = tqdm(
@@ -76,11 +82,24 @@ def evaluate(
         if not rows:
             continue  # a lockstep placeholder
         loss_sum += loss.double()
-        confusion += confusion_matrix(logits.argmax(-1), batch["labels"], num_labels)
+        if histogram is not None:
+            scores = torch.sigmoid(logits.float())
+            histogram.add(scores, batch["labels"])
+            kept.append((scores, batch["labels"]))
+        else:
+            confusion += confusion_matrix(logits.argmax(-1), batch["labels"], num_labels)
         bar.update(len(rows))
     bar.close()
-    all_reduce_sum(confusion, env)
     all_reduce_sum(loss_sum, env)
     model.train(was_training)
     names = label_names or model_label_names(model)
-    return classification_metrics(confusion, loss_sum.item(), names)
+    if histogram is None:
+        all_reduce_sum(confusion, env)
+        return classification_metrics(confusion, loss_sum.item(), names)
+    all_reduce_sum(histogram.counts, env)
+    if thresholds is None:
+        thresholds = tune_thresholds(histogram)  # the same on every rank: a function of the summed counts
+    matched = sum(exact_matches(scores, labels, thresholds) for scores, labels in kept)
+    totals = torch.tensor([matched, len(shard)], dtype=torch.int64, device=env.device)
+    all_reduce_sum(totals, env)
+    return multilabel_metrics(histogram, thresholds, int(totals[0]), int(totals[1]), loss_sum.item(), names)

@@ -46,7 +46,11 @@ class Counts:
             labels = batch["labels"]
             n = torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device)
             lengths = batch["attention_mask"].sum(dim=1, dtype=torch.float64)
-            correct = (logits.argmax(-1) == labels).sum().double()
+            if labels.dim() == 2:  # multi-label: rows whose every label is right at 0.5 (exact match)
+                n = torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=labels.device)
+                correct = ((logits > 0) == (labels > 0.5)).all(-1).sum().double()
+            else:
+                correct = (logits.argmax(-1) == labels).sum().double()
             return cls(
                 values=torch.stack([loss.detach().double() * n, correct, n, lengths.sum(), lengths.square().sum()])
             )

@@ -33,7 +33,7 @@ from ..checkpoint.records import RunningCounts, TrainerStateRecord
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.servable import read_trainer_state
-from ..config import TrainConfig
+from ..config import MULTI_LABEL, TrainConfig
 from ..data.collate import Collator
 from ..data.labelled import class_counts
 from ..data.sampler import TrainSampler
@@ -112,7 +112,10 @@ class Trainer:
         self.report = Report(env, config.run.disable_tqdm)
 
         # calibration temperature: a share of the training rows is held out to fit it on (train/calibration.py)
-        held_out = config.data.calibration_split_percentage if config.run.calibration == "temperature" else 0
+        # (not for multi-label: temperature scaling is fitted to a softmax; per-label thresholds take its place)
+        self.multi_label = config.data.problem_type == MULTI_LABEL
+        temperature = config.run.calibration == "temperature" and not self.multi_label
+        held_out = config.data.calibration_split_percentage if temperature else 0
         self.data = prepare_data(
             config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out
         )
@@ -138,7 +141,9 @@ class Trainer:
         )
         self.plan = StepPlan.of(batches, len(self.sampler))
 
-        model = build_train_model(config.model, config.run.seed, env.device, self.data.label_names)
+        model = build_train_model(
+            config.model, config.run.seed, env.device, self.data.label_names, config.data.problem_type
+        )
         self.precision = Precision.from_config(config.precision, env.device).prepare(model)
         self.model: ParallelModel = wrap_model(
             model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir
@@ -462,6 +467,7 @@ class Trainer:
                 "test_loss": metrics["loss"],
                 "test_accuracy": metrics["accuracy"],
                 "test_macro_f1": metrics["macro_f1"],
+                **({"test_micro_f1": metrics["micro_f1"]} if "micro_f1" in metrics else {}),
                 "epoch_time_s": train_seconds,
                 "peak_memory_mib": peak_memory_mib(self.env),
                 **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
@@ -530,6 +536,12 @@ class Trainer:
         """best/'s temperature (``calibration``) and the evaluation split's calibration error and coverage-accuracy
         (train/calibration.py): rank 0, from best/ as the server loads it; None on the other ranks or without best/."""
         if not (self.env.is_main and self.run_dir.best.is_dir() and self.config.run.calibration != "none"):
+            return None
+        if self.multi_label:
+            self.report.say(
+                "Calibration: skipped (multi-label: temperature scaling is fitted to a softmax; each label's sigmoid "
+                "is used as trained, with its threshold tuned on the evaluation rows)"
+            )
             return None
         c = self.config
         try:

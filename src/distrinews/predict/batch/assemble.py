@@ -23,6 +23,7 @@ from typing import Any
 
 from ...checkpoint.atomic import open_nofollow, remove_entry
 from ..confidence import ConfidenceThreshold
+from ..runtimes import checkpoint_multi_label
 from .job import CheckedJob
 from .outputs import RejectsWriter, open_results
 from .state import JobRecord, StateError, WorkerManifest, fsync_dir
@@ -82,6 +83,7 @@ class OutputFiles:
     published.
 
     A record is a line of a worker's ``rows.jsonl``: ``{"r": row, "l": label id, "p": probabilities[, "id": id]}``
+    (a multi-label model's ``"l"``: the ids of the labels over their thresholds)
     for a labelled row, ``{"r": row, "x": {file, line, row, reason, raw}}`` for a rejected one. The Ray engine
     makes the same records.
     """
@@ -92,6 +94,8 @@ class OutputFiles:
         for tmp in (self.out_tmp, self.rejects_tmp):
             remove_entry(tmp)
         threshold = ConfidenceThreshold.parse(checked.job.min_confidence)
+        # a multi-label model's workers applied --min-confidence as its thresholds already
+        multi_label = checkpoint_multi_label(checked.job.checkpoint)
         self.results = open_results(
             self.out_tmp,
             checked.output_format,
@@ -99,7 +103,8 @@ class OutputFiles:
             checked.job.probabilities,
             compressed=checked.output_compressed,
             string_ids=string_ids,
-            min_confidence=None if threshold is None else threshold.for_labels(labels),
+            min_confidence=None if threshold is None or multi_label else threshold.for_labels(labels),
+            multi_label=multi_label,
         )
         self.rejects = RejectsWriter(self.rejects_tmp)
         self.totals = Totals()

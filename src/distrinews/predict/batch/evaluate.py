@@ -70,6 +70,11 @@ def evaluate_files(
 ) -> Evaluation:
     """The confusion matrix of ``predictor`` (``encode``/``predict_encoded``/``labels``) over the files' labelled
     rows."""
+    if getattr(predictor, "multi_label", False):
+        raise ValueError(
+            "distrinews eval --input scores single-label models; a multi-label model is scored by "
+            "distrinews eval --checkpoint on its evaluation split (micro- and macro-F1 per label)"
+        )
     labels = list(predictor.labels)
     evaluation = Evaluation(labels, np.zeros((len(labels), len(labels)), dtype=np.int64))
     rows = _labelled(shards, RowFields(text_field, label_field=label_field), labels, evaluation)

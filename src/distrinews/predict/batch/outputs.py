@@ -9,6 +9,11 @@ Results, one row per labelled input row, in input order:
 - Parquet: the same columns as CSV; ``id`` is int64 for row numbers, a string for ``--id-field``
   values; row groups of ``PARQUET_ROWS`` rows, so memory stays bounded.
 
+A multi-label model's rows carry every label over its threshold, highest first, instead of one label:
+JSONL ``{"id": ..., "labels": ["World", "Business"], "scores": [0.91, 0.64]}`` (either list may be empty);
+CSV ``id,labels,scores`` (the names, and their scores, comma-separated in one cell each); Parquet the same
+columns as lists. ``--probabilities`` adds every label's sigmoid score as above.
+
 Rejects, one per rejected row: ``{"file", "line", "row", "reason", "raw"}``.
 
 Writers write to a temporary file; ``close()`` flushes and fsyncs it, and the caller renames it into
@@ -43,10 +48,12 @@ class ResultWriter:
         probabilities: bool,
         compressed: bool = False,
         min_confidence: ConfidenceThreshold | None = None,
+        multi_label: bool = False,
     ):
         self.labels = list(labels)
         self.probabilities = probabilities
         self.min_confidence = min_confidence
+        self.multi_label = multi_label
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
@@ -54,8 +61,16 @@ class ResultWriter:
     def _binary(self) -> gzip.GzipFile | io.BufferedWriter:
         return self._gzip or self._raw
 
-    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
+    def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
+        """``label_id``: the label, or a multi-label model's labels over their thresholds (a list of ids)."""
         raise NotImplementedError
+
+    def answer(self, label_id: int | list[int], probs: Sequence[float]) -> list[Any]:
+        """The row's columns after its id: label and confidence (and whether confident), or a multi-label model's
+        labels and their scores."""
+        if isinstance(label_id, list):
+            return [[self.labels[i] for i in label_id], [float(probs[i]) for i in label_id]]
+        return [self.labels[label_id], float(probs[label_id]), *self.confident(label_id, probs)]
 
     def confident(self, label_id: int, probs: Sequence[float]) -> list[bool]:
         """``[confident]`` with a threshold, else ``[]``: the optional field after ``confidence``."""
@@ -76,10 +91,9 @@ class JsonlResults(ResultWriter):
         super().__init__(*args, **kwargs)
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="\n", write_through=False)
 
-    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
-        record: dict[str, Any] = {"id": row_id, "label": self.labels[label_id], "confidence": probs[label_id]}
-        for flag in self.confident(label_id, probs):
-            record["confident"] = flag
+    def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
+        names = columns(self.labels, False, self.min_confidence is not None, self.multi_label)[1:]
+        record: dict[str, Any] = {"id": row_id, **dict(zip(names, self.answer(label_id, probs)))}
         if self.probabilities:
             record["probabilities"] = dict(zip(self.labels, probs))
         self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -96,11 +110,10 @@ class CsvResults(ResultWriter):
         super().__init__(*args, **kwargs)
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="", write_through=False)
         self._csv = csv.writer(self._text, lineterminator="\n")
-        self._csv.writerow(columns(self.labels, self.probabilities, self.min_confidence is not None))
+        self._csv.writerow(columns(self.labels, self.probabilities, self.min_confidence is not None, self.multi_label))
 
-    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
-        row = [row_id, self.labels[label_id], repr(float(probs[label_id]))]
-        row += ["true" if flag else "false" for flag in self.confident(label_id, probs)]
+    def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
+        row = [row_id, *(_cell(value) for value in self.answer(label_id, probs))]
         if self.probabilities:
             row += [repr(float(p)) for p in probs]
         self._csv.writerow(row)
@@ -120,6 +133,7 @@ class ParquetResults(ResultWriter):
         probabilities: bool,
         string_ids: bool = False,
         min_confidence: ConfidenceThreshold | None = None,
+        multi_label: bool = False,
     ):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -127,12 +141,14 @@ class ParquetResults(ResultWriter):
         self.labels = list(labels)
         self.probabilities = probabilities
         self.min_confidence = min_confidence
+        self.multi_label = multi_label
         self.rows = 0
         self.path = path
         self._pa = pa
-        names = columns(self.labels, probabilities, min_confidence is not None)
+        names = columns(self.labels, probabilities, min_confidence is not None, multi_label)
         flags = [pa.bool_()] if min_confidence is not None else []
-        types = [pa.string() if string_ids else pa.int64(), pa.string(), pa.float64(), *flags]
+        answer = [pa.list_(pa.string()), pa.list_(pa.float64())] if multi_label else [pa.string(), pa.float64()]
+        types = [pa.string() if string_ids else pa.int64(), *answer, *flags]
         types += [pa.float64()] * (len(names) - len(types))
         self._schema = pa.schema(list(zip(names, types)))
         self._string_ids = string_ids
@@ -140,9 +156,8 @@ class ParquetResults(ResultWriter):
         self._file = open_new(path, "wb")
         self._writer = pq.ParquetWriter(self._file, self._schema)
 
-    def write(self, row_id: Any, label_id: int, probs: Sequence[float]) -> None:
-        values = [str(row_id) if self._string_ids else row_id, self.labels[label_id], float(probs[label_id])]
-        values += self.confident(label_id, probs)
+    def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
+        values = [str(row_id) if self._string_ids else row_id, *self.answer(label_id, probs)]
         if self.probabilities:
             values += [float(p) for p in probs]
         for column, value in zip(self._columns, values):
@@ -164,9 +179,20 @@ class ParquetResults(ResultWriter):
         self._file.close()
 
 
-def columns(labels: Sequence[str], probabilities: bool, confident: bool = False) -> list[str]:
-    flags = ["confident"] if confident else []
-    return ["id", "label", "confidence", *flags] + ([f"prob_{label}" for label in labels] if probabilities else [])
+def columns(
+    labels: Sequence[str], probabilities: bool, confident: bool = False, multi_label: bool = False
+) -> list[str]:
+    answer = ["labels", "scores"] if multi_label else ["label", "confidence", *(["confident"] if confident else [])]
+    return ["id", *answer] + ([f"prob_{label}" for label in labels] if probabilities else [])
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: a float as repr writes it, a bool as true/false, a list comma-separated."""
+    if isinstance(value, list):
+        return ",".join(_cell(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def open_results(
@@ -177,12 +203,13 @@ def open_results(
     compressed: bool,
     string_ids: bool,
     min_confidence: ConfidenceThreshold | None = None,
+    multi_label: bool = False,
 ) -> ResultWriter:
     if output_format == "jsonl":
-        return JsonlResults(path, labels, probabilities, compressed=compressed, min_confidence=min_confidence)
+        return JsonlResults(path, labels, probabilities, compressed, min_confidence, multi_label)
     if output_format == "csv":
-        return CsvResults(path, labels, probabilities, compressed=compressed, min_confidence=min_confidence)
-    return ParquetResults(path, labels, probabilities, string_ids=string_ids, min_confidence=min_confidence)
+        return CsvResults(path, labels, probabilities, compressed, min_confidence, multi_label)
+    return ParquetResults(path, labels, probabilities, string_ids, min_confidence, multi_label)
 
 
 class RejectsWriter:

@@ -247,7 +247,9 @@ class _Committer:
 def result_lines(batch: list[tuple[int, Any, Any]], results: list[dict[str, Any]], with_id: bool) -> list[str]:
     lines = []
     for (row, row_id, _), result in zip(batch, results, strict=True):
-        record: dict[str, Any] = {"r": row, "l": result["label_id"], "p": list(result["probabilities"].values())}
+        # a multi-label answer's "l" is the list of its labels' ids (those over their thresholds, highest first)
+        chosen = result["label_id"] if "label_id" in result else [x["label_id"] for x in result["labels"]]
+        record: dict[str, Any] = {"r": row, "l": chosen, "p": list(result["probabilities"].values())}
         if with_id:
             record["id"] = row_id
         lines.append(json.dumps(record, ensure_ascii=False) + "\n")
