@@ -18,12 +18,14 @@ class RawSplit:
     texts: list[str]
     labels: list[int]  # 0-based class ids
     source: str
+    where: list[str] | None = None  # each row's file:line (or data set and row), for messages that name a row
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, indices: Sequence[int]) -> "RawSplit":
-        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source)
+        where = [self.where[i] for i in indices] if self.where is not None else None
+        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source, where)
 
 
 _ESCAPED_DOLLAR = re.compile(r"\\\$")
