@@ -81,5 +81,5 @@ def test_a_killed_audit_resumes_without_redoing_work_and_finds_the_planted_label
         if i in PLANTED:  # the label it had before it was flipped
             assert r["suggested"] == names[i % 4]
     assert "all            800" in again.stdout and "train without the flagged rows:" in again.stdout
-    kept = [json.loads(line)["id"] for line in (out / "clean" / "train.jsonl").read_text().splitlines()]
+    kept = [json.loads(line)["id"] for line in (out / "clean-drop" / "train.jsonl").read_text().splitlines()]
     assert sorted(kept) == sorted(set(range(800)) - set(flagged))

@@ -36,7 +36,7 @@ CLEAN_MODES = ("drop", "relabel")
 ISSUES_FILE = "label_issues.csv"
 OOF_FILE = "out_of_fold.jsonl"
 SUMMARY_FILE = "summary.txt"
-CLEAN_DIR = "clean"
+CLEAN_DIR = "clean-{mode}"  # one per mode: both can be written, and trained on, from one audit
 TOP_PAIRS = 3  # given -> suggested pairs a class's line shows
 
 

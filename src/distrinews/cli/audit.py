@@ -53,8 +53,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--clean",
         choices=CLEAN_MODES,
-        help="also write OUTPUT_DIR/clean/train.jsonl: the training rows without the flagged ones (drop), or with "
-        "their suggested labels (relabel), and the train command that reads it",
+        help="also write OUTPUT_DIR/clean-MODE/train.jsonl: the training rows without the flagged ones (drop), or "
+        "with their suggested labels (relabel), and print the train command that reads it (run the audit again with "
+        "the other mode for both: its folds are done)",
     )
     p.set_defaults(func=run, distributed=True)
 
@@ -171,7 +172,7 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
     train_with = _train_command(args, extra, directory / ROWS_FILE, directory / EVAL_FILE, names)
     print(f"train on the audited rows as given:\n  {train_with}")
     if args.clean:
-        path, changed = write_cleaned(directory / CLEAN_DIR, rows, issues, args.clean)
+        path, changed = write_cleaned(directory / CLEAN_DIR.format(mode=args.clean), rows, issues, args.clean)
         what = "without" if args.clean == "drop" else "with relabelled"
         print(f"{path}: {changed:,} rows {'dropped' if args.clean == 'drop' else 'relabelled'}")
         print(f"train {what} the flagged rows:\n  {_train_command(args, extra, path, directory / EVAL_FILE, names)}")
