@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from distrinews.audit.folds import FoldPlan, assign_folds, out_of_fold, read_probabilities
+from distrinews.audit.folds import FoldPlan, assign_folds, out_of_fold, read_probabilities, thin_classes
 from distrinews.audit.issues import find_issues, summary, write_cleaned, write_issues
 from distrinews.audit.rows import AuditRecord, audited_rows, data_overrides, rows_jsonl
 from distrinews.cli import main
@@ -73,6 +73,7 @@ def test_folds_hold_every_row_once_stratified_and_seeded():
         held = Counter(y for y, f in zip(labels, folds) if f == fold)
         assert all(abs(held[c] - Counter(labels)[c] / 3) <= 1 for c in range(4)), held
     assert assign_folds(labels, 3, seed=7) == folds and assign_folds(labels, 3, seed=8) != folds
+    assert thin_classes([0, 0, 0, 1, 1, 2], 3, NAMES) == ["Sports", "Business"]
     from distrinews.errors import ConfigError
 
     with pytest.raises(ConfigError, match="at least 2"):
@@ -158,7 +159,7 @@ def test_the_issues_file_the_summary_and_the_cleaned_copies(tmp_path):
     train = RawSplit(texts, given.tolist(), "mem", [f"f.csv:{i + 2}" for i in range(len(given))])
     from distrinews.audit.rows import AuditRows
 
-    rows = AuditRows(train, RawSplit(texts[:8], truth[:8].tolist(), "mem"), NAMES, "mem")
+    rows = AuditRows(train, RawSplit(texts[:8], truth[:8].tolist(), "mem"), NAMES, "mem", [])
     issues = find_issues(given, probs)
     write_issues(tmp_path / "issues.csv", rows, issues, probs)
     table = list(csv.DictReader((tmp_path / "issues.csv").open()))

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ class FoldFailed(RuntimeError):
 
 def assign_folds(labels: Sequence[int], k: int, seed: int) -> list[int]:
     """Each row's fold, 0..k-1: ``k`` folds stratified by label, seeded; a one-line error where ``k`` is more than
-    the rows, a warning where a class has fewer rows than folds (some fold runs then never see it)."""
+    the rows. (A class with fewer rows than folds is in some folds only; ``thin_classes`` names them.)"""
     from sklearn.model_selection import StratifiedKFold
 
     if k < 2:
@@ -56,12 +57,18 @@ def assign_folds(labels: Sequence[int], k: int, seed: int) -> list[int]:
         raise ConfigError(f"audit: --folds {k} is more than the {len(labels)} training rows")
     fold_of = [0] * len(labels)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a class with fewer rows than folds: said once, below
+        warnings.simplefilter("ignore", UserWarning)  # a class with fewer rows than folds: thin_classes says it
         splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
         for fold, (_, held) in enumerate(splits):
             for i in held:
                 fold_of[int(i)] = fold
     return fold_of
+
+
+def thin_classes(labels: Sequence[int], k: int, names: Sequence[str]) -> list[str]:
+    """The classes with fewer rows than folds: some fold runs train on none of them or one."""
+    counts = Counter(labels)
+    return [names[c] for c in sorted(counts) if counts[c] < k]
 
 
 @dataclass(frozen=True)

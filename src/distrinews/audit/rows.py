@@ -53,6 +53,7 @@ class AuditRows:
     eval: RawSplit  # the rows every fold run evaluates on
     label_names: list[str]
     eval_from: str
+    warnings: list[str]  # the data's, as train prints them (texts that occur with different labels, ...)
 
     def where(self, i: int) -> str:
         return self.train.where[i] if self.train.where is not None else f"row {i}"
@@ -69,7 +70,7 @@ def audited_rows(config: TrainConfig) -> AuditRows:
     commas = [name for name in labelled.label_names if "," in name]
     if commas:  # label_names is a comma-separated list: a fold run could not be told this label's place
         raise ConfigError(f"audit: label {commas[0]!r} has a comma; the audit passes labels as label_names")
-    return AuditRows(train, evaluation, labelled.label_names, labelled.eval_from)
+    return AuditRows(train, evaluation, labelled.label_names, labelled.eval_from, labelled.warnings)
 
 
 def rows_jsonl(split: RawSplit, names: list[str], ids: Sequence[int] | None = None) -> str:

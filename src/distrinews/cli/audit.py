@@ -10,6 +10,7 @@ flags are each fold run's; the same command started again continues an interrupt
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc: int, extra: list[str]) -> int:
     import numpy as np
 
-    from ..audit.folds import FoldFailed, FoldPlan, assign_folds, out_of_fold
+    from ..audit.folds import FoldFailed, FoldPlan, assign_folds, out_of_fold, thin_classes
     from ..audit.issues import (
         CLEAN_DIR,
         ISSUES_FILE,
@@ -109,6 +110,11 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
     rows = audited_rows(config)
     names = rows.label_names
     fold_of = assign_folds(rows.train.labels, args.folds, config.run.seed)
+    thin = thin_classes(rows.train.labels, args.folds, names)
+    if thin:
+        rows.warnings.append(f"warning: {', '.join(thin)}: fewer rows than --folds {args.folds}, so in some folds only")
+    for warning in rows.warnings:  # the data's (train prints them too) and the folds'
+        print(warning, file=sys.stderr)
     rows_text = rows_jsonl(rows.train, names, list(range(len(rows.train))))
     eval_text = rows_jsonl(rows.eval, names)
     record = AuditRecord(
@@ -129,9 +135,10 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
             f"audit: {directory} holds an audit of another {', '.join(before.differences(record))}; "
             "give another --output-dir, or remove that folder to start again"
         )
+    for name, text in ((ROWS_FILE, rows_text), (EVAL_FILE, eval_text)):
+        if _digest_of(directory / name) != digest(text):  # missing, or changed since: the fold runs read them
+            write_text_atomically(directory / name, text)
     if before is None:
-        write_text_atomically(directory / ROWS_FILE, rows_text)
-        write_text_atomically(directory / EVAL_FILE, eval_text)
         record.save(directory)
     plan = FoldPlan(
         directory=directory,
@@ -197,6 +204,23 @@ def _train_command(
         if value is not None:
             words += [f"--{key}", str(value)]
     return shlex.join(words)
+
+
+def _digest_of(path: Path) -> str | None:
+    import hashlib
+
+    from ..checkpoint.atomic import open_nofollow
+    from ..errors import ConfigError
+
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (FileNotFoundError, ConfigError):  # missing, or a link (replaced, never followed)
+        return None
+    sha = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
