@@ -33,6 +33,7 @@ def test_every_subcommand_is_registered():
         "bench",
         "doctor",
         "tune",
+        "audit",
     }
     assert set(_subcommands(commands["bench"])) == {"scaling", "collectives", "serving", "profile", "batch"}
 

@@ -18,10 +18,10 @@ import sys
 from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
 from ..serve.options import ServeOptionError
-from . import bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
+from . import audit, bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
 
 EXIT_USAGE = 2
-COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune)
+COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune, audit)
 # Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
 USAGE_ERRORS = (
     ConfigError,
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if wants_launch(flags) and not getattr(args, "distributed", False):
             raise LaunchError(
                 f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
-                "apply to train, eval, doctor and tune"
+                "apply to train, eval, doctor, tune and audit"
             )
         return args.func(args, extra)
     except USAGE_ERRORS as exc:

@@ -28,6 +28,7 @@ def read_csv(path: str | os.PathLike) -> RawSplit:
     path = Path(path)
     texts: list[str] = []
     labels: list[int] = []
+    wheres: list[str] = []
     try:
         with _open_text(path) as fh:
             reader = csv.reader(fh)
@@ -51,13 +52,14 @@ def read_csv(path: str | os.PathLike) -> RawSplit:
                     raise DataError(f"{where}: empty text (title and description are both blank)")
                 texts.append(text)
                 labels.append(label - 1)
+                wheres.append(where)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (csv.Error, EOFError, gzip.BadGzipFile) as exc:
         raise DataError(f"{path}: cannot parse: {exc}") from None
     if not labels:
         raise DataError(f"{path}: no rows")
-    return RawSplit(texts, labels, str(path))
+    return RawSplit(texts, labels, str(path), wheres)
 
 
 def split_files(data_dir: Path, split: str) -> list[Path]:

@@ -82,4 +82,4 @@ def load_from_hub(split: str) -> RawSplit:
         labels.append(label)
     if not labels:
         raise DataError(f"{where}: no rows")
-    return RawSplit(texts, labels, where)
+    return RawSplit(texts, labels, where, [f"{where} row {i}" for i in range(len(labels))])

@@ -382,7 +382,7 @@ def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -
             ids.append(hot)
         else:
             ids.append(to_id[label])
-    return RawSplit(rows.texts, ids, rows.source)
+    return RawSplit(rows.texts, ids, rows.source, rows.where)
 
 
 def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: int) -> tuple[_Rows, _Rows, str]:

@@ -19,6 +19,7 @@ class RawSplit:
     texts: list[str]
     labels: list[Any]  # 0-based class ids; multi-label: a 0/1 list per row, one entry per label (multi-hot)
     source: str
+    where: list[str] | None = None  # each row's file:line (or data set and row), for messages that name a row
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -33,7 +34,8 @@ class RawSplit:
         return [tuple(y) for y in self.labels] if self.multi_label else list(self.labels)
 
     def subset(self, indices: Sequence[int]) -> "RawSplit":
-        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source)
+        where = [self.where[i] for i in indices] if self.where is not None else None
+        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source, where)
 
 
 _ESCAPED_DOLLAR = re.compile(r"\\\$")

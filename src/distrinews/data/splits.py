@@ -46,6 +46,7 @@ def load_split(data_dir: str | None, split: str) -> RawSplit:
         [t for p in parts for t in p.texts],
         [y for p in parts for y in p.labels],
         "+".join(p.source for p in parts),
+        [w for p in parts for w in p.where or []],
     )
 
 
