@@ -131,6 +131,19 @@ def test_out_of_fold_probabilities_are_assembled_one_per_row_from_finished_folds
         out_of_fold(plan, said.append)
 
 
+def test_a_fold_run_reads_its_rows_and_makes_no_model_to_serve(news_corpus, tmp_path):
+    config = _config(news_corpus, tmp_path, train_samples=40, int8_model=True, save_training_curves=True)
+    rows = audited_rows(config)
+    plan = FoldPlan(tmp_path / "audit", config, rows, assign_folds(rows.train.labels, 2, 0), tmp_path / "e.jsonl", [])
+    fold = plan.fold(1)
+    run = plan.fold_config(fold)
+    assert (run.get("train_file"), run.get("validation_file")) == (str(fold.train_file), str(tmp_path / "e.jsonl"))
+    assert (run.get("output_dir"), run.get("resume_from_checkpoint")) == (str(fold.run_dir), "auto")
+    # its model predicts the held-out rows here and is never served: no int8 model, no curves
+    assert (run.get("int8_model"), run.get("save_training_curves")) == (False, False)
+    assert run.get("learning_rate") == config.get("learning_rate")
+
+
 def _fixed(n_per_class: int = 30, flipped: tuple[int, ...] = (3, 40, 77, 101)):
     """Confident, right probabilities for every row, and rows ``flipped`` given the next label instead."""
     labels = np.repeat(np.arange(4), n_per_class)

@@ -44,6 +44,8 @@ FOLD_FIELDS = (
     "label_names",
     "train_samples",
     "eval_samples",
+    "int8_model",
+    "save_training_curves",
 )
 
 
