@@ -14,7 +14,7 @@ from conftest import await_until
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
-from distrinews.serve.app import ServeConfig, create_app
+from distrinews.serve.app import ENCODE_INLINE_CHARS, ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
 
 
@@ -66,6 +66,7 @@ def test_left_padding_puts_the_pad_before_the_text():
 
 
 def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_tokens(checkpoint, rows, padding_atol):
+    """Short requests are tokenized on the event loop as they arrive, long ones on the tokenizer thread."""
     predictor = Predictor(checkpoint, device="cpu")
     calls: list[tuple[str, str, type]] = []
     encode, predict_encoded = predictor.encode, predictor.predict_encoded
@@ -102,8 +103,10 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
         assert s["probabilities"] == pytest.approx(e["probabilities"], abs=padding_atol)
     encodes = [c for c in calls if c[0] == "encode"]
     forwards = [c for c in calls if c[0] == "forward"]
-    assert len(encodes) == 17 and forwards
-    assert all(name.startswith(TOKENIZER_THREAD) and kind is str for _, name, kind in encodes)
+    assert len(encodes) == 17 and forwards and all(kind is str for _, _, kind in encodes)
+    assert max(map(len, texts[:16])) <= ENCODE_INLINE_CHARS < sum(map(len, texts[16:]))
+    assert [name for _, name, _ in encodes[:16]] == [threading.main_thread().name] * 16  # the loop's thread
+    assert encodes[16][1].startswith(TOKENIZER_THREAD)  # the batch request
     assert all(name.startswith(FORWARD_THREAD) and kind is Encoded for _, name, kind in forwards)
 
 

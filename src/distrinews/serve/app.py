@@ -58,6 +58,10 @@ from .schemas import (
 log = logging.getLogger("distrinews.serve")
 
 MODEL_VERSION_HEADER = "X-Model-Version"
+# A request of at most this many characters is tokenized on the event loop as it arrives, not on the tokenizer
+# thread: every AG News text fits (the longest test row has 880), a 1,000-character text tokenizes in about
+# 0.25 ms on a busy 2-core EPYC (0.07 ms for the median text), and each hop to a thread and back costs a wake-up.
+ENCODE_INLINE_CHARS = 1_000
 
 
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
@@ -127,6 +131,7 @@ class ServingState:
                 on_dropped=self.metrics.dropped.inc,
                 forward_timeout=config.forward_timeout,
                 on_fatal=self.end_process,
+                encode_inline_chars=ENCODE_INLINE_CHARS,
             )
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
