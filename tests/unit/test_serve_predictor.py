@@ -219,8 +219,8 @@ def tiny_best(tmp_path_factory):
     )
 
 
-def _served_info(checkpoint) -> dict:
-    app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime="torch", api_key=""))
+def _served_info(checkpoint, runtime: str = "torch") -> dict:
+    app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime=runtime, api_key=""))
 
     async def main():
         async with (
@@ -258,3 +258,14 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     assert (
         len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0]
     ), said
+
+
+def test_the_server_s_onnx_threads_sleep_between_passes_and_elsewhere_they_spin(tiny_best):
+    spinning = "session.intra_op.allow_spinning"
+    assert _served_info(tiny_best, "onnx")["onnx_thread_spinning"] is False
+    asleep = make_predictor(tiny_best, "onnx", spin=False)
+    assert asleep.session.get_session_options().get_session_config_entry(spinning) == "0"
+    default = make_predictor(tiny_best, "onnx")  # distrinews predict and the batch engine: ONNX Runtime's default
+    assert default.describe()["onnx_thread_spinning"] is True
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default, spinning
+        default.session.get_session_options().get_session_config_entry(spinning)

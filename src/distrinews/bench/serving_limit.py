@@ -1,7 +1,7 @@
 """The limit ``distrinews bench serving`` measures our server against, in the same run and on the same texts.
 
 - **The runtime alone**: the predictor the server loads (same runtime, same ``--threads``, same session
-  options: ``make_predictor``), called in this process with no HTTP and no queue. Batch 1: tokenize + run
+  options: ``make_predictor`` with ``spin=False``), called in this process with no HTTP and no queue. Batch 1: tokenize + run
   one text at a time (p50); throughput at the batch sizes the server forms: windows of the batcher's
   lookahead (4 x the batch size) tokenized at once and cut into passes by the server's own rule
   (``plan_passes``: at most the batch size in texts and ``max_batch_tokens`` padded tokens), so the
@@ -67,7 +67,9 @@ def runtime_alone(
     from ..predict.passes import plan_passes
     from ..predict.runtimes import make_predictor
 
-    predictor = make_predictor(checkpoint, runtime=runtime, max_batch_size=max_batch_size, threads=threads or None)
+    predictor = make_predictor(  # as distrinews serve makes it (serve/app.py's _default_factory)
+        checkpoint, runtime=runtime, max_batch_size=max_batch_size, threads=threads or None, spin=False
+    )
     predictor.warmup()
     latencies: list[float] = []
     stop = time.perf_counter() + duration

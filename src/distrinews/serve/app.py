@@ -93,6 +93,9 @@ def _default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
             onnx_model=config.onnx_model,
             threads=config.threads or None,
             min_confidence=config.min_confidence,
+            # Between passes the runtime's idle threads would spin on cores the event loop needs to answer, parse
+            # the next request and let the clients on the machine send it; they sleep instead.
+            spin=False,
         )
 
     return load
