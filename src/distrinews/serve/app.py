@@ -30,6 +30,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -338,6 +339,20 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
 
+class _RequestRoute(APIRoute):
+    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself: called as it is, without
+    FastAPI's per-request dependency solving and response handling, which such an endpoint has no use for (it
+    reads and checks its own body, ``limits``). The route still documents its body and answers in /openapi.json."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        endpoint = self.endpoint
+
+        async def handler(request: Request) -> Response:
+            return await endpoint(request)
+
+        return handler
+
+
 def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, tracer: Any) -> None:
     def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
@@ -354,7 +369,7 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
 
         return traced_answer(tracer, content, headers, timing, len(texts), runtime)
 
-    async def predict(request: Request):
+    async def predict(request: Request) -> Response:
         start = time.perf_counter()
         try:
             state.require_ready()
@@ -403,25 +418,16 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         "description": described,
         "openapi_extra": both_shapes,
         "responses": codes,
+        "route_class_override": _RequestRoute,
     }
-    app.add_api_route(
+    app.router.add_api_route(
         "/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared
     )
     for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
         summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
-        app.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
+        app.router.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
 
-    @app.post(
-        "/predict/batch",
-        response_model=list[PredictResponse],
-        summary=f"classify up to {config.max_batch_texts} texts, results in order",
-        openapi_extra=json_schema_body(
-            BatchPredictRequest,
-            descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"},
-        ),
-        responses=declared(400, 401, 413, 415, 422, 429, 503),
-    )
-    async def predict_batch(request: Request):
+    async def predict_batch(request: Request) -> Response:
         start = time.perf_counter()
         state.require_ready()
         body = await parse_body(request, BatchPredictRequest)
@@ -435,6 +441,20 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         timing: dict[str, float] = {}
         results = await state.classify(texts, request.receive, timing)
         return answer(results, start, timing, texts)
+
+    app.router.add_api_route(
+        "/predict/batch",
+        predict_batch,
+        methods=["POST"],
+        response_model=list[PredictResponse],
+        summary=f"classify up to {config.max_batch_texts} texts, results in order",
+        openapi_extra=json_schema_body(
+            BatchPredictRequest,
+            descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"},
+        ),
+        responses=declared(400, 401, 413, 415, 422, 429, 503),
+        route_class_override=_RequestRoute,
+    )
 
 
 def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
