@@ -1,11 +1,11 @@
 """The limit ``distrinews bench serving`` measures our server against, in the same run and on the same texts.
 
 - **The runtime alone**: the predictor the server loads (same runtime, same ``--threads``, same session
-  options: ``make_predictor`` with ``spin=False``), called in this process with no HTTP and no queue. Batch 1: tokenize + run
-  one text at a time (p50); throughput at the batch sizes the server forms: windows of the batcher's
-  lookahead (4 x the batch size) tokenized at once and cut into passes by the server's own rule
-  (``plan_passes``: at most the batch size in texts and ``max_batch_tokens`` padded tokens), so the
-  runtime gets the same length grouping the server can reach at best.
+  options: ``make_predictor`` with ``spin=False``), called in this process with no HTTP and no queue.
+  Batch 1: tokenize + run one text at a time (p50); throughput at the batch sizes the server forms:
+  windows of the batcher's lookahead (4 x the batch size) tokenized at once and cut into passes by the
+  server's own rule (``plan_passes``: at most the batch size in texts and ``max_batch_tokens`` padded
+  tokens), so the runtime gets the same length grouping the server can reach at best.
 - **The empty responder**: a server on the same HTTP stack (uvicorn, h11, loopback) that reads each body
   and answers a fixed prediction-sized JSON body; loaded like ours, it is the load generator's and
   loopback's own floor (``python -m distrinews.bench.serving_limit --port P`` runs it).
@@ -168,8 +168,8 @@ def summarise(report: dict[str, Any], alone: dict[str, Any], runtime: str, busie
         aims.append(
             {
                 "aim": f"at {busiest} clients at least {SHARE_AIM:.0%} of the runtime alone on the cores left",
-                "value": f"{ours_c['throughput_rps']:.1f} req/s against {scaled:.1f} texts/s on {left:.2f} of {n} cores "
-                f"({out['share']:.1%})",
+                "value": f"{ours_c['throughput_rps']:.1f} req/s against {scaled:.1f} texts/s on {left:.2f} of "
+                f"{n} cores ({out['share']:.1%})",
                 "passed": out["share"] >= SHARE_AIM,
             }
         )
@@ -228,13 +228,15 @@ def markdown(limit: dict[str, Any]) -> list[str]:
         f"## The limit ({alone['runtime']}"
         + (f", what {limit['runtime']} serves here)" if limit["runtime"] != alone["runtime"] else ")"),
         "",
-        f"The runtime alone: the server's predictor in the benchmark's process (threads: {threads}), no HTTP, no queue, "
-        f"on the same texts; batches cut by the server's rule (max_batch_tokens {alone['max_batch_tokens']}). "
+        f"The runtime alone: the server's predictor in the benchmark's process (threads: {threads}), no HTTP, "
+        "no queue, on the same texts; batches cut by the server's rule "
+        f"(max_batch_tokens {alone['max_batch_tokens']}). "
         "The empty responder: uvicorn (h11) answering a fixed prediction-sized body, loaded like the servers.",
         "",
         f"| | p50 at 1 client (ms) | throughput at {c} clients |",
         "|---|---:|---:|",
-        f"| runtime alone, batch 1 | {alone['p50_ms']:.2f} | {alone['texts_per_s'].get('1', float('nan')):.1f} texts/s |",
+        f"| runtime alone, batch 1 | {alone['p50_ms']:.2f} | {alone['texts_per_s'].get('1', float('nan')):.1f} "
+        "texts/s |",
     ]
     for size, tps in alone["texts_per_s"].items():
         if size != "1":
@@ -248,8 +250,8 @@ def markdown(limit: dict[str, Any]) -> list[str]:
         lines.append(f"| our server's overhead | {limit['overhead_ms']:+.2f} | |")
     if "share" in limit:
         lines.append(
-            f"| runtime alone (best batch) on the {limit['cores_left']:.2f} of {limit['cores']} cores the load generator "
-            f"leaves | | {limit['runtime_scaled_texts_per_s']:.1f} texts/s |"
+            f"| runtime alone (best batch) on the {limit['cores_left']:.2f} of {limit['cores']} cores the load "
+            f"generator leaves | | {limit['runtime_scaled_texts_per_s']:.1f} texts/s |"
         )
         lines.append(f"| our server's share of it | | {limit['share']:.1%} |")
     if "seed_ratio" in limit:
