@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from distrinews.bench import serving
+from distrinews.bench import serving, serving_limit
 from distrinews.bench.serving_load import find_result
 from distrinews.bench.serving_report import markdown
 
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     report = serving.measure(args, [reference])
     report["command"] = invoked_as("serving_reference")
     report["ratios_vs_reference"] = ratios(report)
+    serving_limit.add_seed_aim(report, report["ratios_vs_reference"])
     serving.write(report, args, comparison_markdown)
     return 0
 

@@ -1,7 +1,13 @@
 """Where one request's time goes, stage by stage, through our server or the reference server (1 client).
 
-    python -m benchmarks.tools.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400] \
-        [-- SERVE ARGS]
+    python -m benchmarks.tools.serving_stages --checkpoint DIR [--server ours|reference] [--requests 400]
+        [--markdown stages.md] [--json stages.json] [-- SERVE ARGS]
+
+Ours, from the socket to the forward pass and back: HTTP parse (uvicorn's h11 events), body read (the
+app's ``receive``), middlewares + routing + FastAPI, JSON parse + validation, tokenizing (the one text;
+and, measured in this process after the run, one text at a time against 32 at once), the batcher's queue
+and futures, the thread hop to the forward thread and back, collate, the model's forward, softmax +
+format, serialising, and the write (``send`` to h11, and the socket write).
 
 The server runs in a subprocess of this script (``serve`` mode below) with timers wrapped around
 the functions each stage calls; one closed-loop client sends ``--requests`` requests one at a
@@ -68,7 +74,8 @@ def _wrap(owner: Any, name: str, stage: str) -> None:
 
 
 class _AppTimer:
-    """Outermost ASGI wrapper: from the app being called to the last byte of the response handed to uvicorn."""
+    """Outermost ASGI wrapper: from the app being called to the last byte of the response handed to uvicorn; and
+    inside that, the time spent in ``receive`` (reading the body) and in ``send`` (handing the answer to h11)."""
 
     def __init__(self, app):
         self.app = app
@@ -80,29 +87,47 @@ class _AppTimer:
         if scope["type"] != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
+        spent = {"receive": 0.0, "send": 0.0}
+
+        async def timed_receive():
+            r0 = time.perf_counter()
+            message = await receive()
+            if message["type"] == "http.request":  # not the wait for a disconnect that never comes
+                spent["receive"] += time.perf_counter() - r0
+            return message
 
         async def timed_send(message):
+            s0 = time.perf_counter()
             await send(message)
+            spent["send"] += time.perf_counter() - s0
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 _TIMES["app"].append(time.perf_counter() - t0)
+                _TIMES["receive"].append(spent["receive"])
+                _TIMES["send"].append(spent["send"])
 
-        await self.app(scope, receive, timed_send)
+        await self.app(scope, timed_receive, timed_send)
 
 
 def _install_ours() -> None:
     import fastapi.routing
     import starlette.responses
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
     import distrinews.predict.runtimes as predictor_module
     import distrinews.serve.app as app_module
     import distrinews.serve.batcher as batcher_module
+    import distrinews.serve.connections as connections_module
 
-    _wrap(app_module, "parse_body", "parse_body")
-    _wrap(app_module, "clean_text", "clean_text")
+    _wrap(H11Protocol, "handle_events", "h11_parse")  # uvicorn: bytes in -> h11 events -> the ASGI scope
+    _wrap(connections_module.OneWritePerStep, "flush", "socket_write")
+    for name in ("parse_body", "read_object", "validate_body", "clean_text"):
+        _wrap(app_module, name, name)
     _wrap(app_module.ServingState, "classify", "classify")
     _wrap(fastapi.routing, "serialize_response", "serialize")
     _wrap(starlette.responses.JSONResponse, "render", "render")
-    _wrap(batcher_module.MicroBatcher, "_forward_job", "forward_job")  # this branch: the forward thread's whole job
+    _wrap(batcher_module.MicroBatcher, "_encode_job", "encode")  # on the loop (short texts) or the tokenizer thread
+    _wrap(batcher_module.MicroBatcher, "_run_forward", "run_forward")  # the loop's side: hop there, job, hop back
+    _wrap(batcher_module.MicroBatcher, "_forward_job", "forward_job")  # the forward thread's whole job
     for cls in (predictor_module.Predictor, getattr(predictor_module, "OnnxPredictor", None)):
         if cls is None:
             continue
@@ -110,11 +135,8 @@ def _install_ours() -> None:
         for name, stage in (("predict", "predict"), ("tokenize", "tokenize"), ("logits", "logits")):
             if name in vars(cls):
                 _wrap(cls, name, stage)
-        # After: encode on the tokenizer thread; predict_encoded = collate + forward + softmax/format on the forward
-        # thread.
-        for name, stage in (("encode", "encode"), ("predict_encoded", "predict_encoded"), ("forward", "model_forward")):
-            if name in vars(cls):
-                _wrap(cls, name, stage)
+        if "forward" in vars(cls):
+            _wrap(cls, "forward", "model_forward")
     encoder_cls = getattr(predictor_module, "TextEncoder", None)
     if encoder_cls is not None:
         _wrap(encoder_cls, "collate", "collate")
@@ -198,50 +220,77 @@ async def _one_client(port: int, bodies: list[bytes], warmup: int) -> list[float
 
 
 def _derive(times: dict[str, list[float]], client: list[float], n: int) -> list[tuple[str, float]]:
-    """Mean milliseconds per request of each stage; nested stages are shown as their own share."""
+    """Mean milliseconds per request of each stage; the indented rows of a stage add up to it."""
+
+    requests = len(times.get("app", [])) or 1
 
     def mean(stage: str) -> float:
-        values = times.get(stage, [])[-n:]
-        return 1000 * statistics.fmean(values) if values else 0.0
+        """Per request: a stage called k times per request (h11 events, writes) counts k times."""
+        values = times.get(stage, [])
+        per_request = len(values) / requests
+        return 1000 * statistics.fmean(values[-round(n * per_request) :]) * per_request if values else 0.0
 
     client_ms = 1000 * statistics.fmean(client)
-    rows = [
-        ("client round trip (mean)", client_ms),
-        ("  outside the app: TCP, HTTP parsing, uvicorn", client_ms - mean("app")),
-    ]
     if "classify" not in times:  # the reference server: one sync endpoint
         inner = mean("tokenize") + mean("model_forward") + mean("serialize") + mean("render")
-        rows += [
+        return [
+            ("client round trip (mean)", client_ms),
+            ("  outside the app: TCP, HTTP parsing, uvicorn", client_ms - mean("app")),
             ("  app: FastAPI routing, pydantic, thread-pool hop", mean("app") - inner),
             ("  tokenize (padded to max_length)", mean("tokenize")),
             ("  model forward", mean("model_forward")),
             ("  JSON encoding", mean("serialize") + mean("render")),
         ]
-        return rows
-    parse = mean("parse_body") + mean("clean_text")
-    encode = mean("encode")
-    job = mean("forward_job") or mean("predict") or mean("predict_encoded")
-    rows += [
-        ("  app: middleware, routing", mean("app") - parse - mean("classify") - mean("serialize") - mean("render")),
-        ("  body parse + validation", parse),
-        ("  batcher: queue, thread hops, futures", mean("classify") - encode - job),
+    # What one request (one text) costs: the forward job's parts are shared by a batch, at 1 client by one request.
+    parse = mean("read_object") + mean("validate_body") + mean("clean_text") + mean("parse_body")
+    encode, job, run_forward = mean("encode"), mean("forward_job"), mean("run_forward")
+    serialise = mean("serialize") + mean("render")
+    in_app = mean("receive") + parse + mean("classify") + serialise + mean("send")
+    rows = [
+        ("client round trip (mean)", client_ms),
+        (
+            "  outside the app: loopback, client, event loop",
+            client_ms - mean("app") - mean("h11_parse") - mean("socket_write"),
+        ),
+        ("  HTTP parse (h11 events -> ASGI scope)", mean("h11_parse")),
+        ("  body read (ASGI receive)", mean("receive")),
+        ("  middlewares, routing, FastAPI", mean("app") - in_app),
+        ("  JSON parse + validation", parse),
+        ("  tokenize (one text)", encode),
+        ("  batcher: queue, batch forming, futures", mean("classify") - encode - run_forward),
+        ("  thread hop to the forward thread and back", run_forward - job),
+        ("  collate (pad to the batch's longest)", mean("collate")),
+        ("  model forward", mean("model_forward")),
+        ("  softmax + format", job - mean("collate") - mean("model_forward")),
+        ("  serialise (JSON)", serialise),
+        ("  the write (ASGI send -> h11 -> socket)", mean("send") + mean("socket_write")),
     ]
-    if "predict" in times:  # before: everything on the forward thread
-        tokenize = mean("tokenize")
-        rows += [
-            ("  tokenize (forward thread, padded)", tokenize),
-            ("  model forward", mean("logits") - tokenize),
-            ("  softmax + format (torch)", mean("predict") - mean("logits")),
-        ]
-    else:
-        rows += [
-            ("  tokenize (tokenizer thread)", encode),
-            ("  collate (pad to the batch's longest)", mean("collate")),
-            ("  model forward", mean("model_forward")),
-            ("  softmax + format", job - mean("collate") - mean("model_forward")),
-        ]
-    rows.append(("  JSON encoding", mean("serialize") + mean("render")))
     return rows
+
+
+def _tokenize_one_vs_batch(checkpoint: str, texts: list[str], size: int = 32) -> list[tuple[str, float]]:
+    """Tokenizing the same texts one at a time and ``size`` at once, per text (in this process, after the run)."""
+    from distrinews.predict.tokens import TOKENIZER_FILE, TextEncoder
+
+    if not (Path(checkpoint) / TOKENIZER_FILE).is_file():
+        return []
+    encoder = TextEncoder.from_tokenizer_json(checkpoint, 512)
+    encoder.encode(texts[:size])
+    t0 = time.perf_counter()
+    for text in texts:
+        encoder.encode([text])
+    one = (time.perf_counter() - t0) / len(texts)
+    t0 = time.perf_counter()
+    for start in range(0, len(texts), size):
+        encoder.encode(texts[start : start + size])
+    batch = (time.perf_counter() - t0) / len(texts)
+    return [("tokenize one text at a time, per text", 1000 * one), (f"tokenize {size} at once, per text", 1000 * batch)]
+
+
+def _markdown(title: str, rows: list[tuple[str, float]]) -> str:
+    lines = [f"{title}", "", "| stage | ms per request (mean) |", "|---|---:|"]
+    lines += [f"| {'&nbsp;&nbsp;' if name.startswith('  ') else ''}{name.strip()} | {ms:.3f} |" for name, ms in rows]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", choices=("full", "headline"), default="full")
     parser.add_argument("--data", default=os.environ.get("DISTRINEWS_DATA"))
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)
 
     from distrinews.bench.serving_load import load_texts
@@ -311,16 +361,30 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     times = json.loads(out.read_text())
     rows = _derive(times, client, len(client))
+    tokenizing = _tokenize_one_vs_batch(args.checkpoint, texts[: args.requests])
     p50 = 1000 * statistics.median(client)
-    print(
-        f"{args.server} {' '.join(serve_args)}: {len(client)} requests, "
-        f"1 client, client p50 {p50:.2f} ms (server log {log.name})"
+    title = (
+        f"{args.server} {' '.join(serve_args)}: {len(client)} requests, 1 client, client p50 {p50:.2f} ms "
+        f"(server log {log.name})"
     )
-    for name, ms in rows:
+    print(title)
+    for name, ms in [*rows, *tokenizing]:
         print(f"{name:<48} {ms:7.3f} ms")
+    if args.markdown:
+        Path(args.markdown).write_text(_markdown(f"{args.server} at 1 client, {len(client)} requests, client p50 "
+                                                 f"{p50:.2f} ms", [*rows, *tokenizing]))  # fmt: skip
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"server": args.server, "serve_args": serve_args, "p50_ms": p50, "rows": rows}, indent=2)
+            json.dumps(
+                {
+                    "server": args.server,
+                    "serve_args": serve_args,
+                    "p50_ms": p50,
+                    "rows": rows,
+                    "tokenizing": tokenizing,
+                },
+                indent=2,
+            )
         )
     return 0
 

@@ -183,7 +183,8 @@ def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, 
     cli("bench", "serving", *args, *load, "--output-dir", str(out))
     report = json.loads((out / "serving.json").read_text())
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
-    assert set(rows) == {("ours", "torch", t, c) for t, c in (("full", 1), ("full", 2), ("headline", 1))}
+    ours = {("ours", "torch", t, c) for t, c in (("full", 1), ("full", 2), ("headline", 1))}
+    assert set(rows) == ours | {("empty", "-", "full", 1), ("empty", "-", "full", 2)}  # the empty responder's floor
     for r in rows.values():
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["throughput_rps"] == pytest.approx(r["requests"] / r["duration_s"])
@@ -191,8 +192,17 @@ def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, 
             0 < r["server_cpu_cores"] <= 4 and 0 < r["client_cpu_cores"] <= 4
         )  # cores the server and the clients used
     assert report["command"].startswith("distrinews bench serving --checkpoint")
+    limit = report["limit"]  # the runtime alone, in this process, at the batch sizes the server forms (32, 512 tokens)
+    alone = limit["runtime_alone"]
+    assert alone["runtime"] == "torch" and alone["requests"] > 0 and set(alone["texts_per_s"]) == {"1", "8", "16", "32"}
+    assert alone["best_texts_per_s"] == max(alone["texts_per_s"].values()) and alone["max_batch_tokens"] == 512
+    assert limit["overhead_ms"] == pytest.approx(
+        rows["ours", "torch", "full", 1]["p50_ms"] - alone["p50_ms"] - rows["empty", "-", "full", 1]["p50_ms"]
+    )
+    assert [a["passed"] in (True, False) for a in limit["aims"]] == [True, True]
     assert (
-        "| CPU server | CPU clients |" in (out / "serving.md").read_text()
+        "## The limit (torch)" in (out / "serving.md").read_text()
+        and "| CPU server | CPU clients |" in (out / "serving.md").read_text()
         and (out / "serving.png").stat().st_size > 1000
     )
 

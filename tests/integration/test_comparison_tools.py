@@ -58,11 +58,13 @@ def test_ours_against_the_reference_server_reports_both_and_the_ratios(tmp_path,
     rows = {(r["server"], r["runtime"], r["texts"], r["concurrency"]): r for r in report["results"]}
     assert set(rows) == {
         (s, "torch", t, c) for s in ("reference", "ours") for t, c in (("full", 1), ("full", 2), ("headline", 1))
-    }
+    } | {("empty", "-", "full", 1), ("empty", "-", "full", 2)}
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows.values()), rows
     ratio = next(x for x in report["ratios_vs_reference"] if x["concurrency"] == 2)
     ours, ref = rows["ours", "torch", "full", 2], rows["reference", "torch", "full", 2]
     assert ratio["throughput_ratio"] == pytest.approx(ours["throughput_rps"] / ref["throughput_rps"], rel=1e-3)
+    assert report["limit"]["seed_ratio"] == ratio["throughput_ratio"]  # the aim against the seed-style server
+    assert report["limit"]["aims"][-1]["aim"] == "at 2 clients at least 8x the seed-style server"
     assert report["command"].startswith("python -m benchmarks.tools.serving_reference --checkpoint")
     md = (out / "serving-vs-reference.md").read_text()
     assert "| CPU server | CPU clients |" in md and "## Ours vs the reference server" in md

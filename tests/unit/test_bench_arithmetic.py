@@ -342,6 +342,35 @@ def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_s
     assert default_verdict("onnx", report) == "not what the default (auto) serves here (onnx-int8)"
 
 
+def test_the_limit_is_the_runtime_alone_plus_the_empty_responder_on_the_cores_the_clients_leave(monkeypatch):
+    from distrinews.bench import serving_limit
+
+    monkeypatch.setattr(serving_limit, "cores", lambda: 2)
+    row = {"texts": "full", "duration_s": 10.0}
+    results = [
+        {**row, "server": "ours", "runtime": "auto", "concurrency": 1, "p50_ms": 3.4, "throughput_rps": 290.0},
+        {**row, "server": "ours", "runtime": "auto", "concurrency": 32, "p50_ms": 70.0, "throughput_rps": 600.0,
+         "client_cpu_cores": 0.4},
+        {**row, "server": "empty", "runtime": "-", "concurrency": 1, "p50_ms": 0.9, "throughput_rps": 1000.0},
+        {**row, "server": "empty", "runtime": "-", "concurrency": 32, "p50_ms": 20.0, "throughput_rps": 3000.0,
+         "client_cpu_cores": 0.9},
+    ]  # fmt: skip
+    alone = {"runtime": "onnx-int8", "threads": None, "max_batch_tokens": 512, "p50_ms": 2.2,
+             "texts_per_s": {"1": 450.0, "8": 840.0}, "best_texts_per_s": 840.0}  # fmt: skip
+    limit = serving_limit.summarise({"results": results}, alone, "auto", 32)
+    assert limit["overhead_ms"] == pytest.approx(3.4 - 2.2 - 0.9)
+    # 840 texts/s on 2 cores, of which the load generator took 0.4: 672 on the 1.6 left; ours did 600
+    assert limit["runtime_scaled_texts_per_s"] == pytest.approx(672.0) and limit["share"] == pytest.approx(600 / 672)
+    assert [a["passed"] for a in limit["aims"]] == [True, True]
+    serving_limit.add_seed_aim({"limit": limit}, [{"runtime": "auto", "concurrency": 32, "throughput_ratio": 7.5}])
+    assert limit["seed_ratio"] == 7.5 and limit["aims"][-1]["passed"] is False
+    lines = serving_limit.markdown(limit)
+    assert "## The limit (onnx-int8, what auto serves here)" in lines
+    passed = "- PASS  p50 at 1 client within 0.5 ms of the runtime alone + the empty responder: 3.40 ms against 3.10 ms"
+    assert f"{passed} (+0.30 ms)" in lines
+    assert "- FAIL  at 32 clients at least 8x the seed-style server: 7.50x" in lines
+
+
 def test_the_step_profile_puts_each_operator_in_its_group():
     from distrinews.bench.step_profile import group_of
 

@@ -240,3 +240,21 @@ def test_no_api_key_beyond_loopback_is_a_one_line_warning(monkeypatch, caplog, f
         run_server(ServeConfig(host=host, port=7860), fake_predictor)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "distrinews.serve"]
     assert warnings == ["no API key: anyone who reaches 0.0.0.0:7860 can use every route (set DISTRINEWS_API_KEY)"]
+
+
+def test_the_routes_served_are_remembered_per_path_and_method_and_nothing_else_is(fake_predictor):
+    from distrinews.serve.middleware import RouteMethods
+
+    app = create_app(ServeConfig(api_key=""), predictor_factory=fake_predictor)
+    table = RouteMethods(app.router)
+
+    def scope(method: str, path: str) -> dict:
+        return {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+
+    for _ in range(2):  # the second time from what was remembered
+        assert table.not_served(scope("POST", "/predict")) is None
+        assert table.not_served(scope("GET", "/predict")) == ["POST"]  # still a 405 after a served POST
+        assert table.not_served(scope("DELETE", "/health")) == ["GET"]
+        assert table.not_served(scope("POST", "/no/such/path")) is None  # the router's 404
+        assert table.not_served(scope("FOO", "/predict")) == ["POST"]
+    assert table._served == {("/predict", "POST")}  # clients' other paths and methods are not kept

@@ -403,6 +403,39 @@ def test_tokenization_runs_on_its_own_thread_and_the_forward_pass_gets_tokens():
     )
 
 
+def test_short_requests_are_tokenized_on_the_loop_as_they_arrive_and_long_ones_on_the_tokenizer_thread():
+    encode_threads: dict[str, str] = {}
+
+    def encode(texts):
+        if "bad" in texts:
+            raise ValueError("cannot tokenize")
+        encode_threads[texts[0]] = threading.current_thread().name
+        return words(texts)
+
+    async def main():
+        model = RecordingModel(open_gate=False)
+        batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=5, encode=encode, encode_inline_chars=10)
+        await batcher.start()
+        first = batcher.enqueue(["short"])
+        assert encode_threads == {"short": threading.current_thread().name}, "tokenized before enqueue returned"
+        await _until(model.started.is_set)
+        bad = batcher.enqueue(["bad"])
+        assert bad.done() and isinstance(bad.exception(), ValueError)  # its own request fails, and at once
+        short, long = batcher.enqueue(["tiny"]), batcher.enqueue(["a longer text"])  # 13 characters: over 10
+        await _until(lambda: not batcher._tokenizing)
+        model.gate.set()
+        results = await asyncio.gather(first, short, long)
+        depth = batcher.queue_depth
+        await batcher.close()
+        return results, depth
+
+    results, depth = asyncio.run(main())
+    assert results == [["SHORT"], ["TINY"], ["A LONGER TEXT"]] and depth == 0
+    loop_thread = threading.current_thread().name  # asyncio.run ran the loop on this thread
+    assert encode_threads["short"] == encode_threads["tiny"] == loop_thread
+    assert encode_threads["a longer text"].startswith(TOKENIZER_THREAD)
+
+
 def test_the_next_batch_is_tokenized_while_the_model_runs():
     encoded: list[str] = []
 

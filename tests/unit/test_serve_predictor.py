@@ -15,7 +15,7 @@ from conftest import await_until
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
-from distrinews.serve.app import ServeConfig, create_app
+from distrinews.serve.app import ENCODE_INLINE_CHARS, ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
 
 
@@ -67,6 +67,7 @@ def test_left_padding_puts_the_pad_before_the_text():
 
 
 def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_tokens(checkpoint, rows, padding_atol):
+    """Short requests are tokenized on the event loop as they arrive, long ones on the tokenizer thread."""
     predictor = Predictor(checkpoint, device="cpu")
     calls: list[tuple[str, str, type]] = []
     encode, predict_encoded = predictor.encode, predictor.predict_encoded
@@ -103,8 +104,10 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
         assert s["probabilities"] == pytest.approx(e["probabilities"], abs=padding_atol)
     encodes = [c for c in calls if c[0] == "encode"]
     forwards = [c for c in calls if c[0] == "forward"]
-    assert len(encodes) == 17 and forwards
-    assert all(name.startswith(TOKENIZER_THREAD) and kind is str for _, name, kind in encodes)
+    assert len(encodes) == 17 and forwards and all(kind is str for _, _, kind in encodes)
+    assert max(map(len, texts[:16])) <= ENCODE_INLINE_CHARS < sum(map(len, texts[16:]))
+    assert [name for _, name, _ in encodes[:16]] == [threading.main_thread().name] * 16  # the loop's thread
+    assert encodes[16][1].startswith(TOKENIZER_THREAD)  # the batch request
     assert all(name.startswith(FORWARD_THREAD) and kind is Encoded for _, name, kind in forwards)
 
 
@@ -218,8 +221,8 @@ def tiny_best(tmp_path_factory):
     )
 
 
-def _served_info(checkpoint) -> dict:
-    app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime="torch", api_key=""))
+def _served_info(checkpoint, runtime: str = "torch") -> dict:
+    app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime=runtime, api_key=""))
 
     async def main():
         async with (
@@ -257,3 +260,14 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     assert (
         len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0]
     ), said
+
+
+def test_the_server_s_onnx_threads_sleep_between_passes_and_elsewhere_they_spin(tiny_best):
+    spinning = "session.intra_op.allow_spinning"
+    assert _served_info(tiny_best, "onnx")["onnx_thread_spinning"] is False
+    asleep = make_predictor(tiny_best, "onnx", spin=False)
+    assert asleep.session.get_session_options().get_session_config_entry(spinning) == "0"
+    default = make_predictor(tiny_best, "onnx")  # distrinews predict and the batch engine: ONNX Runtime's default
+    assert default.describe()["onnx_thread_spinning"] is True
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default, spinning
+        default.session.get_session_options().get_session_config_entry(spinning)

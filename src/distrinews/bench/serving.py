@@ -8,9 +8,10 @@ client does.
 
 One command makes every table: load (p50/p95/p99, throughput, 429s, the CPU each side used) at each
 concurrency, an overload run with a short queue (how many 429s, how fast they come back, p99 of the
-accepted requests), and with ``--accuracy`` the runtimes compared on the test split (accuracy, label
-agreement with PyTorch fp32) with the default-runtime rule applied: the fastest runtime whose accuracy
-stays within 0.2 points of PyTorch fp32.
+accepted requests), the limit (``serving_limit``: the default runtime alone in this process and an empty
+HTTP responder, with our server's overhead and share of it, and the aims, pass or fail), and with
+``--accuracy`` the runtimes compared on the test split (accuracy, label agreement with PyTorch fp32) with
+the default-runtime rule applied: the fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32.
 
 Results: ``serving.json`` (every number), ``serving.md`` (the tables), ``serving.png``.
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..distributed.launch import free_port
+from . import serving_limit
 from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
 from .serving_runtimes import bf16_matmul_gflops, default_runtimes, runtime_accuracy
@@ -80,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="runs/bench", help="where serving.{json,md,png} go")
     parser.add_argument("--name", default="serving", help="file name stem of the results")
     parser.add_argument("--texts", type=int, default=2000, help="distinct test rows the clients cycle through")
+    parser.add_argument(
+        "--no-limit",
+        action="store_true",
+        help="skip the limit: the default runtime alone in-process and an empty HTTP responder (serving_limit)",
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -104,6 +111,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
     logs = Path(tempfile.mkdtemp(prefix="distrinews-bench-serving-"))  # server logs, outside the repo
     print(f"server logs in {logs}", flush=True)
     levels = [int(c) for c in str(args.concurrency).split(",")]
+    busiest = 32 if 32 in levels else max(levels)  # where the throughput aims are judged
     full, headlines = load_texts(args.data, args.texts)
     checkpoint = str(args.checkpoint)
     results: list[dict[str, Any]] = []
@@ -128,7 +136,9 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
                 flush=True,
             )
 
-    def load(name: str, cmd: list[str], port: int, ready_path: str, label: str, runtime: str, **tags) -> None:
+    def load(
+        name: str, cmd: list[str], port: int, ready_path: str, label: str, runtime: str, limit: bool = False, **tags
+    ) -> None:
         server = start_server(name, cmd, port, ready_path, logs)
         try:
             first_request(server.port, full[0])
@@ -136,7 +146,9 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             if label == "ours":
                 info = server.info()
                 servers[name].update(batching=info.get("batching"), runtime=info.get("runtime"))
-            if tags:
+            if limit:
+                measure_levels(server, label, runtime, "full", full, sorted({1, busiest}))
+            elif tags:
                 measure_levels(server, label, runtime, "full", full, sorted(levels)[-2:], **tags)
             else:
                 measure_levels(server, label, runtime, "full", full, levels)
@@ -156,15 +168,34 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
         cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue), "--port", str(port)]
         load("ours-overload", cmd, port, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
 
+    limit_runtime = DEFAULT_RUNTIME if DEFAULT_RUNTIME in runtimes else runtimes[0]
+    if not args.no_limit:
+        port = free_port()
+        load("empty", serving_limit.empty_responder_command(port), port, "/ready", "empty", "-", limit=True)
+        batching = servers[f"ours-{limit_runtime}"].get("batching") or {}
+        print(f"the runtime alone ({limit_runtime}, in-process), {args.duration:g} s per batch size", flush=True)
+        alone = serving_limit.runtime_alone(
+            checkpoint,
+            limit_runtime,
+            full,
+            args.duration,
+            args.threads,
+            batching.get("max_batch_size") or 32,
+            batching.get("max_batch_tokens"),
+        )
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
     report = build_report(args, results, levels, servers, accuracy)
     report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
     report["default_runtime"] = DEFAULT_RUNTIME
+    if not args.no_limit:
+        report["limit"] = serving_limit.summarise(report, alone, limit_runtime, busiest)
     return report
 
 
 def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:
     """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report) and ``NAME.png`` in ``--output-dir``."""
+    if report.get("limit"):
+        serving_limit.print_limit(report["limit"])
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
+from . import serving_limit
 from .results import invoked_as
 from .serving_runtimes import choose_default
 
@@ -113,6 +114,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
                 f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
             )
+    if report.get("limit"):
+        lines += serving_limit.markdown(report["limit"])
     if report["accuracy"]:
         rows = report["accuracy"][0]["rows"]
         lines += [

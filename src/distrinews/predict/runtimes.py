@@ -337,6 +337,7 @@ class OnnxPredictor(Predictor):
         max_batch_size: int = 64,
         threads: int | None = None,
         int8: bool = False,
+        spin: bool = True,
     ):
         import onnxruntime as ort
 
@@ -367,6 +368,9 @@ class OnnxPredictor(Predictor):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        self.spin = spin
+        if not spin:  # idle threads sleep at once instead of spinning for more work (``make_predictor``'s ``spin``)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         self._input_names = [i.name for i in self.session.get_inputs()]
         self.quantized = is_quantized_file(path)
@@ -425,7 +429,12 @@ class OnnxPredictor(Predictor):
         return np.asarray(logits, dtype=np.float32)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "onnx_model": str(self.onnx_path), "onnx_quantized": self.quantized}
+        return {
+            **super().describe(),
+            "onnx_model": str(self.onnx_path),
+            "onnx_quantized": self.quantized,
+            "onnx_thread_spinning": self.spin,
+        }
 
 
 def bf16_refusal(device: str = "cpu") -> str | None:
@@ -447,11 +456,14 @@ def make_predictor(
     onnx_model: str | os.PathLike | None = None,
     threads: int | None = None,
     min_confidence: Any = None,
+    spin: bool = True,
 ) -> Predictor:
     """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``.
-    ``min_confidence``: ``--min-confidence`` (a number, ``LABEL=NUMBER`` pairs, a dict; ``confidence.py``)."""
+    ``min_confidence``: ``--min-confidence`` (a number, ``LABEL=NUMBER`` pairs, a dict; ``confidence.py``).
+    ``spin=False``: ONNX Runtime's idle threads sleep at once rather than spin waiting for the next pass, which
+    gives their cores back to whatever shares them (a server's event loop and its clients between requests)."""
     threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
-    predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads)
+    predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads, spin)
     predictor.set_min_confidence(threshold)
     return predictor
 
@@ -462,13 +474,14 @@ def _make_predictor(
     max_batch_size: int,
     onnx_model: str | os.PathLike | None,
     threads: int | None,
+    spin: bool = True,
 ) -> Predictor:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if onnx_model and not runtime.startswith("onnx"):
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
     if runtime == "auto":
-        return auto_predictor(checkpoint, max_batch_size, threads)
+        return auto_predictor(checkpoint, max_batch_size, threads, spin)
     if runtime.startswith("torch"):
         _torch_threads(threads)
     if runtime == "torch":
@@ -481,11 +494,18 @@ def _make_predictor(
             raise ValueError(why)
         return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
     return OnnxPredictor(
-        checkpoint, onnx_model=onnx_model, max_batch_size=max_batch_size, threads=threads, int8=runtime == "onnx-int8"
+        checkpoint,
+        onnx_model=onnx_model,
+        max_batch_size=max_batch_size,
+        threads=threads,
+        int8=runtime == "onnx-int8",
+        spin=spin,
     )
 
 
-def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None) -> Predictor:
+def auto_predictor(
+    checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None, spin: bool = True
+) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
     first start if missing, ``int8.py``), else PyTorch fp32, with the reason in one log line and in ``choice``."""
     try:
@@ -500,7 +520,7 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
     predictor, check = None, None
     if path.is_file():
         predictor = OnnxPredictor(
-            checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True
+            checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
         )
         check = int8.read_check(predictor.session)
         if check is not None and not int8.is_current(check, checkpoint):
@@ -530,7 +550,7 @@ def auto_predictor(checkpoint: str | os.PathLike, max_batch_size: int = 64, thre
             threads=threads,
         )
     predictor = predictor or OnnxPredictor(
-        checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True
+        checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
     )
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {

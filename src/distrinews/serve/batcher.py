@@ -3,7 +3,9 @@
 A request (a list of texts) goes through two worker threads:
 
 1. the **tokenizer thread** encodes its texts as soon as it arrives (``encode``), so its tokens,
-   and its length in tokens, are known while earlier batches still run;
+   and its length in tokens, are known while earlier batches still run; a request of at most
+   ``encode_inline_chars`` characters is encoded at once on the event loop instead, since a short
+   text tokenizes faster than the hop to that thread and back (each hop a thread wake-up);
 2. the **forward thread** runs one batch at a time (``forward``). When it frees, the next
    batch is formed at once from the requests already tokenized: the model never waits for a
    tokenizer, and the tokenizer never waits for the model.
@@ -122,6 +124,7 @@ class MicroBatcher:
         on_dropped: Callable[[int], None] | None = None,
         forward_timeout: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        encode_inline_chars: int = 0,
     ):
         if (
             max_batch_size < 1
@@ -144,6 +147,7 @@ class MicroBatcher:
         self.on_dropped = on_dropped
         self.forward_timeout = forward_timeout
         self.on_fatal = on_fatal
+        self.encode_inline_chars = encode_inline_chars
         self._stalled_since: float | None = None  # perf_counter() when the running forward pass overran its deadline
         self._died: str | None = None  # why the batching loop ended unasked
         self._running: list[_Request] = []  # the batch on the forward thread
@@ -258,10 +262,19 @@ class MicroBatcher:
             request.stage = "ready"
             self._ready.append(request)
             self._wake()
+        elif sum(map(len, request.texts)) <= self.encode_inline_chars:
+            # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
+            self._tokenizing += 1
+            try:
+                items, seconds = self._encode_job(request.texts)
+            except Exception as exc:
+                self._on_encoded(request, [], 0.0, exc)
+            else:
+                self._on_encoded(request, items, seconds, None)
         else:
             self._tokenizing += 1
             job = loop.run_in_executor(self._tokenizer, self._encode_job, request.texts)
-            job.add_done_callback(lambda done: self._on_encoded(request, done))
+            job.add_done_callback(lambda done: self._on_encode_job(request, done))
         return request.future
 
     async def submit(self, texts: Sequence[str]) -> list[Any]:
@@ -273,7 +286,17 @@ class MicroBatcher:
         items = list(self.encode(texts))
         return items, time.perf_counter() - t0
 
-    def _on_encoded(self, request: _Request, job: asyncio.Future) -> None:
+    def _on_encode_job(self, request: _Request, job: asyncio.Future) -> None:
+        if job.cancelled():
+            self._on_encoded(request, [], 0.0, RuntimeError("tokenization was cancelled"))
+        elif (exc := job.exception()) is not None:
+            self._on_encoded(request, [], 0.0, exc)
+        else:
+            items, seconds = job.result()
+            self._on_encoded(request, items, seconds, None)
+
+    def _on_encoded(self, request: _Request, items: list[Any], seconds: float, error: BaseException | None) -> None:
+        """The request's texts are tokenized (``items``, in ``seconds``), or failed to be (``error``)."""
         self._tokenizing -= 1
         if request.stage == "dropped":  # the client went away while its texts were tokenized
             pass
@@ -283,11 +306,11 @@ class MicroBatcher:
         elif self._died is not None:
             self._queued_texts -= len(request.texts)
             request.future.set_exception(BatcherClosedError(self._died))
-        elif job.cancelled() or job.exception() is not None:
+        elif error is not None:
             self._queued_texts -= len(request.texts)
-            request.future.set_exception(job.exception() or RuntimeError("tokenization was cancelled"))
+            request.future.set_exception(error)
         else:
-            request.items, request.tokenize_s = job.result()
+            request.items, request.tokenize_s = items, seconds
             if len(request.items) != len(request.texts):
                 self._queued_texts -= len(request.texts)
                 request.future.set_exception(

@@ -33,6 +33,9 @@ class MetricsMiddleware:
 
     def __init__(self, app, metrics: ServeMetrics):
         self.app, self.metrics = app, metrics
+        # Each series' counter and histogram, looked up once: the keys are bounded (route templates, METHOD_LABELS,
+        # status codes), and a labels() lookup per request costs a lock and a tuple of strings.
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -57,9 +60,15 @@ class MetricsMiddleware:
             method = scope["method"] if scope["method"] in METHOD_LABELS else "other"
             # No answer from the app: the protocol's own (408), else the client left first (nginx's 499).
             status = status if status is not None else scope.get(PROTOCOL_STATUS, 499)
-            key = (label, method, str(status))
-            self.metrics.requests.labels(*key).inc()
-            self.metrics.latency.labels(*key).observe(time.perf_counter() - start)
+            key = (label, method, status)
+            if (series := self._series.get(key)) is None:
+                labels = (label, method, str(status))
+                series = self._series[key] = (
+                    self.metrics.requests.labels(*labels),
+                    self.metrics.latency.labels(*labels),
+                )
+            series[0].inc()
+            series[1].observe(time.perf_counter() - start)
 
 
 async def send_json(send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
@@ -70,30 +79,48 @@ async def send_json(send, status: int, payload: dict[str, Any], headers: dict[st
     await send({"type": "http.response.body", "body": body})
 
 
-def not_served(routes: Router, scope) -> list[str] | None:
-    """The methods the path serves when the request's method is not one of them (None: served, or no such path)."""
-    allowed: set[str] = set()
-    for route in routes.routes:
-        match, _ = route.matches(scope)
-        if match is Match.FULL:
+class RouteMethods:
+    """Which methods the app's routes serve at a request's path.
+
+    A (path, method) pair that a route without path parameters serves in full is remembered, so the
+    requests the app serves skip the walk over every route: the pairs remembered are at most the
+    routes' own, whatever paths and methods clients send.
+    """
+
+    def __init__(self, routes: Router):
+        self.routes = routes
+        self._served: set[tuple[str, str]] = set()
+
+    def not_served(self, scope) -> list[str] | None:
+        """The methods the path serves when the request's method is not one of them (None: served, or no such
+        path)."""
+        key = (scope["path"], scope["method"])
+        if key in self._served:
             return None
-        if match is Match.PARTIAL:
-            allowed |= getattr(route, "methods", None) or set()
-    return sorted(allowed) if allowed else None
+        allowed: set[str] = set()
+        for route in self.routes.routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                if "{" not in getattr(route, "path", "{"):
+                    self._served.add(key)
+                return None
+            if match is Match.PARTIAL:
+                allowed |= getattr(route, "methods", None) or set()
+        return sorted(allowed) if allowed else None
 
 
 class ApiKeyMiddleware:
     """``Authorization: Bearer <key>`` on every route but the public ones (401 otherwise)."""
 
     def __init__(self, app, api_key: str, routes: Router, public: frozenset[str] = PUBLIC_PATHS):
-        self.app, self.api_key, self.routes, self.public = app, api_key.encode(), routes, public
+        self.app, self.api_key, self.routes, self.public = app, api_key.encode(), RouteMethods(routes), public
 
     async def __call__(self, scope, receive, send):
         # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict. A method
         # a public path does not serve goes on to its 405 (body unread), key or not.
         public = scope["type"] == "http" and scope["path"] in self.public
         if scope["type"] != "http" or (
-            public and (scope["method"] in ("GET", "HEAD") or not_served(self.routes, scope) is not None)
+            public and (scope["method"] in ("GET", "HEAD") or self.routes.not_served(scope) is not None)
         ):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
@@ -127,12 +154,12 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app, max_bytes: int, budget: BodyBudget, routes: Router):
-        self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, routes
+        self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, RouteMethods(routes)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if (allowed := not_served(self.routes, scope)) is not None:
+        if (allowed := self.routes.not_served(scope)) is not None:
             detail = f"Method Not Allowed: {scope['path']} serves {' and '.join(allowed)} only"
             return await send_json(send, 405, {"detail": detail}, {"allow": ", ".join(allowed)})
         if scope["method"] not in ("POST", "PUT", "PATCH"):
