@@ -1,6 +1,6 @@
 """``distrinews audit`` in-process: the rows it audits, the folds, the out-of-fold probabilities read back and
 assembled (exactly one per row), cleanlab's wiring on fixed probabilities, the files it writes, its refusals.
-The k-fold training itself, killed and resumed, is tests/integration/test_audit.py."""
+The k-fold training itself, killed and resumed, is tests/integration/test_audit_end_to_end.py."""
 
 from __future__ import annotations
 
