@@ -294,6 +294,24 @@ def test_seed_pt_naming_no_tokenizer_is_refused_in_one_line(tmp_path, tiny):
         load_for_inference(path)
 
 
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        ([1, 2], "it holds a list, not a dict"),
+        ({"model_state_dict": {}}, "missing ['config']"),
+    ],
+)
+@pytest.mark.parametrize("load", [check_loadable, load_for_inference], ids=["check_loadable", "load_for_inference"])
+def test_a_pt_file_of_another_shape_is_refused_in_one_line_before_a_server_starts(tmp_path, payload, why, load):
+    path = tmp_path / "other.pt"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as refused:
+        load(path)
+    assert str(refused.value) == (
+        f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint ({why})"
+    )
+
+
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint"):
         load_for_inference(tmp_path)
