@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.disk_space import _says_disk_full, _size
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
-from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
+from distrinews.checkpoint.records import CheckpointFormat, ServableInfo, TrainerStateRecord, recognise
 from distrinews.checkpoint.resumable import Checkpointer, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
@@ -317,6 +317,25 @@ def test_not_a_checkpoint(tmp_path):
         load_for_inference(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_for_inference(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("files", "kind", "servable", "sharded"),
+    [
+        (["config.json", "distrinews.json"], "pretrained", True, False),  # best/
+        (["config.json"], "pretrained", False, False),  # any Hugging Face folder
+        (["config.json", "trainer_state.json", "model.safetensors"], "resumable", False, False),  # step-N
+        (["config.json", "trainer_state.json", "sharded/.metadata"], "resumable", False, True),
+        (["distrinews.json", "trainer_state.json"], "resumable", False, False),  # no model config: not best/
+    ],
+)
+def test_the_format_is_told_once_from_the_file_names(tmp_path, files, kind, servable, sharded):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    assert recognise(tmp_path) == CheckpointFormat(tmp_path, kind, servable=servable, sharded=sharded)
+    (tmp_path / "x.pt").write_bytes(b"")
+    assert recognise(tmp_path / "x.pt") == CheckpointFormat(tmp_path / "x.pt", "pt")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "flip", "no-manifest"])
