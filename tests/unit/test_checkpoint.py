@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.disk_space import _says_disk_full, _size
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
-from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
+from distrinews.checkpoint.records import CheckpointFormat, ServableInfo, TrainerStateRecord, recognise
 from distrinews.checkpoint.resumable import Checkpointer, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
@@ -294,11 +294,48 @@ def test_seed_pt_naming_no_tokenizer_is_refused_in_one_line(tmp_path, tiny):
         load_for_inference(path)
 
 
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        ([1, 2], "it holds a list, not a dict"),
+        ({"model_state_dict": {}}, "missing ['config']"),
+    ],
+)
+@pytest.mark.parametrize("load", [check_loadable, load_for_inference], ids=["check_loadable", "load_for_inference"])
+def test_a_pt_file_of_another_shape_is_refused_in_one_line_before_a_server_starts(tmp_path, payload, why, load):
+    path = tmp_path / "other.pt"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as refused:
+        load(path)
+    assert str(refused.value) == (
+        f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint ({why})"
+    )
+
+
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint"):
         load_for_inference(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_for_inference(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("files", "kind", "servable", "sharded"),
+    [
+        (["config.json", "distrinews.json"], "pretrained", True, False),  # best/
+        (["config.json"], "pretrained", False, False),  # any Hugging Face folder
+        (["config.json", "trainer_state.json", "model.safetensors"], "resumable", False, False),  # step-N
+        (["config.json", "trainer_state.json", "sharded/.metadata"], "resumable", False, True),
+        (["distrinews.json", "trainer_state.json"], "resumable", False, False),  # no model config: not best/
+    ],
+)
+def test_the_format_is_told_once_from_the_file_names(tmp_path, files, kind, servable, sharded):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    assert recognise(tmp_path) == CheckpointFormat(tmp_path, kind, servable=servable, sharded=sharded)
+    (tmp_path / "x.pt").write_bytes(b"")
+    assert recognise(tmp_path / "x.pt") == CheckpointFormat(tmp_path / "x.pt", "pt")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "flip", "no-manifest"])

@@ -11,6 +11,8 @@
                                             (``best/``, ``step-N``, a legacy ``.pt``, a plain Hugging Face
                                             folder): the ServableInfo fields, the checkpoint's format and
                                             where its tokenizer came from (``TokenizerSource``).
+    (in memory)         CheckpointFormat    which format a checkpoint is, told once from its file names
+                                            (``recognise``), so that one reader reads it (``servable.py``).
 
 Each file records ``format_version``. Reading (``from_json(data, path)``):
 
@@ -33,10 +35,12 @@ is built without the value they supply.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from ..errors import CheckpointError
 
@@ -47,7 +51,11 @@ TRAINER_STATE_FORMAT = 1  # the trainer_state.json format this code writes and t
 # model's, so format 1 readers refuse it; a format 1 file reads with temperature 1 (the softmax as trained).
 # 3 added ``thresholds`` (a multi-label model's per-label thresholds), which an older reader would not apply.
 SERVABLE_INFO_FORMAT = 3
-CHECKPOINT_FORMATS = ("pretrained", "resumable", "pt")  # ModelInfo.checkpoint_format
+SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) step-N
+# A Hugging Face folder (best/ when it has distrinews.json), a resumable step-N (trainer_state.json; its config.json
+# is the run's training config), the seed system's single .pt file.
+Kind = Literal["pretrained", "resumable", "pt"]
+CHECKPOINT_FORMATS: tuple[str, ...] = typing.get_args(Kind)  # ModelInfo.checkpoint_format
 TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSource.source
 
 
@@ -354,7 +362,7 @@ class ModelInfo(ServableInfo):
     TrainConfig's default. ``to_json`` is the ServableInfo payload (without the two fields below).
     """
 
-    checkpoint_format: str  # one of CHECKPOINT_FORMATS: pretrained (a Hugging Face folder), resumable (step-N), pt
+    checkpoint_format: str  # one of CHECKPOINT_FORMATS (CheckpointFormat.kind)
     tokenizer: TokenizerSource
 
     def __post_init__(self) -> None:
@@ -368,3 +376,37 @@ class ModelInfo(ServableInfo):
         """A servable checkpoint's record, with its format and tokenizer source."""
         values = {f.name: getattr(servable, f.name) for f in dataclasses.fields(ServableInfo) if f.init}
         return cls(**values, checkpoint_format=checkpoint_format, tokenizer=tokenizer)
+
+
+# ---------------------------------------------------------------------- which format a checkpoint is
+@dataclass(frozen=True)
+class CheckpointFormat:
+    path: Path
+    kind: Kind
+    servable: bool = False  # a Hugging Face folder with distrinews.json: best/
+    sharded: bool = False  # a step-N whose weights are in sharded/, not model.safetensors
+
+
+def describe(path: str | PathLike) -> CheckpointFormat | None:
+    """The format of the checkpoint at ``path``, from its file names alone; None where there is none."""
+    path = Path(path)
+    if path.is_file():
+        return CheckpointFormat(path, "pt")
+    model_config, servable = (path / "config.json").is_file(), (path / SERVABLE_INFO).is_file()
+    if model_config and servable:
+        return CheckpointFormat(path, "pretrained", servable=True)
+    if (path / TRAINER_STATE).is_file():
+        return CheckpointFormat(path, "resumable", sharded=(path / SHARDED).is_dir())
+    return CheckpointFormat(path, "pretrained") if model_config else None
+
+
+def recognise(path: str | PathLike) -> CheckpointFormat:
+    """:func:`describe`, or ``FileNotFoundError`` / a one-line :class:`CheckpointError` saying why there is none."""
+    found = describe(path)
+    if found is None:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise CheckpointError(
+            f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)"
+        )
+    return found

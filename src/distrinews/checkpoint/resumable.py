@@ -25,7 +25,7 @@ from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .disk_space import saving_together, space_needed
 from .load_errors import read_json
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
-from .records import TRAINER_STATE, TrainerStateRecord
+from .records import SHARDED, TRAINER_STATE, TrainerStateRecord
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -99,7 +99,6 @@ class LoadedCheckpoint:
         return self.trainer_state.world_size
 
 
-SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) run
 AVERAGE_FILE = "ema.safetensors"  # the average of the weights, replicated runs
 AVERAGE_SHARDED = "sharded-ema"  # and sharded ones
 
@@ -270,13 +269,18 @@ class Checkpointer:
         """Everything back in place; ``average`` too when the checkpoint holds one (``average_loaded``)."""
         path = Path(path)
         # First: a file this DistriNews cannot read (a newer format, a missing key) is refused before any tensor loads.
-        trainer_state = TrainerStateRecord.from_json(read_json(path / TRAINER_STATE), path / TRAINER_STATE)
+        trainer_state = read_trainer_state(path)
         average_loaded = layout_for(model).read(path, model, optimizer, average)
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
         rng = torch.load(path / "rng_state.pt", weights_only=True)
         return LoadedCheckpoint(trainer_state, rng, average_loaded)
+
+
+def read_trainer_state(directory: Path) -> TrainerStateRecord:
+    """``directory/trainer_state.json``, parsed and checked (a one-line :class:`CheckpointError` otherwise)."""
+    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
 
 
 def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:

@@ -7,6 +7,8 @@ tokenizer, so the one it was trained with is found and named (in the log and in 
 from __future__ import annotations
 
 import logging
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +19,18 @@ from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import TEMPERATURE, ModelInfo, TokenizerSource
+from .records import TEMPERATURE, CheckpointFormat, ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def load_seed_pt(path: Path):
+def read_seed_pt(found: CheckpointFormat) -> Callable[[], tuple[Any, Any, ModelInfo]]:
+    """The file checked (read weights-only and memory-mapped, so no tensor is read yet: a dict that holds the
+    weights and the config), then what loads the model from it."""
+    path = found.path
     with loading(path):
-        payload = torch.load(path, weights_only=True, map_location="cpu")
+        payload = torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
     if not isinstance(payload, dict):
         raise CheckpointError(
             f"could not load checkpoint {path}: not a DistriNews or legacy "
@@ -36,8 +41,12 @@ def load_seed_pt(path: Path):
         raise CheckpointError(
             f"could not load checkpoint {path}: not a DistriNews or legacy .pt checkpoint (missing {sorted(missing)})"
         )
-    with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
-        return _seed_pt_model(path, payload)
+
+    def load() -> tuple[Any, Any, ModelInfo]:
+        with loading(path, also=(TypeError, AttributeError)):  # a payload of the wrong shape
+            return _seed_pt_model(path, payload)
+
+    return load
 
 
 def _seed_pt_model(path: Path, payload: dict[str, Any]):

@@ -1,5 +1,7 @@
 """The servable checkpoint, ``best/``: a Hugging Face folder plus ``distrinews.json`` and the model card,
-and loading any checkpoint (``best/``, ``step-N`` or a legacy ``.pt``) for inference.
+and loading any checkpoint (``best/``, ``step-N``, the seed's ``.pt``) for inference: its format recognised
+once (``records.recognise``), then read by that format's reader, which makes every check of the format
+before it returns what loads the model.
 
 ``distrinews.json`` is a :class:`~.records.ServableInfo`; what ``load_for_inference`` says about the
 model it loaded is a :class:`~.records.ModelInfo` (``records.py``).
@@ -7,8 +9,10 @@ model it loaded is a :class:`~.records.ModelInfo` (``records.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -17,16 +21,15 @@ import torch
 
 from .. import __version__
 from ..config import field_default
-from ..errors import CheckpointError
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .load_errors import loading, read_json
 from .manifest import verify_checkpoint
 from .modelcard import write_model_card
-from .records import SERVABLE_INFO, TRAINER_STATE, ModelInfo, ServableInfo, TokenizerSource, TrainerStateRecord
-from .resumable import SHARDED, load_sharded_weights, load_weights
-from .seed_pt import load_seed_pt
-from .tokenizer_files import needs_own_tokenizer, require_tokenizer
+from .records import SERVABLE_INFO, SHARDED, CheckpointFormat, ModelInfo, ServableInfo, TokenizerSource, recognise
+from .resumable import load_sharded_weights, load_weights, read_trainer_state
+from .seed_pt import read_seed_pt
+from .tokenizer_files import require_tokenizer
 from .versioning import version_fields
 
 if TYPE_CHECKING:
@@ -89,26 +92,24 @@ def read_servable_info(directory: Path) -> ServableInfo:
     return ServableInfo.from_json(read_json(directory / SERVABLE_INFO), directory / SERVABLE_INFO)
 
 
-def read_trainer_state(directory: Path) -> TrainerStateRecord:
-    """``directory/trainer_state.json``, parsed and checked (a one-line :class:`CheckpointError` otherwise)."""
-    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
+Loaded = tuple[torch.nn.Module, Any, ModelInfo]
 
 
-def _base_model_of(directory: Path) -> str | None:
-    """Where the base model that ``distrinews.json`` names loads from (our short names mapped to their path)."""
-    name = read_servable_info(directory).model_name if (directory / SERVABLE_INFO).is_file() else None
-    if name in (SHIPPED_MINILM, TINY_RANDOM):
-        try:
-            return resolve_model_path(name)
-        except RuntimeError:  # its package is not installed here: the name alone
-            pass
-    return name
+def _check_folder(path: Path) -> dict[str, Any]:
+    """What every folder format is checked for: its ``config.json`` parses (returned) and each safetensors
+    header reads (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    config = read_json(path / "config.json")
+    for weights in sorted(path.glob("*.safetensors")):
+        with loading(weights), safe_open(str(weights), framework="pt") as fh:
+            fh.keys()
+    return config
 
 
-def _load_pretrained(path: Path):
+def _pretrained(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    require_tokenizer(path, _base_model_of(path))
     with loading(_weights_file(path)):
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     with loading(path):
@@ -116,100 +117,91 @@ def _load_pretrained(path: Path):
     return model, tokenizer
 
 
-def check_loadable(path: str | os.PathLike) -> None:
-    """A cheap look at a checkpoint before a server starts: the weights' header (safetensors) or the
-    pickle (``weights_only=True``, memory-mapped, so no tensor is read) and the JSON files parse.
-    Raises :class:`CheckpointError` (one line naming the file) or ``FileNotFoundError``; runs nothing."""
-    import zipfile
-
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.is_file():
-        with loading(path):
-            torch.load(path, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(path))
-        return
-    if not (path / "config.json").is_file() and not (path / TRAINER_STATE).is_file():
-        raise CheckpointError(
-            f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)"
-        )
-    if (path / TRAINER_STATE).is_file():
-        verify_checkpoint(path)  # a step-N: every file as its save wrote it, the sharded metadata safe to read
-    if (path / "config.json").is_file():
-        read_json(path / "config.json")
-    if (path / SERVABLE_INFO).is_file():
-        read_servable_info(path)  # and its format version, keys and types
-    if (path / TRAINER_STATE).is_file():
-        read_trainer_state(path)
-    if needs_own_tokenizer(path):
-        require_tokenizer(path, _base_model_of(path))
-    for weights in sorted(path.glob("*.safetensors")):
-        with loading(weights), safe_open(str(weights), framework="pt") as fh:
-            fh.keys()
+# One reader per format: each makes every check of its format (runs nothing, loads no tensor), then returns
+# what loads the model.
 
 
-def load_for_inference(path: str | os.PathLike) -> tuple[torch.nn.Module, Any, ModelInfo]:
-    """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from a ``best/``-style directory, a ``step-N``
-    directory, a ``.pt`` file or any Hugging Face sequence-classification folder.
+def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
+    """``best/`` (a Hugging Face folder whose ``distrinews.json`` says the rest) or any other Hugging Face
+    sequence-classification folder (its labels, TrainConfig's max_length); either with its own tokenizer."""
+    path = found.path
+    servable = read_servable_info(path) if found.servable else None  # its format version, keys and types
+    _check_folder(path)
+    base_model = servable.model_name if servable else None
+    if base_model in (SHIPPED_MINILM, TINY_RANDOM):
+        with contextlib.suppress(RuntimeError):  # its package is not installed here: the name alone
+            base_model = resolve_model_path(base_model)
+    require_tokenizer(path, base_model)
 
-    A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
-    naming the file and why); a path that does not exist raises ``FileNotFoundError``.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.is_file():
-        model, tokenizer, info = load_seed_pt(path)
-    elif (path / "config.json").is_file() and (path / SERVABLE_INFO).is_file():
+    def load() -> Loaded:
+        model, tokenizer = _pretrained(path)
+        labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        source = TokenizerSource.checkpoint(path)
         info = ModelInfo.of(
-            read_servable_info(path), checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path)
+            servable or ServableInfo(label_names=labels), checkpoint_format=found.kind, tokenizer=source
         )
-        model, tokenizer = _load_pretrained(path)
-    elif (path / TRAINER_STATE).is_file():
-        # A resumable checkpoint: rebuild the architecture from the run's config, then load weights.
-        # Only the fields that define the architecture are read, so checkpoints of other versions load too;
-        # a field the config lacks takes TrainConfig's default.
+        return model, tokenizer, info
+
+    return load
+
+
+def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
+    """A resumable ``step-N``: the architecture rebuilt from the run's config (a field it lacks takes TrainConfig's
+    default), then its weights, replicated or sharded; it tokenizes with the base model its config names."""
+    path = found.path
+    verify_checkpoint(path)  # before any of its files is parsed: each as its save wrote it, sharded metadata safe
+    config, state = _check_folder(path), read_trainer_state(path)
+
+    def setting(key: str) -> Any:
+        return config[key] if key in config else field_default(key)
+
+    def load() -> Loaded:
         from ..model import add_lora, build_model
 
-        verify_checkpoint(path)  # before any of its files is parsed
-        values, state = read_json(path / "config.json"), read_trainer_state(path)
-
-        def setting(key: str):
-            return values[key] if key in values else field_default(key)
-
-        name = setting("model_name_or_path")
-        labels = list(state.label_names)
+        name, labels = setting("model_name_or_path"), list(state.label_names)
         model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
-        if (path / SHARDED).is_dir():
-            with loading(path / SHARDED):
+        weights = path / (SHARDED if found.sharded else "model.safetensors")
+        with loading(weights):
+            if found.sharded:
                 load_sharded_weights(model, path)
-        else:
-            with loading(path / "model.safetensors"):
-                load_weights(model, path / "model.safetensors")
-        tokenizer = build_tokenizer(name)
+            else:
+                load_weights(model, weights)
         info = ModelInfo(
             label_names=labels,
             epoch=state.epoch,
             metrics=state.last_eval,
             max_length=setting("max_length"),
             model_name=name,
-            training_config=values,
-            checkpoint_format="resumable",
-            # A resumable checkpoint tokenizes with the base model its training config names.
+            training_config=config,
+            checkpoint_format=found.kind,
             tokenizer=TokenizerSource.base_model(name),
         )
-    elif (
-        path / "config.json"
-    ).is_file():  # any HF sequence-classification folder: its labels, TrainConfig's max_length
-        model, tokenizer = _load_pretrained(path)
-        labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        info = ModelInfo(label_names=labels, checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint(path))
-    else:
-        raise CheckpointError(f"{path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)")
+        return model, build_tokenizer(name), info
+
+    return load
+
+
+_READERS = {"pretrained": _read_model_folder, "resumable": _read_step, "pt": read_seed_pt}
+
+
+def check_loadable(path: str | os.PathLike) -> Callable[[], Loaded]:
+    """A checkpoint's format recognised (``records.recognise``) and every check of it made, before a server starts
+    or a model loads; returns what loads it. Raises :class:`CheckpointError` (one line naming the file) or
+    ``FileNotFoundError``; runs nothing."""
+    found = recognise(path)
+    return _READERS[found.kind](found)
+
+
+def load_for_inference(path: str | os.PathLike) -> Loaded:
+    """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from a ``best/``-style directory, a ``step-N``
+    directory, a ``.pt`` file or any Hugging Face sequence-classification folder.
+
+    A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
+    naming the file and why); a path that does not exist raises ``FileNotFoundError``.
+    """
+    model, tokenizer, info = check_loadable(path)()
     model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference
     model.eval()
     return model, tokenizer, info

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .records import SERVABLE_INFO, TRAINER_STATE, ServableInfo
+from .records import SERVABLE_INFO, ServableInfo, describe
 
 # Any one of these holds a vocabulary: a fast tokenizer, WordPiece, BPE, SentencePiece.
 VOCABULARY_FILES = (
@@ -35,13 +35,10 @@ def has_tokenizer(directory: str | os.PathLike) -> bool:
 
 
 def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
-    """A Hugging Face model folder (``config.json``), which must carry its tokenizer. Not a resumable
-    ``step-N`` folder (``trainer_state.json`` and no ``distrinews.json``): that one tokenizes with the
-    base model named in its training config, by design."""
-    directory = Path(directory)
-    if not (directory / "config.json").is_file():
-        return False
-    return (directory / SERVABLE_INFO).is_file() or not (directory / TRAINER_STATE).is_file()
+    """A Hugging Face model folder, which must carry its tokenizer. Not a resumable ``step-N``: that one tokenizes
+    with the base model named in its training config, by design; nor the seed's ``.pt``, which holds none."""
+    found = describe(directory)
+    return found is not None and found.kind == "pretrained"
 
 
 def require_tokenizer(directory: str | os.PathLike, base_model: str | None = None) -> None:

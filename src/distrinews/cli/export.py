@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..checkpoint.records import SERVABLE_INFO, ServableInfo
+from ..checkpoint.records import SERVABLE_INFO
 from ..checkpoint.versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 from ..config import ConfigError
 
@@ -110,10 +110,10 @@ def _space(args: argparse.Namespace) -> int:
         f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)"
     )
     if args.push_to_hub:
+        from ..checkpoint.servable import read_servable_info
         from ..export.space.push import PushError, push_to_hub
 
-        info = _servable_info(bundle / "model")
-        message = f"DistriNews v{info.model_version} ({runtime})" if info is not None else f"DistriNews ({runtime})"
+        message = f"DistriNews v{read_servable_info(bundle / 'model').model_version} ({runtime})"
         try:
             url = push_to_hub(bundle, args.push_to_hub, private=args.private, commit_message=message)
         except PushError as exc:
@@ -123,16 +123,11 @@ def _space(args: argparse.Namespace) -> int:
     return 0
 
 
-def _servable_info(directory: Path) -> ServableInfo | None:
-    """``directory/distrinews.json`` (checked), or None where there is none."""
-    from ..checkpoint.load_errors import read_json
-
-    path = directory / SERVABLE_INFO
-    return ServableInfo.from_json(read_json(path), path) if path.is_file() else None
-
-
 def _versioned_pt_name(checkpoint: str, version: str | None) -> str:
     """``<model>_agnews_v<version>.pt``, from the checkpoint's ``distrinews.json`` when it has one."""
-    info = _servable_info(Path(checkpoint))
+    from ..checkpoint.servable import read_servable_info
+
+    path = Path(checkpoint)
+    info = read_servable_info(path) if (path / SERVABLE_INFO).is_file() else None
     model_name, recorded = (info.model_name, info.model_version) if info else (None, None)
     return artifact_name(model_name, version or recorded or DEFAULT_MODEL_VERSION)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...checkpoint.load_errors import read_json
-from ...checkpoint.records import SERVABLE_INFO, ServableInfo
+from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe
 from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
 from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
@@ -131,11 +131,8 @@ def _publish(staging: Path, output: Path) -> None:
 
 
 def _read_checkpoint(checkpoint: Path) -> ServableInfo:
-    if (
-        not checkpoint.is_dir()
-        or not (checkpoint / "config.json").is_file()
-        or not (checkpoint / SERVABLE_INFO).is_file()
-    ):
+    found = describe(checkpoint)
+    if found is None or not found.servable:
         raise ConfigError(
             f"--checkpoint {checkpoint}: export --format space needs a servable checkpoint directory "
             "(runs/NAME/best, with config.json and distrinews.json)"
