@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from safetensors import SafetensorError
 
@@ -65,8 +64,3 @@ def loading(where: Path, also: tuple[type[Exception], ...] = ()) -> Iterator[Non
         raise
     except _LOAD_ERRORS + also as exc:
         raise CheckpointError(f"could not load checkpoint {where}: {_why(exc)}") from exc
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    with loading(path):
-        return json.loads(path.read_text())

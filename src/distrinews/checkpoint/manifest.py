@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .load_errors import first_line
+from .records import read_json
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -69,12 +70,12 @@ def verify_checkpoint(path: Path) -> None:
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} (its save did not finish)")
+    recorded = read_json(manifest)  # bounded, never through a link; a file that does not parse is refused
     try:
-        recorded = json.loads(manifest.read_text())
         entries, step = recorded["files"], recorded["step"]
         sizes = {name: int(entry["bytes"]) for name, entry in entries.items()}
         hashes = {name: str(entry["sha256"]) for name, entry in entries.items()}
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"checkpoint {path} is damaged: {manifest} cannot be read ({first_line(exc)})") from None
     named = STEP_DIR.match(path.name)
     if named and step != int(named.group(1)):

@@ -27,6 +27,9 @@ in ``ServableInfo.extra`` and written back by ``to_json``. Unknown keys of ``tra
 ignored. Defaults that belong to other modules are looked up there, not copied: ``max_length`` is
 ``TrainConfig``'s default, ``label_names`` the model's labels.
 
+Every JSON file of a checkpoint is read by :func:`read_json`: at most ``JSON_LIMIT`` bytes, never through a
+symbolic link (a checkpoint's writers make none), any failure one line naming the file.
+
 Standard library only (and ``distrinews.errors``): the slim ONNX server imports this module without
 torch, transformers or yaml. ``config`` (yaml) and ``model`` (torch) are imported only when a record
 is built without the value they supply.
@@ -35,6 +38,10 @@ is built without the value they supply.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
+import os
+import stat
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +58,9 @@ TRAINER_STATE_FORMAT = 1  # the trainer_state.json format this code writes and t
 # model's, so format 1 readers refuse it; a format 1 file reads with temperature 1 (the softmax as trained).
 # 3 added ``thresholds`` (a multi-label model's per-label thresholds), which an older reader would not apply.
 SERVABLE_INFO_FORMAT = 3
+# A checkpoint's JSON files (config.json, distrinews.json, trainer_state.json) hold kilobytes; a larger one is not
+# a checkpoint's, and reading it whole would cost the memory its size asks for.
+JSON_LIMIT = 16 << 20
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) step-N
 # A Hugging Face folder (best/ when it has distrinews.json), a resumable step-N (trainer_state.json; its config.json
 # is the run's training config), the seed system's single .pt file.
@@ -117,6 +127,30 @@ def _short(value: Any, limit: int = 40) -> str:
 
 def _refuse(path: str | PathLike, why: str) -> CheckpointError:
     return CheckpointError(f"could not load checkpoint {path}: {why}")
+
+
+def read_json(path: str | PathLike, limit: int = JSON_LIMIT) -> Any:
+    """The parsed JSON file at ``path``; a link, anything but a regular file, one over ``limit`` bytes, or a file
+    that does not parse is a one-line :class:`CheckpointError` naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _refuse(path, "not a regular file (refused, not read)")
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise _refuse(path, f"missing file {path}") from None
+    except OSError as exc:
+        why = "a symbolic link (refused, not followed)" if exc.errno == errno.ELOOP else f"{exc.strerror}"
+        raise _refuse(path, why) from None
+    if len(data) > limit:
+        raise _refuse(path, f"over {limit >> 20} MiB (refused, not read)")
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise _refuse(path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, or nested past Python's stack
+        raise _refuse(path, f"not valid JSON ({type(exc).__name__})") from None
 
 
 def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: int) -> int:
@@ -249,6 +283,11 @@ class TrainerStateRecord:
         return cls(**values)
 
 
+def read_trainer_state(directory: Path) -> TrainerStateRecord:
+    """``directory/trainer_state.json``, read and checked (a one-line :class:`CheckpointError` otherwise)."""
+    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
+
+
 # ---------------------------------------------------------------------- distrinews.json
 @dataclass(frozen=True)
 class ServableInfo:
@@ -313,6 +352,11 @@ class ServableInfo:
         values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, SERVABLE_INFO_FORMAT)
         extra = {key: value for key, value in data.items() if key not in cls.CHECKS and key != "format_version"}
         return cls(**values, extra=extra)
+
+
+def read_servable_info(directory: Path) -> ServableInfo:
+    """``directory/distrinews.json``, read and checked (a one-line :class:`CheckpointError` otherwise)."""
+    return ServableInfo.from_json(read_json(directory / SERVABLE_INFO), directory / SERVABLE_INFO)
 
 
 # ---------------------------------------------------------------------- what load_for_inference returns

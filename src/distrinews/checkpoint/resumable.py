@@ -23,9 +23,8 @@ from ..distributed.process_group import DistEnv, all_gather_object, barrier, bro
 from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .disk_space import saving_together, space_needed
-from .load_errors import read_json
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
-from .records import SHARDED, TRAINER_STATE, TrainerStateRecord
+from .records import SHARDED, TRAINER_STATE, TrainerStateRecord, read_trainer_state
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -276,11 +275,6 @@ class Checkpointer:
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
         rng = torch.load(path / "rng_state.pt", weights_only=True)
         return LoadedCheckpoint(trainer_state, rng, average_loaded)
-
-
-def read_trainer_state(directory: Path) -> TrainerStateRecord:
-    """``directory/trainer_state.json``, parsed and checked (a one-line :class:`CheckpointError` otherwise)."""
-    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
 
 
 def load_sharded_weights(model: torch.nn.Module, directory: Path) -> None:

@@ -22,12 +22,13 @@ import torch
 from .. import __version__
 from ..config import field_default
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
+from . import records
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
-from .load_errors import loading, read_json
+from .load_errors import loading
 from .manifest import verify_checkpoint
 from .modelcard import write_model_card
 from .records import SERVABLE_INFO, SHARDED, CheckpointFormat, ModelInfo, ServableInfo, TokenizerSource, recognise
-from .resumable import load_sharded_weights, load_weights, read_trainer_state
+from .resumable import load_sharded_weights, load_weights
 from .seed_pt import read_seed_pt
 from .tokenizer_files import require_tokenizer
 from .versioning import version_fields
@@ -87,11 +88,6 @@ def _weights_file(directory: Path) -> Path:
     return directory
 
 
-def read_servable_info(directory: Path) -> ServableInfo:
-    """``directory/distrinews.json``, parsed and checked (a one-line :class:`CheckpointError` otherwise)."""
-    return ServableInfo.from_json(read_json(directory / SERVABLE_INFO), directory / SERVABLE_INFO)
-
-
 Loaded = tuple[torch.nn.Module, Any, ModelInfo]
 
 
@@ -100,7 +96,7 @@ def _check_folder(path: Path) -> dict[str, Any]:
     header reads (no tensor is loaded)."""
     from safetensors import safe_open
 
-    config = read_json(path / "config.json")
+    config = records.read_json(path / "config.json")
     for weights in sorted(path.glob("*.safetensors")):
         with loading(weights), safe_open(str(weights), framework="pt") as fh:
             fh.keys()
@@ -125,7 +121,7 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
     """``best/`` (a Hugging Face folder whose ``distrinews.json`` says the rest) or any other Hugging Face
     sequence-classification folder (its labels, TrainConfig's max_length); either with its own tokenizer."""
     path = found.path
-    servable = read_servable_info(path) if found.servable else None  # its format version, keys and types
+    servable = records.read_servable_info(path) if found.servable else None  # its format version, keys and types
     _check_folder(path)
     base_model = servable.model_name if servable else None
     if base_model in (SHIPPED_MINILM, TINY_RANDOM):
@@ -150,7 +146,7 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
     default), then its weights, replicated or sharded; it tokenizes with the base model its config names."""
     path = found.path
     verify_checkpoint(path)  # before any of its files is parsed: each as its save wrote it, sharded metadata safe
-    config, state = _check_folder(path), read_trainer_state(path)
+    config, state = _check_folder(path), records.read_trainer_state(path)
 
     def setting(key: str) -> Any:
         return config[key] if key in config else field_default(key)

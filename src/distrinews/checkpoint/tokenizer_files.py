@@ -9,12 +9,11 @@ is a :class:`CheckpointError`. The slim ONNX server imports this module too, hen
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .records import SERVABLE_INFO, ServableInfo, describe
+from .records import describe, read_servable_info
 
 # Any one of these holds a vocabulary: a fast tokenizer, WordPiece, BPE, SentencePiece.
 VOCABULARY_FILES = (
@@ -64,9 +63,7 @@ def require_tokenizer(directory: str | os.PathLike, base_model: str | None = Non
 
 
 def _recorded_base_model(directory: Path) -> str | None:
-    path = directory / SERVABLE_INFO
     try:
-        name = ServableInfo.from_json(json.loads(path.read_text()), path).model_name
-    except (OSError, ValueError):  # CheckpointError is a ValueError
-        return None  # no, damaged or unreadable distrinews.json: the message just names no base model
-    return name or None
+        return read_servable_info(directory).model_name or None
+    except CheckpointError:
+        return None  # no, damaged or refused distrinews.json: the message just names no base model

@@ -110,7 +110,7 @@ def _space(args: argparse.Namespace) -> int:
         f"wrote {bundle} ({runtime}, {size / 1e6:.1f} MB): push it to a Docker Space with git (its README.md says how)"
     )
     if args.push_to_hub:
-        from ..checkpoint.servable import read_servable_info
+        from ..checkpoint.records import read_servable_info
         from ..export.space.push import PushError, push_to_hub
 
         message = f"DistriNews v{read_servable_info(bundle / 'model').model_version} ({runtime})"
@@ -125,7 +125,7 @@ def _space(args: argparse.Namespace) -> int:
 
 def _versioned_pt_name(checkpoint: str, version: str | None) -> str:
     """``<model>_agnews_v<version>.pt``, from the checkpoint's ``distrinews.json`` when it has one."""
-    from ..checkpoint.servable import read_servable_info
+    from ..checkpoint.records import read_servable_info
 
     path = Path(checkpoint)
     info = read_servable_info(path) if (path / SERVABLE_INFO).is_file() else None

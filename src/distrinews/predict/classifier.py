@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.records import describe
 from .runtimes import DEFAULT_RUNTIME, Predictor, make_predictor
 
 
@@ -60,8 +61,6 @@ class Classifier:
 
 
 def resolve_checkpoint(path_or_run: str | os.PathLike) -> Path:
-    """``path_or_run`` itself when it holds a model, else its ``best/`` when that does (a run folder)."""
+    """``path_or_run`` itself when it is a checkpoint, else its ``best/`` when that is one (a run folder)."""
     path = Path(path_or_run)
-    if not (path / "config.json").is_file() and (path / "best" / "config.json").is_file():
-        return path / "best"
-    return path
+    return path / "best" if describe(path) is None and describe(path / "best") is not None else path

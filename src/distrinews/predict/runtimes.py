@@ -33,7 +33,6 @@ the ONNX ones when they must export (or quantize) the model first or read a lega
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
@@ -44,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.records import DEFAULT_THRESHOLD, SERVABLE_INFO, ModelInfo, ServableInfo, TokenizerSource
+from ..checkpoint import records
+from ..checkpoint.records import DEFAULT_THRESHOLD, ModelInfo, ServableInfo, TokenizerSource
 from ..errors import CheckpointError
 from . import int8
 from .confidence import ConfidenceThreshold
@@ -107,12 +107,14 @@ class Predictor:
         self.autocast_dtype = torch.bfloat16 if bf16 else None
         if bf16:
             self.runtime = "torch-bf16"
-        self._init_common(
-            _labels_of(self.model.config),
-            max_batch_size,
-            getattr(self.model.config, "name_or_path", None),
-            getattr(self.model.config, "problem_type", None),
-        )
+        self._init_loaded(self.model, max_batch_size)
+
+    def _init_loaded(self, model: Any, max_batch_size: int) -> None:
+        """From a model ``load_for_inference`` loaded: its labels and problem type, the transformers tokenizer."""
+        config = model.config
+        labels = [config.id2label[i] for i in range(config.num_labels)]
+        name, problem_type = getattr(config, "name_or_path", None), getattr(config, "problem_type", None)
+        self._init_common(labels, max_batch_size, name, problem_type)
         self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
 
     def _init_common(
@@ -260,10 +262,6 @@ class Predictor:
         }
 
 
-def _labels_of(model_config: Any) -> list[str]:
-    return [model_config.id2label[i] for i in range(model_config.num_labels)]
-
-
 def is_quantized_file(path: str | os.PathLike) -> bool:
     """Whether an ONNX file holds quantized operators, without the ``onnx`` package (the slim image has none):
     a protobuf stores each node's op type as plain bytes."""
@@ -271,46 +269,38 @@ def is_quantized_file(path: str | os.PathLike) -> bool:
         return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
 
 
-def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
-    """A checkpoint's labels read from its files without loading it (``config.json``'s id2label, or a step-N
-    directory's ``trainer_state.json``), else None: for what is shown before the model is loaded."""
-    if checkpoint is None:
+def _folder_config(checkpoint: str | os.PathLike | None) -> dict[str, Any]:
+    """A folder checkpoint's ``config.json`` (a model folder's, or a step-N's training config); {} for a ``.pt`` or
+    where there is no checkpoint."""
+    found = records.describe(checkpoint) if checkpoint is not None else None
+    config = records.read_json(found.path / "config.json") if found is not None and found.kind != "pt" else {}
+    return config if isinstance(config, dict) else {}
+
+
+def _id2label(config: dict[str, Any]) -> list[str] | None:
+    """A model config's labels in id order; None where it gives none (or ids that are not numbers)."""
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label or not all(str(key).isdigit() for key in id2label):
         return None
-    directory = Path(checkpoint)
+    return [str(id2label[key]) for key in sorted(id2label, key=int)]
+
+
+def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
+    """A checkpoint's labels read from its files without loading it (a model folder's id2label, a step-N's
+    ``trainer_state.json``), else None, also where a file is refused: for what is shown before the model loads,
+    and loading says why in one line."""
+    found = records.describe(checkpoint) if checkpoint is not None else None
     try:
-        config = json.loads((directory / "config.json").read_text())
-        id2label = config.get("id2label")
-        if isinstance(id2label, dict) and id2label and "model_name_or_path" not in config:
-            return [str(id2label[key]) for key in sorted(id2label, key=int)]
-        state = json.loads((directory / "trainer_state.json").read_text())
-        labels = state.get("label_names")
-        return [str(x) for x in labels] if isinstance(labels, list) and labels else None
-    except (OSError, ValueError, AttributeError, KeyError):
+        if found is not None and found.kind == "resumable":
+            return list(records.read_trainer_state(found.path).label_names) or None
+        return _id2label(_folder_config(checkpoint))
+    except CheckpointError:
         return None
 
 
 def checkpoint_multi_label(checkpoint: str | os.PathLike | None) -> bool:
-    """Whether a checkpoint's ``config.json`` says its model is multi-label (False where it cannot be read)."""
-    if checkpoint is None:
-        return False
-    try:
-        config = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("problem_type") == MULTI_LABEL
-
-
-def _standalone_labels(directory: Path) -> tuple[list[str], str | None] | None:
-    """The labels and ``problem_type`` of a Hugging Face folder that a slim server can run from alone (its
-    tokenizer.json and a config.json with id2label), else None."""
-    if not (directory.is_dir() and (directory / TOKENIZER_FILE).is_file() and (directory / "config.json").is_file()):
-        return None
-    config = json.loads((directory / "config.json").read_text())
-    id2label = config.get("id2label")
-    if not isinstance(id2label, dict) or not id2label:
-        return None  # e.g. a resumable step-N directory, whose config.json is the training config
-    problem_type = config.get("problem_type")
-    return [id2label[key] for key in sorted(id2label, key=int)], problem_type if isinstance(problem_type, str) else None
+    """Whether a checkpoint's ``config.json`` says its model is multi-label."""
+    return _folder_config(checkpoint).get("problem_type") == MULTI_LABEL
 
 
 class OnnxPredictor(Predictor):
@@ -346,20 +336,20 @@ class OnnxPredictor(Predictor):
         if onnx_model and not path.is_file():
             raise FileNotFoundError(f"ONNX model {path} does not exist")
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        standalone = _standalone_labels(self.checkpoint) if path.is_file() else None
-        if standalone is not None:
-            labels, problem_type = standalone
-            info_path = self.checkpoint / SERVABLE_INFO
-            servable = (
-                ServableInfo.from_json(json.loads(info_path.read_text()), info_path) if info_path.is_file() else None
-            )
+        found = records.describe(self.checkpoint)
+        # A model folder with its ONNX file and tokenizer.json runs on onnxruntime and tokenizers alone.
+        slim = found is not None and found.kind == "pretrained" and (self.checkpoint / TOKENIZER_FILE).is_file()
+        config = _folder_config(self.checkpoint) if slim and path.is_file() else {}
+        labels = _id2label(config)
+        if found is not None and labels is not None:
+            servable = records.read_servable_info(self.checkpoint) if found.servable else None
             self.info = ModelInfo.of(
                 servable or ServableInfo(label_names=labels),  # a plain folder: its labels, TrainConfig's max_length
-                checkpoint_format="pretrained",
+                checkpoint_format=found.kind,
                 tokenizer=TokenizerSource.checkpoint(self.checkpoint),
             )
             self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
-            self._init_common(labels, max_batch_size, problem_type=problem_type)
+            self._init_common(labels, max_batch_size, problem_type=config.get("problem_type"))
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
         else:
             path = self._load_with_transformers(path, max_batch_size, int8)
@@ -389,13 +379,7 @@ class OnnxPredictor(Predictor):
         # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
         # weights are only kept long enough to export them when no ONNX file exists yet.
         model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
-        self._init_common(
-            _labels_of(model.config),
-            max_batch_size,
-            getattr(model.config, "name_or_path", None),
-            getattr(model.config, "problem_type", None),
-        )
-        self.encoder = TextEncoder.from_transformers(self.tokenizer, self.max_length)
+        self._init_loaded(model, max_batch_size)
         if not path.is_file():
             path = self._make_onnx(model, int8)
         del model
@@ -532,7 +516,9 @@ def auto_predictor(
             check = None
     if check is None:  # none yet, one made before checks were recorded, or one of other weights
         try:
-            training, labels = _training_config_and_labels(checkpoint)
+            found = records.describe(checkpoint)
+            info = records.read_servable_info(found.path) if found and found.servable else None
+            training, labels = (info.training_config, info.label_names) if info else (None, [])
             labelled = int8.labelled_rows(training, int8.SERVE_CHECK_ROWS, labels)
             path, check = int8.make_int8(checkpoint, labelled, out=path if os.access(path.parent, os.W_OK) else cached)
         except (CheckpointError, FileNotFoundError):
@@ -589,17 +575,6 @@ def _fall_back(
         **({"check": check} if check else {}),
     }
     return predictor
-
-
-def _training_config_and_labels(checkpoint: str | os.PathLike) -> tuple[dict[str, Any] | None, list[str]]:
-    """The training config and the labels a checkpoint's ``distrinews.json`` records (None, [] if unknown)."""
-    path = Path(checkpoint) / SERVABLE_INFO
-    try:
-        info = json.loads(path.read_text())
-        training, labels = info.get("training_config"), info.get("label_names")
-    except (OSError, ValueError, AttributeError):
-        return None, []
-    return (training if isinstance(training, dict) else None), (labels if isinstance(labels, list) else [])
 
 
 def _cache_path(path: Path) -> Path:

@@ -18,12 +18,13 @@ fast tokenizer.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..checkpoint.records import read_json
 
 # The inputs a BERT-style encoder takes; anything else the tokenizer returns is dropped.
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -107,7 +108,7 @@ class TextEncoder:
         directory = Path(directory)
         tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         config_path = directory / TOKENIZER_CONFIG
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        config = read_json(config_path) if config_path.is_file() else {}
         pad_token = _token(config.get("pad_token"), "[PAD]")
         pad_id = tokenizer.token_to_id(pad_token)
         if pad_id is None:

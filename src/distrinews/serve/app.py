@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, tracing
 from ..errors import CheckpointError
+from ..predict.runtimes import checkpoint_labels
 from . import tei
 from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body, read_object, validate_body
@@ -514,12 +515,6 @@ def labels_sentence(labels: list[str] | None) -> str:
         return "Labels: the model's (see /info)."
     listed = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} or {labels[-1]}"
     return f"Labels: {listed}."
-
-
-def checkpoint_labels(checkpoint: str | None) -> list[str] | None:
-    from ..predict.runtimes import checkpoint_labels as read
-
-    return read(checkpoint)
 
 
 def _label_examples(app: FastAPI, labels: list[str] | None) -> None:

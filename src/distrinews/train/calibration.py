@@ -32,8 +32,7 @@ import torch
 
 from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.modelcard import write_model_card
-from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE
-from ..checkpoint.servable import read_servable_info
+from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE, read_servable_info
 from ..data.rows import RawSplit
 from ..predict.runtimes import Predictor, softmax
 

@@ -29,10 +29,9 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint.best import BestModel, improves
 from ..checkpoint.manifest import resolve_resume
-from ..checkpoint.records import RunningCounts, TrainerStateRecord
+from ..checkpoint.records import RunningCounts, TrainerStateRecord, read_trainer_state
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
-from ..checkpoint.servable import read_trainer_state
 from ..config import MULTI_LABEL, TrainConfig
 from ..data.collate import Collator
 from ..data.labelled import class_counts

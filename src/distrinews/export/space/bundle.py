@@ -19,8 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint.load_errors import read_json
-from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe
+from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe, read_servable_info
 from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
 from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
@@ -141,7 +140,7 @@ def _read_checkpoint(checkpoint: Path) -> ServableInfo:
         raise ConfigError(
             f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads"
         )
-    return ServableInfo.from_json(read_json(checkpoint / SERVABLE_INFO), checkpoint / SERVABLE_INFO)
+    return read_servable_info(checkpoint)
 
 
 def _torch_version() -> str:
