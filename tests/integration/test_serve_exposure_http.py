@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import reported_port
+
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "exposure-key-5678"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -107,15 +109,17 @@ class Injected:
     """``SCRIPT`` in a process of its own, output in WORK/server.log."""
 
     def __init__(self, work: Path, *args: str):
-        from distrinews.distributed.launch import free_port
-
-        self.work, self.port = work, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.work = work
         (work / "server.py").write_text(SCRIPT)
         self._log = open(work / "server.log", "wb")
         env = {**os.environ, "DISTRINEWS_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, str(work / "server.py"), str(self.port), str(work), *args]
+        cmd = [sys.executable, str(work / "server.py"), "0", str(work), *args]  # port 0: the one it got is logged
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return (self.work / "server.log").read_text(errors="replace")
@@ -124,9 +128,14 @@ class Injected:
         from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
         try:
+            self.port = reported_port(self.work / "server.log", self.proc, 120)
             wait_ready(self.url + "/ready", self.proc, 120)
         except ServerNotReady as exc:
+            self.stop()
             raise AssertionError(f"server {exc}:\n{self.log()[-4000:]}") from None
+        except BaseException:
+            self.stop()  # the caller's try/finally may start after this returns: never leave it running
+            raise
         return self
 
     def batches(self) -> list[list[str]]:
