@@ -53,7 +53,7 @@ NEWS_CORPUS_ROWS = {"train": 800, "test": 400}
 NEWS_CORPUS = Path(tempfile.gettempdir()) / f"distrinews-test-news-v1-{os.getuid()}"
 
 
-def _news_rows(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
+def news_rows(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
     topics = [t.split() for t in _TOPICS]
 
     def words(label: int, topical: int, filler: int) -> list[str]:
@@ -80,7 +80,7 @@ def made_news_corpus(path: Path = NEWS_CORPUS) -> Path:
     rng = random.Random(0)
     for split, n in NEWS_CORPUS_ROWS.items():
         buf = io.StringIO()
-        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(_news_rows(n, rng))
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(news_rows(n, rng))
         (tmp / f"{split}.csv").write_text(buf.getvalue())
     try:
         os.rename(tmp, path)
