@@ -268,10 +268,12 @@ def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server)
     (server.work / "release-hold").unlink(missing_ok=True)
     holding = threading.Thread(target=_post_texts, args=(server, "hold"))
     holding.start()  # the model is busy with it while the next three queue up: they share the next pass
-    _until(lambda: ["hold"] in server.batches(), "the model is busy")
-    requests = ThreadPoolExecutor(1).submit(_post_texts, server, "fine one", "boom", "fine two")
-    _until(lambda: _gauge(server, "distrinews_queue_depth") == 3, "three requests queued")
-    (server.work / "release-hold").touch()
+    try:
+        _until(lambda: ["hold"] in server.batches(), "the model is busy")
+        requests = ThreadPoolExecutor(1).submit(_post_texts, server, "fine one", "boom", "fine two")
+        _until(lambda: _gauge(server, "distrinews_queue_depth") == 3, "three requests queued")
+    finally:  # never leave the module's server holding its model for the next test
+        (server.work / "release-hold").touch()
     holding.join(60)
     first, bad, second = requests.result(60)
     assert first.status_code == 200 and second.status_code == 200
@@ -287,13 +289,16 @@ def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server)
 
 def test_a_forward_past_its_deadline_turns_ready_and_requests_to_503_until_it_returns(server):
     (server.work / "release-hang").unlink(missing_ok=True)
-    (stuck,) = _post_texts(server, "hang")  # answered at the deadline, while the pass still runs
-    assert stuck.status_code == 503 and "the model is stuck" in stuck.json()["detail"], stuck.text
-    ready = httpx.get(server.url + "/ready", timeout=10)
-    assert ready.status_code == 503 and f"--forward-timeout is {FORWARD_TIMEOUT:g}s" in ready.json()["detail"]
-    (refused,) = _post_texts(server, "Oil prices jump")
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "1" and "stuck" in refused.json()["detail"]
-    (server.work / "release-hang").touch()
+    try:
+        (stuck,) = _post_texts(server, "hang")  # answered at the deadline, while the pass still runs
+        assert stuck.status_code == 503 and "the model is stuck" in stuck.json()["detail"], stuck.text
+        ready = httpx.get(server.url + "/ready", timeout=10)
+        assert ready.status_code == 503 and f"--forward-timeout is {FORWARD_TIMEOUT:g}s" in ready.json()["detail"]
+        (refused,) = _post_texts(server, "Oil prices jump")
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert "stuck" in refused.json()["detail"]
+    finally:  # the module's server is left as it was found, whatever failed: no later test inherits a stuck model
+        (server.work / "release-hang").touch()
     _until(lambda: httpx.get(server.url + "/ready", timeout=10).status_code == 200, "ready again once the pass returns")
     assert _post_texts(server, "Oil prices jump")[0].status_code == 200
 
