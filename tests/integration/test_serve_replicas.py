@@ -117,7 +117,8 @@ def test_server_closes_half_sent_headers_and_caps_connections(checkpoints, tmp_p
         "--runtime",
         "torch",
         "--header-timeout",
-        # long enough that none of the 52 is cut before the 53rd connects, however slow the machine is today
+        # The 52 must still be open when the 53rd connects, a few connects and one tiny prediction later: 6 s is
+        # a wide margin for that, and the wait for them to be cut below is not a measure of it.
         "6",
         "--max-connections",
         "52",

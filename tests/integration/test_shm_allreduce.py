@@ -186,6 +186,9 @@ def test_a_run_that_fails_or_is_killed_while_mapping_leaves_no_segment_behind(tm
             rank = ctx.Process(target=_fails_while_mapping, args=(0, 1, str(tmp_path / f"store-{how}"), str(run), how))
             rank.start()
             rank.join(120)
+            if rank.is_alive():  # hung: it must not outlive the test
+                rank.kill()
+                rank.join(10)
             assert rank.exitcode == exit_code
             assert len(ours()) == (1 if how == "kill" else 0), ours()
         mp.spawn(_opens, args=(1, str(tmp_path / "store-next"), str(run)), nprocs=1)
