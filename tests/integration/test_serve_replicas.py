@@ -2,8 +2,9 @@
 (two ``distrinews serve`` replicas behind nginx) under a bounded load while a replica is killed, while the
 replicas roll to a new model version, and with every replica gone; then SIGKILL to the supervisor.
 
-Loopback only; the tiny random model (two copies, model versions 1.0.0 and 2.0.0). The replica tests skip
-when nginx is not installed (``.ci/run`` installs it).
+Loopback only; the tiny random model (two copies, model versions 1.0.0 and 2.0.0). Every test that kills or rolls
+replicas starts its own, so none depends on another's order; every server binds a port of its own choosing and
+says which. The replica tests skip when nginx is not installed (``.ci/run`` installs it; under CI they fail).
 """
 
 from __future__ import annotations
@@ -345,7 +346,9 @@ def test_nginx_closes_half_sent_headers(replicas):
     assert closed == 20, f"{20 - closed} of 20 half-sent requests still open after nginx's client_header_timeout"
 
 
-def test_sigkill_to_a_replica_under_load_fails_no_request(checkpoints, tmp_path, padding_atol):
+def test_replicas_killed_one_then_all_then_the_supervisor(checkpoints, tmp_path, padding_atol):
+    """SIGKILL to one replica under load fails no request; with every replica down, nginx answers a one-line JSON
+    503; SIGKILL to serve-replicas then leaves nothing running. One story on servers of its own, in this order."""
     with serve_replicas(checkpoints["1.0.0"], tmp_path) as running:
         before = running.replica_pids()
         assert len(before) == 2, before
@@ -359,6 +362,29 @@ def test_sigkill_to_a_replica_under_load_fails_no_request(checkpoints, tmp_path,
             wait_until(lambda: running.answered(port), 120, "the killed replica answering /ready again")
             load.wait_answers(killed_at + 64)
         assert load.check(padding_atol) == {"1.0.0"}
+
+        children = running.children()
+        assert any(b"nginx" in Path(f"/proc/{p}/cmdline").read_bytes() for p in children), children
+        replicas = list(running.replica_pids().values())
+        assert len(replicas) == 2, replicas
+        # stopped, the supervisor cannot start the replicas again before the request below reaches nginx
+        os.kill(running.proc.pid, signal.SIGSTOP)
+        try:
+            for pid in replicas:
+                os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not any(_running(p) for p in replicas), 30, "both replicas dead")
+            conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+            conn.request("POST", "/predict", json.dumps({"text": "Oil"}), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            body = r.read()
+        finally:
+            os.kill(running.proc.pid, signal.SIGKILL)  # a stopped process takes SIGKILL too
+        assert r.status == 503 and r.getheader("content-type") == "application/json"
+        assert r.getheader("retry-after") == "1"
+        assert body.count(b"\n") <= 1 and "no replica is available" in json.loads(body)["detail"], body
+        running.proc.wait(30)
+        alive = lambda: [p for p in children if _running(p)]  # noqa: E731
+        wait_until(lambda: not alive(), 30, f"nothing running after SIGKILL to serve-replicas (left: {alive()})")
 
 
 # Loaded by every Python process of serve-replicas through PYTHONPATH: the replica that first sends the
@@ -423,32 +449,6 @@ def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(checkp
     assert first["1.0.0"]["probabilities"] != pytest.approx(first["2.0.0"]["probabilities"], abs=padding_atol), (
         "the two models agree"
     )
-
-
-def test_every_replica_down_is_a_one_line_json_503_and_sigkill_to_serve_replicas_leaves_nothing(checkpoints, tmp_path):
-    with serve_replicas(checkpoints["1.0.0"], tmp_path) as running:
-        children = running.children()
-        assert any(b"nginx" in Path(f"/proc/{p}/cmdline").read_bytes() for p in children), children
-        replicas = list(running.replica_pids().values())
-        assert len(replicas) == 2, replicas
-        # stopped, the supervisor cannot start the replicas again before the request below reaches nginx
-        os.kill(running.proc.pid, signal.SIGSTOP)
-        try:
-            for pid in replicas:
-                os.kill(pid, signal.SIGKILL)
-            wait_until(lambda: not any(_running(p) for p in replicas), 30, "both replicas dead")
-            conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
-            conn.request("POST", "/predict", json.dumps({"text": "Oil"}), {"Content-Type": "application/json"})
-            r = conn.getresponse()
-            body = r.read()
-        finally:
-            os.kill(running.proc.pid, signal.SIGKILL)  # a stopped process takes SIGKILL too
-        assert r.status == 503 and r.getheader("content-type") == "application/json"
-        assert r.getheader("retry-after") == "1"
-        assert body.count(b"\n") <= 1 and "no replica is available" in json.loads(body)["detail"], body
-        running.proc.wait(30)
-        alive = lambda: [p for p in children if _running(p)]  # noqa: E731
-        wait_until(lambda: not alive(), 30, f"nothing running after SIGKILL to serve-replicas (left: {alive()})")
 
 
 def test_a_port_taken_before_it_is_bound_is_replaced_by_another(checkpoints, tmp_path, monkeypatch, capsys):

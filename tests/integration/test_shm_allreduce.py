@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,6 +29,20 @@ from distrinews.distributed.shm_allreduce import (
 )
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
+
+
+def _spawn(fn, args: tuple, nprocs: int, timeout: float = 240.0) -> None:
+    """``mp.spawn`` with a deadline: ranks that hang fail the test and are killed, never left running into the next."""
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):  # raises for a rank that failed
+            assert time.monotonic() < deadline, f"ranks of {fn.__name__} still running after {timeout:g} s"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(10)
 
 
 def _init(rank: int, world: int, store: str, timeout_s: float = 60) -> None:
@@ -65,7 +80,7 @@ def _compare_with_gloo(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_same_answer_as_gloo_on_every_rank(tmp_path: Path, world: int):
-    mp.spawn(_compare_with_gloo, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
+    _spawn(_compare_with_gloo, (world, str(tmp_path / "store"), str(tmp_path / "out")), world)
     answers = [torch.load(tmp_path / f"out.{r}") for r in range(world)]
     for key, (shm, ring, in_order) in answers[0].items():
         for r in range(world):
@@ -88,7 +103,7 @@ def _fallback(rank: int, world: int, store: str, out: str) -> None:
 
 
 def test_no_room_for_the_segment_falls_back_on_every_rank_alike(tmp_path: Path):
-    mp.spawn(_fallback, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    _spawn(_fallback, (2, str(tmp_path / "store"), str(tmp_path / "out")), 2)
     reasons = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
     assert reasons[0] == reasons[1] and "no-such-dir" in reasons[0] and "No such file" in reasons[0]
 
@@ -106,7 +121,7 @@ def test_a_full_dev_shm_falls_back_on_every_rank_and_leaves_nothing(tmp_path: Pa
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
     try:
-        mp.spawn(_full, args=(2, str(tmp_path / "store"), str(small)), nprocs=2)
+        _spawn(_full, (2, str(tmp_path / "store"), str(small)), 2)
         assert os.listdir(small) == [], "the half-made segment was left behind"
     finally:
         subprocess.run(["umount", str(small)], check=True)
@@ -191,7 +206,7 @@ def test_a_run_that_fails_or_is_killed_while_mapping_leaves_no_segment_behind(tm
                 rank.join(10)
             assert rank.exitcode == exit_code
             assert len(ours()) == (1 if how == "kill" else 0), ours()
-        mp.spawn(_opens, args=(1, str(tmp_path / "store-next"), str(run)), nprocs=1)
+        _spawn(_opens, (1, str(tmp_path / "store-next"), str(run)), 1)
         assert ours() == [] and stranger.exists()
     finally:
         stranger.unlink(missing_ok=True)
