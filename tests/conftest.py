@@ -16,6 +16,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -52,7 +53,7 @@ NEWS_CORPUS_ROWS = {"train": 800, "test": 400}
 NEWS_CORPUS = Path(tempfile.gettempdir()) / f"distrinews-test-news-v1-{os.getuid()}"
 
 
-def _news_rows(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
+def news_rows(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
     topics = [t.split() for t in _TOPICS]
 
     def words(label: int, topical: int, filler: int) -> list[str]:
@@ -79,7 +80,7 @@ def made_news_corpus(path: Path = NEWS_CORPUS) -> Path:
     rng = random.Random(0)
     for split, n in NEWS_CORPUS_ROWS.items():
         buf = io.StringIO()
-        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(_news_rows(n, rng))
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(news_rows(n, rng))
         (tmp / f"{split}.csv").write_text(buf.getvalue())
     try:
         os.rename(tmp, path)
@@ -574,31 +575,56 @@ def spread_checkpoint():
     return build
 
 
+# uvicorn's line once it listens; with ``--port 0`` it names the port the kernel gave (uvicorn/server.py)
+LISTENING = re.compile(r"Uvicorn running on https?://[^\s]+:(\d+) ")
+
+
+def reported_port(log_path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> int:
+    """The port a server started with ``--port 0`` (or ``PORT=0``) reports in ``log_path`` once it listens. Servers
+    the tests start bind port 0: a port picked free and released first may be taken by the other pytest worker
+    before the server binds it."""
+
+    def bound() -> int | None:
+        if match := LISTENING.search(log_path.read_text(errors="replace")):
+            return int(match.group(1))
+        if proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode} before it listened:\n{log_path.read_text()[-4000:]}")
+        return None
+
+    return wait_until(bound, timeout, f"the listening line in {log_path}", interval=0.05)
+
+
 class ServerProcess:
-    """``python -m distrinews serve`` on a free loopback port, output in a log file."""
+    """``python -m distrinews serve`` on a port of its own (``--port 0``; ``port`` is the one it reports), output in
+    a log file."""
 
     def __init__(self, checkpoint: Path | None, log_path: Path, *args: str, env: dict[str, str] | None = None):
-        from distrinews.distributed.launch import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port: int | None = None
         self.log_path = log_path
         target = ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
-        cmd = [
-            sys.executable,
-            "-m",
-            "distrinews",
-            "serve",
-            *target,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *args,
-        ]
+        cmd = [sys.executable, "-m", "distrinews", "serve", *target, "--host", "127.0.0.1", "--port", "0", *args]
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (waits for its listening line)."""
+        if self._port is None:
+            try:
+                self._port = reported_port(self.log_path, self.proc)
+            except BaseException:
+                self.stop()  # the caller's try/finally may start after this returns: never leave it running
+                raise
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def listened(self) -> bool:
+        """Whether it has logged its listening line (``--port 0``: no port to probe before)."""
+        return bool(LISTENING.search(self.log_path.read_text(errors="replace")))
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]

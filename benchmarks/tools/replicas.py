@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from distrinews.bench.serving_load import closed_loop, load_texts
-from distrinews.distributed.launch import free_port
 
 from .common import invoked_as, main
 
@@ -53,7 +52,7 @@ class ReplicaSet:
     """``distrinews serve-replicas`` as a child process, until ready; the ports of nginx and of its replicas."""
 
     def __init__(self, checkpoint: str, replicas: int, threads: int, runtime: str | None, log_dir: Path):
-        self.port = free_port()
+        self.port = 0  # serve-replicas takes a free one and names it in its ready line
         log_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
@@ -78,8 +77,9 @@ class ReplicaSet:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.out.read_text(errors="replace")
-            if found := re.search(r"on ports ([\d, ]+),", text):
-                self.replica_ports = [int(p) for p in found.group(1).split(",")]
+            if found := re.search(r"ready on http://[^\s]+:(\d+): .* on ports ([\d, ]+),", text):
+                self.port = int(found.group(1))
+                self.replica_ports = [int(p) for p in found.group(2).split(",")]
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve-replicas exited with {self.proc.returncode}:\n{text[-3000:]}")

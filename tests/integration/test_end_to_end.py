@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
-from distrinews.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +21,7 @@ def trained_run(tmp_path_factory, agnews_dir):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
+        "--standalone",  # the rendezvous store binds port 0 and tells the workers the port it got
         "-m",
         "distrinews",
         "train",

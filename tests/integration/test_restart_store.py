@@ -14,9 +14,10 @@ import datetime
 import os
 import subprocess
 import sys
-import time
 
 import torch.distributed as dist
+
+from conftest import wait_until
 
 WORKER = """
 import torch, torch.distributed as dist
@@ -57,16 +58,21 @@ def test_a_restarted_group_connects_to_its_own_peers_not_the_dead_ones():
     for p in first:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
-    # attempt 1: rank 0 at once, rank 1 after a pause (model loading on a busy machine)
+    # attempt 1: rank 0 at once, rank 1 only once rank 0 has joined and waits in the store (as after model loading
+    # on a busy machine): the dead attempt's keys are there for rank 0 to take, if it looked at them
+    keys = agent_store.num_keys()
     rank0 = _start(0, port, 1)
-    time.sleep(4)
-    rank1 = _start(1, port, 1)
+    rank1 = None
     try:
+        joined = lambda: agent_store.num_keys() > keys or rank0.poll() is not None  # noqa: E731
+        wait_until(joined, 120, "rank 0 of attempt 1 joining")
+        assert rank0.poll() is None, f"rank 0 did not wait for its own peer: {rank0.communicate()}"
+        rank1 = _start(1, port, 1)
         results = [p.communicate(timeout=90) for p in (rank0, rank1)]
     finally:
         for p in (rank0, rank1):
-            p.kill()
+            if p is not None:
+                p.kill()
     for p, (out, err) in zip((rank0, rank1), results):
         assert p.returncode == 0, err[-2000:]
         assert out.startswith("ok")
-    del agent_store

@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import reported_port
+
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "exposure-key-5678"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -110,15 +112,17 @@ class Injected:
     """``SCRIPT`` in a process of its own, output in WORK/server.log."""
 
     def __init__(self, work: Path, *args: str):
-        from distrinews.distributed.launch import free_port
-
-        self.work, self.port = work, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.work = work
         (work / "server.py").write_text(SCRIPT)
         self._log = open(work / "server.log", "wb")
         env = {**os.environ, "DISTRINEWS_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, str(work / "server.py"), str(self.port), str(work), *args]
+        cmd = [sys.executable, str(work / "server.py"), "0", str(work), *args]  # port 0: the one it got is logged
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return (self.work / "server.log").read_text(errors="replace")
@@ -127,9 +131,14 @@ class Injected:
         from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 
         try:
+            self.port = reported_port(self.work / "server.log", self.proc, 120)
             wait_ready(self.url + "/ready", self.proc, 120)
         except ServerNotReady as exc:
+            self.stop()
             raise AssertionError(f"server {exc}:\n{self.log()[-4000:]}") from None
+        except BaseException:
+            self.stop()  # the caller's try/finally may start after this returns: never leave it running
+            raise
         return self
 
     def batches(self) -> list[list[str]]:
@@ -262,10 +271,12 @@ def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server)
     (server.work / "release-hold").unlink(missing_ok=True)
     holding = threading.Thread(target=_post_texts, args=(server, "hold"))
     holding.start()  # the model is busy with it while the next three queue up: they share the next pass
-    _until(lambda: ["hold"] in server.batches(), "the model is busy")
-    requests = ThreadPoolExecutor(1).submit(_post_texts, server, "fine one", "boom", "fine two")
-    _until(lambda: _gauge(server, "distrinews_queue_depth") == 3, "three requests queued")
-    (server.work / "release-hold").touch()
+    try:
+        _until(lambda: ["hold"] in server.batches(), "the model is busy")
+        requests = ThreadPoolExecutor(1).submit(_post_texts, server, "fine one", "boom", "fine two")
+        _until(lambda: _gauge(server, "distrinews_queue_depth") == 3, "three requests queued")
+    finally:  # never leave the module's server holding its model for the next test
+        (server.work / "release-hold").touch()
     holding.join(60)
     first, bad, second = requests.result(60)
     assert first.status_code == 200 and second.status_code == 200
@@ -281,13 +292,16 @@ def test_a_text_that_breaks_its_batch_fails_alone_and_names_no_internals(server)
 
 def test_a_forward_past_its_deadline_turns_ready_and_requests_to_503_until_it_returns(server):
     (server.work / "release-hang").unlink(missing_ok=True)
-    (stuck,) = _post_texts(server, "hang")  # answered at the deadline, while the pass still runs
-    assert stuck.status_code == 503 and "the model is stuck" in stuck.json()["detail"], stuck.text
-    ready = httpx.get(server.url + "/ready", timeout=10)
-    assert ready.status_code == 503 and f"--forward-timeout is {FORWARD_TIMEOUT:g}s" in ready.json()["detail"]
-    (refused,) = _post_texts(server, "Oil prices jump")
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "1" and "stuck" in refused.json()["detail"]
-    (server.work / "release-hang").touch()
+    try:
+        (stuck,) = _post_texts(server, "hang")  # answered at the deadline, while the pass still runs
+        assert stuck.status_code == 503 and "the model is stuck" in stuck.json()["detail"], stuck.text
+        ready = httpx.get(server.url + "/ready", timeout=10)
+        assert ready.status_code == 503 and f"--forward-timeout is {FORWARD_TIMEOUT:g}s" in ready.json()["detail"]
+        (refused,) = _post_texts(server, "Oil prices jump")
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert "stuck" in refused.json()["detail"]
+    finally:  # the module's server is left as it was found, whatever failed: no later test inherits a stuck model
+        (server.work / "release-hang").touch()
     _until(lambda: httpx.get(server.url + "/ready", timeout=10).status_code == 200, "ready again once the pass returns")
     assert _post_texts(server, "Oil prices jump")[0].status_code == 200
 

@@ -31,6 +31,20 @@ from distrinews.distributed.shm_allreduce import (
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"{SHM_DIR} is where the segment lives")
 
 
+def _spawn(fn, args: tuple, nprocs: int, timeout: float = 240.0) -> None:
+    """``mp.spawn`` with a deadline: ranks that hang fail the test and are killed, never left running into the next."""
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):  # raises for a rank that failed
+            assert time.monotonic() < deadline, f"ranks of {fn.__name__} still running after {timeout:g} s"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+
+
 def _init(rank: int, world: int, store: str, timeout_s: float = 60) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -44,7 +58,7 @@ def _inputs(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 def _compare_with_gloo(rank: int, world: int, store: str, out: str) -> None:
     _init(rank, world, store)
-    seg = open_segment(4 * 10_007, rank, world)
+    seg = open_segment(4 * 10_007, rank, world, run=out)  # named after ``out``: this test's segment, no other's
     assert not isinstance(seg, str), seg
     results = {}
     for dtype, numel in ((torch.float32, 10_007), (torch.float32, 1), (torch.bfloat16, 333), (torch.float32, 0)):
@@ -66,8 +80,7 @@ def _compare_with_gloo(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_same_answer_as_gloo_on_every_rank(tmp_path: Path, world: int):
-    before = set(os.listdir(SHM_DIR))
-    mp.spawn(_compare_with_gloo, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
+    _spawn(_compare_with_gloo, (world, str(tmp_path / "store"), str(tmp_path / "out")), world)
     answers = [torch.load(tmp_path / f"out.{r}") for r in range(world)]
     for key, (shm, ring, in_order) in answers[0].items():
         for r in range(world):
@@ -78,7 +91,8 @@ def test_same_answer_as_gloo_on_every_rank(tmp_path: Path, world: int):
         else:
             # gloo's ring adds in another order: rounding apart (bf16 keeps 8 bits of values up to ~30)
             torch.testing.assert_close(shm, ring, **({"atol": 0.25, "rtol": 0} if shm.dtype == torch.bfloat16 else {}))
-    assert {n for n in set(os.listdir(SHM_DIR)) - before if n.startswith("distrinews-allreduce-")} == set()
+    # Only this run's names: the other pytest worker's runs may hold segments of their own in /dev/shm right now.
+    assert [n for n in os.listdir(SHM_DIR) if n.startswith(segment_prefix(tmp_path / "out"))] == []
 
 
 def _fallback(rank: int, world: int, store: str, out: str) -> None:
@@ -89,7 +103,7 @@ def _fallback(rank: int, world: int, store: str, out: str) -> None:
 
 
 def test_no_room_for_the_segment_falls_back_on_every_rank_alike(tmp_path: Path):
-    mp.spawn(_fallback, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    _spawn(_fallback, (2, str(tmp_path / "store"), str(tmp_path / "out")), 2)
     reasons = [(tmp_path / f"out.{r}").read_text() for r in range(2)]
     assert reasons[0] == reasons[1] and "no-such-dir" in reasons[0] and "No such file" in reasons[0]
 
@@ -107,7 +121,7 @@ def test_a_full_dev_shm_falls_back_on_every_rank_and_leaves_nothing(tmp_path: Pa
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
     try:
-        mp.spawn(_full, args=(2, str(tmp_path / "store"), str(small)), nprocs=2)
+        _spawn(_full, (2, str(tmp_path / "store"), str(small)), 2)
         assert os.listdir(small) == [], "the half-made segment was left behind"
     finally:
         subprocess.run(["umount", str(small)], check=True)
@@ -116,18 +130,17 @@ def test_a_full_dev_shm_falls_back_on_every_rank_and_leaves_nothing(tmp_path: Pa
 
 
 def _dies(rank: int, world: int, store: str, out: str) -> None:  # a module-level target: spawn pickles it
-    _init(rank, world, store, timeout_s=20)
+    _init(rank, world, store, timeout_s=3600)  # far past the test's deadline: only the dead peer can fail it
     seg = open_segment(4 * 1024, rank, world)
     assert not isinstance(seg, str), seg
     seg.allreduce_mean_(torch.ones(1024))
     if rank == 1:
         os._exit(17)  # dies between two gradient averages, as a killed rank does
-    start = time.monotonic()
     try:
         seg.allreduce_mean_(torch.ones(1024))
         outcome = "returned"
     except Exception as exc:  # which error gloo raises is its business; that it raises is ours
-        outcome = f"raised {type(exc).__name__} after {time.monotonic() - start:.1f} s"
+        outcome = f"raised {type(exc).__name__}: {exc}"
     Path(f"{out}.{rank}").write_text(outcome)
     os._exit(0)
 
@@ -139,7 +152,7 @@ def test_a_rank_that_dies_fails_the_others_instead_of_hanging_them(tmp_path: Pat
         for p in ranks:
             p.start()
         for p in ranks:
-            p.join(90)
+            p.join(120)  # a rank still waiting then waits for its process group's timeout: it hangs
     finally:  # a rank that hangs is the failure this test looks for: it must not outlive the test
         for p in ranks:
             if p.is_alive():
@@ -148,7 +161,6 @@ def test_a_rank_that_dies_fails_the_others_instead_of_hanging_them(tmp_path: Pat
     assert [p.exitcode for p in ranks] == [0, 17]
     outcome = (tmp_path / "out.0").read_text()
     assert outcome.startswith("raised"), outcome
-    assert float(outcome.split(" after ")[1].split()[0]) < 20, outcome
 
 
 def _fails_while_mapping(rank: int, world: int, store: str, run: str, how: str) -> None:
@@ -189,9 +201,12 @@ def test_a_run_that_fails_or_is_killed_while_mapping_leaves_no_segment_behind(tm
             rank = ctx.Process(target=_fails_while_mapping, args=(0, 1, str(tmp_path / f"store-{how}"), str(run), how))
             rank.start()
             rank.join(120)
+            if rank.is_alive():  # hung: it must not outlive the test
+                rank.kill()
+                rank.join(10)
             assert rank.exitcode == exit_code
             assert len(ours()) == (1 if how == "kill" else 0), ours()
-        mp.spawn(_opens, args=(1, str(tmp_path / "store-next"), str(run)), nprocs=1)
+        _spawn(_opens, (1, str(tmp_path / "store-next"), str(run)), 1)
         assert ours() == [] and stranger.exists()
     finally:
         stranger.unlink(missing_ok=True)

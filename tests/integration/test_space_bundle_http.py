@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import reported_port
 from distrinews.bench.serving_servers import ServerNotReady, wait_ready
-from distrinews.distributed.launch import free_port
 from distrinews.export.space import dockerfile
 from distrinews.export.space.bundle import export_space
 
@@ -60,9 +60,8 @@ def test_bundle_server_answers_the_reference_calls(checkpoint, tmp_path, runtime
     bundle = export_space(checkpoint, tmp_path / "bundle", runtime=runtime, version="1.1.0", say=lambda _: None)
     argv = dockerfile.cmd_argv((bundle / "Dockerfile").read_text())
     assert argv[0] == "python"
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"PYTHONPATH": str(blocker(tmp_path, BLOCKED[runtime])), "PORT": str(port), "HF_HUB_OFFLINE": "1"})
+    env.update({"PYTHONPATH": str(blocker(tmp_path, BLOCKED[runtime])), "PORT": "0", "HF_HUB_OFFLINE": "1"})
     # The bundle's own copy of the package is the one imported (the working directory comes first),
     # and the blocked packages look not installed.
     probe = (
@@ -79,9 +78,9 @@ def test_bundle_server_answers_the_reference_calls(checkpoint, tmp_path, runtime
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, *argv[1:]], cwd=bundle, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
         try:
+            url = f"http://127.0.0.1:{reported_port(log_path, proc, 90)}"  # PORT=0: the port it got
             wait_ready(f"{url}/ready", proc, timeout=90)
         except ServerNotReady as exc:  # a model that fails to load keeps /ready at 503: the log says why
             raise AssertionError(f"the bundle's server {exc}:\n{_log(log_path)}") from None

@@ -107,26 +107,25 @@ def test_two_processes_report_one_mlflow_run_stop_early_and_resume_into_it(cli, 
 
 
 def test_three_processes_stop_early_together_while_the_tracking_server_is_gone(cli, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-    }
-    run = tmp_path / "run"
-    proc = cli(
-        "train",
-        *EARLY_STOPPING,
-        "--report_to",
-        "mlflow,tensorboard",
-        "--output-dir",
-        str(run),
-        nproc=3,
-        env=env,
-        cwd=tmp_path,
-    )
+    with socket.socket() as held:  # bound for the whole run, never listening: refused, and no one else takes it
+        held.bind(("127.0.0.1", 0))
+        env = {
+            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{held.getsockname()[1]}",
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+        }
+        run = tmp_path / "run"
+        proc = cli(
+            "train",
+            *EARLY_STOPPING,
+            "--report_to",
+            "mlflow,tensorboard",
+            "--output-dir",
+            str(run),
+            nproc=3,
+            env=env,
+            cwd=tmp_path,
+        )
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "MLflow" in line or "mlflow" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: MLflow tracking stopped (starting the run: "), (
         warnings

@@ -13,7 +13,6 @@ import gzip
 import io
 import json
 import os
-import time
 
 import pytest
 
@@ -374,14 +373,28 @@ def test_an_output_partly_computed_from_other_input_is_refused(
     assert state_dir_of(output).is_dir() and not output.exists()  # nothing was touched
 
 
-def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp_path):
+def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp_path, monkeypatch):
     """A published job's progress folder goes, lock file included, while its run still holds the lock: a run waiting
     on that file must not end up holding a lock nobody else can see (two runs would then both write)."""
+    import fcntl
     import shutil
     import threading
+    import types
 
+    from distrinews.predict.batch import state
     from distrinews.predict.batch.state import FileLock
 
+    refused = threading.Event()
+
+    def flock(fd, operation):
+        try:
+            return fcntl.flock(fd, operation)
+        except BlockingIOError:
+            refused.set()
+            raise
+
+    public = {name: getattr(fcntl, name) for name in dir(fcntl) if not name.startswith("_")}
+    monkeypatch.setattr(state, "fcntl", types.SimpleNamespace(**{**public, "flock": flock}))
     folder = tmp_path / "out.jsonl.partial"
     first = FileLock(folder / "lock")
     assert first.acquire()
@@ -389,7 +402,7 @@ def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp
     got = []
     thread = threading.Thread(target=lambda: got.append(waiting.acquire(wait_s=30)))
     thread.start()
-    time.sleep(0.3)  # the waiting run has opened the lock file and is retrying its flock
+    assert refused.wait(30), "the waiting run never tried the lock"  # it opened the lock file and is retrying
     shutil.rmtree(folder)  # what publishing does, lock held
     first.release()
     thread.join(timeout=30)

@@ -24,6 +24,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from conftest import await_until
 from distrinews.serve.connections import guarded_protocol
 
 BODY = b'{"label":"Business","probabilities":{"World":0.1,"Sports":0.1,"Business":0.7,"Sci/Tech":0.1}}'
@@ -75,17 +76,21 @@ def _serve(requests: bytes, answers: int) -> list[bytes | str]:
     async def main() -> list[bytes | str]:
         config = Config(_app(), log_level="warning", access_log=False)
         config.load()
+        state = ServerState()
         protocol = guarded_protocol(header_timeout=5.0, max_connections=10)(
-            config=config, server_state=ServerState(), app_state={}
+            config=config, server_state=state, app_state={}
         )
         transport = Recording()
         protocol.connection_made(transport)
         protocol.data_received(requests)
-        for _ in range(500):
-            await asyncio.sleep(0.01)
-            if b"".join(e for e in transport.events if isinstance(e, bytes)).count(BODY) >= answers:
-                break
-        await asyncio.sleep(0.05)  # anything still to come (a late write, the close) comes now
+
+        def answered() -> bool:  # every answer sent, and the app's tasks for them all ended
+            sent = b"".join(e for e in transport.events if isinstance(e, bytes))
+            return sent.count(BODY) >= answers and not state.tasks
+
+        await await_until(answered, 30, f"{answers} answers")
+        for _ in range(5):  # what those last steps left for the end of a step (a write, the close) leaves now
+            await asyncio.sleep(0)
         protocol.connection_lost(None)
         return transport.events
 
@@ -148,10 +153,7 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_then_closed():
         protocol.data_received(
             REQUEST.replace(b"Content-Length: %d" % len(TEXT), b"Content-Length: 1000")
         )  # 973 bytes short
-        for _ in range(500):
-            await asyncio.sleep(0.01)
-            if transport.closing:
-                break
+        await await_until(lambda: transport.closing, 30, "the connection closed")
         protocol.connection_lost(None)
         return transport.events
 

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conftest import TEI_TIMING_HEADERS as TIMING
+from conftest import await_until, wait_until
 from distrinews.predict.client import RemoteClassifier, RemoteError, retry_after
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.tei import ERROR_TYPES, LOG_OF_ZERO
@@ -213,14 +214,17 @@ def test_teis_errors_while_loading_when_busy_and_when_the_model_fails(fake_predi
             loading = await c.post("/predict", json={"inputs": "a"})
             seed_loading = await c.post("/predict", json={"text": "a"})
             loaded.set()
-            while (await c.get("/ready")).status_code != 200:
-                await asyncio.sleep(0.01)
+
+            async def ready():
+                return (await c.get("/ready")).status_code == 200
+
+            await await_until(ready, 30, "the model loaded", 0.01)
             first = asyncio.ensure_future(c.post("/predict", json={"text": "keeps the model busy"}))
-            while not running.is_set():
-                await asyncio.sleep(0.001)
+            await await_until(running.is_set, 30, "the first request in the forward pass", 0.001)
             queued = asyncio.ensure_future(c.post("/predict", json={"text": "waits"}))
-            while app.state.serve.batcher.queue_depth < 1 or app.state.serve.batcher._tokenizing:
-                await asyncio.sleep(0.001)
+            batcher = app.state.serve.batcher
+            queued_up = lambda: batcher.queue_depth >= 1 and not batcher._tokenizing  # noqa: E731
+            await await_until(queued_up, 30, "the second request queued", 0.001)
             full = await c.post("/predict", json={"inputs": "one too many"})
             busy_gate.set()
             await asyncio.gather(first, queued)
@@ -380,8 +384,8 @@ def test_the_remote_client_retries_a_503_and_a_429_after_retry_after(fake_predic
             queued = threading.Thread(target=other.post, args=("/predict",), kwargs={"json": {"text": "queued"}})
             queued.start()
             batcher = app.state.serve.batcher
-            while batcher.queue_depth < 1 or batcher._tokenizing:
-                time.sleep(0.001)
+            wait_until(lambda: batcher.queue_depth >= 1 and not batcher._tokenizing, 30, "the second request queued",
+                       interval=0.001)  # fmt: skip
             handler = _OnRetry(busy_gate.set)
             logger.addHandler(handler)
             try:

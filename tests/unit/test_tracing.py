@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import await_until
 from distrinews import cli, tracing
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -202,7 +204,10 @@ def test_training_exports_a_span_per_evaluation_and_per_checkpoint_save(
     assert len(evaluations) >= 2 and len(evaluations) == len(evaluated), (len(evaluations), log)
     for span in evaluations:
         assert span["attributes"]["distrinews.rows"] == 32 and span["attributes"]["distrinews.world_size"] == 1
-        assert 0.0 <= span["attributes"]["distrinews.accuracy"] <= 1.0
+    # each span carries its evaluation's own scores: the ones log.jsonl recorded for it, in order
+    spanned = [(s["attributes"]["distrinews.accuracy"], s["attributes"]["distrinews.loss"])
+               for s in sorted(evaluations, key=lambda s: s["start_ns"])]  # fmt: skip
+    assert spanned == [(entry["accuracy"], entry["loss"]) for entry in evaluated]
     assert [s["attributes"]["distrinews.step"] for s in saves] == [2, 4]
     assert [s["attributes"]["distrinews.checkpoint.path"] for s in saves] == [
         str(run / "checkpoints" / f"step-{n}") for n in (2, 4)
@@ -221,8 +226,11 @@ def _serve(app, requests):
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
         ):
-            while (await client.get("/ready")).status_code != 200:
-                await asyncio.sleep(0.01)
+
+            async def ready():
+                return (await client.get("/ready")).status_code == 200
+
+            await await_until(ready, 30, "the app ready", 0.01)
             return await requests(client)
 
     return asyncio.run(main())
@@ -272,20 +280,23 @@ def test_hostile_traceparents_and_refused_requests_are_traced_as_their_own(otlp_
 
 
 def test_an_unreachable_collector_costs_the_answers_nothing(monkeypatch, fake_predictor):
-    from distrinews.distributed.launch import free_port
     from distrinews.serve.app import ServeConfig, create_app
 
     monkeypatch.setenv(
         "OTEL_EXPORTER_OTLP_TIMEOUT", "1"
     )  # the export gives up after a second, at the latest at the end
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
-    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    app = create_app(
-        ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=nobody), predictor_factory=fake_predictor
-    )
+    with socket.socket() as held:  # bound, never listening: connections are refused, and no one else can take it
+        held.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{held.getsockname()[1]}"
+        app = create_app(
+            ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=nobody), predictor_factory=fake_predictor
+        )
 
-    async def requests(client):
-        return [(await client.post("/predict", json={"text": f"Oil prices jump {i}"})).status_code for i in range(5)]
+        async def requests(client):
+            return [
+                (await client.post("/predict", json={"text": f"Oil prices jump {i}"})).status_code for i in range(5)
+            ]
 
-    assert _serve(app, requests) == [200] * 5
+        assert _serve(app, requests) == [200] * 5
     assert tracing.tracer() is None  # shut down all the same

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import wait_until
 from distrinews.distributed.process_group import DistEnv
 from distrinews.distributed.watchdog import Watchdog
 
@@ -40,12 +41,20 @@ def _watchdog(rank: int, timeout_s: float, failures: list[str]) -> Watchdog:
     return wd
 
 
+def _beats(store, rank: int) -> int:
+    """How many heartbeats ``rank``'s watchdog has written (0 before the first)."""
+    key = f"distrinews/heartbeat/unit/0/{rank}"
+    return json.loads(store.get(key))["beat"] if store.check([key]) else 0
+
+
 def test_a_peer_that_starts_later_than_a_store_request_waits_is_not_a_hang(store):
     failures: list[str] = []
     with _watchdog(0, timeout_s=30, failures=failures):
-        time.sleep(2.0)  # rank 1 has not started its watchdog: four store timeouts long
+        # rank 1 has not started its watchdog for 20 of rank 0's beats: four of its store client's timeouts long
+        wait_until(lambda: _beats(store, 0) >= 20, 60, "20 heartbeats of rank 0")
         store.set("distrinews/heartbeat/unit/0/1", json.dumps({"beat": 1, "step": 0}))
-        time.sleep(0.5)
+        seen = _beats(store, 0)
+        wait_until(lambda: _beats(store, 0) >= seen + 5, 60, "5 more heartbeats of rank 0, rank 1's in the store")
     assert failures == []
 
 

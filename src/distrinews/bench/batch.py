@@ -10,8 +10,9 @@ with the checkpoint's default runtime:
 - memory: the peak resident set of the largest process of ``predict --nproc 1`` at each of ``--rss-rows``
   (constant memory: it must not grow with the corpus; ``--rss-checkpoint`` may name a faster model for the
   largest corpora, as the pipeline, not the model, is what is measured);
-- resume: ``predict --nproc 2`` SIGKILLed after ``--kill-at`` of the uninterrupted run's time, then the same
-  command again: the rows it found done, and the seconds the interruption cost in all.
+- resume: ``predict --nproc 2`` SIGKILLed once ``--kill-at`` of the rows are committed (read from its progress
+  folder, so the kill lands mid-run however fast the machine is), then the same command again: the rows it found
+  done, and the seconds the interruption cost in all.
 
 Every command is a process of its own, timed from start to exit (model loading included, as a user waits for
 it); its peak resident set is that of its largest process (``wait4``'s ``ru_maxrss``, which covers the
@@ -33,11 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..distributed.launch import free_port
 from ..distributed.machine import describe as machine_description
+from ..predict.batch.state import StateDir, state_dir_of
 from .results import invoked_as
 
 POST_BATCH = 64
@@ -59,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rss-checkpoint", default=None, help="the checkpoint of the memory runs (default: --checkpoint)"
     )
     parser.add_argument(
-        "--kill-at", type=float, default=0.5, help="resume: SIGKILL after this fraction of the --nproc 2 time (0: skip)"
+        "--kill-at",
+        type=float,
+        default=0.5,
+        help="resume: SIGKILL once this fraction of the rows is committed (0: skip)",
     )
     parser.add_argument("--runtime", default=None, help="--runtime of every engine (default: predict's and serve's)")
     parser.add_argument("--output-dir", default="runs/bench", help="where batch.{json,md} go")
@@ -84,17 +90,17 @@ def write_corpus(path: Path, rows: int, data_dir: str | None) -> Path:
 
 
 # ---------------------------------------------------------------------- running and measuring a command
-def run_measured(cmd: list[str], log: Path, kill_after: float | None = None) -> dict[str, Any]:
-    """Run ``cmd`` to its exit (or SIGKILL its process group after ``kill_after`` s): wall seconds, exit status,
-    the peak resident set of its largest process (MiB), and its output."""
+def run_measured(cmd: list[str], log: Path, kill_when: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` to its exit (or SIGKILL its process group once ``kill_when()`` says so): wall seconds, exit
+    status, the peak resident set of its largest process (MiB), and its output."""
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        if kill_after is not None:
-            try:
-                proc.wait(kill_after)
-            except subprocess.TimeoutExpired:
+        while kill_when is not None and proc.poll() is None:
+            if kill_when():
                 os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.002)  # a few manifest reads between two commits: the kill lands within a pass or two
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     return {
@@ -309,19 +315,22 @@ def _measure_memory(
 def _measure_resume(
     args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, rows: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    """``predict --nproc 2`` killed after ``--kill-at`` of its uninterrupted time, then run again: what it cost."""
+    """``predict --nproc 2`` killed once ``--kill-at`` of the rows are committed, then run again: what it cost."""
     uninterrupted = next((r for r in rows if r["engine"] == "predict --nproc 2"), None)
     if not (args.kill_at and uninterrupted):
         return None
     output = work / "resume.jsonl"
     cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", "2")
-    killed = run_measured(cmd, work / "resume-killed.log", kill_after=args.kill_at * uninterrupted["seconds"])
+    state = StateDir(state_dir_of(output))
+    target = max(1, int(args.kill_at * args.rows))
+    killed = run_measured(cmd, work / "resume-killed.log", kill_when=lambda: state.committed_rows() >= target)
+    done_at_kill = state.committed_rows()  # what the killed run left committed (0 had it finished first)
     again = run_measured(cmd, work / "resume-again.log")
     found = re.search(r"continuing: ([\d,]+) rows were done", again["output"])
-    done_at_kill = int(found.group(1).replace(",", "")) if found else 0
     resume = {
         "killed_after_s": killed["seconds"],
         "rows_done_at_kill": done_at_kill,
+        "rows_continued": int(found.group(1).replace(",", "")) if found else 0,  # what the second run took over
         "resumed_s": again["seconds"],
         "total_s": killed["seconds"] + again["seconds"],
         "uninterrupted_s": uninterrupted["seconds"],

@@ -24,7 +24,12 @@ def register(subparsers) -> None:
         "--checkpoint", default=None, help="best/ directory (or a symlink to one; default: $MODEL_CHECKPOINT)"
     )
     p.add_argument("--replicas", type=int, default=2, help="server processes (default: 2)")
-    p.add_argument("--port", type=int, default=None, help="nginx's port (default: $PORT, else 8080)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="nginx's port (default: $PORT, else 8080; 0: a free one, named in the ready line)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="nginx's interface (the replicas listen on 127.0.0.1 only)")
     p.add_argument("--threads", type=int, default=0, help="threads per replica (default: the cores / replicas)")
     p.add_argument(
@@ -67,8 +72,8 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     port = args.port if args.port is not None else int(os.environ.get("PORT") or 8080)
-    if not 1 <= port <= 65535:
-        raise ServeOptionError(f"--port must be 1..65535, got {port}")
+    if not 0 <= port <= 65535:
+        raise ServeOptionError(f"--port must be 0..65535, got {port}")
     if args.replicas < 1:
         raise ServeOptionError(f"--replicas must be >= 1, got {args.replicas}")
     if args.threads < 0 or args.header_timeout <= 0 or args.fail_timeout <= 0:

@@ -102,6 +102,19 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+# How many ports a process that found its port taken tries in all (the port is picked free, then bound by a
+# process that starts later: another process may take it in between)
+BIND_TRIES = 5
+
+
+def _address_taken(log_path: Path, offset: int = 0) -> bool:
+    """Whether the log (from ``offset``) says a bind failed on a taken port (uvicorn's and nginx's wording)."""
+    with contextlib.suppress(OSError), open(log_path, "rb") as f:
+        f.seek(offset)
+        return b"address already in use" in f.read().lower()
+    return False
+
+
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
     """(status, JSON body or {}, headers) of a GET; status 0 when nothing answered."""
     try:
@@ -157,6 +170,7 @@ class Replica:
         self.started_at = 0.0
         self.ready_since: float | None = None  # when the supervisor first saw this process answer /ready
         self.failures = 0  # exits in a row before getting ready; sets the back-off
+        self.log_offset = 0  # where this process's output starts in the log
 
     @property
     def url(self) -> str:
@@ -178,6 +192,7 @@ class Replica:
         ]
         cmd += ["--threads", str(s.threads), "--header-timeout", str(s.header_timeout), *s.serve_args]
         env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc, self.checkpoint, self.started_at = (
             _start_child(cmd, self.log_path, env),
             checkpoint,
@@ -196,6 +211,10 @@ class Replica:
 
     def ready(self) -> bool:
         return self.alive() and get_json(self.url + "/ready")[0] == 200
+
+    def port_taken(self) -> bool:
+        """Whether this process exited because its port was taken."""
+        return not self.alive() and _address_taken(self.log_path, self.log_offset)
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM: it stops listening at once, answers what it holds, exits."""
@@ -217,6 +236,7 @@ class Supervisor:
         self.nginx: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.roll_requested = False
+        self.port = settings.port  # nginx's; with --port 0, the one it got
 
     # ------------------------------------------------------------------ signals
     def _on_stop(self, signum: int, _frame) -> None:
@@ -244,12 +264,12 @@ class Supervisor:
             for replica in self.replicas:
                 replica.start(checkpoint)
             for replica in self.replicas:
-                self._wait_ready(replica)
+                self._wait_ready(replica, first_start=True)
             self._start_nginx()
             versions = sorted({self._version(r) for r in self.replicas})
             s = self.settings
             self.say(
-                f"ready on http://{s.host}:{s.port}: nginx in front of {s.replicas} replica(s) on ports "
+                f"ready on http://{s.host}:{self.port}: nginx in front of {s.replicas} replica(s) on ports "
                 f"{', '.join(str(r.port) for r in self.replicas)}, {s.threads} thread(s) each, model version "
                 f"{', '.join(versions)}; logs in {self.log_dir}; SIGHUP rolls them, Ctrl-C stops everything"
             )
@@ -275,10 +295,26 @@ class Supervisor:
         status, body, _ = get_json(replica.url + "/info", timeout=10)
         return str(body.get("model_version")) if status == 200 else "unknown"
 
-    def _wait_ready(self, replica: Replica) -> None:
+    def _other_port(self, host: str = "127.0.0.1") -> int:
+        """A free port that no replica has (one still loading its model has not bound its own yet)."""
+        taken = {r.port for r in self.replicas} | {self.port}
+        while (port := free_ports(1, host)[0]) in taken:
+            pass
+        return port
+
+    def _wait_ready(self, replica: Replica, first_start: bool = False) -> None:
+        """Wait until ``replica`` answers /ready. On its ``first_start`` (nginx does not know its port yet) a
+        replica whose port was taken meanwhile is started again on another."""
         deadline = time.monotonic() + self.settings.ready_timeout
+        tries = 1
         while time.monotonic() < deadline:
             self._check_stop()
+            if first_start and tries < BIND_TRIES and replica.port_taken():
+                self.say(f"replica {replica.index}: port {replica.port} was taken; starting it on another")
+                replica.port, tries = self._other_port(), tries + 1
+                assert replica.checkpoint is not None, "started before it is waited on"
+                replica.start(replica.checkpoint)
+                continue
             if not replica.alive():
                 assert replica.proc is not None, "started before it is waited on"
                 raise RuntimeError(
@@ -332,7 +368,7 @@ class Supervisor:
             "CLIENT_MAX_BODY": str(s.max_body_bytes + 64 * 1024),
             "MAX_BODY_BYTES": f"{s.max_body_bytes:,}",
             "SERVERS": servers,
-            "LISTEN": f"{s.host}:{s.port}",
+            "LISTEN": f"{s.host}:{self.port}",
             "TRIES": str(len(self.replicas)),
             "UPSTREAM_KEEPALIVE_MS": str(int(1000 * min(s.header_timeout, 5.0) / 2)),
         }
@@ -342,13 +378,30 @@ class Supervisor:
         return text
 
     def _start_nginx(self) -> None:
+        """nginx on ``--port``; with ``--port 0`` on a free port, and on another if that one was taken before nginx
+        bound it (nginx cannot bind port 0 and tell which port it got)."""
+        error_log = self.log_dir / "nginx-error.log" if self.settings.log_dir else self.temp / "nginx-error.log"
+        for tries in range(1, BIND_TRIES + 1):
+            if self.settings.port == 0:
+                self.port = self._other_port(self.settings.host or "0.0.0.0")
+            logs = {
+                path: path.stat().st_size if path.exists() else 0 for path in (error_log, self.log_dir / "nginx.log")
+            }
+            try:
+                return self._run_nginx(error_log)
+            except RuntimeError:
+                taken = any(_address_taken(path, offset) for path, offset in logs.items())
+                if self.settings.port != 0 or tries == BIND_TRIES or not taken:
+                    raise
+                self.say(f"nginx: port {self.port} was taken; trying another")
+
+    def _run_nginx(self, error_log: Path) -> None:
         conf = self.temp / "nginx.conf"
         conf.write_text(self.nginx_conf())
-        error_log = self.log_dir / "nginx-error.log" if self.settings.log_dir else self.temp / "nginx-error.log"
         cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
         self.nginx = _start_child(cmd, self.log_dir / "nginx.log")
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
-        url = f"http://{host}:{self.settings.port}/ready"
+        url = f"http://{host}:{self.port}/ready"
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             self._check_stop()
@@ -360,7 +413,7 @@ class Supervisor:
             if get_json(url)[0] == 200:
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"nginx did not answer on port {self.settings.port}; see {error_log}")
+        raise RuntimeError(f"nginx did not answer on port {self.port}; see {error_log}")
 
     def _watch(self) -> None:
         while True:
