@@ -18,9 +18,21 @@ import json
 import sys
 from pathlib import Path
 
-from distrinews.data.labelled import load_labelled, trained_on
+from distrinews.config import TrainConfig
+from distrinews.data.labelled import LabelledData, load_labelled, trained_on
+from distrinews.data.rows import RawSplit
 from distrinews.data.splits import stratified_sample
 from distrinews.train.calibration import calibrate_best, summary_lines
+
+
+def unsampled(checkpoint: Path, data_dir: str | None) -> tuple[TrainConfig, LabelledData, RawSplit]:
+    """The config ``checkpoint`` was trained with, its data, and the training rows its run never sampled."""
+    record = json.loads((checkpoint / "distrinews.json").read_text())
+    config = trained_on(record.get("training_config"), data_dir)
+    data = load_labelled(config.data, config.run.seed)
+    assert data.train is not None, "load_labelled reads the training split unless need_train=False"
+    sampled = set(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
+    return config, data, data.train.subset([i for i in range(len(data.train)) if i not in sampled])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=3000, help="unsampled training rows to fit the temperature on")
     parser.add_argument("--data", default=None, help="AG News's folder (default: $DISTRINEWS_DATA)")
     args = parser.parse_args(argv)
-    record = json.loads((args.checkpoint / "distrinews.json").read_text())
-    config = trained_on(record.get("training_config"), args.data)
-    data = load_labelled(config.data, config.run.seed)
-    assert data.train is not None, "load_labelled reads the training split unless need_train=False"
-    sampled = set(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
-    rest = data.train.subset([i for i in range(len(data.train)) if i not in sampled])
+    config, data, rest = unsampled(args.checkpoint, args.data)
     if len(rest) == 0:
         print(
             f"{args.checkpoint}: its run trained on every training row; none is left to calibrate on", file=sys.stderr

@@ -13,13 +13,12 @@ the best any sample could do). Nothing is written.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from distrinews.data.labelled import load_labelled, trained_on
+from benchmarks.tools.calibrate_existing import unsampled
 from distrinews.data.splits import stratified_sample
 from distrinews.predict.runtimes import Predictor, softmax
 from distrinews.train.calibration import expected_calibration_error, fit_temperature, nll
@@ -36,12 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-seed", type=int, default=123, help="seed of the pool's stratified sample")
     parser.add_argument("--data", default=None, help="AG News's folder (default: $DISTRINEWS_DATA)")
     args = parser.parse_args(argv)
-    record = json.loads((args.checkpoint / "distrinews.json").read_text())
-    config = trained_on(record.get("training_config"), args.data)
-    data = load_labelled(config.data, config.run.seed)
-    assert data.train is not None, "load_labelled reads the training split unless need_train=False"
-    sampled = set(stratified_sample(data.train.labels, config.data.train_samples, config.run.seed))
-    rest = data.train.subset([i for i in range(len(data.train)) if i not in sampled])
+    _, data, rest = unsampled(args.checkpoint, args.data)
     if len(rest) < args.pool:
         print(f"{args.checkpoint}: {len(rest):,} unsampled training rows, fewer than --pool", file=sys.stderr)
         return 2

@@ -33,7 +33,8 @@ import yaml
 
 from ..checkpoint.atomic import open_nofollow, read_text_nofollow, remove_entry, write_text_atomically
 from ..config import TrainConfig
-from ..distributed.lifetime import preexec_die_with_parent
+from ..distributed.launch import PREEMPTION_GRACE_S
+from ..distributed.lifetime import last_line, preexec_die_with_parent, stop_gracefully
 from ..errors import ConfigError, DataError
 from .rows import AuditRows, data_overrides, rows_jsonl
 
@@ -214,12 +215,12 @@ def _train(plan: FoldPlan, fold: Fold, header: str) -> None:
         try:
             code = process.wait()
         except KeyboardInterrupt:
-            _stop(process)
+            stop_gracefully(process, PREEMPTION_GRACE_S)
             raise
     outcome = _read_json(result)
     if code != 0 or outcome is None or outcome.get("stopped_by"):
         why = f"exit code {code}" if code != 0 else "stopped before the end" if outcome else "no result written"
-        raise FoldFailed(f"{header}: training failed ({why}): {_last_line(fold.log)} (log: {fold.log})")
+        raise FoldFailed(f"{header}: training failed ({why}): {last_line(fold.log)} (log: {fold.log})")
     if not (fold.run_dir / "best").is_dir():
         raise FoldFailed(f"{header}: the run has no best/ model ({fold.run_dir}); log: {fold.log}")
 
@@ -300,25 +301,3 @@ def _read_json(path: Path) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM: the run saves a checkpoint at its next step and ends; killed if it has not within the grace."""
-    from ..distributed.launch import PREEMPTION_GRACE_S
-
-    process.terminate()
-    try:
-        process.wait(timeout=PREEMPTION_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _last_line(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -48,3 +50,25 @@ def preexec_die_with_parent() -> Callable[[], None]:
         die_with_parent(parent)
 
     return preexec
+
+
+def stop_gracefully(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM (a training run saves a checkpoint at its next step and ends), then SIGKILL if it has not ended within
+    ``grace_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def last_line(log: Path, width: int = 300) -> str:
+    """The last non-blank line of a child's log (its error, as a one-line reason), cut to ``width``; "" if none."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:width] if lines else ""

@@ -39,6 +39,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
 from ..config import TrainConfig
+from ..distributed.launch import PREEMPTION_GRACE_S
+from ..distributed.lifetime import last_line, stop_gracefully
 from ..errors import ConfigError
 from . import TRIAL_ENV
 from .pruning import PrunerSpec
@@ -244,12 +246,12 @@ def _objective(
             try:
                 code = process.wait()
             except KeyboardInterrupt:
-                _stop(process)
+                stop_gracefully(process, PREEMPTION_GRACE_S)
                 raise
         result = read_result(result_file)
         if code != 0 or result is None or result.get("state") == "stopped":
             why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"
-            say(f"trial {number}: failed ({why}): {_last_line(log_file)} (log: {log_file})")
+            say(f"trial {number}: failed ({why}): {last_line(log_file)} (log: {log_file})")
             raise TrialFailed(f"{why}; log: {log_file}")
         value = result.get("value")
         if result.get("state") == "pruned":
@@ -287,30 +289,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM: the run saves a checkpoint at its next step and ends; killed if it has not within the grace."""
-    from ..distributed.launch import PREEMPTION_GRACE_S
-
-    process.terminate()
-    try:
-        process.wait(timeout=PREEMPTION_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def _shown(params: dict[str, Any]) -> str:
     return (
         ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
         or "(the base config)"
     )
-
-
-def _last_line(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
