@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -149,14 +151,23 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
                 "/predict", json={"inputs": "x", "parameters": {"function_to_apply": "softmax"}}
             )
             info = (await client.get("/info")).json()
-            return single, batch, hf, refused, info
+            metrics = (await client.get("/metrics")).text
+            return single, batch, hf, refused, info, metrics
 
-    single, batch, hf, refused, info = asyncio.run(serve())
+    single, batch, hf, refused, info, metrics = asyncio.run(serve())
     assert single["probabilities"] == pytest.approx(torch_results[0]["probabilities"])
     assert [_chosen(r) for r in (single, *batch)] == list(map(_chosen, torch_results[:1] + torch_results))
     assert {x["label"]: x["score"] for x in hf[0]} == pytest.approx(torch_results[0]["probabilities"])
     assert refused.status_code == 422 and "this one is multi-label (sigmoid)" in refused.json()["error"]
     assert info["problem_type"] == "multi_label_classification" and info["thresholds"] == thresholds
+    # /metrics counts each label given, and the answers that gave none (the refused request is not an answer)
+    answered = [torch_results[0], *torch_results, torch_results[0]]  # /predict, /predict/batch, the HF shape
+    expected = Counter(label for r in answered for label in (_chosen(r) or ["(none)"]))
+    counted = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^distrinews_labels_given_total\{label="([^"]+)"\} (\S+)$', metrics, re.M)
+    }
+    assert counted == {label: float(n) for label, n in expected.items()}
 
     # the batch path
     source, output = tmp_path / "news.jsonl", tmp_path / "labels.jsonl"

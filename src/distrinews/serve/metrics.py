@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .batcher import BatchStats
 
+NO_LABEL = "(none)"  # distrinews_labels_given's series for a multi-label answer that gives no label
+
 
 class ServeMetrics:
     """Prometheus metrics in a registry owned by one app."""
@@ -90,9 +92,22 @@ class ServeMetrics:
             registry=self.registry,
         )
 
+        # Multi-label models: one series per label of the model, and one for answers over no label's threshold.
+        self.labels_given = Counter(
+            "distrinews_labels_given",
+            f"multi-label models: answers that gave each label ({NO_LABEL}: answers over no label's threshold)",
+            ["label"],
+            registry=self.registry,
+        )
+
     def count_answers(self, results: list[dict[str, Any]]) -> None:
         for result in results:
-            if "confident" in result:
+            if "labels" in result:  # a multi-label answer: every label over its threshold, possibly none
+                for given in result["labels"]:
+                    self.labels_given.labels(given["label"]).inc()
+                if not result["labels"]:
+                    self.labels_given.labels(NO_LABEL).inc()
+            elif "confident" in result:
                 self.answers.labels(result["label"], "true" if result["confident"] else "false").inc()
 
     def observe_batch(self, stats: BatchStats) -> None:
