@@ -127,6 +127,18 @@ def test_a_usage_error_is_still_exit_2_when_the_launcher_stopped_the_other_ranks
     assert capsys.readouterr().err.splitlines() == [msg]
 
 
+def test_a_rank_that_aborts_while_the_run_goes_down_does_not_hide_the_usage_error(capsys):
+    # Seen under load: rank 0 stops on a full disk (exit 2), rank 1 aborts in its teardown ("terminate called
+    # without an active exception", SIGABRT) in the same second or later.
+    msg = "distrinews: error: no space left to save runs/x/checkpoints/step-3: ..."
+    assert report_failures({0: _failure(2, msg, timestamp=7), 1: _failure(-int(signal.SIGABRT), timestamp=7)}) == 2
+    assert capsys.readouterr().err.splitlines() == [msg]
+    # A rank killed before the usage error is a cause, and named
+    failures = {0: _failure(2, msg, timestamp=7), 1: _failure(-int(signal.SIGKILL), timestamp=6)}
+    assert report_failures(failures) == 1
+    assert "worker rank 1 was killed by SIGKILL" in capsys.readouterr().err
+
+
 def test_the_first_real_failure_is_named_not_the_ranks_the_launcher_stopped(capsys):
     failures = {0: _failure(-int(signal.SIGTERM), timestamp=5), 1: _failure(-int(signal.SIGKILL), timestamp=3)}
     assert report_failures(failures) == 1

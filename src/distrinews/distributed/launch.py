@@ -264,6 +264,10 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
+def _is_ours(message: Any) -> bool:
+    return isinstance(message, str) and message.startswith("distrinews: error:")
+
+
 def report_failures(failures: dict[int, Any]) -> int:
     """Say why the run failed in as few lines as it takes; 2 when every worker that failed by itself
     stopped on a usage error.
@@ -273,17 +277,22 @@ def report_failures(failures: dict[int, Any]) -> int:
     with the same error does not change that. Otherwise the first worker to fail is named; the
     others were stopped by the launcher because of it.
     """
-    stopped_by_us = {r for r, f in failures.items() if f.exitcode == -int(signal.SIGTERM)}
-    causes = {r: f for r, f in failures.items() if r not in stopped_by_us} or failures
-    messages = {
-        f.message for f in causes.values() if isinstance(f.message, str) and f.message.startswith("distrinews: error:")
+    usage = [f.timestamp for f in failures.values() if f.exitcode == 2 and _is_ours(f.message)]
+    # Taken down with the run, not causes: ranks the launcher stopped (SIGTERM), and ranks killed by a signal no
+    # earlier than a usage error (an abort while their process group was torn down under them, seen under load).
+    taken_down = {
+        r
+        for r, f in failures.items()
+        if f.exitcode == -int(signal.SIGTERM) or (f.exitcode < 0 and usage and f.timestamp >= min(usage))
     }
+    causes = {r: f for r, f in failures.items() if r not in taken_down} or failures
+    messages = {f.message for f in causes.values() if _is_ours(f.message)}
     if messages and all(f.exitcode == 2 for f in causes.values()):
         for message in sorted(messages):
             print(message, file=sys.stderr)
         return 2
     rank, first = min(causes.items(), key=lambda item: (item[1].timestamp, item[0]))
-    if isinstance(first.message, str) and first.message.startswith("distrinews: error:"):
+    if _is_ours(first.message):
         print(first.message, file=sys.stderr)
     elif first.exitcode < 0:
         print(
