@@ -211,7 +211,11 @@ def sigkilled_launcher(tmp_path_factory, cli, start_train, agnews_dir):
         os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers, and its lock, must not outlive it
         proc.wait()
         deadline = time.monotonic() + 30
-        while _processes_running(str(run)) and time.monotonic() < deadline:
+        # Wait for every process of the run to be gone, not only for the command lines to vanish: an exiting
+        # process has released its command line a moment before it is a zombie.
+        while (
+            _processes_running(str(run)) or not all(_gone(pid) for pid in seen["before"])
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)
         seen["after"] = _processes_running(str(run))
         seen["gone"] = [pid for pid in seen["before"] if _gone(pid)]
