@@ -51,7 +51,9 @@ def find_issues(labels: np.ndarray, probs: np.ndarray, filter_by: str = "prune_b
     from cleanlab.filter import find_label_issues
     from cleanlab.rank import get_label_quality_scores
 
-    ranked = find_label_issues(labels, probs, filter_by=filter_by, return_indices_ranked_by="self_confidence")
+    # n_jobs=1: cleanlab's default forks a multiprocessing pool from this process, whose torch threads can leave a
+    # forked child deadlocked (seen as a hung pool join under load); one process is seconds even for 120,000 rows.
+    ranked = find_label_issues(labels, probs, filter_by=filter_by, return_indices_ranked_by="self_confidence", n_jobs=1)
     quality = get_label_quality_scores(labels, probs, method="self_confidence")
     return Issues([int(i) for i in ranked], quality, probs.argmax(axis=1))
 
