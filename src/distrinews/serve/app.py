@@ -412,6 +412,28 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
             return tei.error_response(exc)
         return answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
 
+    _route_predict(app, config, predict)
+
+    async def predict_batch(request: Request) -> Response:
+        start = time.perf_counter()
+        state.require_ready()
+        body = await parse_body(request, BatchPredictRequest)
+        if not body.texts:
+            raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
+        if len(body.texts) > config.max_batch_texts:
+            raise ApiError(
+                413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
+            )
+        texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
+        timing: dict[str, float] = {}
+        results = await state.classify(texts, request.receive, timing)
+        return answer(results, start, timing, texts)
+
+    _route_predict_batch(app, config, predict_batch)
+
+
+def _route_predict(app: FastAPI, config: ServeConfig, predict: Any) -> None:
+    """POST /predict, / and /invocations: one handler, both API shapes and every error declared in /docs."""
     both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
     answers = PredictResponse | MultiLabelPredictResponse | list[Prediction] | list[list[Prediction]]
     codes = declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True)
@@ -434,21 +456,9 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
         app.router.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
 
-    async def predict_batch(request: Request) -> Response:
-        start = time.perf_counter()
-        state.require_ready()
-        body = await parse_body(request, BatchPredictRequest)
-        if not body.texts:
-            raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
-        if len(body.texts) > config.max_batch_texts:
-            raise ApiError(
-                413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
-            )
-        texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
-        timing: dict[str, float] = {}
-        results = await state.classify(texts, request.receive, timing)
-        return answer(results, start, timing, texts)
 
+def _route_predict_batch(app: FastAPI, config: ServeConfig, predict_batch: Any) -> None:
+    """POST /predict/batch, its limit stated in /docs."""
     app.router.add_api_route(
         "/predict/batch",
         predict_batch,
