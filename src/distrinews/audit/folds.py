@@ -34,7 +34,7 @@ import yaml
 from ..checkpoint.atomic import open_nofollow, read_text_nofollow, remove_entry, write_text_atomically
 from ..config import TrainConfig
 from ..distributed.launch import PREEMPTION_GRACE_S
-from ..distributed.lifetime import last_line, preexec_die_with_parent, stop_gracefully
+from ..distributed.lifetime import last_line, preexec_die_with_parent, run_until_stopped
 from ..errors import ConfigError, DataError
 from .rows import AuditRows, data_overrides, rows_jsonl
 
@@ -211,12 +211,9 @@ def _train(plan: FoldPlan, fold: Fold, header: str) -> None:
     with _append(fold.log) as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_die_with_parent())
-        try:
-            code = process.wait()
-        except KeyboardInterrupt:
-            stop_gracefully(process, PREEMPTION_GRACE_S)
-            raise
+        code = run_until_stopped(
+            command, PREEMPTION_GRACE_S, preexec_fn=preexec_die_with_parent(), stdout=log, stderr=subprocess.STDOUT
+        )
     outcome = _read_json(result)
     if code != 0 or outcome is None or outcome.get("stopped_by"):
         why = f"exit code {code}" if code != 0 else "stopped before the end" if outcome else "no result written"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -50,6 +51,57 @@ def preexec_die_with_parent() -> Callable[[], None]:
         die_with_parent(parent)
 
     return preexec
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_POLL_S = 0.2
+
+
+def run_until_stopped(
+    command: list[str],
+    grace_s: float,
+    *,
+    started: Callable[[int], None] | None = None,
+    **popen: Any,
+) -> int:
+    """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
+    SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_gracefully``). ``started``
+    gets the child's pid once it runs. Call it from the main thread (Python runs signal handlers there).
+
+    Two ways CPython 3.11 loses such a signal are closed. Its handler here records it, and raises only in the wait:
+    while the child is forked with a ``preexec_fn`` (a handler's exception there is swallowed by the at-fork hooks)
+    and while ``started`` writes (a study's journal), the signal waits until the child runs. A signal the kernel gives
+    another thread (a heartbeat thread) neither interrupts a blocking wait nor runs its handler until the child ends:
+    the wait here is a poll that runs pending handlers (``pthread_sigmask`` does) every ``_POLL_S`` seconds.
+    """
+    received: list[int] = []
+    waiting = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if waiting:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    process = None
+    try:
+        process = subprocess.Popen(command, **popen)
+        if started is not None:
+            started(process.pid)
+        waiting = True
+        while not received:
+            try:
+                return process.wait(timeout=_POLL_S)
+            except subprocess.TimeoutExpired:
+                signal.pthread_sigmask(signal.SIG_BLOCK, ())  # runs the handler of a signal another thread took
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        if process is not None:
+            stop_gracefully(process, grace_s)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop_gracefully(process: subprocess.Popen, grace_s: float) -> None:

@@ -40,7 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
 from ..config import TrainConfig
 from ..distributed.launch import PREEMPTION_GRACE_S
-from ..distributed.lifetime import last_line, stop_gracefully
+from ..distributed.lifetime import last_line, run_until_stopped
 from ..errors import ConfigError
 from . import TRIAL_ENV
 from .pruning import PrunerSpec
@@ -210,6 +210,9 @@ def _objective(
         number = trial.number
         run_dir, config_file = trials_dir / f"trial-{number}", trials_dir / f"trial-{number}.yaml"
         log_file, result_file = trials_dir / f"trial-{number}.log", trials_dir / f"trial-{number}.result.json"
+        # A retried trial starts with the user attributes of the trial it retries: these two are this one's own.
+        trial.set_user_attr("tuner", _tuner_id())
+        trial.set_user_attr("pid", None)  # its training process's, once it runs
         params = space.sample(trial, base)
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == number)
         retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
@@ -233,21 +236,16 @@ def _objective(
         )
         command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
         remove_entry(result_file)
-        trial.set_user_attr("tuner", _tuner_id())
         with open_new(log_file, "w") as log:
-            process = subprocess.Popen(
+            code = run_until_stopped(
                 command,
+                PREEMPTION_GRACE_S,
+                preexec_fn=_die_with_parent,
+                started=lambda pid: trial.set_user_attr("pid", pid),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**env, TRIAL_ENV: link.to_env()},
-                preexec_fn=_die_with_parent,
             )
-            trial.set_user_attr("pid", process.pid)
-            try:
-                code = process.wait()
-            except KeyboardInterrupt:
-                stop_gracefully(process, PREEMPTION_GRACE_S)
-                raise
         result = read_result(result_file)
         if code != 0 or result is None or result.get("state") == "stopped":
             why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"

@@ -1,0 +1,81 @@
+"""A child run to its end by ``run_until_stopped`` is stopped by Ctrl-C or SIGTERM, whenever the signal comes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import pytest
+
+from distrinews.distributed.lifetime import run_until_stopped
+
+_ARMED: list[bool] = []
+
+
+def _term_self_once() -> None:
+    """An at-fork hook: SIGTERM to this process while it forks, once per arming (the hook stays registered)."""
+    if _ARMED:
+        _ARMED.clear()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+os.register_at_fork(before=_term_self_once)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _sleeper(tmp_path) -> list[str]:
+    """A child that sleeps 20 s, then leaves a file ``finished``: stopped, it leaves none."""
+    return [
+        sys.executable,
+        "-c",
+        f"import time, pathlib; time.sleep(20); pathlib.Path({str(tmp_path)!r}, 'finished').touch()",
+    ]
+
+
+def test_sigterm_that_comes_while_the_child_is_forked_stops_the_child_and_raises(tmp_path):
+    # Raised there, the handler's KeyboardInterrupt is swallowed by the at-fork hooks: the child would sleep its 20 s
+    # and the call return 0.
+    started: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    _ARMED.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_until_stopped(_sleeper(tmp_path), 10.0, started=started.append, preexec_fn=lambda: None)
+    finally:
+        _ARMED.clear()
+    assert started and _gone(started[0]) and not (tmp_path / "finished").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_signal_another_thread_takes_still_stops_the_child(tmp_path):
+    # A plain wait is not interrupted when the kernel gives the signal to another thread (a heartbeat thread), and
+    # Python may not run the handler until the child ends.
+    done = threading.Event()
+    other = threading.Thread(target=done.wait, daemon=True)
+    other.start()
+    started: list[int] = []
+
+    def signal_the_other_thread(pid: int) -> None:
+        started.append(pid)
+        threading.Timer(0.3, signal.pthread_kill, (other.ident, signal.SIGINT)).start()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_until_stopped(_sleeper(tmp_path), 10.0, started=signal_the_other_thread)
+    finally:
+        done.set()
+    assert started and _gone(started[0]) and not (tmp_path / "finished").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_child_that_ends_returns_its_exit_code():
+    assert run_until_stopped([sys.executable, "-c", "raise SystemExit(3)"], 5.0) == 3
