@@ -62,12 +62,14 @@ def _tune(tmp_path: Path, *args: str) -> list[str]:
     ]
 
 
-# One thread a trial: the two tuners' trials share 2 cores without oversubscribing them.
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _one_thread() -> dict[str, str]:
+    """One thread a trial: the two tuners' trials share 2 cores without oversubscribing them. Read when a tuner
+    starts: the session's fixtures set the environment (the test data) after this module is imported."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _run(command: list[str], timeout: float = 300) -> str:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ONE_THREAD)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_one_thread())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -149,7 +151,7 @@ def _running_trial(tmp_path: Path, number: int):
         trials = _study(tmp_path).get_trials(deepcopy=False)
     except KeyError:  # the study is not made yet
         return None
-    found = [t for t in trials if t.number == number and t.state == TrialState.RUNNING and "pid" in t.user_attrs]
+    found = [t for t in trials if t.number == number and t.state == TrialState.RUNNING and t.user_attrs.get("pid")]
     return found[0] if found else None
 
 
@@ -167,7 +169,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_fails(tmp_path):
     command = _tune(tmp_path, "--n-trials", "2", "--heartbeat-interval", "1", "--grace-period", "3")
-    tuner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=ONE_THREAD)
+    tuner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=_one_thread())
     try:
         running = _wait_for(lambda: _running_trial(tmp_path, 1), 240, "trial 1 to start")
     finally:
@@ -180,7 +182,7 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
     # Started again, the tuner finds trial 1's heartbeat stale and runs its parameters as trial 2; stopped in turn
     # (SIGTERM, as Ctrl-C), it stops trial 2's training before it exits and queues the parameters once more.
     tuner = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ONE_THREAD
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_one_thread()
     )
     try:
         retry = _wait_for(lambda: _running_trial(tmp_path, 2), 240, "trial 2 to start")
@@ -190,13 +192,13 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
     assert tuner.returncode == 130, out + err
     assert "distrinews: tune stopped: the same command resumes study distrinews" in err
     assert "trial 2 (retries trial 1)" in out and "interrupted: trial 2 runs again when the study resumes" in out
-    assert not _alive(retry.user_attrs["pid"])
+    assert retry.user_attrs["pid"] != running.user_attrs["pid"] and not _alive(retry.user_attrs["pid"])
 
     # Started a third time with a budget of 3, it runs trial 1's parameters again as trial 3; that trial's training
     # process is killed (as the OOM killer would): the trial fails and counts, and a new trial completes the study.
     command[command.index("--n-trials") + 1] = "3"
     tuner = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_one_thread()
     )
     try:
         third = _wait_for(lambda: _running_trial(tmp_path, 3), 240, "trial 3 to start")
@@ -225,7 +227,9 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
 def test_two_tuners_on_one_journal_finish_the_study_together_with_no_trial_run_twice(tmp_path):
     command = _tune(tmp_path, "--n-trials", "3", "--heartbeat-interval", "2")
     tuners = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ONE_THREAD)
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_one_thread()
+        )
         for _ in range(2)
     ]
     outputs = []
