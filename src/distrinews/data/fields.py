@@ -3,12 +3,14 @@
 The text is ``text_field`` (default ``text``). A row with no such field but ``title`` and
 ``description`` (AG News's own layout) is the two joined as in training (``rows.clean_text``)
 when the text field is the default. The id is ``id_field`` when one is named, else the caller's
-row number. The label (for evaluation) is a class name (any case) or a 0-based class id.
+row number. The label (for evaluation) is a class name (any case) or a 0-based class id; a multi-label model's
+is a list of them, in the forms the training reader takes (``label_keys``).
 A row that lacks any of them raises :class:`BadRow`, whose message is the rejects file's reason.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +78,17 @@ class RowFields:
             raise BadRow(f"no label field {self.label_field!r}")
         return parse_label(fields[self.label_field], names)
 
+    def labels(self, fields: dict[str, Any], names: Sequence[str]) -> list[int]:
+        """A multi-label row's labels as a 0/1 per name of ``names``: the label field in a form the training reader
+        takes (``label_keys``), each label a name (any case) or a 0-based id."""
+        assert self.label_field is not None
+        if self.label_field not in fields:
+            raise BadRow(f"no label field {self.label_field!r}")
+        hot = [0] * len(names)
+        for key in label_keys(fields[self.label_field], self.label_field):
+            hot[parse_label(key, names)] = 1
+        return hot
+
 
 def parse_label(value: Any, names: Sequence[str]) -> int:
     """A class name (any case) or a 0-based id (``2``, ``"2"``) as an id into ``names``."""
@@ -97,3 +110,43 @@ def _string(fields: dict[str, Any], name: str, null_ok: bool = False) -> str:
     if not isinstance(value, str):
         raise BadRow(f"field {name!r} is {'null' if value is None else 'a ' + type(value).__name__}, not text")
     return value
+
+
+def label_keys(value: Any, column: str) -> tuple[str, ...]:
+    """A multi-label row's labels, as the training reader takes them (``labelled.py``): a list (JSONL, Parquet), or
+    text holding a JSON list or comma-separated names; an empty list is a row with none of the labels."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise BadRow(f"{column!r} holds {clip(text)}, which is not a JSON list") from None
+        else:
+            value = [part for part in text.split(",") if part.strip()]
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # a numpy array (Parquet, datasets)
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise BadRow(
+            f"{column!r} holds {clip(repr(value))}; a multi-label row's label is a list of labels "
+            "(or, in CSV, names separated by commas)"
+        )
+    return tuple(dict.fromkeys(label_key(item, column) for item in value))
+
+
+def label_key(value: Any, column: str) -> str:
+    """One raw label as the training reader takes it: a string or an integer (an integral float too), stripped."""
+    if isinstance(value, (bool, list, dict)):
+        raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
+        value = int(value)
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise BadRow(f"empty label in {column!r}")
+    return text
+
+
+def clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
