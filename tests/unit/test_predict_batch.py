@@ -535,6 +535,9 @@ def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_
     )
     scores = f"Accuracy: {100 * accuracy:.2f}% | Macro-F1: {100 * sum(f1) / 2:.2f}%"
     assert f"{scores} (over the 2 classes present; absent from the labels: Business, Sci/Tech)" in out
+    columns = ["--label-field", "World,Sports"]  # a multi-label set's 0/1 columns
+    assert cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), *columns]) == 2
+    assert "one per label, are for a multi-label model; this one is single-label" in capsys.readouterr().err
 
 
 ML_THRESHOLDS = {"World": 0.3, "Sports": 0.5, "Business": 0.7, "Sci/Tech": 0.45}
@@ -587,6 +590,24 @@ def test_eval_scores_a_multi_label_model_on_labelled_files_at_its_stored_thresho
     assert "multi.jsonl:152: 'label' holds 2; a multi-label row's label is a list of labels" in out
     assert f"| Micro-F1: {100 * micro:.2f}% (thresholds per label" in out and "(over the 4 labels present)" in out
     assert "threshold" in out and "Confusion matrix" not in out
+
+    # the same rows as a 0/1 column per label (named in any case, in any order), and a flag that is neither
+    columns = ["Sci/Tech", "sports", "WORLD", "Business"]
+    flags = tmp_path / "flags.csv"
+    with flags.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", *columns])
+        writer.writerows(
+            [t, *(int(names.index(c) in ids) for c in ("Sci/Tech", "Sports", "World", "Business"))]
+            for t, ids in zip(news, gold)
+        )
+        writer.writerow(["x", 1, 0, 2, 0])
+    label_field = ["--label-field", ",".join(columns)]
+    assert cli.main([*argv[:4], str(flags), *label_field, "--output-json", str(tmp_path / "flags.json")]) == 0
+    assert json.loads((tmp_path / "flags.json").read_text()) == {**metrics, "skipped": 1}
+    assert "flags.csv:152: label column 'WORLD' holds '2', not 0 or 1" in capsys.readouterr().out
+    assert cli.main([*argv[:4], str(flags), "--label-field", "Sci/Tech,sports,WORLD"]) == 2
+    assert "they must be one per label of the model (World, Sports, Business, Sci/Tech)" in capsys.readouterr().err
 
     # a file with no usable row: one line
     write_rows(path, bad)

@@ -4,7 +4,7 @@ The text is ``text_field`` (default ``text``). A row with no such field but ``ti
 ``description`` (AG News's own layout) is the two joined as in training (``rows.clean_text``)
 when the text field is the default. The id is ``id_field`` when one is named, else the caller's
 row number. The label (for evaluation) is a class name (any case) or a 0-based class id; a multi-label model's
-is a list of them, in the forms the training reader takes (``label_keys``).
+is a list of them, or a 0/1 column per label, in the forms the training reader takes (``labels``).
 A row that lacks any of them raises :class:`BadRow`, whose message is the rejects file's reason.
 """
 
@@ -40,8 +40,12 @@ class RowFields:
         names = [self.text_field]
         if self.text_field == DEFAULT_TEXT_FIELD:
             names += AG_NEWS_FIELDS
-        names += [name for name in (self.id_field, self.label_field) if name]
-        return names
+        names += [self.id_field] if self.id_field else []
+        return names + self.label_columns()
+
+    def label_columns(self) -> list[str]:
+        """The label field, or a multi-label set's 0/1 columns, one per label (their names, comma-separated)."""
+        return [name.strip() for name in (self.label_field or "").split(",") if name.strip()]
 
     def text(self, fields: dict[str, Any]) -> str:
         if self.text_field in fields:
@@ -79,13 +83,20 @@ class RowFields:
         return parse_label(fields[self.label_field], names)
 
     def labels(self, fields: dict[str, Any], names: Sequence[str]) -> list[int]:
-        """A multi-label row's labels as a 0/1 per name of ``names``: the label field in a form the training reader
-        takes (``label_keys``), each label a name (any case) or a 0-based id."""
-        assert self.label_field is not None
-        if self.label_field not in fields:
-            raise BadRow(f"no label field {self.label_field!r}")
+        """A multi-label row's labels as a 0/1 per name of ``names``, in a form the training reader takes: the label
+        field's list (``label_keys``), each label a name (any case) or a 0-based id, or a 0/1 column per label
+        (``label_flag``), each named by its label (any case)."""
+        columns = self.label_columns()
+        missing = next((name for name in columns if name not in fields), None)
+        if missing is not None:
+            raise BadRow(f"no label field {missing!r}")
         hot = [0] * len(names)
-        for key in label_keys(fields[self.label_field], self.label_field):
+        if len(columns) > 1:
+            lowered = [name.lower() for name in names]
+            for column in columns:
+                hot[lowered.index(column.lower())] = int(label_flag(fields[column], column))
+            return hot
+        for key in label_keys(fields[columns[0]], columns[0]):
             hot[parse_label(key, names)] = 1
         return hot
 
@@ -132,6 +143,16 @@ def label_keys(value: Any, column: str) -> tuple[str, ...]:
             "(or, in CSV, names separated by commas)"
         )
     return tuple(dict.fromkeys(label_key(item, column) for item in value))
+
+
+def label_flag(value: Any, column: str) -> bool:
+    """A 0/1 label column's value: 0 or 1 (a number, a bool, or their text)."""
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("1", "1.0", "true"):
+        return True
+    if text in ("0", "0.0", "false"):
+        return False
+    raise BadRow(f"label column {column!r} holds {clip(repr(value))}, not 0 or 1")
 
 
 def label_key(value: Any, column: str) -> str:

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..config import MULTI_LABEL, DataConfig, TrainConfig
 from ..errors import ConfigError, DataError
-from .fields import BadRow, clip, label_key, label_keys
+from .fields import BadRow, label_flag, label_key, label_keys
 from .files import read_rows, resolve_inputs
 from .rows import AG_NEWS_LABELS, RawSplit
 from .splits import hold_out, load_split, stratified_sample
@@ -282,13 +282,10 @@ def _label_keys(value: Any, where: str, column: str) -> tuple[str, ...]:
 
 
 def _flag(value: Any, where: str, column: str) -> bool:
-    """A 0/1 label column's value: 0 or 1 (a number, a bool, or their text)."""
-    text = str(value).strip().lower() if value is not None else ""
-    if text in ("1", "1.0", "true"):
-        return True
-    if text in ("0", "0.0", "false"):
-        return False
-    raise DataError(f"{where}: label column {column!r} holds {clip(repr(value))}, not 0 or 1")
+    try:
+        return label_flag(value, column)
+    except BadRow as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _label_key(value: Any, where: str, column: str) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import Shard, read_rows
+from ...errors import ConfigError
 from ...scores import classification_scores
 from ..passes import plan_passes
 
@@ -95,13 +96,16 @@ def evaluate_files(
     """The confusion matrix of ``predictor`` (``encode``/``predict_encoded``/``labels``) over the files' labelled
     rows; for a multi-label predictor, ``tally`` (required) holding its scores."""
     labels = list(predictor.labels)
-    if getattr(predictor, "multi_label", False):
+    fields = RowFields(text_field, label_field=label_field)
+    multi_label = getattr(predictor, "multi_label", False)
+    _check_label_columns(fields.label_columns(), labels, multi_label)
+    if multi_label:
         if tally is None:
             raise ValueError("a multi-label model's scores need a tally (train.multilabel.FixedThresholdTally)")
         evaluation = Evaluation(labels, tally=tally)
     else:
         evaluation = Evaluation(labels, np.zeros((len(labels), len(labels)), dtype=np.int64))
-    rows = _labelled(shards, RowFields(text_field, label_field=label_field), labels, evaluation)
+    rows = _labelled(shards, fields, labels, evaluation)
     while window := list(islice(rows, WINDOW_ROWS)):
         encoded = predictor.encode([text for text, _ in window])
         for indices in plan_passes([len(e) for e in encoded], batch_size, max_batch_tokens or None):
@@ -115,3 +119,20 @@ def evaluate_files(
                 evaluation.confusion[window[i][1], result["label_id"]] += 1
         progress(len(window))
     return evaluation
+
+
+def _check_label_columns(columns: list[str], labels: list[str], multi_label: bool) -> None:
+    """Several label fields are a multi-label set's 0/1 columns: one per label of the model, each named by it."""
+    if len(columns) < 2:
+        return
+    if not multi_label:
+        raise ConfigError(
+            f"--label-field names {len(columns)} fields ({', '.join(columns)}): 0/1 columns, one per label, are for "
+            "a multi-label model; this one is single-label"
+        )
+    lowered = [name.lower() for name in columns]
+    if sorted(lowered) != sorted(name.lower() for name in labels):
+        raise ConfigError(
+            f"--label-field names the 0/1 columns {', '.join(columns)}; they must be one per label of the model "
+            f"({', '.join(labels)}), each named by it"
+        )
