@@ -77,10 +77,10 @@ class RowFields:
 
     def label(self, fields: dict[str, Any], names: Sequence[str]) -> int:
         """The row's class as a 0-based id into ``names``."""
-        assert self.label_field is not None
-        if self.label_field not in fields:
-            raise BadRow(f"no label field {self.label_field!r}")
-        return parse_label(fields[self.label_field], names)
+        (column,) = self.label_columns()
+        if column not in fields:
+            raise BadRow(f"no label field {column!r}")
+        return parse_label(fields[column], names)
 
     def labels(self, fields: dict[str, Any], names: Sequence[str]) -> list[int]:
         """A multi-label row's labels as a 0/1 per name of ``names``, in a form the training reader takes: the label
