@@ -549,8 +549,11 @@ def spread_checkpoint():
     from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model, build_tokenizer
 
-    def build(path: Path, calibration_texts: list[str]) -> Path:
+    def build(path: Path, calibration_texts: list[str], thresholds: dict[str, float] | None = None) -> Path:
+        """``thresholds``: a multi-label model (a sigmoid per label) with those thresholds in ``distrinews.json``."""
         model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
+        if thresholds is not None:
+            model.config.problem_type = "multi_label_classification"
         tokenizer = build_tokenizer("tiny-random")
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -569,7 +572,11 @@ def spread_checkpoint():
             model.classifier.weight.copy_(weight)
             model.classifier.bias.copy_(-(weight @ mean))
         return save_servable(
-            path, model, model.state_dict(), tokenizer, ServableInfo(max_length=64, model_name="tiny-random-spread")
+            path,
+            model,
+            model.state_dict(),
+            tokenizer,
+            ServableInfo(max_length=64, model_name="tiny-random-spread", thresholds=thresholds),
         )
 
     return build

@@ -1,7 +1,8 @@
 """A multi-label model end to end: trained by 2 processes on pairs of the made news stories (``data.paired``),
-evaluated exactly (``distrinews eval`` in one process gives the training's numbers), then the same answers from
-the Python API (torch, and the exported ONNX and int8 files), the HTTP app, the batch path and Hugging Face's
-``pipeline`` (a sigmoid chosen by the config's problem_type). One run, every check on it."""
+evaluated exactly (``distrinews eval`` in one process gives the training's numbers, and ``eval --input`` on the
+validation file the same on every runtime), then the same answers from the Python API (torch, and the exported ONNX
+and int8 files), the HTTP app, the batch path and Hugging Face's ``pipeline`` (a sigmoid chosen by the config's
+problem_type). One run, every check on it."""
 
 from __future__ import annotations
 
@@ -107,6 +108,19 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
     # the Python API on every runtime: the ONNX and int8 files as `export` writes them beside the checkpoint
     for quantize in ([], ["--quantize", "int8"]):
         assert main(["export", "--checkpoint", str(best), "--format", "onnx", *quantize]) == 0
+    # eval --input on the validation file (as data.paired wrote it), on every runtime: the numbers distrinews eval
+    # gives for all of the file's rows, computed by the same counts at the same stored thresholds (the same counts on
+    # torch and ONNX, whose scores differ by float noise; int8 may move a score near a threshold over it: 2 points)
+    assert main(["eval", "--checkpoint", str(best), "--output-json", str(tmp_path / "all.json")]) == 0
+    whole = json.loads((tmp_path / "all.json").read_text())
+    for runtime, tolerance in (("torch", 1e-6), ("onnx", 1e-6), ("onnx-int8", 0.02)):
+        argv = ["eval", "--checkpoint", str(best), "--input", str(run.parent / "t.jsonl"), "--label-field", "labels"]
+        assert main([*argv, "--runtime", runtime, "--output-json", str(tmp_path / "files.json")]) == 0
+        files = json.loads((tmp_path / "files.json").read_text())
+        assert files["samples"] == whole["samples"] > 160 and files["skipped"] == 0, runtime
+        assert files["support"] == whole["support"] and files["thresholds"] == thresholds, runtime
+        for key in ("micro_f1", "macro_f1", "accuracy", "micro_f1_at_0.5", "macro_f1_at_0.5"):
+            assert files[key] == pytest.approx(whole[key], abs=tolerance), (runtime, key)
     torch_results = Classifier.load(best, "torch").predict(texts)
     assert {len(r["labels"]) for r in torch_results} - {0}, "some text gets a label"
     for runtime, tolerance in (("onnx", 1e-4), ("onnx-int8", 0.05)):

@@ -535,3 +535,83 @@ def test_eval_on_a_labelled_file_reports_accuracy_and_macro_f1_over_the_classes_
     )
     scores = f"Accuracy: {100 * accuracy:.2f}% | Macro-F1: {100 * sum(f1) / 2:.2f}%"
     assert f"{scores} (over the 2 classes present; absent from the labels: Business, Sci/Tech)" in out
+    columns = ["--label-field", "World,Sports"]  # a multi-label set's 0/1 columns
+    assert cli.main(["eval", "--checkpoint", str(checkpoint), "--input", str(path), *columns]) == 2
+    assert "one per label, are for a multi-label model; this one is single-label" in capsys.readouterr().err
+
+
+ML_THRESHOLDS = {"World": 0.3, "Sports": 0.5, "Business": 0.7, "Sci/Tech": 0.45}
+
+
+@pytest.fixture(scope="module")
+def multi_label_predictor(tmp_path_factory, news, spread_checkpoint):
+    path = spread_checkpoint(tmp_path_factory.mktemp("multi") / "best", news, thresholds=ML_THRESHOLDS)
+    return Predictor(path, device="cpu")
+
+
+def test_eval_scores_a_multi_label_model_on_labelled_files_at_its_stored_thresholds(
+    tmp_path, multi_label_predictor, news, write_rows, monkeypatch, capsys
+):
+    predictor = multi_label_predictor
+    monkeypatch.setattr(worker, "load_predictor", lambda *a, **k: predictor)
+    names = predictor.labels
+    gold = [sorted({i % 4, (i // 4) % 4} if i % 3 == 0 else set() if i % 7 == 0 else {i % 4}) for i in range(N_ROWS)]
+    forms = [  # the forms the training reader takes: names in any case, ids, CSV text, a JSON list as text
+        lambda ids: [names[i].upper() for i in ids],
+        lambda ids: list(ids),
+        lambda ids: ",".join(names[i].lower() for i in ids),
+        lambda ids: json.dumps([names[i] for i in ids]),
+    ]
+    rows = [{"text": t, "label": forms[i % 4](ids)} for i, (t, ids) in enumerate(zip(news, gold))]
+    bad = [{"text": "x", "label": ["World", "Weather"]}, {"text": "y", "label": 2}, {"text": "z"}]
+    path = write_rows(tmp_path / "multi.jsonl", [*rows, *bad])
+    metrics_path = tmp_path / "metrics.json"
+    argv = ["eval", "--checkpoint", str(predictor.checkpoint), "--input", str(path), "--output-json", str(metrics_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+
+    # by hand, from the labels the predictor answers with (each score at or above its label's threshold)
+    chosen = [{x["label_id"] for x in r["labels"]} for r in predictor.predict(news)]
+    tp = [sum(c in p and c in g for p, g in zip(chosen, gold)) for c in range(4)]
+    fp = [sum(c in p and c not in g for p, g in zip(chosen, gold)) for c in range(4)]
+    support = [sum(c in g for g in gold) for c in range(4)]
+    f1 = [2 * tp[c] / (2 * tp[c] + fp[c] + support[c] - tp[c]) for c in range(4)]
+    micro = 2 * sum(tp) / (2 * sum(tp) + sum(fp) + sum(support) - sum(tp))
+    exact = sum(p == set(g) for p, g in zip(chosen, gold)) / N_ROWS
+    assert 0 < micro < 1 and 0 < exact < 1 and any(chosen), "the model answers some labels, not all right"
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["samples"] == N_ROWS and metrics["skipped"] == 3
+    assert metrics["problem_type"] == "multi_label_classification" and metrics["thresholds"] == ML_THRESHOLDS
+    assert metrics["support"] == dict(zip(names, support)) and "loss" not in metrics
+    assert metrics["micro_f1"] == pytest.approx(micro) and metrics["macro_f1"] == pytest.approx(sum(f1) / 4)
+    assert metrics["accuracy"] == pytest.approx(exact)
+    assert [metrics["per_class"][n]["f1"] for n in names] == pytest.approx(f1)
+    assert f"Samples: {N_ROWS} labelled rows" in out and "3 rows skipped; multi.jsonl:151: label 'Weather' is " in out
+    assert "multi.jsonl:152: 'label' holds 2; a multi-label row's label is a list of labels" in out
+    assert f"| Micro-F1: {100 * micro:.2f}% (thresholds per label" in out and "(over the 4 labels present)" in out
+    assert "threshold" in out and "Confusion matrix" not in out
+
+    # the same rows as a 0/1 column per label (named in any case, in any order), and a flag that is neither
+    columns = ["Sci/Tech", "sports", "WORLD", "Business"]
+    flags = tmp_path / "flags.csv"
+    with flags.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", *columns])
+        writer.writerows(
+            [t, *(int(names.index(c) in ids) for c in ("Sci/Tech", "Sports", "World", "Business"))]
+            for t, ids in zip(news, gold)
+        )
+        writer.writerow(["x", 1, 0, 2, 0])
+    label_field = ["--label-field", ",".join(columns)]
+    assert cli.main([*argv[:4], str(flags), *label_field, "--output-json", str(tmp_path / "flags.json")]) == 0
+    assert json.loads((tmp_path / "flags.json").read_text()) == {**metrics, "skipped": 1}
+    assert "flags.csv:152: label column 'WORLD' holds '2', not 0 or 1" in capsys.readouterr().out
+    assert cli.main([*argv[:4], str(flags), "--label-field", "Sci/Tech,sports,WORLD"]) == 2
+    assert "they must be one per label of the model (World, Sports, Business, Sci/Tech)" in capsys.readouterr().err
+
+    # a file with no usable row: one line
+    write_rows(path, bad)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("distrinews: error: eval: no row of ") and len(err.splitlines()) == 1
+    assert "has a text and a label (3 rows skipped; multi.jsonl:1: label 'Weather' is none of World," in err

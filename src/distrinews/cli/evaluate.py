@@ -34,7 +34,9 @@ def register(subparsers) -> None:
         "--text-field", default=DEFAULT_TEXT_FIELD, help="the text (default: text, or AG News's title + description)"
     )
     files.add_argument(
-        "--label-field", default=DEFAULT_LABEL_FIELD, help="the label: a class name (any case) or a 0-based id"
+        "--label-field",
+        default=DEFAULT_LABEL_FIELD,
+        help="the label: a class name (any case) or a 0-based id; a multi-label model's: a list of them",
     )
     files.add_argument(
         "--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})"
@@ -109,20 +111,27 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def run_files(args: argparse.Namespace) -> int:
-    """Accuracy and macro-F1 on labelled files, read as ``predict --input`` reads them."""
+    """Accuracy and macro-F1 on labelled files, read as ``predict --input`` reads them; a multi-label model's micro-
+    and macro-F1 and exact match at the thresholds stored with it, as ``distrinews eval`` scores its split."""
     from ..data.files import resolve_inputs
     from ..distributed.launch import wants_launch
     from ..errors import DataError
     from ..predict.batch.evaluate import evaluate_files
     from ..predict.batch.job import describe_inputs
     from ..predict.batch.worker import load_predictor
+    from ..train.console import multilabel_words
+    from ..train.multilabel import FixedThresholdTally
     from . import write_json
 
     if wants_launch(args.launch_flags):
         raise ConfigError("eval --input runs in one process: drop the launcher flags")
     shards = resolve_inputs(args.input)
     predictor = load_predictor(args.checkpoint, args.runtime, threads_for_one_process(), args.batch_size)
-    result = evaluate_files(shards, predictor, args.text_field, args.label_field, batch_size=args.batch_size)
+    multi_label = getattr(predictor, "multi_label", False)
+    tally = FixedThresholdTally(predictor.labels, predictor.thresholds) if multi_label else None
+    result = evaluate_files(
+        shards, predictor, args.text_field, args.label_field, batch_size=args.batch_size, tally=tally
+    )
     skipped = ""
     if result.skipped:
         skipped = (
@@ -135,12 +144,17 @@ def run_files(args: argparse.Namespace) -> int:
     present = metrics["classes_present"]
     print(f"Samples: {result.rows:,} labelled rows of {describe_inputs(shards)}{skipped}")
     absent = [name for name in result.labels if name not in present]
+    counted = f"{len(present)} {'label' if multi_label else 'class'}" + (
+        "" if len(present) == 1 else "s" if multi_label else "es"
+    )
     print(
         f"Accuracy: {100 * metrics['accuracy']:.2f}% | Macro-F1: {100 * metrics['macro_f1']:.2f}% "
-        f"(over the {len(present)} class{'es' if len(present) != 1 else ''} present"
+        f"(over the {counted} present"
         + (f"; absent from the labels: {', '.join(absent)})" if absent else ")")
+        + multilabel_words(metrics)
     )
-    print("\n".join([*per_class_table(metrics), "Confusion matrix:", *confusion_table(metrics)]))
+    confusion = confusion_table(metrics)  # none for multi-label
+    print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
     if args.output_json:
         write_json(args.output_json, metrics)
     return 0

@@ -3,12 +3,14 @@
 The text is ``text_field`` (default ``text``). A row with no such field but ``title`` and
 ``description`` (AG News's own layout) is the two joined as in training (``rows.clean_text``)
 when the text field is the default. The id is ``id_field`` when one is named, else the caller's
-row number. The label (for evaluation) is a class name (any case) or a 0-based class id.
+row number. The label (for evaluation) is a class name (any case) or a 0-based class id; a multi-label model's
+is a list of them, or a 0/1 column per label, in the forms the training reader takes (``labels``).
 A row that lacks any of them raises :class:`BadRow`, whose message is the rejects file's reason.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +40,12 @@ class RowFields:
         names = [self.text_field]
         if self.text_field == DEFAULT_TEXT_FIELD:
             names += AG_NEWS_FIELDS
-        names += [name for name in (self.id_field, self.label_field) if name]
-        return names
+        names += [self.id_field] if self.id_field else []
+        return names + self.label_columns()
+
+    def label_columns(self) -> list[str]:
+        """The label field, or a multi-label set's 0/1 columns, one per label (their names, comma-separated)."""
+        return [name.strip() for name in (self.label_field or "").split(",") if name.strip()]
 
     def text(self, fields: dict[str, Any]) -> str:
         if self.text_field in fields:
@@ -71,10 +77,28 @@ class RowFields:
 
     def label(self, fields: dict[str, Any], names: Sequence[str]) -> int:
         """The row's class as a 0-based id into ``names``."""
-        assert self.label_field is not None
-        if self.label_field not in fields:
-            raise BadRow(f"no label field {self.label_field!r}")
-        return parse_label(fields[self.label_field], names)
+        (column,) = self.label_columns()
+        if column not in fields:
+            raise BadRow(f"no label field {column!r}")
+        return parse_label(fields[column], names)
+
+    def labels(self, fields: dict[str, Any], names: Sequence[str]) -> list[int]:
+        """A multi-label row's labels as a 0/1 per name of ``names``, in a form the training reader takes: the label
+        field's list (``label_keys``), each label a name (any case) or a 0-based id, or a 0/1 column per label
+        (``label_flag``), each named by its label (any case)."""
+        columns = self.label_columns()
+        missing = next((name for name in columns if name not in fields), None)
+        if missing is not None:
+            raise BadRow(f"no label field {missing!r}")
+        hot = [0] * len(names)
+        if len(columns) > 1:
+            lowered = [name.lower() for name in names]
+            for column in columns:
+                hot[lowered.index(column.lower())] = int(label_flag(fields[column], column))
+            return hot
+        for key in label_keys(fields[columns[0]], columns[0]):
+            hot[parse_label(key, names)] = 1
+        return hot
 
 
 def parse_label(value: Any, names: Sequence[str]) -> int:
@@ -97,3 +121,53 @@ def _string(fields: dict[str, Any], name: str, null_ok: bool = False) -> str:
     if not isinstance(value, str):
         raise BadRow(f"field {name!r} is {'null' if value is None else 'a ' + type(value).__name__}, not text")
     return value
+
+
+def label_keys(value: Any, column: str) -> tuple[str, ...]:
+    """A multi-label row's labels, as the training reader takes them (``labelled.py``): a list (JSONL, Parquet), or
+    text holding a JSON list or comma-separated names; an empty list is a row with none of the labels."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise BadRow(f"{column!r} holds {clip(text)}, which is not a JSON list") from None
+        else:
+            value = [part for part in text.split(",") if part.strip()]
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # a numpy array (Parquet, datasets)
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise BadRow(
+            f"{column!r} holds {clip(repr(value))}; a multi-label row's label is a list of labels "
+            "(or, in CSV, names separated by commas)"
+        )
+    return tuple(dict.fromkeys(label_key(item, column) for item in value))
+
+
+def label_flag(value: Any, column: str) -> bool:
+    """A 0/1 label column's value: 0 or 1 (a number, a bool, or their text)."""
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("1", "1.0", "true"):
+        return True
+    if text in ("0", "0.0", "false"):
+        return False
+    raise BadRow(f"label column {column!r} holds {clip(repr(value))}, not 0 or 1")
+
+
+def label_key(value: Any, column: str) -> str:
+    """One raw label as the training reader takes it: a string or an integer (an integral float too), stripped."""
+    if isinstance(value, (bool, list, dict)):
+        raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
+        value = int(value)
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise BadRow(f"empty label in {column!r}")
+    return text
+
+
+def clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -32,7 +32,6 @@ is every label seen in training, as above. A value that is neither is an error n
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 
 from ..config import MULTI_LABEL, DataConfig, TrainConfig
 from ..errors import ConfigError, DataError
+from .fields import BadRow, label_flag, label_key, label_keys
 from .files import read_rows, resolve_inputs
 from .rows import AG_NEWS_LABELS, RawSplit
 from .splits import hold_out, load_split, stratified_sample
@@ -275,52 +275,24 @@ def _add_row(
 
 
 def _label_keys(value: Any, where: str, column: str) -> tuple[str, ...]:
-    """A multi-label row's labels: a list (JSONL, Parquet), or text holding a JSON list or comma-separated names."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except ValueError:
-                raise DataError(f"{where}: {column!r} holds {_clip(text)}, which is not a JSON list") from None
-        else:
-            value = [part for part in text.split(",") if part.strip()]
-    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # a numpy array (Parquet, datasets)
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
-        raise DataError(
-            f"{where}: {column!r} holds {_clip(repr(value))}; a multi-label row's label is a list of labels "
-            "(or, in CSV, names separated by commas)"
-        )
-    keys = tuple(dict.fromkeys(_label_key(item, where, column) for item in value))
-    return keys
+    try:
+        return label_keys(value, column)
+    except BadRow as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _flag(value: Any, where: str, column: str) -> bool:
-    """A 0/1 label column's value: 0 or 1 (a number, a bool, or their text)."""
-    text = str(value).strip().lower() if value is not None else ""
-    if text in ("1", "1.0", "true"):
-        return True
-    if text in ("0", "0.0", "false"):
-        return False
-    raise DataError(f"{where}: label column {column!r} holds {_clip(repr(value))}, not 0 or 1")
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    try:
+        return label_flag(value, column)
+    except BadRow as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _label_key(value: Any, where: str, column: str) -> str:
-    if isinstance(value, (bool, list, dict)):
-        raise DataError(f"{where}: label {value!r} in {column!r} is not a string or an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise DataError(f"{where}: label {value!r} in {column!r} is not a string or an integer")
-        value = int(value)
-    text = "" if value is None else str(value).strip()
-    if not text:
-        raise DataError(f"{where}: empty label in {column!r}")
-    return text
+    try:
+        return label_key(value, column)
+    except BadRow as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 # ---------------------------------------------------------------------- labels

@@ -145,3 +145,28 @@ def exact_matches(scores: torch.Tensor, labels: torch.Tensor, thresholds: Sequen
         return 0
     limits = torch.tensor(list(thresholds), dtype=torch.float32, device=scores.device)
     return int(((scores.float() >= limits) == (labels > 0.5)).all(-1).sum())
+
+
+class FixedThresholdTally:
+    """A multi-label model's scores at its own thresholds, added a batch at a time (``distrinews eval --input``, whose
+    runtime may be ONNX): the histogram and exact matches ``evaluate`` keeps, so the metrics are its own. No loss: the
+    runtimes give scores, not logits."""
+
+    def __init__(self, label_names: Sequence[str], thresholds: Sequence[float]):
+        self.label_names, self.thresholds = list(label_names), list(thresholds)
+        self.histogram = ScoreHistogram(len(self.label_names))
+        self.matched = self.rows = 0
+
+    def add(self, scores: Any, labels: Any) -> None:
+        """``scores`` [rows, labels] sigmoid probabilities, ``labels`` 0/1 (arrays or nested lists)."""
+        scores, labels = torch.as_tensor(scores, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32)
+        self.histogram.add(scores, labels)
+        self.matched += exact_matches(scores, labels, self.thresholds)
+        self.rows += scores.shape[0]
+
+    def to_json(self) -> dict[str, Any]:
+        metrics = multilabel_metrics(
+            self.histogram, self.thresholds, self.matched, self.rows, float("nan"), self.label_names
+        )
+        del metrics["loss"]
+        return metrics
