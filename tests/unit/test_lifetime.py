@@ -59,6 +59,9 @@ def test_sigterm_that_comes_while_the_child_is_forked_stops_the_child_and_raises
 def test_a_stop_signal_another_thread_takes_still_stops_the_child(tmp_path):
     # A plain wait is not interrupted when the kernel gives the signal to another thread (a heartbeat thread), and
     # Python may not run the handler until the child ends.
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:  # started under nohup: SIGINT stays ignored, as it should
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     done = threading.Event()
     other = threading.Thread(target=done.wait, daemon=True)
     other.start()
@@ -73,8 +76,20 @@ def test_a_stop_signal_another_thread_takes_still_stops_the_child(tmp_path):
             run_until_stopped(_sleeper(tmp_path), 10.0, started=signal_the_other_thread)
     finally:
         done.set()
+        restored = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, before)
     assert started and _gone(started[0]) and not (tmp_path / "finished").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert restored is signal.default_int_handler
+
+
+def test_an_ignored_stop_signal_stays_ignored(tmp_path):
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup
+    try:
+        code = "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(0.5)"
+        assert run_until_stopped([sys.executable, "-c", code], 5.0) == 0
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_child_that_ends_returns_its_exit_code():

@@ -82,7 +82,8 @@ def run_until_stopped(
         if waiting:
             raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    # an ignored one (nohup's SIGINT) stays ignored
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
     process = None
     try:
         process = subprocess.Popen(command, **popen)
