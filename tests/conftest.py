@@ -190,6 +190,26 @@ async def await_until(check, timeout: float, what: str, interval: float = 0.005)
         await asyncio.sleep(interval)
 
 
+@contextlib.asynccontextmanager
+async def served(app, ready: bool = True, timeout: float = 60, base_url: str = "http://test"):
+    """``async with served(app) as client``: the app with its lifespan running (the model loads in the background)
+    and an in-process httpx client; with ``ready``, once ``/ready`` says 200 (a timeout shows ``/health``)."""
+    import httpx
+
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+        if ready:
+
+            async def is_ready() -> bool:
+                return (await client.get("/ready")).status_code == 200
+
+            try:
+                await await_until(is_ready, timeout, "/ready to say 200", interval=0.01)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; /health: {(await client.get('/health')).text}") from exc
+        yield client
+
+
 def kill(proc: subprocess.Popen, group: bool = False) -> None:
     """SIGKILL ``proc`` (and, with ``group``, every process of the session it leads: ``start_new_session=True``)
     and reap it. Safe on a process that already ended."""

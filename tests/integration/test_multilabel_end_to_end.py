@@ -12,10 +12,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
-from conftest import QUIET, TINY, await_until
+from conftest import QUIET, TINY, served
 
 pytestmark = pytest.mark.slow
 
@@ -149,15 +148,7 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
     app = create_app(ServeConfig(checkpoint=str(best), runtime="torch", api_key=""))
 
     async def serve():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-
-            async def ready() -> bool:
-                return (await client.get("/ready")).status_code == 200
-
-            await await_until(ready, 60, "/ready to say 200", interval=0.01)
+        async with served(app) as client:
             single = (await client.post("/predict", json={"text": texts[0]})).json()
             batch = (await client.post("/predict/batch", json={"texts": texts})).json()
             hf = (await client.post("/predict", json={"inputs": texts[0], "parameters": {}})).json()

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
-from conftest import await_until
+from conftest import served
 from distrinews.errors import ConfigError
 from distrinews.predict.confidence import ConfidenceThreshold
 from distrinews.predict.runtimes import make_predictor
@@ -84,15 +83,7 @@ def test_the_server_answers_not_confident_and_counts_it(checkpoint, threshold):
     app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime="torch", api_key="", min_confidence=f"{middle!r}"))
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-
-            async def ready() -> bool:
-                return (await client.get("/ready")).status_code == 200
-
-            await await_until(ready, 60, "/ready to say 200", interval=0.01)
+        async with served(app) as client:
             singles = [(await client.post("/predict", json={"text": text})).json() for text in TEXTS]
             batch = (await client.post("/predict/batch", json={"texts": TEXTS})).json()
             info = (await client.get("/info")).json()

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import served
 from distrinews.checkpoint.records import JSON_LIMIT, SERVABLE_INFO, ServableInfo
 from distrinews.errors import CheckpointError
 
@@ -66,10 +67,7 @@ def _serve(checkpoint: Path, runtime: str) -> tuple[httpx.Response, httpx.Respon
     app = create_app(ServeConfig(checkpoint=str(checkpoint), api_key="", runtime=runtime))
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
+        async with served(app, ready=False) as client:
             for _ in range(2000):
                 health = await client.get("/health")
                 if health.status_code == 503:

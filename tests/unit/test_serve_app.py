@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from conftest import await_until
+from conftest import await_until, served
 from distrinews.serve.app import ServeConfig, create_app
 
 
@@ -35,10 +35,7 @@ def test_ready_and_predict_say_503_until_the_model_has_loaded(fake_predictor):
     app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=slow_loader)
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
+        async with served(app, ready=False) as client:
             health = await client.get("/health")
             assert health.status_code == 200 and health.json()["model_loaded"] is False
             ready = await client.get("/ready")
@@ -66,10 +63,7 @@ def test_a_model_that_fails_to_load_is_reported_not_hidden_and_the_why_stays_in_
     app = create_app(ServeConfig(checkpoint="/srv/secret-models/x", api_key=""), predictor_factory=broken_loader)
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
+        async with served(app, ready=False) as client:
             health = await _poll(client, "/health", 503)
             assert health.status_code == 503 and health.json()["status"] == "unhealthy"
             assert health.json()["error"] == "the model failed to load (the server log says why)"
@@ -112,11 +106,7 @@ def test_a_client_that_hangs_up_while_queued_is_never_computed(asgi_post, gated_
     app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=lambda: predictor)
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-            await _poll(client, "/ready", 200)
+        async with served(app) as client:
             busy = asyncio.ensure_future(predict(app, "keeps the model busy"))
             await await_until(predictor.running.is_set, 10, "the first forward pass")
             hang_up = asyncio.Event()
@@ -189,10 +179,7 @@ def test_every_computed_answer_names_its_model_version_and_metrics_can_be_public
     key = {"authorization": "Bearer k"}
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
+        async with served(app, ready=False) as client:
             ready = await _poll(client, "/ready", 200)
             one = await client.post("/predict", json={"text": "Oil prices jump"}, headers=key)
             batch = await client.post("/predict/batch", json={"texts": ["a", "b"]}, headers=key)

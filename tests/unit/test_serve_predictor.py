@@ -7,20 +7,15 @@ import asyncio
 import dataclasses
 import threading
 
-import httpx
 import numpy as np
 import pytest
 
-from conftest import await_until
+from conftest import served
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, Predictor, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
 from distrinews.serve.app import ENCODE_INLINE_CHARS, ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
-
-
-async def _is_ready(client: httpx.AsyncClient) -> bool:
-    return (await client.get("/ready")).status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +83,15 @@ def test_the_server_tokenizes_off_the_forward_thread_and_the_forward_pass_gets_t
     )
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-            await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
+        async with served(app) as client:
             calls.clear()  # not the warm-up
             singles = await asyncio.gather(*(client.post("/predict", json={"text": t}) for t in texts[:16]))
             batch = await client.post("/predict/batch", json={"texts": texts[16:]})
             return [r.json() for r in singles] + batch.json()
 
-    served = asyncio.run(main())
-    assert [s["label"] for s in served] == [e["label"] for e in expected]
-    for s, e in zip(served, expected):
+    answers = asyncio.run(main())
+    assert [s["label"] for s in answers] == [e["label"] for e in expected]
+    for s, e in zip(answers, expected):
         assert s["probabilities"] == pytest.approx(e["probabilities"], abs=padding_atol)
     encodes = [c for c in calls if c[0] == "encode"]
     forwards = [c for c in calls if c[0] == "forward"]
@@ -225,14 +216,7 @@ def _served_info(checkpoint, runtime: str = "torch") -> dict:
     app = create_app(ServeConfig(checkpoint=str(checkpoint), runtime=runtime, api_key=""))
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-            try:
-                await await_until(lambda: _is_ready(client), 60, "/ready to say 200", interval=0.01)
-            except AssertionError as exc:
-                raise AssertionError((await client.get("/health")).json()) from exc
+        async with served(app) as client:
             return (await client.get("/info")).json()
 
     return asyncio.run(main())

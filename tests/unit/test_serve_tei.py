@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conftest import TEI_TIMING_HEADERS as TIMING
-from conftest import await_until, wait_until
+from conftest import await_until, served, wait_until
 from distrinews.predict.client import RemoteClassifier, RemoteError, retry_after
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.tei import ERROR_TYPES, LOG_OF_ZERO
@@ -207,10 +207,7 @@ def test_teis_errors_while_loading_when_busy_and_when_the_model_fails(fake_predi
     )
 
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
-        ):
+        async with served(app, ready=False, base_url="http://t") as c:
             loading = await c.post("/predict", json={"inputs": "a"})
             seed_loading = await c.post("/predict", json={"text": "a"})
             loaded.set()

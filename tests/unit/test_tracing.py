@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import await_until
+from conftest import served
 from distrinews import cli, tracing
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -219,18 +219,8 @@ def _serve(app, requests):
     """Run ``requests(client)`` against ``app`` in-process, with its lifespan (the model loaded first)."""
     import asyncio
 
-    import httpx
-
     async def main():
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-        ):
-
-            async def ready():
-                return (await client.get("/ready")).status_code == 200
-
-            await await_until(ready, 30, "the app ready", 0.01)
+        async with served(app) as client:
             return await requests(client)
 
     return asyncio.run(main())
