@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -569,9 +570,16 @@ def spread_checkpoint():
     from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model, build_tokenizer
 
-    def build(path: Path, calibration_texts: list[str], thresholds: dict[str, float] | None = None) -> Path:
-        """``thresholds``: a multi-label model (a sigmoid per label) with those thresholds in ``distrinews.json``."""
-        model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=0).eval()
+    def build(
+        path: Path,
+        calibration_texts: list[str],
+        thresholds: dict[str, float] | None = None,
+        labels: Sequence[str] = AG_NEWS_LABELS,
+        training_config: dict | None = None,
+    ) -> Path:
+        """``thresholds``: a multi-label model (a sigmoid per label) with those thresholds in ``distrinews.json``;
+        ``training_config``: the run's config it records (``TrainConfig.to_dict()``; None: no run, AG News)."""
+        model = build_model("tiny-random", labels=list(labels), dropout=0.0, seed=0).eval()
         if thresholds is not None:
             model.config.problem_type = "multi_label_classification"
         tokenizer = build_tokenizer("tiny-random")
@@ -596,7 +604,13 @@ def spread_checkpoint():
             model,
             model.state_dict(),
             tokenizer,
-            ServableInfo(max_length=64, model_name="tiny-random-spread", thresholds=thresholds),
+            ServableInfo(
+                label_names=list(labels),
+                max_length=64,
+                model_name="tiny-random-spread",
+                thresholds=thresholds,
+                training_config=training_config,
+            ),
         )
 
     return build

@@ -309,7 +309,9 @@ def test_refuses_a_folder_of_other_files_and_a_checkpoint_that_is_not_best(check
 
 def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkeypatch):
     within = {
+        "metric": "accuracy",
         "rows": 7600,
+        "source": "the test split (test.csv)",
         "fp32_accuracy": 0.9017,
         "int8_accuracy": 0.9022,
         "difference_points": 0.05,
@@ -319,13 +321,20 @@ def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkey
     bundle = export_space(checkpoint, tmp_path / "ok", check_accuracy=True, say=lambda _: None)
     assert json.loads((bundle / "model" / "distrinews.json").read_text())["export"]["int8_accuracy_check"] == within
     assert (
-        "checked at export (`--check-accuracy`) on 7,600 test rows: 90.22% against 90.17% for fp32 (+0.05 points"
-        in (bundle / "README.md").read_text()
+        "int8 accuracy, checked at export (`--check-accuracy`) on 7,600 rows of the test split (test.csv): "
+        "90.22% against 90.17% for fp32 (+0.05 points" in (bundle / "README.md").read_text()
     )
-    outside = {**within, "int8_accuracy": 0.8990, "difference_points": -0.27, "within_tolerance": False}
+    outside = {  # a multi-label model's check: micro-F1
+        **{k: v for k, v in within.items() if not k.endswith("_accuracy")},
+        "metric": "micro_f1",
+        "fp32_micro_f1": 0.9017,
+        "int8_micro_f1": 0.8990,
+        "difference_points": -0.27,
+        "within_tolerance": False,
+    }
     monkeypatch.setattr(accuracy, "compare_int8", lambda *a: outside)
     with pytest.raises(
-        ConfigError, match=r"int8 loses 0.27 accuracy points .* export with --runtime onnx \(fp32\) instead"
+        ConfigError, match=r"int8 loses 0.27 micro-F1 points .* export with --runtime onnx \(fp32\) instead"
     ):
         export_space(checkpoint, tmp_path / "refused", check_accuracy=True, say=lambda _: None)
     assert not (tmp_path / "refused").exists()
@@ -355,11 +364,108 @@ def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, 
     assert len(set(fp32_labels)) > 1 and int8_labels != fp32_labels, "the check must tell the graphs and rows apart"
     result = accuracy.compare_int8(checkpoint, fp32, int8, str(tmp_path))
     assert result["rows"] == 40 and result["fp32_accuracy"] == 0.75
+    assert result["metric"] == "accuracy" and result["source"] == f"the test split ({tmp_path / 'test.csv'})"
     assert result["int8_accuracy"] == sum(a == b for a, b in zip(int8_labels, labels)) / 40
     assert result["difference_points"] == pytest.approx(
         100 * (result["int8_accuracy"] - result["fp32_accuracy"]), abs=1e-3
     )
     assert result["within_tolerance"] == (result["difference_points"] >= -0.2)
+
+
+def _both_graphs(checkpoint: Path, folder: Path) -> tuple[Path, Path]:
+    from distrinews.export.onnx import export_onnx, quantize_int8
+
+    fp32 = export_onnx(checkpoint, folder / "model.onnx")
+    return fp32, quantize_int8(fp32, folder / "model.int8.onnx")
+
+
+def _texts(n: int) -> list[str]:
+    return [f"headline {i}: words about topic {i % 5} and item {i * 7 % 11}" for i in range(n)]
+
+
+def test_compare_int8_scores_an_own_data_model_on_its_own_evaluation_rows(
+    spread_checkpoint, tmp_path, write_rows, write_csv
+):
+    """A model trained on the user's files is measured on their evaluation rows and labels, not on AG News's test
+    split (here in the folder given as --data); one whose labels are not its data's is refused in one line."""
+    from distrinews.errors import DataError
+    from distrinews.predict.runtimes import OnnxPredictor
+
+    labels, texts = ["business", "sport", "tech"], _texts(30)
+    train = write_rows(tmp_path / "train.csv", [{"text": f"row {i}", "label": labels[i % 3]} for i in range(9)])
+    valid = write_rows(tmp_path / "valid.csv", [{"text": t, "label": "tech"} for t in texts])
+    config = TrainConfig(train_file=str(train), validation_file=str(valid)).to_dict()
+    checkpoint = spread_checkpoint(tmp_path / "best", texts, labels=labels, training_config=config)
+    fp32, int8 = _both_graphs(checkpoint, tmp_path)
+    # Labels made so that the fp32 graph is right on exactly 24 of the 30 rows: a known accuracy, 0.8.
+    fp32_ids = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=fp32).predict(texts)]
+    gold = [y if i < 24 else (y + 1) % 3 for i, y in enumerate(fp32_ids)]
+    write_rows(valid, [{"text": t, "label": labels[y]} for t, y in zip(texts, gold)])
+    int8_ids = [p["label_id"] for p in OnnxPredictor(checkpoint, onnx_model=int8).predict(texts)]
+    assert len(set(fp32_ids)) > 1, "the check must tell the rows apart"
+    ag_news = tmp_path / "ag_news"
+    ag_news.mkdir()
+    write_csv(ag_news / "test.csv", [(str(1 + i % 4), f"title {i}", "description") for i in range(40)])
+
+    result = accuracy.compare_int8(checkpoint, fp32, int8, str(ag_news))
+    assert (result["rows"], result["fp32_accuracy"]) == (30, 0.8) and "valid.csv" in result["source"]
+    assert result["metric"] == "accuracy"
+    assert result["int8_accuracy"] == sum(a == b for a, b in zip(int8_ids, gold)) / 30
+    note = accuracy.note("onnx-int8", result)
+    assert note.startswith("int8 accuracy, checked at export") and f"30 rows of {result['source']}:" in note
+
+    record = json.loads((checkpoint / "distrinews.json").read_text())
+    (checkpoint / "distrinews.json").write_text(json.dumps({**record, "training_config": None}))  # no run: AG News
+    with pytest.raises(DataError, match=r"the model's labels \(business, sport, tech\) are not those of the data"):
+        accuracy.compare_int8(checkpoint, fp32, int8, str(ag_news))
+
+
+def test_compare_int8_scores_a_multi_label_model_by_micro_f1_at_its_stored_thresholds(
+    spread_checkpoint, tmp_path, write_rows, write_csv
+):
+    """A multi-label model's answers are label sets: both graphs are scored as ``distrinews eval`` scores it,
+    micro-F1 with each label at the threshold stored with the model; rows of one label each are refused."""
+    from distrinews.config import MULTI_LABEL
+    from distrinews.errors import DataError
+    from distrinews.predict.runtimes import OnnxPredictor
+
+    names, texts = list(AG_NEWS_LABELS), _texts(40)
+    thresholds = {"World": 0.3, "Sports": 0.5, "Business": 0.7, "Sci/Tech": 0.45}
+    gold = [sorted({i % 4, (i // 4) % 4}) if i % 3 == 0 else [] if i % 7 == 0 else [i % 4] for i in range(40)]
+    train = write_rows(tmp_path / "train.jsonl", [{"text": f"row {i}", "label": [names[i % 4]]} for i in range(8)])
+    rows = [{"text": t, "label": [names[j] for j in g]} for t, g in zip(texts, gold)]
+    valid = write_rows(tmp_path / "valid.jsonl", rows)
+    config = TrainConfig(
+        train_file=str(train), validation_file=str(valid), problem_type=MULTI_LABEL, label_names=",".join(names)
+    ).to_dict()
+    checkpoint = spread_checkpoint(tmp_path / "best", texts, thresholds=thresholds, training_config=config)
+    fp32, int8 = _both_graphs(checkpoint, tmp_path)
+
+    def micro_f1(graph: Path) -> float:  # by hand, from the label sets the predictor answers with
+        answers = OnnxPredictor(checkpoint, onnx_model=graph).predict(texts)
+        chosen = [{x["label_id"] for x in r["labels"]} for r in answers]
+        assert len({frozenset(c) for c in chosen}) > 2, "the answers must differ from text to text"
+        tp = sum(len(c & set(g)) for c, g in zip(chosen, gold))
+        fp = sum(len(c - set(g)) for c, g in zip(chosen, gold))
+        return 2 * tp / (tp + fp + sum(map(len, gold)))
+
+    result = accuracy.compare_int8(checkpoint, fp32, int8, str(tmp_path))
+    assert result["metric"] == "micro_f1" and result["rows"] == 40 and "valid.jsonl" in result["source"]
+    assert result["fp32_micro_f1"] == pytest.approx(micro_f1(fp32), abs=1e-9)
+    assert result["int8_micro_f1"] == pytest.approx(micro_f1(int8), abs=1e-9)
+    assert 0 < result["fp32_micro_f1"] < 1 and "fp32_accuracy" not in result
+    assert result["difference_points"] == pytest.approx(
+        100 * (result["int8_micro_f1"] - result["fp32_micro_f1"]), abs=1e-3
+    )
+    assert result["within_tolerance"] == (result["difference_points"] >= -0.2)
+    note = accuracy.note("onnx-int8", result)
+    assert note.startswith("int8 micro-F1") and f"40 rows of {result['source']}:" in note
+
+    record = json.loads((checkpoint / "distrinews.json").read_text())
+    (checkpoint / "distrinews.json").write_text(json.dumps({**record, "training_config": None}))  # no run: AG News
+    write_csv(tmp_path / "test.csv", [(str(1 + i % 4), f"title {i}", "description") for i in range(8)])
+    with pytest.raises(DataError, match=r"the model is multi-label but the rows of the data it records \(the test"):
+        accuracy.compare_int8(checkpoint, fp32, int8, str(tmp_path))
 
 
 def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bundles, checkpoint, monkeypatch):

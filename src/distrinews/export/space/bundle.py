@@ -227,15 +227,17 @@ def _write_model(
         int8 = quantize_int8(fp32, model_dir / MODEL_FILES["onnx-int8"])
         if not check_accuracy:
             return None
-        say("measuring int8 against fp32 on the test split (--check-accuracy)")
+        say("measuring int8 against fp32 on the model's evaluation rows (--check-accuracy)")
         result = accuracy.compare_int8(checkpoint, fp32, int8, data_dir)
+        metric = accuracy.METRIC_NAMES[result["metric"]]
+        fp32_score, int8_score = accuracy.scores(result)
         say(
-            f"int8 {100 * result['int8_accuracy']:.2f}% vs fp32 {100 * result['fp32_accuracy']:.2f}% "
-            f"on {result['rows']:,} rows ({result['difference_points']:+.2f} points)"
+            f"int8 {metric} {100 * int8_score:.2f}% vs fp32 {100 * fp32_score:.2f}% "
+            f"on {result['rows']:,} rows of {result['source']} ({result['difference_points']:+.2f} points)"
         )
         if not result["within_tolerance"]:
             raise ConfigError(
-                f"int8 loses {-result['difference_points']:.2f} accuracy points against fp32 (tolerance "
+                f"int8 loses {-result['difference_points']:.2f} {metric} points against fp32 (tolerance "
                 f"{accuracy.INT8_TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
             )
         return result
