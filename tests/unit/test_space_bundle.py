@@ -311,7 +311,8 @@ def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkey
     within = {
         "metric": "accuracy",
         "rows": 7600,
-        "source": "the test split (test.csv)",
+        "source": "the test split (/home/someone/data/test.csv)",
+        "rows_from": "the official test split",
         "fp32_accuracy": 0.9017,
         "int8_accuracy": 0.9022,
         "difference_points": 0.05,
@@ -321,7 +322,7 @@ def test_int8_accuracy_check_is_recorded_or_refuses(checkpoint, tmp_path, monkey
     bundle = export_space(checkpoint, tmp_path / "ok", check_accuracy=True, say=lambda _: None)
     assert json.loads((bundle / "model" / "distrinews.json").read_text())["export"]["int8_accuracy_check"] == within
     assert (
-        "int8 accuracy, checked at export (`--check-accuracy`) on 7,600 rows of the test split (test.csv): "
+        "int8 accuracy, checked at export (`--check-accuracy`) on 7,600 rows of the official test split: "
         "90.22% against 90.17% for fp32 (+0.05 points" in (bundle / "README.md").read_text()
     )
     outside = {  # a multi-label model's check: micro-F1
@@ -412,7 +413,7 @@ def test_compare_int8_scores_an_own_data_model_on_its_own_evaluation_rows(
     assert result["metric"] == "accuracy"
     assert result["int8_accuracy"] == sum(a == b for a, b in zip(int8_ids, gold)) / 30
     note = accuracy.note("onnx-int8", result)
-    assert note.startswith("int8 accuracy, checked at export") and f"30 rows of {result['source']}:" in note
+    assert note.startswith("int8 accuracy, checked at export") and "30 rows of `valid.csv`:" in note
 
     record = json.loads((checkpoint / "distrinews.json").read_text())
     (checkpoint / "distrinews.json").write_text(json.dumps({**record, "training_config": None}))  # no run: AG News
@@ -459,7 +460,7 @@ def test_compare_int8_scores_a_multi_label_model_by_micro_f1_at_its_stored_thres
     )
     assert result["within_tolerance"] == (result["difference_points"] >= -0.2)
     note = accuracy.note("onnx-int8", result)
-    assert note.startswith("int8 micro-F1") and f"40 rows of {result['source']}:" in note
+    assert note.startswith("int8 micro-F1") and "40 rows of `valid.jsonl`:" in note and str(tmp_path) not in note
 
     record = json.loads((checkpoint / "distrinews.json").read_text())
     (checkpoint / "distrinews.json").write_text(json.dumps({**record, "training_config": None}))  # no run: AG News

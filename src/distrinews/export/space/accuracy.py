@@ -33,6 +33,7 @@ def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: s
     """Both graphs' metric on every evaluation row of the checkpoint's data, and whether int8 is within the
     tolerance. ``data_dir``: where AG News is, for a model trained on it (None: ``$DISTRINEWS_DATA``, else the hub).
     A ``DataError`` (one line) where the model's labels or kind are not those of the data it records."""
+    from ...checkpoint.modelcard import TrainingData
     from ...checkpoint.records import read_servable_info
     from ...data.labelled import load_labelled, trained_on
     from ...errors import DataError
@@ -48,7 +49,13 @@ def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: s
         )
     rows = data.eval
     metric = "micro_f1" if data.multi_label else "accuracy"
-    result: dict[str, Any] = {"metric": metric, "rows": len(rows), "source": data.eval_from}
+    # the README says which rows in the model card's words: data.eval_from holds the exporter's local path
+    result: dict[str, Any] = {
+        "metric": metric,
+        "rows": len(rows),
+        "source": data.eval_from,
+        "rows_from": TrainingData.of(info).evaluated_on,
+    }
     for name, path in (("fp32", fp32_onnx), ("int8", int8_onnx)):
         predictor = OnnxPredictor(checkpoint, onnx_model=path)
         if predictor.multi_label != data.multi_label:
@@ -96,7 +103,7 @@ def note(runtime: str, check: dict[str, Any] | None) -> str:
         thresholds = " (each label at the threshold stored with the model)" if check["metric"] == "micro_f1" else ""
         return (
             f"int8 {METRIC_NAMES[check['metric']]}{thresholds}, checked at export (`--check-accuracy`) on "
-            f"{check['rows']:,} rows of {check['source']}: {100 * int8:.2f}% against {100 * fp32:.2f}% for fp32 "
+            f"{check['rows']:,} rows of {check['rows_from']}: {100 * int8:.2f}% against {100 * fp32:.2f}% for fp32 "
             f"({check['difference_points']:+.2f} points; the tolerance is -{INT8_TOLERANCE_POINTS} points)."
         )
     return (
