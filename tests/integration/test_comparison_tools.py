@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("compare", "baseline", "precision", "replicas", "serving_reference", "serving_stages", "hf_trainer",
-         "reference_loop", "fault_overhead", "calibrate_existing", "calibration_rows")  # fmt: skip
+         "reference_loop", "fault_overhead", "calibrate_existing", "calibration_rows", "tuning_split",
+         "study_summary")  # fmt: skip
 
 
 def tool(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

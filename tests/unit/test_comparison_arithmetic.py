@@ -290,3 +290,76 @@ def test_compare_names_the_lab_extra_when_trainer_cannot_run(monkeypatch):
     compare.add_arguments(parser)
     with pytest.raises(ConfigError, match=r"compare needs accelerate: pip install -e '\.\[lab\]'"):
         compare.run(parser.parse_args(["--runs", "ours,trainer"]), [])
+
+
+# ---------------------------------------------------------------------- a study's data and its summary
+def test_the_tuning_split_holds_out_rows_the_config_never_trains_on(tmp_path, monkeypatch):
+    from benchmarks.tools import tuning_split
+    from distrinews.config import load_config
+    from distrinews.data.labelled import load_labelled
+    from distrinews.data.splits import stratified_sample
+
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("model_name_or_path: tiny-random\ntrain_samples: 40\nseed: 7\n")
+    assert tuning_split.main([str(config_file), str(tmp_path / "out"), "--validation", "12"]) == 0
+    train = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    held = [json.loads(line) for line in (tmp_path / "out" / "validation.jsonl").read_text().splitlines()]
+    config = load_config(config_file)
+    data = load_labelled(config.data, 7)
+    assert data.train is not None
+    sampled = stratified_sample(data.train.labels, 40, 7)
+    assert [r["text"] for r in train] == [data.train.texts[i] for i in sampled]  # the rows a run of it draws
+    assert [r["label"] for r in train] == [data.label_names[data.train.labels[i]] for i in sampled]
+    assert len(held) == 12 and not {r["text"] for r in held} & {r["text"] for r in train}
+    assert {r["label"] for r in held} == set(data.label_names)  # stratified: every class
+    assert tuning_split.main([str(config_file), str(tmp_path / "out"), "--validation", str(10**7)]) == 2
+
+
+def test_a_study_summary_counts_what_ended_within_the_window(tmp_path):
+    from datetime import datetime, timedelta
+
+    optuna = pytest.importorskip("optuna")
+    from optuna.distributions import FloatDistribution
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import FrozenTrial, TrialState
+
+    from benchmarks.tools import study_summary
+
+    journal = tmp_path / "study.journal"
+    study = optuna.create_study(
+        study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))), direction="maximize"
+    )
+    t0 = datetime(2026, 11, 26, 12, 0, 0)
+    lr = FloatDistribution(1e-5, 1e-3, log=True)
+    # (state, value, start and end in minutes from t0)
+    for number, (state, value, start, end) in enumerate(
+        [
+            (TrialState.COMPLETE, 0.90, 0, 4),
+            (TrialState.COMPLETE, 0.92, 4, 8),
+            (TrialState.PRUNED, 0.80, 8, 10),
+            (TrialState.COMPLETE, 0.95, 10, 14),  # ends after a 12-minute window
+        ]
+    ):
+        study.add_trial(
+            FrozenTrial(
+                number=number,
+                state=state,
+                value=value if state == TrialState.COMPLETE else None,
+                datetime_start=t0 + timedelta(minutes=start),
+                datetime_complete=t0 + timedelta(minutes=end),
+                params={"learning_rate": 1e-4 * (number + 1)},
+                distributions={"learning_rate": lr},
+                user_attrs={},
+                system_attrs={},
+                intermediate_values={100: value} if state == TrialState.PRUNED else {},
+                trial_id=number,
+            )
+        )
+    window = study_summary.summarise(journal, 12)
+    assert "3 trials ended (2 complete, 1 pruned, 0 failed), 1 running" in window[0]
+    assert window[1] == "  trial time: 10.0 min; a complete trial 240 s, a pruned one 120 s"
+    assert window[2] == "  best: trial 1, 0.9200 after 8.0 min: learning_rate=0.0002"
+    whole = study_summary.summarise(journal, None)
+    assert "4 trials ended (3 complete, 1 pruned, 0 failed), 0 running" in whole[0]
+    assert whole[2].startswith("  best: trial 3, 0.9500 after 14.0 min")
