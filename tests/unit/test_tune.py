@@ -254,3 +254,36 @@ def test_config_overrides_pass_through_tune_to_the_base_config_seed_included():
         ["tune", "--space", "s.yaml", "--seed", "7", "--sampler-seed", "3", "--max_steps", "9"]
     )
     assert args.sampler_seed == 3 and extra == ["--seed", "7", "--max_steps", "9"]
+
+
+def test_a_trial_is_never_pruned_at_its_last_evaluation(tmp_path):
+    """The last evaluation ends the run anyway: pruned there, a finished trial was recorded as pruned."""
+    import torch
+
+    from distrinews.distributed.process_group import DistEnv
+    from distrinews.train.callbacks import CallbackHandler
+    from distrinews.train.components import TrainState
+    from distrinews.tune.trial_callback import TrialCallback, TrialLink
+
+    storage = str(tmp_path / "study.journal")
+    study = optuna.create_study(study_name="s", storage=open_storage(storage), direction="maximize")
+    trial = study.ask()
+    link = TrialLink(storage, "s", trial._trial_id, trial.number, {"name": "none"}, str(tmp_path / "result.json"))
+    callback, state = TrialCallback(link), TrainState()
+    handler = CallbackHandler([callback], BASE, state, DistEnv(0, 0, 1, 1, torch.device("cpu"), None))
+    handler.on_train_begin(None, total_steps=6)  # what the loop passes: the run's last step
+
+    class AlwaysPrune:  # a pruner's verdict, whatever the value
+        def report(self, value, step):
+            pass
+
+        def should_prune(self):
+            return True
+
+    callback.trial = AlwaysPrune()
+    state.global_step = 6
+    handler.on_evaluate({"accuracy": 0.9})
+    assert not handler.control.should_training_stop and callback.pruned_at is None
+    state.global_step = 4
+    handler.on_evaluate({"accuracy": 0.8})
+    assert handler.control.should_training_stop and callback.pruned_at == 4

@@ -82,8 +82,8 @@ class CallbackHandler:
         self.args, self.state, self.env = args, state, env
         self.control = TrainerControl()
 
-    def on_train_begin(self, resumed_from: str | None, model: Any = None) -> None:
-        self._call("on_train_begin", resumed_from=resumed_from, model=model)
+    def on_train_begin(self, resumed_from: str | None, model: Any = None, total_steps: int | None = None) -> None:
+        self._call("on_train_begin", resumed_from=resumed_from, model=model, total_steps=total_steps)
         self._agree()
 
     def on_log(self, kind: str, logs: dict[str, Any]) -> None:

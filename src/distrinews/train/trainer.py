@@ -346,7 +346,7 @@ class Trainer:
     def open_logs(self, resumed_from: str | None) -> None:
         if self.env.is_main:
             self.run_dir.prepare(self.config, resumed=resumed_from is not None)
-        self.callbacks.on_train_begin(resumed_from, model=self.model.raw)
+        self.callbacks.on_train_begin(resumed_from, model=self.model.raw, total_steps=self.plan.total_steps)
         self.report.open_progress(self.plan.total_steps, self.state.global_step)
 
     def print_banner(self, resumed_from: str | None) -> None:

@@ -66,8 +66,10 @@ class TrialCallback(TrainerCallback):
         self.trial: optuna.Trial | None = None
         self.pruned_at: int | None = None
         self.last_value: float | None = None
+        self.total_steps: int | None = None
 
-    def on_train_begin(self, args, state, control, **kwargs: Any) -> None:
+    def on_train_begin(self, args, state, control, total_steps: int | None = None, **kwargs: Any) -> None:
+        self.total_steps = total_steps
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(
             study_name=self.link.study_name,
@@ -86,7 +88,10 @@ class TrialCallback(TrainerCallback):
             return
         try:
             self.trial.report(self.last_value, state.global_step)
-            prune = self.trial.should_prune()
+            # The last evaluation ends the run anyway: pruned there, a finished trial would count as pruned (its
+            # value then never a complete trial's, for the sampler and the results).
+            final = self.total_steps is not None and state.global_step >= self.total_steps
+            prune = not final and self.trial.should_prune()
         except Exception as exc:  # the storage gone, or the trial failed meanwhile (its tuner died): the run goes on
             why = f"{type(exc).__name__}: {exc}".splitlines()[0]
             print(f"warning: Optuna: trial {self.link.number} no longer reported to ({why})")
