@@ -33,14 +33,14 @@ def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Be killed when the process that started this one dies; exit at once if it already has."""
-    ask_to_die_with_parent()
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Get ``sig`` when the process that started this one dies; exit at once if it already has."""
+    ask_to_die_with_parent(sig)
     if os.getppid() != parent_pid:  # the parent died before the line above took effect
         os._exit(1)
 
 
-def preexec_die_with_parent() -> Callable[[], None]:
+def preexec_die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process.
 
     The death signal is bound to the thread that started the child, so start children from the main thread.
@@ -48,7 +48,7 @@ def preexec_die_with_parent() -> Callable[[], None]:
     parent = os.getpid()
 
     def preexec() -> None:
-        die_with_parent(parent)
+        die_with_parent(parent, sig)
 
     return preexec
 

@@ -18,7 +18,6 @@ instant both run it: the study then has one more trial than asked.)
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
 from ..config import TrainConfig
 from ..distributed.launch import PREEMPTION_GRACE_S
-from ..distributed.lifetime import last_line, run_until_stopped
+from ..distributed.lifetime import last_line, preexec_die_with_parent, run_until_stopped
 from ..errors import ConfigError
 from . import TRIAL_ENV
 from .pruning import PrunerSpec
@@ -240,7 +239,8 @@ def _objective(
             code = run_until_stopped(
                 command,
                 PREEMPTION_GRACE_S,
-                preexec_fn=_die_with_parent,
+                # SIGTERM when the tuner dies, SIGKILL included: the run stops at a step boundary
+                preexec_fn=preexec_die_with_parent(signal.SIGTERM),
                 started=lambda pid: trial.set_user_attr("pid", pid),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -278,13 +278,6 @@ def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[...
         env["MLFLOW_TAGS"] = json.dumps(tags)
         env.pop("MLFLOW_RUN_ID", None)  # each trial is a run of its own
     return env
-
-
-def _die_with_parent() -> None:
-    """In the trial's process, before it runs: SIGTERM when the tuner dies, SIGKILL included (Linux's
-    PR_SET_PDEATHSIG); a run stops at a step boundary on SIGTERM. Elsewhere the trial outlives a killed tuner."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _shown(params: dict[str, Any]) -> str:
