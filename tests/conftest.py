@@ -16,7 +16,6 @@ import io
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -616,23 +615,17 @@ def spread_checkpoint():
     return build
 
 
-# uvicorn's line once it listens; with ``--port 0`` it names the port the kernel gave (uvicorn/server.py)
-LISTENING = re.compile(r"Uvicorn running on https?://[^\s]+:(\d+) ")
-
-
 def reported_port(log_path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> int:
     """The port a server started with ``--port 0`` (or ``PORT=0``) reports in ``log_path`` once it listens. Servers
     the tests start bind port 0: a port picked free and released first may be taken by the other pytest worker
     before the server binds it."""
+    from distrinews.bench.serving_servers import ServerNotReady
+    from distrinews.bench.serving_servers import reported_port as listening_port
 
-    def bound() -> int | None:
-        if match := LISTENING.search(log_path.read_text(errors="replace")):
-            return int(match.group(1))
-        if proc.poll() is not None:
-            raise AssertionError(f"exited with {proc.returncode} before it listened:\n{log_path.read_text()[-4000:]}")
-        return None
-
-    return wait_until(bound, timeout, f"the listening line in {log_path}", interval=0.05)
+    try:
+        return listening_port(log_path, proc, timeout)
+    except ServerNotReady as exc:
+        raise AssertionError(f"{exc}:\n{log_path.read_text(errors='replace')[-4000:]}") from None
 
 
 class ServerProcess:
@@ -665,6 +658,8 @@ class ServerProcess:
 
     def listened(self) -> bool:
         """Whether it has logged its listening line (``--port 0``: no port to probe before)."""
+        from distrinews.bench.serving_servers import LISTENING
+
         return bool(LISTENING.search(self.log_path.read_text(errors="replace")))
 
     def log(self) -> str:

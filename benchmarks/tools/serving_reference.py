@@ -86,7 +86,8 @@ def serve_reference(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(reference_app(args.checkpoint), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    # log level info: with port 0, the listening line names the port (serving_servers.reported_port)
+    uvicorn.run(reference_app(args.checkpoint), host="127.0.0.1", port=args.port, log_level="info", access_log=False)
     return 0
 
 

@@ -1,15 +1,20 @@
-"""``wait_ready``, the readiness poller of the serving benchmarks and of the HTTP tests' ``ServerProcess``."""
+"""``wait_ready``, the readiness poller of the serving benchmarks and of the HTTP tests' ``ServerProcess``, and
+``reported_port``: the servers under test bind port 0 and name the port they got."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from distrinews.bench.serving_servers import ServerNotReady, wait_ready
+from distrinews.bench import serving_limit
+from distrinews.bench.serving_servers import Server, ServerNotReady, reported_port, wait_ready
 
 
 class Answers:
@@ -81,3 +86,35 @@ def test_gives_up_after_the_timeout(answers):
     with pytest.raises(ServerNotReady, match=r"^not ready after 0.3s$"):
         wait_ready(answers.url, timeout=0.3, interval=0.05)
     assert len(answers.served) >= 2
+
+
+def test_the_port_is_read_from_the_listening_line_and_an_early_exit_is_named(tmp_path):
+    log = tmp_path / "server.log"
+    line = "INFO:     Uvicorn running on http://127.0.0.1:40123 (Press CTRL+C to quit)"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"print({line!r}, flush=True); import time; time.sleep(30)"], stdout=out
+        )
+    try:
+        assert reported_port(log, proc, timeout=30, interval=0.01) == 40123
+    finally:
+        proc.kill()
+        proc.wait()
+    with open(log, "wb") as out:
+        gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"], stdout=out)
+    with pytest.raises(ServerNotReady, match=r"^exited with 4 before it listened$"):
+        reported_port(log, gone, timeout=30, interval=0.01)
+
+
+def test_a_server_under_test_binds_port_0_and_is_reached_on_the_port_it_got(tmp_path):
+    """No port is picked and released before the server binds it (another process could take it, and the benchmark
+    would then load whoever did): the empty responder of bench serving starts on port 0 and is found where it is."""
+    server = Server("empty", serving_limit.empty_responder_command(0), "/ready", tmp_path / "empty.log")
+    try:
+        server.wait_ready(timeout=60)
+        assert server.port and server.port > 0
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/predict", b'{"text": "x"}', method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200 and answer.read() == serving_limit.EMPTY_ANSWER
+    finally:
+        server.stop()

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..distributed.launch import free_port
 from ..distributed.machine import describe as machine_description
 from ..predict.batch.state import StateDir, state_dir_of
 from .results import invoked_as
@@ -137,25 +136,15 @@ def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None
     JSONL."""
     from .serving_servers import Server
 
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "distrinews",
-        "serve",
-        "--checkpoint",
-        checkpoint,
-        "--port",
-        str(port),
-        "--no-access-log",
-    ]
-    cmd += ["--log-level", "warning", *(["--runtime", runtime] if runtime else [])]
+    # port 0, at log level info: the listening line names the port it got (serving_servers.reported_port)
+    cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--port", "0", "--no-access-log"]
+    cmd += ["--runtime", runtime] if runtime else []
     started = time.monotonic()
-    server = Server("loop", cmd, port, "/ready", logs / "server-loop.log")
+    server = Server("loop", cmd, "/ready", logs / "server-loop.log")
     try:
         server.wait_ready()
         ready = time.monotonic() - started
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         with open(corpus) as rows, open(output, "w") as out:
             while batch := [json.loads(line) for line in itertools.islice(rows, POST_BATCH)]:
                 conn.request(

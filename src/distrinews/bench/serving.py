@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..distributed.launch import free_port
 from . import serving_limit
 from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
@@ -42,7 +41,8 @@ from .serving_servers import Server, ours_command, start_server
 
 class OtherServer(NamedTuple):
     """A server loaded like ours, before it: its name in the results, its runtime's name, the command that
-    starts it on a port (``command(checkpoint, port)``) and the path that answers once it is ready."""
+    starts it on a port (``command(checkpoint, port)``, given 0: a uvicorn server logging at level info names the
+    port it got, ``serving_servers.reported_port``) and the path that answers once it is ready."""
 
     name: str
     runtime: str
@@ -136,10 +136,8 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
                 flush=True,
             )
 
-    def load(
-        name: str, cmd: list[str], port: int, ready_path: str, label: str, runtime: str, limit: bool = False, **tags
-    ) -> None:
-        server = start_server(name, cmd, port, ready_path, logs)
+    def load(name: str, cmd: list[str], ready_path: str, label: str, runtime: str, limit: bool = False, **tags) -> None:
+        server = start_server(name, cmd, ready_path, logs)
         try:
             first_request(server.port, full[0])
             servers[name] = {"ready_s": server.ready_s}
@@ -157,21 +155,17 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             server.stop()
 
     for other in others:
-        port = free_port()
-        load(other.name, other.command(checkpoint, port), port, other.ready_path, other.name, other.runtime)
+        load(other.name, other.command(checkpoint, 0), other.ready_path, other.name, other.runtime)
     ours_cmd = ours_command(checkpoint, args)
     for runtime in runtimes:
-        port = free_port()
-        load(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime, "--port", str(port)], port, "/ready", "ours", runtime)
+        load(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime], "/ready", "ours", runtime)
     if args.overload_queue and DEFAULT_RUNTIME in runtimes:
-        port = free_port()
-        cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue), "--port", str(port)]
-        load("ours-overload", cmd, port, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
+        cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue)]
+        load("ours-overload", cmd, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
 
     limit_runtime = DEFAULT_RUNTIME if DEFAULT_RUNTIME in runtimes else runtimes[0]
     if not args.no_limit:
-        port = free_port()
-        load("empty", serving_limit.empty_responder_command(port), port, "/ready", "empty", "-", limit=True)
+        load("empty", serving_limit.empty_responder_command(0), "/ready", "empty", "-", limit=True)
         batching = servers[f"ours-{limit_runtime}"].get("batching") or {}
         print(f"the runtime alone ({limit_runtime}, in-process), {args.duration:g} s per batch size", flush=True)
         alone = serving_limit.runtime_alone(

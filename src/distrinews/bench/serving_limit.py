@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(empty_app(), host="127.0.0.1", port=args.port, http="h11", log_level="warning", access_log=False)
+    # log level info: with port 0, the listening line names the port (serving_servers.reported_port)
+    uvicorn.run(empty_app(), host="127.0.0.1", port=args.port, http="h11", log_level="info", access_log=False)
     return 0
 
 
