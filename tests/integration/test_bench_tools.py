@@ -196,12 +196,14 @@ def test_serving_reports_load_and_cpu_of_your_server_and_its_overload(tmp_path, 
     alone = limit["runtime_alone"]
     assert alone["runtime"] == "torch" and alone["requests"] > 0 and set(alone["texts_per_s"]) == {"1", "8", "16", "32"}
     assert alone["best_texts_per_s"] == max(alone["texts_per_s"].values()) and alone["max_batch_tokens"] == 512
+    assert alone["in_flight"] == 2  # batches from no more texts than the busiest level's 2 clients keep in flight
     assert limit["overhead_ms"] == pytest.approx(
         rows["ours", "torch", "full", 1]["p50_ms"] - alone["p50_ms"] - rows["empty", "-", "full", 1]["p50_ms"]
     )
     assert [a["passed"] in (True, False) for a in limit["aims"]] == [True, True]
     assert (
         "## The limit (torch)" in (out / "serving.md").read_text()
+        and "from at most 2 texts at a time (what 2 clients keep in flight)" in (out / "serving.md").read_text()
         and "| CPU server | CPU clients |" in (out / "serving.md").read_text()
         and (out / "serving.png").stat().st_size > 1000
     )

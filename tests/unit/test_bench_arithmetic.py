@@ -382,3 +382,34 @@ def test_the_step_profile_puts_each_operator_in_its_group():
     assert group_of("aten::_fused_adamw_") == "optimizer (AdamW)"
     assert group_of("aten::add_") == "elementwise (add, mul, div, fill, sum)"
     assert group_of("autograd::engine::something") == "other (framework, autograd bookkeeping)"
+
+
+def test_the_runtime_alone_forms_batches_from_no_more_texts_than_the_clients_keep_in_flight(monkeypatch):
+    """At C clients the server's batcher never sees more than C texts, so the runtime alone may group lengths from
+    no more: a window of 128 texts pads less than any batch the server can form, and would set a limit it cannot
+    reach."""
+    from distrinews.bench import serving_limit
+    from distrinews.predict import runtimes
+
+    passes: list[int] = []
+
+    class Counting:
+        runtime = "fake"
+
+        def warmup(self):
+            pass
+
+        def encode(self, texts):
+            return [t.split() for t in texts]
+
+        def predict_encoded(self, batch):
+            passes.append(len(batch))
+            return [{} for _ in batch]
+
+    monkeypatch.setattr(runtimes, "make_predictor", lambda *a, **k: Counting())
+    texts = [" ".join(["w"] * (1 + i % 7)) for i in range(100)]
+    alone = serving_limit.runtime_alone("unused", "fake", texts, 0.05, None, 32, None, in_flight=5)
+    assert alone["in_flight"] == 5 and max(passes) == 5  # batch 8, 16 and 32 alike: 5 texts at most
+    passes.clear()
+    serving_limit.runtime_alone("unused", "fake", texts, 0.05, None, 32, None)
+    assert max(passes) == 32  # the batcher's whole lookahead: full batches of 32

@@ -176,6 +176,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             args.threads,
             batching.get("max_batch_size") or 32,
             batching.get("max_batch_tokens"),
+            in_flight=busiest,
         )
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
     report = build_report(args, results, levels, servers, accuracy)

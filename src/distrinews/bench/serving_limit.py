@@ -3,9 +3,12 @@
 - **The runtime alone**: the predictor the server loads (same runtime, same ``--threads``, same session
   options: ``make_predictor`` with ``spin=False``), called in this process with no HTTP and no queue.
   Batch 1: tokenize + run one text at a time (p50); throughput at the batch sizes the server forms:
-  windows of the batcher's lookahead (4 x the batch size) tokenized at once and cut into passes by the
-  server's own rule (``plan_passes``: at most the batch size in texts and ``max_batch_tokens`` padded
-  tokens), so the runtime gets the same length grouping the server can reach at best.
+  windows of texts tokenized at once and cut into passes by the server's own rule (``plan_passes``: at
+  most the batch size in texts and ``max_batch_tokens`` padded tokens, texts of similar lengths together).
+  A window holds the batcher's lookahead (4 x the batch size), but never more than the busiest level's
+  clients keep in flight (``in_flight``: C clients, C texts), so the runtime groups lengths as well as the
+  server can at that level and no better: with a window of 128 texts it would pad less than any batcher
+  that only ever sees 32.
 - **The empty responder**: a server on the same HTTP stack (uvicorn, h11, loopback) that reads each body
   and answers a fixed prediction-sized JSON body; loaded like ours, it is the load generator's and
   loopback's own floor (``python -m distrinews.bench.serving_limit --port P`` runs it).
@@ -62,8 +65,10 @@ def runtime_alone(
     threads: int | None,
     max_batch_size: int,
     max_batch_tokens: int | None,
+    in_flight: int | None = None,
 ) -> dict[str, Any]:
-    """The predictor the server loads, in-process: batch-1 latency and throughput at each batch size."""
+    """The predictor the server loads, in-process: batch-1 latency and throughput at each batch size, from windows
+    of at most ``in_flight`` texts (None: the batcher's whole lookahead)."""
     from ..predict.passes import plan_passes
     from ..predict.runtimes import make_predictor
 
@@ -83,6 +88,7 @@ def runtime_alone(
     throughput: dict[str, float] = {}
     for size in sorted({b for b in (*BATCH_SIZES, max_batch_size) if b <= max_batch_size}):
         window = 4 * size  # the batcher's lookahead: how far it looks for texts of a similar length
+        window = min(window, in_flight) if in_flight else window  # no more than the clients keep in flight
         done, start = 0, 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < duration:
@@ -98,6 +104,7 @@ def runtime_alone(
         "runtime": predictor.runtime,
         "threads": threads or None,
         "max_batch_tokens": max_batch_tokens,
+        "in_flight": in_flight,
         "requests": len(latencies),
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
@@ -230,8 +237,13 @@ def markdown(limit: dict[str, Any]) -> list[str]:
         "",
         f"The runtime alone: the server's predictor in the benchmark's process (threads: {threads}), no HTTP, "
         "no queue, on the same texts; batches cut by the server's rule "
-        f"(max_batch_tokens {alone['max_batch_tokens']}). "
-        "The empty responder: uvicorn (h11) answering a fixed prediction-sized body, loaded like the servers.",
+        f"(max_batch_tokens {alone['max_batch_tokens']}) from "
+        + (
+            f"at most {alone['in_flight']} texts at a time (what {c} clients keep in flight). "
+            if alone.get("in_flight")
+            else "the batcher's whole lookahead. "
+        )
+        + "The empty responder: uvicorn (h11) answering a fixed prediction-sized body, loaded like the servers.",
         "",
         f"| | p50 at 1 client (ms) | throughput at {c} clients |",
         "|---|---:|---:|",
