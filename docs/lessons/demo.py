@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 import time
 
@@ -23,26 +22,24 @@ from torch import nn
 WORLD = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(fn, *args, world: int = WORLD, timeout_s: float = 30.0) -> None:
-    """``fn(rank, world, *args)`` in ``world`` processes joined in one gloo process group."""
-    port = free_port()
-    mp.start_processes(_worker, args=(world, port, timeout_s, fn, args), nprocs=world, start_method="fork")
+    """``fn(rank, world, *args)`` in ``world`` processes joined in one gloo process group. The rendezvous store is
+    served by this process on a port the kernel picks (port 0): no port is picked free and released first, which
+    another process could take before the store binds it."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
+    mp.start_processes(_worker, args=(world, store.port, timeout_s, fn, args), nprocs=world, start_method="fork")
 
 
 def _worker(rank: int, world: int, port: int, timeout_s: float, fn, args) -> None:
     torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout),
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
     try:
         fn(rank, world, *args)
