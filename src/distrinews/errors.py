@@ -26,8 +26,27 @@ class CheckpointError(ValueError):
     """
 
 
+PREFIX = "distrinews: error: "
+
+
+def one_line(exc: BaseException) -> str:
+    """How a user error is shown: one line, the program's name first."""
+    return f"{PREFIX}{exc}"
+
+
 class DiskFullError(Exception):
     """A save that ran out of space, as one line: where it was written, the filesystem, the space it
     needs and the space free, and the newest complete checkpoint to resume from. The half-written
     temporary directory is already removed when this is raised.
     """
+
+
+# Raised inside a run's process group by what the user gave it (or a disk they can make room on); the command line
+# adds its own (a bad launcher flag, a bad serve option) to these for its exit 2.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    DataError,
+    CheckpointError,
+    DiskFullError,
+    FileNotFoundError,
+)

@@ -160,3 +160,39 @@ def test_a_worker_hands_its_error_to_our_launcher_only(tmp_path, monkeypatch):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     assert ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file)).message == "distrinews: error: x"
+
+
+def test_a_usage_error_is_handed_to_the_launcher_before_the_process_group_is_torn_down(tmp_path, monkeypatch):
+    """Seen in CI: rank 0 stopped on a full disk, tore its process group down, and only then recorded its error;
+    rank 1, blocked in a collective, aborted as the connections closed, and the launcher saw that abort first and
+    exited 1 instead of 2. The error is recorded before the teardown, and the later record does not replace it."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from distrinews.distributed import process_group
+    from distrinews.errors import DiskFullError
+
+    error_file = tmp_path / "error.json"
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv(launch.LAUNCHED_ENV, "1")
+    monkeypatch.setattr(process_group, "die_with_launcher", lambda: None)
+    monkeypatch.setattr(process_group, "_attempt_store", lambda timeout: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    at_teardown: list[str | None] = []
+    monkeypatch.setattr(
+        dist,
+        "destroy_process_group",
+        lambda: at_teardown.append(json.loads(error_file.read_text())["message"] if error_file.exists() else None),
+    )
+    with pytest.raises(DiskFullError), process_group.distributed_context(threads=torch.get_num_threads()):
+        raise DiskFullError("no space left to save runs/x/checkpoints/step-3")
+    assert at_teardown == ["distrinews: error: no space left to save runs/x/checkpoints/step-3"]
+    first = json.loads(error_file.read_text())
+    assert launch.record_worker_error("distrinews: error: no space left to save runs/x/checkpoints/step-3")
+    assert json.loads(error_file.read_text()) == first  # the CLI's record, later, keeps the earlier time

@@ -16,22 +16,14 @@ import os
 import sys
 
 from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
-from ..errors import CheckpointError, ConfigError, DataError, DiskFullError
+from ..errors import USER_ERRORS, ConfigError, one_line
 from ..serve.options import ServeOptionError
 from . import audit, bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
 
 EXIT_USAGE = 2
 COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune, audit)
 # Errors in what the user asked for, or a full disk they can make room on: one line, exit 2, no traceback.
-USAGE_ERRORS = (
-    ConfigError,
-    DataError,
-    LaunchError,
-    CheckpointError,
-    ServeOptionError,
-    FileNotFoundError,
-    DiskFullError,
-)
+USAGE_ERRORS: tuple[type[Exception], ...] = (*USER_ERRORS, LaunchError, ServeOptionError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def usage_error(exc: Exception) -> int:
-    message = f"distrinews: error: {exc}"
+    message = one_line(exc)
     if under_torchrun() and record_worker_error(message):
         return EXIT_USAGE  # our launcher prints each distinct error once
     print(message, file=sys.stderr)

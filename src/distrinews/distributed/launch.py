@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import PREFIX
+
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
 LAUNCH_FLAGS = (
     "local-addr",
@@ -265,7 +267,7 @@ def child_pids(parent: int) -> list[int]:
 
 
 def _is_ours(message: Any) -> bool:
-    return isinstance(message, str) and message.startswith("distrinews: error:")
+    return isinstance(message, str) and message.startswith(PREFIX)
 
 
 def report_failures(failures: dict[int, Any]) -> int:
@@ -317,6 +319,8 @@ def record_worker_error(message: str) -> bool:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not (path and os.environ.get(LAUNCHED_ENV)):
         return False
+    if os.path.exists(path):  # handed over already, before the process group was torn down: that time stands
+        return True
     with open(path, "w") as fh:
         json.dump({"message": message, "timestamp": int(time.time())}, fh)
     return True

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError, field_default
+from ..errors import USER_ERRORS, one_line
 from .lifetime import ask_to_die_with_parent
 from .machine import threads_per_process
 
@@ -123,6 +124,14 @@ def distributed_context(timeout_s: float | None = None, threads: int | None = No
     try:
         yield env
         finished = True
+    except USER_ERRORS as exc:
+        # Handed to our launcher now, before this rank's connections close: a peer blocked in a collective may abort
+        # as they do, and the launcher names the earliest failure as the cause (the usage error, exit 2).
+        from .launch import record_worker_error
+
+        if world_size > 1:
+            record_worker_error(one_line(exc))
+        raise
     finally:
         if dist.is_available() and dist.is_initialized():
             if finished:  # every rank leaves together: none closes its connections while a peer still uses its own
