@@ -143,7 +143,10 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _running_trial(tmp_path: Path, number: int):
+def _running_trial(tmp_path: Path, number: int, earlier: tuple[int, ...] = ()):
+    """Trial ``number`` once it runs with a training process of its own. A retried trial starts with the user
+    attributes of the trial it retries (Optuna copies them), ``pid`` included, until the tuner sets its own: a pid of
+    an ``earlier`` trial, or of a process no longer alive, is not this trial's."""
     journal = tmp_path / "study" / "study.journal"
     if not journal.exists():
         return None
@@ -151,7 +154,15 @@ def _running_trial(tmp_path: Path, number: int):
         trials = _study(tmp_path).get_trials(deepcopy=False)
     except KeyError:  # the study is not made yet
         return None
-    found = [t for t in trials if t.number == number and t.state == TrialState.RUNNING and t.user_attrs.get("pid")]
+    found = [
+        t
+        for t in trials
+        if t.number == number
+        and t.state == TrialState.RUNNING
+        and (pid := t.user_attrs.get("pid"))
+        and pid not in earlier
+        and _alive(pid)
+    ]
     return found[0] if found else None
 
 
@@ -185,7 +196,7 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_one_thread()
     )
     try:
-        retry = _wait_for(lambda: _running_trial(tmp_path, 2), 240, "trial 2 to start")
+        retry = _wait_for(lambda: _running_trial(tmp_path, 2, (running.user_attrs["pid"],)), 240, "trial 2 to start")
     finally:
         tuner.terminate()
         out, err = tuner.communicate(timeout=200)
@@ -201,7 +212,8 @@ def test_a_killed_tuner_is_resumed_its_dead_trial_runs_again_and_a_killed_trial_
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_one_thread()
     )
     try:
-        third = _wait_for(lambda: _running_trial(tmp_path, 3), 240, "trial 3 to start")
+        earlier = (running.user_attrs["pid"], retry.user_attrs["pid"])
+        third = _wait_for(lambda: _running_trial(tmp_path, 3, earlier), 240, "trial 3 to start")
         os.kill(third.user_attrs["pid"], signal.SIGKILL)
         out, _ = tuner.communicate(timeout=300)
     finally:
