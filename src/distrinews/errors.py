@@ -29,9 +29,9 @@ class CheckpointError(ValueError):
 PREFIX = "distrinews: error: "
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(problem: object) -> str:
     """How a user error is shown: one line, the program's name first."""
-    return f"{PREFIX}{exc}"
+    return f"{PREFIX}{problem}"
 
 
 class DiskFullError(Exception):

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..checkpoint.records import SERVABLE_INFO
 from ..checkpoint.versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 from ..config import ConfigError
+from ..errors import one_line
 
 SPACE_ONLY = ("runtime", "check_accuracy", "data", "push_to_hub", "private", "base_image")
 
@@ -122,7 +123,7 @@ def _space(args: argparse.Namespace) -> int:
         try:
             url = push_to_hub(bundle, args.push_to_hub, private=args.private, commit_message=message)
         except PushError as exc:
-            print(f"distrinews: error: {exc}", file=sys.stderr)
+            print(one_line(exc), file=sys.stderr)
             return 1
         print(f"pushed to {url}")
     return 0

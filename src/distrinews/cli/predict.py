@@ -14,7 +14,7 @@ import sys
 from .. import tracing
 from ..config import ConfigError
 from ..data.fields import TEXT_CHARS
-from ..errors import CheckpointError
+from ..errors import CheckpointError, one_line
 from ..predict.batch.engine import EXIT_REJECTED
 from ..predict.batch.job import ENGINES, PROGRESS_MODES, BatchJob
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
@@ -197,7 +197,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         with tracing.session("distrinews-predict"):
             return run(job)
     except WorkerFailed as exc:
-        print(f"distrinews: error: {exc}", file=sys.stderr)
+        print(one_line(exc), file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         again = "start it again (the Ray engine does not resume)" if job.engine == "ray" else "continue"

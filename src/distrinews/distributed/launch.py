@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import PREFIX
+from ..errors import PREFIX, one_line
 
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
 LAUNCH_FLAGS = (
@@ -199,7 +199,7 @@ def launch(flags: dict[str, str], argv: list[str]) -> int:
         return report_failures(exc.failures)
     except RendezvousTimeoutError:
         reason = rollcall.explain_timeout() if rollcall else "the rendezvous timed out before every node joined"
-        print(f"distrinews: error: {reason}", file=sys.stderr)
+        print(one_line(reason), file=sys.stderr)
         return 1
     except SignalException as exc:  # the agent has already stopped the workers
         print(f"distrinews: stopped by {exc.sigval.name}", file=sys.stderr)
@@ -298,13 +298,13 @@ def report_failures(failures: dict[int, Any]) -> int:
         print(first.message, file=sys.stderr)
     elif first.exitcode < 0:
         print(
-            f"distrinews: error: worker rank {rank} was killed by {first.signal_name()}"
+            f"{PREFIX}worker rank {rank} was killed by {first.signal_name()}"
             + ("; the other workers were stopped" if len(failures) > 1 else ""),
             file=sys.stderr,
         )
     else:
         print(
-            f"distrinews: error: worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
+            f"{PREFIX}worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
             + ("; the other workers were stopped" if len(failures) > 1 else ""),
             file=sys.stderr,
         )

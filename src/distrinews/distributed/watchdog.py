@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import one_line
 from .process_group import DistEnv
 
 EXIT_HUNG = 3
@@ -179,7 +180,7 @@ class Watchdog:
     def _fail(self, problem: str) -> None:
         from .launch import record_worker_error
 
-        message = f"distrinews: error: {problem}"
+        message = one_line(problem)
         if not record_worker_error(message):
             print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from ..checkpoint.tokenizer_files import needs_own_tokenizer, require_tokenizer
-from ..errors import CheckpointError
+from ..errors import CheckpointError, one_line
 from .options import ServeConfig, ServeOptionError, add_arguments, validate
 from .server import run_server
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def usage_error(exc: Exception) -> int:
-    print(f"distrinews: error: {exc}", file=sys.stderr)
+    print(one_line(exc), file=sys.stderr)
     return 2
 
 
