@@ -84,8 +84,8 @@ def config_markdown() -> str:
 
     intro = (
         "Every field of a training run, section by section, with its type, default and help, from its one "
-        "declaration in `src/distrinews/config.py`. Set a field in a YAML preset (`--config configs/cpu-quick.yaml`) "
-        "or on the command line (`--learning_rate 2e-5`); the command line wins."
+        "declaration in `src/distrinews/config/sections.py`. Set a field in a YAML preset "
+        "(`--config configs/cpu-quick.yaml`) or on the command line (`--learning_rate 2e-5`); the command line wins."
     )
     return "\n".join([GENERATED, "", "# Configuration", "", intro, "", reference(markdown=True)])
 

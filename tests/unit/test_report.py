@@ -1,4 +1,4 @@
-"""The lines a run prints (train/console.py) and the config slices each component takes (config.py)."""
+"""The lines a run prints (train/console.py) and the config slices each component takes (config/sections.py)."""
 
 from __future__ import annotations
 

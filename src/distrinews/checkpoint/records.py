@@ -71,7 +71,7 @@ TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSo
 
 # ---------------------------------------------------------------------- defaults owned elsewhere
 def _default_max_length() -> int:
-    from ..config import field_default  # on demand: config.py needs yaml and pydantic
+    from ..config import field_default  # on demand: config needs yaml and pydantic
 
     return field_default("max_length")
 

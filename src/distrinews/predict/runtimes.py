@@ -50,7 +50,7 @@ from . import int8
 from .confidence import ConfidenceThreshold
 from .tokens import MODEL_INPUTS, TOKENIZER_FILE, Encoded, TextEncoder
 
-MULTI_LABEL = "multi_label_classification"  # transformers' problem_type (config.py's, which this module cannot import)
+MULTI_LABEL = "multi_label_classification"  # transformers' problem_type (config's, which this module cannot import)
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,126 @@
+"""How a config field is declared and read: ``option``, the parsing of command-line strings by the field's type,
+and pydantic's complaints turned into one line that names the field."""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+
+from ..errors import ConfigError
+
+
+def option(
+    default: Any, help: str, *, aliases: tuple[str, ...] = (), hints: tuple[str, ...] = (), **checks: Any
+) -> Any:
+    """A field's one declaration: default, help text, pydantic's checks (``ge``, ``lt``, ...), the other
+    names it is accepted under (``aliases``: the original system's flags) and words a user may mean it by
+    (``hints``: offered as "did you mean" for an unknown name)."""
+    extra: dict[str, Any] = {"aliases": list(aliases), "hints": list(hints)}
+    return Field(default, description=help, json_schema_extra=extra, **checks)
+
+
+def declared_names(info: FieldInfo, kind: str) -> list[str]:
+    """The ``aliases`` or ``hints`` that ``option`` declared for a field."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return [str(name) for name in typing.cast(list, extra.get(kind, []))]
+
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+_NULL = {"null", "none", "~", ""}
+
+
+def value_from_text(annotation: Any, value: Any) -> Any:
+    """``value`` as a field of type ``annotation`` takes it: command-line strings are parsed by the type; null,
+    none or ~ is None for an optional field, auto is None for an optional switch (decided at run time)."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args and typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    base = next((a for a in args if a is not type(None)), annotation) if optional else annotation
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if optional and (text in _NULL or (base is bool and text == "auto")):
+            return None
+        if base is bool and text in _TRUE | _FALSE:
+            return text in _TRUE
+        if base is int and re.fullmatch(r"[+-]?\d[\d_]*", text):
+            return int(text.replace("_", ""))
+    if base is str and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)  # a YAML list of names
+    if typing.get_origin(base) is list and isinstance(value, str):  # a list, comma-separated on the command line
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if (base in (int, float) and isinstance(value, bool)) or (
+        base is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ):
+        raise ValueError(f"expects {base.__name__}")
+    return value
+
+
+def type_words(annotation: Any) -> str:
+    base = _base(annotation)
+    words = (
+        " | ".join(map(str, typing.get_args(base)))
+        if typing.get_origin(base) is Literal
+        else getattr(base, "__name__", str(base))
+    )
+    return f"{words} or null" if base is not annotation else words
+
+
+def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | None]) -> ConfigError:
+    """pydantic's first complaint as one line that names the field (and what the value must be)."""
+    err = exc.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    name = next((str(part) for part in reversed(err["loc"]) if isinstance(part, str)), "?")
+    value, kind = err.get("input"), err["type"]
+    info = declaration(name)
+    annotation = info.annotation if info is not None else None
+    if value is None and kind.endswith(("_type", "_parsing")):
+        return ConfigError(f"config field '{name}' may not be null")
+    if kind in ("finite_number",):
+        return ConfigError(f"config field '{name}': must be a finite number (got {value!r})")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
+        return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
+    if kind == "literal_error":
+        base = _base(annotation)
+        allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
+        return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
+    if kind == "string_too_short":
+        return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
+    if kind == "value_error" and err["msg"].startswith("Value error, expects "):
+        return ConfigError(f"config field '{name}' {err['msg'].removeprefix('Value error, ')}, got {value!r}")
+    if kind == "value_error":
+        return ConfigError(f"config field '{name}': {err['msg'].removeprefix('Value error, ')} (got {value!r})")
+    type_name = getattr(_base(annotation), "__name__", str(annotation))
+    return ConfigError(f"config field '{name}' expects {type_name}, got {value!r}")
+
+
+def _base(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _bounds(info: FieldInfo) -> str:
+    lower = upper = None
+    for meta in info.metadata:
+        for attr, sign in (("ge", "["), ("gt", "(")):
+            if getattr(meta, attr, None) is not None:
+                lower = (sign, getattr(meta, attr))
+        for attr, sign in (("le", "]"), ("lt", ")")):
+            if getattr(meta, attr, None) is not None:
+                upper = (sign, getattr(meta, attr))
+    if lower and upper:
+        return f"in {lower[0]}{lower[1]}, {upper[1]}{upper[0]}"
+    if lower:
+        return f"{'>=' if lower[0] == '[' else '>'} {lower[1]}"
+    if upper:
+        return f"{'<=' if upper[0] == ']' else '<'} {upper[1]}"
+    return "in range"
