@@ -20,7 +20,7 @@ import numpy as np
 
 from benchmarks.tools.calibrate_existing import unsampled
 from distrinews.data.splits import stratified_sample
-from distrinews.predict.runtimes import Predictor, softmax
+from distrinews.predict.predictor import Predictor, softmax
 from distrinews.train.calibration import expected_calibration_error, fit_temperature, nll
 
 

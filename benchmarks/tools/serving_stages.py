@@ -113,7 +113,8 @@ def _install_ours() -> None:
     import starlette.responses
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    import distrinews.predict.runtimes as predictor_module
+    import distrinews.predict.onnx_runtime as onnx_runtime_module
+    import distrinews.predict.predictor as predictor_module
     import distrinews.serve.app as app_module
     import distrinews.serve.batcher as batcher_module
     import distrinews.serve.connections as connections_module
@@ -128,7 +129,7 @@ def _install_ours() -> None:
     _wrap(batcher_module.MicroBatcher, "_encode_job", "encode")  # on the loop (short texts) or the tokenizer thread
     _wrap(batcher_module.MicroBatcher, "_run_forward", "run_forward")  # the loop's side: hop there, job, hop back
     _wrap(batcher_module.MicroBatcher, "_forward_job", "forward_job")  # the forward thread's whole job
-    for cls in (predictor_module.Predictor, getattr(predictor_module, "OnnxPredictor", None)):
+    for cls in (predictor_module.Predictor, getattr(onnx_runtime_module, "OnnxPredictor", None)):
         if cls is None:
             continue
         # Before: predict = tokenize (padded) + logits (tokenize + model) + softmax + format, on the forward thread.

@@ -113,7 +113,8 @@ def test_calibrated_scores_agree_across_torch_onnx_and_int8(trained_run, agnews_
 
     from distrinews.data.splits import load_split
     from distrinews.predict.onnx import quantize_int8
-    from distrinews.predict.runtimes import make_predictor, softmax
+    from distrinews.predict.predictor import softmax
+    from distrinews.predict.runtimes import make_predictor
 
     run, _ = trained_run
     best = shutil.copytree(run / "best", tmp_path / "best")

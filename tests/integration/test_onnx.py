@@ -26,7 +26,7 @@ def rows(agnews_dir):
 
 @pytest.fixture(scope="module")
 def torch_results(checkpoint, rows):
-    from distrinews.predict.runtimes import Predictor
+    from distrinews.predict.predictor import Predictor
 
     return Predictor(checkpoint, device="cpu").predict(rows)
 
@@ -41,7 +41,7 @@ def fp32_onnx(checkpoint, tmp_path_factory, cli):
 
 def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, rows, torch_results, fp32_onnx):
     from distrinews.export.onnx import is_quantized
-    from distrinews.predict.runtimes import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
 
     assert not is_quantized(fp32_onnx)
     predictor = OnnxPredictor(checkpoint, onnx_model=fp32_onnx)
@@ -60,7 +60,8 @@ def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, row
 
 def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx):
     """Dynamic axes: one unpadded text, a long truncated one, and a ragged batch all match PyTorch."""
-    from distrinews.predict.runtimes import OnnxPredictor, Predictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
+    from distrinews.predict.predictor import Predictor
 
     texts = ["Markets", rows[0] * 20, *rows[1:40]]
     reference = Predictor(checkpoint, device="cpu")
@@ -73,7 +74,7 @@ def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx)
 
 def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
     from distrinews.export.onnx import export_onnx, is_quantized
-    from distrinews.predict.runtimes import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
 
     out = export_onnx(checkpoint, tmp_path / "model.int8.onnx", quantize="int8")
     assert is_quantized(out)
@@ -113,7 +114,8 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
     from distrinews.export.seed_pt import export_seed_pt
-    from distrinews.predict.runtimes import Predictor, make_predictor
+    from distrinews.predict.predictor import Predictor
+    from distrinews.predict.runtimes import make_predictor
 
     texts = ["Oil prices jump after OPEC agrees to cut production", "Federer wins again"]
     expected = Predictor(checkpoint, device="cpu").predict(texts)
@@ -212,7 +214,8 @@ def test_the_temperature_in_best_is_applied_by_torch_onnx_and_int8(checkpoint, r
     import numpy as np
 
     from distrinews.predict.onnx import quantize_int8
-    from distrinews.predict.runtimes import make_predictor, softmax
+    from distrinews.predict.predictor import softmax
+    from distrinews.predict.runtimes import make_predictor
 
     calibrated = shutil.copytree(checkpoint, tmp_path / "best")
     record = json.loads((calibrated / "distrinews.json").read_text())

@@ -100,7 +100,7 @@ def test_twenty_string_classes_train_under_fsdp_and_every_artifact_speaks_them(d
 
 
 def test_the_trained_model_predicts_its_own_labels(desks_run):
-    from distrinews.predict.runtimes import Predictor
+    from distrinews.predict.predictor import Predictor
 
     run, _, _ = desks_run
     (answer,) = Predictor(run / "best").predict(["a vote report"])

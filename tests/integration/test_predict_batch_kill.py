@@ -37,7 +37,7 @@ def uninterrupted(checkpoint, corpus, output):
 
     from distrinews.predict.batch.engine import run
     from distrinews.predict.batch.job import BatchJob
-    from distrinews.predict.runtimes import Predictor
+    from distrinews.predict.predictor import Predictor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -78,7 +78,7 @@ def local_answers(tmp_path_factory, corpus):
     """The local engine's output, rejects and summary line (one worker, in this process)."""
     import torch
 
-    from distrinews.predict.runtimes import Predictor
+    from distrinews.predict.predictor import Predictor
 
     checkpoint, inputs = corpus
     output = tmp_path_factory.mktemp("local") / "labels.jsonl"

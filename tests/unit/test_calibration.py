@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.data.rows import RawSplit
 from distrinews.data.splits import hold_out
-from distrinews.predict.runtimes import Predictor, softmax
+from distrinews.predict.predictor import Predictor, softmax
 from distrinews.train.calibration import (
     calibrate_best,
     coverage_accuracy,

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from distrinews.config import ConfigError, load_config
 from distrinews.distributed.process_group import distributed_context
-from distrinews.predict.runtimes import Predictor
+from distrinews.predict.predictor import Predictor
 from distrinews.train.distillation import (
     Distillation,
     TeacherCacheError,

@@ -22,7 +22,7 @@ from distrinews.errors import CheckpointError, ConfigError, DataError
 from distrinews.model import build_model, forward_loss
 from distrinews.predict.batch.outputs import open_results
 from distrinews.predict.confidence import ConfidenceThreshold
-from distrinews.predict.runtimes import Predictor
+from distrinews.predict.predictor import Predictor
 from distrinews.serve import tei
 from distrinews.train.metrics import Counts
 from distrinews.train.multilabel import ScoreHistogram, exact_matches, multilabel_metrics, tune_thresholds

@@ -22,7 +22,7 @@ from distrinews.predict.batch import engine, worker
 from distrinews.predict.batch.job import BatchJob
 from distrinews.predict.batch.progress import Progress
 from distrinews.predict.batch.state import StateDir, state_dir_of
-from distrinews.predict.runtimes import Predictor
+from distrinews.predict.predictor import Predictor
 
 N_ROWS = 150
 

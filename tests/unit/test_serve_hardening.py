@@ -79,7 +79,7 @@ def model_dir(tmp_path_factory, spread_checkpoint) -> Path:
 def reference(model_dir):
     """``reference(texts)``: the same model's answers through the command line's path (``Predictor.predict``: its own
     length-sorted batches, no batcher, no HTTP), which a served answer must equal."""
-    from distrinews.predict.runtimes import Predictor
+    from distrinews.predict.predictor import Predictor
 
     return Predictor(model_dir, device="cpu").predict
 

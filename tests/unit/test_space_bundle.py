@@ -100,7 +100,7 @@ def test_model_files_and_code_per_runtime(bundles):
     trainer, servable = Path("distrinews", "train", "trainer.py"), Path("distrinews", "checkpoint", "servable.py")
     assert not (int8 / trainer).exists() and not (int8 / servable).exists()
     assert (torch_bundle / servable).is_file() and not (torch_bundle / trainer).exists()
-    from distrinews.predict.runtimes import is_quantized_file
+    from distrinews.predict.onnx_runtime import is_quantized_file
 
     assert is_quantized_file(int8 / "model" / "model.int8.onnx")
 
@@ -140,6 +140,8 @@ def test_the_onnx_server_code_imports_no_training_stack():
         "__main__.py",
         "app.py",
         "runtimes.py",
+        "predictor.py",
+        "onnx_runtime.py",
         "tokens.py",
         "server.py",
         "options.py",
@@ -349,7 +351,7 @@ def test_without_the_check_the_readme_says_which_measurement_it_relies_on(bundle
 def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, tmp_path, write_csv):
     from distrinews.data.splits import load_split
     from distrinews.export.onnx import export_onnx, quantize_int8
-    from distrinews.predict.runtimes import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
 
     rows = [(str(1 + i % 4), f"headline {i}", f"words about topic {i % 4}") for i in range(40)]
     write_csv(tmp_path / "test.csv", rows)
@@ -390,7 +392,7 @@ def test_compare_int8_scores_an_own_data_model_on_its_own_evaluation_rows(
     """A model trained on the user's files is measured on their evaluation rows and labels, not on AG News's test
     split (here in the folder given as --data); one whose labels are not its data's is refused in one line."""
     from distrinews.errors import DataError
-    from distrinews.predict.runtimes import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
 
     labels, texts = ["business", "sport", "tech"], _texts(30)
     train = write_rows(tmp_path / "train.csv", [{"text": f"row {i}", "label": labels[i % 3]} for i in range(9)])
@@ -428,7 +430,7 @@ def test_compare_int8_scores_a_multi_label_model_by_micro_f1_at_its_stored_thres
     micro-F1 with each label at the threshold stored with the model; rows of one label each are refused."""
     from distrinews.config import MULTI_LABEL
     from distrinews.errors import DataError
-    from distrinews.predict.runtimes import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
 
     names, texts = list(AG_NEWS_LABELS), _texts(40)
     thresholds = {"World": 0.3, "Sports": 0.5, "Business": 0.7, "Sci/Tech": 0.45}
@@ -474,7 +476,8 @@ def test_the_bundles_int8_model_serves_as_onnx_int8_from_tokenizer_json_alone(bu
     stages."""
     import numpy as np
 
-    from distrinews.predict.runtimes import OnnxPredictor, make_predictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor
+    from distrinews.predict.runtimes import make_predictor
     from distrinews.predict.tokens import TextEncoder
 
     monkeypatch.setattr(

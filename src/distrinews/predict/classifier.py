@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.records import describe
-from .runtimes import DEFAULT_RUNTIME, Predictor, make_predictor
+from .predictor import Predictor
+from .runtimes import DEFAULT_RUNTIME, make_predictor
 
 
 class Classifier:

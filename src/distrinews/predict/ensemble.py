@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .runtimes import Predictor
+from .predictor import Predictor
 
 
 @dataclass

@@ -185,7 +185,7 @@ def compare(
     checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
 ) -> dict[str, Any]:
     """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
-    from .runtimes import OnnxPredictor
+    from .onnx_runtime import OnnxPredictor
 
     texts = list(labelled[0]) if labelled else list(FIXED_SAMPLE)
     fp32_predictor = OnnxPredictor(checkpoint, onnx_model=fp32)

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, tracing
 from ..errors import CheckpointError
-from ..predict.runtimes import checkpoint_labels
+from ..predict.predictor import checkpoint_labels
 from . import tei
 from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
 from .limits import clean_text, parse_body, read_object, validate_body

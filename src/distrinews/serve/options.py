@@ -222,7 +222,7 @@ def validate(args: argparse.Namespace) -> None:
 def _check_min_confidence(spec: str | None, checkpoint: str) -> None:
     """``--min-confidence`` well formed, and naming only labels the checkpoint has (where its files say which)."""
     from ..predict.confidence import ConfidenceThreshold
-    from ..predict.runtimes import checkpoint_labels
+    from ..predict.predictor import checkpoint_labels
 
     try:
         threshold = ConfidenceThreshold.parse(spec)

@@ -1,5 +1,5 @@
 """What the app asks of a predictor: the one interface every runtime (``predictor.Predictor``,
-``predictor.OnnxPredictor``) and every test double implements.
+``onnx_runtime.OnnxPredictor``) and every test double implements.
 
 A prediction is two calls on two threads: ``encode`` on the micro-batcher's tokenizer thread as
 a request arrives, ``predict_encoded`` on its forward thread over a whole batch.

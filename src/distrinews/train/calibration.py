@@ -34,7 +34,7 @@ from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.modelcard import write_model_card
 from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE, read_servable_info
 from ..data.rows import RawSplit
-from ..predict.runtimes import Predictor, softmax
+from ..predict.predictor import Predictor, softmax
 
 ECE_BINS = 15
 COVERAGES = (1.0, 0.95, 0.9, 0.8)

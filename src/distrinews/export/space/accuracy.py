@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...predict.runtimes import OnnxPredictor
+    from ...predict.onnx_runtime import OnnxPredictor
 
 INT8_TOLERANCE_POINTS = 0.2
 # What was measured when int8 became the default (benchmarks/onnx-int8.md): cpu-quick MiniLM-L6, 7,600 test rows.
@@ -37,7 +37,7 @@ def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: s
     from ...checkpoint.records import read_servable_info
     from ...data.labelled import load_labelled, trained_on
     from ...errors import DataError
-    from ...predict.runtimes import OnnxPredictor
+    from ...predict.onnx_runtime import OnnxPredictor
 
     info = read_servable_info(checkpoint)
     config = trained_on(info.training_config, data_dir)

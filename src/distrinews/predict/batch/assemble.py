@@ -23,7 +23,7 @@ from typing import Any
 
 from ...checkpoint.atomic import open_nofollow, remove_entry
 from ..confidence import ConfidenceThreshold
-from ..runtimes import checkpoint_multi_label
+from ..predictor import checkpoint_multi_label
 from .job import CheckedJob
 from .outputs import RejectsWriter, open_results
 from .state import JobRecord, StateError, WorkerManifest, fsync_dir

@@ -17,7 +17,8 @@ from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
 from ...data.files import MAX_ROW_BYTES, SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
 from ..confidence import ConfidenceThreshold
-from ..runtimes import DEFAULT_RUNTIME, RUNTIMES, checkpoint_labels
+from ..predictor import checkpoint_labels
+from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
 
 # Files of a checkpoint folder that decide its answers (the model card, README.md, does not).

@@ -190,7 +190,7 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
             expected = window["end"]
             progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
         if files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
-            from ..runtimes import checkpoint_labels
+            from ..predictor import checkpoint_labels
 
             files = OutputFiles(
                 checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None

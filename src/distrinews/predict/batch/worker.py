@@ -66,7 +66,8 @@ class WorkerSettings:
 
 def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int) -> Any:
     """The runtime's predictor, using ``threads`` cores (torch's intra-op threads, or ONNX Runtime's)."""
-    from ..runtimes import OnnxPredictor, make_predictor
+    from ..onnx_runtime import OnnxPredictor
+    from ..runtimes import make_predictor
 
     try:
         if runtime.startswith("onnx"):
