@@ -6,7 +6,8 @@ loads, then serves. Every error the app answers is JSON ``{"detail": "<what to f
 (``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded
 (``limits``). ``POST /predict`` (and ``POST /``, ``/invocations``) also speaks
 text-embeddings-inference's and Hugging Face's shapes, with their answers and errors (``tei``).
-Every route declares its status codes with an example body (``responses``). Around the routes
+Every route declares its status codes with an example body (``responses``); the prediction routes are registered
+with their bodies, answers and limits for /docs by ``openapi``. Around the routes
 sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
 
 Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
@@ -30,7 +31,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,21 +42,11 @@ from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, Micr
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
 from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyBudget, BodyLimitMiddleware, MetricsMiddleware
+from .openapi import label_examples, route_predict, route_predict_batch
 from .options import ServeConfig, api_key_from_env
 from .protocol import ServingPredictor
 from .responses import declared
-from .schemas import (
-    ApiError,
-    BatchPredictRequest,
-    HfClassificationRequest,
-    MultiLabelPredictResponse,
-    Prediction,
-    PredictRequest,
-    PredictResponse,
-    TeiPredictRequest,
-    error_response,
-    json_schema_body,
-)
+from .schemas import ApiError, BatchPredictRequest, PredictRequest, error_response
 
 log = logging.getLogger("distrinews.serve")
 
@@ -266,7 +256,7 @@ def create_app(
         "Concurrent requests are micro-batched into one forward pass.",
         lifespan=lifespan,
     )
-    _label_examples(app, labels)
+    label_examples(app, labels)
     app.state.serve = state
     app.state.metrics = metrics
     app.state.config = config
@@ -345,20 +335,6 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
 
-class _RequestRoute(APIRoute):
-    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself: called as it is, without
-    FastAPI's per-request dependency solving and response handling, which such an endpoint has no use for (it
-    reads and checks its own body, ``limits``). The route still documents its body and answers in /openapi.json."""
-
-    def get_route_handler(self) -> Callable[[Request], Any]:
-        endpoint = self.endpoint
-
-        async def handler(request: Request) -> Response:
-            return await endpoint(request)
-
-        return handler
-
-
 def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, tracer: Any) -> None:
     def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
@@ -412,7 +388,7 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
             return tei.error_response(exc)
         return answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
 
-    _route_predict(app, config, predict)
+    route_predict(app, config, predict)
 
     async def predict_batch(request: Request) -> Response:
         start = time.perf_counter()
@@ -429,49 +405,7 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         results = await state.classify(texts, request.receive, timing)
         return answer(results, start, timing, texts)
 
-    _route_predict_batch(app, config, predict_batch)
-
-
-def _route_predict(app: FastAPI, config: ServeConfig, predict: Any) -> None:
-    """POST /predict, / and /invocations: one handler, both API shapes and every error declared in /docs."""
-    both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
-    answers = PredictResponse | MultiLabelPredictResponse | list[Prediction] | list[list[Prediction]]
-    codes = declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True)
-    described = (
-        'One text in the seed\'s shape ({"text"}), or text-embeddings-inference\'s ({"inputs"}, with truncate, '
-        'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
-        f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
-    )
-    shared: dict[str, Any] = {
-        "response_model": answers,
-        "description": described,
-        "openapi_extra": both_shapes,
-        "responses": codes,
-        "route_class_override": _RequestRoute,
-    }
-    app.router.add_api_route(
-        "/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared
-    )
-    for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
-        summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
-        app.router.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
-
-
-def _route_predict_batch(app: FastAPI, config: ServeConfig, predict_batch: Any) -> None:
-    """POST /predict/batch, its limit stated in /docs."""
-    app.router.add_api_route(
-        "/predict/batch",
-        predict_batch,
-        methods=["POST"],
-        response_model=list[PredictResponse | MultiLabelPredictResponse],
-        summary=f"classify up to {config.max_batch_texts} texts, results in order",
-        openapi_extra=json_schema_body(
-            BatchPredictRequest,
-            descriptions={"texts": f"1 to {config.max_batch_texts} texts (the server's --max-batch-texts)"},
-        ),
-        responses=declared(400, 401, 413, 415, 422, 429, 503),
-        route_class_override=_RequestRoute,
-    )
+    route_predict_batch(app, config, predict_batch)
 
 
 def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
@@ -525,30 +459,6 @@ def labels_sentence(labels: list[str] | None) -> str:
         return "Labels: the model's (see /info)."
     listed = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} or {labels[-1]}"
     return f"Labels: {listed}."
-
-
-def _label_examples(app: FastAPI, labels: list[str] | None) -> None:
-    """The OpenAPI schema's response example in the model's labels (read from the checkpoint's files)."""
-    if not labels:
-        return
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        schema = build()  # FastAPI's, cached on the app: the example is added once
-        share = round(1 / len(labels), 4)
-        example = {
-            "label": labels[0],
-            "label_id": 0,
-            "confidence": share,
-            "probabilities": dict.fromkeys(labels, share),
-        }
-        for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
-            target = schema.get("components", {}).get("schemas", {}).get(name)
-            if target is not None:
-                target["examples"] = [shown]
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _index_html() -> str:
