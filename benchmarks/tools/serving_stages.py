@@ -118,12 +118,13 @@ def _install_ours() -> None:
     import distrinews.serve.app as app_module
     import distrinews.serve.batcher as batcher_module
     import distrinews.serve.connections as connections_module
+    import distrinews.serve.state as state_module
 
     _wrap(H11Protocol, "handle_events", "h11_parse")  # uvicorn: bytes in -> h11 events -> the ASGI scope
     _wrap(connections_module.OneWritePerStep, "flush", "socket_write")
     for name in ("parse_body", "read_object", "validate_body", "clean_text"):
         _wrap(app_module, name, name)
-    _wrap(app_module.ServingState, "classify", "classify")
+    _wrap(state_module.ServingState, "classify", "classify")
     _wrap(fastapi.routing, "serialize_response", "serialize")
     _wrap(starlette.responses.JSONResponse, "render", "render")
     _wrap(batcher_module.MicroBatcher, "_encode_job", "encode")  # on the loop (short texts) or the tokenizer thread

@@ -15,8 +15,9 @@ from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict.predictor import Predictor
 from distrinews.predict.runtimes import DEFAULT_RUNTIME, RUNTIMES, make_predictor
 from distrinews.predict.tokens import Encoded, TextEncoder
-from distrinews.serve.app import ENCODE_INLINE_CHARS, ServeConfig, create_app
+from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.batcher import FORWARD_THREAD, TOKENIZER_THREAD
+from distrinews.serve.state import ENCODE_INLINE_CHARS
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def runtime_alone(
     from ..predict.passes import plan_passes
     from ..predict.runtimes import make_predictor
 
-    predictor = make_predictor(  # as distrinews serve makes it (serve/app.py's _default_factory)
+    predictor = make_predictor(  # as distrinews serve makes it (serve/state.py's default_factory)
         checkpoint, runtime=runtime, max_batch_size=max_batch_size, threads=threads or None, spin=False
     )
     predictor.warmup()
