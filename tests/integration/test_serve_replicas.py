@@ -42,8 +42,8 @@ TEXTS = [
 
 
 def _nginx_missing() -> str | None:
+    from distrinews.serve.nginx import find_nginx
     from distrinews.serve.options import ServeOptionError
-    from distrinews.serve.replicas import find_nginx
 
     try:
         find_nginx()
@@ -456,7 +456,8 @@ def test_a_port_taken_before_it_is_bound_is_replaced_by_another(checkpoints, tmp
     which port it got): a port another process takes in between is replaced, for a replica and for nginx."""
     if why := _nginx_missing():
         unavailable(f"nginx is not installed: {why}")
-    from distrinews.serve.replicas import ReplicaSettings, Supervisor, find_nginx, get_json
+    from distrinews.serve.nginx import find_nginx
+    from distrinews.serve.replicas import ReplicaSettings, Supervisor, get_json
 
     settings = ReplicaSettings(checkpoint=str(checkpoints["1.0.0"]), replicas=1, port=0, nginx=find_nginx(),
                                log_dir=str(tmp_path), serve_args=["--runtime", "torch"], ready_timeout=120)  # fmt: skip

@@ -61,8 +61,9 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
     require_serving("serve-replicas")
     from ..checkpoint.servable import check_loadable
     from ..distributed.machine import threads_per_process
+    from ..serve.nginx import find_nginx
     from ..serve.options import ServeOptionError
-    from ..serve.replicas import ReplicaSettings, find_nginx, parse_serve_args, run_replicas
+    from ..serve.replicas import ReplicaSettings, parse_serve_args, run_replicas
 
     checkpoint = args.checkpoint or os.environ.get("MODEL_CHECKPOINT")
     if not checkpoint:

@@ -38,34 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..distributed.lifetime import die_with_parent
+from .nginx import nginx_conf
 from .options import ServeOptionError
-
-NGINX_TEMPLATE = "nginx.conf.template"
-INSTALL_HINT = (
-    "`apt-get install nginx-light` installs it (`make serve-replicas` does that where it may), or pass --nginx PATH"
-)
-
-
-def template_path() -> Path:
-    """deploy/nginx/nginx.conf.template of the checkout this package runs from."""
-    path = Path(__file__).resolve().parents[3] / "deploy" / "nginx" / NGINX_TEMPLATE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the nginx template {path} is missing (serve-replicas runs from a checkout: pip install -e .)"
-        )
-    return path
-
-
-def find_nginx(given: str | None = None) -> str:
-    """The nginx binary: ``given``, else on PATH, else Debian's /usr/sbin/nginx (not on a normal user's PATH)."""
-    if given:
-        if not (Path(given).is_file() and os.access(given, os.X_OK)):
-            raise ServeOptionError(f"--nginx {given} is not an executable file")
-        return given
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-    if not found:
-        raise ServeOptionError(f"serve-replicas needs nginx, which is not installed here: {INSTALL_HINT}")
-    return found
 
 
 @dataclass
@@ -354,29 +328,6 @@ class Supervisor:
                     )
                 time.sleep(0.1)
 
-    def nginx_conf(self) -> str:
-        s = self.settings
-        servers = "\n".join(
-            f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout={s.fail_timeout:g}s;" for r in self.replicas
-        )
-        values = {
-            "TEMP": str(self.temp),
-            "ACCESS_LOG": str(self.log_dir / "nginx-access.log"),
-            "WORKER_CONNECTIONS": "4096",
-            "HEADER_TIMEOUT": f"{s.header_timeout:g}",
-            "READ_TIMEOUT": f"{s.read_timeout:g}",
-            "CLIENT_MAX_BODY": str(s.max_body_bytes + 64 * 1024),
-            "MAX_BODY_BYTES": f"{s.max_body_bytes:,}",
-            "SERVERS": servers,
-            "LISTEN": f"{s.host}:{self.port}",
-            "TRIES": str(len(self.replicas)),
-            "UPSTREAM_KEEPALIVE_MS": str(int(1000 * min(s.header_timeout, 5.0) / 2)),
-        }
-        text = template_path().read_text()
-        for key, value in values.items():
-            text = text.replace("{{" + key + "}}", value)
-        return text
-
     def _start_nginx(self) -> None:
         """nginx on ``--port``; with ``--port 0`` on a free port, and on another if that one was taken before nginx
         bound it (nginx cannot bind port 0 and tell which port it got)."""
@@ -397,7 +348,19 @@ class Supervisor:
 
     def _run_nginx(self, error_log: Path) -> None:
         conf = self.temp / "nginx.conf"
-        conf.write_text(self.nginx_conf())
+        s = self.settings
+        conf.write_text(
+            nginx_conf(
+                temp=self.temp,
+                log_dir=self.log_dir,
+                listen=f"{s.host}:{self.port}",
+                replica_ports=[r.port for r in self.replicas],
+                fail_timeout=s.fail_timeout,
+                header_timeout=s.header_timeout,
+                read_timeout=s.read_timeout,
+                max_body_bytes=s.max_body_bytes,
+            )
+        )
         cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
         self.nginx = _start_child(cmd, self.log_dir / "nginx.log")
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
