@@ -123,6 +123,50 @@ def test_the_handler_calls_in_order_and_a_save_clears_should_save():
     assert handler.control == TrainerControl()
 
 
+def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path, monkeypatch):
+    """int8_model: best/'s int8 model is made by the first callback (MLflow's artifacts of best/ come after it),
+    checked on the evaluation rows; a stopped run (resumed later) or a run without best/ makes none, and a failure
+    to make it is one line (serving falls back to PyTorch)."""
+    pytest.importorskip("onnxruntime")
+    from distrinews.data.rows import RawSplit
+    from distrinews.predict import int8
+    from distrinews.train.callbacks import default_callbacks
+    from distrinews.train.int8_callback import Int8ModelCallback
+    from distrinews.train.metrics import JsonLogCallback
+
+    run_dir, rows = RunDir(tmp_path), RawSplit(texts=["a", "b"], labels=[0, 1], source="test")
+    config = TrainConfig(output_dir=str(tmp_path), report_to="none")
+    said: list[str] = []
+    first, second = default_callbacks(config, ONE, run_dir, said.append, eval_rows=rows)
+    assert isinstance(first, Int8ModelCallback) and isinstance(second, JsonLogCallback)
+    rank_1 = DistEnv(1, 1, 2, 2, torch.device("cpu"), "gloo")
+    for args, env, given in ((TrainConfig(int8_model=False), ONE, rows), (config, rank_1, rows), (config, ONE, None)):
+        assert not any(isinstance(c, Int8ModelCallback) for c in default_callbacks(args, env, run_dir, print, given))
+    made = []
+
+    def make_int8(best, labelled):
+        made.append((best, labelled))
+        return best / "model.int8.onnx", {"passed": True, "summary": "accuracy 0.50 vs 0.50", "seconds": 3.0}
+
+    monkeypatch.setattr(int8, "make_int8", make_int8)
+    handler = CallbackHandler([first], config, TrainState(), ONE)
+    handler.on_train_end({"accuracy": 0.5})  # no best/ yet
+    run_dir.best.mkdir(parents=True)
+    handler.on_train_end(None, stopped_by="SIGTERM")
+    assert made == [] and said == []
+    handler.on_train_end({"accuracy": 0.5})
+    assert made == [(run_dir.best, (["a", "b"], [0, 1]))]
+    assert said == [f"int8 model: {run_dir.best / 'model.int8.onnx'} passed its check, served by default "
+                    "(accuracy 0.50 vs 0.50; 3 s)"]  # fmt: skip
+
+    def broken(best, labelled):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(int8, "make_int8", broken)
+    handler.on_train_end({"accuracy": 0.5})
+    assert said[-1] == "int8 model: not made (RuntimeError: no room); serve runs PyTorch"
+
+
 # ---------------------------------------------------------------------- MLflow
 @pytest.fixture
 def store(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..checkpoint.rundir import RunDir
 from ..config import TrainConfig
+from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv
 
 if TYPE_CHECKING:
@@ -114,14 +115,18 @@ class CallbackHandler:
 
 
 def default_callbacks(
-    args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None]
+    args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None], eval_rows: RawSplit | None = None
 ) -> list[TrainerCallback]:
-    """The run's callbacks from its config: log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every
-    rank."""
+    """The run's callbacks from its config: the int8 model (``int8_model``, checked on ``eval_rows``; first, so the
+    others' end sees it), log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every rank."""
     from .early_stopping import EarlyStoppingCallback
     from .metrics import JsonLogCallback, TensorBoardCallback
 
     callbacks: list[TrainerCallback] = []
+    if env.is_main and args.run.int8_model and eval_rows is not None:
+        from .int8_callback import Int8ModelCallback
+
+        callbacks.append(Int8ModelCallback(run_dir, eval_rows, say))
     if env.is_main:
         callbacks.append(JsonLogCallback(run_dir))
         if "tensorboard" in args.run.report_to:

@@ -181,8 +181,9 @@ class Trainer:
         self.window_started = 0.0
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
-        # What observes or steers the run (log.jsonl, report_to's trackers, early stopping): train/callbacks.py
-        own = default_callbacks(config, env, self.run_dir, self.report.say)
+        # What observes or steers the run (the int8 model, log.jsonl, report_to's trackers, early stopping):
+        # train/callbacks.py
+        own = default_callbacks(config, env, self.run_dir, self.report.say, eval_rows=self.data.eval_rows)
         self.callbacks = CallbackHandler([*own, *(callbacks or [])], config, self.state, env)
         self.control = self.callbacks.control
         self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
@@ -526,8 +527,6 @@ class Trainer:
             write_confusion_matrix(self.run_dir, best, self.report.say)
             if confidence is not None:
                 write_confidence_plots(self.run_dir, confidence, self.report.say)
-        if self.env.is_main and self.config.run.int8_model and self.run_dir.best.is_dir():
-            self.make_int8_model()
         self.callbacks.on_train_end(best)
         return result
 
@@ -557,23 +556,3 @@ class Trainer:
                 f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)"
             )
             return None
-
-    def make_int8_model(self) -> None:
-        """best/model.int8.onnx, checked against fp32 on the rows the run evaluated on (rank 0, after the run)."""
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            self.report.say(
-                "int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch"
-            )
-            return
-        from ..predict.int8 import make_int8
-
-        rows = self.data.eval_rows
-        try:
-            path, check = make_int8(self.run_dir.best, (list(rows.texts), list(rows.labels)))
-        except Exception as exc:  # the run is saved; serving falls back to PyTorch
-            self.report.say(f"int8 model: not made ({type(exc).__name__}: {exc}); serve runs PyTorch")
-            return
-        verdict = "passed its check, served by default" if check["passed"] else "FAILED its check, serve runs PyTorch"
-        self.report.say(f"int8 model: {path} {verdict} ({check['summary']}; {check['seconds']:.0f} s)")
