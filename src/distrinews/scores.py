@@ -44,6 +44,14 @@ def classification_scores(confusion: Sequence[Sequence[int]], label_names: Seque
     }
 
 
+def f1_from_counts(tp: Any, fp: Any, fn: Any) -> Any:
+    """F1 = 2TP / (2TP + FP + FN) from counts (numbers, or tensors elementwise), 0 where nothing was predicted or
+    positive: multi-label training's thresholds and scores, and the int8 check's micro-F1."""
+    denominator = 2 * tp + fp + fn
+    # + (denominator == 0): 1 where it is 0, and TP is 0 there too; one division that numbers and tensors share
+    return 2 * tp / (denominator + (denominator == 0))
+
+
 def per_class_table(scores: dict[str, Any]) -> list[str]:
     """Per-class precision, recall, F1 and support as text lines (scikit-learn's ``classification_report`` layout)."""
     per_class = scores.get("per_class") or {}

@@ -23,9 +23,10 @@ from distrinews.model import build_model, forward_loss
 from distrinews.predict.batch.outputs import open_results
 from distrinews.predict.confidence import ConfidenceThreshold
 from distrinews.predict.predictor import Predictor
+from distrinews.scores import f1_from_counts
 from distrinews.serve import tei
 from distrinews.train.metrics import Counts
-from distrinews.train.multilabel import ScoreHistogram, exact_matches, multilabel_metrics, tune_thresholds
+from distrinews.train.multilabel import ScoreHistogram, exact_matches, f1, multilabel_metrics, tune_thresholds
 
 NAMES = ["World", "Sports", "Business"]
 # Label 0: positives score 0.9, 0.6, 0.3, negatives 0.7, 0.2, 0.1: F1 is highest (6/7: TP 3, FP 1) for a threshold
@@ -64,6 +65,17 @@ def test_thresholds_and_f1_match_the_hand_computed_values_and_ranks_add_up():
     # at 0.5 for all: label 0 TP 2 (0.9, 0.6) FP 1 (0.7) FN 1; label 1 TP 2 FP 1; label 2 FP 1: 8 / (8 + 3 + 1)
     assert metrics["micro_f1_at_0.5"] == pytest.approx(8 / 12)
     assert metrics["thresholds"] == {"World": 0.3, "Sports": 0.5, "Business": 0.5}
+
+
+def test_f1_from_counts_is_one_formula_for_numbers_and_tensors():
+    """2TP / (2TP + FP + FN), 0 where nothing was predicted or positive: the int8 check's micro-F1 (numbers) and
+    training's per-label F1 (tensors, FN = positives - TP) alike."""
+    tp, fp, fn = [3, 0, 2, 0], [1, 0, 0, 4], [0, 0, 1, 0]
+    numbers = [f1_from_counts(*counts) for counts in zip(tp, fp, fn)]
+    assert numbers == [6 / 7, 0.0, 4 / 5, 0.0] and all(isinstance(x, float) for x in numbers)
+    as_tensors = [torch.tensor(x, dtype=torch.float64) for x in (tp, fp, fn)]
+    assert f1_from_counts(*as_tensors).tolist() == numbers
+    assert f1(as_tensors[0], as_tensors[1], as_tensors[0] + as_tensors[2]).tolist() == numbers
 
 
 def test_the_loss_is_transformers_binary_cross_entropy_and_sums_over_rows():

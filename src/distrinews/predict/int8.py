@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..scores import f1_from_counts
+
 log = logging.getLogger(__name__)
 
 INT8_FILE = "model.int8.onnx"
@@ -230,11 +232,12 @@ def _accuracy(answers: Sequence[Any], gold: Sequence[Any]) -> float:
 
 
 def _micro_f1(answers: Sequence[list[int]], gold: Sequence[list[int]]) -> float:
-    """2TP / (2TP + FP + FN) over every (row, label): ``distrinews eval``'s micro-F1 at the stored thresholds (the
-    answers are the labels at or above them), 0 where nothing was predicted or positive."""
+    """F1 over every (row, label) (``scores.f1_from_counts``): ``distrinews eval``'s micro-F1 at the stored
+    thresholds (the answers are the labels at or above them)."""
     tp = sum(len(set(a) & set(y)) for a, y in zip(answers, gold))
-    wrong = sum(len(set(a) ^ set(y)) for a, y in zip(answers, gold))
-    return 2 * tp / (2 * tp + wrong) if tp or wrong else 0.0
+    fp = sum(len(set(a) - set(y)) for a, y in zip(answers, gold))
+    fn = sum(len(set(y) - set(a)) for a, y in zip(answers, gold))
+    return f1_from_counts(tp, fp, fn)
 
 
 def _answer(result: dict[str, Any]) -> Any:

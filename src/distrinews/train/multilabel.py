@@ -24,6 +24,7 @@ import torch
 
 from ..checkpoint.records import DEFAULT_THRESHOLD
 from ..config import MULTI_LABEL
+from ..scores import f1_from_counts
 
 HISTOGRAM_BINS = 100  # candidate thresholds 0.01 ... 0.99: the edges between the bins
 THRESHOLDS = torch.arange(1, HISTOGRAM_BINS, dtype=torch.float64) / HISTOGRAM_BINS
@@ -55,10 +56,9 @@ class ScoreHistogram:
 
 
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-    """F1 = 2TP / (2TP + FP + FN), 0 where nothing was predicted or positive (float64, elementwise)."""
+    """``scores.f1_from_counts`` of counts (float64, elementwise): FN = positives - TP."""
     tp, fp, positives = tp.double(), fp.double(), positives.double()
-    denominator = tp + fp + positives  # 2TP + FP + FN, as FN = positives - TP
-    return torch.where(denominator > 0, 2 * tp / denominator.clamp(min=1), torch.zeros_like(denominator))
+    return f1_from_counts(tp, fp, positives - tp)
 
 
 def tune_thresholds(histogram: ScoreHistogram) -> list[float]:
