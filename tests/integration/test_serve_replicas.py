@@ -197,7 +197,7 @@ class Replicas:
 
     def answered(self, port: int) -> bool:
         """Whether the replica on ``port`` answers /ready."""
-        from distrinews.serve.replicas import get_json
+        from distrinews.serve.children import get_json
 
         return get_json(f"http://127.0.0.1:{port}/ready")[0] == 200
 
@@ -429,7 +429,7 @@ def test_a_replica_killed_between_an_answer_s_headers_and_body_fails_no_request(
 
 
 def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(checkpoints, tmp_path, padding_atol):
-    from distrinews.serve.replicas import get_json
+    from distrinews.serve.children import get_json
 
     with serve_replicas(checkpoints["1.0.0"], tmp_path) as running:
         running.link.unlink()
@@ -456,8 +456,9 @@ def test_a_port_taken_before_it_is_bound_is_replaced_by_another(checkpoints, tmp
     which port it got): a port another process takes in between is replaced, for a replica and for nginx."""
     if why := _nginx_missing():
         unavailable(f"nginx is not installed: {why}")
+    from distrinews.serve.children import get_json
     from distrinews.serve.nginx import find_nginx
-    from distrinews.serve.replicas import ReplicaSettings, Supervisor, get_json
+    from distrinews.serve.replicas import ReplicaSettings, Supervisor
 
     settings = ReplicaSettings(checkpoint=str(checkpoints["1.0.0"]), replicas=1, port=0, nginx=find_nginx(),
                                log_dir=str(tmp_path), serve_args=["--runtime", "torch"], ready_timeout=120)  # fmt: skip

@@ -23,21 +23,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..distributed.lifetime import die_with_parent
+from .children import address_taken, free_ports, get_json, log_tail, start_child, stop_child
 from .nginx import nginx_conf
 from .options import ServeOptionError
 
@@ -62,75 +58,9 @@ class ReplicaSettings:
     serve_args: list[str] = field(default_factory=list)  # more `distrinews serve` flags, for every replica
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 # How many ports a process that found its port taken tries in all (the port is picked free, then bound by a
 # process that starts later: another process may take it in between)
 BIND_TRIES = 5
-
-
-def _address_taken(log_path: Path, offset: int = 0) -> bool:
-    """Whether the log (from ``offset``) says a bind failed on a taken port (uvicorn's and nginx's wording)."""
-    with contextlib.suppress(OSError), open(log_path, "rb") as f:
-        f.seek(offset)
-        return b"address already in use" in f.read().lower()
-    return False
-
-
-def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
-    """(status, JSON body or {}, headers) of a GET; status 0 when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}"), dict(r.headers)
-    except urllib.error.HTTPError as exc:
-        with contextlib.suppress(ValueError):
-            return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
-        return exc.code, {}, dict(exc.headers)
-    except (OSError, ValueError):
-        return 0, {}, {}
-
-
-def _start_child(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    parent = os.getpid()
-
-    def preexec() -> None:
-        os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor only; it stops the children in order
-        die_with_parent(parent)
-
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec
-        )
-
-
-def _stop(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""
 
 
 class Replica:
@@ -168,7 +98,7 @@ class Replica:
         env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc, self.checkpoint, self.started_at = (
-            _start_child(cmd, self.log_path, env),
+            start_child(cmd, self.log_path, env),
             checkpoint,
             time.monotonic(),
         )
@@ -188,11 +118,11 @@ class Replica:
 
     def port_taken(self) -> bool:
         """Whether this process exited because its port was taken."""
-        return not self.alive() and _address_taken(self.log_path, self.log_offset)
+        return not self.alive() and address_taken(self.log_path, self.log_offset)
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM: it stops listening at once, answers what it holds, exits."""
-        _stop(self.proc, signal.SIGTERM, timeout)
+        stop_child(self.proc, signal.SIGTERM, timeout)
 
 
 class Stopped(Exception):
@@ -293,7 +223,7 @@ class Supervisor:
                 assert replica.proc is not None, "started before it is waited on"
                 raise RuntimeError(
                     f"replica {replica.index} (port {replica.port}) exited with {replica.proc.returncode} "
-                    f"before it was ready; its log ({replica.log_path}) ends:\n{_tail(replica.log_path)}"
+                    f"before it was ready; its log ({replica.log_path}) ends:\n{log_tail(replica.log_path)}"
                 )
             if replica.seen_ready():
                 replica.failures = 0
@@ -341,7 +271,7 @@ class Supervisor:
             try:
                 return self._run_nginx(error_log)
             except RuntimeError:
-                taken = any(_address_taken(path, offset) for path, offset in logs.items())
+                taken = any(address_taken(path, offset) for path, offset in logs.items())
                 if self.settings.port != 0 or tries == BIND_TRIES or not taken:
                     raise
                 self.say(f"nginx: port {self.port} was taken; trying another")
@@ -362,7 +292,7 @@ class Supervisor:
             )
         )
         cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
-        self.nginx = _start_child(cmd, self.log_dir / "nginx.log")
+        self.nginx = start_child(cmd, self.log_dir / "nginx.log")
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
         url = f"http://{host}:{self.port}/ready"
         deadline = time.monotonic() + 15
@@ -371,7 +301,7 @@ class Supervisor:
             if self.nginx.poll() is not None:
                 raise RuntimeError(
                     f"nginx exited with {self.nginx.returncode}: "
-                    f"{_tail(self.log_dir / 'nginx.log') or _tail(error_log)}"
+                    f"{log_tail(self.log_dir / 'nginx.log') or log_tail(error_log)}"
                 )
             if get_json(url)[0] == 200:
                 return
@@ -435,7 +365,7 @@ class Supervisor:
         self.say("rolling restart done")
 
     def _shutdown(self) -> None:
-        _stop(self.nginx, signal.SIGQUIT, self.settings.read_timeout)  # graceful: it finishes what it holds
+        stop_child(self.nginx, signal.SIGQUIT, self.settings.read_timeout)  # graceful: it finishes what it holds
         for replica in self.replicas:
             if replica.proc is not None and replica.alive():
                 replica.proc.send_signal(signal.SIGTERM)
