@@ -10,14 +10,11 @@ A request (a list of texts) goes through two worker threads:
    batch is formed at once from the requests already tokenized: the model never waits for a
    tokenizer, and the tokenizer never waits for the model.
 
-A batch holds whole requests and never exceeds ``max_batch_size`` texts or ``max_batch_tokens``
-padded tokens (the batch's longest text times its number of texts, since a batch is padded to
-its longest; the rule of text-embeddings-inference's ``max_batch_tokens``). The oldest request
-is always in the next batch; the rest of the batch is filled with the queued requests nearest
-to it in length, so batches pad little (random AG News rows padded together cost about twice
-their tokens). If the oldest request alone exceeds a limit, it runs as several forward passes,
-its texts sorted by length and cut into chunks that respect both limits (only a single text
-longer than the token budget makes a pass over it).
+A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens,
+formed around the oldest request from the queued ones nearest it in length (``batching.take``). If the
+oldest request alone exceeds a limit, it runs as several forward passes, its texts sorted by length and
+cut into chunks that respect both limits (only a single text longer than the token budget makes a pass
+over it).
 
 The wait window opens only when there is evidence of concurrency (the last batch held more
 than one request, or this request arrived while the model was busy). A lone client therefore
@@ -53,6 +50,7 @@ from typing import Any
 
 from ..predict.passes import plan_passes
 from ..predict.tokens import padded_tokens
+from .batching import take
 
 TOKENIZER_THREAD = "distrinews-tokenize"
 FORWARD_THREAD = "distrinews-forward"
@@ -361,55 +359,10 @@ class MicroBatcher:
             self._ready = deque(request for request in self._ready if request.stage != "dropped")
             self._gone = 0
 
-    def _fits(self, texts: int, longest: int) -> bool:
-        return texts <= self.max_batch_size and (
-            self.max_batch_tokens is None or longest * texts <= self.max_batch_tokens
-        )
-
     def _take(self) -> tuple[list[_Request], bool]:
-        """The next batch, and whether it is full (waiting longer cannot make it bigger).
-
-        The oldest request is always in it; the rest are the queued requests nearest to it in
-        length (among the first ``lookahead``), added one at a time, each time the one that adds
-        the fewest padding tokens, while both limits hold. Batches of similar lengths pad little;
-        the oldest request going first keeps the order fair: no request waits behind more than
-        ``lookahead`` newer ones.
-        """
+        """The next batch (``batching.take``), and whether it is full (waiting longer cannot make it bigger)."""
         candidates = list(itertools.islice(self._ready, self.lookahead))
-        order = sorted(
-            range(len(candidates)), key=lambda i: candidates[i].longest
-        )  # stable: equal lengths stay in arrival order
-        lo = hi = order.index(0)
-        texts, longest = len(candidates[0].items), candidates[0].longest
-        while True:
-            best: tuple[int, int, int] | None = None  # (padding added, arrival index, side)
-            if lo > 0:  # a shorter (or equal) request: padded up to the current longest
-                r = candidates[order[lo - 1]]
-                if self._fits(texts + len(r.items), longest):
-                    best = ((longest - r.longest) * len(r.items), order[lo - 1], -1)
-            if hi < len(order) - 1:  # a longer (or equal) one: everything already in pads up to it
-                r = candidates[order[hi + 1]]
-                widest = max(longest, r.longest)
-                if self._fits(texts + len(r.items), widest):
-                    option = ((widest - longest) * texts, order[hi + 1], +1)
-                    best = option if best is None or option < best else best
-            if best is None:
-                break
-            if best[2] < 0:
-                lo -= 1
-                texts += len(candidates[order[lo]].items)
-            else:
-                hi += 1
-                texts += len(candidates[order[hi]].items)
-                longest = max(longest, candidates[order[hi]].longest)
-        batch = [candidates[i] for i in sorted(order[lo : hi + 1])]
-        left_out = hi - lo + 1 < len(self._ready)
-        full = (
-            left_out
-            or texts >= self.max_batch_size
-            or (self.max_batch_tokens is not None and longest * texts >= self.max_batch_tokens)
-        )
-        return batch, full
+        return take(candidates, self.max_batch_size, self.max_batch_tokens, len(self._ready))
 
     async def _next_batch(self) -> list[_Request] | None:
         loop = asyncio.get_running_loop()
