@@ -85,10 +85,10 @@ if sys.argv[3:] == ["die"]:
 
     take = MicroBatcher._take
 
-    def take_or_die(self):
+    def take_or_die(self, cap=None):
         if any(request.texts == ["die"] for request in self._ready):
             raise RuntimeError("a bug in the batching loop")
-        return take(self)
+        return take(self, cap)
 
     ServeMetrics.observe_batch = broken_metrics
     MicroBatcher._take = take_or_die

@@ -131,6 +131,7 @@ def test_every_endpoint_answers_with_the_documented_shape(server, padding_atol):
             "max_batch_tokens": 512,
             "max_wait_ms": 50.0,
             "max_queue": 1024,
+            "concurrent_passes": 1,  # PyTorch: one pass at a time on every core
         }
         assert info["limits"]["max_batch_texts"] == 64 and info["limits"]["max_body_bytes"] == 65536
 

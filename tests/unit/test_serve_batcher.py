@@ -232,7 +232,7 @@ def test_a_batching_loop_that_dies_fails_its_queue_and_calls_on_fatal(monkeypatc
 
     async def main():
         batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_fatal=fatal.append)
-        monkeypatch.setattr(batcher, "_take", lambda: 1 / 0)
+        monkeypatch.setattr(batcher, "_take", lambda cap=None: 1 / 0)
         await batcher.start()
         with pytest.raises(BatcherClosedError, match="ZeroDivisionError"):
             await batcher.submit(["x"])
@@ -250,7 +250,7 @@ def test_a_batching_loop_that_dies_mid_batch_fails_the_batch_it_was_running(monk
     async def main():
         batcher = MicroBatcher(lambda texts: texts, max_batch_size=1, max_wait_ms=0, on_fatal=fatal.append)
 
-        async def broken_compute(batch, queue_s):
+        async def broken_compute(batch, queue_s, forward, number):
             raise KeyError("a bug")
 
         monkeypatch.setattr(batcher, "_compute", broken_compute)

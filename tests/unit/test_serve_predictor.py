@@ -180,6 +180,8 @@ def test_both_entry_points_take_the_pipeline_options(tmp_path):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--max-batch-tokens", "-1"]))
     with pytest.raises(ServeOptionError, match="--onnx-model needs --runtime onnx or onnx-int8"):
         validate(slim.parse_args(["--checkpoint", str(tmp_path), "--runtime", "torch", "--onnx-model", "m.onnx"]))
+    with pytest.raises(ServeOptionError, match="--concurrent-passes must be >= 0"):
+        validate(slim.parse_args(["--checkpoint", str(tmp_path), "--concurrent-passes", "-1"]))
 
 
 def test_the_flags_are_the_config_fields_and_parse_back_to_the_default_config():
@@ -257,3 +259,45 @@ def test_the_server_s_onnx_threads_sleep_between_passes_and_elsewhere_they_spin(
     assert default.describe()["onnx_thread_spinning"] is True
     with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default, spinning
         default.session.get_session_options().get_session_config_entry(spinning)
+
+
+def test_the_single_threaded_twin_answers_like_its_session_on_one_thread(tiny_best, rows):
+    spinning = "session.intra_op.allow_spinning"
+    wide = make_predictor(tiny_best, "onnx", spin=False)
+    twin = wide.single_threaded()
+    options = twin.session.get_session_options()
+    assert (options.intra_op_num_threads, options.get_session_config_entry(spinning)) == (1, "0")
+    assert twin.session is not wide.session and twin.encoder is wide.encoder
+    encoded = wide.encode(rows[:12])
+    for ours, theirs in zip(twin.predict_encoded(encoded), wide.predict_encoded(encoded), strict=True):
+        assert ours["label"] == theirs["label"]
+        np.testing.assert_allclose(
+            [p for p in ours["probabilities"].values()], [p for p in theirs["probabilities"].values()], atol=1e-5
+        )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "settings", "expected"),
+    [
+        ("onnx", {}, "cores"),  # the default: one lane a core
+        ("onnx", {"threads": 1}, 1),  # asked for N threads a pass: one pass at a time
+        ("onnx", {"concurrent_passes": 3}, 3),
+        ("onnx", {"concurrent_passes": 1}, 1),
+        ("torch", {"concurrent_passes": 2}, 1),  # PyTorch's threads are per process: no single-threaded twin
+    ],
+)
+def test_info_says_how_many_passes_run_side_by_side(tiny_best, runtime, settings, expected):
+    from distrinews.distributed.machine import cores_available
+
+    config = ServeConfig(checkpoint=str(tiny_best), runtime=runtime, api_key="", **settings)
+
+    async def main():
+        async with served(create_app(config)) as client:
+            info = (await client.get("/info")).json()
+            answer = await client.post("/predict", json={"text": "stocks rally"})
+            return info, answer
+
+    info, answer = asyncio.run(main())
+    assert answer.status_code == 200
+    want = len(cores_available()) if expected == "cores" else expected
+    assert info["batching"]["concurrent_passes"] == want

@@ -7,6 +7,7 @@ transformers are imported where it must export (or quantize) the model first or 
 
 from __future__ import annotations
 
+import copy
 import logging
 import mmap
 import os
@@ -60,8 +61,6 @@ class OnnxPredictor(Predictor):
         int8: bool = False,
         spin: bool = True,
     ):
-        import onnxruntime as ort
-
         self.checkpoint = Path(checkpoint)
         path = Path(onnx_model) if onnx_model else self.checkpoint / ("model.int8.onnx" if int8 else "model.onnx")
         if onnx_model and not path.is_file():
@@ -84,15 +83,8 @@ class OnnxPredictor(Predictor):
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
         else:
             path = self._load_with_transformers(path, max_batch_size, int8)
-        self.onnx_path = path
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        self.spin = spin
-        if not spin:  # idle threads sleep at once instead of spinning for more work (``make_predictor``'s ``spin``)
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        self.onnx_path, self.spin = path, spin
+        self.session = self._session(threads)
         self._input_names = [i.name for i in self.session.get_inputs()]
         self.quantized = is_quantized_file(path)
         if int8:
@@ -137,6 +129,24 @@ class OnnxPredictor(Predictor):
         if fp32.parent == tmp:
             fp32.unlink()
         return out
+
+    def _session(self, threads: int | None) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        if not self.spin:  # idle threads sleep at once rather than spin for more work (``make_predictor``'s ``spin``)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(self.onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
+
+    def single_threaded(self) -> OnnxPredictor:
+        """The same model, encoder and settings on a second session of one intra-op thread: passes on it run side by
+        side, one a core, where this session's one pass at a time spreads over every core."""
+        twin = copy.copy(self)
+        twin.session = self._session(1)
+        return twin
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feed = {name: inputs[name] for name in self._input_names}

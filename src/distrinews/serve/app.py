@@ -262,6 +262,7 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
                 "max_batch_tokens": config.max_batch_tokens or None,
                 "max_wait_ms": config.max_wait_ms,
                 "max_queue": config.max_queue,
+                "concurrent_passes": state.concurrent_passes,
             },
             "limits": {
                 "max_batch_texts": config.max_batch_texts,

@@ -1,14 +1,22 @@
 """Async micro-batcher: coalesce concurrent requests into one forward pass.
 
-A request (a list of texts) goes through two worker threads:
+A request (a list of texts) goes through two kinds of worker thread:
 
 1. the **tokenizer thread** encodes its texts as soon as it arrives (``encode``), so its tokens,
    and its length in tokens, are known while earlier batches still run; a request of at most
    ``encode_inline_chars`` characters is encoded at once on the event loop instead, since a short
    text tokenizes faster than the hop to that thread and back (each hop a thread wake-up);
-2. the **forward thread** runs one batch at a time (``forward``). When it frees, the next
-   batch is formed at once from the requests already tokenized: the model never waits for a
-   tokenizer, and the tokenizer never waits for the model.
+2. the **forward threads** run the batches. When one frees, the next batch is formed at once from
+   the requests already tokenized: the model never waits for a tokenizer, and the tokenizer never
+   waits for the model.
+
+Forward passes run one at a time on ``forward`` (which uses every core), except under concurrency
+when ``side_forward`` is given (the same model on one core): then up to ``lanes`` batches run side by
+side on it, one a core. One pass on two cores leaves one of them waiting through the pass's serial
+parts and while the event loop answers a batch and forms the next; two passes of one core each keep
+both busy (benchmarks/serving-results.md). A pass runs on a lane when another one is running, or when
+more is queued than it takes (with several lanes free, what is queued is shared between them); a
+lone request, and a batch that takes everything queued with nothing else running, get every core.
 
 A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens,
 formed around the oldest request from the queued ones nearest it in length (``batching.take``). If the
@@ -30,8 +38,8 @@ Faults stay with the request that caused them, and a stuck model is seen:
 - a forward pass that raises is retried one request at a time, so only the requests whose own
   texts fail get :class:`ForwardError` (the others get their results);
 - a forward pass that runs past ``forward_timeout`` fails its requests and every queued one with
-  :class:`ForwardStalledError` and refuses new ones (``stalled`` says why) until it returns; a
-  thread cannot be stopped, so it is left to finish;
+  :class:`ForwardStalledError` and refuses new ones (``stalled`` says why) until it returns (every
+  stuck one, with lanes); a thread cannot be stopped, so it is left to finish;
 - if the batching loop itself ends with an exception, nothing would ever answer again:
   ``on_fatal(reason)`` is called (the server ends the process, so its supervisor restarts it).
 """
@@ -123,6 +131,8 @@ class MicroBatcher:
         forward_timeout: float | None = None,
         on_fatal: Callable[[str], None] | None = None,
         encode_inline_chars: int = 0,
+        side_forward: Callable[[list[Any]], Sequence[Any]] | None = None,
+        lanes: int = 1,
     ):
         if (
             max_batch_size < 1
@@ -146,23 +156,25 @@ class MicroBatcher:
         self.forward_timeout = forward_timeout
         self.on_fatal = on_fatal
         self.encode_inline_chars = encode_inline_chars
-        self._stalled_since: float | None = None  # perf_counter() when the running forward pass overran its deadline
+        self.side_forward = side_forward
+        self.lanes = lanes if side_forward is not None else 1
+        self._passes: dict[asyncio.Task, list[_Request]] = {}  # the passes running, each with its batch
+        self._wide = False  # the pass running is on ``forward`` (every core): nothing runs beside it
+        self._stalled_since: float | None = None  # perf_counter() when a running forward pass overran its deadline
+        self._stuck = 0  # passes past their deadline that have not returned
         self._died: str | None = None  # why the batching loop ended unasked
-        self._running: list[_Request] = []  # the batch on the forward thread
         self._ready: deque[_Request] = deque()  # tokenized, in arrival order
         self._tokenizing = 0  # requests on (or waiting for) the tokenizer thread
         self._queued_texts = 0  # texts not yet handed to the forward thread
         self._gone = 0  # cancelled requests possibly still in _ready
-        self._busy = False
         self._last_batch_requests = 0
         self._batches = 0  # forward jobs started
         self._closing = False
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENIZER_THREAD)
-        # One forward thread: PyTorch and ONNX Runtime already use every core inside one
-        # forward pass; two concurrent passes would only fight over them.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=FORWARD_THREAD)
+        # A thread a lane: a pass on ``forward`` already uses every core, so it never has company.
+        self._executor = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix=FORWARD_THREAD)
 
     # ------------------------------------------------------------------ state
     @property
@@ -192,14 +204,27 @@ class MicroBatcher:
         """The loop returns only once closing; any other end leaves every request unanswered for good."""
         if task.cancelled() or task.exception() is None:
             return
-        exc = task.exception()
+        self._die(task.exception())
+
+    def _pass_ended(self, task: asyncio.Task) -> None:
+        """A pass's task is done: its lane is free; a pass that raised (not its forward: that is caught) is fatal."""
+        if not task.cancelled() and task.exception() is not None and self._died is None:
+            self._die(task.exception())  # its batch is still in _passes: answered with the reason
+            if self._task is not None:
+                self._task.cancel()
+        self._passes.pop(task, None)
+        self._wide = False
+        self._wake()
+
+    def _die(self, exc: BaseException | None) -> None:
         reason = self._died = f"the batching loop died ({type(exc).__name__})"
         log.critical("%s; no request can be answered any more", reason, exc_info=exc)
         self._closing = True  # new requests get BatcherClosedError (503) from here on
         self._fail_queued(BatcherClosedError(reason))
-        for request in self._running:
-            if not request.future.done():
-                request.future.set_exception(BatcherClosedError(reason))
+        for batch in self._passes.values():
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(BatcherClosedError(reason))
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -250,7 +275,7 @@ class MicroBatcher:
                 f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly"
             )
         loop = asyncio.get_running_loop()
-        busy = self._busy or bool(self._ready) or self._tokenizing > 0
+        busy = bool(self._passes) or bool(self._ready) or self._tokenizing > 0
         request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy, timing=timing)
         request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
@@ -359,10 +384,19 @@ class MicroBatcher:
             self._ready = deque(request for request in self._ready if request.stage != "dropped")
             self._gone = 0
 
-    def _take(self) -> tuple[list[_Request], bool]:
-        """The next batch (``batching.take``), and whether it is full (waiting longer cannot make it bigger)."""
-        candidates = list(itertools.islice(self._ready, self.lookahead))
-        return take(candidates, self.max_batch_size, self.max_batch_tokens, len(self._ready))
+    def _take(self, cap: int | None = None) -> tuple[list[_Request], bool]:
+        """The next batch (``batching.take``: at most ``cap`` texts, if given), and whether it is full."""
+        limit = self.max_batch_size if cap is None else min(cap, self.max_batch_size)
+        return take(list(itertools.islice(self._ready, self.lookahead)), limit, self.max_batch_tokens, len(self._ready))
+
+    def _cap(self) -> int | None:
+        """The most texts the next batch may take: with several lanes free under concurrency (the last batch shared,
+        or the oldest request arrived while the model was busy), what is queued is shared between them."""
+        free = self.lanes - len(self._passes)
+        if free < 2 or not (self._last_batch_requests > 1 or self._ready[0].arrived_busy):
+            return None
+        ready = sum(len(r.items) for r in self._ready)
+        return max(1, -(-ready // free))
 
     async def _next_batch(self) -> list[_Request] | None:
         loop = asyncio.get_running_loop()
@@ -386,7 +420,7 @@ class MicroBatcher:
             self._drop_gone()  # the last look: a client that left during the window is not computed
             if not self._ready:
                 continue
-            batch, _ = self._take()
+            batch, _ = self._take(self._cap())
             for request in batch:
                 request.stage = "running"
             if len(batch) == len(self._ready):
@@ -396,22 +430,22 @@ class MicroBatcher:
             self._queued_texts -= sum(len(r.texts) for r in batch)
             return batch
 
-    def _forward_job(self, items: list[Any]) -> tuple[list[Any], int, int]:
-        """On the forward thread: the batch as one forward pass, or several if it exceeds a limit."""
+    def _forward_job(self, forward: Callable, items: list[Any]) -> tuple[list[Any], int, int]:
+        """On a forward thread: the batch as one forward pass, or several if it exceeds a limit."""
         passes = plan_passes([len(item) for item in items], self.max_batch_size, self.max_batch_tokens)
         if len(passes) == 1:
-            results: list[Any] = list(self.forward(items))
+            results: list[Any] = list(forward(items))
             return results, padded_tokens([len(item) for item in items]), 1
         results = [None] * len(items)
         tokens = 0
         for indices in passes:
             part = [items[i] for i in indices]
             tokens += padded_tokens([len(item) for item in part])
-            for i, result in zip(indices, self.forward(part), strict=True):
+            for i, result in zip(indices, forward(part), strict=True):
                 results[i] = result
         return results, tokens, len(passes)
 
-    async def _run_forward(self, items: list[Any]) -> tuple[list[Any], int, int]:
+    async def _run_forward(self, forward: Callable, items: list[Any]) -> tuple[list[Any], int, int]:
         """``_forward_job`` on the forward thread, within ``forward_timeout``.
 
         Past the deadline the model counts as stuck: ForwardStalledError is raised to the batch's
@@ -419,20 +453,24 @@ class MicroBatcher:
         pass returns (its thread cannot be stopped); its result is then dropped.
         """
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._executor, self._forward_job, items)
+        job = loop.run_in_executor(self._executor, self._forward_job, forward, items)
         done, _ = await asyncio.wait([job], timeout=self.forward_timeout)
         if done:
             results, tokens, passes = job.result()
             if len(results) != len(items):
                 raise RuntimeError(f"forward returned {len(results)} results for {len(items)} texts")
             return results, tokens, passes
-        self._stalled_since = time.perf_counter()
+        self._stuck += 1
+        if self._stalled_since is None:
+            self._stalled_since = time.perf_counter()
         reason = self.stalled
         log.error("%s; /ready answers 503 until it returns", reason)
         self._fail_queued(ForwardStalledError(reason))
         raise _Stalled(job)
 
-    async def _compute(self, batch: list[_Request], queue_s: list[float]) -> tuple[int, int]:
+    async def _compute(
+        self, batch: list[_Request], queue_s: list[float], forward: Callable, number: int
+    ) -> tuple[int, int]:
         """Answer every request of ``batch`` (``queue_s``: each one's wait in the queue); (padded tokens, passes) of
         the forward passes run."""
         items = [item for request in batch for item in request.items]
@@ -450,11 +488,11 @@ class MicroBatcher:
                     "inference_s": done - start,
                     "tokens": unpadded,
                 }
-                request.timing.update(job, done=done, batch=self._batches, **mine)
+                request.timing.update(job, done=done, batch=number, **mine)
             request.future.set_result(part)
 
         try:
-            results, tokens, passes = await self._run_forward(items)
+            results, tokens, passes = await self._run_forward(forward, items)
         except _Stalled:
             raise
         except Exception as exc:
@@ -467,7 +505,7 @@ class MicroBatcher:
                 if request.future.done():
                     continue
                 try:
-                    part, part_tokens, part_passes = await self._run_forward(request.items)
+                    part, part_tokens, part_passes = await self._run_forward(forward, request.items)
                 except _Stalled as stalled:
                     stalled.requests = [r for r in batch if not r.future.done()]
                     raise
@@ -506,43 +544,67 @@ class MicroBatcher:
                 request.future.set_exception(ForwardStalledError(self.stalled))
         await asyncio.wait([stalled.job])
         took = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
+        self._stuck -= 1
+        if self._stuck:
+            log.warning("a stuck forward pass returned after %.0fs; %d still running", took, self._stuck)
+            return
         log.warning("the stuck forward pass returned after %.0fs; serving again", took)
         self._stalled_since = None
 
+    def _lane_free(self) -> bool:
+        """Whether a new pass may start: nothing runs beside a pass on every core, nor after a pass stuck."""
+        return not self._passes or (not self._wide and len(self._passes) < self.lanes and self._stalled_since is None)
+
     async def _loop(self) -> None:
+        try:
+            while True:
+                while not self._lane_free():
+                    await self._wait_for_wakeup(None)  # a pass ending wakes it
+                batch = await self._next_batch()
+                if batch is None:
+                    if self._passes:
+                        await asyncio.wait(list(self._passes))
+                    return
+                # Beside another pass, or with more queued to start beside it: a lane of one core; else every core.
+                side = self.side_forward is not None and (bool(self._passes) or bool(self._ready))
+                forward = self.side_forward if side and self.side_forward is not None else self.forward
+                self._wide = forward is self.forward
+                self._batches += 1
+                task = asyncio.get_running_loop().create_task(self._pass(batch, forward, self._batches))
+                self._passes[task] = batch
+                task.add_done_callback(self._pass_ended)
+        except asyncio.CancelledError:
+            for task in list(self._passes):
+                task.cancel()
+            raise
+
+    async def _pass(self, batch: list[_Request], forward: Callable, number: int) -> None:
+        """One batch on ``forward``: answered, its stall waited out, its stats reported (a task, beside the loop)."""
         loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._next_batch()
-            if batch is None:
-                return
-            self._busy, self._running = True, batch
-            self._batches += 1
-            start = time.perf_counter()
-            now = loop.time()
-            queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
-            tokens = passes = 0
+        start = time.perf_counter()
+        now = loop.time()
+        queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
+        tokens = passes = 0
+        try:
+            tokens, passes = await self._compute(batch, queue_s, forward, number)
+        except _Stalled as stalled:
+            await self._wait_out_stall(stalled, batch)
+        finally:
+            self._last_batch_requests = len(batch)
+        if self.on_batch is not None:
+            stats = BatchStats(
+                texts=sum(len(request.items) for request in batch),
+                requests=len(batch),
+                padded_tokens=tokens,
+                passes=passes,
+                forward_s=time.perf_counter() - start,
+                queue_s=queue_s,
+                tokenize_s=[request.tokenize_s for request in batch],
+            )
             try:
-                tokens, passes = await self._compute(batch, queue_s)
-            except _Stalled as stalled:
-                await self._wait_out_stall(stalled, batch)
-            finally:
-                self._busy = False
-                self._last_batch_requests = len(batch)
-            self._running = []
-            if self.on_batch is not None:
-                stats = BatchStats(
-                    texts=sum(len(request.items) for request in batch),
-                    requests=len(batch),
-                    padded_tokens=tokens,
-                    passes=passes,
-                    forward_s=time.perf_counter() - start,
-                    queue_s=queue_s,
-                    tokenize_s=[request.tokenize_s for request in batch],
-                )
-                try:
-                    self.on_batch(stats)
-                except Exception:  # a metric is not worth the requests behind it
-                    log.exception("on_batch failed; the batch's requests were answered")
+                self.on_batch(stats)
+            except Exception:  # a metric is not worth the requests behind it
+                log.exception("on_batch failed; the batch's requests were answered")
 
 
 class _Stalled(Exception):

@@ -7,6 +7,9 @@ a request arrives, ``predict_encoded`` on its forward thread over a whole batch.
 A predictor may also have ``encoder`` (a ``predict.tokens.TextEncoder``; every runtime does): TEI's
 ``truncate: false`` and ``truncation_direction: left`` measure texts with it (``tei.fit``), and are
 refused (422) by a predictor without one.
+
+A predictor may also have ``single_threaded()``: the same model on one intra-op thread (ONNX Runtime's
+sessions do); the batcher then runs passes side by side under concurrency (``--concurrent-passes``).
 """
 
 from __future__ import annotations

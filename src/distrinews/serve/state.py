@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..distributed import machine
 from ..errors import CheckpointError
 from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
 from .metrics import ServeMetrics
@@ -67,6 +68,19 @@ def default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
     return load
 
 
+def concurrent_passes(config: ServeConfig, predictor: ServingPredictor) -> int:
+    """How many forward passes may run side by side, one core each (``--concurrent-passes``).
+
+    Two single-threaded passes at once keep both cores busy where one pass on both leaves one waiting through the
+    pass's serial parts and while the event loop answers (benchmarks/serving-results.md); a lone request still gets
+    every core. A predictor without a single-threaded twin (PyTorch's threads are per process) runs one at a time."""
+    wanted = config.concurrent_passes or (1 if config.threads else len(machine.cores_available()))
+    if wanted > 1 and not hasattr(predictor, "single_threaded"):
+        log.info("--concurrent-passes: the %s runtime runs one forward pass at a time", predictor.runtime)
+        return 1
+    return wanted
+
+
 class ServingState:
     """The model behind the API: loaded in the background, then a micro-batcher in front of it."""
 
@@ -74,6 +88,7 @@ class ServingState:
         self.config, self.load_predictor, self.metrics = config, load_predictor, metrics
         self.predictor: ServingPredictor | None = None
         self.batcher: MicroBatcher | None = None
+        self.concurrent_passes = 1  # forward passes side by side under load, once loaded
         self.load_error: str | None = None
         self.fatal_error: str | None = None  # the batcher can answer nothing any more: the process is ending
         # Sent as X-Model-Version with every answer the model computed: behind a load balancer, during a
@@ -89,6 +104,10 @@ class ServingState:
             t0 = time.perf_counter()
             predictor = await asyncio.to_thread(self.load_predictor)
             await asyncio.to_thread(predictor.warmup)
+            lanes, side = concurrent_passes(config, predictor), None
+            if lanes > 1:
+                side = await asyncio.to_thread(predictor.single_threaded)  # type: ignore[attr-defined]
+                await asyncio.to_thread(side.warmup)
             batcher = MicroBatcher(
                 predictor.predict_encoded,
                 config.max_batch_size,
@@ -101,10 +120,12 @@ class ServingState:
                 forward_timeout=config.forward_timeout,
                 on_fatal=self.end_process,
                 encode_inline_chars=ENCODE_INLINE_CHARS,
+                side_forward=side.predict_encoded if side is not None else None,
+                lanes=lanes,
             )
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
-            self.predictor, self.batcher = predictor, batcher
+            self.predictor, self.batcher, self.concurrent_passes = predictor, batcher, lanes
             log.info(
                 "model loaded from %s (runtime %s) in %.1fs; ready",
                 config.checkpoint,
