@@ -413,3 +413,49 @@ def test_the_runtime_alone_forms_batches_from_no_more_texts_than_the_clients_kee
     passes.clear()
     serving_limit.runtime_alone("unused", "fake", texts, 0.05, None, 32, None)
     assert max(passes) == 32  # the batcher's whole lookahead: full batches of 32
+
+
+def test_where_the_server_runs_passes_side_by_side_so_does_the_runtime_alone_and_the_limit_is_the_best(monkeypatch):
+    """The server's lanes run single-threaded passes at once: its limit must count what the runtime does that way
+    too, or the share would be measured against a runtime slower than the server's own use of it."""
+    import threading
+
+    from distrinews.bench import serving_limit
+    from distrinews.predict import runtimes
+
+    seen: dict[str, set[int]] = {"wide": set(), "twin": set()}
+
+    class Twinned:
+        runtime = "fake"
+
+        def __init__(self, kind: str):
+            self.kind = kind
+
+        def warmup(self):
+            pass
+
+        def single_threaded(self):
+            return Twinned("twin")
+
+        def encode(self, texts):
+            return [t.split() for t in texts]
+
+        def predict_encoded(self, batch):
+            seen[self.kind].add(threading.get_ident())
+            return [{} for _ in batch]
+
+    monkeypatch.setattr(runtimes, "make_predictor", lambda *a, **k: Twinned("wide"))
+    texts = [" ".join(["w"] * (1 + i % 7)) for i in range(100)]
+    alone = serving_limit.runtime_alone("unused", "fake", texts, 0.05, None, 32, None, in_flight=32, lanes=2)
+    assert alone["lanes"] == 2 and set(alone["side_by_side_texts_per_s"]) == {"8", "16", "32"}
+    assert len(seen["twin"]) >= 2 and len(seen["wide"]) == 1  # the twin on a thread a lane, the one pass on ours
+    every = [*alone["texts_per_s"].values(), *alone["side_by_side_texts_per_s"].values()]
+    assert alone["best_texts_per_s"] == max(every)
+    which = "side_by_side_texts_per_s" if alone["best_side_by_side"] else "texts_per_s"
+    assert alone[which][str(alone["best_batch"])] == alone["best_texts_per_s"]
+    single = serving_limit.runtime_alone("unused", "fake", texts, 0.05, None, 32, None, in_flight=32)
+    assert single["lanes"] == 1 and single["side_by_side_texts_per_s"] == {}
+    lines = serving_limit.markdown(
+        {"runtime_alone": alone, "empty_responder": {"p50_ms": None}, "concurrency": 32, "runtime": "fake"}
+    )
+    assert any("2 single-threaded passes side by side, batch 16" in line for line in lines)

@@ -177,6 +177,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             batching.get("max_batch_size") or 32,
             batching.get("max_batch_tokens"),
             in_flight=busiest,
+            lanes=batching.get("concurrent_passes") or 1,
         )
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
     report = build_report(args, results, levels, servers, accuracy)

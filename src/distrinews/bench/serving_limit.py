@@ -8,7 +8,9 @@
   A window holds the batcher's lookahead (4 x the batch size), but never more than the busiest level's
   clients keep in flight (``in_flight``: C clients, C texts), so the runtime groups lengths as well as the
   server can at that level and no better: with a window of 128 texts it would pad less than any batcher
-  that only ever sees 32.
+  that only ever sees 32. Where the server runs passes side by side under load (its ``concurrent_passes``),
+  so does the runtime: that many single-threaded passes at once, each on its own windows; the limit is the
+  best of one pass at a time and passes side by side.
 - **The empty responder**: a server on the same HTTP stack (uvicorn, h11, loopback) that reads each body
   and answers a fixed prediction-sized JSON body; loaded like ours, it is the load generator's and
   loopback's own floor (``python -m distrinews.bench.serving_limit --port P`` runs it).
@@ -66,10 +68,12 @@ def runtime_alone(
     max_batch_size: int,
     max_batch_tokens: int | None,
     in_flight: int | None = None,
+    lanes: int = 1,
 ) -> dict[str, Any]:
     """The predictor the server loads, in-process: batch-1 latency and throughput at each batch size, from windows
-    of at most ``in_flight`` texts (None: the batcher's whole lookahead)."""
-    from ..predict.passes import plan_passes
+    of at most ``in_flight`` texts (None: the batcher's whole lookahead). With ``lanes`` > 1 (the server's
+    ``concurrent_passes``) also ``lanes`` single-threaded passes at once, as the server runs them under load; the
+    best of either is the limit."""
     from ..predict.runtimes import make_predictor
 
     predictor = make_predictor(  # as distrinews serve makes it (serve/state.py's default_factory)
@@ -85,21 +89,22 @@ def runtime_alone(
         latencies.append(time.perf_counter() - t0)
         i += 1
     latencies.sort()
-    throughput: dict[str, float] = {}
-    for size in sorted({b for b in (*BATCH_SIZES, max_batch_size) if b <= max_batch_size}):
-        window = 4 * size  # the batcher's lookahead: how far it looks for texts of a similar length
-        window = min(window, in_flight) if in_flight else window  # no more than the clients keep in flight
-        done, start = 0, 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < duration:
-            chunk = [texts[(start + k) % len(texts)] for k in range(window)]
-            start += window
-            encoded = predictor.encode(chunk)
-            for indices in plan_passes([len(e) for e in encoded], size, max_batch_tokens):
-                predictor.predict_encoded([encoded[k] for k in indices])
-            done += len(chunk)
-        throughput[str(size)] = done / (time.perf_counter() - t0)
-    best = max(throughput, key=throughput.__getitem__)
+    sizes = sorted({b for b in (*BATCH_SIZES, max_batch_size) if b <= max_batch_size})
+    windows = {size: min(4 * size, in_flight) if in_flight else 4 * size for size in sizes}  # the batcher's lookahead
+    throughput = {
+        str(size): _throughput([predictor], texts, windows[size], size, max_batch_tokens, duration) for size in sizes
+    }
+    side: dict[str, float] = {}
+    twin = predictor.single_threaded() if lanes > 1 and hasattr(predictor, "single_threaded") else None
+    if twin is not None:
+        twin.warmup()
+        side = {
+            str(size): _throughput([twin] * lanes, texts, windows[size], size, max_batch_tokens, duration)
+            for size in sizes
+            if size > 1
+        }
+    runs = [(tps, int(size), False) for size, tps in throughput.items()]
+    best_tps, best_batch, best_side = max(runs + [(tps, int(size), True) for size, tps in side.items()])
     return {
         "runtime": predictor.runtime,
         "threads": threads or None,
@@ -109,9 +114,48 @@ def runtime_alone(
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "texts_per_s": throughput,
-        "best_batch": int(best),
-        "best_texts_per_s": throughput[best],
+        "lanes": lanes if twin is not None else 1,
+        "side_by_side_texts_per_s": side,
+        "best_batch": best_batch,
+        "best_side_by_side": best_side,
+        "best_texts_per_s": best_tps,
     }
+
+
+def _throughput(
+    lanes: list[Any], texts: list[str], window: int, size: int, max_batch_tokens: int | None, duration: float
+) -> float:
+    """Texts/s of ``lanes`` predictors at once (a thread each), each tokenizing windows of ``window`` texts and
+    running them as the server's passes (``plan_passes``) for ``duration`` seconds."""
+    import threading
+
+    from ..predict.passes import plan_passes
+
+    done = [0] * len(lanes)
+
+    def run(lane: int) -> None:
+        predictor, start = lanes[lane], 7919 * lane  # each lane on its own texts
+        while True:  # a window at least, however late the thread starts
+            chunk = [texts[(start + k) % len(texts)] for k in range(window)]
+            start += window * len(lanes)
+            encoded = predictor.encode(chunk)
+            for indices in plan_passes([len(e) for e in encoded], size, max_batch_tokens):
+                predictor.predict_encoded([encoded[k] for k in indices])
+            done[lane] += len(chunk)
+            if time.perf_counter() >= stop:
+                return
+
+    t0 = time.perf_counter()
+    stop = t0 + duration
+    if len(lanes) == 1:
+        run(0)
+    else:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(lanes))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return sum(done) / (time.perf_counter() - t0)
 
 
 def empty_responder_command(port: int) -> list[str]:
@@ -212,6 +256,9 @@ def print_limit(limit: dict[str, Any]) -> None:
     alone, empty = limit["runtime_alone"], limit["empty_responder"]
     sizes = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["texts_per_s"].items())
     print(f"runtime alone ({alone['runtime']}, in-process): p50 {alone['p50_ms']:.2f} ms at batch 1; texts/s {sizes}")
+    if alone.get("side_by_side_texts_per_s"):
+        side = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["side_by_side_texts_per_s"].items())
+        print(f"runtime alone, {alone['lanes']} single-threaded passes side by side: texts/s {side}")
     if empty["p50_ms"] is not None:
         print(
             f"empty responder: p50 {empty['p50_ms']:.2f} ms at 1 client; {empty['throughput_rps'] or 0:.1f} req/s at "
@@ -253,6 +300,11 @@ def markdown(limit: dict[str, Any]) -> list[str]:
     for size, tps in alone["texts_per_s"].items():
         if size != "1":
             lines.append(f"| runtime alone, batch {size} | | {tps:.1f} texts/s |")
+    for size, tps in (alone.get("side_by_side_texts_per_s") or {}).items():
+        lines.append(
+            f"| runtime alone, {alone['lanes']} single-threaded passes side by side, batch {size} | | {tps:.1f} "
+            "texts/s |"
+        )
     if empty["p50_ms"] is not None:
         lines.append(
             f"| empty responder | {empty['p50_ms']:.2f} | {empty['throughput_rps'] or 0:.1f} req/s "

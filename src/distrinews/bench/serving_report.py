@@ -75,7 +75,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Checkpoint: `{report['checkpoint']}`; closed loop, {report['settings']['duration_s']:g} s "
         f"measured per row after {report['settings']['warmup_s']:g} s warm-up; ours with max_batch_size "
         f"{batching.get('max_batch_size')}, max_batch_tokens {batching.get('max_batch_tokens')}, "
-        f"max_wait_ms {batching.get('max_wait_ms')}, max_queue {batching.get('max_queue')}.",
+        f"max_wait_ms {batching.get('max_wait_ms')}, max_queue {batching.get('max_queue')}, "
+        f"concurrent_passes {batching.get('concurrent_passes')}.",
         "",
         "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
         "",
