@@ -23,7 +23,8 @@ for r in range(rounds):
         path, *spec = tree.split("|")
         extra = [a for a in spec if a.startswith("--")]
         extra = [x for a in extra for x in a.split()]
-        env = dict(os.environ, PYTHONPATH=f"{path}/src", **dict(a.split("=") for a in spec if not a.startswith("--")))
+        settings = dict(a.split("=", 1) for a in spec if not a.startswith("--"))  # may replace PYTHONPATH
+        env = {**os.environ, "PYTHONPATH": f"{path}/src", **settings}
         p = subprocess.Popen(
             [
                 sys.executable,
