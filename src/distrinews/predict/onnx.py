@@ -8,8 +8,11 @@ predictor can pad each batch to its own longest text, exactly like the PyTorch o
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -89,9 +92,36 @@ def quantize_int8(fp32_path: str | os.PathLike, out: str | os.PathLike) -> Path:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
     # Per-channel scales keep each output column's own range, which costs little and holds
     # accuracy on the attention and feed-forward projections.
-    quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
+    with _without_preprocessing_hint():
+        quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
     os.replace(tmp, out)
     return out
+
+
+def _drop_hint(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Please consider")
+
+
+@contextlib.contextmanager
+def _without_preprocessing_hint() -> Iterator[None]:
+    """ONNX Runtime's "consider pre-processing before quantization" hint, kept out of the run's summary.
+
+    The hint is about the shape inference and graph fusions that static (calibrated) quantization
+    wants; the user of `train` cannot act on it. It goes through the root logger, whose first record
+    would also install a stderr handler for the whole process (logging.basicConfig): a NullHandler
+    stands in while the quantizer runs, so neither happens.
+    """
+    root = logging.getLogger()
+    stand_in = logging.NullHandler() if not root.handlers else None
+    if stand_in is not None:
+        root.addHandler(stand_in)
+    root.addFilter(_drop_hint)
+    try:
+        yield
+    finally:
+        root.removeFilter(_drop_hint)
+        if stand_in is not None:
+            root.removeHandler(stand_in)
 
 
 def is_quantized(path: str | os.PathLike) -> bool:
