@@ -111,10 +111,10 @@ def _measure(port: int, texts: list[str], levels: list[int], a: argparse.Namespa
 
 
 def run(a: argparse.Namespace, extra: list[str]) -> int:
-    from distrinews.distributed.machine import cores_available, cpu_model
+    from distrinews.distributed.machine import cores_available, cpu_model, usable_cores
 
     levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
-    total = a.threads or len(cores_available())
+    total = a.threads or usable_cores()
     share = max(1, total // a.replicas)
     texts, _ = load_texts(a.data, 512)
     rows: list[dict[str, Any]] = []

@@ -287,7 +287,7 @@ def test_the_single_threaded_twin_answers_like_its_session_on_one_thread(tiny_be
     ],
 )
 def test_info_says_how_many_passes_run_side_by_side(tiny_best, runtime, settings, expected):
-    from distrinews.distributed.machine import cores_available
+    from distrinews.distributed.machine import usable_cores
 
     config = ServeConfig(checkpoint=str(tiny_best), runtime=runtime, api_key="", **settings)
 
@@ -299,5 +299,5 @@ def test_info_says_how_many_passes_run_side_by_side(tiny_best, runtime, settings
 
     info, answer = asyncio.run(main())
     assert answer.status_code == 200
-    want = len(cores_available()) if expected == "cores" else expected
+    want = usable_cores() if expected == "cores" else expected
     assert info["batching"]["concurrent_passes"] == want

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..distributed.machine import usable_cores
 from .serving_load import find_result
 
 OVERHEAD_AIM_MS = 0.5  # at one client: p50 within this of the runtime alone plus the empty responder
@@ -55,8 +55,8 @@ EMPTY_ANSWER = json.dumps(
 
 
 def cores() -> int:
-    """The cores this process may run on (the server's and the load generator's, shared)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process can use (the server's and the load generator's, shared)."""
+    return usable_cores()
 
 
 def runtime_alone(

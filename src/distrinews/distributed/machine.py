@@ -2,15 +2,28 @@
 
 Every benchmark report and ``distrinews doctor`` describe the machine with ``describe()``, and
 every launcher splits the cores with ``threads_per_process``, so the figures they print agree.
+
+The cores a process may use are its affinity's, and no more than its CPU quota allows: a container
+started with ``--cpus 2`` (a cgroup quota) on a 64-core host sees all 64 in its affinity, and
+threads sized from that would run throttled, 2 cores' worth of time shared by 64 threads.
+``usable_cores`` is what every thread pool and the server's lanes are sized from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 from pathlib import Path
 from typing import Any
+
+# Where /proc and /sys are read from (tests point it at fake cgroup files).
+SYSTEM_ROOT = Path("/")
+# cgroup v1 mounts the cpu controller alone or joined with cpuacct, under either order of the two names.
+CGROUP_V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+# /proc/self/cgroup and the quota files are a few lines; a larger one is not what it claims to be.
+CGROUP_FILE_LIMIT = 64 * 1024
 
 
 def cores_available() -> list[int]:
@@ -21,9 +34,78 @@ def cores_available() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def _small_file(path: Path) -> str | None:
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, "rb") as f:
+        return f.read(CGROUP_FILE_LIMIT).decode()
+    return None
+
+
+def _v2_quota(directory: Path) -> float | None:
+    """cgroup v2's ``cpu.max``: "QUOTA PERIOD" in microseconds, or "max PERIOD" for no quota."""
+    fields = (_small_file(directory / "cpu.max") or "").split()
+    with contextlib.suppress(ValueError, ZeroDivisionError):
+        return int(fields[0]) / int(fields[1]) if len(fields) == 2 and fields[0] != "max" else None
+    return None
+
+
+def _v1_quota(directory: Path) -> float | None:
+    """cgroup v1's ``cpu.cfs_quota_us`` (-1: no quota) over ``cpu.cfs_period_us``."""
+    with contextlib.suppress(ValueError, ZeroDivisionError):
+        quota = int((_small_file(directory / "cpu.cfs_quota_us") or "-1").strip())
+        period = int((_small_file(directory / "cpu.cfs_period_us") or "0").strip())
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def _cgroup_dirs(mount: Path, cgroup: str) -> list[Path]:
+    """The folders of ``cgroup`` (a path as /proc/self/cgroup names it) and of every cgroup above it, under
+    ``mount``; a quota on any of them limits this process. In a container the mount is often the container's
+    own cgroup, where the named path does not exist: the mount itself is then the one that counts."""
+    parts = [p for p in cgroup.split("/") if p and p not in (".", "..")]
+    return [mount.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def cpu_quota(root: Path | None = None) -> float | None:
+    """The CPUs' worth of time this process's cgroups allow per period (``--cpus 1.5``: 1.5), the tightest of its
+    cgroup and those above it, cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); None
+    when none sets a quota or none can be read. ``root``: where /proc and /sys are (default ``SYSTEM_ROOT``)."""
+    root = SYSTEM_ROOT if root is None else root
+    # No /proc/self/cgroup (another OS, a sandbox): the root cgroups of both versions, as a container sees its own.
+    cgroups = (_small_file(root / "proc/self/cgroup") or "0::/\n1:cpu:/\n").splitlines()
+    base = root / "sys/fs/cgroup"
+    quotas: list[float] = []
+    for line in cgroups:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hierarchy, controllers, path = fields
+        if hierarchy == "0" and not controllers:
+            quotas += filter(None, map(_v2_quota, _cgroup_dirs(base, path)))
+        elif "cpu" in controllers.split(","):
+            for mount in CGROUP_V1_CPU_MOUNTS:
+                quotas += filter(None, map(_v1_quota, _cgroup_dirs(base / mount, path)))
+    return min(quotas, default=None)
+
+
+def usable_cores(root: Path | None = None) -> int:
+    """How many cores this process can keep busy: its affinity's, at most its CPU quota rounded up (a quota of
+    1.5 CPUs keeps two threads busy part of the time). What thread pools and the server's lanes are sized from."""
+    affinity = len(cores_available())
+    quota = cpu_quota(root)
+    return affinity if quota is None else max(1, min(affinity, math.ceil(quota)))
+
+
+def quota_limited_cores(root: Path | None = None) -> int | None:
+    """``usable_cores()`` where a CPU quota allows fewer cores than the affinity has, else None. A runtime left to
+    its own default sizes its threads from the affinity (the host's cores, in a container under ``--cpus``); where
+    no quota binds, its default (often the physical cores) is the better choice."""
+    usable = usable_cores(root)
+    return usable if usable < len(cores_available()) else None
+
+
 def threads_per_process(processes: int) -> int:
-    """Each of ``processes`` processes' share of the cores this process may run on."""
-    return max(1, len(cores_available()) // max(1, processes))
+    """Each of ``processes`` processes' share of the cores this process can use (``usable_cores``)."""
+    return max(1, usable_cores() // max(1, processes))
 
 
 def cpu_model() -> str:

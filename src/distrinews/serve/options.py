@@ -65,11 +65,15 @@ class ServeConfig:
     # 64 texts of 10,000 characters fit even when every character is a 6-byte JSON escape.
     max_body_bytes: int = _flag(4 * 1024 * 1024, "request body cap in bytes (413 above)")
     timeout_graceful_shutdown: float = _flag(30.0, "seconds SIGTERM waits for in-flight requests")
-    threads: int = _flag(0, "CPU threads of the model's forward pass (0: the runtime's default, all cores)")
+    threads: int = _flag(
+        0,
+        "CPU threads of the model's forward pass (0: the runtime's default, all cores; under a CPU quota, "
+        "as many as the quota allows)",
+    )
     concurrent_passes: int = _flag(
         0,
-        "under concurrency, forward passes run side by side on one core each (ONNX runtimes; 0: one per core "
-        "unless --threads is set; 1: one pass at a time on every core)",
+        "under concurrency, forward passes run side by side on one core each (ONNX runtimes; 0: one per usable "
+        "core, the CPU quota's where one is set, unless --threads is set; 1: one pass at a time on every core)",
     )
     header_timeout: float = _flag(
         10.0,
@@ -199,7 +203,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.threads < 0:
         raise ServeOptionError(f"--threads must be >= 0 (0: the runtime's default), got {args.threads}")
     if args.concurrent_passes < 0:
-        raise ServeOptionError(f"--concurrent-passes must be >= 0 (0: one per core), got {args.concurrent_passes}")
+        raise ServeOptionError(
+            f"--concurrent-passes must be >= 0 (0: one per usable core), got {args.concurrent_passes}"
+        )
     for name in ("header_timeout", "body_timeout", "forward_timeout"):
         if getattr(args, name) <= 0:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")

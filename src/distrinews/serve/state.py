@@ -58,7 +58,8 @@ def default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
             runtime=config.runtime,
             max_batch_size=config.max_batch_size,
             onnx_model=config.onnx_model,
-            threads=config.threads or None,
+            # 0: the runtime's own default, unless a CPU quota allows fewer cores than that default would count
+            threads=config.threads or machine.quota_limited_cores(),
             min_confidence=config.min_confidence,
             # Between passes the runtime's idle threads would spin on cores the event loop needs to answer, parse
             # the next request and let the clients on the machine send it; they sleep instead.
@@ -74,7 +75,7 @@ def concurrent_passes(config: ServeConfig, predictor: ServingPredictor) -> int:
     Two single-threaded passes at once keep both cores busy where one pass on both leaves one waiting through the
     pass's serial parts and while the event loop answers (benchmarks/serving-results.md); a lone request still gets
     every core. A predictor without a single-threaded twin (PyTorch's threads are per process) runs one at a time."""
-    wanted = config.concurrent_passes or (1 if config.threads else len(machine.cores_available()))
+    wanted = config.concurrent_passes or (1 if config.threads else machine.usable_cores())
     if wanted > 1 and not hasattr(predictor, "single_threaded"):
         log.info("--concurrent-passes: the %s runtime runs one forward pass at a time", predictor.runtime)
         return 1
