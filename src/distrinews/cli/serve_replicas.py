@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -51,6 +53,13 @@ def register(subparsers) -> None:
         default=None,
         help="keep the replicas' and nginx's logs here (default: a temp dir, removed at exit)",
     )
+    p.add_argument(
+        "--max-log-bytes",
+        type=int,
+        default=MAX_LOG_BYTES,
+        help="each log (a replica's, nginx's access and error logs) is kept under this many bytes, with one previous "
+        f"part as LOG.1 (default: {MAX_LOG_BYTES >> 20} MiB)",
+    )
     p.add_argument("--pid-file", default=None, help="write this process's pid here (for `kill -HUP $(cat FILE)`)")
     p.set_defaults(func=cmd_serve_replicas)
 
@@ -79,6 +88,8 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         raise ServeOptionError(f"--replicas must be >= 1, got {args.replicas}")
     if args.threads < 0 or args.header_timeout <= 0 or args.fail_timeout <= 0:
         raise ServeOptionError("--threads must be >= 0, --header-timeout and --fail-timeout > 0")
+    if args.max_log_bytes < TAIL_BYTES:  # the end of a log that is read back fits in it
+        raise ServeOptionError(f"--max-log-bytes must be at least {TAIL_BYTES}, got {args.max_log_bytes}")
     serve = parse_serve_args(extra)
     nginx = find_nginx(args.nginx)
     check_loadable(checkpoint)  # a refused or damaged checkpoint: one line, before anything starts
@@ -95,6 +106,7 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         read_timeout=max(60.0, serve.timeout_graceful_shutdown),
         nginx=nginx,
         log_dir=args.log_dir,
+        max_log_bytes=args.max_log_bytes,
         pid_file=args.pid_file,
         serve_args=extra,
     )

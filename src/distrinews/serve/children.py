@@ -1,5 +1,7 @@
 """The supervisor's children and how it reaches them: free ports, a child in a process group of its own that dies
-with the supervisor, stopping one, the end of its log, and a GET's JSON."""
+with the supervisor, stopping one, a GET's JSON; and the logs of a launcher's children (the replicas and nginx here,
+the ranks of ``distrinews doctor``): the end of one read without reading the rest, and a log kept under a size while
+its process writes it."""
 
 from __future__ import annotations
 
@@ -7,12 +9,20 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..checkpoint.atomic import open_new
 from ..distributed.lifetime import die_with_parent
+
+# What is read of a log's end: an error and the lines before it, never the weeks of access log above them.
+TAIL_BYTES = 64 * 1024
+# A log a child appends to is kept under this, and one previous part as long (LOG.1): a replica's access log
+# grows by about 150 bytes a request, so 32 MiB holds some 200,000 requests.
+MAX_LOG_BYTES = 32 * 1024 * 1024
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -29,12 +39,74 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def _open_log(path: Path, flags: int) -> int | None:
+    """A descriptor of the regular file at ``path`` (never through a link), or None."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_tail(path: Path, max_bytes: int = TAIL_BYTES, offset: int = 0) -> bytes:
+    """At most the last ``max_bytes`` of the log at ``path``, from ``offset`` on (an offset past the end, the log
+    having been emptied since, counts from its start): only those bytes are read, whatever the file's size."""
+    fd = _open_log(path, os.O_RDONLY)
+    if fd is None:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        start = max(offset if offset <= size else 0, size - max_bytes)
+        f.seek(start)
+        return f.read(max_bytes)
+
+
+def log_tail(path: Path, lines: int | None = 15, max_bytes: int = TAIL_BYTES) -> str:
+    """The last ``lines`` lines of the log at ``path`` (None: every whole line of its last ``max_bytes``), from its
+    last ``max_bytes`` only; "" when it cannot be read."""
+    data = read_tail(path, max_bytes)
+    if len(data) == max_bytes and b"\n" in data:  # the read may start inside a line: it starts after it
+        data = data.split(b"\n", 1)[1]
+    text = data.decode(errors="replace")
+    return text if lines is None else "\n".join(text.splitlines()[-lines:])
+
+
 def address_taken(log_path: Path, offset: int = 0) -> bool:
     """Whether the log (from ``offset``) says a bind failed on a taken port (uvicorn's and nginx's wording)."""
-    with contextlib.suppress(OSError), open(log_path, "rb") as f:
-        f.seek(offset)
-        return b"address already in use" in f.read().lower()
-    return False
+    return b"address already in use" in read_tail(log_path, TAIL_BYTES, offset).lower()
+
+
+def bound_log(path: Path, max_bytes: int = MAX_LOG_BYTES) -> bool:
+    """Keep a log that a running child appends to under ``max_bytes``: past it, the log's last ``max_bytes`` go to
+    ``LOG.1`` (replacing the part before) and the log is emptied in place; the child holds it open with O_APPEND, so
+    it writes on from the start (logrotate's copytruncate, for programs that cannot reopen their log: uvicorn
+    cannot). What the child writes between the last copy and the emptying, a few microseconds, is lost. Whether
+    it was cut."""
+    fd = _open_log(path, os.O_RDWR)
+    if fd is None:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size <= max_bytes:
+            return False
+        copied, end = size - max_bytes, size + max_bytes  # end: a child writing faster than this copies
+        tmp = path.with_name(f".{path.name}.1.tmp")
+        with open_new(tmp) as part:
+            # again after each chunk, for what was appended meanwhile
+            while copied < min(end, size := os.fstat(fd).st_size):
+                chunk = os.pread(fd, min(1 << 20, size - copied), copied)
+                if not chunk:
+                    break
+                part.write(chunk)
+                copied += len(chunk)
+            os.ftruncate(fd, 0)
+        os.replace(tmp, path.with_name(path.name + ".1"))
+        return True
+    finally:
+        os.close(fd)
 
 
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
@@ -73,9 +145,3 @@ def stop_child(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""

@@ -16,7 +16,9 @@ The supervisor (this process) owns every process it starts:
   out a new model; a new replica that never gets ready is started again on the checkpoint it had, and the
   roll stops;
 - SIGTERM or SIGINT stops nginx gracefully (SIGQUIT: it finishes the requests it holds), then drains the
-  replicas (SIGTERM), and exits 0.
+  replicas (SIGTERM), and exits 0;
+- every log its children write (theirs, nginx's access and error logs) is kept under ``--max-log-bytes``, with one
+  previous part (``LOG.1``), and only a log's end is ever read back (``children``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .children import address_taken, free_ports, get_json, log_tail, start_child, stop_child
+from .children import (
+    MAX_LOG_BYTES,
+    address_taken,
+    bound_log,
+    free_ports,
+    get_json,
+    log_tail,
+    start_child,
+    stop_child,
+)
 from .nginx import nginx_conf
 from .options import ServeOptionError
 
@@ -54,6 +65,7 @@ class ReplicaSettings:
     read_timeout: float = 60.0
     nginx: str = "nginx"
     log_dir: str | None = None
+    max_log_bytes: int = MAX_LOG_BYTES
     pid_file: str | None = None
     serve_args: list[str] = field(default_factory=list)  # more `distrinews serve` flags, for every replica
 
@@ -318,7 +330,17 @@ class Supervisor:
                 self.roll()
             for replica in self.replicas:
                 self._revive(replica)
+            self.bound_logs()
             time.sleep(0.2)
+
+    def bound_logs(self) -> None:
+        """Every log this run's children write kept under ``max_log_bytes``: the replicas', and nginx's (its
+        output, its error log and its access log, all named nginx*.log)."""
+        for replica in self.replicas:
+            if bound_log(replica.log_path, self.settings.max_log_bytes):
+                replica.log_offset = 0
+        for path in sorted({*self.log_dir.glob("nginx*.log"), *self.temp.glob("nginx*.log")}):
+            bound_log(path, self.settings.max_log_bytes)
 
     def _revive(self, replica: Replica) -> None:
         """Start a replica that exited by itself again (nginx routes around it meanwhile)."""

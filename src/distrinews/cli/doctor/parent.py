@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...distributed.machine import threads_per_process
+from ...serve.children import log_tail
 from .advice import advise
 from .facts import port_free, port_owner
 from .report import Report, report_results
@@ -118,9 +119,8 @@ def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int
             states[rank] = json.loads(f.read_text()) if f.is_file() else None
         tails = {}
         for rank, log in logs.items():
-            log.seek(0)
-            tails[rank] = log.read()[-1500:]
             log.close()
+            tails[rank] = log_tail(Path(log.name), lines=None, max_bytes=1500)
     return procs, hung, states, tails
 
 
