@@ -1,9 +1,14 @@
 """The files ``serve-replicas`` reads and writes, provoked in process: a log of weeks is read back by its end only,
-and every log its children write is kept under ``--max-log-bytes`` while they write it."""
+every log its children write is kept under ``--max-log-bytes`` while they write it, and the pid file is never
+written through a link planted at its path."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from conftest import unavailable
 from distrinews.serve import children
@@ -96,3 +101,43 @@ def test_the_supervisor_keeps_every_log_of_its_children_under_the_bound(tmp_path
         assert supervisor.replicas[0].log_offset == 0
     finally:
         supervisor.temp.rmdir()
+
+
+def test_the_pid_file_is_never_written_through_a_planted_link(tmp_path, monkeypatch):
+    """A link planted at --pid-file's path would have the supervisor overwrite what it points to."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    pid_file = tmp_path / "serve.pid"
+    pid_file.symlink_to(victim)
+    seen = {}
+
+    def start(replica, checkpoint):  # the pid file is written before the first replica starts: look at it then
+        seen["link"] = pid_file.is_symlink()
+        seen["pid"] = pid_file.read_text()
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("distrinews.serve.replicas.Replica.start", start)
+    supervisor = Supervisor(ReplicaSettings(checkpoint=str(tmp_path), replicas=1, pid_file=str(pid_file)))
+    supervisor.say = lambda message: None
+    try:
+        assert supervisor.run() == 1
+    finally:
+        shutil.rmtree(supervisor.temp)
+    assert victim.read_text() == "precious\n"
+    assert seen == {"link": False, "pid": f"{os.getpid()}\n"}
+    assert not pid_file.exists() and not pid_file.is_symlink()  # removed at the end, the victim left alone
+
+
+def test_a_pid_file_path_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    from distrinews.serve.options import ServeOptionError
+
+    pid_file = tmp_path / "serve.pid"
+    pid_file.mkdir()
+    (pid_file / "inside").write_text("kept\n")
+    supervisor = Supervisor(ReplicaSettings(checkpoint=str(tmp_path), replicas=1, pid_file=str(pid_file)))
+    try:
+        with pytest.raises(ServeOptionError, match=r"--pid-file .*serve.pid: cannot write it"):
+            supervisor.run()
+    finally:
+        shutil.rmtree(supervisor.temp)
+    assert (pid_file / "inside").read_text() == "kept\n"

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checkpoint.atomic import write_text_atomically
 from .children import (
     MAX_LOG_BYTES,
     address_taken,
@@ -170,10 +171,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
+        self.write_pid_file()
         handlers = {sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         handlers[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hup)
-        if self.settings.pid_file:
-            Path(self.settings.pid_file).write_text(f"{os.getpid()}\n")
         code = 0
         try:
             checkpoint = os.path.realpath(self.settings.checkpoint)
@@ -206,6 +206,16 @@ class Supervisor:
             if code == 0 and not self.settings.log_dir:
                 shutil.rmtree(self.temp, ignore_errors=True)
         return code
+
+    def write_pid_file(self) -> None:
+        """``--pid-file``: written whole under a temporary name, then moved into place, so a reader never sees half
+        of it and a link planted at its path is replaced, never written through."""
+        if not self.settings.pid_file:
+            return
+        try:
+            write_text_atomically(Path(self.settings.pid_file), f"{os.getpid()}\n")
+        except OSError as exc:  # a folder at its path, no such folder, no permission
+            raise ServeOptionError(f"--pid-file {self.settings.pid_file}: cannot write it ({exc.strerror})") from None
 
     def _version(self, replica: Replica) -> str:
         status, body, _ = get_json(replica.url + "/info", timeout=10)
