@@ -547,7 +547,7 @@ def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_s
         info = client.get("/info").json()
         choice = info["runtime_choice"]
         assert choice["requested"] == "auto" and choice["reason"]
-        assert info["runtime"] == choice["runtime"] == client.get("/health").json()["runtime"]
+        assert info["runtime"] == choice["runtime"]
         # The rule's verdict is the check recorded in the int8 file it made beside the checkpoint at this first start.
         import onnxruntime
 

@@ -77,6 +77,27 @@ def test_a_model_that_fails_to_load_is_reported_not_hidden_and_the_why_stays_in_
     assert "could not load the model from /srv/secret-models/x: ValueError: weights are corrupt" in caplog.text
 
 
+def test_the_public_health_probe_tells_no_version_or_runtime_which_info_tells_behind_the_key(fake_predictor):
+    """/health answers anyone: whether the process is up and the model loaded (DESIGN.md's shape), nothing to match
+    against known flaws. The version, the runtime and the uptime are on /info, which needs the key."""
+    app = create_app(ServeConfig(checkpoint="unused", api_key="secret"), predictor_factory=fake_predictor)
+    key = {"Authorization": "Bearer secret"}
+
+    async def main():
+        async with served(app, ready=False) as client:
+            await _poll(client, "/ready", 200)
+            health = await client.get("/health")
+            info_without_key = await client.get("/info")
+            info = await client.get("/info", headers=key)
+            return health, info_without_key, info
+
+    health, info_without_key, info = asyncio.run(main())
+    assert health.status_code == 200 and health.json() == {"status": "healthy", "model_loaded": True}
+    assert info_without_key.status_code == 401
+    assert info.status_code == 200
+    assert info.json()["runtime"] == "fake" and info.json()["version"] and info.json()["uptime_s"] >= 0
+
+
 # ---------------------------------------------------------------------- clients that go away
 @pytest.fixture
 def gated_predictor(fake_predictor):

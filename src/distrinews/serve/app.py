@@ -154,12 +154,11 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
         responses=declared(503, health=True),
     )
     async def health():
-        body = {
+        # Public: whether the process is up and the model loaded, nothing a visitor could match against known
+        # flaws (the version, the runtime and the uptime are on /info, behind the key where there is one).
+        body: dict[str, Any] = {
             "status": "unhealthy" if state.load_error else "healthy",
             "model_loaded": state.batcher is not None,
-            "runtime": state.predictor.runtime if state.predictor is not None else config.runtime,
-            "version": __version__,
-            "uptime_s": round(time.time() - state.started, 3),
         }
         if state.load_error:
             body["error"] = state.load_error
@@ -257,6 +256,7 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
         body = {
             **state.predictor.describe(),
             "version": __version__,
+            "uptime_s": round(time.time() - state.started, 3),
             "batching": {
                 "max_batch_size": config.max_batch_size,
                 "max_batch_tokens": config.max_batch_tokens or None,

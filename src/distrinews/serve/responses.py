@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import __version__
-from .schemas import ErrorDetail, TeiError
+from .schemas import LOAD_FAILED, ErrorDetail, TeiError
 
 _WHY = {
     400: "a Content-Length header that is not one number (TEI's shape: an empty text or batch)",
@@ -48,16 +47,8 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
     for code in codes:
         examples: dict[str, Any] = {}
         if health:
-            body = {
-                "status": "unhealthy",
-                "model_loaded": False,
-                "runtime": "auto",
-                "version": __version__,
-                "uptime_s": 3.2,
-            }
-            examples["seed"] = {
-                "value": {**body, "error": "could not load the model from runs/x/best: FileNotFoundError"}
-            }
+            body = {"status": "unhealthy", "model_loaded": False, "error": LOAD_FAILED}
+            examples["seed"] = {"value": body}
             declared_codes[code] = {
                 "description": "the model failed to load",
                 "content": {"application/json": {"examples": examples}},

@@ -117,6 +117,10 @@ class TeiError(BaseModel):
     error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 
 
+# What the public probes and the 503s say of a model that failed to load: which file and why is in the log only.
+LOAD_FAILED = "the model failed to load (the server log says why)"
+
+
 class ApiError(Exception):
     """An error with an HTTP status and a message for the person who sent the request."""
 

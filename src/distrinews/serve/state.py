@@ -17,7 +17,7 @@ from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, Micr
 from .metrics import ServeMetrics
 from .options import ServeConfig
 from .protocol import ServingPredictor
-from .schemas import ApiError
+from .schemas import LOAD_FAILED, ApiError
 
 log = logging.getLogger("distrinews.serve")
 
@@ -135,7 +135,7 @@ class ServingState:
             )
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
             # What failed and where goes to the operator's log only: the probes are public.
-            self.load_error = "the model failed to load (the server log says why)"
+            self.load_error = LOAD_FAILED
             log.error("%s", _describe_load_error(exc, config.checkpoint), exc_info=exc)
 
     def end_process(self, reason: str) -> None:

@@ -63,7 +63,7 @@ def _curl_examples(url: str, labels: list[str]) -> list[str]:
     return [
         "```bash",
         f"curl {url}/health",
-        '# {"status":"healthy","model_loaded":true,...}',
+        '# {"status":"healthy","model_loaded":true}',
         "",
         f"curl -X POST {url}/predict \\",
         '  -H "Content-Type: application/json" \\',
