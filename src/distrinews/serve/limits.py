@@ -13,7 +13,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .schemas import ApiError
+from .schemas import ApiError, quoted
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -124,7 +124,7 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
     content_type = request.headers.get("content-type")
     if not _is_json_media_type(content_type):
         got = (
-            f"Content-Type {content_type.split(';', 1)[0].strip()!r}"
+            f"Content-Type {quoted(content_type.split(';', 1)[0].strip())}"
             if content_type and content_type.strip()
             else "no Content-Type"
         )

@@ -19,6 +19,7 @@ from typing import Any
 from starlette.routing import Match, Router
 
 from .metrics import ServeMetrics
+from .schemas import quoted
 
 # Reachable without the API key: the demo page (it asks for the key itself) and the probes.
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready"})
@@ -160,7 +161,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if (allowed := self.routes.not_served(scope)) is not None:
-            detail = f"Method Not Allowed: {scope['path']} serves {' and '.join(allowed)} only"
+            detail = f"Method Not Allowed: {quoted(scope['path'])} serves {' and '.join(allowed)} only"
             return await send_json(send, 405, {"detail": detail}, {"allow": ", ".join(allowed)})
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
@@ -185,7 +186,7 @@ class BodyLimitMiddleware:
                     send,
                     400,
                     {
-                        "detail": f"invalid Content-Length header ({shown!r}): "
+                        "detail": f"invalid Content-Length header ({quoted(shown)}): "
                         "send one non-negative integer, the body's size in bytes"
                     },
                 )

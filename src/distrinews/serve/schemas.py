@@ -117,6 +117,29 @@ class TeiError(BaseModel):
     error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 
 
+# An error quotes at most this many characters of a value the client sent: enough to recognise it, never its
+# megabytes echoed back in an answer the client need not read.
+QUOTED_CHARS = 40
+
+
+def kind_of(value: Any) -> str:
+    """What a JSON value is, for an error that says what was expected: "an array", "a string" ..."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+def quoted(value: Any) -> str:
+    """A value a client sent, as every error message that quotes one shows it (both API shapes, every route): a
+    string (or a number) as its ``repr``, cut to its first QUOTED_CHARS characters with its length said; an array or
+    an object by its kind and size."""
+    if isinstance(value, (list, dict)):
+        return f"{kind_of(value)} of {len(value):,} {'items' if isinstance(value, list) else 'keys'}"
+    text = value if isinstance(value, str) else str(value) if isinstance(value, (int, float)) else None
+    if text is None or len(text) <= QUOTED_CHARS:
+        return repr(value)
+    return f"{text[:QUOTED_CHARS]!r}... ({len(text):,} characters)"
+
+
 # What the public probes and the 503s say of a model that failed to load: which file and why is in the log only.
 LOAD_FAILED = "the model failed to load (the server log says why)"
 

@@ -38,7 +38,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from .limits import clean_text
-from .schemas import ApiError
+from .schemas import ApiError, kind_of, quoted
 
 TRUNCATION_DIRECTIONS = ("Left", "left", "Right", "right")
 HF_PARAMETERS = ("top_k", "function_to_apply")
@@ -71,18 +71,13 @@ def is_foreign(payload: Any) -> bool:
     return isinstance(payload, dict) and "inputs" in payload and "text" not in payload
 
 
-def _kind(value: Any) -> str:
-    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return kinds.get(type(value), "a number")
-
-
 def _invalid(message: str, status: int = 422) -> ApiError:
     return ApiError(status, f"Input validation error: {message}")  # TEI's prefix for what a request got wrong
 
 
 def _text(value: Any, where: str, max_chars: int) -> str:
     if not isinstance(value, str):
-        raise _invalid(f"{where} must be a string, got {_kind(value)}")
+        raise _invalid(f"{where} must be a string, got {kind_of(value)}")
     if not value.strip():
         raise _invalid(f"{where} cannot be empty", 400)
     return clean_text(value, where, max_chars)
@@ -98,7 +93,7 @@ def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str],
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)], False
     if not isinstance(inputs, list):
-        raise _invalid(f'`inputs` must be a string or a batch [["a"], ["b"]], got {_kind(inputs)}')
+        raise _invalid(f'`inputs` must be a string or a batch [["a"], ["b"]], got {kind_of(inputs)}')
     if not inputs:
         raise _invalid("`inputs` cannot be empty", 400)
     if not isinstance(inputs[0], list):  # not a batch: [text] or a pair
@@ -111,7 +106,7 @@ def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str],
     texts = []
     for i, item in enumerate(inputs):
         if not isinstance(item, list):
-            raise _invalid(f'`inputs[{i}]` must be ["text"] in a batch, got {_kind(item)}')
+            raise _invalid(f'`inputs[{i}]` must be ["text"] in a batch, got {kind_of(item)}')
         if len(item) == 2:
             raise ApiError(422, f"`inputs[{i}]`: {PAIRS_REFUSED}")
         if len(item) != 1:
@@ -125,7 +120,7 @@ def _hf_inputs(inputs: Any, max_texts: int, max_chars: int) -> list[str]:
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)]
     if not isinstance(inputs, list):
-        raise _invalid(f"`inputs` must be a string or a list of strings, got {_kind(inputs)}")
+        raise _invalid(f"`inputs` must be a string or a list of strings, got {kind_of(inputs)}")
     if not inputs:
         raise _invalid("`inputs` cannot be empty", 400)
     _too_many(len(inputs), max_texts)
@@ -136,20 +131,20 @@ def _hf_parameters(parameters: Any, multi_label: bool = False) -> tuple[int | No
     if parameters is None:
         return None, None
     if not isinstance(parameters, dict):
-        raise _invalid(f"`parameters` must be an object, got {_kind(parameters)}")
+        raise _invalid(f"`parameters` must be an object, got {kind_of(parameters)}")
     for name in parameters:
         if name not in HF_PARAMETERS:
-            raise _invalid(f"`parameters.{name}` is not one of {', '.join(HF_PARAMETERS)}")
+            raise _invalid(f"`parameters` has {quoted(name)}, which is not one of {', '.join(HF_PARAMETERS)}")
     top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {top_k!r}")
+        raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {quoted(top_k)}")
     own, other = ("sigmoid", "softmax") if multi_label else ("softmax", "sigmoid")
     if function == other:
         kinds = {"sigmoid": "multi-label models", "softmax": "single-label models"}
         why = f'"{other}" is for {kinds[other]}; this one is {"multi" if multi_label else "single"}-label ({own})'
         raise _invalid(f"`parameters.function_to_apply` {why}")
     if function not in (None, own, "none"):
-        raise _invalid(f'`parameters.function_to_apply` must be "{own}" or "none", got {function!r}')
+        raise _invalid(f'`parameters.function_to_apply` must be "{own}" or "none", got {quoted(function)}')
     return top_k, function
 
 
@@ -160,13 +155,13 @@ def parse(
     ``multi_label``: the model's scores are a sigmoid per label (which ``function_to_apply`` it takes)."""
     raw_scores = payload.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
-        raise _invalid(f"`raw_scores` must be true or false, got {_kind(raw_scores)}")
+        raise _invalid(f"`raw_scores` must be true or false, got {kind_of(raw_scores)}")
     truncate = payload.get("truncate")
     if truncate is not None and not isinstance(truncate, bool):
-        raise _invalid(f"`truncate` must be true, false or null, got {_kind(truncate)}")
+        raise _invalid(f"`truncate` must be true, false or null, got {kind_of(truncate)}")
     direction = payload.get("truncation_direction", "Right")
     if direction not in TRUNCATION_DIRECTIONS:
-        raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {direction!r}')
+        raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {quoted(direction)}')
     hf = "parameters" in payload
     top_k, function = _hf_parameters(payload["parameters"], multi_label) if hf else (None, None)
     if hf:
