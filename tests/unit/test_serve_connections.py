@@ -24,7 +24,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from conftest import await_until
+from conftest import await_until, wait_until
 from distrinews.serve.connections import guarded_protocol
 
 BODY = b'{"label":"Business","probabilities":{"World":0.1,"Sports":0.1,"Business":0.7,"Sci/Tech":0.1}}'
@@ -192,3 +192,55 @@ def test_uvicorn_is_within_the_range_its_internals_were_checked_in():
         return {name for name in ("loop", "connections", "cycle", "transport", "client") if hasattr(protocol, name)}
 
     assert asyncio.run(attributes()) == {"loop", "connections", "cycle", "transport", "client"}
+
+
+BIG = 1024 * 1024  # an answer far larger than the socket buffers the test shrinks below
+
+
+def _big_answer_app() -> Starlette:
+    async def big(request):
+        return Response(b"x" * BIG, media_type="application/octet-stream")
+
+    return Starlette(routes=[Route("/big", big)])
+
+
+@pytest.mark.parametrize("connection", ["close", "keep-alive"])
+def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(connection):
+    """A client that asks and never reads: past the kernel's socket buffers the answer waits in asyncio's buffer,
+    and closing the connection (after ``Connection: close``, or the keep-alive header timeout) waits for that
+    buffer to drain. With ``send_timeout`` the connection is aborted, its buffer freed, the app's task ended."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # inherited by the accepted connections
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _big_answer_app(),
+            log_level="warning",
+            access_log=False,
+            http=guarded_protocol(header_timeout=0.2, max_connections=10, send_timeout=0.5),
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    client = socket.socket()
+    try:
+        wait_until(lambda: server.started, 30, "the server to start")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(listener.getsockname())
+        client.sendall(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: %s\r\n\r\n" % connection.encode())
+        # the connection, holding most of the answer in this process: the client reads nothing
+        (held,) = wait_until(lambda: set(server.server_state.connections), 30, "the connection")
+        wait_until(lambda: held.transport.get_write_buffer_size() > BIG // 2, 30, "the answer to wait in the buffer")
+        wait_until(lambda: not server.server_state.connections, 30, "the unread connection to be dropped")
+        assert held._socket_transport.is_closing() and held._socket_transport.get_write_buffer_size() == 0
+        wait_until(lambda: not server.server_state.tasks, 30, "the app's task for the answer to end")
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(30)
+        listener.close()

@@ -14,6 +14,11 @@ are not counted against it either. ``GuardedH11Protocol`` adds the two missing p
   its whole body, whether the app reads it or not (after a 401 or 405 it is read and dropped);
   otherwise it is answered ``408`` (if nothing was answered yet) and the connection is closed.
   Computing the answer is bounded elsewhere (the queue, ``--forward-timeout``).
+- ``send_timeout``: an answer the client does not read is held in this process (asyncio's write
+  buffer, past what the kernel's socket buffers take), and closing such a connection waits for that
+  buffer to drain, forever if the client never reads. Once the kernel takes no byte of an answer for
+  that many seconds, the connection is aborted and its buffer dropped (nginx's ``send_timeout``: the
+  time between two successful writes, not for the whole answer).
 - ``max_connections``: a connection beyond the cap is answered ``503`` with a JSON body and
   ``Retry-After: 1`` before anything is read, and closed.
 - One write per answer: uvicorn writes an answer's status line and headers, then its body, in two
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 import h11
@@ -45,9 +51,15 @@ class OneWritePerStep:
     """A transport whose writes made in one step of the event loop leave as one write, at the end of that
     step (or at ``close``, first). Everything else is the wrapped transport's."""
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
-        self._transport, self._loop = transport, loop
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        on_write: Callable[[], None] | None = None,
+    ):
+        self._transport, self._loop, self._on_write = transport, loop, on_write
         self._pending: list[bytes] = []
+        self.written = 0  # bytes handed to the wrapped transport
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -67,6 +79,9 @@ class OneWritePerStep:
             self._pending.clear()
             if not self._transport.is_closing():
                 self._transport.write(data)
+                self.written += len(data)
+                if self._on_write is not None:
+                    self._on_write()
 
     def close(self) -> None:
         self.flush()
@@ -97,9 +112,12 @@ def _body_too_late(body_timeout: float) -> bytes:
 
 
 def guarded_protocol(
-    header_timeout: float | None, max_connections: int | None, body_timeout: float | None = None
+    header_timeout: float | None,
+    max_connections: int | None,
+    body_timeout: float | None = None,
+    send_timeout: float | None = None,
 ) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with header and body deadlines and a connection cap (None: that one is off),
+    """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off),
     writing each answer in one write."""
     refusal = _refusal(max_connections) if max_connections else b""
     too_late = _body_too_late(body_timeout) if body_timeout else b""
@@ -107,9 +125,12 @@ def guarded_protocol(
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _body_timer: asyncio.TimerHandle | None = None
+        _send_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(OneWritePerStep(transport, self.loop))  # type: ignore[arg-type]
+            self._socket_transport = transport
+            self._writes = OneWritePerStep(transport, self.loop, self._watch_send if send_timeout else None)
+            super().connection_made(self._writes)  # type: ignore[arg-type]
             if max_connections and len(self.connections) > max_connections:
                 log.warning(
                     "refused a connection: %d open, --max-connections is %d", len(self.connections) - 1, max_connections
@@ -122,7 +143,34 @@ def guarded_protocol(
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
             self._disarm_body_timer()
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
             super().connection_lost(exc)
+
+        def _sent(self) -> int:
+            """Bytes of this connection's answers the kernel has taken (what is not in asyncio's buffer)."""
+            return self._writes.written - self._socket_transport.get_write_buffer_size()
+
+        def _watch_send(self) -> None:
+            """After a write: if some of it waits in this process, the client has ``send_timeout`` to read."""
+            if send_timeout and self._send_timer is None and self._socket_transport.get_write_buffer_size():
+                self._send_timer = self.loop.call_later(send_timeout, self._send_too_late, self._sent())
+
+        def _send_too_late(self, sent_before: int) -> None:
+            self._send_timer = None
+            if not self._socket_transport.get_write_buffer_size():
+                return  # all sent
+            if self._sent() > sent_before:  # the client reads, slowly: another send_timeout for the rest
+                self._watch_send()
+                return
+            log.info(
+                "aborted a connection from %s: %d bytes of answers unread for %gs (--send-timeout)",
+                self.client,
+                self._socket_transport.get_write_buffer_size(),
+                send_timeout,
+            )
+            self._socket_transport.abort()  # the buffer is dropped; close() would wait for it to drain
 
         def handle_events(self) -> None:
             cycle = self.cycle

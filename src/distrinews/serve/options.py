@@ -90,6 +90,13 @@ class ServeConfig:
         "seconds a request's body has to arrive in full, from the "
         "end of its headers; then 408 and the connection is closed",
     )
+    # nginx's send_timeout (60 s): between two reads of the client, not for the whole answer, as an answer of the
+    # prediction routes is a few KB, and a slow reader still advances.
+    send_timeout: float = _flag(
+        60.0,
+        "seconds a client may leave an answer unread (no byte of it taken) while some of it waits in the server; then "
+        "the connection is aborted and the answer dropped",
+    )
     # 1,000 connections x a 4 MiB body would be 4 GiB, twice deploy/k8s/serve.yaml's memory limit; 256 MiB is 64 bodies
     # of the largest size, or thousands of ordinary ones.
     max_pending_body_bytes: int = _flag(
@@ -206,7 +213,7 @@ def validate(args: argparse.Namespace) -> None:
         raise ServeOptionError(
             f"--concurrent-passes must be >= 0 (0: one per usable core), got {args.concurrent_passes}"
         )
-    for name in ("header_timeout", "body_timeout", "forward_timeout"):
+    for name in ("header_timeout", "body_timeout", "send_timeout", "forward_timeout"):
         if getattr(args, name) <= 0:
             raise ServeOptionError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
     if args.max_pending_body_bytes < args.max_body_bytes:

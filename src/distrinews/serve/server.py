@@ -2,7 +2,8 @@
 
 SIGTERM stops accepting connections, answers every request already in flight, finishes the
 batcher's queue, then exits 0. Connections are uvicorn's h11 protocol with deadlines for a
-request's headers and body and a cap on open connections (``connections``). A batcher whose loop
+request's headers and body and for the client to read an answer, and a cap on open connections
+(``connections``). A batcher whose loop
 died ends the process the same way, but exits 1, so that a supervisor restarts it.
 """
 
@@ -45,8 +46,10 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
             # uvicorn annotates an int, and passes it to asyncio.wait_for, which takes fractions of a second
             timeout_graceful_shutdown=config.timeout_graceful_shutdown,  # type: ignore[arg-type]
             lifespan="on",
-            # h11 with deadlines for request headers and bodies and a cap on open connections (slow clients)
-            http=guarded_protocol(config.header_timeout, config.max_connections, config.body_timeout),
+            # h11 with deadlines for request headers, bodies and reading answers, a cap on connections (slow clients)
+            http=guarded_protocol(
+                config.header_timeout, config.max_connections, config.body_timeout, config.send_timeout
+            ),
         )
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handler that was
