@@ -64,3 +64,34 @@ def test_an_unknown_pad_token_is_a_clear_error(saved, tmp_path):
     (broken / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="padding token '<nope>' is not in the vocabulary"):
         TextEncoder.from_tokenizer_json(broken, 64)
+
+
+@pytest.mark.parametrize("max_length", [8, 16])
+def test_encode_fitted_keeps_a_long_texts_last_whole_words_or_refuses_it_tokenizing_each_text_once(saved, max_length):
+    """TEI's ``truncation_direction: left``: the last whole words that fit, with the special tokens around them,
+    the ids the text cut at that word would give; ``truncate: false``: a text over ``max_length`` is refused."""
+    from distrinews.predict.tokens import TextTooLong
+
+    encoder = TextEncoder.from_tokenizer_json(saved[1], max_length)
+    texts = [*TEXTS[:4], "supercalifragilisticexpialidocious " * 3, "word " * (max_length - 2)]
+    whole = encoder._whole.encode_batch(texts)
+    fitted = encoder.encode_fitted(texts, keep_end=True)
+    for text, enc, kept in zip(texts, whole, fitted):
+        assert len(kept) <= max_length
+        if len(enc.ids) <= max_length:
+            assert kept.ids.tolist() == enc.ids  # a text that fits is kept whole
+            continue
+        content = [i for i, special in enumerate(enc.special_tokens_mask) if not special]
+        first = len(enc.ids) - len(kept) + 1  # its first kept content token: [CLS] stays in front
+        assert kept.ids.tolist() == [enc.ids[0], *enc.ids[first:]]
+        assert first > content[0]
+        if enc.word_ids[first] == enc.word_ids[first - 1]:  # only a word longer than the budget is cut inside
+            assert len(kept) == max_length and len(set(enc.word_ids[first:-1])) == 1, text
+            continue
+        assert kept.ids.tolist() == encoder.encode([text[enc.offsets[first][0] :]])[0].ids.tolist()
+    assert [e.ids.tolist() for e in encoder.encode_fitted(texts[:2], truncate=False)] == [
+        e.ids.tolist() for e in encoder.encode(texts[:2])
+    ]
+    with pytest.raises(TextTooLong) as refused:
+        encoder.encode_fitted(texts, truncate=False)
+    assert refused.value.max_length == max_length and refused.value.tokens == len(whole[2].ids)

@@ -148,6 +148,84 @@ def test_truncation_false_refuses_a_long_text_and_left_keeps_its_end(client, pre
     assert predictor.computed == ["five six seven eight nine ten"] * 2 + ["one two three four five six"] * 2
 
 
+class _Counting:
+    """A ``tokenizers.Tokenizer`` that records how many texts each of its encode calls took."""
+
+    def __init__(self, inner, calls: list[int]):
+        self._inner, self._calls = inner, calls
+
+    def encode_batch(self, texts, *args, **kwargs):
+        self._calls.append(len(texts))
+        return self._inner.encode_batch(texts, *args, **kwargs)
+
+    def encode(self, text, *args, **kwargs):
+        self._calls.append(1)
+        return self._inner.encode(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_teis_truncation_options_tokenize_after_admission_and_each_text_once(fake_predictor):
+    """``truncate: false`` and ``truncation_direction: left`` need a text's length in tokens. A request the full
+    queue refuses (429) costs no tokenizer call, as TEI takes its permit before tokenizing; an admitted one is
+    tokenized once, text by text, where every request's texts are."""
+    running, gate, calls = threading.Event(), threading.Event(), []
+
+    class Counted(fake_predictor):
+        def __init__(self):
+            super().__init__()
+            whole = self.encoder._whole  # the copy that never truncates, made before the tokenizer is wrapped
+            self.encoder.tokenizer = _Counting(self.encoder.tokenizer, calls)
+            self.encoder.__dict__["_whole"] = _Counting(whole, calls)
+
+        def predict_encoded(self, batch):
+            running.set()
+            assert gate.wait(10)
+            return super().predict_encoded(batch)
+
+    predictor = Counted()
+    config = ServeConfig(checkpoint="unused", api_key="", max_queue=1, max_batch_size=1, max_wait_ms=0)
+    app = create_app(config, predictor_factory=lambda: predictor)
+    long = "one two three four five six seven eight nine ten"
+
+    async def main():
+        async with served(app, base_url="http://t") as c:
+            first = asyncio.ensure_future(c.post("/predict", json={"text": "keeps the model busy"}))
+            await await_until(running.is_set, 30, "the first request in the forward pass", 0.001)
+            queued = asyncio.ensure_future(c.post("/predict", json={"text": "waits"}))
+            batcher = app.state.serve.batcher
+            queued_up = lambda: batcher.queue_depth >= 1 and not batcher._tokenizing  # noqa: E731
+            await await_until(queued_up, 30, "the second request queued", 0.001)
+            calls.clear()
+            refused = [
+                await c.post("/predict", json={"inputs": [[long]] * 3, "truncate": False}),
+                await c.post("/predict", json={"inputs": [[long]] * 3, "truncation_direction": "left"}),
+            ]
+            calls_refused = list(calls)
+            gate.set()
+            await asyncio.gather(first, queued)
+            calls.clear()
+            too_long = await c.post("/predict", json={"inputs": [["one two"], [long]], "truncate": False})
+            calls_too_long = list(calls)
+            calls.clear()
+            predictor.computed.clear()
+            left = await c.post("/predict", json={"inputs": [["one two"], [long]], "truncation_direction": "Left"})
+            return refused, calls_refused, too_long, calls_too_long, left, list(calls)
+
+    refused, calls_refused, too_long, calls_too_long, left, calls_left = asyncio.run(main())
+    assert [r.status_code for r in refused] == [429, 429] and refused[0].json()["error_type"] == "Overloaded"
+    assert calls_refused == [], "a request the queue refused was tokenized"
+    assert too_long.status_code == 422 and too_long.json() == {
+        "error": "Input validation error: `inputs` must have less than 8 tokens. Given: 12",
+        "error_type": "Validation",
+    }
+    assert calls_too_long == [2], f"tokenizer calls (texts each): {calls_too_long}"
+    assert left.status_code == 200, left.text
+    assert calls_left == [2], f"tokenizer calls (texts each): {calls_left}"
+    assert predictor.computed == ["one two", "five six seven eight nine ten"]
+
+
 # ---------------------------------------------------------------------- errors
 @pytest.mark.parametrize(
     ("body", "status", "error_type", "phrase"),

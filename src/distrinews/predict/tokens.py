@@ -3,8 +3,10 @@
 ``TextEncoder.encode`` turns texts into :class:`Encoded` (ids truncated to ``max_length``, not
 padded): it runs on the micro-batcher's tokenizer thread as requests arrive, so a request's
 tokens, and its length in tokens (what the batcher's token budget counts), are known before
-its batch forms. ``TextEncoder.collate`` pads a batch to its own longest text; it costs
-microseconds and runs on the forward thread just before the model.
+its batch forms. ``TextEncoder.encode_fitted`` does the same with text-embeddings-inference's
+``truncate: false`` (refuse a text too long) and ``truncation_direction: left`` (keep its end), still
+tokenizing each text once, where the request's other texts are. ``TextEncoder.collate`` pads a batch
+to its own longest text; it costs microseconds and runs on the forward thread just before the model.
 
 The ids are those of ``transformers``' fast tokenizer called as ``tokenizer(texts,
 truncation=True, max_length=N, padding=True)`` (a test checks all 7,600 test rows), computed by
@@ -37,6 +39,14 @@ def _token(value: object, default: str) -> str:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) and value else default
+
+
+class TextTooLong(ValueError):
+    """A text is longer than the model reads, and the caller asked not to cut it (TEI's ``truncate: false``)."""
+
+    def __init__(self, tokens: int, max_length: int):
+        super().__init__(f"a text has {tokens} tokens; the model reads at most {max_length}")
+        self.tokens, self.max_length = tokens, max_length
 
 
 class Encoded:
@@ -124,38 +134,45 @@ class TextEncoder:
 
     @functools.cached_property
     def _whole(self) -> Any:
-        """A copy that never truncates: for the lengths and offsets a caller asks about before encoding."""
+        """A copy that never truncates: a text's whole length is known before it is cut (``encode_fitted``)."""
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
         tokenizer.no_truncation()
         return tokenizer
 
-    def lengths(self, texts: Sequence[str]) -> list[int]:
-        """Each text's length in tokens without truncation (special tokens included)."""
-        return [len(e.ids) for e in self._whole.encode_batch(list(texts))]
+    def encode_fitted(self, texts: Sequence[str], truncate: bool = True, keep_end: bool = False) -> list[Encoded]:
+        """``encode`` with text-embeddings-inference's options, each text tokenized once: ``truncate`` False refuses
+        a text longer than ``max_length`` tokens (:class:`TextTooLong`, the first one found); ``keep_end`` cuts a
+        longer one at its start instead of its end, at a word boundary: it keeps the last whole words that fit
+        (only a single word longer than the budget is cut inside it)."""
+        if truncate and not keep_end:
+            return self.encode(texts)
+        fitted = []
+        for enc in self._whole.encode_batch(list(texts)):
+            ids, type_ids = np.asarray(enc.ids, dtype=np.int64), np.asarray(enc.type_ids, dtype=np.int64)
+            if len(ids) > self.max_length:
+                if not truncate:
+                    raise TextTooLong(len(ids), self.max_length)
+                keep = self._kept_end(enc)
+                ids, type_ids = ids[keep], type_ids[keep]
+            fitted.append(Encoded(ids, type_ids))
+        return fitted
 
-    def keep_end(self, texts: Sequence[str]) -> list[str]:
-        """Each text too long for ``max_length`` cut at the start, at a word boundary, to the last whole words
-        that fit (a text that fits is kept whole), so ``encode`` then truncates nothing: truncation on the
-        left without a second encoder. Only a single word longer than the budget is cut inside it."""
-        processor = self._whole.post_processor
-        budget = self.max_length - (processor.num_special_tokens_to_add(False) if processor is not None else 0)
-        kept = []
-        for text, enc in zip(texts, self._whole.encode_batch(list(texts))):
-            content = [i for i, special in enumerate(enc.special_tokens_mask) if not special]
-            if len(content) <= budget:
-                kept.append(text)
-                continue
-            first = len(content) - max(budget, 1)
-            words = enc.word_ids
+    def _kept_end(self, enc: Any) -> np.ndarray:
+        """Which tokens of a too long encoding ``keep_end`` keeps: its special tokens and the last whole words of
+        its content that fit beside them."""
+        special = np.asarray(enc.special_tokens_mask, dtype=bool)
+        content = np.flatnonzero(~special)
+        budget = max(self.max_length - int(special.sum()), 1)
+        start = len(content) - budget
+        words = enc.word_ids
+        first = start
+        while start < len(content) and start > 0 and words[content[start]] == words[content[start - 1]]:
+            start += 1  # the first kept token continues a word: start at the next whole word
+        if start == len(content):
             start = first
-            while start < len(content) and start > 0 and words[content[start]] == words[content[start - 1]]:
-                start += 1  # the first kept token continues a word: start at the next whole word
-            if start == len(content):
-                start = first
-            kept.append(text[enc.offsets[content[start]][0] :])
-        return kept
+        return special | (np.arange(len(special)) >= content[start])
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         encodings = self.tokenizer.encode_batch(list(texts))

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, tracing
 from ..predict.predictor import checkpoint_labels
+from ..predict.tokens import TextTooLong
 from . import tei
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
@@ -209,12 +210,14 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
         try:
             multi_label = bool(getattr(state.predictor, "multi_label", False))
             foreign, top_k = tei.parse(payload, config.max_batch_texts, config.max_text_chars, multi_label)
-            texts = foreign.texts
-            if not foreign.truncate or foreign.keep_end:
-                texts = await asyncio.to_thread(tei.fit, foreign, getattr(state.predictor, "encoder", None))
+            # Measured or cut where every text is tokenized, once the queue has admitted the request (as TEI takes
+            # its permit before tokenizing): a refused request costs no tokenizer time.
+            encode = tei.encoding(foreign, getattr(state.predictor, "encoder", None))
             timing: dict[str, float] = {}
             try:
-                results = await state.classify(texts, request.receive, timing)
+                results = await state.classify(foreign.texts, request.receive, timing, encode)
+            except TextTooLong as exc:
+                raise tei.too_long(exc) from None
             except ApiError as exc:
                 if exc.status != 500:
                     raise

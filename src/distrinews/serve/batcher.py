@@ -93,6 +93,7 @@ class _Request:
     longest: int = 0  # tokens in its longest text
     tokenize_s: float = 0.0
     timing: dict[str, float] | None = None  # filled in for the caller once computed (enqueue's ``timing``)
+    encode: Callable[[list[str]], Sequence[Any]] | None = None  # this request's own (enqueue's ``encode``)
 
 
 @dataclass
@@ -254,8 +255,17 @@ class MicroBatcher:
             await loop.run_in_executor(None, self._executor.shutdown)
 
     # ------------------------------------------------------------------ producer side
-    def enqueue(self, texts: Sequence[str], timing: dict[str, float] | None = None) -> asyncio.Future:
+    def enqueue(
+        self,
+        texts: Sequence[str],
+        timing: dict[str, float] | None = None,
+        encode: Callable[[list[str]], Sequence[Any]] | None = None,
+    ) -> asyncio.Future:
         """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
+
+        ``encode``, if given, tokenizes this request's texts instead of the batcher's own (a request's options: TEI's
+        truncation); it runs where the batcher's would, only once the request is admitted, and what it raises is the
+        request's error (the future's exception).
 
         ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
         ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded);
@@ -276,10 +286,12 @@ class MicroBatcher:
             )
         loop = asyncio.get_running_loop()
         busy = bool(self._passes) or bool(self._ready) or self._tokenizing > 0
-        request = _Request(list(texts), loop.create_future(), loop.time(), arrived_busy=busy, timing=timing)
+        request = _Request(
+            list(texts), loop.create_future(), loop.time(), arrived_busy=busy, timing=timing, encode=encode
+        )
         request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
-        if self.encode is None:
+        if (request.encode or self.encode) is None:
             request.items = request.texts
             request.longest = max((len(t) for t in request.texts), default=0)
             request.stage = "ready"
@@ -289,24 +301,25 @@ class MicroBatcher:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
             self._tokenizing += 1
             try:
-                items, seconds = self._encode_job(request.texts)
+                items, seconds = self._encode_job(request)
             except Exception as exc:
                 self._on_encoded(request, [], 0.0, exc)
             else:
                 self._on_encoded(request, items, seconds, None)
         else:
             self._tokenizing += 1
-            job = loop.run_in_executor(self._tokenizer, self._encode_job, request.texts)
+            job = loop.run_in_executor(self._tokenizer, self._encode_job, request)
             job.add_done_callback(lambda done: self._on_encode_job(request, done))
         return request.future
 
     async def submit(self, texts: Sequence[str]) -> list[Any]:
         return await self.enqueue(texts)
 
-    def _encode_job(self, texts: list[str]) -> tuple[list[Any], float]:
+    def _encode_job(self, request: _Request) -> tuple[list[Any], float]:
         t0 = time.perf_counter()
-        assert self.encode is not None
-        items = list(self.encode(texts))
+        encode = request.encode or self.encode
+        assert encode is not None, "a request without an encode is ready at once"
+        items = list(encode(request.texts))
         return items, time.perf_counter() - t0
 
     def _on_encode_job(self, request: _Request, job: asyncio.Future) -> None:

@@ -5,8 +5,8 @@ A prediction is two calls on two threads: ``encode`` on the micro-batcher's toke
 a request arrives, ``predict_encoded`` on its forward thread over a whole batch.
 
 A predictor may also have ``encoder`` (a ``predict.tokens.TextEncoder``; every runtime does): TEI's
-``truncate: false`` and ``truncation_direction: left`` measure texts with it (``tei.fit``), and are
-refused (422) by a predictor without one.
+``truncate: false`` and ``truncation_direction: left`` tokenize with its ``encode_fitted`` instead of
+``encode`` (``tei.encoding``), and are refused (422) by a predictor without one.
 
 A predictor may also have ``single_threaded()``: the same model on one intra-op thread (ONNX Runtime's
 sessions do); the batcher then runs passes side by side under concurrency (``--concurrent-passes``).

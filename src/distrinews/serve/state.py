@@ -161,14 +161,19 @@ class ServingState:
         return self.batcher
 
     async def classify(
-        self, texts: list[str], receive: Callable[[], Any] | None = None, timing: dict[str, float] | None = None
+        self,
+        texts: list[str],
+        receive: Callable[[], Any] | None = None,
+        timing: dict[str, float] | None = None,
+        encode: Callable[[list[str]], Any] | None = None,
     ) -> list[dict[str, Any]]:
         """The texts' results from the micro-batcher. With the request's ASGI ``receive``, a client that
         disconnects before its batch forms is taken out of the queue: its texts are never computed.
-        ``timing`` is filled in with what the batcher measured (``MicroBatcher.enqueue``)."""
+        ``timing`` is filled in with what the batcher measured, ``encode`` tokenizes these texts instead of the
+        predictor's (``MicroBatcher.enqueue``): what it raises is raised here."""
         batcher = self.require_ready()
         try:
-            future = batcher.enqueue(texts, timing)
+            future = batcher.enqueue(texts, timing, encode)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
         except (BatcherClosedError, ForwardStalledError) as exc:

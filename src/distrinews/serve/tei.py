@@ -19,7 +19,7 @@ Where this server answers otherwise than TEI, and why:
   single-label. A multi-label model (a sigmoid per label) is the other way round: its scores are
   sigmoids, ``sigmoid`` is accepted and ``softmax`` refused, and raw scores are its logits exactly
   (a sigmoid can be undone), as TEI and Hugging Face answer them;
-- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.keep_end``), so it may
+- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.encode_fitted``), so it may
   keep one partial word fewer than TEI;
 - a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
   answers 422); an empty batch is 400 ``Empty``, as the document declares (its router, 422);
@@ -30,13 +30,16 @@ Where this server answers otherwise than TEI, and why:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from ..predict.tokens import TextTooLong
 from .limits import clean_text
 from .schemas import ApiError, kind_of, quoted
 
@@ -180,19 +183,20 @@ def parse(
     return request, top_k
 
 
-def fit(request: ForeignRequest, encoder: Any) -> list[str]:
-    """The texts as the model is to read them: refused if one is too long and ``truncate`` is false, cut at the
-    start for left truncation. ``encoder`` is the predictor's ``tokens.TextEncoder`` (None: it has none)."""
+def encoding(request: ForeignRequest, encoder: Any) -> Callable[[list[str]], Any] | None:
+    """How the request's texts are tokenized (None: as every request's): refused if one is too long and
+    ``truncate`` is false, cut at the start for left truncation; run by the micro-batcher once the request is
+    admitted, each text once. ``encoder`` is the predictor's ``tokens.TextEncoder`` (None: it has none)."""
     if request.truncate and not request.keep_end:
-        return request.texts
+        return None
     if encoder is None:
         raise _invalid("this server's predictor cannot measure texts: send truncate true, direction right")
-    if not request.truncate:
-        for n in encoder.lengths(request.texts):
-            if n > encoder.max_length:
-                raise _invalid(f"`inputs` must have less than {encoder.max_length} tokens. Given: {n}")
-        return request.texts
-    return encoder.keep_end(request.texts)
+    return functools.partial(encoder.encode_fitted, truncate=request.truncate, keep_end=request.keep_end)
+
+
+def too_long(exc: TextTooLong) -> ApiError:
+    """TEI's words for a text longer than the model reads, with ``truncate: false``."""
+    return _invalid(f"`inputs` must have less than {exc.max_length} tokens. Given: {exc.tokens}")
 
 
 def _score(p: float, log: bool, multi_label: bool = False) -> float:
