@@ -13,6 +13,8 @@ buffer and is delivered).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from importlib.metadata import version
 from pathlib import Path
 
@@ -204,11 +206,10 @@ def _big_answer_app() -> Starlette:
     return Starlette(routes=[Route("/big", big)])
 
 
-@pytest.mark.parametrize("connection", ["close", "keep-alive"])
-def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(connection):
-    """A client that asks and never reads: past the kernel's socket buffers the answer waits in asyncio's buffer,
-    and closing the connection (after ``Connection: close``, or the keep-alive header timeout) waits for that
-    buffer to drain. With ``send_timeout`` the connection is aborted, its buffer freed, the app's task ended."""
+@contextlib.contextmanager
+def _served_on_a_socket(app, **guards):
+    """``app`` under uvicorn with ``guarded_protocol(**guards)`` in a thread, and a client socket connected to it;
+    both sides' socket buffers shrunk to a few KB, so an answer the client does not read waits in the server."""
     import socket
     import threading
 
@@ -218,12 +219,7 @@ def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(conn
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # inherited by the accepted connections
     listener.bind(("127.0.0.1", 0))
     server = uvicorn.Server(
-        uvicorn.Config(
-            _big_answer_app(),
-            log_level="warning",
-            access_log=False,
-            http=guarded_protocol(header_timeout=0.2, max_connections=10, send_timeout=0.5),
-        )
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=guarded_protocol(**guards))
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
@@ -232,15 +228,46 @@ def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(conn
         wait_until(lambda: server.started, 30, "the server to start")
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(listener.getsockname())
-        client.sendall(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: %s\r\n\r\n" % connection.encode())
-        # the connection, holding most of the answer in this process: the client reads nothing
-        (held,) = wait_until(lambda: set(server.server_state.connections), 30, "the connection")
-        wait_until(lambda: held.transport.get_write_buffer_size() > BIG // 2, 30, "the answer to wait in the buffer")
-        wait_until(lambda: not server.server_state.connections, 30, "the unread connection to be dropped")
-        assert held._socket_transport.is_closing() and held._socket_transport.get_write_buffer_size() == 0
-        wait_until(lambda: not server.server_state.tasks, 30, "the app's task for the answer to end")
+        yield server, client
     finally:
         client.close()
         server.should_exit = True
         thread.join(30)
         listener.close()
+
+
+def _dropped(server) -> None:
+    """The one connection ends, its write buffer freed, and the app's task for it with it."""
+    (held,) = wait_until(lambda: set(server.server_state.connections), 30, "the connection")
+    wait_until(lambda: not server.server_state.connections, 30, "the unread connection to be dropped")
+    assert held._socket_transport.is_closing() and held._socket_transport.get_write_buffer_size() == 0
+    wait_until(lambda: not server.server_state.tasks, 30, "the app's task for the answer to end")
+
+
+@pytest.mark.parametrize("connection", ["close", "keep-alive"])
+def test_an_answer_the_client_never_reads_is_dropped_after_the_send_timeout(connection):
+    """A client that asks and never reads: past the kernel's socket buffers the answer waits in asyncio's buffer,
+    and closing the connection (after ``Connection: close``, or the keep-alive header timeout) waits for that
+    buffer to drain. With ``send_timeout`` the connection is aborted, its buffer freed, the app's task ended."""
+    guards = {"header_timeout": 0.2, "max_connections": 10, "send_timeout": 0.5}
+    with _served_on_a_socket(_big_answer_app(), **guards) as (server, client):
+        client.sendall(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: %s\r\n\r\n" % connection.encode())
+        (held,) = wait_until(lambda: set(server.server_state.connections), 30, "the connection")
+        wait_until(lambda: held.transport.get_write_buffer_size() > BIG // 2, 30, "the answer to wait in the buffer")
+        _dropped(server)
+
+
+def test_a_huge_bad_value_from_a_client_that_never_reads_holds_nothing(fake_predictor):
+    """The whole provocation on the real app: 3 MB of ``truncation_direction``, and the answer never read. The
+    error quotes 40 characters of it, the answer leaves, and the connection closes at the header timeout (the
+    send timeout would abort it, were the answer stuck): nothing of it stays in the server."""
+    from distrinews.serve.app import ServeConfig, create_app
+
+    app = create_app(ServeConfig(checkpoint="unused", api_key=""), predictor_factory=fake_predictor)
+    body = json.dumps({"inputs": "a", "truncation_direction": "x" * (3 * 1024 * 1024)}).encode()
+    head = b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    guards = {"header_timeout": 0.5, "max_connections": 10, "body_timeout": 30.0, "send_timeout": 1.0}
+    with _served_on_a_socket(app, **guards) as (server, client):
+        wait_until(lambda: app.state.serve.batcher is not None, 30, "the model to load")
+        client.sendall(head % len(body) + body)
+        _dropped(server)
