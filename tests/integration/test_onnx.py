@@ -127,6 +127,7 @@ def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(
         for o, t in zip(predictor.predict(texts), expected):
             assert o["label"] == t["label"]
             assert o["probabilities"] == pytest.approx(t["probabilities"], abs=1e-3)
+    assert not (checkpoint / "model.onnx").exists(), "made into the cache, never into the checkpoint"
 
 
 def test_bad_export_arguments_are_refused(checkpoint, tmp_path):

@@ -143,13 +143,13 @@ def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(
     """Two workers on a checkpoint without its int8 model: the parent makes it (and says what the workers
     will run) before they start; they load that file rather than each making and publishing another."""
     from distrinews.data.csv_files import read_csv
-    from distrinews.predict.int8 import int8_path
+    from distrinews.predict.derived import DerivedFiles
+    from distrinews.predict.int8 import INT8_FILE
 
     texts = read_csv(agnews_dir / "test.csv.gz").texts[:400]
     checkpoint = spread_checkpoint(tmp_path / "best", texts[:256])
     corpus = write_rows(tmp_path / "news.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts)])
-    made = int8_path(checkpoint)
-    assert not made.exists()
+    assert DerivedFiles(checkpoint).read(INT8_FILE) is None
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -180,10 +180,14 @@ def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(
                 break
         else:
             pytest.fail(f"no 'runtime auto' line before the workers started: {''.join(lines)}")
-        inode = made.stat().st_ino  # published by the parent, before any worker exists
+        made = DerivedFiles(checkpoint).read(INT8_FILE)  # kept in the cache by the parent, before any worker exists
+        assert made is not None
+        inode = made.path.stat().st_ino
         rest = "".join(stream)
         assert proc.wait(timeout=300) == 0, rest
-    assert made.stat().st_ino == inode, "a worker made and published the int8 model again"
+    assert DerivedFiles(checkpoint).read(INT8_FILE) == made and made.path.stat().st_ino == inode, (
+        "a worker made and published the int8 model again"
+    )
     assert "predict: runtime auto: " not in rest and sum(1 for _ in (tmp_path / "out.jsonl").open()) == 400
 
 

@@ -548,14 +548,15 @@ def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_s
         choice = info["runtime_choice"]
         assert choice["requested"] == "auto" and choice["reason"]
         assert info["runtime"] == choice["runtime"]
-        # The rule's verdict is the check recorded in the int8 file it made beside the checkpoint at this first start.
+        # The rule's verdict is the check recorded in the int8 file it made at this first start, kept in the cache.
         import onnxruntime
 
+        from distrinews.predict.derived import DerivedFiles
         from distrinews.predict.int8 import INT8_FILE, read_check
 
-        recorded = read_check(
-            onnxruntime.InferenceSession(str(checkpoint / INT8_FILE), providers=["CPUExecutionProvider"])
-        )
+        made = DerivedFiles(checkpoint).read(INT8_FILE)
+        assert made is not None and not (checkpoint / INT8_FILE).exists(), "made into the cache, not the checkpoint"
+        recorded = read_check(onnxruntime.InferenceSession(str(made.path), providers=["CPUExecutionProvider"]))
         assert recorded == choice["check"]
         assert info["runtime"] == ("onnx-int8" if recorded["passed"] else "torch")
         assert info.get("onnx_quantized", False) is recorded["passed"]

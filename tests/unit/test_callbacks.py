@@ -144,9 +144,9 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
         assert not any(isinstance(c, Int8ModelCallback) for c in default_callbacks(args, env, run_dir, print, given))
     made = []
 
-    def make_int8(best, labelled):
-        made.append((best, labelled))
-        return best / "model.int8.onnx", {"passed": True, "summary": "accuracy 0.50 vs 0.50", "seconds": 3.0}
+    def make_int8(best, labelled, out=None):
+        made.append((best, labelled, out))
+        return out, {"passed": True, "summary": "accuracy 0.50 vs 0.50", "seconds": 3.0}
 
     monkeypatch.setattr(int8, "make_int8", make_int8)
     handler = CallbackHandler([first], config, TrainState(), ONE)
@@ -155,11 +155,11 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
     handler.on_train_end(None, stopped_by="SIGTERM")
     assert made == [] and said == []
     handler.on_train_end({"accuracy": 0.5})
-    assert made == [(run_dir.best, (["a", "b"], [0, 1]))]
+    assert made == [(run_dir.best, (["a", "b"], [0, 1]), run_dir.best / "model.int8.onnx")]
     assert said == [f"int8 model: {run_dir.best / 'model.int8.onnx'} passed its check, served by default "
                     "(accuracy 0.50 vs 0.50; 3 s)"]  # fmt: skip
 
-    def broken(best, labelled):
+    def broken(best, labelled, out=None):
         raise RuntimeError("no room")
 
     monkeypatch.setattr(int8, "make_int8", broken)

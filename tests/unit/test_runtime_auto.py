@@ -1,5 +1,5 @@
-"""``--runtime auto``: the int8 model made once beside the checkpoint with its check, served where the
-check passed, PyTorch (and the reason) where it did not or cannot be made (predict/int8.py)."""
+"""``--runtime auto``: the int8 model made once with its check and kept in the cache (never in the checkpoint),
+served where the check passed, PyTorch (and the reason) where it did not or cannot be made (predict/int8.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict import int8
+from distrinews.predict.derived import DerivedFiles
 from distrinews.predict.runtimes import make_predictor
 
 
@@ -45,15 +46,24 @@ def _check_in(path) -> dict | None:
     return int8.read_check(onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
 
 
+def _cached(checkpoint):
+    """The int8 model made from ``checkpoint``, where the cache keeps it (checked as ``auto`` checks it)."""
+    graph = DerivedFiles(checkpoint).read(int8.INT8_FILE)
+    assert graph is not None, f"no int8 model of {checkpoint} in the cache"
+    return graph.path
+
+
 def test_first_start_makes_and_checks_the_int8_model_and_a_later_start_only_loads_it(best, texts):
+    files = sorted(p.name for p in best.iterdir())
     first = make_predictor(best)
-    path = best / int8.INT8_FILE
-    assert path.is_file() and not list(best.glob(".*tmp*")), "published whole, no temp file left"
+    assert sorted(p.name for p in best.iterdir()) == files, "nothing is written into the checkpoint"
+    path = _cached(best)
+    assert not list(path.parent.glob(".*tmp*")), "published whole, no temp file left"
     check = _check_in(path)
     assert check["kind"].startswith("label agreement") and check["rows"] == len(int8.FIXED_SAMPLE)
     assert check["passed"] and check["label_agreement"] >= int8.MIN_AGREEMENT
     assert first.runtime == "onnx-int8" and first.choice["check"] == check
-    assert first.describe()["runtime_choice"]["requested"] == "auto"
+    assert first.describe()["runtime_choice"]["requested"] == "auto" and first.choice["onnx_model"] == str(path)
 
     made = path.stat().st_mtime_ns
     second = make_predictor(best)
@@ -65,22 +75,23 @@ def test_first_start_makes_and_checks_the_int8_model_and_a_later_start_only_load
 
 def test_a_failed_check_serves_pytorch_says_why_and_is_not_repeated(spread):
     predictor = make_predictor(spread)
-    check = _check_in(spread / int8.INT8_FILE)
+    check = _check_in(_cached(spread))
     assert not check["passed"] and check["label_agreement"] < int8.MIN_AGREEMENT
     choice = predictor.describe()["runtime_choice"]
     assert predictor.runtime == choice["runtime"] == "torch"
     assert "failed its check" in choice["reason"] and check["summary"] in choice["reason"]
-    made = (spread / int8.INT8_FILE).stat().st_mtime_ns
-    assert make_predictor(spread).runtime == "torch" and (spread / int8.INT8_FILE).stat().st_mtime_ns == made
+    made = _cached(spread).stat().st_mtime_ns
+    assert make_predictor(spread).runtime == "torch" and _cached(spread).stat().st_mtime_ns == made
+    assert not (spread / int8.INT8_FILE).exists()
 
 
 def test_labelled_rows_make_it_an_accuracy_check(best, agnews_dir):
     labelled = int8.labelled_rows({"data_dir": str(agnews_dir)}, 200, ["World", "Sports", "Business", "Sci/Tech"])
     assert labelled is not None and len(labelled[0]) == len(labelled[1]) == 200
-    _, check = int8.make_int8(best, labelled)
+    made, check = int8.make_int8(best, labelled)
     assert check["kind"] == "accuracy on labelled test rows" and check["rows"] == 200
     assert check["passed"] is (check["difference_points"] >= -int8.TOLERANCE_POINTS)
-    assert _check_in(best / int8.INT8_FILE) == check
+    assert made.path == _cached(best) and _check_in(made.path) == check
 
 
 def test_without_onnxruntime_auto_serves_pytorch_and_says_so(best, monkeypatch):
@@ -90,20 +101,20 @@ def test_without_onnxruntime_auto_serves_pytorch_and_says_so(best, monkeypatch):
     assert not (best / int8.INT8_FILE).exists()
 
 
-def test_a_read_only_checkpoint_keeps_its_int8_model_in_the_cache(best, tmp_path, monkeypatch):
-    import distrinews.predict.runtimes as runtimes
+def test_a_read_only_checkpoint_and_a_copy_of_it_elsewhere_use_the_int8_model_made_once(best, tmp_path):
+    """The cache is keyed by the checkpoint's content, not its path: a copy is served with the same entry."""
+    import shutil
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    # As root (CI) chmod does not stop a write, so the folder is reported read-only the way os.access would.
-    real_access = runtimes.os.access
-    monkeypatch.setattr(runtimes.os, "access", lambda p, mode: False if str(p) == str(best) else real_access(p, mode))
-    first = make_predictor(best)
-    assert not (best / int8.INT8_FILE).exists()
-    cached = list((tmp_path / "cache" / "distrinews" / "int8").glob(f"*/{int8.INT8_FILE}"))
-    assert len(cached) == 1 and _check_in(cached[0]) == first.choice["check"] and first.runtime == "onnx-int8"
-    made = cached[0].stat().st_mtime_ns
-    again = make_predictor(best)
-    assert again.choice["check"] == first.choice["check"] and cached[0].stat().st_mtime_ns == made
+    best.chmod(0o555)  # a checkpoint folder this user may not write (as root it still could: nothing tries)
+    try:
+        first = make_predictor(best)
+    finally:
+        best.chmod(0o755)
+    made = _cached(best).stat().st_mtime_ns
+    copy = shutil.copytree(best, tmp_path / "elsewhere" / "best")
+    again = make_predictor(copy)
+    assert _cached(copy) == _cached(best) and _cached(best).stat().st_mtime_ns == made
+    assert again.runtime == first.runtime == "onnx-int8" and again.choice["check"] == first.choice["check"]
 
 
 def test_an_int8_model_of_other_weights_is_made_again(best, tmp_path):

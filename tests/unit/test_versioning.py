@@ -102,9 +102,9 @@ def test_export_pt_is_named_and_stamped_by_version(tmp_path, spread_checkpoint, 
 
     best = spread_checkpoint(tmp_path / "best", ["Stocks rally", "Team wins final"])
     assert main(["export", "--checkpoint", str(best), "--format", "pt"]) == 0
-    assert (best / "tiny-random-spread_agnews_v1.0.0.pt").is_file()
+    assert (tmp_path / "tiny-random-spread_agnews_v1.0.0.pt").is_file(), "beside the checkpoint, never in it"
     assert main(["export", "--checkpoint", str(best), "--format", "pt", "--version", "1.1.0"]) == 0
-    _, _, info = load_for_inference(best / "tiny-random-spread_agnews_v1.1.0.pt")
+    _, _, info = load_for_inference(tmp_path / "tiny-random-spread_agnews_v1.1.0.pt")
     assert info.model_version == "1.1.0"
     assert main(["export", "--checkpoint", str(best), "--format", "pt", "--version", "v2"]) == 2
     assert "--version 'v2': must be MAJOR.MINOR.PATCH" in capsys.readouterr().err

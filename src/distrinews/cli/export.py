@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -21,7 +20,10 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--format", choices=("pt", "onnx", "space"), required=True)
     p.add_argument(
-        "--output", help="file (pt, onnx) or directory (space; default: RUN/space-RUNTIME beside the checkpoint)"
+        "--output",
+        help="file (pt, default: MODEL_agnews_vVERSION.pt beside the checkpoint; onnx, default: the cache of files "
+        "made from the checkpoint, which serve and predict read) or directory (space; default: RUN/space-RUNTIME "
+        "beside the checkpoint); never inside a step-N, whose manifest would refuse it",
     )
     p.add_argument("--quantize", choices=("int8",), default=None, help="onnx: int8 dynamic quantization")
     p.add_argument(
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         given = [f"--{name.replace('_', '-')}" for name in SPACE_ONLY if getattr(args, name) not in (None, False)]
         if given:
             raise ConfigError(f"{', '.join(given)} only apply to --format space")
+    _refuse_output_inside_a_step(args.output)
     if args.format == "space":
         if args.quantize:
             raise ConfigError("--quantize does not apply to --format space: choose --runtime onnx-int8")
@@ -73,19 +76,33 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.format == "pt":
         from ..export.seed_pt import export_seed_pt
 
-        out = args.output or os.path.join(
-            args.checkpoint.rstrip("/"), _versioned_pt_name(args.checkpoint, args.version)
-        )
+        # beside the checkpoint, as the Space's folder: a published checkpoint is never written again
+        out = args.output or Path(args.checkpoint).resolve().parent / _versioned_pt_name(args.checkpoint, args.version)
         print(f"wrote {export_seed_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
     require_extra("onnx", "onnx", "export --format onnx")
     require_extra("onnxruntime", "onnx", "export --format onnx")
     from ..export.onnx import export_onnx
 
-    # An int8 file never takes the fp32 file's default name, which --runtime onnx would pick up.
-    out = args.output or os.path.join(args.checkpoint.rstrip("/"), "model.int8.onnx" if args.quantize else "model.onnx")
-    print(f"wrote {export_onnx(args.checkpoint, out, quantize=args.quantize)}")
+    out = export_onnx(args.checkpoint, args.output, quantize=args.quantize)
+    where = "" if args.output else " (the cache of files made from the checkpoint, which serve and predict read)"
+    print(f"wrote {out}{where}")
     return 0
+
+
+def _refuse_output_inside_a_step(output: str | None) -> None:
+    """A ``step-N`` is published with a manifest of every file it holds: one written into it later would make it
+    refused, to serve and to resume."""
+    from ..checkpoint.manifest import MANIFEST
+
+    if output is None:
+        return
+    for folder in Path(output).resolve().parents:
+        if (folder / MANIFEST).is_file():
+            raise ConfigError(
+                f"--output {output}: inside the checkpoint {folder}, which is never written after it is published "
+                f"(its {MANIFEST} would refuse the file); write it elsewhere"
+            )
 
 
 def _space(args: argparse.Namespace) -> int:

@@ -11,12 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
+from .cache_dir import default_cache_dir
 from .rows import RawSplit
 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
-
-CACHE_ENV = "DISTRINEWS_CACHE"
 
 
 class TokenizedDataset(Dataset):
@@ -57,10 +56,6 @@ def _cache_key(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: 
     for text, label in zip(split.texts, split.labels):
         h.update(f"{label}\x1e{text}\x1f".encode())
     return h.hexdigest()[:24]
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distrinews")
 
 
 def tokenize(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> TokenizedDataset:

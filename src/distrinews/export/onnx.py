@@ -1,13 +1,17 @@
-"""``distrinews export --format onnx [--quantize int8]``: a checkpoint's ONNX file beside it, checked
-against PyTorch. The graph making itself is ``predict/onnx.py`` (the runtimes make it on demand too).
+"""``distrinews export --format onnx [--quantize int8]``: a checkpoint's ONNX file, checked against PyTorch, at
+``--output`` or else in the cache of files made from the checkpoint (``predict/derived.py``), where the runtimes
+look for it: never into the checkpoint. The graph making itself is ``predict/onnx.py`` (the runtimes make it on
+demand too).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ..checkpoint.servable import load_for_inference
+from ..predict.derived import DerivedFiles
 from ..predict.onnx import (
     FP32_PROB_TOLERANCE,
     SAMPLE_TEXTS,
@@ -16,6 +20,7 @@ from ..predict.onnx import (
     is_quantized,
     quantize_int8,
 )
+from ..predict.onnx_runtime import FP32_FILE
 
 __all__ = [
     "FP32_PROB_TOLERANCE",
@@ -28,8 +33,11 @@ __all__ = [
 ]
 
 
-def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> Path:
-    """``distrinews export --format onnx [--quantize int8]``: write ``out`` and verify it against PyTorch.
+def export_onnx(
+    checkpoint: str | os.PathLike, out: str | os.PathLike | None = None, quantize: str | None = None
+) -> Path:
+    """``distrinews export --format onnx [--quantize int8]``: write ``out`` (None: the cache entry the runtimes
+    read) and verify it against PyTorch; returns where it is.
 
     The fp32 graph must match PyTorch's probabilities within 1e-3 or the export fails; the
     int8 graph is not held to that (quantization moves probabilities by design): it is checked
@@ -39,23 +47,20 @@ def export_onnx(checkpoint: str | os.PathLike, out: str | os.PathLike, quantize:
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     model, tokenizer, info = load_for_inference(checkpoint)
-    out = Path(out)
-    max_length = info.max_length
     if quantize is None:
-        export_model(model, tokenizer, out)
-        check = compare_with_torch(model, tokenizer, out, max_length=max_length)
-        if check["max_abs_prob_diff"] > FP32_PROB_TOLERANCE:
-            out.unlink(missing_ok=True)
-            raise RuntimeError(
-                f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| "
-                f"= {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
-            )
-        return out
+        with tempfile.TemporaryDirectory(prefix="distrinews-export-") as tmp:
+            made = export_model(model, tokenizer, Path(out) if out is not None else Path(tmp) / FP32_FILE)
+            check = compare_with_torch(model, tokenizer, made, max_length=info.max_length)
+            if check["max_abs_prob_diff"] > FP32_PROB_TOLERANCE:
+                made.unlink(missing_ok=True)
+                raise RuntimeError(
+                    f"ONNX export of {checkpoint} disagrees with PyTorch: max |dp| "
+                    f"= {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
+                )
+            return made if out is not None else DerivedFiles(checkpoint).store(FP32_FILE, made.read_bytes()).path
     # int8: made and checked against fp32 as the server's `auto` rule does (predict/int8.py), the check in its metadata.
     del model
     from ..predict.int8 import SERVE_CHECK_ROWS, labelled_rows, make_int8
 
-    path, _check = make_int8(
-        checkpoint, labelled_rows(info.training_config, SERVE_CHECK_ROWS, info.label_names), out=out
-    )
-    return path
+    where, _check = make_int8(checkpoint, labelled_rows(info.training_config, SERVE_CHECK_ROWS, info.label_names), out)
+    return where if isinstance(where, Path) else where.path

@@ -1,22 +1,24 @@
-"""The int8 model a checkpoint is served with by default, made once and kept beside it with its check.
+"""The int8 model a checkpoint is served with by default, made once with its check.
 
 ``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within
 ``TOLERANCE_POINTS`` of PyTorch fp32: ONNX Runtime int8 on every CPU measured so far
-(benchmarks/serving.md), provided this checkpoint's int8 model passed its check. The model is
-``CHECKPOINT/model.int8.onnx``; the check it passed is in the ONNX file's own metadata
-(``CHECK_KEY``), so the file and its verdict cannot part. It is made once, written to a temporary
-name and renamed into place (a reader never sees half a file), by
+(benchmarks/serving.md), provided this checkpoint's int8 model passed its check. The check it passed
+is in the ONNX file's own metadata (``CHECK_KEY``), so the file and its verdict cannot part. The
+model is
 
-- ``train``, for ``best/`` after the final evaluation: int8 against fp32 accuracy on the test split (a
-  multi-label model: micro-F1 at its stored thresholds, as ``distrinews eval`` scores it);
-- ``export --format onnx --quantize int8``;
-- the first ``auto`` start of a checkpoint without it: accuracy on up to ``SERVE_CHECK_ROWS`` test
+- ``best/model.int8.onnx``, made by ``train`` after the final evaluation, before the run ends: int8 against
+  fp32 accuracy on the test split (a multi-label model: micro-F1 at its stored thresholds, as
+  ``distrinews eval`` scores it); a checkpoint folder that ships ``model.int8.onnx`` is served with it;
+- else the one made from this checkpoint before, in the cache (``derived.py``: keyed by the checkpoint's
+  content, checked before use), by ``export --format onnx --quantize int8`` without ``--output`` or by
+- the first ``auto`` start of a checkpoint without one: accuracy on up to ``SERVE_CHECK_ROWS`` test
   rows when labelled AG News data is at hand (``$DISTRINEWS_DATA`` or the training config's
   ``data_dir``), else label agreement with fp32 on ``FIXED_SAMPLE``.
 
-Both graphs of a check run through ONNX Runtime; the fp32 graph itself is held to PyTorch's
-probabilities within 1e-3 (``onnx.FP32_PROB_TOLERANCE``). A later start only reads the file's
-metadata: no torch, well under a second.
+A published checkpoint is never written again: what a start or an export makes goes to the cache. Both graphs
+of a check run through ONNX Runtime; the fp32 graph itself is held to PyTorch's probabilities within 1e-3
+(``onnx.FP32_PROB_TOLERANCE``). A later start only reads the file and its metadata: no torch, well under a
+second.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.atomic import open_new
 from ..scores import f1_from_counts
+from .derived import DerivedFiles, Graph
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,8 @@ FIXED_SAMPLE = (
 
 
 def int8_path(checkpoint: str | os.PathLike) -> Path:
-    """Where ``checkpoint``'s int8 model lives: beside it in its folder; for a ``.pt`` file, ``FILE.int8.onnx``."""
+    """Where a checkpoint ships its int8 model: in its folder (``best/``'s, made by ``train``); for a ``.pt`` file,
+    ``FILE.int8.onnx`` beside it."""
     checkpoint = Path(checkpoint)
     return checkpoint / INT8_FILE if checkpoint.is_dir() else checkpoint.with_name(f"{checkpoint.name}.int8.onnx")
 
@@ -157,9 +162,10 @@ def make_int8(
     checkpoint: str | os.PathLike,
     labelled: tuple[Sequence[str], Sequence[Any]] | None,
     out: str | os.PathLike | None = None,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path | Graph, dict[str, Any]]:
     """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
-    (with the check in its metadata) atomically at ``out`` (default ``int8_path``). Returns (path, check).
+    (with the check in its metadata) whole: at ``out``, else in the cache (``derived.py``; never into the
+    checkpoint). Returns (the file, or the cache's :class:`~.derived.Graph`; the check).
 
     The file is published whether the check passed or not, so that a failed check is not repeated at
     every start; ``auto`` serves it only where ``check["passed"]``.
@@ -168,7 +174,6 @@ def make_int8(
     from .onnx import export_model, quantize_int8
 
     started = time.perf_counter()
-    out = Path(out) if out is not None else int8_path(checkpoint)
     model, tokenizer, _info = load_for_inference(checkpoint)
     with tempfile.TemporaryDirectory(prefix="distrinews-int8-") as tmp:
         fp32 = export_model(model, tokenizer, Path(tmp) / "model.onnx")
@@ -177,10 +182,17 @@ def make_int8(
         check = compare(checkpoint, fp32, int8, labelled)
         check["weights_sha256"] = weights_fingerprint(checkpoint)
         check["seconds"] = round(time.perf_counter() - started, 2)
-        _write_with_metadata(int8, out, check)
+        data = _with_metadata(int8, check)
+    made: Path | Graph
+    if out is None:
+        made = DerivedFiles(checkpoint).store(INT8_FILE, data)
+        where = made.path
+    else:
+        made = where = Path(out)
+        _write_whole(made, data)
     verdict = "passed" if check["passed"] else "FAILED"
-    log.info("int8 model %s %s its check (%s): %s", out, verdict, check["kind"], check["summary"])
-    return out, check
+    log.info("int8 model %s %s its check (%s): %s", where, verdict, check["kind"], check["summary"])
+    return made, check
 
 
 def compare(
@@ -250,7 +262,8 @@ def _gold(label: Any) -> Any:
     return [i for i, on in enumerate(label) if on] if isinstance(label, list) else label
 
 
-def _write_with_metadata(model_path: Path, out: Path, check: dict[str, Any]) -> None:
+def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:
+    """The ONNX file at ``model_path`` with ``check`` in its metadata (``CHECK_KEY``), serialized."""
     import onnx
 
     model = onnx.load(str(model_path))
@@ -259,11 +272,16 @@ def _write_with_metadata(model_path: Path, out: Path, check: dict[str, Any]) -> 
             model.metadata_props.remove(prop)
     entry = model.metadata_props.add()
     entry.key, entry.value = CHECK_KEY, json.dumps(check, sort_keys=True)
+    return model.SerializeToString()
+
+
+def _write_whole(out: Path, data: bytes) -> None:
+    """``out`` holds ``data`` whole, or what it held before (a temporary name, fsync, rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(model.SerializeToString())
+        with open_new(tmp) as fh:  # a link at the temporary name is replaced, not written through
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, out)

@@ -1,8 +1,9 @@
 """``OnnxPredictor``: the predictor on ONNX Runtime (``--runtime onnx`` and ``onnx-int8``).
 
-With its ONNX file beside a checkpoint directory that holds ``tokenizer.json`` and ``config.json``, it needs only
-onnxruntime, tokenizers and numpy (the Space bundle's slim image, ``distrinews.export.space``); torch and
-transformers are imported where it must export (or quantize) the model first or read a legacy ``.pt`` file.
+With its ONNX file (in the checkpoint directory or the cache, ``derived.py``) and a checkpoint directory that holds
+``tokenizer.json`` and ``config.json``, it needs only onnxruntime, tokenizers and numpy (the Space bundle's slim
+image, ``distrinews.export.space``); torch and transformers are imported where it must export (or quantize) the
+model first or read a legacy ``.pt`` file.
 """
 
 from __future__ import annotations
@@ -19,30 +20,39 @@ import numpy as np
 
 from ..checkpoint import records
 from ..checkpoint.records import ModelInfo, ServableInfo, TokenizerSource
+from .derived import DerivedFiles, Graph
+from .int8 import INT8_FILE
 from .predictor import Predictor, config_labels, folder_config
 from .tokens import TOKENIZER_FILE, TextEncoder
 
 log = logging.getLogger(__name__)
 
+FP32_FILE = "model.onnx"  # the fp32 graph's name, in a checkpoint folder that ships one and in the cache
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 
 
-def is_quantized_file(path: str | os.PathLike) -> bool:
-    """Whether an ONNX file holds quantized operators, without the ``onnx`` package (the slim image has none):
+def has_quantized_ops(data: bytes | mmap.mmap) -> bool:
+    """Whether an ONNX graph holds quantized operators, without the ``onnx`` package (the slim image has none):
     a protobuf stores each node's op type as plain bytes."""
+    return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
+
+
+def is_quantized_file(path: str | os.PathLike) -> bool:
+    """:func:`has_quantized_ops` of an ONNX file."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
+        return has_quantized_ops(data)
 
 
 class OnnxPredictor(Predictor):
     """The same predictor on ONNX Runtime (CPU).
 
-    The graph is ``onnx_model`` if given, else ``DIR/model.onnx`` (``DIR/model.int8.onnx`` with
-    ``int8=True``); a missing default file is made at start in a temporary directory: exported
-    from the checkpoint, and for int8 quantized (dynamic, per-channel) from that export or from
-    ``DIR/model.onnx`` when it exists. ``distrinews export --format onnx [--quantize int8]``
-    writes the file beside the checkpoint once, so a server need not make it at every start.
+    The graph is ``onnx_model`` if given (a file, or a :class:`~.derived.Graph` of the cache), else
+    ``DIR/model.onnx`` (``DIR/model.int8.onnx`` with ``int8=True``) where the checkpoint folder ships one, else
+    the one made from this checkpoint before, in the cache (``derived.py``); else it is made at start (exported
+    from the checkpoint, and for int8 quantized, dynamic and per-channel, from that export or from the
+    ``DIR/model.onnx`` the folder ships) and kept in the cache for the next start. Nothing is written into the
+    checkpoint: a published one is never written again.
 
     With that ONNX file present and a checkpoint directory holding ``tokenizer.json`` and a
     ``config.json`` with its labels, nothing but onnxruntime, tokenizers and numpy is imported
@@ -55,21 +65,21 @@ class OnnxPredictor(Predictor):
     def __init__(
         self,
         checkpoint: str | os.PathLike,
-        onnx_model: str | os.PathLike | None = None,
+        onnx_model: str | os.PathLike | Graph | None = None,
         max_batch_size: int = 64,
         threads: int | None = None,
         int8: bool = False,
         spin: bool = True,
     ):
         self.checkpoint = Path(checkpoint)
-        path = Path(onnx_model) if onnx_model else self.checkpoint / ("model.int8.onnx" if int8 else "model.onnx")
-        if onnx_model and not path.is_file():
-            raise FileNotFoundError(f"ONNX model {path} does not exist")
+        if onnx_model is not None and not isinstance(onnx_model, Graph) and not Path(onnx_model).is_file():
+            raise FileNotFoundError(f"ONNX model {onnx_model} does not exist")
+        graph = self._find_graph(onnx_model, INT8_FILE if int8 else FP32_FILE)
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         found = records.describe(self.checkpoint)
         # A model folder with its ONNX file and tokenizer.json runs on onnxruntime and tokenizers alone.
         slim = found is not None and found.kind == "pretrained" and (self.checkpoint / TOKENIZER_FILE).is_file()
-        config = folder_config(self.checkpoint) if slim and path.is_file() else {}
+        config = folder_config(self.checkpoint) if slim and graph is not None else {}
         labels = config_labels(config)
         if found is not None and labels is not None:
             servable = records.read_servable_info(self.checkpoint) if found.servable else None
@@ -82,20 +92,36 @@ class OnnxPredictor(Predictor):
             self._init_common(labels, max_batch_size, problem_type=config.get("problem_type"))
             self.encoder = TextEncoder.from_tokenizer_json(self.checkpoint, self.max_length)
         else:
-            path = self._load_with_transformers(path, max_batch_size, int8)
-        self.onnx_path, self.spin = path, spin
-        self.session = self._session(threads)
+            graph = self._load_with_transformers(graph, max_batch_size, int8)
+        assert graph is not None, "found, or made by _load_with_transformers"
+        self.graph, self.spin = graph, spin
+        self.onnx_path = graph.path if isinstance(graph, Graph) else graph
+        source = self._source()
+        self.session = self._session(threads, source)
         self._input_names = [i.name for i in self.session.get_inputs()]
-        self.quantized = is_quantized_file(path)
+        self.quantized = is_quantized_file(source) if isinstance(source, str) else has_quantized_ops(source)
         if int8:
             self.runtime = "onnx-int8"
             if not self.quantized:
                 raise ValueError(
-                    f"--runtime onnx-int8: {path} is not a quantized model "
+                    f"--runtime onnx-int8: {self.onnx_path} is not a quantized model "
                     "(make one with distrinews export --quantize int8)"
                 )
 
-    def _load_with_transformers(self, path: Path, max_batch_size: int, int8: bool) -> Path:
+    def _find_graph(self, onnx_model: str | os.PathLike | Graph | None, name: str) -> Path | Graph | None:
+        """The graph given, else the one the checkpoint folder ships, else the one made from it before (the cache)."""
+        if onnx_model is not None:
+            return onnx_model if isinstance(onnx_model, Graph) else Path(onnx_model)
+        shipped = self.checkpoint / name
+        if shipped.is_file():
+            return shipped
+        return DerivedFiles(self.checkpoint).read(name)
+
+    def _source(self) -> str | bytes:
+        """What a session is made from: a file's path, or the bytes of a cache entry, checked again as they are read."""
+        return self.graph.read() if isinstance(self.graph, Graph) else str(self.graph)
+
+    def _load_with_transformers(self, graph: Path | Graph | None, max_batch_size: int, int8: bool) -> Path | Graph:
         """A legacy ``.pt`` file, a step-N directory, or no ONNX file yet: load (and export) with torch."""
         from ..checkpoint.servable import load_for_inference
 
@@ -103,34 +129,39 @@ class OnnxPredictor(Predictor):
         # weights are only kept long enough to export them when no ONNX file exists yet.
         model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
         self._init_loaded(model, max_batch_size)
-        if not path.is_file():
-            path = self._make_onnx(model, int8)
+        if graph is None:
+            graph = self._make_onnx(model, int8)
         del model
-        return path
+        return graph
 
-    def _make_onnx(self, model: Any, int8: bool) -> Path:
+    def _make_onnx(self, model: Any, int8: bool) -> Path | Graph:
+        """The graph made from ``model`` and kept in the cache; where the cache cannot be written, in a temporary
+        folder that lives as long as this predictor."""
         from .onnx import export_model, quantize_int8
 
         self._tmpdir = tempfile.TemporaryDirectory(prefix="distrinews-onnx-")
         tmp = Path(self._tmpdir.name)
-        fp32 = self.checkpoint / "model.onnx" if self.checkpoint.is_dir() else tmp / "missing"
+        fp32 = self.checkpoint / FP32_FILE if self.checkpoint.is_dir() else tmp / "missing"
         if not fp32.is_file():
-            fp32 = tmp / "model.onnx"
-            log.info("no ONNX model beside %s: exporting one to %s", self.checkpoint, fp32)
+            fp32 = tmp / FP32_FILE
+            log.info("no ONNX model for %s yet: exporting one", self.checkpoint)
             export_model(model, self.tokenizer, fp32)
-        if not int8:
-            return fp32
-        log.info(
-            "quantizing %s to int8 in %s (distrinews export --quantize int8 writes it beside the checkpoint once)",
-            fp32,
-            tmp,
-        )
-        out = quantize_int8(fp32, tmp / "model.int8.onnx")
-        if fp32.parent == tmp:
-            fp32.unlink()
-        return out
+        made = fp32
+        if int8:
+            log.info("quantizing %s to int8", fp32)
+            made = quantize_int8(fp32, tmp / INT8_FILE)
+        name = INT8_FILE if int8 else FP32_FILE
+        try:
+            graph = DerivedFiles(self.checkpoint).store(name, made.read_bytes())
+        except OSError as exc:
+            log.warning("%s could not be kept in the cache (%s): it is made again at the next start", name, exc)
+            return made
+        self._tmpdir.cleanup()
+        self._tmpdir = None
+        log.info("%s of %s kept in the cache: %s", name, self.checkpoint, graph.path)
+        return graph
 
-    def _session(self, threads: int | None) -> Any:
+    def _session(self, threads: int | None, source: str | bytes) -> Any:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -139,13 +170,13 @@ class OnnxPredictor(Predictor):
             options.intra_op_num_threads = threads
         if not self.spin:  # idle threads sleep at once rather than spin for more work (``make_predictor``'s ``spin``)
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(str(self.onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
 
     def single_threaded(self) -> OnnxPredictor:
         """The same model, encoder and settings on a second session of one intra-op thread: passes on it run side by
         side, one a core, where this session's one pass at a time spreads over every core."""
         twin = copy.copy(self)
-        twin.session = self._session(1)
+        twin.session = self._session(1, self._source())
         return twin
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -5,7 +5,9 @@ computes bf16 in hardware, ``distributed.machine.bf16_is_fast``), ``onnx`` (ONNX
 ``onnx-int8`` (dynamic int8 quantization). The default, ``auto``, is a rule, not a runtime: the
 fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32, which is ``onnx-int8``
 on every CPU measured (benchmarks/serving.md) where this checkpoint's int8 model passed its check
-(``int8.py``); otherwise ``torch``, said in one log line and in ``/info``'s ``runtime_choice``.
+(``int8.py``: the one its folder ships, else the one made from it before and kept in the cache, else made
+now; never written into the checkpoint); otherwise ``torch``, said in one log line and in ``/info``'s
+``runtime_choice``.
 
 Every runtime shares one interface and one output format (``predictor.Predictor``); ``onnx_runtime.OnnxPredictor``
 runs the ONNX ones. Importing this module needs neither torch nor transformers.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from ..checkpoint import records
 from ..errors import CheckpointError
 from . import int8
 from .confidence import ConfidenceThreshold
+from .derived import DerivedFiles, Graph
 from .onnx_runtime import OnnxPredictor
 from .predictor import Predictor
 
@@ -102,42 +106,32 @@ def auto_predictor(
     checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None, spin: bool = True
 ) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
-    first start if missing, ``int8.py``), else PyTorch fp32, with the reason in one log line and in ``choice``."""
+    first start if missing, and kept in the cache, ``int8.py``), else PyTorch fp32, with the reason in one log
+    line and in ``choice``."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
         return _fall_back(
             checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads
         )
-    beside = int8.int8_path(checkpoint)
-    cached = _cache_path(beside)  # where it goes when the checkpoint's folder is read-only
-    path = cached if cached.is_file() and not beside.is_file() else beside
-    predictor, check = None, None
-    if path.is_file():
-        predictor = OnnxPredictor(
-            checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-        )
-        check = int8.read_check(predictor.session)
-        if check is not None and not int8.is_current(check, checkpoint):
-            log.info(
-                "runtime auto: %s was checked against other weights than %s holds now: making it again",
-                path,
-                checkpoint,
-            )
-            check = None
-    if check is None:  # none yet, one made before checks were recorded, or one of other weights
+    predictor, check = _int8_made_before(checkpoint, max_batch_size, threads, spin)
+    if predictor is None or check is None:
+        # none yet, one never checked, or one checked against other weights: made (again) into the cache
         try:
             found = records.describe(checkpoint)
             info = records.read_servable_info(found.path) if found and found.servable else None
             training, labels = (info.training_config, info.label_names) if info else (None, [])
             labelled = int8.labelled_rows(training, int8.SERVE_CHECK_ROWS, labels)
-            path, check = int8.make_int8(checkpoint, labelled, out=path if os.access(path.parent, os.W_OK) else cached)
+            made, check = int8.make_int8(checkpoint, labelled)
         except (CheckpointError, FileNotFoundError):
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
             why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
             return _fall_back(checkpoint, max_batch_size, why, threads=threads)
-        predictor = None
+        if check["passed"]:
+            predictor = OnnxPredictor(
+                checkpoint, onnx_model=made, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
+            )
     if not check["passed"]:
         return _fall_back(
             checkpoint,
@@ -146,19 +140,44 @@ def auto_predictor(
             check,
             threads=threads,
         )
-    predictor = predictor or OnnxPredictor(
-        checkpoint, onnx_model=path, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-    )
+    assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {
         "requested": "auto",
         "runtime": "onnx-int8",
         "reason": reason,
         "check": check,
-        "onnx_model": str(path),
+        "onnx_model": str(predictor.onnx_path),
     }
     log.info("runtime auto: onnx-int8 (%s)", reason)
     return predictor
+
+
+def _int8_made_before(
+    checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, spin: bool
+) -> tuple[OnnxPredictor | None, dict[str, Any] | None]:
+    """The int8 model the checkpoint ships, else the one made from it before (the cache), with its check, where
+    that check was made on the weights it holds now; (None, None) where there is none."""
+    for graph in _int8_candidates(checkpoint):
+        predictor = OnnxPredictor(
+            checkpoint, onnx_model=graph, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
+        )
+        check = int8.read_check(predictor.session)
+        if check is not None and int8.is_current(check, checkpoint):
+            return predictor, check
+        why = "checked against other weights than the checkpoint holds now" if check else "never checked"
+        log.info("runtime auto: %s was %s: not served", predictor.onnx_path, why)
+    return None, None
+
+
+def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
+    """The int8 model the checkpoint ships, then the cache's (looked up only when the first is not served)."""
+    shipped = int8.int8_path(checkpoint)
+    if shipped.is_file():
+        yield shipped
+    cached = DerivedFiles(checkpoint).read(int8.INT8_FILE)
+    if cached is not None:
+        yield cached
 
 
 def _torch_threads(threads: int | None) -> None:
@@ -186,11 +205,3 @@ def _fall_back(
         **({"check": check} if check else {}),
     }
     return predictor
-
-
-def _cache_path(path: Path) -> Path:
-    """The same file name in a per-checkpoint folder of the user's cache (for a read-only checkpoint folder)."""
-    import hashlib
-
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "distrinews" / "int8" / key / path.name

@@ -45,12 +45,13 @@ class ServeConfig:
         DEFAULT_RUNTIME,
         f"inference runtime (default: {DEFAULT_RUNTIME}; auto = onnx-int8 where the checkpoint's "
         "int8 model passed its accuracy check against fp32 (made and checked at the first start "
-        "if missing), else torch; onnx-int8/onnx use CHECKPOINT/model.int8.onnx / model.onnx, "
-        "made at start if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
+        "if missing, into the cache, never the checkpoint), else torch; onnx-int8/onnx use "
+        "CHECKPOINT/model.int8.onnx / model.onnx where it ships them, else the cache's, made at start "
+        "if missing; torch-bf16 only where the CPU or GPU computes bf16 in hardware)",
         choices=RUNTIMES,
     )
     onnx_model: str | None = _flag(
-        None, "ONNX file for --runtime onnx or onnx-int8 (instead of the one beside CHECKPOINT)"
+        None, "ONNX file for --runtime onnx or onnx-int8 (instead of the checkpoint's or the cache's)"
     )
     max_batch_size: int = _flag(32, "texts per forward pass")
     # 512: on a CPU, small batches of similar lengths beat one batch padded to its longest text (32 clients on 2 cores,

@@ -1,6 +1,8 @@
-"""The int8 model a finished run leaves beside its best model: ``best/model.int8.onnx``, checked against fp32 on the
-rows the run evaluated on (``predict/int8.py``), which ``serve --runtime auto`` then runs. Made on rank 0 when the run
-ends, before the other callbacks' end (MLflow's artifacts of ``best/`` include it); not when the run was stopped."""
+"""The int8 model a finished run ships in its best model: ``best/model.int8.onnx``, checked against fp32 on the rows
+the run evaluated on (``predict/int8.py``), which ``serve --runtime auto`` then runs. Made on rank 0 when the run
+ends, before the other callbacks' end (MLflow's artifacts of ``best/`` include it): part of what the run writes, and
+published whole (a temporary name, then a rename). Nothing writes into best/ after the run (a server or an
+export keeps what it makes in the cache, ``predict/derived.py``). Not made when the run was stopped."""
 
 from __future__ import annotations
 
@@ -40,11 +42,11 @@ class Int8ModelCallback(TrainerCallback):
                 "int8 model: not made (onnxruntime is missing: pip install 'distrinews[onnx]'); serve runs PyTorch"
             )
             return
-        from ..predict.int8 import make_int8
+        from ..predict.int8 import int8_path, make_int8
 
-        rows = self.eval_rows
+        rows, best = self.eval_rows, self.run_dir.best
         try:
-            path, check = make_int8(self.run_dir.best, (list(rows.texts), list(rows.labels)))
+            path, check = make_int8(best, (list(rows.texts), list(rows.labels)), out=int8_path(best))
         except Exception as exc:  # the run is saved; serving falls back to PyTorch
             self.say(f"int8 model: not made ({type(exc).__name__}: {exc}); serve runs PyTorch")
             return

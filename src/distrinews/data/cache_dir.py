@@ -1,0 +1,20 @@
+"""Where DistriNews keeps what it can make again: ``$DISTRINEWS_CACHE``, else ``$XDG_CACHE_HOME/distrinews``, else
+``~/.cache/distrinews``.
+
+Tokenized splits (``tokenized.py``), a teacher's probabilities (``train/distillation.py``), measured peak
+FLOPs (``train/flops.py``) and the files made from a checkpoint (its ONNX graphs, ``predict/derived.py``)
+live under it. Standard library only: the slim ONNX server reads it without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_ENV = "DISTRINEWS_CACHE"
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "distrinews"
