@@ -45,10 +45,11 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def build_tokenizer(name: str):
+def build_tokenizer(name: str, local_files_only: bool = False):
+    """``name``'s tokenizer; ``local_files_only``: from files already here (a checkpoint's load never fetches)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+    return AutoTokenizer.from_pretrained(resolve_model_path(name), local_files_only=local_files_only)
 
 
 def check_model_available(name: str) -> None:
@@ -216,7 +217,7 @@ def _sdpa_in_fp32(module, query, key, value, attention_mask, dropout: float = 0.
     return output.to(query.dtype), weights
 
 
-def _transformers_model(model: torch.nn.Module) -> torch.nn.Module:
+def transformers_model(model: torch.nn.Module) -> torch.nn.Module:
     return (
         cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
     )  # peft's wrapper: the model inside
@@ -229,7 +230,7 @@ def use_fp32_attention(model: torch.nn.Module) -> bool:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    inner = _transformers_model(model)
+    inner = transformers_model(model)
     if getattr(inner.config, "_attn_implementation", None) not in ("sdpa", FP32_ATTENTION):
         return False
     AttentionInterface.register(FP32_ATTENTION, _sdpa_in_fp32)

@@ -39,7 +39,7 @@ def tiny():
 def step(tmp_path, tiny, monkeypatch):
     """A ``step-N`` as training publishes it (weights, optimizer, manifest)."""
     monkeypatch.delenv("DISTRINEWS_DATA", raising=False)  # no labelled data at hand: the int8 check's fixed sample
-    model = tiny[0]
+    model, tokenizer = tiny
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     checkpointer = Checkpointer(
@@ -47,6 +47,7 @@ def step(tmp_path, tiny, monkeypatch):
         ONE_PROCESS,
         None,
         {"model_name_or_path": "tiny-random", "max_length": 64},
+        tokenizer=tokenizer,  # as training saves it: the step holds its model config and tokenizer
     )
     state = TrainerStateRecord(epoch=0, step_in_epoch=4, label_names=list(AG_NEWS_LABELS))
     return checkpointer.save(4, ParallelModel(model, model, "ddp", ONE_PROCESS), opt, sched, None, state)

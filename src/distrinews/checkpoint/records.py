@@ -62,6 +62,9 @@ SERVABLE_INFO_FORMAT = 3
 # a checkpoint's, and reading it whole would cost the memory its size asks for.
 JSON_LIMIT = 16 << 20
 SHARDED = "sharded"  # the torch.distributed.checkpoint folder of a sharded (FSDP) step-N
+# A step-N's model config (config.json) and tokenizer files, so that it loads from its own files alone: its config.json
+# is the run's training config, whose model_name_or_path names a model outside the folder.
+STEP_MODEL = "model"
 # A Hugging Face folder (best/ when it has distrinews.json), a resumable step-N (trainer_state.json; its config.json
 # is the run's training config), the seed system's single .pt file.
 Kind = Literal["pretrained", "resumable", "pt"]

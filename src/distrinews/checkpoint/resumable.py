@@ -24,7 +24,7 @@ from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .disk_space import saving_together, space_needed
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
-from .records import SHARDED, TRAINER_STATE, TrainerStateRecord, read_trainer_state
+from .records import SHARDED, STEP_MODEL, TRAINER_STATE, TrainerStateRecord, read_trainer_state
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -192,13 +192,24 @@ class Checkpointer:
     rank's RNG state, the trainer state and the config, then the manifest, last, and publishes
     the directory.
 
+    Beside them, ``STEP_MODEL/`` holds the model's config and the tokenizer (given to the constructor; training
+    always gives it), so that the step loads for inference from its own files alone.
+
     The trainer state is a :class:`~.records.TrainerStateRecord` (``trainer_state.json``); ``save``
     fills in its ``global_step``, ``world_size`` and ``sharded``, and ``load`` reads and checks it
     (format version, keys, types) before any tensor.
     """
 
-    def __init__(self, root: str | os.PathLike, env: DistEnv, save_total_limit: int | None, config: dict[str, Any]):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        env: DistEnv,
+        save_total_limit: int | None,
+        config: dict[str, Any],
+        tokenizer: Any = None,
+    ):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
+        self.tokenizer = tokenizer  # saved into every step with the model's config (``STEP_MODEL``); None: neither
 
     @tracing.traced(
         "distrinews.checkpoint.save",
@@ -249,12 +260,22 @@ class Checkpointer:
                 state = replace(trainer_state, global_step=step, world_size=self.env.world_size, sharded=layout.sharded)
                 (tmp / TRAINER_STATE).write_text(json.dumps(state.to_json(), indent=2))
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+                if self.tokenizer is not None:
+                    self._write_model_files(tmp / STEP_MODEL, model.raw)
                 write_manifest(tmp, step)  # last: a checkpoint without one never finished
                 publish_dir(tmp, final)
         if not main:
             return None
         rotate_checkpoints(self.root, self.limit)
         return final
+
+    def _write_model_files(self, directory: Path, raw: torch.nn.Module) -> None:
+        """The model's config and the tokenizer: what loading the step for inference builds the model and tokenizes
+        with, so that it reads nothing outside the folder (``servable._read_step``)."""
+        from ..model import hf_config, transformers_model
+
+        hf_config(transformers_model(raw)).save_pretrained(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
 
     def load(
         self,

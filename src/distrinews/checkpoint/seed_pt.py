@@ -1,7 +1,8 @@
 """The single-file ``.pt`` checkpoint the reference system (``../shared/seeds``) saved, loaded for inference.
 
 Its form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``. It holds no
-tokenizer, so the one it was trained with is found and named (in the log and in the ``ModelInfo``'s ``tokenizer``).
+tokenizer, so the one it was trained with is found and named (in the log and in the ``ModelInfo``'s ``tokenizer``),
+from files already on this machine: loading never fetches from the hub.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ def _seed_pt_model(path: Path, payload: dict[str, Any]):
     if hf_config:
         model_type = hf_config.pop("model_type")
         config = AutoConfig.for_model(model_type, **hf_config)
-    else:  # the reference system's own file: only the hub name is known
-        config = AutoConfig.from_pretrained(cfg["model_name"], num_labels=cfg.get("num_labels", len(LABELS)))
+    else:  # the reference system's own file: only the hub name is known, read from files already here
+        config = AutoConfig.from_pretrained(
+            cfg["model_name"], num_labels=cfg.get("num_labels", len(LABELS)), local_files_only=True
+        )
     labels = list(cfg.get("label_names") or LABELS)
     config.id2label = dict(enumerate(labels))
     config.label2id = {n: i for i, n in enumerate(labels)}
@@ -104,7 +107,8 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
 
     recorded = cfg.get("tokenizer")
     if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
-        tokenizer, source = AutoTokenizer.from_pretrained(recorded), TokenizerSource.recorded_path(recorded)
+        tokenizer = AutoTokenizer.from_pretrained(recorded, local_files_only=True)
+        source = TokenizerSource.recorded_path(recorded)
         where = f"the tokenizer at {recorded}, which its config names"
     else:
         name = cfg.get("model_name") or recorded
@@ -112,7 +116,7 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
             raise CheckpointError(
                 f"could not load checkpoint {path}: its config names neither a base model nor a tokenizer"
             )
-        tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
+        tokenizer, source = build_tokenizer(name, local_files_only=True), TokenizerSource.base_model(name)
         where = f"the tokenizer of its base model {name}"
     log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)
     return tokenizer, source

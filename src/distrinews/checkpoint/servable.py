@@ -21,13 +21,24 @@ import torch
 
 from .. import __version__
 from ..config import field_default
-from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, merged, resolve_model_path
+from ..errors import CheckpointError
+from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, label_fields, merged, resolve_model_path
 from . import records
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .load_errors import loading
 from .manifest import verify_checkpoint
 from .modelcard import write_model_card
-from .records import SERVABLE_INFO, SHARDED, CheckpointFormat, ModelInfo, ServableInfo, TokenizerSource, recognise
+from .pointers import refuse_pointers
+from .records import (
+    SERVABLE_INFO,
+    SHARDED,
+    STEP_MODEL,
+    CheckpointFormat,
+    ModelInfo,
+    ServableInfo,
+    TokenizerSource,
+    recognise,
+)
 from .resumable import load_sharded_weights, load_weights
 from .seed_pt import read_seed_pt
 from .tokenizer_files import require_tokenizer
@@ -106,10 +117,24 @@ def _check_folder(path: Path) -> dict[str, Any]:
 def _pretrained(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    # local_files_only: the folder's own files, never the hub (refuse_pointers has refused what points elsewhere)
     with loading(_weights_file(path)):
-        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
     with loading(path):
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return model, tokenizer
+
+
+def _from_own_files(folder: Path, labels: list[str]) -> tuple[Any, Any]:
+    """A step's model built from its own config (no pretrained weights: the step's replace every one) and its own
+    tokenizer (``records.STEP_MODEL``)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    with loading(folder / "config.json"):
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **label_fields(labels))
+    model = AutoModelForSequenceClassification.from_config(config)
+    with loading(folder):
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return model, tokenizer
 
 
@@ -121,6 +146,7 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
     """``best/`` (a Hugging Face folder whose ``distrinews.json`` says the rest) or any other Hugging Face
     sequence-classification folder (its labels, TrainConfig's max_length); either with its own tokenizer."""
     path = found.path
+    refuse_pointers(path)  # an adapter, code to import, a tokenizer file elsewhere: before anything is read
     servable = records.read_servable_info(path) if found.servable else None  # its format version, keys and types
     _check_folder(path)
     base_model = servable.model_name if servable else None
@@ -142,11 +168,22 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
 
 
 def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
-    """A resumable ``step-N``: the architecture rebuilt from the run's config (a field it lacks takes TrainConfig's
-    default), then its weights, replicated or sharded; it tokenizes with the base model its config names."""
+    """A resumable ``step-N``: the architecture and tokenizer from its own ``STEP_MODEL`` folder (a field its training
+    config lacks takes TrainConfig's default), then its weights, replicated or sharded. It reads nothing outside
+    the folder: a step saved without ``STEP_MODEL`` loads only where its base model is one this package ships."""
     path = found.path
     verify_checkpoint(path)  # before any of its files is parsed: each as its save wrote it, sharded metadata safe
     config, state = _check_folder(path), records.read_trainer_state(path)
+    own = path / STEP_MODEL
+    if (own / "config.json").is_file():
+        refuse_pointers(own)
+        require_tokenizer(own)
+    elif config.get("model_name_or_path", field_default("model_name_or_path")) not in (SHIPPED_MINILM, TINY_RANDOM):
+        raise CheckpointError(
+            f"could not load checkpoint {path}: it holds no model config of its own ({STEP_MODEL}/config.json), and "
+            f"the base model its config.json names ({str(config.get('model_name_or_path'))[:80]!r}) is outside the "
+            "folder, which loading never reads: serve the run's best/, or resume the run to save a step that holds it"
+        )
 
     def setting(key: str) -> Any:
         return config[key] if key in config else field_default(key)
@@ -155,7 +192,12 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
         from ..model import add_lora, build_model
 
         name, labels = setting("model_name_or_path"), list(state.label_names)
-        model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
+        if (own / "config.json").is_file():
+            model, tokenizer = _from_own_files(own, labels)
+            source = TokenizerSource.checkpoint(own)
+        else:  # a shipped base model: the package's own files
+            model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
+            tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
         weights = path / (SHARDED if found.sharded else "model.safetensors")
@@ -172,9 +214,9 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
             model_name=name,
             training_config=config,
             checkpoint_format=found.kind,
-            tokenizer=TokenizerSource.base_model(name),
+            tokenizer=source,
         )
-        return model, build_tokenizer(name), info
+        return model, tokenizer, info
 
     return load
 

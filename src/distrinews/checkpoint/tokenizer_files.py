@@ -34,8 +34,8 @@ def has_tokenizer(directory: str | os.PathLike) -> bool:
 
 
 def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
-    """A Hugging Face model folder, which must carry its tokenizer. Not a resumable ``step-N``: that one tokenizes
-    with the base model named in its training config, by design; nor the seed's ``.pt``, which holds none."""
+    """A Hugging Face model folder, which must carry its tokenizer. Not a resumable ``step-N``: it carries its
+    tokenizer in its ``records.STEP_MODEL`` folder (checked when it loads); nor the seed's ``.pt``, which holds none."""
     found = describe(directory)
     return found is not None and found.kind == "pretrained"
 

@@ -171,7 +171,9 @@ class Trainer:
         )
 
         self.state = TrainState()
-        self.checkpointer = Checkpointer(self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict())
+        self.checkpointer = Checkpointer(
+            self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict(), tokenizer=self.data.tokenizer
+        )
         self.best = BestModel(self.run_dir.best, self.run_dir.checkpoints, env, self.data.tokenizer, config.to_dict())
         self.shape = ModelShape.of(self.model.raw)
         self.peak = peak_for(env.device, self.precision.compute_dtype)
