@@ -65,6 +65,8 @@ class ReplicaSet:
             str(replicas),
         ]
         cmd += ["--threads", str(threads), "--port", str(self.port), "--log-dir", str(log_dir), "--no-access-log"]
+        # One address sends every request here: nginx's per-client limits would measure themselves, not the replicas
+        cmd += ["--client-connections", "0", "--client-rate", "0"]
         cmd += ["--runtime", runtime] if runtime else []
         self.out = log_dir / "serve-replicas.out"
         self._out = open(self.out, "wb")

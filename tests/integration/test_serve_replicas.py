@@ -40,6 +40,9 @@ TEXTS = [
     "NASA launches a probe to study the sun",
 ]
 
+# POST routes that classify (the seed's shape is answered in the seed's shape on each)
+PREDICTION_ROUTES = ("/predict", "/", "/invocations")
+
 
 def _nginx_missing() -> str | None:
     from distrinews.serve.nginx import find_nginx
@@ -146,7 +149,14 @@ def test_server_closes_half_sent_headers_and_caps_connections(checkpoints, tmp_p
 
 # ---------------------------------------------------------------------------------------------- replicas behind nginx
 class Replicas:
-    def __init__(self, checkpoint_link: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        checkpoint_link: Path,
+        log_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        open_files: int | None = None,
+    ):
         self.port = 0  # --port 0: nginx's port is named in the ready line (wait_ready)
         self.link, self.log_dir = checkpoint_link, log_dir
         self.pid_file = log_dir / "supervisor.pid"
@@ -179,6 +189,7 @@ class Replicas:
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
             cwd=ROOT,
+            preexec_fn=None if open_files is None else lambda: _soft_open_files(open_files),
         )
 
     def out(self) -> str:
@@ -221,12 +232,13 @@ class Replicas:
 
 class Load:
     """32 client threads, each with its own keep-alive connection through nginx, pacing its requests,
-    until stopped; every answer (or failure) recorded."""
+    until stopped; every answer (or failure) recorded. The predictions go to each of ``routes`` in turn."""
 
-    def __init__(self, port: int, clients: int = 32, pause: float = 0.25):
-        self.port, self.pause = port, pause
+    def __init__(self, port: int, clients: int = 32, pause: float = 0.25, routes: tuple[str, ...] = ("/predict",)):
+        self.port, self.pause, self.routes = port, pause, routes
         self.answers: list[tuple[str, int, str | None, dict]] = []  # (path or text, status, X-Model-Version, body)
         self.failures: list[str] = []
+        self.failed_routes: dict[str, int] = {}
         self.sent = 0
         self._lock, self._stop = threading.Lock(), threading.Event()
         self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(clients)]
@@ -246,29 +258,33 @@ class Load:
         i = k
         while not self._stop.is_set():
             info = i % 8 == 0  # one request in 8 asks /info: its body names the model version too
-            text = TEXTS[i % len(TEXTS)]
+            text, route = TEXTS[i % len(TEXTS)], self.routes[(i // len(self.threads) + k) % len(self.routes)]
             with self._lock:
                 self.sent += 1
             try:
                 if info:
                     conn.request("GET", "/info")
                 else:
-                    conn.request("POST", "/predict", json.dumps({"text": text}), {"Content-Type": "application/json"})
+                    conn.request("POST", route, json.dumps({"text": text}), {"Content-Type": "application/json"})
                 r = conn.getresponse()
                 body = r.read()
                 record = ("/info" if info else text, r.status, r.getheader("x-model-version"), json.loads(body))
                 with self._lock:
                     self.answers.append(record)
                     if r.status != 200:
-                        self.failures.append(f"{r.status} {body[:200]!r}")
+                        self._failed("/info" if info else route, f"{r.status} {body[:200]!r}")
             except Exception as exc:  # a reset or refused connection through nginx is a lost request
                 with self._lock:
-                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                    self._failed("/info" if info else route, f"{type(exc).__name__}: {exc}")
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
             i += len(self.threads)
             self._stop.wait(self.pause)
         conn.close()
+
+    def _failed(self, route: str, what: str) -> None:
+        self.failures.append(f"{route}: {what}")
+        self.failed_routes[route] = self.failed_routes.get(route, 0) + 1
 
     def count(self) -> int:
         with self._lock:
@@ -294,15 +310,24 @@ class Load:
         return {version for _, _, version, _ in self.answers}
 
 
+def _soft_open_files(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 @contextlib.contextmanager
-def serve_replicas(checkpoint: Path, root: Path, env: dict[str, str] | None = None) -> Iterator[Replicas]:
-    """``distrinews serve-replicas`` (2 replicas) of ``root/current`` -> ``checkpoint``, ready; stopped after."""
+def serve_replicas(
+    checkpoint: Path, root: Path, env: dict[str, str] | None = None, open_files: int | None = None
+) -> Iterator[Replicas]:
+    """``distrinews serve-replicas`` (2 replicas) of ``root/current`` -> ``checkpoint``, ready; stopped after.
+    ``open_files``: its soft limit on open files."""
     if why := _nginx_missing():
         unavailable(f"nginx is not installed: {why}")
     link = root / "current"
     link.symlink_to(checkpoint)
     args = ("--runtime", "torch", "--header-timeout", "2", "--fail-timeout", "1", "--max-batch-texts", "4")
-    running = Replicas(link, root, *args, env=env)
+    running = Replicas(link, root, *args, env=env, open_files=open_files)
     try:
         running.wait_ready()
         yield running
@@ -320,7 +345,8 @@ def serve_replicas(checkpoint: Path, root: Path, env: dict[str, str] | None = No
 def replicas(checkpoints, tmp_path_factory):
     """serve-replicas for the tests that leave it as they found it; every test that kills or rolls a replica starts
     its own, so none depends on another's order."""
-    with serve_replicas(checkpoints["1.0.0"], tmp_path_factory.mktemp("replicas")) as running:
+    # started as a shell's usual soft limit on open files (1,024) leaves it: nginx needs more
+    with serve_replicas(checkpoints["1.0.0"], tmp_path_factory.mktemp("replicas"), open_files=1024) as running:
         yield running
 
 
@@ -337,6 +363,23 @@ def test_replicas_pass_our_errors_through_unchanged(replicas):
     assert (status, kind) == (415, "application/json") and "Content-Type" in body["detail"]
     status, kind, body = post("/predict", '{"text": "   "}')
     assert (status, kind) == (422, "application/json") and "empty" in body["detail"]
+
+
+def test_nginx_gets_the_open_files_its_connections_need(replicas):
+    """With master_process off nginx ignores worker_rlimit_nofile: at 1,024 open files it would stop accepting
+    connections near a thousand, whatever worker_connections says. serve-replicas raises its limit."""
+    import resource
+
+    from distrinews.serve.nginx import MAX_CONNECTIONS, SPARE_FILES
+
+    (nginx,) = [p for p in replicas.children() if b"nginx" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    limits = Path(f"/proc/{nginx}/limits").read_text()
+    soft = int(re.search(r"^Max open files\s+(\d+)", limits, flags=re.M).group(1))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = 2 * MAX_CONNECTIONS + SPARE_FILES
+    assert soft == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)), limits
+    connections = int(re.search(r"nginx: (\d+) connections at most", replicas.out()).group(1))
+    assert 2 * connections + SPARE_FILES <= soft
 
 
 def test_nginx_closes_half_sent_headers(replicas):
@@ -434,7 +477,7 @@ def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(checkp
     with serve_replicas(checkpoints["1.0.0"], tmp_path) as running:
         running.link.unlink()
         running.link.symlink_to(checkpoints["2.0.0"])
-        with Load(running.port) as load:
+        with Load(running.port, routes=PREDICTION_ROUTES) as load:
             load.wait_answers(16)
             os.kill(running.proc.pid, signal.SIGHUP)
             running.wait_for("rolling restart done", timeout=180)

@@ -10,6 +10,7 @@ import argparse
 import os
 
 from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
+from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
 
 
 def register(subparsers) -> None:
@@ -45,6 +46,20 @@ def register(subparsers) -> None:
         type=float,
         default=2.0,
         help="seconds nginx rests a replica that failed a request (fail_timeout)",
+    )
+    p.add_argument(
+        "--client-connections",
+        type=int,
+        default=CLIENT_CONNECTIONS,
+        help="requests one client address may have in progress at once at nginx; more are answered 429 (default: "
+        f"{CLIENT_CONNECTIONS}; 0: no limit, for a front that sees one address for all, such as another proxy)",
+    )
+    p.add_argument(
+        "--client-rate",
+        type=int,
+        default=CLIENT_RATE,
+        help="requests a second one client address may send at nginx, a second's worth at once; more are answered "
+        f"429 (default: {CLIENT_RATE}; 0: no limit)",
     )
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a replica may take to load its model")
     p.add_argument("--nginx", default=None, help="the nginx binary (default: nginx on PATH, else /usr/sbin/nginx)")
@@ -86,8 +101,11 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         raise ServeOptionError(f"--port must be 0..65535, got {port}")
     if args.replicas < 1:
         raise ServeOptionError(f"--replicas must be >= 1, got {args.replicas}")
-    if args.threads < 0 or args.header_timeout <= 0 or args.fail_timeout <= 0:
-        raise ServeOptionError("--threads must be >= 0, --header-timeout and --fail-timeout > 0")
+    for name in ("threads", "client_connections", "client_rate"):
+        if getattr(args, name) < 0:
+            raise ServeOptionError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.header_timeout <= 0 or args.fail_timeout <= 0:
+        raise ServeOptionError("--header-timeout and --fail-timeout must be > 0")
     if args.max_log_bytes < TAIL_BYTES:  # the end of a log that is read back fits in it
         raise ServeOptionError(f"--max-log-bytes must be at least {TAIL_BYTES}, got {args.max_log_bytes}")
     serve = parse_serve_args(extra)
@@ -102,6 +120,8 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         header_timeout=args.header_timeout,
         fail_timeout=args.fail_timeout,
         max_body_bytes=serve.max_body_bytes,
+        client_connections=args.client_connections,
+        client_rate=args.client_rate,
         ready_timeout=args.ready_timeout,
         read_timeout=max(60.0, serve.timeout_graceful_shutdown),
         nginx=nginx,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import stat
 import subprocess
@@ -122,12 +123,18 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
         return 0, {}, {}
 
 
-def start_child(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_child(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None, open_files: int | None = None
+) -> subprocess.Popen:
+    """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files (at most the
+    hard limit)."""
     parent = os.getpid()
 
     def preexec() -> None:
         os.setpgrp()  # Ctrl-C at a terminal reaches the supervisor only; it stops the children in order
         die_with_parent(parent)
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
     with open(log_path, "ab") as log:
         return subprocess.Popen(

@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 
 from .options import ServeConfig
 from .responses import declared
+from .routes import PREDICT_BATCH_PATH, PREDICT_PATHS
 from .schemas import (
     BatchPredictRequest,
     HfClassificationRequest,
@@ -58,18 +59,19 @@ def route_predict(app: FastAPI, config: ServeConfig, predict: Any) -> None:
         "responses": codes,
         "route_class_override": _RequestRoute,
     }
+    main, *others = PREDICT_PATHS
     app.router.add_api_route(
-        "/predict", predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared
+        main, predict, methods=["POST"], summary="classify a text (or a TEI or Hugging Face batch)", **shared
     )
-    for path in ("/", "/invocations"):  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
-        summary, operation = f"the same as POST /predict (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
+    for path in others:  # where TEI serves a classifier too (InferenceClient(base_url=...) posts to /)
+        summary, operation = f"the same as POST {main} (TEI's POST {path})", f"predict_at_{path.strip('/') or 'root'}"
         app.router.add_api_route(path, predict, methods=["POST"], summary=summary, operation_id=operation, **shared)
 
 
 def route_predict_batch(app: FastAPI, config: ServeConfig, predict_batch: Any) -> None:
     """POST /predict/batch, its limit stated in /docs."""
     app.router.add_api_route(
-        "/predict/batch",
+        PREDICT_BATCH_PATH,
         predict_batch,
         methods=["POST"],
         response_model=list[PredictResponse | MultiLabelPredictResponse],

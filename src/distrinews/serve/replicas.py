@@ -46,7 +46,7 @@ from .children import (
     start_child,
     stop_child,
 )
-from .nginx import nginx_conf
+from .nginx import CLIENT_CONNECTIONS, CLIENT_RATE, connection_budget, nginx_conf
 from .options import ServeOptionError
 
 
@@ -64,6 +64,8 @@ class ReplicaSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     ready_timeout: float = 300.0
     read_timeout: float = 60.0
+    client_connections: int = CLIENT_CONNECTIONS  # per client address, at nginx (0: no limit)
+    client_rate: int = CLIENT_RATE  # requests a second per client address, at nginx (0: no limit)
     nginx: str = "nginx"
     log_dir: str | None = None
     max_log_bytes: int = MAX_LOG_BYTES
@@ -151,6 +153,7 @@ class Supervisor:
         ports = free_ports(settings.replicas)
         self.replicas = [Replica(i, port, settings, self.log_dir) for i, port in enumerate(ports)]
         self.nginx: subprocess.Popen | None = None
+        self.nginx_connections = 0  # worker_connections, once nginx runs
         self.stop_signal: int | None = None
         self.roll_requested = False
         self.port = settings.port  # nginx's; with --port 0, the one it got
@@ -189,6 +192,7 @@ class Supervisor:
                 f"{', '.join(str(r.port) for r in self.replicas)}, {s.threads} thread(s) each, model version "
                 f"{', '.join(versions)}; logs in {self.log_dir}; SIGHUP rolls them, Ctrl-C stops everything"
             )
+            self.say(f"nginx: {self.nginx_connections} connections at most; per client address, {_limits(s)}")
             self._watch()
         except Stopped:
             assert self.stop_signal is not None, "Stopped is raised for a signal"
@@ -301,6 +305,7 @@ class Supervisor:
     def _run_nginx(self, error_log: Path) -> None:
         conf = self.temp / "nginx.conf"
         s = self.settings
+        connections, open_files = connection_budget()
         conf.write_text(
             nginx_conf(
                 temp=self.temp,
@@ -311,10 +316,14 @@ class Supervisor:
                 header_timeout=s.header_timeout,
                 read_timeout=s.read_timeout,
                 max_body_bytes=s.max_body_bytes,
+                worker_connections=connections,
+                client_connections=s.client_connections,
+                client_rate=s.client_rate,
             )
         )
+        self.nginx_connections = connections
         cmd = [self.settings.nginx, "-c", str(conf), "-p", str(self.temp), "-e", str(error_log)]
-        self.nginx = start_child(cmd, self.log_dir / "nginx.log")
+        self.nginx = start_child(cmd, self.log_dir / "nginx.log", open_files=open_files)
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
         url = f"http://{host}:{self.port}/ready"
         deadline = time.monotonic() + 15
@@ -403,6 +412,12 @@ class Supervisor:
                 replica.proc.send_signal(signal.SIGTERM)
         for replica in self.replicas:
             replica.stop()
+
+
+def _limits(s: ReplicaSettings) -> str:
+    connections = f"{s.client_connections} requests at once" if s.client_connections else "any number at once"
+    rate = f"{s.client_rate} a second" if s.client_rate else "at any rate"
+    return f"{connections}, {rate} (--client-connections, --client-rate)"
 
 
 def run_replicas(settings: ReplicaSettings) -> int:
