@@ -5,7 +5,8 @@
 
 Launcher flags (``--nproc-per-node`` ...) are each trial's; ``--field value`` overrides the config every
 trial starts from. Started again with the same ``--output-dir`` (or ``--storage``) and ``--study-name``, it
-resumes the study; several tuners on one ``--storage`` share it.
+resumes the study; several tuners on one ``--storage`` share it. A database URL with a password goes in
+``$DISTRINEWS_TUNE_STORAGE`` or ``--storage-file``, off the command line, which every user sees.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--storage",
         help="a database URL (sqlite:///study.db, postgresql://...): several tuners, on several machines; "
-        "default: the journal file OUTPUT_DIR/study.journal (several tuners on this machine or a shared file system)",
+        "default: $DISTRINEWS_TUNE_STORAGE, else the journal file OUTPUT_DIR/study.journal (several tuners on this "
+        "machine or a shared file system). A URL with a password belongs in $DISTRINEWS_TUNE_STORAGE or "
+        "--storage-file: every user of the machine sees a command line (ps)",
     )
+    p.add_argument("--storage-file", help="a file whose first line is the --storage URL (a Kubernetes secret ...)")
     p.add_argument(
         "--n-trials", type=int, default=20, help="trials the study runs in all, over every tuner (default 20)"
     )
@@ -82,16 +86,24 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..tune.pruning import PrunerSpec
     from ..tune.results import write_results
     from ..tune.space import SearchSpace
+    from ..tune.storage import STORAGE_ENV, has_password, storage_url
     from ..tune.study import MLFLOW_PARENT_ATTR, StudyOptions, run_study
     from ..tune.tracking import log_study_result
 
+    storage = storage_url(args.storage, args.storage_file)
+    if args.storage and has_password(args.storage):
+        print(
+            f"warning: --storage holds a password, which every user of this machine sees on the command line (ps): "
+            f"give the URL in ${STORAGE_ENV} or --storage-file",
+            file=sys.stderr,
+        )
     space = SearchSpace.load(args.space, base)
     output_dir = Path(args.output_dir or f"runs/tune-{args.study_name}")
     launch_args = [f"--{name}={value}" for name, value in args.launch_flags.items()]
     options = StudyOptions(
         study_name=args.study_name,
         output_dir=output_dir,
-        storage=args.storage,
+        storage=storage,
         n_trials=args.n_trials,
         timeout_s=args.timeout,
         seed=args.sampler_seed,

@@ -10,11 +10,18 @@ heartbeat is older than ``grace_period`` failed and queues its parameters again 
 gives it one through Optuna's own heartbeat interface (``BaseHeartbeat``): the beat is a trial system
 attribute, which every process reading the journal sees; Optuna's trial loop then records and checks it
 exactly as it does for a database.
+
+A database URL may hold a password. A command line is visible to every user of the machine (``ps``), so the URL
+can come from ``STORAGE_ENV`` or a file (``--storage-file``) instead of ``--storage``; the tuner passes it to its
+trials in their environment (``TRIAL_ENV``), never on their command line, and every line it or a trial says about
+the storage shows the URL ``redacted`` and any error's text ``scrubbed`` of the password.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +37,46 @@ from optuna.trial import TrialState
 
 from ..errors import ConfigError
 
-__all__ = ["HEARTBEAT_ATTR", "JournalHeartbeatStorage", "is_database_url", "open_storage"]
+__all__ = [
+    "HEARTBEAT_ATTR",
+    "STORAGE_ENV",
+    "JournalHeartbeatStorage",
+    "is_database_url",
+    "open_storage",
+    "redacted",
+    "scrubbed",
+    "storage_url",
+]
 
 HEARTBEAT_ATTR = "distrinews:heartbeat"
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+# The storage when neither --storage nor --storage-file names one: a URL with a password stays off the command line
+STORAGE_ENV = "DISTRINEWS_TUNE_STORAGE"
+MAX_STORAGE_FILE_BYTES = 64 << 10
+
+
+def storage_url(flag: str | None, file: str | None) -> str | None:
+    """The storage asked for: ``--storage``, else the first line of ``--storage-file``, else ``$STORAGE_ENV``; None
+    for the default journal."""
+    if flag and file:
+        raise ConfigError("--storage and --storage-file name the same thing: give one")
+    if flag:
+        return flag
+    if file:
+        try:
+            with open(file, "rb") as f:
+                text = f.read(MAX_STORAGE_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"--storage-file {file}: cannot read it ({exc.strerror})") from None
+        url = text.decode("utf-8", "replace").strip().splitlines()[0].strip() if text.strip() else ""
+        if not url or len(text) > MAX_STORAGE_FILE_BYTES:
+            raise ConfigError(f"--storage-file {file}: want one line, a database URL or a journal's path")
+        return url
+    return os.environ.get(STORAGE_ENV) or None
+
+
+def has_password(url: str) -> bool:
+    return bool(_password(url))
 
 
 def is_database_url(storage: str) -> bool:
@@ -63,12 +106,11 @@ def open_storage(
                     heartbeat_stale_trial_callback=retry,
                 )
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL
-            raise ConfigError(
-                f"--storage {_redacted(storage)}: cannot open it: {type(exc).__name__}: {exc}".splitlines()[0]
-            ) from None
+            why = scrubbed(f"{type(exc).__name__}: {exc}", storage).splitlines()[0]
+            raise ConfigError(f"--storage {redacted(storage)}: cannot open it: {why}") from None
     if "://" in storage:
         raise ConfigError(
-            f"--storage {_redacted(storage)}: a database URL ({', '.join(RDB_SCHEMES)}) or the path of a journal file"
+            f"--storage {redacted(storage)}: a database URL ({', '.join(RDB_SCHEMES)}) or the path of a journal file"
         )
     path = Path(storage)
     if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -80,13 +122,34 @@ def open_storage(
     return JournalHeartbeatStorage(backend, heartbeat_interval, grace_period, retry)
 
 
-def _redacted(url: str) -> str:
-    """The URL without its password (it goes into error lines and logs)."""
-    if "@" not in url or "://" not in url:
+def _password(url: str) -> str:
+    """The password in ``scheme://user:password@host...`` as written ("" when there is none)."""
+    if "://" not in url:
+        return ""
+    authority = url.split("://", 1)[1]
+    if "@" not in authority:
+        return ""
+    credentials = authority.rsplit("@", 1)[0]  # a password may hold "@"; a host never does
+    return credentials.split(":", 1)[1] if ":" in credentials else ""
+
+
+def redacted(url: str) -> str:
+    """The URL with its password replaced by ***, for error lines and logs."""
+    secret = _password(url)
+    if not secret:
         return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
+    scheme, authority = url.split("://", 1)
+    credentials, host = authority.rsplit("@", 1)
     return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (an error's, which may quote the URL) with the URL's password, as written or decoded, replaced by
+    ***."""
+    secret = _password(url)
+    for form in {secret, urllib.parse.unquote(secret)} - {""}:
+        text = text.replace(form, "***")
+    return text
 
 
 class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):

@@ -195,9 +195,9 @@ def _waiting(study: optuna.Study) -> bool:
 
 
 def _redacted_storage(options: StudyOptions) -> str:
-    from .storage import _redacted
+    from .storage import redacted
 
-    return _redacted(options.storage_spec)
+    return redacted(options.storage_spec)
 
 
 def _objective(

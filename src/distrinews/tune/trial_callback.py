@@ -23,7 +23,7 @@ from ..checkpoint.atomic import write_text_atomically
 from ..train.callbacks import TrainerCallback
 from . import TRIAL_ENV
 from .pruning import PrunerSpec
-from .storage import open_storage
+from .storage import open_storage, scrubbed
 
 __all__ = ["TRIAL_ENV", "TrialCallback", "TrialLink", "read_result"]
 
@@ -93,7 +93,7 @@ class TrialCallback(TrainerCallback):
             final = self.total_steps is not None and state.global_step >= self.total_steps
             prune = not final and self.trial.should_prune()
         except Exception as exc:  # the storage gone, or the trial failed meanwhile (its tuner died): the run goes on
-            why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            why = scrubbed(f"{type(exc).__name__}: {exc}", self.link.storage).splitlines()[0]
             print(f"warning: Optuna: trial {self.link.number} no longer reported to ({why})")
             self.trial = None
             return
