@@ -472,6 +472,8 @@ def test_a_replica_killed_between_an_answer_s_headers_and_body_fails_no_request(
 
 
 def test_rolling_restart_to_a_new_version_loses_no_request_and_mixes_none(checkpoints, tmp_path, padding_atol):
+    """On every prediction route: a new replica answers 503 while its model loads, and nginx must resend each of
+    them elsewhere (POST / and /invocations once fell into ``location /``, and some twenty per roll failed)."""
     from distrinews.serve.children import get_json
 
     with serve_replicas(checkpoints["1.0.0"], tmp_path) as running:
