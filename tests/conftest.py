@@ -806,3 +806,49 @@ def otlp_receiver():
         yield receiver
     finally:
         receiver.close()
+
+
+class SilentServer:
+    """A TCP server on loopback that accepts every connection and never answers: a hung server (a stopped process
+    behind a live socket, a stuck proxy). ``.url`` is its base URL; ``.accepted`` counts the connections it took."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.accepted = 0
+        self._held: list = []
+        self._open = True
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while self._open:
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._held.append(conn)
+            self.accepted += 1
+
+    def close(self) -> None:
+        self._open = False
+        self._thread.join(5)
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.fixture
+def silent_server():
+    """A ``SilentServer`` (accepts, never answers), closed after the test."""
+    server = SilentServer()
+    try:
+        yield server
+    finally:
+        server.close()
