@@ -11,6 +11,7 @@ import sqlite3
 import pytest
 import torch
 
+from conftest import wait_until
 from distrinews.checkpoint.best import improves
 from distrinews.checkpoint.records import TrainerStateRecord
 from distrinews.checkpoint.rundir import RunDir
@@ -217,6 +218,7 @@ def test_mlflow_records_the_run_and_a_store_broken_mid_run_is_one_line(tmp_path,
     callback.on_log(
         config, state, TrainerControl(), {"loss": 0.5, "per_class": {"World": {"f1": 0.25}}, "note": "x"}, kind="eval"
     )
+    wait_until(lambda: callback.sender.tally.sent == 2, 30, "the sender's thread to send the metrics")
 
     client = mlflow.MlflowClient()
     run = client.get_run(json.loads(run_dir.mlflow_run.read_text())["run_id"])
@@ -240,8 +242,16 @@ def test_mlflow_records_the_run_and_a_store_broken_mid_run_is_one_line(tmp_path,
     for _ in range(3):
         callback.on_log(config, state, TrainerControl(), {"loss": 0.4}, kind="train")
     callback.on_train_end(config, state, TrainerControl(), best_metrics={"accuracy": 0.5})
-    assert len(said) == 1 and said[0].startswith("warning: MLflow tracking stopped (logging metrics: ")
-    assert said[0].endswith("training goes on without it") and "\n" not in said[0]
+    warning, summary = said
+    assert warning.startswith("warning: MLflow tracking stopped (logging metrics: ")
+    assert warning.endswith("training goes on without it") and "\n" not in warning
+    assert summary == (
+        f"MLflow: sent 2 metric values to run {run.info.run_id}, dropped 3 (0 for want of room in the queue, 3 unsent"
+        " at the end); not sent: the artifacts, ending the run"
+    )
+    (record,) = [json.loads(line) for line in run_dir.log.read_text().splitlines()]
+    assert record["kind"] == "tracking" and record["step"] == 4
+    assert record["mlflow"]["sent"] == 2 and record["mlflow"]["dropped_unsent"] == 3
 
 
 def test_report_to_mlflow_without_mlflow_fails_before_any_worker_starts(tmp_path, monkeypatch):

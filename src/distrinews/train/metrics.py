@@ -110,6 +110,19 @@ def classification_metrics(confusion: torch.Tensor, loss_sum: float, label_names
 
 
 # ---------------------------------------------------------------------- sinks
+def log_record(kind: str, step: int, logs: dict[str, Any]) -> dict[str, Any]:
+    """One ``log.jsonl`` record."""
+    return {"kind": kind, "step": step, "time": round(time.time(), 3), **logs}
+
+
+def append_record(run_dir: RunDir, record: dict[str, Any]) -> None:
+    """``record`` at the end of the run's ``log.jsonl`` once the log is closed (a sink's account of its own end);
+    a link there is refused, never written through."""
+    fd = open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
 class JsonLogCallback(TrainerCallback):
     """``log.jsonl``, the run's own record (rank 0): one object per line, flushed, read by ``distrinews report``.
 
@@ -131,7 +144,7 @@ class JsonLogCallback(TrainerCallback):
         )
 
     def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
-        record = {"kind": kind, "step": state.global_step, "time": round(time.time(), 3), **logs}
+        record = log_record(kind, state.global_step, logs)
         assert self._file is not None, "opened by on_train_begin"
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

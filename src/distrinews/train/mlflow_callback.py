@@ -25,33 +25,46 @@ tags), ``MLFLOW_NESTED_RUN`` (a child of the run active in this process), ``MLFL
 ``HF_MLFLOW_LOG_ARTIFACTS``, ``DISABLE_MLFLOW_INTEGRATION``. A run started in this process
 (``mlflow.start_run()`` before ``train``) is reported to and left open, as Hugging Face does.
 
-The run's id is kept in ``mlflow_run.json`` in the run directory: a resumed run (``--resume auto``)
-reports to the same MLflow run. A tracking failure at any moment (no store, the store unwritable,
-the server gone) is one warning line; tracking stops and training goes on.
+The run's id is kept in ``mlflow_run.json`` in the run directory (written by rename: a link planted there is
+replaced, and one is never read): a resumed run (``--resume auto``) reports to the same MLflow run.
+
+Nothing here waits on the store: every request is made by ``MlflowSender``'s thread (``mlflow_sender.py``), in
+order, each bounded in time. A server that stops answering is one warning line, its metrics wait in a bounded
+queue and are sent when it is back; the end of the run waits a few seconds at most for a server that does not
+answer. The run's end says what was sent and dropped, on the console and as a ``tracking`` record in
+``log.jsonl``. A store that refuses a request (or breaks) is one warning line: tracking stops, training goes on.
+Files are uploaded only if they are regular files: a symbolic link in the run folder is named and skipped.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoint.atomic import open_nofollow, write_text_atomically
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.versioning import NOT_HASHED, config_hash
 from ..distributed.process_group import DistEnv
+from ..errors import ConfigError
 from ..scores import confusion_table, per_class_table
 from .callbacks import TrainerCallback
-from .metrics import scalars
+from .metrics import append_record, log_record, scalars
+from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["MLflowCallback", "experiment_id", "mlflow_params"]
+__all__ = ["MLflowCallback", "experiment_id", "mlflow_params", "summary_line"]
 
 _TRUE = {"1", "true", "yes", "on"}
+_RECORD_BYTES = 4096  # mlflow_run.json is a run id and a URI: a longer file is not one this run wrote
 _MARKER = "... [shortened from {n} characters]"
 
 
@@ -104,15 +117,49 @@ def experiment_id(client: MlflowClient) -> str:
         return experiment.experiment_id
 
 
+def summary_line(tally: Tally, run_id: str | None) -> str:
+    """The run's account of its tracking: what was sent, what was dropped and why."""
+    where = f"run {run_id}" if run_id else "no run (it was never made)"
+    line = f"MLflow: sent {tally.sent} metric values to {where}, dropped {tally.dropped}"
+    if tally.dropped:
+        line += f" ({tally.dropped_full} for want of room in the queue, {tally.dropped_unsent} unsent at the end)"
+    if tally.unsent:
+        line += f"; not sent: {', '.join(tally.unsent)}"
+    return line
+
+
+def _links_and_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The symbolic links under ``folder`` and its regular files, none followed (a linked folder is not entered)."""
+    links, files = [], []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                links.append(path)
+            elif stat.S_ISREG(mode):
+                files.append(path)
+    return links, sorted(files)
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class MLflowCallback(TrainerCallback):
     def __init__(self, run_dir: RunDir, env: DistEnv, say: Callable[..., None]):
         self.run_dir, self.env, self.say = run_dir, env, say
-        self.client: MlflowClient | None = None  # from the start of the run
-        self.run_id: str | None = None
+        self.client: MlflowClient | None = None
+        self.uri = ""
+        self.run_id: str | None = None  # from the sender's first work
         self.owns_run = True  # False: a run the caller started (and ends)
-        self.stopped = False  # after a failure, or when disabled
+        self.stopped = False  # disabled, or the run could not be prepared
+        self.sender: MlflowSender | None = None
 
-    # ------------------------------------------------------------------ events
+    # ------------------------------------------------------------------ events (no network: the sender's thread)
     def on_train_begin(
         self, args, state, control, resumed_from: str | None = None, model: Any = None, **kwargs: Any
     ) -> None:
@@ -121,10 +168,33 @@ class MLflowCallback(TrainerCallback):
             self.say("MLflow: DISABLE_MLFLOW_INTEGRATION is set, not tracking")
             return
         id2label = getattr(getattr(model, "config", None), "id2label", None)
-        self._safely("starting the run", lambda: self._start(args, resumed_from, id2label))
+        try:
+            start = self._prepare(args, resumed_from, id2label)
+        except Exception as exc:  # no mlflow, MLFLOW_TAGS that is not JSON, ...
+            self.stopped = True
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            self.say(
+                f"warning: MLflow tracking stopped (starting the run: {type(exc).__name__}: {first}); "
+                "training goes on without it"
+            )
+            return
+        self.sender = MlflowSender(self.uri, self.say)
+        self.sender.start()
+        for work in start:
+            self.sender.put(work)
 
     def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
-        self._safely("logging metrics", lambda: self._log_metrics(kind, logs, state.global_step))
+        if self.sender is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        # MLflow's metric names take letters, digits and _-. :/ (a label may hold anything)
+        metrics = [
+            Metric(re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{kind}/{k}"), float(v), now, state.global_step)
+            for k, v in scalars(logs).items()
+        ]
+        self.sender.put(Work("logging metrics", lambda: self._log_batch(metrics=metrics), values=len(metrics)))
 
     def on_train_end(
         self,
@@ -135,54 +205,111 @@ class MLflowCallback(TrainerCallback):
         stopped_by: str | None = None,
         **kwargs: Any,
     ) -> None:
+        sender = self.sender
+        if sender is None:
+            return
         if stopped_by is None:
-            self._safely("logging artifacts", lambda: self._log_artifacts(best_metrics))
+            for work in self._artifacts(best_metrics):
+                sender.put(work)
         if self.owns_run:
-            self._safely("ending the run", lambda: self._end("KILLED" if stopped_by else "FINISHED"))
+            status = "KILLED" if stopped_by else "FINISHED"
+            sender.put(Work("ending the run", lambda: self._run()[0].set_terminated(self._run()[1], status)))
+        # Stopped by a signal, the pod's grace period is running: a few seconds at most, even for a server that answers.
+        tally = sender.close(END_WAIT_S if stopped_by else END_WAIT_MAX_S)
+        self.say(summary_line(tally, self.run_id))
+        if stopped_by is None:  # a stopped run's log is continued by its resumption, which logs its own end
+            append_record(
+                self.run_dir,
+                log_record(
+                    "tracking",
+                    state.global_step,
+                    {"mlflow": {"run_id": self.run_id, "tracking_uri": self.uri, **tally.as_record()}},
+                ),
+            )
 
-    # ------------------------------------------------------------------ the work
-    def _start(self, args, resumed_from: str | None, id2label: dict[int, str] | None) -> None:
+    # ------------------------------------------------------------------ preparing the run (this thread, local)
+    def _prepare(self, args, resumed_from: str | None, id2label: dict[int, str] | None) -> list[Work]:
         import mlflow
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
         self.client = mlflow.MlflowClient()
-        uri = mlflow.get_tracking_uri()
+        self.uri = mlflow.get_tracking_uri()
         active = mlflow.active_run()
-        nested = _env_true("MLFLOW_NESTED_RUN")
         tags = json.loads(os.environ["MLFLOW_TAGS"]) if os.getenv("MLFLOW_TAGS") else {}
-        run_id = os.getenv("MLFLOW_RUN_ID") or (self._recorded_run(uri) if resumed_from else None)
-        if run_id:
-            self.client.update_run(run_id, status="RUNNING")  # fails on a run the store does not have
-        elif active is not None and not nested:
-            run_id, self.owns_run = active.info.run_id, False
-        else:
-            if active is not None:
+        continued = os.getenv("MLFLOW_RUN_ID") or (self._recorded_run() if resumed_from else None)
+        reported_to = None  # a run the caller started and ends
+        if not continued and active is not None:
+            if _env_true("MLFLOW_NESTED_RUN"):
                 tags[MLFLOW_PARENT_RUN_ID] = active.info.run_id
-            run_id = self.client.create_run(
-                experiment_id(self.client), run_name=self.run_dir.path.name, tags=tags
-            ).info.run_id
-            tags = {}
-        self.run_id = run_id
-        self.run_dir.mlflow_run.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
-
+            else:
+                reported_to, self.owns_run = active.info.run_id, False
+        new = not (continued or reported_to)
         config = args.to_dict()
-        tags.update(
-            {
-                "model_version": args.run.model_version,
-                "config_hash": config_hash(config),
-                "distrinews.best_dir": str(self.run_dir.best.resolve()),
-            }
-        )
         params, shortened = mlflow_params(config, id2label, self.env.world_size, MAX_PARAM_VAL_LENGTH)
-        logged = self.client.get_run(run_id).data.params
+        run_tags = {
+            **({} if new else tags),
+            "model_version": args.run.model_version,
+            "config_hash": config_hash(config),
+            "distrinews.best_dir": str(self.run_dir.best.resolve()),
+        }
+        return [
+            Work("starting the run", lambda: self._open_run(continued, reported_to, tags if new else {})),
+            Work("logging the parameters", lambda: self._log_params(params, run_tags, shortened)),
+        ]
+
+    def _recorded_run(self) -> str | None:
+        """The MLflow run of the run being resumed, if it reported to this same store (a link there is not read)."""
+        path = self.run_dir.mlflow_run
+        try:
+            fd = open_nofollow(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except ConfigError as exc:  # a link, or not a file
+            self.say(f"MLflow: {exc}; a new MLflow run is made")
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(_RECORD_BYTES)
+        try:
+            recorded = json.loads(text)
+        except ValueError:
+            return None
+        if (
+            isinstance(recorded, dict)
+            and recorded.get("tracking_uri") == self.uri
+            and isinstance(recorded.get("run_id"), str)
+        ):
+            return recorded["run_id"]
+        return None
+
+    # ------------------------------------------------------------------ the work (the sender's thread)
+    def _open_run(self, continued: str | None, reported_to: str | None, tags: dict[str, str]) -> None:
+        client = self.client
+        assert client is not None, "made by _prepare"
+        if continued:
+            client.update_run(continued, status="RUNNING")  # fails on a run the store does not have
+            run_id = continued
+        elif reported_to:
+            run_id = reported_to
+        else:
+            run_id = client.create_run(experiment_id(client), run_name=self.run_dir.path.name, tags=tags).info.run_id
+        self.run_id = run_id
+        # replaces a link planted at that name, never writes through it
+        write_text_atomically(self.run_dir.mlflow_run, json.dumps({"run_id": run_id, "tracking_uri": self.uri}) + "\n")
+
+    def _log_params(self, params: dict[str, str], tags: dict[str, str], shortened: list[str]) -> None:
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        client, run_id = self._run()
+        run = client.get_run(run_id)
+        logged = run.data.params
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v and k not in NOT_HASHED)
         params = {k: v for k, v in params.items() if k not in logged}  # MLflow keeps a parameter's first value
         limit = os.getenv("MLFLOW_MAX_LOG_PARAMS", "")
         if limit.isdigit():
             params = dict(list(params.items())[: int(limit)])
         self._log_batch(params=params, tags=tags)
-        self.say(f"MLflow: run {run_id} in experiment {self.client.get_run(run_id).info.experiment_id} at {uri}")
+        self.say(f"MLflow: run {run_id} in experiment {run.info.experiment_id} at {self.uri}")
         if shortened:
             self.say(
                 f"MLflow: parameter(s) {', '.join(shortened)} shortened to "
@@ -192,20 +319,6 @@ class MLflowCallback(TrainerCallback):
             self.say(
                 f"MLflow: run {run_id} keeps its first value of {', '.join(changed)} (MLflow parameters cannot change)"
             )
-
-    def _recorded_run(self, uri: str) -> str | None:
-        """The MLflow run of the run being resumed, if it reported to this same store."""
-        try:
-            recorded = json.loads(self.run_dir.mlflow_run.read_text()[:4096])
-        except (OSError, ValueError):
-            return None
-        if (
-            isinstance(recorded, dict)
-            and recorded.get("tracking_uri") == uri
-            and isinstance(recorded.get("run_id"), str)
-        ):
-            return recorded["run_id"]
-        return None
 
     def _log_batch(
         self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None
@@ -224,53 +337,50 @@ class MLflowCallback(TrainerCallback):
         for i in range(0, len(metric_items), MAX_METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=metric_items[i : i + MAX_METRICS_PER_BATCH])
 
-    def _log_metrics(self, kind: str, logs: dict[str, Any], step: int) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        # MLflow's metric names take letters, digits and _-. :/ (a label may hold anything)
-        metrics = [
-            Metric(re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{kind}/{k}"), float(v), now, step)
-            for k, v in scalars(logs).items()
-        ]
-        self._log_batch(metrics=metrics)
-
-    def _log_artifacts(self, best_metrics: dict[str, Any] | None) -> None:
-        client, run_id = self._run()
+    def _artifacts(self, best_metrics: dict[str, Any] | None) -> list[Work]:
+        """The run's files to upload (listed here, each sent as one work); a symbolic link is named and skipped."""
         run_dir = self.run_dir
-        if run_dir.config.is_file():
-            client.log_artifact(run_id, str(run_dir.config))
+        works: list[Work] = []
         if best_metrics:
-            client.log_dict(run_id, best_metrics, "eval/best_eval.json")
-            if best_metrics.get("per_class"):
-                report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
-                client.log_text(
-                    run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt"
-                )
-        for picture in (run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage):
-            if picture.is_file():
-                client.log_artifact(run_id, str(picture))
-        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and run_dir.best.is_dir():
-            client.log_artifacts(run_id, str(run_dir.best), "best")
+            works.append(Work("the artifacts", lambda: self._log_report(best_metrics)))
+        files: list[tuple[Path, str | None]] = [
+            (p, None)
+            for p in (run_dir.config, run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage)
+        ]
+        links = [p for p, _ in files if p.is_symlink()]
+        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and _is_dir(run_dir.best):
+            linked, under_best = _links_and_files(run_dir.best)
+            links += linked
+            files += [(p, str(Path("best") / p.parent.relative_to(run_dir.best))) for p in under_best]
+        for link in links:
+            self.say(f"MLflow: {link} is a symbolic link; not uploaded (a run uploads only files it made)")
+        for path, artifact_path in files:
+            if _is_regular(path):
+                works.append(Work("the artifacts", functools.partial(self._log_file, path, artifact_path)))
+        return works
 
-    def _end(self, status: str) -> None:
+    def _log_report(self, best_metrics: dict[str, Any]) -> None:
         client, run_id = self._run()
-        client.set_terminated(run_id, status)
+        client.log_dict(run_id, best_metrics, "eval/best_eval.json")
+        if best_metrics.get("per_class"):
+            report = ["Per class:", *per_class_table(best_metrics), "", "Confusion matrix (rows: true label):"]
+            client.log_text(
+                run_id, "\n".join([*report, *confusion_table(best_metrics)]) + "\n", "eval/per_class_report.txt"
+            )
+
+    def _log_file(self, path: Path, artifact_path: str | None) -> None:
+        if _is_regular(path):  # still the file listed, not a link put there since
+            client, run_id = self._run()
+            client.log_artifact(run_id, str(path), None if artifact_path in (None, ".") else artifact_path)
 
     def _run(self) -> tuple[MlflowClient, str]:
-        """The client and the run, which ``_start`` sets before anything is logged."""
+        """The client and the run, which the first work sets before anything is logged."""
         assert self.client is not None and self.run_id is not None, "MLflow: the run has not started"
         return self.client, self.run_id
 
-    def _safely(self, what: str, work: Callable[[], None]) -> None:
-        """``work``, unless tracking has stopped; its failure stops tracking with one line, never the run."""
-        if self.stopped:
-            return
-        try:
-            work()
-        except Exception as exc:
-            self.stopped = True
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            self.say(
-                f"warning: MLflow tracking stopped ({what}: {type(exc).__name__}: {first}); training goes on without it"
-            )
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
