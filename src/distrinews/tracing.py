@@ -20,6 +20,7 @@ import functools
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +29,8 @@ from .errors import ConfigError
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 INSTALL = "pip install 'distrinews[tracing]'"
+# How long the end of a command (or of the server) waits for its last spans to leave: within a pod's grace period.
+SHUTDOWN_TIMEOUT_S = 5.0
 # The modules the extra brings: the SDK and the OTLP/HTTP exporter (the API and the protobuf types come with them).
 _MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
@@ -114,12 +117,27 @@ def provider() -> Any:
     return _provider
 
 
-def shutdown() -> None:
-    """Send the spans not yet exported and turn tracing off (at the end of a command, or of the server)."""
+def shutdown(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Send the spans not yet exported and turn tracing off (at the end of a command, or of the server), waiting
+    ``timeout`` seconds at most: what the collector has not taken by then is dropped, in one line.
+
+    The SDK's own shutdown waits up to 30 s for its exporting thread and each export up to the exporter's timeout
+    (10 s, retries included), against a collector that accepts and never answers; a pod stopping has a grace period
+    to fit in. So the SDK's shutdown runs on a thread of its own (a daemon: the process does not wait for it).
+    """
     global _tracer, _provider
     provider, _tracer, _provider = _provider, None, None
-    if provider is not None:
-        provider.shutdown()
+    if provider is None:
+        return
+    ending = threading.Thread(target=provider.shutdown, name="distrinews-tracing-shutdown", daemon=True)
+    ending.start()
+    ending.join(timeout)
+    if ending.is_alive():
+        print(
+            f"distrinews: warning: tracing: the spans not yet exported are dropped (the collector did not take them"
+            f" within {timeout:g} s)",
+            file=sys.stderr,
+        )
 
 
 @contextlib.contextmanager

@@ -290,3 +290,29 @@ def test_an_unreachable_collector_costs_the_answers_nothing(monkeypatch, fake_pr
 
         assert _serve(app, requests) == [200] * 5
     assert tracing.tracer() is None  # shut down all the same
+
+
+def test_a_collector_that_accepts_and_never_answers_holds_the_servers_end_a_few_seconds_at_most(
+    monkeypatch, fake_predictor, silent_server
+):
+    import time
+
+    from distrinews.serve.app import ServeConfig, create_app
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TIMEOUT", raising=False)  # the exporter's own: 10 s an export
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # the spans are all still queued at the end
+    app = create_app(
+        ServeConfig(checkpoint="unused", api_key="", otlp_endpoint=silent_server.url), predictor_factory=fake_predictor
+    )
+    ended: list[float] = []
+
+    async def requests(client):
+        answers = [await client.post("/predict", json={"text": f"Oil prices jump {i}"}) for i in range(3)]
+        ended.append(time.monotonic())
+        return [answer.status_code for answer in answers]
+
+    assert _serve(app, requests) == [200] * 3
+    took = time.monotonic() - ended[0]
+    assert tracing.tracer() is None
+    # The export was sent and never answered: the end waited for tracing's deadline, not for the exporter's 10 s.
+    assert silent_server.accepted >= 1 and took < tracing.SHUTDOWN_TIMEOUT_S + 3, (silent_server.accepted, took)
