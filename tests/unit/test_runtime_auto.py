@@ -14,6 +14,13 @@ from distrinews.predict.derived import DerivedFiles
 from distrinews.predict.runtimes import make_predictor
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A cache of this test's own: the tiny model is the same bytes in every test (seed 0), so the session's
+    shared cache would hand this test an int8 model another test made and checked on other rows."""
+    monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def texts(agnews_dir) -> list[str]:
     from distrinews.data.splits import load_split
