@@ -38,8 +38,8 @@ from distrinews.distributed.machine import describe as machine_description
 from distrinews.distributed.machine import threads_per_process
 
 from .ablation import ablation
-from .common import baseline_settings, invoked_as, main, ours_settings, ratio, tool_env
-from .compare_report import markdown, plot
+from .common import baseline_settings, invoked_as, main, ours_settings, tool_env
+from .compare_report import RATED, markdown, means_over_seeds, plot, rate
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -207,49 +207,8 @@ def _compare_once(a: argparse.Namespace, env: dict[str, str]) -> list[dict[str, 
                 flush=True,
             )
             rows.append(row)
-    _rate(rows, RATED)
+    rate(rows, RATED)
     return rows
-
-
-# What the ratios compare: every run trains the same rows for the same steps, so the whole loop is like for like;
-# a window after the first steps leaves out other rows on each side (Trainer's length grouping puts its longest
-# batch first, ours deals its batches in a random order).
-RATED = "loop_samples_per_s"
-
-
-def _rate(rows: list[dict[str, Any]], speed: str) -> None:
-    """Each row's ``ours_over_this`` and ``over_trainer``: speed ratios to ours and to Trainer among ``rows``."""
-    ours = next((r for r in rows if r["key"] == "ours"), None)
-    trainer = next((r for r in rows if r["key"] == "trainer"), None)
-    for r in rows:
-        r["ours_over_this"] = ratio(ours[speed], r[speed]) if ours else None
-        r["over_trainer"] = ratio(r[speed], trainer[speed]) if trainer else None
-
-
-def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per run: its mean speed and accuracy over the seeds, the accuracy's range, and how far its mean
-    accuracy is from Trainer's (points); speed ratios of the means."""
-    means = []
-    for key in dict.fromkeys(r["key"] for r in rows):
-        runs = [r for r in rows if r["key"] == key]
-        accuracies = [r["test_accuracy"] for r in runs]
-        means.append(
-            {
-                "key": key,
-                "name": runs[0]["name"],
-                "seeds": [r["seed"] for r in runs],
-                "steady_samples_per_s": sum(r["steady_samples_per_s"] for r in runs) / len(runs),
-                "loop_samples_per_s": sum(r["loop_samples_per_s"] for r in runs) / len(runs),
-                "test_accuracy": sum(accuracies) / len(runs),
-                "accuracy_min": min(accuracies),
-                "accuracy_max": max(accuracies),
-            }
-        )
-    _rate(means, RATED)
-    trainer = next((m for m in means if m["key"] == "trainer"), None)
-    for m in means:
-        m["points_from_trainer"] = 100 * (m["test_accuracy"] - trainer["test_accuracy"]) if trainer else None
-    return means
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -2,8 +2,51 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
+
+from .common import ratio
+
+# What the ratios compare: every run trains the same rows for the same steps, so the whole loop is like for like;
+# a window after the first steps leaves out other rows on each side (Trainer's length grouping puts its longest
+# batch first, ours deals its batches in a random order).
+RATED = "loop_samples_per_s"
+
+
+def rate(rows: list[dict[str, Any]], speed: str) -> None:
+    """Each row's ``ours_over_this`` and ``over_trainer``: speed ratios to ours and to Trainer among ``rows``."""
+    ours = next((r for r in rows if r["key"] == "ours"), None)
+    trainer = next((r for r in rows if r["key"] == "trainer"), None)
+    for r in rows:
+        r["ours_over_this"] = ratio(ours[speed], r[speed]) if ours else None
+        r["over_trainer"] = ratio(r[speed], trainer[speed]) if trainer else None
+
+
+def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run: its mean speed and accuracy over the seeds, the accuracy's range, and how far its mean
+    accuracy is from Trainer's (points); speed ratios of the means."""
+    means = []
+    for key in dict.fromkeys(r["key"] for r in rows):
+        runs = [r for r in rows if r["key"] == key]
+        accuracies = [r["test_accuracy"] for r in runs]
+        means.append(
+            {
+                "key": key,
+                "name": runs[0]["name"],
+                "seeds": [r.get("seed") for r in runs],  # None in a run of one seed before --seeds
+                "steady_samples_per_s": sum(r["steady_samples_per_s"] for r in runs) / len(runs),
+                "loop_samples_per_s": sum(r["loop_samples_per_s"] for r in runs) / len(runs),
+                "test_accuracy": sum(accuracies) / len(runs),
+                "accuracy_min": min(accuracies),
+                "accuracy_max": max(accuracies),
+            }
+        )
+    rate(means, RATED)
+    trainer = next((m for m in means if m["key"] == "trainer"), None)
+    for m in means:
+        m["points_from_trainer"] = 100 * (m["test_accuracy"] - trainer["test_accuracy"]) if trainer else None
+    return means
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -90,31 +133,99 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [k for k in ("compare", "ablation") if k in report]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], panels):
+    # a compare bar's label is up to ~30 characters wide: 2.3 inches a run keeps the labels apart
+    runs = len({r["key"] for r in report["compare"]["rows"]}) if "compare" in report else 0
+    widths = [max(7.5, 2.3 * runs) if k == "compare" else 7.5 for k in panels]
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(sum(widths), 5.5),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"width_ratios": widths},
+    )
+    for ax, key, width in zip(axes[0], panels, widths):
         if key == "compare":
-            rows = report["compare"]["rows"]
-            bars = ax.bar(
-                [r["name"].replace(" (", "\n(") for r in rows], [r["steady_samples_per_s"] for r in rows], color="C0"
-            )
-            for b, r in zip(bars, rows):
-                ax.annotate(
-                    f"{r['steady_samples_per_s']:.1f}/s\nacc {100 * r['test_accuracy']:.1f}%",
-                    (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center",
-                    va="bottom",
-                    fontsize=8,
-                )
-            ax.set_ylabel("training samples/s (steady)")
-            ax.set_title("same model, rows, batch, steps, machine")
+            _compare_panel(ax, report, width)
         else:
             rows = report["ablation"]["rows"]
             ax.barh(
-                [r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C1"
+                [r["label"].split(":")[0] for r in rows][::-1], [r["samples_per_s"] for r in rows][::-1], color="C2"
             )
             ax.set_xlabel("samples/s")
             ax.set_title("cumulative optimisations")
             ax.tick_params(axis="y", labelsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _compare_panel(ax: Any, report: dict[str, Any], width: float) -> None:
+    """One bar per run at the speed the ratios compare (``RATED``), its mean where there are several seeds, each
+    seed a dot: the figures of the markdown's last table, so the plot and the page show the same numbers. ``width``:
+    the panel's, in inches."""
+    rows = report["compare"]["rows"]
+    runs = means_over_seeds(rows)
+    seeds = [s for s in runs[0]["seeds"] if s is not None]
+    top = max(r[RATED] for r in rows)
+    for i, run in enumerate(runs):
+        ax.bar(i, run[RATED], width=0.6, color=_colour(run["key"]))
+        each = [r[RATED] for r in rows if r["key"] == run["key"]]
+        if len(each) > 1:
+            ax.plot([i] * len(each), each, "o", color="black", markersize=4, label="each seed" if i == 0 else None)
+        accuracy = f"acc {100 * run['test_accuracy']:.2f}%"
+        if run["accuracy_min"] != run["accuracy_max"]:
+            accuracy += f"\n({100 * run['accuracy_min']:.2f}-{100 * run['accuracy_max']:.2f}%)"
+        rated = run["key"] != "trainer" and run["over_trainer"] is not None
+        times = f", {run['over_trainer']:.2f}x Trainer" if rated else ""
+        ax.annotate(
+            f"{run[RATED]:.1f}/s{times}\n{accuracy}",
+            (i, max(each)),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xticks(range(len(runs)), [_bar_label(r["name"]) for r in runs], fontsize=8)
+    ax.set_xlim(-0.6, len(runs) - 0.4)
+    ax.set_ylim(0, top * 1.3)  # room above the tallest bar for its figures
+    ax.set_ylabel(
+        "training samples/s, whole loop" + (f" (mean of seeds {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
+    )
+    if len(seeds) > 1:
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(_compare_title(report, rows, runs, int(11 * width)), fontsize=9)
+
+
+def _bar_label(name: str) -> str:
+    """A run's name, one option a line: the names of side-by-side runs are too long for one line under a bar."""
+    return name.replace(" --", "\n--").replace(" (", "\n(")
+
+
+def _compare_title(report: dict[str, Any], rows: list[dict[str, Any]], runs: list[dict[str, Any]], width: int) -> str:
+    """What is the same on every side and what is not: ``--ours-options`` go to ``distrinews train`` alone; the
+    baselines train the model as loaded (its own dropout, every weight trained). Lines of at most ``width``
+    characters."""
+    s = report["settings"]
+    short = list(dict.fromkeys(r["name"].split(" --")[0].split(" (")[0] for r in runs))
+    lines = [
+        " vs ".join(short),
+        f"same model, {s['train_samples']:,} rows, global batch {s['nproc'] * s['batch_size']}, "
+        f"{rows[0]['steps']} steps, machine",
+    ]
+    given = s.get("ours_options") or []
+    baselines = [name for name in short if name != "distrinews train"]
+    if any(given) and baselines:
+        options = given[0] if len(given) == 1 else "the options under its bars"
+        ours = f"distrinews train with {options}"
+        verb = "trains" if len(baselines) == 1 else "train"
+        lines += [
+            f"recipes differ: {ours};",
+            f"{' and '.join(baselines)} {verb} the model as loaded (its dropout on, every weight trained)",
+        ]
+    return "\n".join(textwrap.fill(line, width) for line in lines)
+
+
+def _colour(key: str) -> str:
+    """Ours blue, Trainer orange, the reference loop grey, whatever their order."""
+    return "C0" if key.startswith("ours") else "C1" if key == "trainer" else "C7"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.tools import ablation, common, compare, compare_report, serving_reference
+from conftest import unavailable
 from distrinews.bench import scaling
 from distrinews.errors import ConfigError
 
@@ -40,9 +41,73 @@ def test_compare_throughput_arithmetic():
     times = {10: 100.0, 20: 110.0, 30: 120.0}  # 20 steps of 32 rows in 20 s after step 10
     assert ct.steady_samples_per_s(times, 32, 10) == pytest.approx(32.0)
     assert ct.loop_samples_per_s(100, 32, 50.0) == pytest.approx(64.0)
-    assert ct.ratio(66.0, 60.0) == pytest.approx(1.1)
+    assert common.ratio(66.0, 60.0) == pytest.approx(1.1)
     with pytest.raises(ValueError):
         ct.steady_samples_per_s({5: 1.0, 6: 2.0}, 32, 10)
+
+
+FINAL_OPTIONS = "--dropout 0 --freeze_word_embeddings true --freeze_layers 1"
+LEVERS = "--attention_dropout 0 --freeze_word_embeddings true"
+# compare-final.json's rows (2026-11-25): seeds 1-3, each ours then Trainer; (steady, whole loop) samples/s, accuracy
+FINAL = [(1, "ours", 97.3, 94.9, 0.8937), (1, "trainer", 60.2, 57.9, 0.8937), (2, "ours", 89.4, 88.5, 0.8889)]
+FINAL += [(2, "trainer", 55.3, 53.6, 0.8849), (3, "ours", 93.0, 92.6, 0.8942), (3, "trainer", 55.5, 54.0, 0.8933)]
+# compare-bf16.json's: four runs side by side, one seed, three of them ours with longer and longer options
+SIDE_BY_SIDE = [(None, "ours", 72.7, 65.4, 0.888), (None, "ours2", 75.6, 71.6, 0.8858)]
+SIDE_BY_SIDE += [(None, "ours3", 86.3, 82.0, 0.887), (None, "trainer", 49.3, 47.4, 0.8921)]
+
+
+def _compare_report(rows, ours_options):
+    names = {"ours": f"distrinews train {ours_options[0]}".strip(), "trainer": "Hugging Face Trainer"}
+    names |= {f"ours{i + 1}": f"distrinews train {o}" for i, o in enumerate(ours_options) if i}
+    settings = {"train_samples": 3200, "nproc": 1, "batch_size": 32, "ours_options": ours_options}
+    return {
+        "settings": settings,
+        "compare": {
+            "rows": [
+                {"key": key, "seed": seed, "name": names[key], "steps": 100, "steady_samples_per_s": steady}
+                | {"loop_samples_per_s": loop, "test_accuracy": accuracy}
+                for seed, key, steady, loop, accuracy in rows
+            ]
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("rows", "ours_options", "heights"),
+    [
+        (FINAL, [FINAL_OPTIONS], [92.0, 55.2]),
+        (SIDE_BY_SIDE, ["", LEVERS, FINAL_OPTIONS], [65.4, 71.6, 82.0, 47.4]),
+    ],
+)
+def test_the_compare_plot_shows_the_pages_figures_apart_under_a_title_naming_both_recipes(
+    rows, ours_options, heights, tmp_path, monkeypatch
+):
+    """compare-final.png drew the three seeds of each run at one place, their labels on top of one another, the
+    tallest bar the first seed's steady speed (97.3/60.2, where the page gives the means of the whole loop that the
+    ratios compare, 92.0/55.2), the long option names under the bars across each other, and a title that called the
+    recipes the same while only ours trained without dropout and with frozen layers."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        unavailable("matplotlib is not installed (pip install -e '.[lab]')")
+    drawn = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (drawn.append(fig), savefig(fig, *a, **kw))[1])
+    compare_report.plot(_compare_report(rows, ours_options), tmp_path / "compare.png")
+    (fig,) = drawn
+    ax = fig.axes[0]
+    assert [round(bar.get_height(), 1) for bar in ax.patches] == heights
+    assert "recipes differ" in ax.get_title() and "Hugging Face Trainer trains the model as loaded" in ax.get_title()
+    canvas = FigureCanvasAgg(fig)  # plot closed the figure: draw it again, as saved, to measure its texts
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [t for t in [ax.title, *ax.get_xticklabels(), *ax.texts, *ax.get_yticklabels()] if t.get_text()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    for i, (text, box) in enumerate(boxes):
+        assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), f"{text!r} is cut off"
+        for other, other_box in boxes[i + 1 :]:
+            assert not box.overlaps(other_box), f"{text!r} overlaps {other!r}"
 
 
 def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trainer(monkeypatch, tmp_path):
