@@ -14,6 +14,7 @@ import torch
 from distrinews.bench import collectives, scaling
 from distrinews.distributed import bandwidth
 from distrinews.train import flops
+from figures import assert_texts_apart, drawn_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -312,6 +313,41 @@ def test_scaling_reports_each_points_median_run():
     assert point["runs_samples_per_s"] == [30.0, 34.0, 31.0]  # in the order they ran
     assert median_run(runs[:2])["samples_per_s"] == 30.0  # even: the lower middle
     assert _samples(point) == "31.0 (30.0-34.0)" and _samples(median_run(runs[:1])) == "30.0"
+
+
+def test_the_scaling_plot_draws_each_way_of_averaging_apart(tmp_path, monkeypatch):
+    """Section 23's plot drew gloo and shared memory, both with 100 MB buckets at 2 workers, as one line through
+    both points and as two bars under one label, its figures printed over one another."""
+    from distrinews.bench.scaling_report import plot
+
+    def point(workers, samples, allreduce=None, exposed=None):
+        phases = {"data": 0.5, "forward_backward": 320.0 + 20 * workers, "optimizer": 15.0}
+        return {
+            "workers": workers,
+            "baseline_workers": 1,
+            "per_worker_batch": 16,
+            "bucket_cap_mb": 100.0 if allreduce else None,
+            "allreduce": allreduce,
+            "ddp_comm_hook": None,
+            "speedup": samples / 47.1,
+            "efficiency": samples / 47.1 / workers,
+            "phases_ms": phases,
+            "exposed_allreduce_ms": exposed,
+        }
+
+    points = [point(1, 47.1), point(2, 79.2, "gloo", 41.8), point(2, 87.5, "shared memory, 34.4 MiB in /dev/shm", 21.0)]
+    drawn = drawn_figures(monkeypatch)
+    assert plot({"mode": "weak", "points": points}, tmp_path / "scaling.png")
+    (fig,) = drawn
+    speedup, phases = fig.axes
+    assert [line.get_label() for line in speedup.get_lines()] == [
+        "ideal",
+        "measured, bucket 100 MB, gloo",
+        "measured, bucket 100 MB, shared memory",
+    ]
+    labels = [t.get_text() for t in phases.get_xticklabels()]
+    assert len(set(labels)) == 3 and "gloo" in labels[1] and "shared memory" in labels[2]
+    assert_texts_apart(fig)
 
 
 def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_serves():

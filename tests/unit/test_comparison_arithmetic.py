@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks.tools import ablation, common, compare, compare_report, serving_reference
-from conftest import unavailable
 from distrinews.bench import scaling
 from distrinews.errors import ConfigError
+from figures import assert_texts_apart, drawn_figures
 
 
 def test_the_ablation_names_the_cores_each_worker_ran_on(monkeypatch):
@@ -86,28 +86,13 @@ def test_the_compare_plot_shows_the_pages_figures_apart_under_a_title_naming_bot
     tallest bar the first seed's steady speed (97.3/60.2, where the page gives the means of the whole loop that the
     ratios compare, 92.0/55.2), the long option names under the bars across each other, and a title that called the
     recipes the same while only ours trained without dropout and with frozen layers."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        unavailable("matplotlib is not installed (pip install -e '.[lab]')")
-    drawn = []
-    savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (drawn.append(fig), savefig(fig, *a, **kw))[1])
+    drawn = drawn_figures(monkeypatch)
     compare_report.plot(_compare_report(rows, ours_options), tmp_path / "compare.png")
     (fig,) = drawn
     ax = fig.axes[0]
     assert [round(bar.get_height(), 1) for bar in ax.patches] == heights
     assert "recipes differ" in ax.get_title() and "Hugging Face Trainer trains the model as loaded" in ax.get_title()
-    canvas = FigureCanvasAgg(fig)  # plot closed the figure: draw it again, as saved, to measure its texts
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    texts = [t for t in [ax.title, *ax.get_xticklabels(), *ax.texts, *ax.get_yticklabels()] if t.get_text()]
-    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
-    for i, (text, box) in enumerate(boxes):
-        assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), f"{text!r} is cut off"
-        for other, other_box in boxes[i + 1 :]:
-            assert not box.overlaps(other_box), f"{text!r} overlaps {other!r}"
+    assert_texts_apart(fig)
 
 
 def test_compare_runs_each_ours_options_side_by_side_and_rates_each_against_trainer(monkeypatch, tmp_path):

@@ -62,11 +62,26 @@ def _samples(r: dict[str, Any]) -> str:
 def _bucket(r: dict[str, Any]) -> str:
     if not r["bucket_cap_mb"]:
         return "-"
+    how = _how(r)
+    return f"{r['bucket_cap_mb']:g}" + (f" ({how})" if how else "")
+
+
+def _how(r: dict[str, Any]) -> str | None:
+    """How a point averaged its gradients: "shared memory", "gloo", "gloo, bf16-compressed"; None for one worker."""
     how = (r.get("allreduce") or "").split(";")[0]  # "shared memory, 126.0 MiB in /dev/shm", "gloo, bf16-compressed"
     if how:
-        return f"{r['bucket_cap_mb']:g} ({'shared memory' if how.startswith('shared memory') else how})"
+        return "shared memory" if how.startswith("shared memory") else how
     hook = r.get("ddp_comm_hook")  # a report from before the allreduce field
-    return f"{r['bucket_cap_mb']:g}" + (f" ({hook} comm)" if hook and hook != "none" else "")
+    return f"{hook} comm" if hook and hook != "none" else None
+
+
+def _series(r: dict[str, Any]) -> str:
+    """What sets a point apart besides its worker count: two points that share it are one line and one bar label."""
+    how = _how(r)
+    return f"bucket {r['bucket_cap_mb']:g} MB" + (f", {how}" if how else "")
+
+
+EFFICIENCY = {"textcoords": "offset points", "ha": "right", "va": "center", "fontsize": 8}  # a point's, beside it
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
@@ -78,38 +93,45 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     rows = report["points"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(max(11.0, 5.5 + 1.5 * len(rows)), 4.8), layout="constrained", width_ratios=[1, 1.3]
+    )
     workers = sorted({r["workers"] for r in rows})
     base = rows[0]["baseline_workers"]
     ax.plot(workers, [w / base for w in workers], "k--", label="ideal")
-    buckets = sorted({r["bucket_cap_mb"] for r in rows if r["bucket_cap_mb"]})
-    for b in buckets or [None]:
-        pts = sorted([r for r in rows if r["bucket_cap_mb"] in (b, None)], key=lambda r: r["workers"])
+    series: list[str | None] = list(dict.fromkeys(_series(r) for r in rows if r["bucket_cap_mb"]))
+    for name in series or [None]:
+        pts = sorted([r for r in rows if not r["bucket_cap_mb"] or _series(r) == name], key=lambda r: r["workers"])
         ax.plot(
             [r["workers"] for r in pts],
             [r["speedup"] for r in pts],
             "o-",
-            label=f"measured, bucket {b:g} MB" if b else "measured",
+            label=f"measured, {name}" if name else "measured",
         )
+        for r in pts[1:]:
+            ax.annotate(f"{100 * r['efficiency']:.1f}%", (r["workers"], r["speedup"]), xytext=(-6, 0), **EFFICIENCY)
     ax.set_xlabel("workers")
     ax.set_ylabel("speedup (samples/s)")
     ax.set_xticks(workers)
-    ax.set_title(f"{report['mode']} scaling")
-    ax.legend()
-    labels = [f"{r['workers']}w" + (f"\n{r['bucket_cap_mb']:g}MB" if r["bucket_cap_mb"] else "") for r in rows]
+    ax.set_title(f"{report['mode']} scaling, {rows[0]['per_worker_batch']} rows a worker")
+    ax.legend(fontsize=8)
+    labels = [f"{r['workers']}w" + (f"\n{_series(r)}".replace(", ", "\n") if r["bucket_cap_mb"] else "") for r in rows]
     bottom = [0.0] * len(rows)
     for phase in PHASES:
         vals = [r["phases_ms"][phase] for r in rows]
-        bx.bar(labels, vals, bottom=bottom, label=phase)
+        bx.bar(range(len(rows)), vals, bottom=bottom, label=phase)
         bottom = [a + b for a, b in zip(bottom, vals)]
-    exposed = [r["exposed_allreduce_ms"] for r in rows]
-    for i, e in enumerate(exposed):
-        if e is not None:
-            bx.annotate(f"exposed all-reduce {e:.0f} ms", (i, bottom[i]), ha="center", va="bottom", fontsize=7)
+    for i, r in enumerate(rows):
+        if r["exposed_allreduce_ms"] is not None:
+            text = f"exposed\nall-reduce\n{r['exposed_allreduce_ms']:.0f} ms"
+            bx.annotate(
+                text, (i, bottom[i]), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7
+            )
+    bx.set_xticks(range(len(rows)), labels, fontsize=8)
+    bx.set_ylim(0, max(bottom) * 1.25)  # room for the annotations above the bars
     bx.set_ylabel("ms per step (mean over ranks)")
     bx.set_title("where a step's time goes")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
+    bx.legend(fontsize=8, loc="upper left")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
