@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call, at most 540 s: knowledge distillation of cpu-full from an ensemble of cpu-full teachers.
-#   1. widen the fp16 weights to fp32 (as sweep1.sh);
+#   1. widen the fp16 weights to fp32 (as benchmarks/gpu/h200/sweep1.sh);
 #   2. K teachers (cpu-full, batch 32 = the preset's global batch, seeds 42 2 3 4 5), all at once on the GPU;
 #   3. each teacher and the ensemble (mean of their probabilities) on the 7,600 test rows, fp32, and the ensemble's
 #      probabilities of the 69,078 training rows into the teacher cache (train/distillation.py);
@@ -9,7 +9,7 @@
 # Every step has a hard timeout, cut to what is left of the 540 s: teachers cut short stop at a step (SIGTERM) and
 # their best/ is the best of their evaluations so far (every 1,000 steps and at the epoch's end), so the students
 # always get their turn. Run from the repository root by the device tool, `.device/` carried beside the code (made as
-# sweep1.sh says). DISTILL_DRY_RUN=1 runs the same logic on a CPU in a minute: the tiny model, a few hundred rows.
+# benchmarks/gpu/h200/sweep1.sh says). DISTILL_DRY_RUN=1 runs the same logic on a CPU in a minute: the tiny model, a few hundred rows.
 # Knobs: TEACHERS (K, default 5), ALPHA (distillation_alpha, 0.5), TEMP (distillation_temperature, 2.0).
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 DEADLINE=${DEADLINE:-532}  # seconds after the start by which everything, packing included, is done
