@@ -4,7 +4,7 @@
 # relabelled, at two seeds each; a table of test accuracy at the end. About 65 minutes on 2 cores (docs/guide/audit.md).
 # Started again, it continues where it stopped (the audit and every run resume).
 #
-#   DISTRINEWS_DATA=../shared/data/ag_news benchmarks/audit-agnews.sh        # from the checkout's root
+#   DISTRINEWS_DATA=../shared/data/ag_news benchmarks/confidence/epyc-zen5/audit-agnews.sh   # from the checkout's root
 set -euo pipefail
 
 OUT=${OUT:-runs/audit-agnews}
