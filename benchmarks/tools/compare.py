@@ -11,7 +11,7 @@ Each is then scored by the same exact evaluator on the test split.
 Then the ablation (``ablation.py``): what each of our optimisations gives, one at a time on top of the
 reference loop's settings. The tables and the plot: ``compare_report.py``. From the repository's root:
 
-    python -m benchmarks.tools.compare --output-dir benchmarks            # compare + ablation
+    python -m benchmarks.tools.compare --output-dir benchmarks/training-speed/MACHINE   # compare + ablation
     python -m benchmarks.tools.compare --what compare --train-samples 3200
 
 The reference loop is the training loop of the system this project grew from (``../shared/seeds``);

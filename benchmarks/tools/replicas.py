@@ -43,9 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="threads in all (default: the cores available)")
     parser.add_argument("--runtime", default=None, help="the replicas' --runtime (default: serve's)")
-    parser.add_argument(
-        "--output", default="benchmarks/serving-replicas", help="folder for replicas.json and replicas.md"
-    )
+    parser.add_argument("--output", default="runs/bench/replicas", help="folder for replicas.json and replicas.md")
 
 
 class ReplicaSet:

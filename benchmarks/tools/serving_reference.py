@@ -6,7 +6,8 @@ as ``python -m benchmarks.tools.serving_reference --reference-server`` (``refere
 takes every option of ``distrinews bench serving`` and adds the ratios of ours to the reference (throughput and
 p50 at each concurrency) to its report and tables. From the repository's root:
 
-    python -m benchmarks.tools.serving_reference --checkpoint runs/X/best --output-dir benchmarks --name serving
+    python -m benchmarks.tools.serving_reference --checkpoint runs/X/best --output-dir benchmarks/serving/MACHINE \
+        --name serving
 """
 
 from __future__ import annotations
