@@ -14,7 +14,7 @@ Forward passes run one at a time on ``forward`` (which uses every core), except 
 when ``side_forward`` is given (the same model on one core): then up to ``lanes`` batches run side by
 side on it, one a core. One pass on two cores leaves one of them waiting through the pass's serial
 parts and while the event loop answers a batch and forms the next; two passes of one core each keep
-both busy (benchmarks/serving-results.md). A pass runs on a lane when another one is running, or when
+both busy (benchmarks/serving.md). A pass runs on a lane when another one is running, or when
 more is queued than it takes (with several lanes free, what is queued is shared between them); a
 lone request, and a batch that takes everything queued with nothing else running, get every core.
 

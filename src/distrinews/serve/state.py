@@ -73,7 +73,7 @@ def concurrent_passes(config: ServeConfig, predictor: ServingPredictor) -> int:
     """How many forward passes may run side by side, one core each (``--concurrent-passes``).
 
     Two single-threaded passes at once keep both cores busy where one pass on both leaves one waiting through the
-    pass's serial parts and while the event loop answers (benchmarks/serving-results.md); a lone request still gets
+    pass's serial parts and while the event loop answers (benchmarks/serving.md); a lone request still gets
     every core. A predictor without a single-threaded twin (PyTorch's threads are per process) runs one at a time."""
     wanted = config.concurrent_passes or (1 if config.threads else machine.usable_cores())
     if wanted > 1 and not hasattr(predictor, "single_threaded"):
