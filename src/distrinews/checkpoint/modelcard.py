@@ -338,30 +338,46 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     return []
 
 
+def _temperature_said(info: ServableInfo, c: dict[str, Any]) -> tuple[str, bool]:
+    """What the scores are (calibrated by T, or the softmax as trained) and why; whether T is applied."""
+    fitted = c.get("method") == "temperature"
+    applied = bool(fitted and c.get("applied", True))  # a record from before the decision: applied whenever fitted
+    rows = f"{c.get('calibration_rows', 0):,} training rows held out of training"
+    if applied:
+        said = (
+            "Scores are calibrated by temperature scaling: every DistriNews runtime divides the "
+            f"logits by **T = {info.temperature:.4f}** (`temperature` in `distrinews.json`), fitted "
+            f"on {rows}. Hugging Face's `pipeline` does not: it gives the same labels with the uncalibrated scores."
+        )
+    elif fitted:
+        said = (
+            "Scores are the softmax as trained (T = 1): a temperature was fitted "
+            f"({_or_na(_rounded(c.get('fitted_temperature')))}, on {rows}) and not applied."
+        )
+    else:
+        said = "Scores are the softmax as trained (no temperature was fitted)."
+    why = str((c.get("decision") or {}).get("reason") or "")
+    return (f"{said} Why: {why.split(': ', 1)[-1]}." if why else said), applied
+
+
 def _confidence(info: ServableInfo) -> list[str]:
-    """The temperature, the expected calibration error before and after it, and the coverage-accuracy table."""
+    """The temperature and why it is applied or not, the expected calibration error before and after it, and the
+    coverage-accuracy table."""
     c = info.calibration
     if not c:
         return []
-    fitted = (
-        "Scores are calibrated by temperature scaling: every DistriNews runtime divides the "
-        f"logits by **T = {info.temperature:.4f}** (`temperature` in `distrinews.json`), fitted "
-        f"on {c.get('calibration_rows', 0):,} training rows held out of training. Hugging "
-        "Face's `pipeline` does not: it gives the same labels with the uncalibrated scores."
-        if c.get("method") == "temperature"
-        else "Scores are the softmax as trained (no temperature was fitted)."
-    )
+    said, applied = _temperature_said(info, c)
+    shown = ("before", "after") if applied else ("before",)  # not applied: after is before
     lines = [
         "## Confidence",
         "",
-        fitted,
+        said,
         "",
-        f"| on {c.get('eval_rows', 0):,} evaluation rows | before | after |",
-        "| --- | --- | --- |",
+        f"| on {c.get('eval_rows', 0):,} evaluation rows | {' | '.join(shown) if applied else 'as trained'} |",
+        "| --- |" + " --- |" * len(shown),
         f"| expected calibration error ({c.get('ece_bins', 15)} bins) "
-        f"| {_pct(c.get('ece_before'))} | {_pct(c.get('ece_after'))} |",
-        f"| negative log-likelihood | {_or_na(_rounded(c.get('nll_before')))} "
-        f"| {_or_na(_rounded(c.get('nll_after')))} |",
+        f"| {' | '.join(_pct(c.get('ece_' + k)) for k in shown)} |",
+        f"| negative log-likelihood | {' | '.join(str(_or_na(_rounded(c.get('nll_' + k)))) for k in shown)} |",
         "",
     ]
     coverage = c.get("coverage") or []

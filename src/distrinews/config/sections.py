@@ -344,7 +344,8 @@ class RunConfig(Section):
     calibration: Calibration = option(
         "temperature",
         "temperature: when the run ends, fit one temperature to best/'s logits on the held-out calibration rows "
-        "(calibration_split_percentage), stored in best/ and applied by every runtime, and report the expected "
+        "(calibration_split_percentage), stored in best/ and applied by every runtime where 5-fold cross-validation "
+        "on those rows shows it helps beyond noise (else T = 1, and the summary says why), and report the expected "
         "calibration error before and after and the coverage-accuracy curve on the evaluation split (summary, "
         "log.jsonl, model card, PNGs); none: the softmax as trained, nothing held out, nothing measured",
         hints=("calibrate", "temperature_scaling"),

@@ -8,6 +8,15 @@ held out of training when ``calibration`` is ``temperature`` (``components.prepa
 evaluation split: for AG News that is the test split, and where it is a validation split, the numbers
 reported on it stay out-of-sample. The same rule for every data set.
 
+The fitted T is applied only where it helps beyond noise on rows it was not fitted on (``choose_temperature``):
+K-fold cross-validation on the calibration rows, each fold scored with the T fitted on the other folds. Where the
+out-of-fold NLL improves on T = 1 by more than ``NOISE_MULTIPLE`` x the standard error of that gain (its spread over the
+folds), T is applied; otherwise best/ keeps T = 1, the softmax as trained, and says why. Cross-validation, not a
+bootstrap interval of T: the question is whether T helps rows it has not seen (what the served scores meet), not
+whether T differs from 1; it asks a held-out score directly, costs K one-number fits, and uses only the calibration
+rows. What it is for: cpu-quick's T, fitted 0.94 on 800 rows of a calibrated model, took the test split's ECE from
+0.65% to 1.38%; cpu-full's T = 1.34, fitted on 3,454 rows of an over-confident one, took it from 2.93% to 1.31%.
+
 Measured on the evaluation split, before and after: the expected calibration error (ECE, 15
 equal-width bins of the top probability: the rows' share of each bin times the gap between its
 accuracy and its mean confidence, summed) and the coverage-accuracy curve (the answers ranked by
@@ -38,6 +47,15 @@ from ..predict.predictor import Predictor, softmax
 
 ECE_BINS = 15
 COVERAGES = (1.0, 0.95, 0.9, 0.8)
+CV_FOLDS = 5
+# How many standard errors of the cross-validated gain the gain must exceed. Measured on synthetic logits of 800
+# rows: a calibrated model's fitted T passes 1 time in 40 (the out-of-fold gain of a T fitted to noise is mostly
+# negative), a model 1.2 times over-confident is caught 34 times in 40; at 2 standard errors, 0 and 11 times.
+NOISE_MULTIPLE = 1.0
+CV_RULE = (
+    f"{CV_FOLDS}-fold cross-validation on the calibration rows: the temperature is applied where its out-of-fold "
+    f"NLL gain over T = 1 exceeds {NOISE_MULTIPLE:g} x its standard error (from the gain's spread over the folds)"
+)
 
 
 def fit_temperature(logits: np.ndarray, labels: Sequence[int], max_iter: int = 100) -> float:
@@ -57,6 +75,78 @@ def fit_temperature(logits: np.ndarray, labels: Sequence[int], max_iter: int = 1
     low, high = TEMPERATURE_RANGE  # what a record may hold
     value = float(log_t.detach().exp())
     return min(max(value, low), high) if math.isfinite(value) else 1.0
+
+
+def row_nll(logits: np.ndarray, labels: np.ndarray, temperature: float) -> np.ndarray:
+    """Each row's negative log-likelihood of its label under ``softmax(logits / temperature)`` (float64)."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    top = z.max(axis=1, keepdims=True)
+    log_norm = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
+    return np.asarray(log_norm - z[np.arange(len(labels)), labels])
+
+
+@dataclass(frozen=True)
+class TemperatureChoice:
+    """Whether the temperature fitted on the calibration rows is applied, and the cross-validation that decided."""
+
+    fitted: float  # on every calibration row
+    applied: bool
+    folds: int  # 0: too few rows to cross-validate
+    nll_as_trained: float | None  # the calibration rows' mean NLL at T = 1
+    nll_cross_validated: float | None  # each row scored at the temperature fitted on the other folds
+    gain_se: float | None  # standard error of the gain (nll_as_trained - nll_cross_validated), from the folds
+    reason: str
+
+    @property
+    def temperature(self) -> float:
+        """What best/ keeps: the fitted T where it is applied, else 1."""
+        return self.fitted if self.applied else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": CV_RULE,
+            "folds": self.folds,
+            "nll_as_trained": self.nll_as_trained,
+            "nll_cross_validated": self.nll_cross_validated,
+            "gain_standard_error": self.gain_se,
+            "reason": self.reason,
+        }
+
+
+def choose_temperature(logits: np.ndarray, labels: Sequence[int], folds: int = CV_FOLDS) -> TemperatureChoice:
+    """The temperature fitted on every calibration row, applied only where ``folds``-fold cross-validation on those
+    rows says it lowers the NLL of rows it was not fitted on by more than ``NOISE_MULTIPLE`` standard errors.
+
+    Only the calibration rows are read: the evaluation split's figures stay out of the decision."""
+    x, y = np.asarray(logits, dtype=np.float64), np.asarray(list(labels), dtype=np.int64)
+    rows, k = len(y), min(folds, len(y))
+    fitted = fit_temperature(x, y.tolist()) if rows else 1.0
+    if k < 2:
+        why = f"not applied (T = 1, the softmax as trained): {rows} calibration row(s), too few to cross-validate on"
+        return TemperatureChoice(fitted, False, 0, None, None, None, why)
+    parts = np.array_split(np.random.default_rng(0).permutation(rows), k)  # a fixed split: the same run, same T
+    as_trained, held_out, gains = row_nll(x, y, 1.0), np.empty(rows), []
+    for part in parts:
+        rest = np.setdiff1d(np.arange(rows), part)
+        held_out[part] = row_nll(x[part], y[part], fit_temperature(x[rest], y[rest].tolist()))
+        gains.append(float(as_trained[part].mean() - held_out[part].mean()))
+    before, after = float(as_trained.mean()), float(held_out.mean())
+    gain, se = before - after, float(np.std(gains, ddof=1) / math.sqrt(k))
+    applied = gain > 0 and gain > NOISE_MULTIPLE * se
+    scored = (
+        f"fitted on the other folds, T lowers the {k}-fold cross-validated NLL of the {rows:,} calibration rows "
+        f"from {before:.4f} to {after:.4f} (gain {gain:+.4f}, standard error {se:.4f})"
+        if gain > 0
+        else f"fitted on the other folds, T does not lower the {k}-fold cross-validated NLL of the {rows:,} "
+        f"calibration rows ({before:.4f} at T = 1, {after:.4f} with it: gain {gain:+.4f}, standard error {se:.4f})"
+    )
+    why = (
+        f"applied: {scored}, more than {NOISE_MULTIPLE:g} x the standard error: beyond noise"
+        if applied
+        else f"not applied (T = 1, the softmax as trained): {scored}"
+        + ("" if gain <= 0 else f", within {NOISE_MULTIPLE:g} x the standard error: noise")
+    )
+    return TemperatureChoice(fitted, applied, k, before, after, se, why)
 
 
 def nll(probs: np.ndarray, labels: Sequence[int]) -> float:
@@ -135,7 +225,7 @@ class ConfidenceReport:
     """What ``calibrate_best`` found: the temperature, and the evaluation split's scores before and after it."""
 
     method: str  # temperature | none
-    temperature: float
+    temperature: float  # what best/ keeps: the fitted one where ``choice`` applied it, else 1
     calibration_rows: int  # the rows it was fitted on (0 with none)
     eval_rows: int
     ece_before: float
@@ -146,13 +236,25 @@ class ConfidenceReport:
     reliability_before: list[dict[str, float]]
     reliability_after: list[dict[str, float]]
     curve: tuple[np.ndarray, np.ndarray]
+    choice: TemperatureChoice | None = None  # None with method none
+
+    @property
+    def applied(self) -> bool:
+        return self.choice is not None and self.choice.applied
 
     def to_json(self) -> dict[str, Any]:
         """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the
         plots)."""
+        choice = self.choice
+        fitted = (
+            {"fitted_temperature": choice.fitted, "applied": choice.applied, "decision": choice.to_json()}
+            if choice is not None
+            else {}
+        )
         return {
             "method": self.method,
             "temperature": self.temperature,
+            **fitted,
             "calibration_rows": self.calibration_rows,
             "eval_rows": self.eval_rows,
             "ece_bins": ECE_BINS,
@@ -170,10 +272,11 @@ def measure(
     method: str,
     calibration: tuple[np.ndarray, Sequence[int]] | None,
 ) -> ConfidenceReport:
-    """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature; score the evaluation
-    rows."""
+    """Fit the temperature on ``calibration`` (logits, labels) when ``method`` is temperature, apply it where
+    ``choose_temperature`` says (from those rows alone); score the evaluation rows."""
     fitted = calibration if method == "temperature" and calibration is not None and len(calibration[1]) > 0 else None
-    temperature = fit_temperature(*fitted) if fitted is not None else 1.0
+    choice = choose_temperature(*fitted) if fitted is not None else None
+    temperature = choice.temperature if choice is not None else 1.0
     before, after = softmax(eval_logits), softmax(eval_logits, temperature)
     return ConfidenceReport(
         method=method if fitted is not None else "none",
@@ -188,6 +291,7 @@ def measure(
         reliability_before=reliability(before, eval_labels),
         reliability_after=reliability(after, eval_labels),
         curve=curve(after, eval_labels),
+        choice=choice,
     )
 
 
@@ -215,19 +319,25 @@ def calibrate_best(
 
 
 def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
-    """The final summary's lines: the temperature, ECE before and after, and the coverage-accuracy table."""
-    if report.method == "temperature":
-        fitted = (
-            f"Calibration: temperature {report.temperature:.3f}, fitted "
-            f"on {report.calibration_rows:,} rows held out of training"
-        )
+    """The final summary's lines: the temperature and why, ECE before and after, and the coverage-accuracy table."""
+    choice = report.choice
+    if choice is None:
+        head = ["Calibration: no temperature fitted (no rows were held out to fit it on): the softmax as trained"]
     else:
-        fitted = "Calibration: no temperature fitted (no rows were held out to fit it on): the softmax as trained"
-    lines = [
-        fitted,
-        f"  expected calibration error ({ECE_BINS} bins) on {report.eval_rows:,} rows of {eval_from}: "
+        head = [
+            f"Calibration: temperature {choice.fitted:.3f}, fitted on {report.calibration_rows:,} rows held out of "
+            f"training, {'applied' if choice.applied else 'not applied: best/ keeps T = 1, the softmax as trained'}",
+            f"  why: {choice.reason.split(': ', 1)[-1]}",
+        ]
+    scores = (
         f"{100 * report.ece_before:.2f}% before, {100 * report.ece_after:.2f}% after "
-        f"(NLL {report.nll_before:.4f} -> {report.nll_after:.4f})",
+        f"(NLL {report.nll_before:.4f} -> {report.nll_after:.4f})"
+        if report.applied
+        else f"{100 * report.ece_before:.2f}% (NLL {report.nll_before:.4f})"
+    )
+    lines = [
+        *head,
+        f"  expected calibration error ({ECE_BINS} bins) on {report.eval_rows:,} rows of {eval_from}: {scores}",
         "  coverage  accuracy  --min-confidence",
     ]
     lines += [
