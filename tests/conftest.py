@@ -12,6 +12,7 @@ import contextlib
 import csv
 import functools
 import gzip
+import importlib
 import io
 import json
 import os
@@ -24,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -155,7 +157,22 @@ def unavailable(reason: str) -> NoReturn:
     with the reason under CI, where a failed install or a moved folder would otherwise drop it silently."""
     if under_ci():
         pytest.fail(f"{reason} (CI is set: a test that cannot run fails instead of skipping)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)  # called in a test, a fixture, or a module's imports (require)
+
+
+def require(module: str, reason: str | None = None) -> ModuleType:
+    """``module``, imported, for the tests that need it; else ``unavailable`` with why: not installed, or installed
+    and failing to import (its error, first line). ``pytest.importorskip`` would skip silently under CI too
+    (tests/unit/test_test_helpers.py keeps it out of tests/)."""
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # an extension built for another torch or numpy fails with other errors than ImportError
+        why = (str(exc).strip().splitlines() or [""])[0]
+        unavailable(f"{reason or f'needs {module}'} ({type(exc).__name__}: {why})")
+
+
+# tomllib is the standard library's from Python 3.11; pytest installs tomli, the same module, before it.
+TOML = "tomllib" if sys.version_info >= (3, 11) else "tomli"
 
 
 def agnews_at(path: Path) -> Path:

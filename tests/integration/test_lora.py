@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import QUIET, TINY
+from conftest import QUIET, TINY, require
 
-pytest.importorskip("peft")
+require("peft")
 
 TEXTS = ["Oil prices jump after OPEC cuts output", "Federer wins in straight sets", "New chip doubles battery life"]
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("onnxruntime")
+from conftest import require
+
+require("onnxruntime")
 
 
 @pytest.fixture(scope="module")

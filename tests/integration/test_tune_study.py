@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, require
 
-optuna = pytest.importorskip("optuna")
+optuna = require("optuna")
 pytestmark = pytest.mark.slow
 
 from optuna.distributions import CategoricalDistribution, FloatDistribution  # noqa: E402

@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 import torch
 
-from conftest import wait_until
+from conftest import require, wait_until
 from distrinews.checkpoint.best import improves
 from distrinews.checkpoint.records import TrainerStateRecord
 from distrinews.checkpoint.rundir import RunDir
@@ -128,7 +128,7 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
     """int8_model: best/'s int8 model is made by the first callback (MLflow's artifacts of best/ come after it),
     checked on the evaluation rows; a stopped run (resumed later) or a run without best/ makes none, and a failure
     to make it is one line (serving falls back to PyTorch)."""
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     from distrinews.data.rows import RawSplit
     from distrinews.predict import int8
     from distrinews.train.callbacks import default_callbacks
@@ -172,7 +172,7 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """A local MLflow store of its own (sqlite, MLflow's default kind), and none of the caller's MLFLOW_* settings."""
-    pytest.importorskip("mlflow")
+    require("mlflow")
     for name in (
         "MLFLOW_RUN_ID",
         "MLFLOW_EXPERIMENT_ID",

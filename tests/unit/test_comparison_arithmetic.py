@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.tools import ablation, common, compare, compare_report, serving_reference
+from conftest import require
 from distrinews.bench import scaling
 from distrinews.errors import ConfigError
 from figures import assert_texts_apart, drawn_figures
@@ -312,7 +313,7 @@ def test_ours_against_the_reference_server_is_each_runtimes_ratio_at_each_concur
 
 
 def test_the_baseline_scores_tf_idf_on_the_runs_own_split(tmp_path, write_rows, configs_dir):
-    pytest.importorskip("sklearn")
+    require("sklearn")
     from benchmarks.tools import baseline
 
     words = ["goal", "shares", "chip"]
@@ -368,7 +369,7 @@ def test_the_tuning_split_holds_out_rows_the_config_never_trains_on(tmp_path, mo
 def test_a_study_summary_counts_what_ended_within_the_window(tmp_path):
     from datetime import datetime, timedelta
 
-    optuna = pytest.importorskip("optuna")
+    optuna = require("optuna")
     from optuna.distributions import FloatDistribution
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend

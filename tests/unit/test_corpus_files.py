@@ -7,6 +7,7 @@ import gzip
 
 import pytest
 
+from conftest import require
 from distrinews.data.fields import BadRow, RowFields, parse_label
 from distrinews.data.files import Shard, count_rows, format_of, read_rows, resolve_inputs
 from distrinews.data.rows import clean_text
@@ -19,7 +20,7 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 @pytest.mark.parametrize("name", ["x.jsonl", "x.jsonl.gz", "x.csv", "x.csv.gz", "x.parquet"])
 def test_every_format_gives_the_same_rows_from_any_start(tmp_path, name, write_rows):
     if name.endswith(".parquet"):
-        pytest.importorskip("pyarrow")
+        require("pyarrow")
     shard = Shard(write_rows(tmp_path / name, ROWS), format_of(name))
     rows = list(read_rows(shard))
     assert count_rows(shard) == len(rows) == len(ROWS)
@@ -128,7 +129,7 @@ def test_hostile_csv_records_are_bad_rows_and_the_records_after_them_are_read(tm
 
 
 def test_hostile_parquet_rows_are_bad_rows_alone(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow")
     import pyarrow.parquet as pq
 
     path = tmp_path / "hostile.parquet"
@@ -168,7 +169,7 @@ def test_a_truncated_gzip_file_is_its_rows_then_one_bad_row(tmp_path, name, writ
 
 
 def test_an_unreadable_parquet_file_is_one_bad_row(tmp_path):
-    pytest.importorskip("pyarrow")
+    require("pyarrow")
     path = tmp_path / "broken.parquet"
     path.write_bytes(b"PAR1 this is not parquet")
     shard = Shard(path, "parquet")

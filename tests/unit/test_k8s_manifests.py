@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra)"
-)
+from conftest import require
+
+kubernetes_validate = require("kubernetes_validate", "needs kubernetes-validate (the dev extra)")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

@@ -1,8 +1,8 @@
 import math
 
-import pytest
 import torch
 
+from conftest import require
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
@@ -31,7 +31,7 @@ def test_metrics_arithmetic():
 
 
 def test_scores_agree_with_scikit_learn_for_any_number_of_classes():  # macro-F1 over the classes present
-    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    sklearn_metrics = require("sklearn.metrics")
     gen = torch.Generator().manual_seed(0)
     for k in (2, 4, 20):
         truth = torch.randint(0, k, (500,), generator=gen)

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from conftest import require
 from distrinews.config import TrainConfig
 from distrinews.data.labelled import class_counts, load_labelled
 from distrinews.errors import ConfigError, DataError
@@ -151,7 +152,7 @@ def test_the_carved_validation_split_is_stratified_seeded_and_disjoint(tmp_path,
 
 
 def test_a_data_set_saved_by_datasets_takes_its_class_label_names_and_validation_split(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     features = datasets.Features(
         {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos", "mixed"])}
     )
@@ -168,7 +169,7 @@ def test_a_data_set_saved_by_datasets_takes_its_class_label_names_and_validation
 
 
 def test_a_hub_style_repository_folder_loads_through_load_dataset(tmp_path, write_rows):
-    pytest.importorskip("datasets")
+    require("datasets")
     repo = tmp_path / "hub-repo" / "data"
     repo.mkdir(parents=True)
     write_rows(repo / "train-00000-of-00001.parquet", [{"text": f"a {i}", "label": "wxyz"[i % 4]} for i in range(40)])
@@ -230,7 +231,7 @@ def test_balanced_class_weights_match_scikit_learn_and_the_weighted_loss_splits_
     labels = torch.tensor([0, 0, 0, 0, 0, 1, 1, 3])  # class 2 has no rows: weight 0, never drawn
     dataset = TokenizedDataset(torch.zeros(8, dtype=torch.int32), torch.arange(9), labels, 0)
     weights = class_weights(dataset, 4, torch.device("cpu"))
-    sklearn_utils = pytest.importorskip("sklearn.utils")
+    sklearn_utils = require("sklearn.utils")
     expected = sklearn_utils.compute_class_weight("balanced", classes=labels.unique().numpy(), y=labels.numpy())
     assert torch.allclose(weights[[0, 1, 3]], torch.tensor(expected, dtype=torch.float32)) and weights[2] == 0
 

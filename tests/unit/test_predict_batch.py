@@ -16,6 +16,7 @@ import os
 
 import pytest
 
+from conftest import require
 from distrinews import cli
 from distrinews.data.rows import clean_text
 from distrinews.predict.batch import engine, worker
@@ -99,7 +100,7 @@ def test_labels_equal_predictor_predict_in_every_format(
     tmp_path, checkpoint, predictor, news, expected, padding_atol, write_rows, source, target
 ):
     if "parquet" in source + target:
-        pytest.importorskip("pyarrow")
+        require("pyarrow")
     rows = [{"key": f"k{i}", "text": text} for i, text in enumerate(news)]
     path = write_rows(tmp_path / source, rows)
     output = tmp_path / target

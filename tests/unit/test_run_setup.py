@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from conftest import require
 from distrinews.checkpoint.rundir import LOCK_FILE, RunDir
 from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig
@@ -87,7 +88,7 @@ def test_links_planted_in_a_run_directory_are_refused_or_removed_never_followed(
     with pytest.raises(ConfigError, match=r"tb is a symbolic link"):
         begin(TensorBoardCallback(RunDir(run)))
     (run / "tb").unlink()
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     from matplotlib.figure import Figure
 
     from distrinews.train.curves import save_figure

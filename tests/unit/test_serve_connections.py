@@ -18,7 +18,6 @@ import json
 from importlib.metadata import version
 from pathlib import Path
 
-import pytest
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
@@ -26,7 +25,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from conftest import await_until, wait_until
+from conftest import TOML, await_until, require, wait_until
 from distrinews.serve.connections import guarded_protocol
 
 BODY = b'{"label":"Business","probabilities":{"World":0.1,"Sports":0.1,"Business":0.7,"Sci/Tech":0.1}}'
@@ -168,7 +167,7 @@ def test_uvicorn_is_within_the_range_its_internals_were_checked_in():
     """connections.py overrides methods of uvicorn's H11Protocol and reads its attributes, which are no API:
     pyproject.toml's serve extra bounds uvicorn above, deploy/requirements.txt (the image) pins a version within it, the
     installed uvicorn is within it, and what is overridden and read is uvicorn's own (the tests above drive it)."""
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = require(TOML)
     from packaging.requirements import Requirement
 
     root = Path(__file__).resolve().parents[2]

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from conftest import require
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.serve.app import ServeConfig, create_app
 from distrinews.serve.limits import MAX_JSON_DEPTH, MAX_NUMBER_CHARS
@@ -611,7 +612,7 @@ def test_fuzzed_methods_and_paths_never_give_a_5xx(client, method, path, query):
 
 def test_schema_driven_requests_never_give_a_5xx(client, app, reference, padding_atol):
     """schemathesis generates requests from the app's OpenAPI schema, valid and deliberately invalid."""
-    schemathesis = pytest.importorskip("schemathesis")
+    schemathesis = require("schemathesis")
     from schemathesis import GenerationMode
 
     schema = schemathesis.openapi.from_dict(app.openapi())

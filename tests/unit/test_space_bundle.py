@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from distrinews.checkpoint.modelcard import split_front_matter
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
@@ -24,7 +25,7 @@ from distrinews.export.space import accuracy, checks, dockerfile, readme, requir
 from distrinews.export.space.bundle import PACKAGE_ROOT, export_space, server_files
 from distrinews.model import build_model, build_tokenizer
 
-pytest.importorskip("onnxruntime")
+require("onnxruntime")
 
 METRICS = {
     "samples": 7600,

@@ -6,13 +6,14 @@ from typing import ClassVar
 
 import pytest
 
+from conftest import require
 from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.cli import main
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.model import build_model, build_tokenizer
 
-huggingface_hub = pytest.importorskip("huggingface_hub")
+huggingface_hub = require("huggingface_hub")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import agnews_at, unavailable, under_ci, wait_until
+from conftest import ROOT, agnews_at, require, unavailable, under_ci, wait_until
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,34 @@ def test_a_wait_ends_at_its_deadline_with_what_it_waited_for():
         wait_until(lambda: False, 0.05, "the moon", interval=0.01)
     seen = iter([0, 0, 7])
     assert wait_until(lambda: next(seen), 5, "a value", interval=0.001) == 7
+
+
+def test_require_returns_the_module_and_says_why_one_is_missing_or_broken(monkeypatch, tmp_path):
+    """A package that is not there, or installs and fails to import, skips here and fails under CI, with its error."""
+    import json
+
+    assert require("json") is json
+    (tmp_path / "broken_extension.py").write_text("raise RuntimeError('built for another torch\\nmore')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"needs no_such_module \(ModuleNotFoundError: No module named"):
+        require("no_such_module")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"^the ray engine \(ModuleNotFoundError: .*\(CI is set"):
+        require("no_such_module", "the ray engine")
+    with pytest.raises(pytest.fail.Exception, match=r"broken_extension \(RuntimeError: built for another torch\)"):
+        require("broken_extension")
+
+
+def test_no_test_skips_on_a_missing_import_silently():
+    """``pytest.importorskip`` skips under CI too, and catches ImportError only: ``require`` instead."""
+    import ast
+
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (isinstance(node, ast.Attribute) and node.attr == "importorskip")
+        or (isinstance(node, ast.alias) and node.name == "importorskip")
+    ]
+    assert not found, f"use conftest.require: {found}"

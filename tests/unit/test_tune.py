@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-optuna = pytest.importorskip("optuna")
+from conftest import require
+
+optuna = require("optuna")
 
 from optuna.distributions import FloatDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
@@ -178,7 +180,7 @@ def test_training_never_imports_the_tuner():
 
 
 def test_with_mlflow_every_trial_is_a_child_of_the_study_run_which_a_resumed_tuner_finds_again(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
+    mlflow = require("mlflow")
     from distrinews.tune.study import MLFLOW_PARENT_ATTR, _trial_environment
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
