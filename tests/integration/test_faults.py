@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import QUIET, TINY, wait_until
+from conftest import NEWS_DATA, QUIET, TINY, wait_until
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -188,12 +188,12 @@ def _processes_running(marker: str) -> list[int]:
     return pids
 
 
-LOCKED = (*TINY, "--eval_samples", "64", "--bf16", "false", *QUIET)
+LOCKED = (*TINY, *NEWS_DATA, "--eval_samples", "64", "--bf16", "false", *QUIET)
 ENDLESS = (*LOCKED, "--max_steps", "100000", "--num_train_epochs", "1000")
 
 
 @pytest.fixture(scope="module")
-def sigkilled_launcher(tmp_path_factory, cli, start_train, agnews_dir):
+def sigkilled_launcher(tmp_path_factory, cli, start_train, news_corpus):
     """An endless 2-process run whose launcher was SIGKILLed (as an OOM killer or a hard stop would) once it had
     saved, and what was seen on the way: the lock's holder and a second run refused while it trained, the
     processes of the run before and after the kill, the checkpoints soon after and two seconds later.

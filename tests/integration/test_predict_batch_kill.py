@@ -4,26 +4,31 @@ once."""
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, killed_after, wait_until
+from conftest import ROOT, killed_after, news_rows, wait_until
 from distrinews.predict.batch.state import FileLock, StateDir, state_dir_of
 
 ROWS = 2_000
+
 # Small passes, so the run is many commits long and the kill lands in the middle of it.
 ARGS = ("--nproc", "2", "--threads", "1", "--batch-size", "4", "--id-field", "id", "--probabilities")
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
-    from distrinews.data.csv_files import read_csv
+def news_texts(n: int) -> list[str]:
+    """``n`` AG-News-shaped texts (title and description) of the corpus the tests make: no data needed."""
+    return [f"{title} {description}" for _, title, description in news_rows(n, random.Random(n))]
 
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, spread_checkpoint, write_rows):
     root = tmp_path_factory.mktemp("predict-kill")
-    texts = read_csv(agnews_dir / "test.csv.gz").texts[:ROWS]
+    texts = news_texts(ROWS)
     checkpoint = spread_checkpoint(root / "best", texts[:256])
     corpus = write_rows(root / "news.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts)])
     return root, checkpoint, corpus, ["predict", "--checkpoint", str(checkpoint), "--input", str(corpus), *ARGS]
@@ -137,16 +142,13 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
     assert len({r["label"] for r in got}) > 1  # the model tells texts apart: equal labels mean something
 
 
-def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(
-    tmp_path, agnews_dir, spread_checkpoint, write_rows
-):
+def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_path, spread_checkpoint, write_rows):
     """Two workers on a checkpoint without its int8 model: the parent makes it (and says what the workers
     will run) before they start; they load that file rather than each making and publishing another."""
-    from distrinews.data.csv_files import read_csv
     from distrinews.predict.derived import DerivedFiles
     from distrinews.predict.int8 import INT8_FILE
 
-    texts = read_csv(agnews_dir / "test.csv.gz").texts[:400]
+    texts = news_texts(400)
     checkpoint = spread_checkpoint(tmp_path / "best", texts[:256])
     corpus = write_rows(tmp_path / "news.jsonl", [{"id": f"n{i}", "text": t} for i, t in enumerate(texts)])
     assert DerivedFiles(checkpoint).read(INT8_FILE) is None

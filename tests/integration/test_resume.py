@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from conftest import QUIET, TINY
+from conftest import NEWS_DATA, QUIET, TINY
 
 
 def _records(run: Path) -> list[dict]:
@@ -184,6 +184,7 @@ def test_a_run_killed_three_times_equals_the_uninterrupted_run(thirty_steps, tmp
 # 192 rows are 64 a rank over 3 ranks: two micro-batches of 16 a step, two optimizer steps an epoch.
 THREE_RANKS = (
     *TINY,
+    *NEWS_DATA,
     "--train_samples",
     "192",
     "--eval_samples",
@@ -207,7 +208,7 @@ THREE_RANKS = (
 
 
 def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_uninterrupted_run(
-    tmp_path, agnews_dir, cli
+    tmp_path, news_corpus, cli
 ):
     """With three ranks the order in which gloo adds the ranks' gradients depends on where each one sits
     in DDP's bucket (with two it cannot matter: a + b == b + a), so every step of a resumed run must
@@ -240,6 +241,7 @@ def test_three_ranks_with_accumulation_resumed_at_an_epoch_boundary_equal_the_un
 
 ONE_PROCESS = (
     *TINY,
+    *NEWS_DATA,
     "--max_steps",
     "4",
     "--save_steps",
@@ -266,7 +268,7 @@ def _rewrite_trainer_state(step: Path, change) -> None:
     verify_checkpoint(step)
 
 
-def test_checkpoints_of_older_runs_resume_and_those_of_a_newer_distrinews_are_refused(tmp_path, agnews_dir, cli):
+def test_checkpoints_of_older_runs_resume_and_those_of_a_newer_distrinews_are_refused(tmp_path, news_corpus, cli):
     """A trainer_state.json without format_version (every run before it was recorded) resumes exactly; one whose
     format_version is newer than this DistriNews reads stops the run in one line that says so."""
     full, resumed, refused = tmp_path / "full", tmp_path / "resumed", tmp_path / "refused"
