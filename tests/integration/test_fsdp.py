@@ -5,6 +5,7 @@ best/ instead of them, and resharded with them on resume. It changes no paramete
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -66,8 +67,8 @@ def _sharded_optimizer_state(checkpoint: Path, into: Path) -> dict:
 
 
 def test_fsdp_reaches_the_same_parameters_as_ddp(runs):
-    # DDP's best/ holds its weights at the only evaluation, the last step; FSDP's step-6 checkpoint, consolidated here.
-    ddp = load_file(str(runs / "ddp" / "best" / "model.safetensors"))
+    # DDP's step-6 weights; FSDP's step-6 checkpoint, consolidated here.
+    ddp = load_file(str(runs / "ddp" / "checkpoints" / "step-6" / "model.safetensors"))
     fsdp = _sharded_weights(runs / "fsdp" / "checkpoints" / "step-6")
     start = load_file(str(runs / "ddp" / "checkpoints" / "step-3" / "model.safetensors"))
     assert ddp.keys() <= fsdp.keys()
@@ -81,13 +82,14 @@ def test_the_sharded_average_is_what_best_holds(runs):
     """The average is saved in shards beside the weights; best/ holds it gathered, not the weights."""
     import torch.distributed.checkpoint as dcp
 
-    checkpoint = runs / "fsdp" / "checkpoints" / "step-6"
+    step = json.loads((runs / "fsdp" / "best" / "distrinews.json").read_text())["global_step"]  # 3 or 6: two epochs
+    checkpoint = runs / "fsdp" / "checkpoints" / f"step-{step}"
     assert (checkpoint / "sharded-ema" / ".metadata").is_file() and not (checkpoint / "ema.safetensors").exists()
     best = load_file(str(runs / "fsdp" / "best" / "model.safetensors"))
     weights = _sharded_weights(checkpoint)
     averaged = {"ema": {k: torch.zeros_like(weights[k]) for k in best} | {"__updates__": torch.tensor(0)}}
     dcp.load(averaged, checkpoint_id=str(checkpoint / "sharded-ema"), no_dist=True)
-    assert int(averaged["ema"]["__updates__"]) == 6
+    assert int(averaged["ema"]["__updates__"]) == step
     assert max((averaged["ema"][k] - best[k]).abs().max().item() for k in best) == 0.0
     assert max((weights[k] - best[k]).abs().max().item() for k in best) > 1e-4, (
         "best/ holds the weights, not their average"
@@ -103,7 +105,7 @@ RESUME_CHECK = textwrap.dedent("""
 
     checkpoint, output = sys.argv[1], sys.argv[2]
     config = load_config(None, {"model_name_or_path": "tiny-random", "strategy": "fsdp", "dropout": 0.0, "bf16": False,
-                                "train_samples": 256, "eval_samples": 64, "max_length": 64, "max_steps": 6,
+                                "train_samples": 48, "eval_samples": 64, "max_length": 64, "max_steps": 6,
                                 "per_device_train_batch_size": 8, "ema_decay": 0.6,
                                 "resume_from_checkpoint": checkpoint, "output_dir": output})
     with distributed_context() as env:
