@@ -327,3 +327,17 @@ def test_the_model_card_of_a_record_from_before_the_decision_says_calibrated():
     kept = body(ServableInfo(calibration={**old, "temperature": 1.0, "fitted_temperature": 0.94, "applied": False}))
     assert "Scores are the softmax as trained (T = 1): a temperature was fitted (0.94, on 800 training rows" in kept
     assert "| on 7,600 evaluation rows | as trained |" in kept and "| 3.00% |" in kept
+
+
+def test_the_reliability_diagram_draws_an_after_only_where_the_temperature_is_applied():
+    from conftest import require
+
+    require("matplotlib")
+    from distrinews.train.curves import draw_reliability
+
+    logits, labels = _calibrated_logits(800, 0)
+    kept = measure(logits, labels, "temperature", (logits, labels))
+    scaled = measure(3 * logits, labels, "temperature", (3 * logits, labels))
+    lines = [[line.get_label() for line in draw_reliability(r).axes[0].get_lines()] for r in (kept, scaled)]
+    assert lines[0] == ["perfectly calibrated", f"as trained: ECE {100 * kept.ece_before:.2f}%"]
+    assert lines[1][1].startswith("before: ECE") and lines[1][2].startswith(f"after (T = {scaled.temperature:.3f})")

@@ -290,14 +290,15 @@ def write_confusion_matrix(
 
 def draw_reliability(report: Any):
     """The reliability diagram of a ``calibration.ConfidenceReport``: each bin's accuracy against its mean confidence,
-    before and after the temperature, over the diagonal of perfect calibration; the rows per bin below."""
+    before and after the temperature (where it is applied), over the diagonal of perfect calibration; the rows per bin
+    below."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 8), layout="constrained")
     top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], ":", color="gray", label="perfectly calibrated")
-    shown = [("before", report.reliability_before, report.ece_before, "C0")]
-    if report.method == "temperature":
+    shown = [("before" if report.applied else "as trained", report.reliability_before, report.ece_before, "C0")]
+    if report.applied:  # a temperature kept at 1 changes nothing to draw
         shown.append((f"after (T = {report.temperature:.3f})", report.reliability_after, report.ece_after, "C1"))
     width = 1 / len(report.reliability_before)
     for i, (name, bins, ece, color) in enumerate(shown):
