@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require
 from distrinews.checkpoint.manifest import write_manifest
 from distrinews.checkpoint.records import STEP_MODEL, ServableInfo, TrainerStateRecord
 from distrinews.checkpoint.resumable import Checkpointer
@@ -115,7 +116,7 @@ def test_a_step_without_its_own_model_files_loads_a_base_model_this_package_ship
 
 def _adapter_best(tmp_path, tiny, elsewhere) -> Path:
     """A best/ that also holds a LoRA adapter whose base model is ``elsewhere``."""
-    peft = pytest.importorskip("peft")
+    peft = require("peft")
     model, tokenizer = tiny
     best = save_servable(tmp_path / "best", model, model.state_dict(), tokenizer, ServableInfo(max_length=64))
     base = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.0, seed=1)

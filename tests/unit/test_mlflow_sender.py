@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from conftest import require
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
@@ -27,8 +28,8 @@ from distrinews.train.mlflow_sender import (
     server_unavailable,
 )
 
-mlflow = pytest.importorskip("mlflow")
-requests = pytest.importorskip("requests")
+mlflow = require("mlflow")
+requests = require("requests")
 
 ONE = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
 
@@ -178,7 +179,7 @@ def test_links_planted_in_the_run_folder_are_neither_written_through_nor_read_no
 
 
 def test_a_tuner_spends_a_few_seconds_on_a_tracking_server_that_never_answers(tmp_path, monkeypatch, silent_server):
-    optuna = pytest.importorskip("optuna")
+    optuna = require("optuna")
     from distrinews.tune.storage import open_storage
     from distrinews.tune.tracking import study_parent_run
 

@@ -18,6 +18,7 @@ import json
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
