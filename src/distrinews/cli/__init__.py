@@ -14,11 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..distributed.launch import LaunchError, record_worker_error, split_launch_flags, under_torchrun, wants_launch
 from ..errors import USER_ERRORS, ConfigError, one_line
 from ..serve.options import ServeOptionError
 from . import audit, bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
+
+if TYPE_CHECKING:
+    # What each subcommand's ``register`` receives; argparse's class is generic only in its stubs.
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 EXIT_USAGE = 2
 COMMANDS = (train, evaluate, predict, export, serve, serve_replicas, report, bench, doctor, tune, audit)
@@ -89,7 +94,7 @@ def no_extra_arguments(command: str, extra: list[str]) -> None:
         raise ConfigError(f"{command}: unexpected arguments: {' '.join(extra)}")
 
 
-def write_json(path: str, payload) -> None:
+def write_json(path: str, payload: Any) -> None:
     import json
     from pathlib import Path
 

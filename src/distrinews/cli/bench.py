@@ -6,6 +6,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import Subparsers
+
+Run = Callable[[argparse.Namespace, list[str]], int]
 
 # name -> (module, help)
 TOOLS = {
@@ -26,7 +33,7 @@ TOOLS = {
 }
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     bench = subparsers.add_parser("bench", help="measure your own setup: " + ", ".join(TOOLS))
     sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TOOL")
     for name, (module, help_text) in TOOLS.items():
@@ -39,14 +46,14 @@ def register(subparsers) -> None:
         p.set_defaults(func=_runner(module))
 
 
-def _runner(module: str):
+def _runner(module: str) -> Run:
     def run(args: argparse.Namespace, extra: list[str]) -> int:
         return int(importlib.import_module(module).run(args, extra) or 0)
 
     return run
 
 
-def _unavailable(name: str, exc: ImportError):
+def _unavailable(name: str, exc: ImportError) -> Run:
     def run(args: argparse.Namespace, extra: list[str]) -> int:
         from ..config import ConfigError
 

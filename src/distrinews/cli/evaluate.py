@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..data.fields import DEFAULT_TEXT_FIELD
@@ -11,8 +12,11 @@ from ..predict.batch.evaluate import DEFAULT_LABEL_FIELD
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 from ..scores import confusion_table, per_class_table
 
+if TYPE_CHECKING:
+    from . import Subparsers
 
-def register(subparsers) -> None:
+
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("eval", help="exact metrics of a checkpoint on the test split")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")

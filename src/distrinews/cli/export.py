@@ -6,16 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..checkpoint.records import SERVABLE_INFO
 from ..checkpoint.versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 from ..config import ConfigError
 from ..errors import one_line
 
+if TYPE_CHECKING:
+    from . import Subparsers
+
 SPACE_ONLY = ("runtime", "check_accuracy", "data", "push_to_hub", "private", "base_image")
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("export", help="write the legacy .pt file, an ONNX model, or a Hugging Face Space folder")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--format", choices=("pt", "onnx", "space"), required=True)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import Subparsers
 
 COMPARISON_PNG = "training_curves_comparison.png"
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "report", help="draw a run's training curves (or overlay several runs) and print their results"
     )

@@ -10,11 +10,15 @@ command line (and, for ONNX Runtime, without torch).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..serve.options import ServeConfig, add_arguments, validate
 
+if TYPE_CHECKING:
+    from . import Subparsers
 
-def register(subparsers) -> None:
+
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a checkpoint over HTTP (REST API, demo page, metrics)")
     add_arguments(p)
     p.set_defaults(func=cmd_serve)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
 from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
 
+if TYPE_CHECKING:
+    from . import Subparsers
 
-def register(subparsers) -> None:
+
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "serve-replicas",
         help="N `distrinews serve` replicas behind nginx on one "

@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from typing import TYPE_CHECKING
 
 from .. import tracing
 from ..config import TrainConfig, load_config, parse_overrides, reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 
+if TYPE_CHECKING:
+    from ..train.callbacks import TrainerCallback
+    from . import Subparsers
 
-def register(subparsers) -> None:
+
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "train",
         help="fine-tune on AG News (any --field value overrides the preset)",
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def trial_callbacks() -> list:
+def trial_callbacks() -> list[TrainerCallback]:
     """A trial of ``distrinews tune`` (its link in the environment): global rank 0 reports to it."""
     from ..tune import TRIAL_ENV
 

@@ -4,9 +4,13 @@ beside it)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .. import Subparsers
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     from .checks import add_arguments
 
     p = subparsers.add_parser(

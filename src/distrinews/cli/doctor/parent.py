@@ -15,13 +15,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TextIO
 
 from ...distributed.machine import threads_per_process
 from ...serve.children import log_tail
 from .advice import advise
 from .facts import port_free, port_owner
 from .report import Report, report_results
+
+# What a rank wrote to its rank-N.json (its phase, then its result or error), None when it wrote nothing.
+RankState = dict[str, Any] | None
+
+
+class _Ranks(NamedTuple):
+    procs: dict[int, subprocess.Popen[bytes]]  # the ranks started, by rank
+    hung: list[int]  # those still running at the deadline, stopped
+    states: dict[int, RankState]  # every rank of the world
+    tails: dict[int, str]  # the end of each started rank's output
 
 
 def run_parent(args: argparse.Namespace, rep: Report) -> None:
@@ -33,12 +43,12 @@ def run_parent(args: argparse.Namespace, rep: Report) -> None:
     port = _choose_port(args, rep)
     if port is None:
         return
-    procs, hung, states, tails = _run_ranks(args, world, start_ranks, port, rep)
-    results = [s["result"] for s in states.values() if s and "result" in s]
+    ranks = _run_ranks(args, world, start_ranks, port, rep)
+    results = [s["result"] for s in ranks.states.values() if s and "result" in s]
     if len(results) == world:
         report_results(rep, sorted(results, key=lambda r: r["rank"]), world)
         return
-    _diagnose(rep, args, world, port, procs, hung, states, tails)
+    _diagnose(rep, args, world, port, ranks)
 
 
 def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
@@ -69,13 +79,13 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
     return args.port
 
 
-def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report):
+def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report) -> _Ranks:
     """Start ``start_ranks`` of ``world`` ranks, wait for them (stopping the ones that hang), read what each
     reported."""
     cores = threads_per_process(world)
     with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
-        procs: dict[int, subprocess.Popen] = {}
-        logs: dict[int, Any] = {}
+        procs: dict[int, subprocess.Popen[bytes]] = {}
+        logs: dict[int, TextIO] = {}
         command = [
             sys.executable,
             "-m",
@@ -113,35 +123,36 @@ def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int
             except subprocess.TimeoutExpired:
                 procs[r].kill()
                 procs[r].wait()
-        states = {}
+        states: dict[int, RankState] = {}
         for rank in range(world):
             f = Path(tmp) / f"rank-{rank}.json"
             states[rank] = json.loads(f.read_text()) if f.is_file() else None
-        tails = {}
+        tails: dict[int, str] = {}
         for rank, log in logs.items():
             log.close()
             tails[rank] = log_tail(Path(log.name), lines=None, max_bytes=1500)
-    return procs, hung, states, tails
+    return _Ranks(procs, hung, states, tails)
 
 
-def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, procs, hung, states, tails) -> None:
+def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, ranks: _Ranks) -> None:
     """Name what went wrong with the ranks that did not all report a result, with advice for each."""
+    procs, hung, states, tails = ranks
     host = args.host
     not_started = [r for r in range(world) if r not in procs]
     crashed = [
         r
         for r in procs
-        if r not in hung and (states[r] is None or ("error" not in states[r] and "result" not in states[r]))
+        if r not in hung and ((state := states[r]) is None or ("error" not in state and "result" not in state))
     ]
     errors = {r: s for r, s in states.items() if s and "error" in s}
-    stuck = {r: states[r]["phase"] if states[r] else "start" for r in hung}
+    stuck = {r: _phase(states[r]) for r in hung}
     missing = sorted(
-        set(not_started) | {r for r in crashed if states[r] is None or states[r]["phase"] in ("start", "rendezvous")}
+        set(not_started)
+        | {r for r in crashed if (state := states[r]) is None or state["phase"] in ("start", "rendezvous")}
     )
     for r in crashed:
         rep.fail(
-            f"rank {r} exited (code {procs[r].returncode}) in phase "
-            f"'{states[r]['phase'] if states[r] else 'start'}' without a result",
+            f"rank {r} exited (code {procs[r].returncode}) in phase '{_phase(states[r])}' without a result",
             f"rank {r} crashed: read its output below, fix that error, then rerun.\n--- rank {r} output "
             f"---\n{tails[r]}",
         )
@@ -159,3 +170,8 @@ def _diagnose(rep: Report, args: argparse.Namespace, world: int, port: int, proc
     if not_started and not errors and not stuck:
         rep.fail(f"rank(s) {not_started} never joined", advise("rendezvous", "", host, port, args.timeout, missing))
     rep.data["rank_states"] = states
+
+
+def _phase(state: RankState) -> str:
+    """The last phase a rank reported reaching."""
+    return state["phase"] if state else "start"

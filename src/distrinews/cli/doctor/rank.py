@@ -13,14 +13,18 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
-def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any]:
+def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], None]) -> dict[str, Any]:
     """Join the group from the environment, check each collective's answer, time an all-reduce.
 
-    ``report(phase, **data)`` is called as each phase passes, so a parent can tell how far a rank got.
+    ``report(phase)`` is called as each phase passes, so a parent can tell how far a rank got.
     """
     import torch
     import torch.distributed as dist
@@ -90,7 +94,7 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report) -> dict[str, Any
     return result
 
 
-def _slowest_mean_seconds(step, device, iters: int = 5) -> float:
+def _slowest_mean_seconds(step: Callable[[], object], device: torch.device, iters: int = 5) -> float:
     """Seconds one ``step()`` (a collective) takes, the mean of ``iters`` after a barrier, on the slowest rank."""
     import torch
     import torch.distributed as dist
@@ -107,7 +111,9 @@ def _slowest_mean_seconds(step, device, iters: int = 5) -> float:
     return seconds.item()
 
 
-def _shared_memory_check(payload, backend: str, device, rank: int, world: int) -> dict[str, Any]:
+def _shared_memory_check(
+    payload: torch.Tensor, backend: str, device: torch.device, rank: int, world: int
+) -> dict[str, Any]:
     """What DDP's ``ddp_comm_hook: auto`` will average gradients through here: the /dev/shm segment
     (checked and timed on ``payload``), or the process group, and why."""
     import torch
