@@ -21,13 +21,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
 from .collectives_report import format_bytes, markdown, plot
 from .results import write_report
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..distributed.process_group import DistEnv
+
+# A collective to time, called with no arguments; what it returns (an async handle or None) is dropped.
+Collective = Callable[[], object]
 
 OPS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
 KIB, MIB = 1024, 1024 * 1024
@@ -78,7 +86,7 @@ def corrected_comm_comp_ratio(
 
 
 # ---------------------------------------------------------------------- worker
-def _timed(fn, iters: int, warmup: int, sync, env) -> float:
+def _timed(fn: Collective, iters: int, warmup: int, sync: Callable[[], None], env: DistEnv) -> float:
     """Mean seconds per call on the slowest rank."""
     import torch
     import torch.distributed as dist
@@ -98,7 +106,7 @@ def _timed(fn, iters: int, warmup: int, sync, env) -> float:
     return t.item()
 
 
-def make_op(op: str, size_bytes: int, env) -> tuple[Any, str]:
+def make_op(op: str, size_bytes: int, env: DistEnv) -> tuple[Collective, str]:
     """A zero-argument callable running ``op`` on an S-byte float32 buffer, and how it runs."""
     import torch
     import torch.distributed as dist
@@ -130,7 +138,7 @@ def make_op(op: str, size_bytes: int, env) -> tuple[Any, str]:
     raise ValueError(op)
 
 
-def check_op(op: str, env) -> bool:
+def check_op(op: str, env: DistEnv) -> bool:
     """Each collective gives the right numbers on a small tensor (rank r contributes r + 1)."""
     import torch
     import torch.distributed as dist
@@ -162,7 +170,7 @@ def check_op(op: str, env) -> bool:
     raise ValueError(op)
 
 
-def model_config(args: argparse.Namespace, output_dir: str):
+def model_config(args: argparse.Namespace, output_dir: str) -> TrainConfig:
     """The training config whose model and batches the model section times (it writes nothing to ``output_dir``)."""
     from ..config import TrainConfig
 
@@ -177,7 +185,7 @@ def model_config(args: argparse.Namespace, output_dir: str):
     )
 
 
-def model_section(args: argparse.Namespace, env, table: list[dict[str, Any]]) -> dict[str, Any]:
+def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
     import torch
     import torch.distributed as dist

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,11 @@ def worker_argv(
 
 
 def run_point(
-    args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, extra: list[str], log=print
+    args: argparse.Namespace,
+    workers: int,
+    bucket_cap_mb: float | None,
+    extra: list[str],
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """One torchrun job of ``workers`` pinned processes; returns rank 0's figures."""
     from ..distributed.launch import torchrun_command

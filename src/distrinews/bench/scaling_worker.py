@@ -12,11 +12,22 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..distributed.machine import cores_available
 from .scaling_arithmetic import core_slices
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..train.trainer import Trainer
+
+    # A training split's row (a TokenizedDataset item): token ids, label, row index.
+    Row = tuple[torch.Tensor, int | torch.Tensor, int]
+    # The trainer's optimizer steps, each its micro-batches.
+    Windows = Iterator[list[dict[str, torch.Tensor]]]
 
 PHASES = ("data", "forward_backward", "optimizer")
 
@@ -37,7 +48,7 @@ class PadToMaxLength:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
 
-    def __call__(self, batch):
+    def __call__(self, batch: list[Row]) -> dict[str, torch.Tensor]:
         import torch
 
         input_ids = torch.full((len(batch), self.max_length), self.pad_token_id, dtype=torch.long)
@@ -74,7 +85,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     make_optimizer = None
     if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
 
-        def make_optimizer(model):
+        def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
             return torch.optim.AdamW(
                 model.parameters(), lr=config.optimizer.learning_rate, foreach=args.optimizer == "foreach"
             )
@@ -120,7 +131,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _windows(trainer, args: argparse.Namespace):
+def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:
     """Endless optimizer windows from the trainer's own data and sampler (optionally padded to max_length)."""
     from torch.utils.data import DataLoader
 
@@ -128,18 +139,18 @@ def _windows(trainer, args: argparse.Namespace):
     from ..train.trainer import optimizer_windows
 
     config = trainer.config
-    pad = trainer.data.train.pad_token_id
+    pad = trainer.data.train_set.pad_token_id
     collate = (
         PadToMaxLength(pad, config.data.max_length)
         if args.pad_to_max_length
         else Collator(pad, config.batches.pad_to_multiple_of)
     )
 
-    def batches():
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
         for epoch in range(10**6):
             trainer.sampler.set_epoch(epoch)
             yield from DataLoader(
-                trainer.data.train,
+                trainer.data.train_set,
                 batch_size=config.batches.per_device_train_batch_size,
                 sampler=trainer.sampler,
                 collate_fn=collate,
@@ -153,7 +164,7 @@ def _windows(trainer, args: argparse.Namespace):
 class _StepTimer:
     """The trainer's step with a clock around each phase: data, forward + backward, optimizer."""
 
-    def __init__(self, trainer, windows, host_sync: bool):
+    def __init__(self, trainer: Trainer, windows: Windows, host_sync: bool):
         import torch
 
         self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
@@ -179,7 +190,7 @@ class _StepTimer:
             self.padded_tokens += sum(b["input_ids"].numel() for b in window)
 
 
-def _probe_exposed_allreduce(trainer, windows, probes: int) -> tuple[list[float], list[float]]:
+def _probe_exposed_allreduce(trainer: Trainer, windows: Windows, probes: int) -> tuple[list[float], list[float]]:
     """The all-reduce backward could not hide: the same window's forward + backward without and with it
     (paired, because with length grouping consecutive batches differ a lot in length)."""
     import torch
@@ -199,7 +210,7 @@ def _probe_exposed_allreduce(trainer, windows, probes: int) -> tuple[list[float]
     return local, synced
 
 
-def _point(args: argparse.Namespace, trainer, ranks: list[dict[str, Any]], bucket: float) -> dict[str, Any]:
+def _point(args: argparse.Namespace, trainer: Trainer, ranks: list[dict[str, Any]], bucket: float) -> dict[str, Any]:
     """Rank 0's summary of one scaling point from every rank's figures."""
     from ..model import count_parameters
     from ..train.flops import mfu

@@ -118,7 +118,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
     servers: dict[str, dict[str, Any]] = {}
 
     def measure_levels(
-        server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags
+        server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags: int
     ) -> None:
         for c in concurrency:
             # What each side spends: the server's process and this one (the load generator), in cores, over the level.
@@ -136,7 +136,9 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
                 flush=True,
             )
 
-    def load(name: str, cmd: list[str], ready_path: str, label: str, runtime: str, limit: bool = False, **tags) -> None:
+    def load(
+        name: str, cmd: list[str], ready_path: str, label: str, runtime: str, limit: bool = False, **tags: int
+    ) -> None:
         server = start_server(name, cmd, ready_path, logs)
         try:
             first_request(server.port, full[0])

@@ -158,7 +158,7 @@ def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
 
 def find_result(
     results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None
-):
+) -> dict[str, Any] | None:
     """The result of one server, runtime, text kind and concurrency (and overload queue), or None."""
     return next(
         (
