@@ -10,6 +10,7 @@ them (Kubeflow Trainer, the PyTorch training operator) need no change to the com
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -20,9 +21,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PREFIX, one_line
+
+if TYPE_CHECKING:
+    from .rollcall import RollCall
 
 # torchrun options our commands pass through (dashes; underscores are accepted on input).
 LAUNCH_FLAGS = (
@@ -112,7 +116,7 @@ def nproc_per_node(flags: dict[str, str]) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
-def torchrun_args(flags: dict[str, str], argv: list[str]):
+def torchrun_args(flags: dict[str, str], argv: list[str]) -> argparse.Namespace:
     """torchrun's own parsed arguments for ``python -m distrinews <argv>`` on this node."""
     from torch.distributed.run import get_args_parser
 
@@ -215,7 +219,7 @@ def _restated_by_us(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(("failed (exitcode", "Sending process"))
 
 
-def _rollcall(args, flags: dict[str, str]):
+def _rollcall(args: argparse.Namespace, flags: dict[str, str]) -> RollCall | None:
     """Sign this node in beside a multi-node dynamic rendezvous (see ``rollcall``); None otherwise."""
     from torch.distributed.run import parse_min_max_nnodes
 

@@ -24,13 +24,13 @@ import os
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import ConfigError, ParallelConfig
 from ..model import forward_loss
+from .comm_hooks import compressed_allreduce_hook, shm_allreduce_hook
 from .process_group import DistEnv, all_gather_object
-from .shm_allreduce import SHM_DIR, open_segment, shm_allreduce_hook, why_not_shared_memory
+from .shm_allreduce import SHM_DIR, open_segment, why_not_shared_memory
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -257,24 +257,6 @@ def _settle_bucket_layout(ddp: DDP, model: torch.nn.Module, device: torch.device
         model.train(was_training)
     for p in model.parameters():
         p.grad = None
-
-
-def compressed_allreduce_hook(dtype: torch.dtype):
-    """A DDP comm hook: average each gradient bucket in ``dtype``. torch's own bf16 hook refuses
-    anything but NCCL; gloo reduces bf16 and fp16 fine."""
-
-    def hook(state, bucket):
-        compressed = bucket.buffer().to(dtype).div_(dist.get_world_size())
-        future = dist.all_reduce(compressed, async_op=True).get_future()
-
-        def decompress(fut):
-            out = bucket.buffer()
-            out.copy_(fut.value()[0])
-            return out
-
-        return future.then(decompress)
-
-    return hook
 
 
 def _no_buffer_sync() -> dict[str, Any]:

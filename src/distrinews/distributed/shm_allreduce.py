@@ -64,7 +64,7 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 
 class SharedMemoryAllReduce:
-    """One mapped segment, the state of :func:`shm_allreduce_hook`; make it with :func:`open_segment`."""
+    """One mapped segment, the state of ``comm_hooks.shm_allreduce_hook``; make it with :func:`open_segment`."""
 
     def __init__(self, storage: torch.UntypedStorage, slot_bytes: int, rank: int, world_size: int):
         self.storage = storage
@@ -105,15 +105,6 @@ class SharedMemoryAllReduce:
             tensor[a:b].copy_(slots[k, a:b])
         dist.barrier()
         return tensor
-
-
-# unannotated: DDP checks a hook's annotations against the classes, and this module's are strings
-def shm_allreduce_hook(state, bucket):
-    """DDP's comm hook (``ddp.register_comm_hook(segment, shm_allreduce_hook)``): the bucket's mean,
-    done by the time it returns."""
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(state.allreduce_mean_(bucket.buffer()))
-    return future
 
 
 def segment_bytes(slot_bytes: int, world_size: int) -> int:

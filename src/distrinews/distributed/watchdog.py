@@ -27,9 +27,13 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import one_line
 from .process_group import DistEnv
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 EXIT_HUNG = 3
 _PACKAGE = str(Path(__file__).resolve().parent)
@@ -93,7 +97,7 @@ class Watchdog:
             self._thread.join(timeout=self.interval_s * 6 + 10)
 
     # ------------------------------------------------------------------ the thread
-    def _connect(self):
+    def _connect(self) -> dist.TCPStore:
         import torch.distributed as dist
 
         return dist.TCPStore(
@@ -113,7 +117,7 @@ class Watchdog:
         finally:
             del store
 
-    def _watch(self, store) -> None:
+    def _watch(self, store: dist.Store) -> None:
         beats = 0
         others = [r for r in range(self.env.world_size) if r != self.env.rank]
         keys = {r: f"{self.prefix}{r}" for r in others}
