@@ -22,7 +22,7 @@ import dataclasses
 import html
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from importlib import resources
@@ -62,7 +62,7 @@ def create_app(
     state = ServingState(config, predictor_factory or default_factory(config), metrics)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background so /health and /ready answer while the model loads
         # (orchestrators probe them); /predict says 503 until the model is ready.
         loading = asyncio.get_running_loop().create_task(state.load())
@@ -119,15 +119,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     """
 
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.detail, exc.headers, **exc.extra)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error_response(
             500, "internal server error (this is a bug, not your input; the server log has the traceback)"
@@ -153,8 +153,9 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
         "/health",
         summary="liveness: the process is up (and whether the model is loaded)",
         responses=declared(503, health=True),
+        response_model=None,  # a dict or a 503's JSONResponse: FastAPI would make a model of the union
     )
-    async def health():
+    async def health() -> dict[str, Any] | JSONResponse:
         # Public: whether the process is up and the model loaded, nothing a visitor could match against known
         # flaws (the version, the runtime and the uptime are on /info, behind the key where there is one).
         body: dict[str, Any] = {
@@ -167,7 +168,7 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
         return body
 
     @app.get("/ready", summary="readiness: 200 once the model serves, 503 before", responses=declared(503))
-    async def ready():
+    async def ready() -> JSONResponse:
         state.require_ready()
         return JSONResponse({"status": "ready"}, headers=state.version_header())
 
@@ -253,7 +254,7 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
         summary="the model, its labels and metrics, the runtime and the serving limits",
         responses=declared(401, 503),
     )
-    async def info():
+    async def info() -> JSONResponse:
         state.require_ready()
         assert state.predictor is not None, "set with the batcher, which require_ready checked"
         body = {

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import h11
@@ -68,9 +68,8 @@ class OneWritePerStep:
             self._loop.call_soon(self.flush)
         self._pending.append(bytes(data))
 
-    def writelines(
-        self, chunks
-    ) -> None:  # defined here, or it would reach the wrapped transport ahead of what is pending
+    # Defined here, or it would reach the wrapped transport ahead of what is pending.
+    def writelines(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
         self.write(b"".join(chunks))
 
     def flush(self) -> None:
@@ -87,7 +86,7 @@ class OneWritePerStep:
         self.flush()
         self._transport.close()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
 

@@ -16,7 +16,9 @@ import json
 import time
 from typing import Any
 
+from prometheus_client import Counter, Histogram
 from starlette.routing import Match, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .metrics import ServeMetrics
 from .schemas import quoted
@@ -32,19 +34,19 @@ PROTOCOL_STATUS = "distrinews.protocol_status"
 class MetricsMiddleware:
     """Count and time every HTTP request by route template (not raw path: bounded label values)."""
 
-    def __init__(self, app, metrics: ServeMetrics):
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics):
         self.app, self.metrics = app, metrics
         # Each series' counter and histogram, looked up once: the keys are bounded (route templates, METHOD_LABELS,
         # status codes), and a labels() lookup per request costs a lock and a tuple of strings.
-        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status: int | None = None
 
-        async def send_with_status(message):
+        async def send_with_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -72,7 +74,7 @@ class MetricsMiddleware:
             series[1].observe(time.perf_counter() - start)
 
 
-async def send_json(send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+async def send_json(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
     body = json.dumps(payload).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -92,7 +94,7 @@ class RouteMethods:
         self.routes = routes
         self._served: set[tuple[str, str]] = set()
 
-    def not_served(self, scope) -> list[str] | None:
+    def not_served(self, scope: Scope) -> list[str] | None:
         """The methods the path serves when the request's method is not one of them (None: served, or no such
         path)."""
         key = (scope["path"], scope["method"])
@@ -113,10 +115,10 @@ class RouteMethods:
 class ApiKeyMiddleware:
     """``Authorization: Bearer <key>`` on every route but the public ones (401 otherwise)."""
 
-    def __init__(self, app, api_key: str, routes: Router, public: frozenset[str] = PUBLIC_PATHS):
+    def __init__(self, app: ASGIApp, api_key: str, routes: Router, public: frozenset[str] = PUBLIC_PATHS):
         self.app, self.api_key, self.routes, self.public = app, api_key.encode(), RouteMethods(routes), public
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Public for reading only: POST / is TEI's prediction route, which needs the key like /predict. A method
         # a public path does not serve goes on to its 405 (body unread), key or not.
         public = scope["type"] == "http" and scope["path"] in self.public
@@ -154,10 +156,10 @@ class BodyLimitMiddleware:
     app holds them that long).
     """
 
-    def __init__(self, app, max_bytes: int, budget: BodyBudget, routes: Router):
+    def __init__(self, app: ASGIApp, max_bytes: int, budget: BodyBudget, routes: Router):
         self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, RouteMethods(routes)
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if (allowed := self.routes.not_served(scope)) is not None:
@@ -171,7 +173,7 @@ class BodyLimitMiddleware:
         finally:
             self.budget.held -= held[0]
 
-    async def _read_then_call(self, scope, receive, send, held: list[int]) -> None:
+    async def _read_then_call(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
         too_big = {
             "detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"
         }
@@ -219,7 +221,7 @@ class BodyLimitMiddleware:
         body, delivered = b"".join(chunks), False
         chunks.clear()
 
-        async def replay():
+        async def replay() -> Message:
             nonlocal delivered
             if not delivered:
                 delivered = True

@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from ..checkpoint.atomic import write_text_atomically
 from .children import (
@@ -159,10 +160,10 @@ class Supervisor:
         self.port = settings.port  # nginx's; with --port 0, the one it got
 
     # ------------------------------------------------------------------ signals
-    def _on_stop(self, signum: int, _frame) -> None:
+    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
         self.stop_signal = signum
 
-    def _on_hup(self, _signum: int, _frame) -> None:
+    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
         self.roll_requested = True
 
     def _check_stop(self) -> None:
