@@ -14,11 +14,16 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.atomic import open_new
 from ..checkpoint.rundir import RunDir
 from .metrics import read_log
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .calibration import ConfidenceReport
 
 PLOT_HINT = "pip install 'distrinews[plot]'"
 
@@ -165,7 +170,7 @@ PANELS = (
 MIN_SCORE_SPAN = 0.02
 
 
-def draw(runs: Sequence[RunLog]):
+def draw(runs: Sequence[RunLog]) -> Figure:
     """A matplotlib Figure of the runs' curves (no pyplot: no display, no global state)."""
     from matplotlib.figure import Figure
 
@@ -198,7 +203,7 @@ def draw(runs: Sequence[RunLog]):
     return fig
 
 
-def save_figure(fig, output: str | os.PathLike) -> Path:
+def save_figure(fig: Figure, output: str | os.PathLike) -> Path:
     """Write the PNG atomically (a reader never sees half a file)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -237,7 +242,7 @@ def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) ->
     return path
 
 
-def draw_confusion(metrics: dict[str, Any]):
+def draw_confusion(metrics: dict[str, Any]) -> Figure:
     """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written
     in."""
     from matplotlib.figure import Figure
@@ -288,7 +293,7 @@ def write_confusion_matrix(
     return path
 
 
-def draw_reliability(report: Any):
+def draw_reliability(report: ConfidenceReport) -> Figure:
     """The reliability diagram of a ``calibration.ConfidenceReport``: each bin's accuracy against its mean confidence,
     before and after the temperature (where it is applied), over the diagonal of perfect calibration; the rows per bin
     below."""
@@ -326,7 +331,7 @@ def draw_reliability(report: Any):
     return fig
 
 
-def draw_coverage(report: Any):
+def draw_coverage(report: ConfidenceReport) -> Figure:
     """The coverage-accuracy curve of a ``calibration.ConfidenceReport``: the accuracy of the answers kept as the
     least confident are set aside, with the reported coverages marked and their thresholds written in."""
     from matplotlib.figure import Figure

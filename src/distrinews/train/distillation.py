@@ -164,7 +164,12 @@ def read_cached(path: Path, rows: int, classes: int) -> torch.Tensor:
 
 
 def cached_log_probs(
-    paths: list[Path], rows: RawSplit, labels: list[str], cache_dir: str | os.PathLike | None, build: bool, device=None
+    paths: list[Path],
+    rows: RawSplit,
+    labels: list[str],
+    cache_dir: str | os.PathLike | None,
+    build: bool,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """(the teachers' [N, C] log-probabilities of ``rows``, whether they were computed now). With ``build``, a
     missing or unreadable cache file is computed and written atomically; without, either is an error."""

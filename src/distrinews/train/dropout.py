@@ -11,12 +11,15 @@ own dropout, whose Philox generator is already parallel.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
 class _FastDropout(torch.autograd.Function):
+    # ``ctx``: autograd's node for this call, which carries whatever forward sets on it (``scale``); torch types it Any.
     @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
         n = x.numel()
         words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
         lanes = words.view(torch.int16)[:n].view(x.shape)
@@ -26,7 +29,7 @@ class _FastDropout(torch.autograd.Function):
         return (x * keep).mul_(ctx.scale)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
         return (grad * keep).mul_(ctx.scale), None
 

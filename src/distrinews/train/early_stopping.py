@@ -10,10 +10,14 @@ metrics; the ranks then act on rank 0's decision (``CallbackHandler``), all at t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.best import improves
-from .callbacks import TrainerCallback
+from .callbacks import TrainerCallback, TrainerControl
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from .components import TrainState
 
 __all__ = ["EarlyStoppingCallback"]
 
@@ -22,12 +26,14 @@ class EarlyStoppingCallback(TrainerCallback):
     def __init__(self, say: Callable[..., None]):
         self.say = say
 
-    def on_train_begin(self, args, state, control, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
         if state.early_stopping_patience_counter >= args.run.early_stopping_patience:
             control.should_training_stop = True  # the checkpoint of a run that had stopped early
             self.say(self._line(args, state))
 
-    def on_evaluate(self, args, state, control, metrics: dict[str, Any], **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any
+    ) -> None:
         value = metrics[args.run.metric_for_best_model]
         if improves(value, state.best_metric, args.run.best_is_greater, args.run.early_stopping_threshold):
             state.early_stopping_patience_counter = 0
@@ -39,7 +45,7 @@ class EarlyStoppingCallback(TrainerCallback):
             self.say(self._line(args, state))
 
     @staticmethod
-    def _line(args, state) -> str:
+    def _line(args: TrainConfig, state: TrainState) -> str:
         threshold = f" by more than {args.run.early_stopping_threshold:g}" if args.run.early_stopping_threshold else ""
         return (
             f"Early stopping at step {state.global_step}: {args.run.metric_for_best_model} has not "

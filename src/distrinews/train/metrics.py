@@ -19,10 +19,13 @@ from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
-from .callbacks import TrainerCallback
+from .callbacks import TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+
+    from ..config import TrainConfig
+    from .components import TrainState
 
 
 # ---------------------------------------------------------------------- counts while training
@@ -134,7 +137,14 @@ class JsonLogCallback(TrainerCallback):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self._file: IO[str] | None = None
 
-    def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        resumed_from: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.run_dir.path.mkdir(parents=True, exist_ok=True)
         if resumed_from is not None:
             truncate_log(self.run_dir.log, state.global_step)
@@ -143,13 +153,21 @@ class JsonLogCallback(TrainerCallback):
             open_nofollow(self.run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8"
         )
 
-    def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        logs: dict[str, Any],
+        kind: str = "train",
+        **kwargs: Any,
+    ) -> None:
         record = log_record(kind, state.global_step, logs)
         assert self._file is not None, "opened by on_train_begin"
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
-    def on_train_end(self, args, state, control, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -163,19 +181,34 @@ class TensorBoardCallback(TrainerCallback):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self._writer: SummaryWriter | None = None
 
-    def on_train_begin(self, args, state, control, resumed_from: str | None = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        resumed_from: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         make_dir(self.run_dir.tensorboard)  # a link there would have the event files written wherever it points
         purge = None if resumed_from is None else state.global_step + 1
         self._writer = SummaryWriter(log_dir=str(self.run_dir.tensorboard), purge_step=purge)
 
-    def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        logs: dict[str, Any],
+        kind: str = "train",
+        **kwargs: Any,
+    ) -> None:
         assert self._writer is not None, "made by on_train_begin"
         for key, value in scalars(logs).items():
             self._writer.add_scalar(f"{kind}/{key}", value, state.global_step)
 
-    def on_train_end(self, args, state, control, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -337,7 +337,7 @@ class Trainer:
         restore_rng_state(saved.rng_states[self.env.rank % len(saved.rng_states)])
         return str(path)
 
-    def check_same_labels(self, saved: list[str], path) -> None:
+    def check_same_labels(self, saved: list[str], path: str) -> None:
         """A checkpoint continues only the run of the same label set."""
         if saved != self.data.label_names:
             raise CheckpointError(
