@@ -21,7 +21,7 @@ from .config import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported where a model is built: the launcher never needs it
     from peft import PeftModel
-    from transformers import BertConfig, PretrainedConfig, PreTrainedModel
+    from transformers import BertConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 SHIPPED_MINILM = "minilm"
 TINY_RANDOM = "tiny-random"
@@ -45,11 +45,14 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def build_tokenizer(name: str, local_files_only: bool = False):
+def build_tokenizer(name: str, local_files_only: bool = False) -> PreTrainedTokenizerBase:
     """``name``'s tokenizer; ``local_files_only``: from files already here (a checkpoint's load never fetches)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name), local_files_only=local_files_only)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name), local_files_only=local_files_only)
+    if tokenizer is None:  # transformers 5 declares that it may answer None rather than raise
+        raise ConfigError(f"{name}: transformers found no tokenizer there")
+    return tokenizer
 
 
 def check_model_available(name: str) -> None:
@@ -73,7 +76,7 @@ def check_model_available(name: str) -> None:
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
-def label_fields(labels: Sequence[str], problem_type: str | None = None) -> dict:
+def label_fields(labels: Sequence[str], problem_type: str | None = None) -> dict[str, Any]:
     """``num_labels``, ``id2label``, ``label2id`` and ``problem_type`` of a config for ``labels`` (in id order).
     ``problem_type`` multi_label_classification has transformers compute a binary cross-entropy on the logits
     when given float labels, and its ``pipeline`` apply a sigmoid; None leaves it to transformers."""
@@ -200,7 +203,15 @@ def freeze_layers(model: torch.nn.Module, n: int) -> int:
 FP32_ATTENTION = "sdpa_fp32"  # the name our attention function is registered under in transformers' AttentionInterface
 
 
-def _sdpa_in_fp32(module, query, key, value, attention_mask, dropout: float = 0.0, **kwargs):
+def _sdpa_in_fp32(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' SDPA attention, run on fp32 copies of half-precision queries, keys and values (outside
     autocast, which would cast them back); the output returns in their dtype. With dropout the kernel is
     SDPA's math path either way, so the half-precision one runs as it is."""

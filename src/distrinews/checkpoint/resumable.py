@@ -79,6 +79,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class CheckpointedModel(Protocol):
+    """What a checkpoint reads and writes of the training model (``distributed.parallel.ParallelModel``, which
+    checkpoint/ does not import: the server's bundle takes this module and none of distributed/)."""
+
+    sharded: bool  # parameters split over the ranks: every rank writes its shards
+    module: torch.nn.Module  # what forward and backward run through (DDP, FSDP, or the model itself)
+    raw: torch.nn.Module  # the unwrapped model
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
 class Averaged(Protocol):
     """What a checkpoint keeps of an average of the weights (``train.ema.WeightAverage``): tensors by name."""
 
@@ -107,7 +118,7 @@ class ReplicatedLayout:
 
     sharded = False
 
-    def gather(self, model, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
+    def gather(self, model: CheckpointedModel, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
         """The states to write (every rank calls this: gathering may be a collective)."""
         return model.full_state_dict(), optimizer.state_dict() if env.is_main else {}
 
@@ -121,7 +132,9 @@ class ReplicatedLayout:
             if average is not None:
                 save_file({k: v.detach().contiguous().cpu() for k, v in average.items()}, str(tmp / AVERAGE_FILE))
 
-    def read(self, path: Path, model, optimizer: torch.optim.Optimizer, average: Averaged | None) -> bool:
+    def read(
+        self, path: Path, model: CheckpointedModel, optimizer: torch.optim.Optimizer, average: Averaged | None
+    ) -> bool:
         if (path / SHARDED).is_dir():  # a sharded checkpoint: this layout reads it too, resharded to the whole model
             return ShardedLayout().read(path, model, optimizer, average)
         load_weights(model.raw, path / "model.safetensors")
@@ -138,7 +151,7 @@ class ShardedLayout:
 
     sharded = True
 
-    def gather(self, model, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
+    def gather(self, model: CheckpointedModel, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[Any, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         return get_state_dict(model.module, optimizer)
@@ -149,7 +162,9 @@ class ShardedLayout:
             _dcp_save({"ema": average}, tmp / AVERAGE_SHARDED)
         barrier(env)  # every rank's shards are on disk before rank 0 seals the directory
 
-    def read(self, path: Path, model, optimizer: torch.optim.Optimizer, average: Averaged | None) -> bool:
+    def read(
+        self, path: Path, model: CheckpointedModel, optimizer: torch.optim.Optimizer, average: Averaged | None
+    ) -> bool:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         from .sharded_reader import load_sharded
@@ -179,7 +194,7 @@ def _dcp_save(state: dict[str, Any], directory: Path) -> None:
         raise RuntimeError(f"torch.distributed.checkpoint could not save {directory}") from (first or exc)
 
 
-def layout_for(model) -> ReplicatedLayout | ShardedLayout:
+def layout_for(model: CheckpointedModel) -> ReplicatedLayout | ShardedLayout:
     """How ``model``'s weights and optimizer state lie in a checkpoint: the one place that asks the strategy."""
     return ShardedLayout() if model.sharded else ReplicatedLayout()
 
@@ -223,10 +238,10 @@ class Checkpointer:
     def save(
         self,
         step: int,
-        model,
+        model: CheckpointedModel,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        scaler: Any,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler | None,
         trainer_state: TrainerStateRecord,
         average: Averaged | None = None,
     ) -> Path | None:
@@ -280,10 +295,10 @@ class Checkpointer:
     def load(
         self,
         path: str | os.PathLike,
-        model,
+        model: CheckpointedModel,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        scaler: Any,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler | None,
         average: Averaged | None = None,
     ) -> LoadedCheckpoint:
         """Everything back in place; ``average`` too when the checkpoint holds one (``average_loaded``)."""

@@ -11,7 +11,7 @@ import logging
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from ..model import build_tokenizer
 from .load_errors import loading
 from .records import TEMPERATURE, CheckpointFormat, ModelInfo, TokenizerSource
 from .tokenizer_files import has_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def read_seed_pt(found: CheckpointFormat) -> Callable[[], tuple[Any, Any, ModelI
     return load
 
 
-def _seed_pt_model(path: Path, payload: dict[str, Any]):
+def _seed_pt_model(path: Path, payload: dict[str, Any]) -> tuple[PreTrainedModel, Any, ModelInfo]:
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     cfg = payload["config"]
@@ -106,6 +109,7 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
     from transformers import AutoTokenizer
 
     recorded = cfg.get("tokenizer")
+    tokenizer: PreTrainedTokenizerBase | None
     if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
         tokenizer = AutoTokenizer.from_pretrained(recorded, local_files_only=True)
         source = TokenizerSource.recorded_path(recorded)

@@ -45,7 +45,7 @@ from .tokenizer_files import require_tokenizer
 from .versioning import version_fields
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def stamped(info: ServableInfo) -> ServableInfo:
@@ -64,7 +64,7 @@ def save_servable(
     directory: str | os.PathLike,
     model: torch.nn.Module,
     weights: dict[str, torch.Tensor],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     info: ServableInfo,
 ) -> Path:
     """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (``info``, stamped with the package
