@@ -9,12 +9,16 @@ From Python: ``distrinews.Classifier.load("runs/cpu-quick").predict("Oil prices 
 process), or ``distrinews.RemoteClassifier(url)`` (one that ``distrinews serve`` answers for).
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
 __all__ = ["Classifier", "RemoteClassifier"]
 
 
-def __getattr__(name: str):
-    # Lazily: importing ``distrinews`` (the CLI, the docs build) must not import torch or httpx.
+def __getattr__(name: str) -> Any:
+    # Lazily: importing ``distrinews`` (the CLI, the docs build) must not import torch or httpx. Any, not the
+    # classes: importing them here, even for the type checker only, would have the Space bundle copy them
+    # (export/space/bundle.py follows every import it sees).
     if name == "Classifier":
         from .predict.classifier import Classifier
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 OPSET = 17
 # fp32 ONNX must reproduce PyTorch's probabilities to this tolerance (the issue's contract).
@@ -44,7 +44,7 @@ class _LogitsOnly(torch.nn.Module):
         return self.model(**dict(zip(self.input_names, inputs))).logits
 
 
-def export_model(model: torch.nn.Module, tokenizer, out: str | os.PathLike) -> Path:
+def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: str | os.PathLike) -> Path:
     """Write ``model`` (eval mode, CPU) as fp32 ONNX to ``out``, atomically."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ def is_quantized(path: str | os.PathLike) -> bool:
 
 def compare_with_torch(
     model: torch.nn.Module,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     onnx_path: str | os.PathLike,
     texts: list[str] | None = None,
     max_length: int = 128,

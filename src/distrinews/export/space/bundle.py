@@ -204,8 +204,13 @@ def export_space(
 
 
 def _write_model(
-    checkpoint: Path, model_dir: Path, runtime: str, check_accuracy: bool, data_dir: str | None, say
-) -> dict | None:
+    checkpoint: Path,
+    model_dir: Path,
+    runtime: str,
+    check_accuracy: bool,
+    data_dir: str | None,
+    say: Callable[[str], Any],
+) -> dict[str, Any] | None:
     """The runtime's model files into ``model_dir``; for int8 with ``check_accuracy``, the comparison with fp32."""
     model_dir.mkdir(parents=True)
     if runtime == "torch":
