@@ -23,15 +23,16 @@ from typing import Any
 
 from distrinews.bench.results import write_report
 from distrinews.config import ConfigError, TrainConfig, load_config, parse_overrides
+from distrinews.data.rows import RawSplit
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.scores import classification_scores
 
 from .common import invoked_as, main
 
 
-def split_rows(config: TrainConfig):
-    """(train texts, train labels, eval texts, eval labels, label names, where the eval rows come from), as the trainer
-    samples them."""
+def split_rows(config: TrainConfig) -> tuple[RawSplit, RawSplit, list[str], str]:
+    """(training rows, evaluation rows, label names, where the evaluation rows come from), as the trainer samples
+    them."""
     from distrinews.data.labelled import load_labelled
     from distrinews.data.splits import stratified_sample
 
@@ -43,7 +44,7 @@ def split_rows(config: TrainConfig):
 
 
 def tfidf_logistic_regression(
-    train_texts, train_labels, eval_texts, balanced: bool, seed: int
+    train_texts: list[str], train_labels: list[Any], eval_texts: list[str], balanced: bool, seed: int
 ) -> tuple[list[int], float]:
     """Predictions for ``eval_texts`` and the seconds fitting took."""
     from sklearn.feature_extraction.text import TfidfVectorizer

@@ -18,15 +18,23 @@ import json
 import os
 import tempfile
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
-from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.data.splits import load_split, stratified_sample
-from distrinews.data.tokenized import tokenize_cached
+from distrinews.data.tokenized import TokenizedDataset, tokenize_cached
 from distrinews.distributed.process_group import DistEnv
 from distrinews.model import build_model, build_tokenizer
 from distrinews.train.evaluation import evaluate
@@ -38,25 +46,26 @@ from .common import comparison_parser
 class Rows(Dataset):
     """Our tokenized rows as the dicts Trainer expects (no padding: the collator pads per batch)."""
 
-    def __init__(self, tokenized):
+    def __init__(self, tokenized: TokenizedDataset):
         self.ds = tokenized
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.ds)
 
-    def __getitem__(self, i):
-        ids, label = self.ds[i]
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids, label, _ = self.ds[i]
         return {"input_ids": ids.tolist(), "labels": label}
 
 
 class StepClock(TrainerCallback):
-    def __init__(self):
-        self.train_start, self.step_times = None, []
+    def __init__(self) -> None:
+        self.train_start: float | None = None
+        self.step_times: list[float] = []
 
-    def on_train_begin(self, args, state, control, **kw):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.train_start = time.time()
 
-    def on_step_end(self, args, state, control, **kw):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.step_times.append(time.time())
 
 

@@ -29,13 +29,19 @@ import datetime as dt
 import statistics
 import tempfile
 import time
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from distrinews.bench.results import write_report
 from distrinews.distributed.machine import describe as machine_description
 from distrinews.model import hf_config
 
 from .common import invoked_as, main
+
+if TYPE_CHECKING:
+    import torch
+
+    from distrinews.config import TrainConfig
 
 # (name, precision overrides, bf16 weights with an fp32 master copy)
 VARIANTS = [
@@ -77,7 +83,7 @@ def medians(times: dict[str, list[float]]) -> list[dict[str, Any]]:
 class Variant:
     """One copy of the model, its optimizer and its precision, stepping on the shared batch."""
 
-    def __init__(self, config, labels: list[str], master_copy: bool):
+    def __init__(self, config: TrainConfig, labels: list[str], master_copy: bool):
         import torch
 
         from distrinews.train.components import build_optimizer, build_train_model
@@ -124,10 +130,10 @@ class Variant:
 class _Masters:
     """The fp32 master copies, named as the model's parameters, as ``build_optimizer`` reads a module."""
 
-    def __init__(self, named: list, model):
+    def __init__(self, named: list[tuple[str, torch.Tensor]], model: torch.nn.Module):
         self.named, self.config = named, model.config
 
-    def named_parameters(self):
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.named)
 
 

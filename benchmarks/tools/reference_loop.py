@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -39,17 +40,20 @@ from distrinews.train.precision import Precision
 
 from .common import comparison_parser
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 class AGNewsDataset(Dataset):
     """The reference dataset: tokenizes on every fetch, every row padded to max_length."""
 
-    def __init__(self, texts, labels, tokenizer, max_length=128):
+    def __init__(self, texts: list[str], labels: list[int], tokenizer: PreTrainedTokenizerBase, max_length: int = 128):
         self.texts, self.labels, self.tokenizer, self.max_length = texts, labels, tokenizer, max_length
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(
             self.texts[idx], truncation=True, padding="max_length", max_length=self.max_length, return_tensors="pt"
         )
@@ -61,15 +65,15 @@ class AGNewsDataset(Dataset):
 
 
 class AverageMeter:
-    def __init__(self):
+    def __init__(self) -> None:
         self.sum, self.count = 0.0, 0
 
-    def update(self, value, n=1):
+    def update(self, value: float, n: int = 1) -> None:
         self.sum += value * n
         self.count += n
 
     @property
-    def avg(self):
+    def avg(self) -> float:
         return self.sum / max(1, self.count)
 
 

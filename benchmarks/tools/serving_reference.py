@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +25,9 @@ from distrinews.bench.serving_report import markdown
 
 from .common import invoked_as, main
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 REFERENCE = "reference server (the reference system's: 1 request = 1 forward pass, padded to max_length, no batching)"
 
 
@@ -31,7 +35,7 @@ class PredictRequest(BaseModel):  # module level: FastAPI resolves the endpoint'
     text: str = Field(..., min_length=1, max_length=10000)
 
 
-def reference_app(checkpoint: str):
+def reference_app(checkpoint: str) -> FastAPI:
     """The reference system's server: one tokenize + forward per request in FastAPI's thread pool."""
     from contextlib import asynccontextmanager
 
@@ -43,18 +47,19 @@ def reference_app(checkpoint: str):
     state: dict[str, Any] = {}
 
     @asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state["model"], state["tokenizer"], state["info"] = load_for_inference(checkpoint)
         yield
 
     app = FastAPI(lifespan=lifespan)
 
-    @app.get("/health")
-    def health():
+    # response_model=None: the reference answers its dicts unvalidated, as it always did (no model of the annotation)
+    @app.get("/health", response_model=None)
+    def health() -> dict[str, Any]:
         return {"status": "healthy", "model_loaded": "model" in state}
 
-    @app.post("/predict")
-    def predict(request: PredictRequest):
+    @app.post("/predict", response_model=None)
+    def predict(request: PredictRequest) -> dict[str, Any]:
         if "model" not in state:
             raise HTTPException(status_code=503, detail="Model not loaded")
         model, tokenizer = state["model"], state["tokenizer"]

@@ -35,13 +35,16 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _TIMES: dict[str, list[float]] = defaultdict(list)
 
 
 # ---------------------------------------------------------------------- inside the server
-def _wrap(owner: Any, name: str, stage: str) -> None:
+def _wrap(owner: object, name: str, stage: str) -> None:
     """Time every call of ``owner.name`` (sync or async) into ``stage``; skip it if it does not exist."""
     import functools
     import inspect
@@ -52,7 +55,7 @@ def _wrap(owner: Any, name: str, stage: str) -> None:
     if inspect.iscoroutinefunction(original):
 
         @functools.wraps(original)
-        async def timed_async(*args, **kwargs):
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return await original(*args, **kwargs)
@@ -63,7 +66,7 @@ def _wrap(owner: Any, name: str, stage: str) -> None:
     else:
 
         @functools.wraps(original)
-        def timed(*args, **kwargs):
+        def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
@@ -77,26 +80,26 @@ class _AppTimer:
     """Outermost ASGI wrapper: from the app being called to the last byte of the response handed to uvicorn; and
     inside that, the time spent in ``receive`` (reading the body) and in ``send`` (handing the answer to h11)."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    def __getattr__(self, name):  # app.state etc.
+    def __getattr__(self, name: str) -> Any:  # app.state etc.
         return getattr(self.app, name)
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         spent = {"receive": 0.0, "send": 0.0}
 
-        async def timed_receive():
+        async def timed_receive() -> Message:
             r0 = time.perf_counter()
             message = await receive()
             if message["type"] == "http.request":  # not the wait for a disconnect that never comes
                 spent["receive"] += time.perf_counter() - r0
             return message
 
-        async def timed_send(message):
+        async def timed_send(message: Message) -> None:
             s0 = time.perf_counter()
             await send(message)
             spent["send"] += time.perf_counter() - s0
@@ -158,7 +161,8 @@ def _install_reference() -> None:
     depth = threading.local()
     module_call = torch.nn.Module.__call__
 
-    def timed_call(self, *args, **kwargs):  # only the outermost module: the model's forward pass
+    # Only the outermost module: the model's forward pass.
+    def timed_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         level = getattr(depth, "level", 0)
         depth.level = level + 1
         t0 = time.perf_counter()
