@@ -11,7 +11,8 @@ process), or ``distrinews.RemoteClassifier(url)`` (one that ``distrinews serve``
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
+
 __all__ = ["Classifier", "RemoteClassifier"]
 
 

@@ -102,7 +102,7 @@ def start(service_name: str, endpoint: str | None = None) -> bool:
 def use(provider: Any) -> None:
     """Trace into ``provider`` (an SDK ``TracerProvider``; ``start`` makes one that exports over OTLP)."""
     global _tracer, _provider
-    from . import __version__
+    from .version import __version__
 
     _provider, _tracer = provider, provider.get_tracer("distrinews", __version__)
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .. import __version__
 from ..config import field_default
 from ..errors import CheckpointError
 from ..model import SHIPPED_MINILM, TINY_RANDOM, build_tokenizer, label_fields, merged, resolve_model_path
+from ..version import __version__
 from . import records
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .load_errors import loading

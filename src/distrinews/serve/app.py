@@ -33,9 +33,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__, tracing
+from .. import tracing
 from ..predict.predictor import checkpoint_labels
 from ..predict.tokens import TextTooLong
+from ..version import __version__
 from . import tei
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics

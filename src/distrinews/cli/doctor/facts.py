@@ -28,7 +28,7 @@ def versions() -> dict[str, Any]:
         info["transformers"] = transformers.__version__
     except ImportError:  # pragma: no cover
         info["transformers"] = None
-    from ... import __version__
+    from ...version import __version__
 
     info["distrinews"] = __version__
     if torch.cuda.is_available():
