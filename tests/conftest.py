@@ -706,13 +706,9 @@ class ServerProcess:
         self.stop()
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        from distrinews.distributed.lifetime import stop_processes
+
+        stop_processes(self.proc, grace_s=30)
         self._log.close()
         return self.proc.returncode
 

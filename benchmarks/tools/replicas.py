@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from distrinews.bench.serving_load import closed_loop, load_texts
+from distrinews.distributed.lifetime import stop_processes
 
 from .common import invoked_as, main
 
@@ -87,13 +87,7 @@ class ReplicaSet:
         raise RuntimeError(f"serve-replicas was not ready after {timeout:g}s (see {self.out})")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes(self.proc, grace_s=120)
         self._out.close()
 
 

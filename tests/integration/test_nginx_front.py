@@ -68,7 +68,8 @@ class Stub:
 def front(tmp_path: Path, statuses: list[int], **limits: int) -> Iterator[tuple[int, list[Stub]]]:
     """nginx on a free port with serve-replicas' configuration (fail_timeout 1 s, header timeout 2 s) in front of a
     stand-in replica per status: (nginx's port, the stand-ins)."""
-    from distrinews.serve.children import free_ports, get_json, start_child, stop_child
+    from distrinews.distributed.lifetime import stop_processes
+    from distrinews.serve.children import free_ports, get_json, start_child
     from distrinews.serve.nginx import connection_budget, find_nginx, nginx_conf
     from distrinews.serve.options import ServeOptionError
 
@@ -92,7 +93,7 @@ def front(tmp_path: Path, statuses: list[int], **limits: int) -> Iterator[tuple[
         assert proc.poll() is None, (tmp_path / "nginx.log").read_text() + (tmp_path / "nginx-error.log").read_text()
         yield port, stubs
     finally:
-        stop_child(proc, signal.SIGQUIT, 10)
+        stop_processes(proc, grace_s=10, sig=signal.SIGQUIT)
         for stub in stubs:
             stub.close()
 

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from conftest import reported_port
+from distrinews.distributed.lifetime import stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "exposure-key-5678"
@@ -146,13 +147,7 @@ class Injected:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes(self.proc, grace_s=30)
         self._log.close()
 
 

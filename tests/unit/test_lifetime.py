@@ -1,15 +1,17 @@
-"""A child run to its end by ``run_until_stopped`` is stopped by Ctrl-C or SIGTERM, whenever the signal comes."""
+"""A child run to its end by ``run_until_stopped`` is stopped by Ctrl-C or SIGTERM, whenever the signal comes; and
+``stop_processes`` stops children: a signal, a grace, SIGKILL only for one that outlives it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from distrinews.distributed.lifetime import run_until_stopped
+from distrinews.distributed.lifetime import run_until_stopped, stop_processes
 
 _ARMED: list[bool] = []
 
@@ -94,3 +96,59 @@ def test_an_ignored_stop_signal_stays_ignored(tmp_path):
 
 def test_a_child_that_ends_returns_its_exit_code():
     assert run_until_stopped([sys.executable, "-c", "raise SystemExit(3)"], 5.0) == 3
+
+
+def _child(on_sigterm: str) -> subprocess.Popen[str]:
+    """A child that handles SIGTERM with ``on_sigterm`` (Python statements), started once it has said so."""
+    code = (
+        "import signal, sys, time\n"
+        f"def on_term(signum, frame):\n    {on_sigterm}\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+        "sys.exit(9)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    return child
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
+    stubborn = _child("pass")
+    stop_processes(stubborn, grace_s=0.5)
+    assert stubborn.returncode == -signal.SIGKILL
+
+
+def test_a_child_that_exits_on_sigterm_is_not_killed():
+    # it finishes what it holds and exits 3 of its own: a SIGKILL would read -9
+    obliging = _child("time.sleep(0.2); sys.exit(3)")
+    stop_processes(obliging, grace_s=30.0)
+    assert obliging.returncode == 3
+
+
+def test_one_grace_for_several_children_and_the_signal_asked_for():
+    stubborn, obliging = _child("pass"), _child("sys.exit(4)")
+    stop_processes(stubborn, None, obliging, grace_s=0.5)
+    assert (stubborn.returncode, obliging.returncode) == (-signal.SIGKILL, 4)
+    interrupted = _child("pass")  # SIGTERM ignored, SIGINT (Python's KeyboardInterrupt) not
+    stop_processes(interrupted, grace_s=30.0, sig=signal.SIGINT)
+    assert interrupted.returncode == -signal.SIGINT
+
+
+def test_a_child_already_ended_or_none_is_left_as_it_is():
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])
+    while not _gone_or_zombie(ended.pid):
+        threading.Event().wait(0.05)
+    stop_processes(ended, None, grace_s=0.5)  # exited but not reaped: reaped, its own code kept
+    assert ended.returncode == 5
+    stop_processes(ended, grace_s=0.5)  # reaped already: nothing to signal
+    assert ended.returncode == 5
+    stop_processes(grace_s=0.5)
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

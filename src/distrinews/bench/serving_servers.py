@@ -13,12 +13,13 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from ..distributed.lifetime import stop_processes
 
 
 class ServerNotReady(RuntimeError):
@@ -102,13 +103,7 @@ class Server:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes(self.proc, grace_s=30)
         self.log_file.close()
 
 

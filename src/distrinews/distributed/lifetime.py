@@ -5,14 +5,19 @@ Every launcher of ours relies on it: torchrun's workers under ``distrinews train
 under ``distrinews serve-replicas`` (``serve.replicas``, through ``preexec_die_with_parent`` for programs that are not
 ours). A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
 kernel can take the children with it.
+
+Stopping a child is written once too (``stop_processes``: a signal, a grace, then SIGKILL), for the training runs of
+``tune`` and ``audit``, the replicas and nginx, the ranks of ``doctor`` and the servers ``bench serving`` measures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,7 +70,7 @@ def run_until_stopped(
     **popen: Any,
 ) -> int:
     """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
-    SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_gracefully``). ``started``
+    SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_processes``). ``started``
     gets the child's pid once it runs. Call it from the main thread (Python runs signal handlers there).
 
     Two ways CPython 3.11 loses such a signal are closed. Its handler here records it, and raises only in the wait:
@@ -98,22 +103,28 @@ def run_until_stopped(
         raise KeyboardInterrupt
     except KeyboardInterrupt:
         if process is not None:
-            stop_gracefully(process, grace_s)
+            stop_processes(process, grace_s=grace_s)
         raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def stop_gracefully(process: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM (a training run saves a checkpoint at its next step and ends), then SIGKILL if it has not ended within
-    ``grace_s``."""
-    process.terminate()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+def stop_processes(*processes: subprocess.Popen[Any] | None, grace_s: float, sig: int = signal.SIGTERM) -> None:
+    """Stop each of ``processes`` still running: ``sig`` (SIGTERM: a training run saves a checkpoint at its next step,
+    a server answers what it holds, then each exits), then SIGKILL for any still running ``grace_s`` after (one grace
+    for all of them); every one reaped. None, or one already ended, is left as it is."""
+    running = [p for p in processes if p is not None and p.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):  # it ended since the poll
+            process.send_signal(sig)
+    deadline = time.monotonic() + grace_s
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def last_line(log: Path, width: int = 300) -> str:

@@ -1,7 +1,7 @@
 """The supervisor's children and how it reaches them: free ports, a child in a process group of its own that dies
-with the supervisor, stopping one, a GET's JSON; and the logs of a launcher's children (the replicas and nginx here,
-the ranks of ``distrinews doctor``): the end of one read without reading the rest, and a log kept under a size while
-its process writes it."""
+with the supervisor (stopped by ``distributed.lifetime.stop_processes``), a GET's JSON; and the logs of a launcher's
+children (the replicas and nginx here, the ranks of ``distrinews doctor``): the end of one read without reading the
+rest, and a log kept under a size while its process writes it."""
 
 from __future__ import annotations
 
@@ -140,15 +140,3 @@ def start_child(
         return subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec
         )
-
-
-def stop_child(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

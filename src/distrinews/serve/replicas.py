@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..checkpoint.atomic import write_text_atomically
+from ..distributed.lifetime import stop_processes
 from .children import (
     MAX_LOG_BYTES,
     address_taken,
@@ -45,7 +46,6 @@ from .children import (
     get_json,
     log_tail,
     start_child,
-    stop_child,
 )
 from .nginx import CLIENT_CONNECTIONS, CLIENT_RATE, connection_budget, nginx_conf
 from .options import ServeOptionError
@@ -138,7 +138,7 @@ class Replica:
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM: it stops listening at once, answers what it holds, exits."""
-        stop_child(self.proc, signal.SIGTERM, timeout)
+        stop_processes(self.proc, grace_s=timeout)
 
 
 class Stopped(Exception):
@@ -407,12 +407,9 @@ class Supervisor:
         self.say("rolling restart done")
 
     def _shutdown(self) -> None:
-        stop_child(self.nginx, signal.SIGQUIT, self.settings.read_timeout)  # graceful: it finishes what it holds
-        for replica in self.replicas:
-            if replica.proc is not None and replica.alive():
-                replica.proc.send_signal(signal.SIGTERM)
-        for replica in self.replicas:
-            replica.stop()
+        # SIGQUIT: nginx's graceful stop, it finishes what it holds
+        stop_processes(self.nginx, grace_s=self.settings.read_timeout, sig=signal.SIGQUIT)
+        stop_processes(*(replica.proc for replica in self.replicas), grace_s=self.settings.read_timeout)
 
 
 def _limits(s: ReplicaSettings) -> str:

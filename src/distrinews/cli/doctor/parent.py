@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from ...distributed.lifetime import stop_processes
 from ...distributed.machine import threads_per_process
 from ...serve.children import log_tail
 from .advice import advise
@@ -115,14 +116,7 @@ def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int
         while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
             time.sleep(0.2)
         hung = [r for r, p in procs.items() if p.poll() is None]
-        for r in hung:  # only the ranks we started
-            procs[r].terminate()
-        for r in hung:
-            try:
-                procs[r].wait(5)
-            except subprocess.TimeoutExpired:
-                procs[r].kill()
-                procs[r].wait()
+        stop_processes(*(procs[r] for r in hung), grace_s=5)  # only the ranks we started
         states: dict[int, RankState] = {}
         for rank in range(world):
             f = Path(tmp) / f"rank-{rank}.json"
