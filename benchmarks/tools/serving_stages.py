@@ -119,6 +119,7 @@ def _install_ours() -> None:
     import distrinews.predict.onnx_runtime as onnx_runtime_module
     import distrinews.predict.predictor as predictor_module
     import distrinews.serve.app as app_module
+    import distrinews.serve.batch_runner as batch_runner_module
     import distrinews.serve.batcher as batcher_module
     import distrinews.serve.connections as connections_module
     import distrinews.serve.state as state_module
@@ -131,8 +132,8 @@ def _install_ours() -> None:
     _wrap(fastapi.routing, "serialize_response", "serialize")
     _wrap(starlette.responses.JSONResponse, "render", "render")
     _wrap(batcher_module.MicroBatcher, "_encode_job", "encode")  # on the loop (short texts) or the tokenizer thread
-    _wrap(batcher_module.MicroBatcher, "_run_forward", "run_forward")  # the loop's side: hop there, job, hop back
-    _wrap(batcher_module.MicroBatcher, "_forward_job", "forward_job")  # the forward thread's whole job
+    _wrap(batch_runner_module.BatchRunner, "_run_forward", "run_forward")  # the loop's side: hop there, job, hop back
+    _wrap(batch_runner_module.BatchRunner, "_forward_job", "forward_job")  # the forward thread's whole job
     for cls in (predictor_module.Predictor, getattr(onnx_runtime_module, "OnnxPredictor", None)):
         if cls is None:
             continue

@@ -10,15 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from distrinews.serve.batch_runner import ForwardError, ForwardStalledError
 from distrinews.serve.batcher import (
     FORWARD_THREAD,
     TOKENIZER_THREAD,
     BatcherClosedError,
-    ForwardError,
-    ForwardStalledError,
     MicroBatcher,
     QueueFullError,
-    plan_passes,
 )
 
 
@@ -253,7 +251,7 @@ def test_a_batching_loop_that_dies_mid_batch_fails_the_batch_it_was_running(monk
         async def broken_compute(batch, queue_s, forward, number):
             raise KeyError("a bug")
 
-        monkeypatch.setattr(batcher, "_compute", broken_compute)
+        monkeypatch.setattr(batcher._runner, "run", broken_compute)
         await batcher.start()
         with pytest.raises(BatcherClosedError, match="KeyError"):
             await asyncio.wait_for(batcher.submit(["x"]), 10)
@@ -361,20 +359,6 @@ def test_a_request_over_the_token_budget_runs_as_passes_within_it_and_answers_in
     for batch in batches:
         padded = max(len(item) for item in batch) * len(batch)
         assert padded <= 10 or len(batch) == 1, [len(item) for item in batch]
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 128), min_size=1, max_size=80),
-    max_texts=st.integers(1, 40),
-    max_tokens=st.integers(1, 4096),
-)
-def test_plan_passes_covers_every_text_once_within_both_limits(lengths, max_texts, max_tokens):
-    passes = plan_passes(lengths, max_texts, max_tokens)
-    assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
-    for p in passes:
-        assert len(p) <= max_texts
-        assert max(lengths[i] for i in p) * len(p) <= max_tokens or len(p) == 1
 
 
 def test_tokenization_runs_on_its_own_thread_and_the_forward_pass_gets_tokens():

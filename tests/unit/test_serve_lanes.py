@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from distrinews.serve.batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher
+from distrinews.serve.batch_runner import ForwardError, ForwardStalledError
+from distrinews.serve.batcher import BatcherClosedError, MicroBatcher
 
 
 class Recorder:
@@ -162,14 +163,14 @@ def test_a_loop_bug_in_one_pass_fails_every_running_batch_and_calls_on_fatal_onc
 
     async def main():
         batcher = model.batcher(on_fatal=fatal.append)
-        compute = batcher._compute
+        compute = batcher._runner.run
 
         async def broken(batch, queue_s, forward, number):
             if batch[0].texts == ["breaks"]:
                 raise KeyError("a bug")
             return await compute(batch, queue_s, forward, number)
 
-        monkeypatch.setattr(batcher, "_compute", broken)
+        monkeypatch.setattr(batcher._runner, "run", broken)
         await batcher.start()
         first = batcher.enqueue(["first"])
         await _until(model.started["first"].is_set)

@@ -129,7 +129,7 @@ def _throughput(
     running them as the server's passes (``plan_passes``) for ``duration`` seconds."""
     import threading
 
-    from ..predict.passes import plan_passes
+    from ..predict.batch_forming import plan_passes
 
     done = [0] * len(lanes)
 

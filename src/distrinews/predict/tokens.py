@@ -197,8 +197,3 @@ class TextEncoder:
                 type_ids[row, width - len(e) :] = e.type_ids
         arrays = {"input_ids": ids, "attention_mask": mask.astype(np.int64), "token_type_ids": type_ids}
         return {name: arrays[name] for name in self.input_names}
-
-
-def padded_tokens(lengths: Sequence[int]) -> int:
-    """Tokens a batch costs when every text is padded to its longest (what ``max_batch_tokens`` bounds)."""
-    return max(lengths, default=0) * len(lengths)

@@ -19,10 +19,8 @@ more is queued than it takes (with several lanes free, what is queued is shared 
 lone request, and a batch that takes everything queued with nothing else running, get every core.
 
 A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens,
-formed around the oldest request from the queued ones nearest it in length (``batching.take``). If the
-oldest request alone exceeds a limit, it runs as several forward passes, its texts sorted by length and
-cut into chunks that respect both limits (only a single text longer than the token budget makes a pass
-over it).
+formed around the oldest request from the queued ones nearest it in length; one over a limit runs as several
+forward passes (the rules: ``predict.batch_forming``; running and answering a batch: ``batch_runner``).
 
 The wait window opens only when there is evidence of concurrency (the last batch held more
 than one request, or this request arrived while the model was busy). A lone client therefore
@@ -33,15 +31,11 @@ A request whose future is cancelled before its batch forms (its HTTP client went
 dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
 raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
 
-Faults stay with the request that caused them, and a stuck model is seen:
-
-- a forward pass that raises is retried one request at a time, so only the requests whose own
-  texts fail get :class:`ForwardError` (the others get their results);
-- a forward pass that runs past ``forward_timeout`` fails its requests and every queued one with
-  :class:`ForwardStalledError` and refuses new ones (``stalled`` says why) until it returns (every
-  stuck one, with lanes); a thread cannot be stopped, so it is left to finish;
-- if the batching loop itself ends with an exception, nothing would ever answer again:
-  ``on_fatal(reason)`` is called (the server ends the process, so its supervisor restarts it).
+Faults stay with the request that caused them, and a stuck model is seen (``batch_runner``): a forward pass
+that raises fails only the requests whose own texts fail; one past ``forward_timeout`` fails its requests and
+every queued one with ``ForwardStalledError``, and no new ones are taken (``stalled`` says why) until it returns.
+If the batching loop itself ends with an exception, nothing would ever answer again: ``on_fatal(reason)`` is
+called (the server ends the process, so its supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -51,14 +45,13 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..predict.passes import plan_passes
-from ..predict.tokens import padded_tokens
-from .batching import take
+from ..predict.batch_forming import take
+from .batch_runner import BatchRunner, ForwardStalledError, Stalled
 
 TOKENIZER_THREAD = "distrinews-tokenize"
 FORWARD_THREAD = "distrinews-forward"
@@ -72,14 +65,6 @@ class QueueFullError(RuntimeError):
 
 class BatcherClosedError(RuntimeError):
     """The batcher is shutting down and takes no new work (503)."""
-
-
-class ForwardError(RuntimeError):
-    """The forward pass failed on this request's own texts (the cause is chained and logged, never shown)."""
-
-
-class ForwardStalledError(RuntimeError):
-    """A forward pass has run past ``forward_timeout``: the model is stuck (503)."""
 
 
 @dataclass(eq=False)
@@ -154,15 +139,12 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.on_batch = on_batch
         self.on_dropped = on_dropped
-        self.forward_timeout = forward_timeout
         self.on_fatal = on_fatal
         self.encode_inline_chars = encode_inline_chars
         self.side_forward = side_forward
         self.lanes = lanes if side_forward is not None else 1
         self._passes: dict[asyncio.Task, list[_Request]] = {}  # the passes running, each with its batch
         self._wide = False  # the pass running is on ``forward`` (every core): nothing runs beside it
-        self._stalled_since: float | None = None  # perf_counter() when a running forward pass overran its deadline
-        self._stuck = 0  # passes past their deadline that have not returned
         self._died: str | None = None  # why the batching loop ended unasked
         self._ready: deque[_Request] = deque()  # tokenized, in arrival order
         self._tokenizing = 0  # requests on (or waiting for) the tokenizer thread
@@ -176,6 +158,7 @@ class MicroBatcher:
         self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENIZER_THREAD)
         # A thread a lane: a pass on ``forward`` already uses every core, so it never has company.
         self._executor = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix=FORWARD_THREAD)
+        self._runner = BatchRunner(self._executor, max_batch_size, max_batch_tokens, forward_timeout)
 
     # ------------------------------------------------------------------ state
     @property
@@ -186,13 +169,7 @@ class MicroBatcher:
     @property
     def stalled(self) -> str | None:
         """Why the model answers nothing now (a forward pass past its deadline), or None."""
-        if self._stalled_since is None:
-            return None
-        running = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
-        return (
-            f"the model is stuck: a forward pass has run for {running:.0f}s "
-            f"(the server's --forward-timeout is {self.forward_timeout:g}s)"
-        )
+        return self._runner.stalled
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -398,7 +375,7 @@ class MicroBatcher:
             self._gone = 0
 
     def _take(self, cap: int | None = None) -> tuple[list[_Request], bool]:
-        """The next batch (``batching.take``: at most ``cap`` texts, if given), and whether it is full."""
+        """The next batch (``batch_forming.take``: at most ``cap`` texts, if given), and whether it is full."""
         limit = self.max_batch_size if cap is None else min(cap, self.max_batch_size)
         return take(list(itertools.islice(self._ready, self.lookahead)), limit, self.max_batch_tokens, len(self._ready))
 
@@ -443,130 +420,9 @@ class MicroBatcher:
             self._queued_texts -= sum(len(r.texts) for r in batch)
             return batch
 
-    def _forward_job(self, forward: Callable, items: list[Any]) -> tuple[list[Any], int, int]:
-        """On a forward thread: the batch as one forward pass, or several if it exceeds a limit."""
-        passes = plan_passes([len(item) for item in items], self.max_batch_size, self.max_batch_tokens)
-        if len(passes) == 1:
-            results: list[Any] = list(forward(items))
-            return results, padded_tokens([len(item) for item in items]), 1
-        results = [None] * len(items)
-        tokens = 0
-        for indices in passes:
-            part = [items[i] for i in indices]
-            tokens += padded_tokens([len(item) for item in part])
-            for i, result in zip(indices, forward(part), strict=True):
-                results[i] = result
-        return results, tokens, len(passes)
-
-    async def _run_forward(self, forward: Callable, items: list[Any]) -> tuple[list[Any], int, int]:
-        """``_forward_job`` on the forward thread, within ``forward_timeout``.
-
-        Past the deadline the model counts as stuck: ForwardStalledError is raised to the batch's
-        requests at once, every queued request fails with it too, and no new work is taken until the
-        pass returns (its thread cannot be stopped); its result is then dropped.
-        """
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._executor, self._forward_job, forward, items)
-        done, _ = await asyncio.wait([job], timeout=self.forward_timeout)
-        if done:
-            results, tokens, passes = job.result()
-            if len(results) != len(items):
-                raise RuntimeError(f"forward returned {len(results)} results for {len(items)} texts")
-            return results, tokens, passes
-        self._stuck += 1
-        if self._stalled_since is None:
-            self._stalled_since = time.perf_counter()
-        reason = self.stalled
-        log.error("%s; /ready answers 503 until it returns", reason)
-        self._fail_queued(ForwardStalledError(reason))
-        raise _Stalled(job)
-
-    async def _compute(
-        self, batch: list[_Request], queue_s: list[float], forward: Callable, number: int
-    ) -> tuple[int, int]:
-        """Answer every request of ``batch`` (``queue_s``: each one's wait in the queue); (padded tokens, passes) of
-        the forward passes run."""
-        items = [item for request in batch for item in request.items]
-        waited = dict(zip(map(id, batch), queue_s))
-        start = time.perf_counter()
-
-        def answer(request: _Request, part: list, job: Mapping[str, float]) -> None:
-            """``job``: the forward job that computed it (the batch, or the request alone after a failed batch)."""
-            if request.timing is not None:
-                unpadded = sum(len(item) for item in request.items)
-                done = time.perf_counter()
-                mine = {
-                    "tokenize_s": request.tokenize_s,
-                    "queue_s": waited[id(request)],
-                    "inference_s": done - start,
-                    "tokens": unpadded,
-                }
-                request.timing.update(job, done=done, batch=number, **mine)
-            request.future.set_result(part)
-
-        try:
-            results, tokens, passes = await self._run_forward(forward, items)
-        except _Stalled:
-            raise
-        except Exception as exc:
-            if len(batch) == 1:
-                self._fail(batch[0], exc)
-                return 0, 1
-            # One request's texts may be what breaks the pass: each request alone, so only that one fails.
-            tokens = passes = 0
-            for request in batch:
-                if request.future.done():
-                    continue
-                try:
-                    part, part_tokens, part_passes = await self._run_forward(forward, request.items)
-                except _Stalled as stalled:
-                    stalled.requests = [r for r in batch if not r.future.done()]
-                    raise
-                except Exception as retry_exc:
-                    self._fail(request, retry_exc)
-                else:
-                    tokens, passes = tokens + part_tokens, passes + part_passes
-                    alone = {
-                        "batch_texts": len(request.items),
-                        "batch_requests": 1,
-                        "padded_tokens": part_tokens,
-                        "passes": part_passes,
-                    }
-                    answer(request, part, alone)
-            return tokens, passes + 1
-        offset = 0
-        job = {"batch_texts": len(items), "batch_requests": len(batch), "padded_tokens": tokens, "passes": passes}
-        for request in batch:
-            part = results[offset : offset + len(request.items)]
-            offset += len(request.items)
-            if not request.future.done():  # the caller may have given up meanwhile
-                answer(request, part, job)
-        return tokens, passes
-
-    def _fail(self, request: _Request, exc: Exception) -> None:
-        log.error("the forward pass failed on a request of %d texts", len(request.texts), exc_info=exc)
-        if not request.future.done():
-            error = ForwardError("the model failed on this request's texts")
-            error.__cause__ = exc
-            request.future.set_exception(error)
-
-    async def _wait_out_stall(self, stalled: _Stalled, batch: list[_Request]) -> None:
-        """Fail the stuck pass's requests now; wait for the pass to return before taking new work."""
-        for request in stalled.requests if stalled.requests is not None else batch:
-            if not request.future.done():
-                request.future.set_exception(ForwardStalledError(self.stalled))
-        await asyncio.wait([stalled.job])
-        took = self.forward_timeout + time.perf_counter() - self._stalled_since  # type: ignore[operator]
-        self._stuck -= 1
-        if self._stuck:
-            log.warning("a stuck forward pass returned after %.0fs; %d still running", took, self._stuck)
-            return
-        log.warning("the stuck forward pass returned after %.0fs; serving again", took)
-        self._stalled_since = None
-
     def _lane_free(self) -> bool:
         """Whether a new pass may start: nothing runs beside a pass on every core, nor after a pass stuck."""
-        return not self._passes or (not self._wide and len(self._passes) < self.lanes and self._stalled_since is None)
+        return not self._passes or (not self._wide and len(self._passes) < self.lanes and self.stalled is None)
 
     async def _loop(self) -> None:
         try:
@@ -599,9 +455,10 @@ class MicroBatcher:
         queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
         tokens = passes = 0
         try:
-            tokens, passes = await self._compute(batch, queue_s, forward, number)
-        except _Stalled as stalled:
-            await self._wait_out_stall(stalled, batch)
+            tokens, passes = await self._runner.run(batch, queue_s, forward, number)
+        except Stalled as stalled:
+            self._fail_queued(ForwardStalledError(self.stalled))
+            await self._runner.wait_out(stalled, batch)
         finally:
             self._last_batch_requests = len(batch)
         if self.on_batch is not None:
@@ -618,12 +475,3 @@ class MicroBatcher:
                 self.on_batch(stats)
             except Exception:  # a metric is not worth the requests behind it
                 log.exception("on_batch failed; the batch's requests were answered")
-
-
-class _Stalled(Exception):
-    """Raised inside the loop when a forward pass overran its deadline; ``job`` is the pass still running."""
-
-    def __init__(self, job: asyncio.Future):
-        super().__init__("forward pass stalled")
-        self.job = job
-        self.requests: list[_Request] | None = None  # the requests still unanswered, where a retry stalled

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..distributed import machine
 from ..errors import CheckpointError
-from .batcher import BatcherClosedError, ForwardError, ForwardStalledError, MicroBatcher, QueueFullError
+from .batch_runner import ForwardError, ForwardStalledError
+from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 from .metrics import ServeMetrics
 from .options import ServeConfig
 from .protocol import ServingPredictor

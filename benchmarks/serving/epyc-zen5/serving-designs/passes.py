@@ -6,7 +6,7 @@ import threading
 import time
 
 from distrinews.bench.serving_load import load_texts
-from distrinews.predict.passes import plan_passes
+from distrinews.predict.batch_forming import plan_passes
 from distrinews.predict.runtimes import make_predictor
 
 ckpt = sys.argv[1]

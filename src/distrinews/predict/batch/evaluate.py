@@ -24,7 +24,7 @@ from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import Shard, read_rows
 from ...errors import ConfigError
 from ...scores import classification_scores
-from ..passes import plan_passes
+from ..batch_forming import plan_passes
 
 DEFAULT_LABEL_FIELD = "label"
 WINDOW_ROWS = 512

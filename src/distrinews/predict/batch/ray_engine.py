@@ -20,7 +20,7 @@ it over its own range of rows (a task starts at row N of a file as a restarted l
 Why one Ray row per *window* (``worker.WINDOW_BATCHES`` x ``--batch-size`` input rows, at the same
 boundaries as the local engine's ``--nproc 1`` worker): a window's texts are sorted by length and cut
 into forward passes of at most ``--batch-size`` texts and ``--max-batch-tokens`` padded tokens
-(``passes.plan_passes``), so the same window gives the same passes, the same texts padded together and
+(``batch_forming.plan_passes``), so the same window gives the same passes, the same texts padded together and
 the same numbers as the local engine. Were texts Ray rows, Ray's block boundaries would decide which
 texts are padded together, and probabilities would move by up to ``PADDING_ATOL``.
 
@@ -47,7 +47,7 @@ from typing import Any, TextIO
 
 from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
-from ..passes import plan_passes
+from ..batch_forming import plan_passes
 from .assemble import OutputFiles, Totals
 from .engine import EXIT_REJECTED, WorkerFailed
 from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records, refuse_finished

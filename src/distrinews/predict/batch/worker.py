@@ -3,7 +3,7 @@
 A reader thread takes the worker's rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size``
 rows, in input order), sets its bad rows apart, tokenizes the rest (the predictor's ``encode``, the
 Rust tokenizer, which releases the GIL) and cuts them into forward passes the way the server does
-(``predict.passes.plan_passes``: sorted by length, at most ``--batch-size`` texts and
+(``predict.batch_forming.plan_passes``: sorted by length, at most ``--batch-size`` texts and
 ``--max-batch-tokens`` padded tokens a pass). At most ``PREFETCH`` windows wait for the model, so
 memory does not grow with the corpus. The calling thread runs the passes (``predict_encoded``).
 
@@ -39,7 +39,7 @@ from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
-from ..passes import plan_passes
+from ..batch_forming import plan_passes
 from .state import FileLock, JobRecord, StateDir, StateError, WorkerManifest
 
 WINDOW_BATCHES = 8  # a window is this many batches' worth of rows: the span within which texts are sorted by length
