@@ -115,7 +115,7 @@ def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
 
 
 def test_onnx_predictor_exports_on_the_fly_from_a_directory_or_a_legacy_pt_file(checkpoint, tmp_path):
-    from distrinews.export.seed_pt import export_seed_pt
+    from distrinews.export.seed_pt_writer import export_seed_pt
     from distrinews.predict.predictor import Predictor
     from distrinews.predict.runtimes import make_predictor
 

@@ -224,7 +224,7 @@ def test_none_fits_nothing_and_a_format_1_record_reads_as_temperature_1():
 def test_a_pt_export_keeps_the_temperature_and_refuses_one_out_of_range(calibrated, tmp_path):
     from distrinews.checkpoint.servable import load_for_inference
     from distrinews.errors import CheckpointError
-    from distrinews.export.seed_pt import export_seed_pt
+    from distrinews.export.seed_pt_writer import export_seed_pt
 
     best = shutil.copytree(calibrated[0], tmp_path / "best")
     record = json.loads((best / "distrinews.json").read_text())

@@ -18,7 +18,7 @@ from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import ParallelModel
 from distrinews.distributed.process_group import DistEnv
 from distrinews.errors import CheckpointError
-from distrinews.export.seed_pt import export_seed_pt
+from distrinews.export.seed_pt_writer import export_seed_pt
 from distrinews.model import build_model, build_tokenizer
 
 ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)

@@ -236,7 +236,7 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     import logging
     import shutil
 
-    from distrinews.export.seed_pt import export_seed_pt
+    from distrinews.export.seed_pt_writer import export_seed_pt
 
     source = shutil.copytree(tiny_best, tmp_path / "best")
     pt = export_seed_pt(source, tmp_path / "model.pt")
@@ -244,7 +244,7 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     with caplog.at_level(logging.INFO, logger="distrinews"):
         info = _served_info(pt)
     assert info["tokenizer"] == {"source": "base_model", "name": "tiny-random"}
-    said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint.seed_pt"]
+    said = [r.getMessage() for r in caplog.records if r.name == "distrinews.checkpoint.seed_pt_reader"]
     assert (
         len(said) == 1 and str(pt) in said[0] and "no tokenizer" in said[0] and "base model tiny-random" in said[0]
     ), said

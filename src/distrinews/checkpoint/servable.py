@@ -40,7 +40,7 @@ from .records import (
     recognise,
 )
 from .resumable import load_sharded_weights, load_weights
-from .seed_pt import read_seed_pt
+from .seed_pt_reader import read_seed_pt
 from .tokenizer_files import require_tokenizer
 from .versioning import version_fields
 

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             raise ConfigError("--quantize does not apply to --format space: choose --runtime onnx-int8")
         return _space(args)
     if args.format == "pt":
-        from ..export.seed_pt import export_seed_pt
+        from ..export.seed_pt_writer import export_seed_pt
 
         # beside the checkpoint, as the Space's folder: a published checkpoint is never written again
         out = args.output or Path(args.checkpoint).resolve().parent / _versioned_pt_name(args.checkpoint, args.version)
