@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
-from .fields import config_error, declared_names, option, value_from_text
+from .field_declaration import config_error, declared_names, option, value_from_text
 
 Strategy = Literal["ddp", "fsdp", "single"]
 DdpCommHook = Literal["auto", "none", "shm", "bf16", "fp16"]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError
-from .fields import config_error, declared_names, type_words
+from .field_declaration import config_error, declared_names, type_words
 from .sections import (
     ALIASES,
     MULTI_LABEL,
