@@ -110,11 +110,11 @@ def _refuse_output_inside_a_step(output: str | None) -> None:
 
 
 def _space(args: argparse.Namespace) -> int:
-    from ..export.space import DEFAULT_RUNTIME
+    from ..export.space import DEFAULT_SPACE_RUNTIME
     from ..export.space.bundle import export_space
     from . import require_extra
 
-    runtime = args.runtime or DEFAULT_RUNTIME
+    runtime = args.runtime or DEFAULT_SPACE_RUNTIME
     if runtime != "torch":
         require_extra("onnx", "onnx", f"export --format space --runtime {runtime}")
         require_extra("onnxruntime", "onnx", f"export --format space --runtime {runtime}")

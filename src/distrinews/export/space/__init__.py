@@ -16,8 +16,9 @@ configures the Space. ``bundle.export_space`` writes that folder from ``runs/X/b
 Runtimes: ``onnx-int8`` (default: the smallest), ``onnx`` (fp32) and ``torch``.
 """
 
-RUNTIMES = ("onnx-int8", "onnx", "torch")
-DEFAULT_RUNTIME = "onnx-int8"
+# The runtimes a Space can be built for: a subset of the server's (``predict.runtimes.RUNTIMES``).
+SPACE_RUNTIMES = ("onnx-int8", "onnx", "torch")
+DEFAULT_SPACE_RUNTIME = "onnx-int8"
 # Where each runtime's model file lives in the bundle (relative to the bundle, = the image's /app).
 MODEL_DIR = "model"
 MODEL_FILES = {"onnx-int8": "model.int8.onnx", "onnx": "model.onnx", "torch": "model.safetensors"}

@@ -22,7 +22,17 @@ from typing import Any
 from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe, read_servable_info
 from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
-from . import DEFAULT_RUNTIME, MODEL_DIR, MODEL_FILES, RUNTIMES, accuracy, checks, dockerfile, readme, requirements
+from . import (
+    DEFAULT_SPACE_RUNTIME,
+    MODEL_DIR,
+    MODEL_FILES,
+    SPACE_RUNTIMES,
+    accuracy,
+    checks,
+    dockerfile,
+    readme,
+    requirements,
+)
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews
 PACKAGE = PACKAGE_ROOT.name
@@ -150,7 +160,7 @@ def _torch_version() -> str:
 def export_space(
     checkpoint: str | os.PathLike,
     output: str | os.PathLike,
-    runtime: str = DEFAULT_RUNTIME,
+    runtime: str = DEFAULT_SPACE_RUNTIME,
     version: str | None = None,
     check_accuracy: bool = False,
     data_dir: str | None = None,
@@ -160,8 +170,8 @@ def export_space(
 ) -> Path:
     """Write the Space folder for ``checkpoint`` into ``output`` and return it (raises ConfigError for bad input)."""
     checkpoint, output = Path(checkpoint), Path(output)
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if runtime not in SPACE_RUNTIMES:
+        raise ConfigError(f"--runtime {runtime!r}: choose one of {', '.join(SPACE_RUNTIMES)}")
     if version is not None and not is_version(version):
         raise ConfigError(f"--version {version!r}: must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
     if check_accuracy and runtime != "onnx-int8":

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import MODEL_DIR, MODEL_FILES, RUNTIMES, dockerfile, readme, requirements
+from . import MODEL_DIR, MODEL_FILES, SPACE_RUNTIMES, dockerfile, readme, requirements
 
 REQUIRED_MODEL_FILES = ("config.json", "distrinews.json", "tokenizer.json")
 
 
 def runtime_of(bundle: Path) -> str | None:
     """The runtime the bundle's model file implies (smallest first)."""
-    for runtime in RUNTIMES:
+    for runtime in SPACE_RUNTIMES:
         if (bundle / MODEL_DIR / MODEL_FILES[runtime]).is_file():
             return runtime
     return None
