@@ -1,5 +1,5 @@
 """The pieces the ``Trainer`` is built from: where the run is, the step plan, the data, the model,
-the optimizer and its schedule. Each takes its own slice of the config (``config/sections.py``).
+the optimizer and its schedule. Each takes its own section of the config (``config/sections.py``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
     Trainer.train          resume, banner, then per epoch: train_step, log, evaluate, save
     Trainer.train_step     one optimizer step over a window of micro-batches (gradient accumulation)
 
-The pieces it is built from are in ``components.py`` (each from its slice of the config); what
-it prints is ``report.py``; ``best/`` is kept by ``checkpoint/best.py`` and the resumable
+The pieces it is built from are in ``components.py`` (each from its section of the config); what
+it prints is ``console.py``; ``best/`` is kept by ``checkpoint/best.py`` and the resumable
 checkpoints by ``checkpoint/resumable.py``. Only rank 0 prints, shows the progress bar, writes
 logs and saves; every rank reaches every collective (metric sums, RNG and state-dict
 gathering), and none of them sits inside ``if is_main``. A checkpoint is the last thing written
