@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from conftest import await_until, unavailable, wait_until
+from distrinews.distributed.lifetime import stop_processes
 
 HEADLINES = [
     "Oil prices jump after OPEC agrees to cut production",
@@ -415,12 +416,7 @@ class Chromium:
             os.close(self._cmd_write)
             os.close(self._out_read)
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_processes(self.proc, grace_s=10)
             # The helpers outlive the main process for a moment and go on writing into the profile, which
             # made the profile's removal fail now and then ("Directory not empty: 'Default'"): stop them all.
             deadline = time.monotonic() + 10

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable, wait_until
+from distrinews.distributed.lifetime import stop_processes
 
 pytestmark = pytest.mark.slow
 
@@ -332,12 +333,7 @@ def serve_replicas(
         running.wait_ready()
         yield running
     finally:
-        if running.proc.poll() is None:
-            running.proc.send_signal(signal.SIGTERM)
-            try:
-                running.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                running.proc.kill()
+        stop_processes(running.proc, grace_s=60)
         running._out.close()
 
 
