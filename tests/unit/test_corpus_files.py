@@ -212,7 +212,7 @@ def test_the_text_is_its_field_or_ag_news_title_and_description_cleaned_as_in_tr
         ({"body": "x"}, "no field 'text' (nor 'title' and 'description')"),
         ({"text": "   "}, "empty text in 'text'"),
         ({"text": None}, "field 'text' is null, not text"),
-        ({"text": 3}, "field 'text' is a int, not text"),
+        ({"text": 3}, "field 'text' is an int, not text"),
         ({"title": "", "description": None}, "empty text (title and description)"),
     ]:
         with pytest.raises(BadRow, match=reason.replace("(", r"\(").replace(")", r"\)")):

@@ -11,11 +11,13 @@ A row that lacks any of them raises :class:`BadRow`, whose message is the reject
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .rows import clean_text
+from .text import text_fault
 
 DEFAULT_TEXT_FIELD = "text"
 # The characters of a corpus row's text that are tokenized: the server's limit on a text. The model reads its first
@@ -55,12 +57,11 @@ class RowFields:
         else:
             also = f" (nor {' and '.join(map(repr, AG_NEWS_FIELDS))})" if self.text_field == DEFAULT_TEXT_FIELD else ""
             raise BadRow(f"no field {self.text_field!r}{also}")
+        own = self.text_field in fields
         if not text.strip():
-            raise BadRow(
-                f"empty text in {self.text_field!r}"
-                if self.text_field in fields
-                else "empty text (title and description)"
-            )
+            raise BadRow(f"empty text in {self.text_field!r}" if own else "empty text (title and description)")
+        if (fault := text_fault(text)) is not None:
+            raise BadRow(f"text {self.text_field!r} {fault}" if own else f"text (title and description) {fault}")
         return text
 
     def id(self, fields: dict[str, Any], row_number: int) -> Any:
@@ -71,9 +72,16 @@ class RowFields:
         value = fields[self.id_field]
         if value is None or (isinstance(value, str) and not value.strip()):
             raise BadRow(f"empty id in {self.id_field!r}")
-        if isinstance(value, (dict, list)):
-            raise BadRow(f"id {self.id_field!r} is a {type(value).__name__}, not a string or number")
-        return value
+        if isinstance(value, str):
+            if (fault := text_fault(value)) is not None:
+                raise BadRow(f"id {self.id_field!r} {fault}")
+            return value
+        # what every output format writes as it is: JSON has no NaN, a bool or bytes is no id
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadRow(f"id {self.id_field!r} is {value!r}, not a finite number")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        raise BadRow(f"id {self.id_field!r} is {_a(value)}, not a string or number")
 
     def label(self, fields: dict[str, Any], names: Sequence[str]) -> int:
         """The row's class as a 0-based id into ``names``."""
@@ -119,8 +127,14 @@ def _string(fields: dict[str, Any], name: str, null_ok: bool = False) -> str:
     if value is None and null_ok:
         return ""
     if not isinstance(value, str):
-        raise BadRow(f"field {name!r} is {'null' if value is None else 'a ' + type(value).__name__}, not text")
+        raise BadRow(f"field {name!r} is {'null' if value is None else _a(value)}, not text")
     return value
+
+
+def _a(value: Any) -> str:
+    """``a list``, ``an int``: the type of ``value`` in words."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 def label_keys(value: Any, column: str) -> tuple[str, ...]:

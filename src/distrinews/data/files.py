@@ -481,6 +481,6 @@ def raw_text(row: RawRow) -> str:
     if row.raw:
         return _clip(row.raw)
     if row.fields is not None:
-        with contextlib.suppress(TypeError, ValueError):
+        with contextlib.suppress(TypeError, ValueError, RecursionError):  # a value nested too deep to write
             return _clip(json.dumps(row.fields, ensure_ascii=False, default=str))
     return ""

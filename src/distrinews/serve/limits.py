@@ -1,6 +1,7 @@
 """Reading a request body within bounds: JSON only, UTF-8, nested at most ``MAX_JSON_DEPTH`` deep,
-numbers at most ``MAX_NUMBER_CHARS`` long, then validated against its schema; and each text's
-length. Every way a body can be wrong is a 4xx ``ApiError`` that says how, never a 500.
+numbers at most ``MAX_NUMBER_CHARS`` long, then validated against its schema; and each text: its length,
+and text a model takes (``data.text``: no lone surrogate, no NUL). Every way a body can be wrong is a 4xx
+``ApiError`` that says how, never a 500.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from ..data.text import text_fault
 from .schemas import ApiError, quoted
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -163,10 +165,6 @@ def clean_text(text: str, where: str, max_chars: int) -> str:
         raise ApiError(422, f"{where} is empty (or only whitespace): send 1 to {max_chars:,} characters of text")
     if len(stripped) > max_chars:
         raise ApiError(422, f"{where} has {len(stripped):,} characters; the limit is {max_chars:,}")
-    try:  # JSON may smuggle in lone surrogates ("\ud800") that no tokenizer can encode
-        stripped.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ApiError(
-            422, f"{where} contains an unpaired surrogate (character {exc.start}): not valid Unicode text"
-        ) from None
+    if (fault := text_fault(stripped)) is not None:  # JSON may smuggle in a lone surrogate ("\ud800") or a NUL
+        raise ApiError(422, f"{where} {fault}")
     return stripped

@@ -122,7 +122,14 @@ def read_row(
             return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
         except BadRow as exc:
             reason = str(exc)
-    return None, None, {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
+    reject = {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
+    return None, None, {key: _shown(value) if isinstance(value, str) else value for key, value in reject.items()}
+
+
+def _shown(text: str) -> str:
+    """``text`` as the rejects file can hold it: a lone surrogate (from a file name that is not UTF-8) written out as
+    its escape, ``\\udcff``, which UTF-8 can hold."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _windows(

@@ -1,0 +1,26 @@
+"""Which strings a model may be given as text: the one check the server (a 422) and the corpus readers (a rejected
+row) make.
+
+A string from JSON (``"\\ud800"``) may hold a lone surrogate, which is not Unicode text: the tokenizer
+refuses it (``TypeError``) and no UTF-8 file can hold it. A NUL is refused too: it is what a file's
+damaged or unwritten blocks read as (a crash after the size was set, a torn copy), never a headline;
+the tokenizer drops it silently, and many consumers of the results (C strings, PostgreSQL ``text``)
+cannot hold it in an id.
+"""
+
+from __future__ import annotations
+
+NUL = "\x00"
+
+
+def text_fault(text: str) -> str | None:
+    """Why ``text`` is not text a model takes (the words follow its name: ``"'text' contains ..."``), else None."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"contains an unpaired surrogate (character {exc.start}): not valid Unicode text"
+    position = text.find(NUL)
+    if position >= 0:
+        return f"contains a NUL character (character {position}): binary data, not text"
+    return None
