@@ -338,6 +338,86 @@ def write_rows():
     return write
 
 
+def hostile_corpus(folder: Path) -> tuple[list[Path], list[str], list[tuple[str, int, str]]]:
+    """Batch inputs (``--id-field id``) holding every kind of row that once stopped a job among good ones: ``(files,
+    the good rows' ids in input order, the rejects expected as (file name, line, start of the reason))``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distrinews.data.files import MAX_ROW_BYTES
+
+    huge = "x" * (MAX_ROW_BYTES + 1_000)  # a field over --max-row-bytes (its default)
+
+    folder.mkdir()
+    deep = "[" * 100_000 + "]" * 100_000
+    (folder / "a.jsonl").write_text(
+        "\n".join(
+            [
+                '{"id": "j1", "text": "Oil prices jump after OPEC cuts output"}',
+                '{"id": "j2", "text": "\\ud800 broken"}',  # line 2: a lone surrogate in the text
+                '{"id": "\\udfff", "text": "an id that is no text"}',  # a lone surrogate in the id
+                '{"id": "j4", "text": "nul \\u0000 inside"}',
+                '{"id": "j5\\u0000", "text": "a NUL in the id"}',
+                deep,  # line 6: 100,000 nested lists
+                '{"id": "j7", "text": "ok", "extra": ' + deep + "}",
+                json.dumps({"id": "j8", "text": huge}),  # over --max-row-bytes
+                '{"id": "j9", "text": 5}',
+                '{"id": true, "text": "a bool id"}',  # line 10
+                '{"id": NaN, "text": "a NaN id"}',
+                '{"id": ["j12"], "text": "a list id"}',
+                '{"id": "j13", "text": "Stocks rally on strong earnings"}',
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    (folder / "b.csv").write_bytes(
+        b"id,text\n"
+        b"c1,Team wins the final\n"
+        b'c2,"nul \x00 inside"\n'  # line 3
+        b'"c3\x00",a NUL in the id\n'
+        b'c4,"' + huge.encode() + b'"\n'
+        b'c5,"\xed\xa0\x80 a surrogate encoded as UTF-8 bytes"\n'  # line 6: not UTF-8
+        b"c6,Shares fall as investors worry\n"
+    )
+    # Parquet rows: line = the row's position in the file
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["p1", "p2", "p3\x00", "p4", "p5"],
+                "text": ["Rebels agree to a ceasefire", "nul \x00 inside", "a NUL in the id", huge, "Chip sales climb"],
+            }
+        ),
+        folder / "c.parquet",
+        row_group_size=3,
+    )
+    pq.write_table(pa.table({"id": [b"q1", b"q2"], "text": ["an id of bytes", "another"]}), folder / "d.parquet")
+    good = ["j1", "j13", "c1", "c6", "p1", "p5"]
+    rejects = [
+        ("a.jsonl", 2, "text 'text' contains an unpaired surrogate"),
+        ("a.jsonl", 3, "id 'id' contains an unpaired surrogate"),
+        ("a.jsonl", 4, "text 'text' contains a NUL character"),
+        ("a.jsonl", 5, "id 'id' contains a NUL character"),
+        ("a.jsonl", 6, "not JSON (nested too deep)"),
+        ("a.jsonl", 7, "not JSON (nested too deep)"),
+        ("a.jsonl", 8, "row of "),
+        ("a.jsonl", 9, "field 'text' is an int, not text"),
+        ("a.jsonl", 10, "id 'id' is a bool, not a string or number"),
+        ("a.jsonl", 11, "id 'id' is nan, not a finite number"),
+        ("a.jsonl", 12, "id 'id' is a list, not a string or number"),
+        ("b.csv", 3, "text 'text' contains a NUL character"),
+        ("b.csv", 4, "id 'id' contains a NUL character"),
+        ("b.csv", 5, "row of "),
+        ("b.csv", 6, "not UTF-8"),
+        ("c.parquet", 2, "text 'text' contains a NUL character"),
+        ("c.parquet", 3, "id 'id' contains a NUL character"),
+        ("c.parquet", 4, "row of "),
+        ("d.parquet", 1, "id 'id' is a bytes, not a string or number"),
+        ("d.parquet", 2, "id 'id' is a bytes, not a string or number"),
+    ]
+    return sorted(folder.iterdir()), good, rejects
+
+
 SERVE_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 

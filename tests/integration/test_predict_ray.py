@@ -18,7 +18,7 @@ from conftest import require
 ray = require("ray", "--engine ray needs Ray Data: pip install 'distrinews[ray]'")
 require("ray.data", "--engine ray needs Ray Data: pip install 'distrinews[ray]'")
 
-from distrinews.predict.batch import engine, ray_engine  # noqa: E402
+from distrinews.predict.batch import engine, ray_engine, shell  # noqa: E402
 from distrinews.predict.batch.job import BatchJob  # noqa: E402
 from distrinews.predict.batch.state import JOB_FORMAT, state_dir_of  # noqa: E402
 
@@ -179,7 +179,7 @@ def test_ray_engine_writes_csv_and_refuses_a_local_run_s_progress(tmp_path, corp
     import csv
 
     rows = list(csv.DictReader(output.open()))
-    assert status == engine.EXIT_REJECTED
+    assert status == shell.EXIT_REJECTED
     assert list(rows[0]) == ["id", "label", "confidence"]
     assert [(r["id"], r["label"]) for r in rows] == [(r["id"], r["label"]) for r in local_answers[0]]
     assert not state.exists()

@@ -19,7 +19,7 @@ import pytest
 from conftest import require
 from distrinews import cli
 from distrinews.data.rows import clean_text
-from distrinews.predict.batch import engine, worker
+from distrinews.predict.batch import engine, shell, worker
 from distrinews.predict.batch.job import BatchJob
 from distrinews.predict.batch.progress import Progress
 from distrinews.predict.batch.state import StateDir, state_dir_of
@@ -177,7 +177,7 @@ def test_every_kind_of_bad_row_goes_to_rejects_with_file_and_line_and_the_run_ex
     assert every == list(range(len(every)))  # each row once: labelled or rejected
     assert f"{len(every):,} rows read, {len(got):,} labelled, 7 rejected (see {output}.rejects.jsonl)" in line
     status, _ = run_job(checkpoint, [jsonl], output, predictor, strict=True, overwrite=True)
-    assert status == engine.EXIT_REJECTED == 3 and len(read_rejects(output)) == 4
+    assert status == shell.EXIT_REJECTED == 3 and len(read_rejects(output)) == 4
 
 
 class Recording:

@@ -1,9 +1,9 @@
-"""Hostile rows in the batch engine, in process (``predict.batch``).
+"""Hostile rows and an interrupted ``--overwrite`` in the batch engine, in process (``predict.batch``).
 
 Every kind of row that once stopped a job (a lone surrogate in the text or the id, a NUL, JSON nested too deep, a
 field over ``--max-row-bytes``, a value of the wrong type), in JSONL, CSV and Parquet: each is a rejected row naming
 its ``file:line``, and the job ends with exit status 0 and every good row once. The server refuses the same texts
-(one check, ``data.text``).
+(one check, ``data.text``). An ``--overwrite`` stopped mid-job leaves the published output as it was.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ import os
 
 import pytest
 
+from conftest import hostile_corpus
 from distrinews.data.fields import BadRow, RowFields
-from distrinews.data.files import MAX_ROW_BYTES
 from distrinews.predict.batch import engine
 from distrinews.predict.batch.job import BatchJob
+from distrinews.predict.batch.state import StateDir, state_dir_of
 from distrinews.predict.predictor import Predictor
-
-HUGE = "x" * (MAX_ROW_BYTES + 1_000)  # a field over --max-row-bytes (its default)
-OVER = f"over the limit of {MAX_ROW_BYTES:,} (--max-row-bytes)"
 
 
 @pytest.fixture(scope="module")
@@ -67,87 +65,11 @@ def ids_in(output):
     return [json.loads(line)["id"] for line in output.read_text(encoding="utf-8").splitlines()]
 
 
-def hostile_files(folder):
-    """Input files holding every kind of hostile row among good ones; ``(files, good ids in input order, rejects
-    expected as (file name, line, start of the reason))``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir()
-    deep = "[" * 100_000 + "]" * 100_000
-    (folder / "a.jsonl").write_text(
-        "\n".join(
-            [
-                '{"id": "j1", "text": "Oil prices jump after OPEC cuts output"}',
-                '{"id": "j2", "text": "\\ud800 broken"}',  # line 2: a lone surrogate in the text
-                '{"id": "\\udfff", "text": "an id that is no text"}',  # a lone surrogate in the id
-                '{"id": "j4", "text": "nul \\u0000 inside"}',
-                '{"id": "j5\\u0000", "text": "a NUL in the id"}',
-                deep,  # line 6: 100,000 nested lists
-                '{"id": "j7", "text": "ok", "extra": ' + deep + "}",
-                json.dumps({"id": "j8", "text": HUGE}),  # over --max-row-bytes
-                '{"id": "j9", "text": 5}',
-                '{"id": true, "text": "a bool id"}',  # line 10
-                '{"id": NaN, "text": "a NaN id"}',
-                '{"id": ["j12"], "text": "a list id"}',
-                '{"id": "j13", "text": "Stocks rally on strong earnings"}',
-            ]
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    (folder / "b.csv").write_bytes(
-        b"id,text\n"
-        b"c1,Team wins the final\n"
-        b'c2,"nul \x00 inside"\n'  # line 3
-        b'"c3\x00",a NUL in the id\n'
-        b'c4,"' + HUGE.encode() + b'"\n'
-        b'c5,"\xed\xa0\x80 a surrogate encoded as UTF-8 bytes"\n'  # line 6: not UTF-8
-        b"c6,Shares fall as investors worry\n"
-    )
-    # Parquet rows: line = the row's position in the file
-    pq.write_table(
-        pa.table(
-            {
-                "id": ["p1", "p2", "p3\x00", "p4", "p5"],
-                "text": ["Rebels agree to a ceasefire", "nul \x00 inside", "a NUL in the id", HUGE, "Chip sales climb"],
-            }
-        ),
-        folder / "c.parquet",
-        row_group_size=3,
-    )
-    pq.write_table(pa.table({"id": [b"q1", b"q2"], "text": ["an id of bytes", "another"]}), folder / "d.parquet")
-    good = ["j1", "j13", "c1", "c6", "p1", "p5"]
-    rejects = [
-        ("a.jsonl", 2, "text 'text' contains an unpaired surrogate"),
-        ("a.jsonl", 3, "id 'id' contains an unpaired surrogate"),
-        ("a.jsonl", 4, "text 'text' contains a NUL character"),
-        ("a.jsonl", 5, "id 'id' contains a NUL character"),
-        ("a.jsonl", 6, "not JSON (nested too deep)"),
-        ("a.jsonl", 7, "not JSON (nested too deep)"),
-        ("a.jsonl", 8, "row of "),
-        ("a.jsonl", 9, "field 'text' is an int, not text"),
-        ("a.jsonl", 10, "id 'id' is a bool, not a string or number"),
-        ("a.jsonl", 11, "id 'id' is nan, not a finite number"),
-        ("a.jsonl", 12, "id 'id' is a list, not a string or number"),
-        ("b.csv", 3, "text 'text' contains a NUL character"),
-        ("b.csv", 4, "id 'id' contains a NUL character"),
-        ("b.csv", 5, "row of "),
-        ("b.csv", 6, "not UTF-8"),
-        ("c.parquet", 2, "text 'text' contains a NUL character"),
-        ("c.parquet", 3, "id 'id' contains a NUL character"),
-        ("c.parquet", 4, "row of "),
-        ("d.parquet", 1, "id 'id' is a bytes, not a string or number"),
-        ("d.parquet", 2, "id 'id' is a bytes, not a string or number"),
-    ]
-    return sorted(folder.iterdir()), good, rejects
-
-
 @pytest.mark.parametrize("target", ["out.jsonl", "out.csv", "out.parquet"])
 def test_every_kind_of_hostile_row_is_rejected_with_file_and_line_and_the_job_goes_on(
     tmp_path, checkpoint, predictor, target
 ):
-    files, good, expected = hostile_files(tmp_path / "in")
+    files, good, expected = hostile_corpus(tmp_path / "in")
     output = tmp_path / target
     for attempt in range(2):  # once a row stopped every run of the job: the same command again ends the same way
         status, summary = run_job(checkpoint, files, output, predictor, id_field="id", overwrite=attempt > 0)
@@ -159,7 +81,7 @@ def test_every_kind_of_hostile_row_is_rejected_with_file_and_line_and_the_job_go
             for r, (_, _, why) in zip(rejects, expected)
         ]
         assert got == expected
-        assert all(r["reason"].endswith(OVER) for r in rejects if r["reason"].startswith("row of "))
+        assert all(r["reason"].endswith("(--max-row-bytes)") for r in rejects if r["reason"].startswith("row of "))
         assert f"{len(good) + len(expected)} rows read, {len(good)} labelled, {len(expected)} rejected" in summary
     assert rejects[1]["raw"] == '{"id": "\\udfff", "text": "an id that is no text"}'  # the line as it was read
     assert sorted(r["row"] for r in rejects) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15, 16, 17, 20, 21, 22, 24, 25]
@@ -200,3 +122,41 @@ def test_the_server_and_the_corpus_readers_refuse_the_same_texts_in_the_same_wor
     for bad in (True, float("nan"), float("inf"), b"q1", {"a": 1}):
         with pytest.raises(BadRow):
             RowFields(id_field="key").id({"key": bad}, 0)
+
+
+# ---------------------------------------------------------------------------------------------- --overwrite
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing on the way out handles it."""
+
+
+class DiesAfter:
+    """The predictor, killed when its ``n``-th forward pass has run."""
+
+    def __init__(self, predictor, n):
+        self.predictor, self.n, self.passes = predictor, n, 0
+        self.labels, self.encode = predictor.labels, predictor.encode
+
+    def predict_encoded(self, batch):
+        self.passes += 1
+        if self.passes == self.n:
+            raise Killed
+        return self.predictor.predict_encoded(batch)
+
+
+def test_an_interrupted_overwrite_leaves_the_published_output_and_rejects_as_they_were(
+    tmp_path, checkpoint, predictor, texts, write_rows
+):
+    corpus = write_rows(tmp_path / "news.jsonl", [{"text": t} for t in texts] + [{"text": ""}])
+    output = tmp_path / "out.jsonl"
+    rejects = output.with_name(output.name + ".rejects.jsonl")
+    assert run_job(checkpoint, [corpus], output, predictor, batch_size=8)[0] == 0
+    published = output.read_bytes(), rejects.read_bytes()
+    for n in (1, 4):  # stopped before any pass is committed, and after three were
+        with pytest.raises(Killed):
+            run_job(checkpoint, [corpus], output, DiesAfter(predictor, n), batch_size=8, overwrite=True)
+        assert (output.read_bytes(), rejects.read_bytes()) == published
+    state = StateDir(state_dir_of(output))
+    assert state.committed_rows() == 3 * 8  # three passes: the new run's progress, kept
+    status, summary = run_job(checkpoint, [corpus], output, predictor, batch_size=8, overwrite=True)
+    assert status == 0 and "done by an earlier run" not in summary  # --overwrite starts again
+    assert (output.read_bytes(), rejects.read_bytes()) == published and not state.path.exists()

@@ -55,8 +55,8 @@ def test_the_ray_extra_brings_ray_data_and_dev_installs_it(repo_root):
 
 def test_an_actor_that_died_of_a_user_error_is_reported_as_that_error_in_one_line():
     from distrinews.errors import ConfigError
-    from distrinews.predict.batch.engine import WorkerFailed
     from distrinews.predict.batch.ray_engine import _user_error
+    from distrinews.predict.batch.shell import WorkerFailed
 
     class ActorDiedError(Exception):  # as Ray raises it: the actor's traceback as text, no exception chained
         __module__ = "ray.exceptions"

@@ -15,8 +15,8 @@ from .. import tracing
 from ..config import ConfigError
 from ..data.fields import TEXT_CHARS
 from ..errors import CheckpointError, one_line
-from ..predict.batch.engine import EXIT_REJECTED
 from ..predict.batch.job import ENGINES, PROGRESS_MODES, BatchJob
+from ..predict.batch.shell import EXIT_REJECTED
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 EXIT_FAILED = 1
@@ -85,7 +85,9 @@ def register(subparsers) -> None:
         f"texts are cut to their first {TEXT_CHARS:,} characters, the server's limit, before tokenizing)",
     )
     batch.add_argument(
-        "--overwrite", action="store_true", help="start again: drop the output, its rejects and its progress"
+        "--overwrite",
+        action="store_true",
+        help="start again: drop the progress; the output and its rejects are replaced once the new ones are complete",
     )
     batch.add_argument(
         "--strict", action="store_true", help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)"
@@ -164,7 +166,7 @@ def run_corpus(args: argparse.Namespace) -> int:
         )
     if args.texts:
         raise ConfigError(f"predict: texts ({args.texts[0]!r}...) and --input are two forms; give one")
-    from ..predict.batch.engine import WorkerFailed
+    from ..predict.batch.shell import WorkerFailed
 
     job = BatchJob(
         checkpoint=args.checkpoint,
@@ -200,6 +202,11 @@ def run_corpus(args: argparse.Namespace) -> int:
         print(one_line(exc), file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        again = "start it again (the Ray engine does not resume)" if job.engine == "ray" else "continue"
-        print(f"distrinews: interrupted; run the same command again to {again} {args.output}", file=sys.stderr)
+        if job.overwrite:  # the published files are replaced only by a complete new run
+            what = f"{args.output} is unchanged; run the same command again to start again"
+        elif job.engine == "ray":
+            what = f"run the same command again to start {args.output} again (the Ray engine does not resume)"
+        else:
+            what = f"run the same command again to continue {args.output}"
+        print(f"distrinews: interrupted; {what}", file=sys.stderr)
         return 130

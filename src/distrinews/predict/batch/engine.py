@@ -3,9 +3,10 @@
 ``run(job)``:
 
 1. ``job.check``: every check that needs no model (one-line ``ConfigError``, exit 2, nothing written);
-2. the progress folder ``OUTPUT.partial/``, locked: with the same input, checkpoint, runtime, fields
-   and ``--nproc`` as the run that made it, the job continues; with another and rows already done, it
-   is refused (``--overwrite`` starts again); new, the rows are counted and split into one
+2. the progress folder ``OUTPUT.partial/``, locked (``shell``: one run at a time; ``--overwrite`` empties it,
+   and leaves the published output in place until the new one replaces it): with the same input, checkpoint,
+   runtime, fields and ``--nproc`` as the run that made it, the job continues; with another and rows already
+   done, it is refused (``--overwrite`` starts again); new, the rows are counted and split into one
    contiguous range per worker (``job.json``);
 3. the workers (``worker.run_worker``; in this process for ``--nproc 1``, else spawned processes
    with ``cores / N`` threads each), which commit every forward pass (the protocol is in ``worker``);
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
 from dataclasses import replace
@@ -25,17 +25,13 @@ from typing import Any, TextIO, cast
 from ...data.files import count_rows
 from ...errors import ConfigError
 from .assemble import Totals, assemble
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, refuse_finished, requested_record, split_rows
-from .progress import Progress, summary
-from .state import LOCK_FILE, FileLock, JobRecord, StateError
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, requested_record, split_rows
+from .progress import Progress
+from .shell import WorkerFailed, run_owned
+from .state import JobRecord
 from .worker import WorkerSettings, load_predictor, run_worker, spawned
 
-EXIT_REJECTED = 3  # --strict and some rows were rejected
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
-
-
-class WorkerFailed(RuntimeError):
-    """A worker process died or raised; what it committed is kept, and the same command continues."""
 
 
 def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None, predictor: Any = None) -> int:
@@ -43,41 +39,18 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
 
     ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint.
     """
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     checked = check(job)
-    state = checked.state
-    lock = FileLock(state.path / LOCK_FILE)
-    if not lock.acquire():
-        raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
-    try:
-        try:
-            refuse_finished(checked.output, job.overwrite)
-            record = _prepare(checked)
-            totals, progress = _compute(checked, record, stderr, predictor)
-        except StateError as exc:
-            raise ConfigError(f"predict: {exc}; pass --overwrite to start again") from None
-        except BaseException:
-            if state.path.is_dir() and not state.committed_rows():
-                shutil.rmtree(state.path, ignore_errors=True)  # nothing done yet: leave nothing behind
-            raise
-    finally:
-        lock.release()
-    rejects = display(checked.rejects) if totals.rejected else None
-    print(
-        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
-        file=stdout,
-        flush=True,
-    )
-    return EXIT_REJECTED if job.strict and totals.rejected else 0
+
+    def compute() -> tuple[Totals, Progress]:
+        record = _prepare(checked)
+        return _compute(checked, record, stderr or sys.stderr, predictor)
+
+    return run_owned(checked, compute, stdout or sys.stdout)
 
 
 def _prepare(checked: CheckedJob) -> JobRecord:
     """The job in the progress folder: this one continued, or started (its rows counted and split)."""
     job, state = checked.job, checked.state
-    if job.overwrite:
-        state.clear()
-        checked.output.unlink(missing_ok=True)
-        checked.rejects.unlink(missing_ok=True)
     request = requested_record(checked)
     existing = state.read_job()
     if existing is not None:

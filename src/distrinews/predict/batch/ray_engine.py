@@ -29,8 +29,9 @@ file in the local engine's format (not a folder of part files, as ``write_parque
 ``OUTPUT.partial/`` and published as the local engine publishes. So the driver must see the output's
 folder, and the workers the checkpoint and the inputs, at the same paths: on a cluster, shared storage.
 
-Not resumable: the local engine is the resumable one. A Ray run that is killed leaves no output and
-only temporary files in ``OUTPUT.partial/``; the same command starts again from the first row. An
+Not resumable: the local engine is the resumable one. A Ray run that is killed publishes nothing (with
+``--overwrite``, the old output stays as it was) and leaves only temporary files in ``OUTPUT.partial/``; the
+same command starts again from the first row. An
 ``OUTPUT.partial/`` holding a local run's progress is refused (finish it with ``--engine local``, or
 ``--overwrite``), so no computed rows are dropped silently.
 """
@@ -40,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -49,10 +49,10 @@ from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
 from ..batch_forming import plan_passes
 from .assemble import OutputFiles, Totals
-from .engine import EXIT_REJECTED, WorkerFailed
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records, refuse_finished
-from .progress import Progress, summary
-from .state import LOCK_FILE, FileLock, JobRecord, ShardRecord, StateError
+from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records
+from .progress import Progress
+from .shell import WorkerFailed, run_owned
+from .state import JobRecord, ShardRecord, StateError
 from .worker import WINDOW_BATCHES, load_predictor, result_lines
 
 RAY_EXTRA = "ray"
@@ -78,50 +78,27 @@ def require_ray() -> Any:
 
 def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Run ``job`` on Ray to its published output; the exit status (0, or ``EXIT_REJECTED`` with ``--strict``)."""
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     ray = require_ray()
     checked = check(job)
-    state = checked.state
-    lock = FileLock(state.path / LOCK_FILE)
-    if not lock.acquire():
-        raise ConfigError(f"predict: another run (process {lock.holder()}) is writing {checked.output}")
-    try:
-        refuse_finished(checked.output, job.overwrite)
-        _take_over(checked)
-        check_loadable(
-            checked.checkpoint
-        )  # cheaply, here: a refused checkpoint is one line, not every actor's traceback
+
+    def compute() -> tuple[Totals, Progress]:
+        _refuse_local_progress(checked)
+        check_loadable(checked.checkpoint)  # here: a refused checkpoint is one line, not every actor's traceback
         inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
         started = _connect(ray, job.ray_address)
         try:
-            totals, progress = _compute(checked, inputs, stderr, ray)
+            return _compute(checked, inputs, stderr or sys.stderr, ray)
         finally:
             if started:
                 ray.shutdown()
-    except BaseException:
-        if state.path.is_dir() and not state.job_path.exists():  # only this run's temporary files: leave nothing behind
-            shutil.rmtree(state.path, ignore_errors=True)
-        raise
-    finally:
-        lock.release()
-    rejects = display(checked.rejects) if totals.rejected else None
-    print(
-        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
-        file=stdout,
-        flush=True,
-    )
-    return EXIT_REJECTED if job.strict and totals.rejected else 0
+
+    return run_owned(checked, compute, stdout or sys.stdout)
 
 
-def _take_over(checked: CheckedJob) -> None:
-    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused without
-    --overwrite)."""
-    job, state = checked.job, checked.state
-    if job.overwrite:
-        state.clear()
-        checked.output.unlink(missing_ok=True)
-        checked.rejects.unlink(missing_ok=True)
-        return
+def _refuse_local_progress(checked: CheckedJob) -> None:
+    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused; ``--overwrite``
+    has emptied it already)."""
+    state = checked.state
     if state.job_path.exists() and state.committed_rows() > 0:
         raise ConfigError(
             f"predict: {display(checked.output)} is partly computed by the local engine ({display(state.path)}); "
