@@ -19,10 +19,11 @@ ray = require("ray", "--engine ray needs Ray Data: pip install 'distrinews[ray]'
 require("ray.data", "--engine ray needs Ray Data: pip install 'distrinews[ray]'")
 
 from distrinews.predict.batch import engine, ray_engine, shell  # noqa: E402
+from distrinews.predict.batch.assemble import OutputFiles  # noqa: E402
 from distrinews.predict.batch.job import BatchJob  # noqa: E402
 from distrinews.predict.batch.state import JOB_FORMAT, state_dir_of  # noqa: E402
 
-ROWS = 40  # good rows; 3 bad ones besides
+ROWS = 40  # good rows; 4 bad ones besides
 ATOL = 1e-5
 # 4 texts a pass, at most 96 padded tokens: a 32-row window is cut into passes by both limits.
 OPTIONS = {
@@ -46,7 +47,7 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
-    """``(checkpoint, [shards])``: 25 JSONL rows (2 bad) then 18 CSV rows (1 bad), ids ``k0``, ``k1``, ..."""
+    """``(checkpoint, [shards])``: 26 JSONL rows (3 bad) then 18 CSV rows (1 bad), ids ``k0``, ``k1``, ..."""
     from distrinews.data.csv_files import read_csv
 
     root = tmp_path_factory.mktemp("predict-ray")
@@ -58,6 +59,7 @@ def corpus(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
     lines = first.read_bytes().splitlines(keepends=True)
     lines.insert(5, b'{"key": "bad-empty", "text": "  "}\n')  # line 6: empty text
     lines.insert(17, b"this line is not json\n")  # line 18
+    lines.insert(20, b'{"key": "bad-surrogate", "text": "\\ud800 broken"}\n')  # line 21: no tokenizer takes it
     first.write_bytes(b"".join(lines))
     second = write_rows(root / "part-1.csv", rows[23:])
     with open(second, "a") as fh:
@@ -128,10 +130,10 @@ def test_ray_engine_answers_equal_the_local_engine(local_answers, ray_answers):
             list(theirs["probabilities"].values()), abs=ATOL, rel=0
         )
         assert mine["confidence"] == pytest.approx(theirs["confidence"], abs=ATOL, rel=0)
-    assert f"{ROWS + 3} rows read, {ROWS} labelled, 3 rejected" in line
+    assert f"{ROWS + 4} rows read, {ROWS} labelled, 4 rejected" in line
     assert line.split(";")[0] == local_line.split(";")[0]  # the same summary, up to the speed
     assert line.startswith(
-        f"predict: {ROWS + 3} rows read, {ROWS} labelled, 3 rejected (see OUT.rejects.jsonl) -> OUT;"
+        f"predict: {ROWS + 4} rows read, {ROWS} labelled, 4 rejected (see OUT.rejects.jsonl) -> OUT;"
     )
 
 
@@ -141,7 +143,8 @@ def test_ray_engine_puts_bad_rows_in_rejects_with_file_and_line(corpus, ray_answ
     assert where == [
         ("part-0.jsonl", 6, 5, "empty text in 'text'"),
         ("part-0.jsonl", 18, 17, "not JSON"),
-        ("part-1.csv", 19, 42, "expected 2 fields"),
+        ("part-0.jsonl", 21, 20, "text 'text' contains an unpaired surrogate"),
+        ("part-1.csv", 19, 43, "expected 2 fields"),
     ]
     assert rejects[1]["raw"] == "this line is not json"
     assert rejects == local_answers[1]
@@ -155,7 +158,7 @@ def test_ray_engine_writes_csv_and_refuses_a_local_run_s_progress(tmp_path, corp
     (state / "job.json").write_text("{}")  # a local run's progress is not dropped silently
     (state / "worker-0").mkdir()
     (state / "worker-0" / "manifest.json").write_text(
-        json.dumps({"worker": 0, "start": 0, "end": 43, "done_through": 32, "format_version": JOB_FORMAT})
+        json.dumps({"worker": 0, "start": 0, "end": 44, "done_through": 32, "format_version": JOB_FORMAT})
     )
     with pytest.raises(engine.ConfigError, match=r"partly computed by the local engine.*--engine local"):
         ray_engine.run(job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1), stdout=io.StringIO())
@@ -183,3 +186,32 @@ def test_ray_engine_writes_csv_and_refuses_a_local_run_s_progress(tmp_path, corp
     assert list(rows[0]) == ["id", "label", "confidence"]
     assert [(r["id"], r["label"]) for r in rows] == [(r["id"], r["label"]) for r in local_answers[0]]
     assert not state.exists()
+
+
+def test_an_interrupted_overwrite_on_ray_leaves_the_published_output(tmp_path, corpus, local_ray, monkeypatch):
+    checkpoint, inputs = corpus
+    output = tmp_path / "labels.jsonl"
+    rejects = output.with_name(output.name + ".rejects.jsonl")
+    output.write_text('{"id": "k0", "label": "World", "confidence": 0.9}\n')  # what an earlier run published
+    rejects.write_text('{"file": "part-0.jsonl", "line": 6}\n')
+
+    class Killed(BaseException):
+        """Stands in for SIGKILL on the driver, the output half written."""
+
+    real, seen = OutputFiles.add, []
+
+    def killed_midway(self, record):
+        seen.append(record)
+        if len(seen) == ROWS // 2:
+            raise Killed
+        real(self, record)
+
+    monkeypatch.setattr(OutputFiles, "add", killed_midway)
+    with pytest.raises(Killed):
+        ray_engine.run(
+            job(checkpoint, inputs, output, engine="ray", nproc=2, threads=1, overwrite=True),
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
+    assert output.read_text().startswith('{"id": "k0", "label": "World"') and rejects.read_text().startswith('{"file"')
+    assert not state_dir_of(output).exists()  # a Ray run keeps no progress: nothing left behind
