@@ -2,7 +2,7 @@
 evaluated exactly (``distrinews eval`` in one process gives the training's numbers, and ``eval --input`` on the
 validation file the same on every runtime), then the same answers from the Python API (torch, and the exported ONNX
 and int8 files), the HTTP app, the batch path and Hugging Face's ``pipeline`` (a sigmoid chosen by the config's
-problem_type). One run, every check on it."""
+problem_type, decided from the label column's lists). One run, every check on it."""
 
 from __future__ import annotations
 
@@ -43,9 +43,7 @@ def trained(tmp_path_factory, news_corpus, cli):
         "--validation_file",
         str(test),
         "--label_column_name",
-        "labels",
-        "--problem_type",
-        "multi_label_classification",
+        "labels",  # a list a row: multi-label without --problem_type, as in run_classification.py
         "--eval_samples",
         "160",
         "--learning_rate",
@@ -80,6 +78,8 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
     assert "Calibration: skipped (multi-label" in stdout and "Calibration rows" not in stdout
     record = json.loads((best / "distrinews.json").read_text())
     assert json.loads((best / "config.json").read_text())["problem_type"] == "multi_label_classification"
+    assert "problem_type: multi_label_classification" in (run / "config.yaml").read_text()  # as decided from the data
+    assert record["training_config"]["problem_type"] == "multi_label_classification"
     thresholds, metrics = record["thresholds"], record["metrics"]
     assert sorted(thresholds) == ["Business", "Sci/Tech", "Sports", "World"] and record["format_version"] == 3
     assert thresholds == metrics["thresholds"] and max(s["f1"] for s in metrics["per_class"].values()) > 0.75, (

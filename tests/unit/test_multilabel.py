@@ -154,9 +154,62 @@ def test_malformed_rows_and_configs_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="'class_weights': applies to single-label classification only"):
         TrainConfig(train_file="t.jsonl", problem_type="multi_label_classification", class_weights="balanced")
     with pytest.raises(ConfigError, match="'label_column_name': names several 0/1 columns, which is multi-label"):
-        TrainConfig(train_file="t.csv", label_column_name="World,Sports")
+        TrainConfig(train_file="t.csv", label_column_name="World,Sports", problem_type="single_label_classification")
     with pytest.raises(ConfigError, match="'metric_for_best_model': micro_f1 is a multi-label metric"):
         TrainConfig(metric_for_best_model="micro_f1")
+
+
+def test_an_unset_problem_type_is_multi_label_when_the_label_column_holds_lists(tmp_path):
+    """As Hugging Face's run_classification.py decides it: lists (JSONL, Parquet) or several 0/1 columns are
+    multi-label, single labels and CSV cells single-label; the config a run records says which."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distrinews.config import SINGLE_LABEL
+    from distrinews.data.labelled import with_problem_type
+
+    rows = [("oil prices jump as troops gather", ["Business", "World"]), ("the striker scores", ["Sports"])] * 4
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t, "labels": y}) + "\n" for t, y in rows))
+    parquet = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": [t for t, _ in rows], "labels": [y for _, y in rows]}), parquet)
+    single = tmp_path / "s.jsonl"
+    single.write_text("".join(json.dumps({"text": t, "labels": y[0]}) + "\n" for t, y in rows))
+    columns = tmp_path / "c.csv"
+    columns.write_text("text,World,Sports\n" + "a vote,1,0\nthe match,0,1\n" * 4)
+    for train, more, want in [
+        (jsonl, {}, "multi_label_classification"),
+        (parquet, {}, "multi_label_classification"),
+        (single, {}, "single_label_classification"),
+        (columns, {"label_column_name": "World,Sports"}, "multi_label_classification"),
+    ]:
+        given = TrainConfig(train_file=str(train), **{"label_column_name": "labels", **more})
+        assert given.data.problem_type is None  # the default: unset
+        config = with_problem_type(given)
+        assert config.data.problem_type == config.to_dict()["problem_type"] == want, train.name
+        data = load_labelled(given.data, seed=0)  # a caller with the config unresolved reads the same rows
+        assert data.multi_label == (want == "multi_label_classification")
+    assert load_labelled(TrainConfig(train_file=str(jsonl), label_column_name="labels").data, seed=0).label_names == [
+        "Business",
+        "Sports",
+        "World",
+    ]
+    # lists refused as single labels name the flag; an option for single-label runs names why the run is multi-label
+    explicit = TrainConfig(train_file=str(jsonl), label_column_name="labels", problem_type=SINGLE_LABEL)
+    with pytest.raises(
+        DataError,
+        match=r"t\.jsonl:1: label .* is not a string or an integer \(a list of labels: set "
+        r"problem_type multi_label_classification\)",
+    ):
+        load_labelled(explicit.data, seed=0)
+    weighted = TrainConfig(train_file=str(jsonl), label_column_name="labels", class_weights="balanced")
+    with pytest.raises(
+        ConfigError,
+        match=r"'class_weights': applies to single-label .*; problem_type is "
+        r"multi_label_classification: the label column 'labels' holds lists \(.*t\.jsonl:1\)",
+    ):
+        with_problem_type(weighted)
+    assert with_problem_type(TrainConfig()).data.problem_type == "single_label_classification"  # AG News
 
 
 def test_the_paired_set_uses_every_story_once_and_pairs_two_labels():

@@ -19,7 +19,7 @@ ReportTo = Literal["tensorboard", "mlflow", "none"]
 BestModelMetric = Literal["accuracy", "macro_f1", "micro_f1", "loss"]
 Calibration = Literal["temperature", "none"]
 ProblemType = Literal["single_label_classification", "multi_label_classification"]
-MULTI_LABEL = "multi_label_classification"
+SINGLE_LABEL, MULTI_LABEL = typing.get_args(ProblemType)
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
 LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
@@ -133,10 +133,13 @@ class DataConfig(Section):
         "the column that holds the label; multi-label: a column holding a list of labels (JSONL/Parquet list, or in a "
         "CSV cell comma-separated names or a JSON list), or several comma-separated 0/1 columns named by their label",
     )
-    problem_type: ProblemType = option(
-        "single_label_classification",
+    problem_type: ProblemType | None = option(
+        None,
         "multi_label_classification: each text has any number of the labels (sigmoid outputs, binary cross-entropy, "
-        "a threshold per label tuned on the evaluation split); single_label_classification: exactly one (softmax)",
+        "a threshold per label tuned on the evaluation split); single_label_classification: exactly one (softmax); "
+        "unset: from the data, as Hugging Face's run_classification.py does: multi-label when the training rows' "
+        "label column holds lists (JSONL, Parquet, a data set's Sequence) or label_column_name names several 0/1 "
+        "columns, else single-label (the run's config.yaml records which)",
         hints=("multi_label", "multilabel"),
     )
     label_names: str | None = option(

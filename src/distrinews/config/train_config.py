@@ -20,6 +20,7 @@ from .sections import (
     MULTI_LABEL,
     SECTION_OF,
     SECTIONS,
+    SINGLE_LABEL,
     BatchConfig,
     DataConfig,
     DistillationConfig,
@@ -99,16 +100,19 @@ class TrainConfig(BaseModel):
         need(bool(d.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
         need(bool(d.label_column_name.strip(" ,")), "label_column_name", "must not be empty")
         multi = d.problem_type == MULTI_LABEL
+        # unset: decided from the training rows (data.labelled.with_problem_type), and these checks made again then
+        undecided = d.problem_type is None and bool(own_data)
         need(
             not multi or bool(own_data), "problem_type", "AG News has one label a row: give train_file or dataset_name"
         )
         need(
-            "," not in d.label_column_name or multi,
+            "," not in d.label_column_name or d.problem_type != SINGLE_LABEL,
             "label_column_name",
-            "names several 0/1 columns, which is multi-label: set problem_type multi_label_classification",
+            "names several 0/1 columns, which is multi-label: set problem_type multi_label_classification "
+            "(or leave it unset)",
         )
         need(
-            multi or self.run.metric_for_best_model != "micro_f1",
+            multi or undecided or self.run.metric_for_best_model != "micro_f1",
             "metric_for_best_model",
             "micro_f1 is a multi-label metric (problem_type multi_label_classification); a single-label run's "
             "micro-F1 is its accuracy",

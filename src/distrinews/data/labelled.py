@@ -23,9 +23,9 @@ and line), a label column with one class, a class with a single row where a spli
 stratified. What training survives becomes a warning: a class with one row, classes of
 ``label_names`` with no training rows, texts that occur with different labels.
 
-Multi-label (``problem_type: multi_label_classification``): a row's label is a list of labels (a
-JSONL or Parquet list; in a CSV cell, names separated by commas or a JSON list; an empty list is a
-row with none of them), or ``label_column_name`` names several columns, one per label, each 0 or 1
+Multi-label (``problem_type: multi_label_classification``, or unset on lists: ``problem_type_of``): a row's label
+is a list of labels (a JSONL or Parquet list; in a CSV cell, names separated by commas or a JSON list; an empty
+list is a row with none of them), or ``label_column_name`` names several columns, one per label, each 0 or 1
 (the columns' names are the labels). The labels become a 0/1 list per row (multi-hot); the label set
 is every label seen in training, as above. A value that is neither is an error naming ``file:line``.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import MULTI_LABEL, DataConfig, TrainConfig
+from ..config import MULTI_LABEL, SINGLE_LABEL, DataConfig, TrainConfig
 from ..errors import ConfigError, DataError
 from .fields import BadRow, label_flag, label_key, label_keys
 from .files import read_rows, resolve_inputs
@@ -119,7 +119,7 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         test = load_split(config.data_dir, "test")
         return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
     columns = text_columns(config)
-    multi = config.problem_type == MULTI_LABEL
+    multi = problem_type_of(config)[0] == MULTI_LABEL
     labels = label_columns(config)
     if config.train_file:
         train_rows = read_file_rows(config.train_file, "train_file", columns, labels, multi)
@@ -144,6 +144,51 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
     return LabelledData(
         train if need_train else None, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi
     )
+
+
+def problem_type_of(config: DataConfig) -> tuple[str, str]:
+    """The run's problem type and why. Unset, it is decided as Hugging Face's ``run_classification.py`` does:
+    multi-label when the training split's label column holds lists (its first row that has the column: a JSONL or
+    Parquet list, a data set's ``Sequence``) or ``label_column_name`` names several 0/1 columns, else single-label
+    (a CSV cell is text: one label, unless ``problem_type`` says otherwise)."""
+    labels = label_columns(config)
+    if config.problem_type is not None or not uses_own_data(config):
+        return config.problem_type or SINGLE_LABEL, "problem_type" if config.problem_type else "AG News"
+    if len(labels) > 1:
+        return MULTI_LABEL, f"label_column_name names {len(labels)} columns"
+    where = _first_list_label(config, labels[0])
+    if where is None:
+        return SINGLE_LABEL, f"the label column {labels[0]!r} holds single labels"
+    return MULTI_LABEL, f"the label column {labels[0]!r} holds lists ({where})"
+
+
+def _first_list_label(config: DataConfig, column: str) -> str | None:
+    """Where the training split's first label is (``file:line``, or the data set's feature), if it is a list."""
+    if config.dataset_name:
+        train = _load_dataset(config.dataset_name, config.dataset_config_name).get("train")
+        feature = train.features.get(column) if train is not None else None
+        # a Sequence (List) of labels has the type of its items as .feature; a ClassLabel or a Value has none
+        return f"{config.dataset_name}, a {type(feature).__name__}" if hasattr(feature, "feature") else None
+    assert config.train_file is not None, "own data without a data set is a train_file"
+    for shard in resolve_inputs([config.train_file], what="config field 'train_file':"):
+        for row in read_rows(shard, columns=[column]):
+            if row.fields is not None and column in row.fields:
+                value = row.fields[column]
+                is_list = isinstance(value, (list, tuple)) or hasattr(value, "tolist")
+                return f"{shard.path}:{row.line}" if is_list else None
+    return None
+
+
+def with_problem_type(config: TrainConfig) -> TrainConfig:
+    """``config`` with its problem type decided (``problem_type_of``) and checked again as a whole: what a run trains
+    and records (``config.yaml``, each checkpoint's config); an option for the other type is one line naming why."""
+    if config.data.problem_type is not None:
+        return config
+    problem_type, why = problem_type_of(config.data)
+    try:
+        return TrainConfig.from_dict({**config.to_dict(), "problem_type": problem_type})
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; problem_type is {problem_type}: {why}") from None
 
 
 def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> TrainConfig:
@@ -292,7 +337,8 @@ def _label_key(value: Any, where: str, column: str) -> str:
     try:
         return label_key(value, column)
     except BadRow as exc:
-        raise DataError(f"{where}: {exc}") from None
+        many = " (a list of labels: set problem_type multi_label_classification)" if isinstance(value, list) else ""
+        raise DataError(f"{where}: {exc}{many}") from None
 
 
 # ---------------------------------------------------------------------- labels

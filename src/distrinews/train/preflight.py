@@ -16,7 +16,7 @@ import torch
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.rundir import RunDir
 from ..config import ConfigError, TrainConfig
-from ..data.labelled import load_labelled
+from ..data.labelled import load_labelled, with_problem_type
 from ..distributed.process_group import check_one_gpu_per_process
 from ..model import check_model_available
 from .distillation import teacher_paths
@@ -55,6 +55,7 @@ def preflight_train(
         if config.distillation.teacher_model_name_or_path:
             teacher_paths(config.distillation.teacher_model_name_or_path)
         if read_data:  # every row, as the workers will: a malformed one fails here with file:line
+            config = with_problem_type(config)  # and an option the data's problem type refuses
             for warning in load_labelled(config.data, config.run.seed).warnings:
                 print(warning, file=sys.stderr, flush=True)
         return held.pop_all()

@@ -34,11 +34,11 @@ from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..config import MULTI_LABEL, TrainConfig
 from ..data.collate import Collator
-from ..data.labelled import class_counts
+from ..data.labelled import class_counts, with_problem_type
 from ..data.sampler import TrainSampler
 from ..distributed.parallel import ParallelModel, wrap_model
 from ..distributed.preemption import StopRequest
-from ..distributed.process_group import DistEnv, broadcast_object, distributed_context
+from ..distributed.process_group import DistEnv, broadcast_object, distributed_context, main_process_first
 from ..distributed.watchdog import Watchdog
 from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
@@ -105,6 +105,8 @@ class Trainer:
     ):
         """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW);
         ``callbacks``: more callbacks, after the config's own."""
+        with main_process_first(env, local=True):  # a data set read once per node, the others from its cache
+            config = with_problem_type(config)  # problem_type unset: from the data; the records say which
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.run.output_dir)
