@@ -30,10 +30,10 @@ file in the local engine's format (not a folder of part files, as ``write_parque
 folder, and the workers the checkpoint and the inputs, at the same paths: on a cluster, shared storage.
 
 Not resumable: the local engine is the resumable one. A Ray run that is killed publishes nothing (with
-``--overwrite``, the old output stays as it was) and leaves only temporary files in ``OUTPUT.partial/``; the
-same command starts again from the first row. An
-``OUTPUT.partial/`` holding a local run's progress is refused (finish it with ``--engine local``, or
-``--overwrite``), so no computed rows are dropped silently.
+``--overwrite``, the old output stays as it was) and leaves only temporary files in ``OUTPUT.partial/``;
+the same command starts again from the first row. An ``OUTPUT.partial/`` holding a local run's progress
+is refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped
+silently.
 """
 
 from __future__ import annotations
