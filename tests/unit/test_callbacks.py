@@ -13,12 +13,11 @@ import torch
 
 from conftest import require, wait_until
 from distrinews.checkpoint.best import improves
-from distrinews.checkpoint.records import TrainerStateRecord
+from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import ConfigError, TrainConfig, load_config
 from distrinews.distributed.process_group import DistEnv
 from distrinews.train.callbacks import CallbackHandler, TrainerCallback, TrainerControl
-from distrinews.train.components import TrainState
 from distrinews.train.early_stopping import EarlyStoppingCallback
 
 ONE = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)
@@ -96,11 +95,11 @@ def test_early_stopping_counts_evaluations_without_improvement_and_stops_at_pati
 def test_the_count_is_in_the_checkpoint_and_a_stopped_run_resumed_stops_at_once(tmp_path):
     config = TrainConfig(early_stopping_patience=3)
     _, state, _ = evaluations(config, [0.5, 0.4, 0.4])
-    record = TrainerStateRecord(**state.state_dict())
+    record = TrainState(**state.state_dict())
     path = tmp_path / "trainer_state.json"
     path.write_text(json.dumps(record.to_json()))
     restored = TrainState()
-    restored.load_state_dict(TrainerStateRecord.from_json(json.loads(path.read_text()), path).__dict__)
+    restored.load_state_dict(TrainState.from_json(json.loads(path.read_text()), path).__dict__)
     assert restored.early_stopping_patience_counter == 2 and restored.best_metric == 0.5
     counters, _, said = evaluations(config, [0.45, 0.9], state=restored)  # one more without improvement: the third
     assert counters == [3] and said

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from distrinews.checkpoint import servable
 from distrinews.checkpoint.disk_space import _says_disk_full, _size
 from distrinews.checkpoint.manifest import list_checkpoints, resolve_resume, rotate_checkpoints, verify_checkpoint
-from distrinews.checkpoint.records import CheckpointFormat, ServableInfo, TrainerStateRecord, recognise
+from distrinews.checkpoint.records import CheckpointFormat, ServableInfo, TrainState, recognise
 from distrinews.checkpoint.resumable import Checkpointer, load_weights, restore_rng_state, save_weights
 from distrinews.checkpoint.rundir import clean_stale_tmp
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
@@ -45,7 +45,7 @@ def _save_step(root, step, model, limit=None):
         opt,
         sched,
         None,
-        TrainerStateRecord(epoch=0, step_in_epoch=step, label_names=list(AG_NEWS_LABELS)),
+        TrainState(epoch=0, step_in_epoch=step, label_names=list(AG_NEWS_LABELS)),
     )
 
 
@@ -93,7 +93,7 @@ def test_resumable_checkpoint_round_trip(tmp_path, tiny):
     random.seed(7)
     np.random.seed(7)
     checkpointer = Checkpointer(tmp_path, ONE_PROCESS, None, {"model_name_or_path": "tiny-random"})
-    path = checkpointer.save(2, wrapped, opt, sched, None, TrainerStateRecord(epoch=0, step_in_epoch=2))
+    path = checkpointer.save(2, wrapped, opt, sched, None, TrainState(epoch=0, step_in_epoch=2))
     expected_draws = _draws()
     assert sorted(p.name for p in path.iterdir()) == [
         "config.json",

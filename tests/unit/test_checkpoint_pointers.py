@@ -15,7 +15,7 @@ import torch
 
 from conftest import require
 from distrinews.checkpoint.manifest import write_manifest
-from distrinews.checkpoint.records import STEP_MODEL, ServableInfo, TrainerStateRecord
+from distrinews.checkpoint.records import STEP_MODEL, ServableInfo, TrainState
 from distrinews.checkpoint.resumable import Checkpointer
 from distrinews.checkpoint.servable import load_for_inference, save_servable
 from distrinews.cli import main
@@ -69,7 +69,7 @@ def _step(root: Path, tiny, config: dict, tokenizer: bool = True) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     checkpointer = Checkpointer(root, ONE_PROCESS, None, config, tokenizer=tok if tokenizer else None)
-    state = TrainerStateRecord(epoch=0, step_in_epoch=3, label_names=list(AG_NEWS_LABELS))
+    state = TrainState(epoch=0, step_in_epoch=3, label_names=list(AG_NEWS_LABELS))
     return checkpointer.save(3, ParallelModel(model, model, "ddp", ONE_PROCESS), opt, sched, None, state)
 
 

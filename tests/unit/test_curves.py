@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
+from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.cli import main
 from distrinews.config import TrainConfig
 from distrinews.train import curves
-from distrinews.train.components import TrainState
 from distrinews.train.curves import RunLog, draw, results_table, write_training_curves
 from distrinews.train.metrics import JsonLogCallback
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from distrinews.checkpoint.manifest import resolve_resume, verify_checkpoint
-from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
+from distrinews.checkpoint.records import ServableInfo, TrainState
 from distrinews.checkpoint.resumable import Checkpointer
 from distrinews.checkpoint.servable import save_servable
 from distrinews.cli import main
@@ -49,7 +49,7 @@ def step(tmp_path, tiny, monkeypatch):
         {"model_name_or_path": "tiny-random", "max_length": 64},
         tokenizer=tokenizer,  # as training saves it: the step holds its model config and tokenizer
     )
-    state = TrainerStateRecord(epoch=0, step_in_epoch=4, label_names=list(AG_NEWS_LABELS))
+    state = TrainState(epoch=0, step_in_epoch=4, label_names=list(AG_NEWS_LABELS))
     return checkpointer.save(4, ParallelModel(model, model, "ddp", ONE_PROCESS), opt, sched, None, state)
 
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import require
+from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
 from distrinews.train.callbacks import TrainerControl
-from distrinews.train.components import TrainState
 from distrinews.train.mlflow_sender import (
     END_WAIT_S,
     REQUEST_TIMEOUT_S,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews.checkpoint.records import ServableInfo, TrainerStateRecord
+from distrinews.checkpoint.records import ServableInfo, TrainState
 from distrinews.checkpoint.resumable import Checkpointer
 from distrinews.checkpoint.servable import check_loadable, load_for_inference, save_servable
 from distrinews.data.rows import AG_NEWS_LABELS
@@ -67,7 +67,7 @@ def step_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkpoints")
     config = {"model_name_or_path": "tiny-random", "num_labels": 4}
     return Checkpointer(root, ONE_PROCESS, None, config).save(
-        3, wrapped, opt, sched, _Scaler(), TrainerStateRecord(epoch=0, label_names=list(AG_NEWS_LABELS))
+        3, wrapped, opt, sched, _Scaler(), TrainState(epoch=0, label_names=list(AG_NEWS_LABELS))
     )
 
 

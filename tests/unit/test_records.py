@@ -18,13 +18,13 @@ from distrinews.checkpoint.records import (
     RunningCounts,
     ServableInfo,
     TokenizerSource,
-    TrainerStateRecord,
+    TrainState,
 )
 from distrinews.config import DataConfig, TrainConfig, field_default
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.errors import CheckpointError
 
-STATE = TrainerStateRecord(
+STATE = TrainState(
     global_step=6,
     epoch=1,
     step_in_epoch=2,
@@ -68,11 +68,9 @@ def _through_a_file(data: dict) -> dict:
 def test_trainer_state_round_trips():
     data = STATE.to_json()
     assert data["format_version"] == TRAINER_STATE_FORMAT == 1
-    assert list(data)[1:] == [f.name for f in dataclasses.fields(TrainerStateRecord) if f.name != "format_version"]
-    assert TrainerStateRecord.from_json(_through_a_file(data), "trainer_state.json") == STATE
-    assert TrainerStateRecord.from_json(
-        _through_a_file(TrainerStateRecord(global_step=1).to_json()), "x"
-    ) == TrainerStateRecord(global_step=1)
+    assert list(data)[1:] == list(TrainState.model_fields)
+    assert TrainState.from_json(_through_a_file(data), "trainer_state.json") == STATE
+    assert TrainState.from_json(_through_a_file(TrainState(global_step=1).to_json()), "x") == TrainState(global_step=1)
 
 
 def test_servable_info_round_trips_and_keeps_unknown_keys():
@@ -87,17 +85,17 @@ def test_servable_info_round_trips_and_keeps_unknown_keys():
 
 
 def test_files_from_before_format_versions_read_as_version_1():
-    state = TrainerStateRecord.from_json(json.loads(BEFORE_VERSIONS), "step-6/trainer_state.json")
+    state = TrainState.from_json(json.loads(BEFORE_VERSIONS), "step-6/trainer_state.json")
     assert state.format_version == 1 and state.global_step == 6 and state.step_in_epoch == 6 and state.world_size == 1
-    assert state.running_counts == RunningCounts([22.17331886291504, 6.0, 16.0, 851.0, 45273.0], [0.0] * 5)
+    assert state.running_counts == RunningCounts(window=[22.17331886291504, 6.0, 16.0, 851.0, 45273.0], epoch=[0.0] * 5)
     info = {k: v for k, v in INFO.to_json().items() if k != "format_version"}
     assert ServableInfo.from_json(info, "distrinews.json") == INFO
 
 
-@pytest.mark.parametrize("record", [TrainerStateRecord, ServableInfo])
+@pytest.mark.parametrize("record", [TrainState, ServableInfo])
 def test_a_newer_format_is_refused_in_one_line(record):
-    newer = TRAINER_STATE_FORMAT + 1 if record is TrainerStateRecord else SERVABLE_INFO_FORMAT + 1
-    data = {**(STATE if record is TrainerStateRecord else INFO).to_json(), "format_version": newer}
+    newer = TRAINER_STATE_FORMAT + 1 if record is TrainState else SERVABLE_INFO_FORMAT + 1
+    data = {**(STATE if record is TrainState else INFO).to_json(), "format_version": newer}
     with pytest.raises(CheckpointError) as refused:
         record.from_json(data, "/runs/x/the-file.json")
     assert str(refused.value) == (
@@ -109,14 +107,14 @@ def test_a_newer_format_is_refused_in_one_line(record):
 @pytest.mark.parametrize(
     "record,key",
     [
-        (TrainerStateRecord, "global_step"),
-        (TrainerStateRecord, "epoch"),
-        (TrainerStateRecord, "step_in_epoch"),
+        (TrainState, "global_step"),
+        (TrainState, "epoch"),
+        (TrainState, "step_in_epoch"),
         (ServableInfo, "label_names"),
     ],
 )
 def test_a_missing_key_is_named(record, key):
-    data = (STATE if record is TrainerStateRecord else INFO).to_json()
+    data = (STATE if record is TrainState else INFO).to_json()
     del data[key]
     with pytest.raises(CheckpointError) as refused:
         record.from_json(data, "/runs/x/the-file.json")
@@ -126,11 +124,14 @@ def test_a_missing_key_is_named(record, key):
 @pytest.mark.parametrize(
     "record,key,value,what",
     [
-        (TrainerStateRecord, "global_step", "6", "an integer"),
-        (TrainerStateRecord, "global_step", True, "an integer"),
-        (TrainerStateRecord, "last_eval", [], "a JSON object"),
-        (TrainerStateRecord, "best_accuracy", "high", "a number or null"),
-        (TrainerStateRecord, "sharded", 0, "true or false"),
+        (TrainState, "global_step", "6", "an integer"),
+        (TrainState, "global_step", True, "an integer"),
+        (TrainState, "last_eval", [], "a JSON object"),
+        (TrainState, "best_accuracy", "high", "a number or null"),
+        (TrainState, "sharded", 0, "true or false"),
+        (TrainState, "label_names", ["World", 2], "a list of strings"),
+        (TrainState, "running_counts", [], "a JSON object or null"),
+        (TrainState, "world_size", "2", "an integer or null"),
         (ServableInfo, "max_length", "128\nlong", "an integer"),
         (ServableInfo, "label_names", ["World", 2], "a list of strings"),
         (ServableInfo, "model_version", 1, "a string or null"),
@@ -138,7 +139,7 @@ def test_a_missing_key_is_named(record, key):
     ],
 )
 def test_a_wrong_type_is_named(record, key, value, what):
-    data = {**(STATE if record is TrainerStateRecord else INFO).to_json(), key: value}
+    data = {**(STATE if record is TrainState else INFO).to_json(), key: value}
     with pytest.raises(CheckpointError) as refused:
         record.from_json(data, "/runs/x/the-file.json")
     message = str(refused.value)
@@ -151,11 +152,47 @@ def test_a_wrong_type_is_named(record, key, value, what):
 def test_running_counts_and_the_top_level_are_checked():
     data = {**STATE.to_json(), "running_counts": {"window": [1.0]}}
     with pytest.raises(CheckpointError, match=r"missing key 'running_counts.epoch'$"):
-        TrainerStateRecord.from_json(data, "f.json")
+        TrainState.from_json(data, "f.json")
     with pytest.raises(
         CheckpointError, match=r"^could not load checkpoint f.json: expected a JSON object, found list$"
     ):
         ServableInfo.from_json([1, 2], "f.json")
+
+
+@pytest.mark.parametrize(
+    "key,value,why",
+    [
+        ("global_step", -1, "key 'global_step' must be >= 0, not -1"),
+        ("early_stopping_patience_counter", -2, "key 'early_stopping_patience_counter' must be >= 0, not -2"),
+        ("world_size", 0, "key 'world_size' must be >= 1, not 0"),
+    ],
+)
+def test_a_count_out_of_range_is_named(key, value, why):
+    with pytest.raises(CheckpointError) as refused:
+        TrainState.from_json({**STATE.to_json(), key: value}, "/runs/x/trainer_state.json")
+    assert str(refused.value) == f"could not load checkpoint /runs/x/trainer_state.json: {why}"
+
+
+def test_the_keys_and_their_checks_follow_from_the_one_declaration():
+    """A field added to the state in one place is written, required on reading and checked by its type."""
+
+    class WithRestarts(TrainState):
+        restarts: int = 0
+
+    assert list(WithRestarts(restarts=2).to_json())[-1] == "restarts"
+    assert WithRestarts.from_json(_through_a_file(WithRestarts(restarts=2).to_json()), "f.json").restarts == 2
+    with pytest.raises(CheckpointError, match=r"^could not load checkpoint f.json: missing key 'restarts'$"):
+        WithRestarts.from_json(STATE.to_json(), "f.json")
+    with pytest.raises(
+        CheckpointError, match=r"^could not load checkpoint f.json: key 'restarts' must be an integer, not 'x'$"
+    ):
+        WithRestarts.from_json({**STATE.to_json(), "restarts": "x"}, "f.json")
+    # the trainer's state is that record: what it loads is checked the same way
+    state = WithRestarts()
+    state.load_state_dict({**STATE.state_dict(), "restarts": 3, "an_older_field": 1})
+    assert state.restarts == 3 and state.running_counts == STATE.running_counts
+    with pytest.raises(ValueError, match="global_step"):
+        state.load_state_dict({"global_step": -1})
 
 
 def test_defaults_come_from_where_they_are_owned(monkeypatch):
@@ -190,7 +227,7 @@ def test_the_writers_take_records_not_dicts(tmp_path):
 
     with pytest.raises(TypeError, match="save_servable takes a ServableInfo"):
         save_servable(tmp_path / "best", None, {}, None, {"max_length": 64})
-    with pytest.raises(TypeError, match=r"Checkpointer\.save takes a TrainerStateRecord"):
+    with pytest.raises(TypeError, match=r"Checkpointer\.save takes a TrainState"):
         Checkpointer(tmp_path, None, None, {}).save(1, None, None, None, None, {"epoch": 0})
 
 
@@ -317,7 +354,7 @@ def test_a_step_checkpoint_it_cannot_read_is_refused_before_any_tensor_loads(tmp
         3,
         *parts(model),
         None,
-        TrainerStateRecord(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}, label_names=list(AG_NEWS_LABELS)),
+        TrainState(epoch=0, step_in_epoch=3, last_eval={"accuracy": 0.5}, label_names=list(AG_NEWS_LABELS)),
     )
     info = load_for_inference(step)[2]
     assert (info.checkpoint_format, info.max_length, info.metrics, info.tokenizer.to_json()) == (
@@ -366,7 +403,7 @@ def test_what_a_checkpoint_lacks_takes_train_configs_defaults(tmp_path, tiny, mo
         optimizer,
         scheduler,
         None,
-        TrainerStateRecord(label_names=list(AG_NEWS_LABELS)),
+        TrainState(label_names=list(AG_NEWS_LABELS)),
     )
     model.save_pretrained(tmp_path / "plain")
     tiny[1].save_pretrained(tmp_path / "plain")

@@ -262,9 +262,9 @@ def test_a_trial_is_never_pruned_at_its_last_evaluation(tmp_path):
     """The last evaluation ends the run anyway: pruned there, a finished trial was recorded as pruned."""
     import torch
 
+    from distrinews.checkpoint.records import TrainState
     from distrinews.distributed.process_group import DistEnv
     from distrinews.train.callbacks import CallbackHandler
-    from distrinews.train.components import TrainState
     from distrinews.tune.trial_callback import TrialCallback, TrialLink
 
     storage = str(tmp_path / "study.journal")

@@ -139,10 +139,10 @@ def test_an_error_quoting_the_url_is_scrubbed_in_either_form():
 def test_a_trial_that_stops_reporting_says_why_without_the_password(tmp_path, capsys):
     import torch
 
+    from distrinews.checkpoint.records import TrainState
     from distrinews.config import TrainConfig
     from distrinews.distributed.process_group import DistEnv
     from distrinews.train.callbacks import CallbackHandler
-    from distrinews.train.components import TrainState
     from distrinews.tune.trial_callback import TrialCallback, TrialLink
 
     link = TrialLink(URL, "s", 0, 0, {"name": "none"}, str(tmp_path / "result.json"))

@@ -1,8 +1,9 @@
 """Typed records for what crosses module boundaries about a checkpoint, with a format version on disk.
 
-    trainer_state.json  TrainerStateRecord  a resumable ``step-N``: where the run is. Written by
-                                            ``Checkpointer.save``; read to resume (``Checkpointer.load``)
-                                            and to serve a ``step-N`` (``load_for_inference``).
+    trainer_state.json  TrainState          a resumable ``step-N``: where the run is, the state the trainer
+                                            updates as it goes. Written by ``Checkpointer.save``; read to
+                                            resume (``Checkpointer.load``) and to serve a ``step-N``
+                                            (``load_for_inference``).
     distrinews.json     ServableInfo        a servable ``best/``: labels, max_length, metrics, the training
                                             config, model version and config hash. Written by
                                             ``save_servable`` (and the Space export); read by the server,
@@ -19,8 +20,11 @@ Each file records ``format_version``. Reading (``from_json(data, path)``):
 - a file without ``format_version`` reads as version 1 (the first format, which recorded none);
 - a version above the one this code reads was written by a newer DistriNews: one-line
   :class:`CheckpointError` naming the file, its version and ours;
-- a missing required key or a value of the wrong type: one-line :class:`CheckpointError` naming the
-  file and the key.
+- a missing required key or a value of the wrong type (or, for a count, out of range): one-line
+  :class:`CheckpointError` naming the file and the key.
+
+``TrainState`` is a pydantic model: its fields are the file's keys, each required on reading and checked by its
+type (``read_model``), so that a field added there is saved, loaded and checked with no other edit.
 
 Keys a ``distrinews.json`` holds beyond the known fields (the Space export adds ``export``) are kept
 in ``ServableInfo.extra`` and written back by ``to_json``. Unknown keys of ``trainer_state.json`` are
@@ -30,7 +34,7 @@ ignored. Defaults that belong to other modules are looked up there, not copied: 
 Every JSON file of a checkpoint is read by :func:`read_json`: at most ``JSON_LIMIT`` bytes, never through a
 symbolic link (a checkpoint's writers make none), any failure one line naming the file.
 
-Standard library only (and ``distrinews.errors``): the slim ONNX server imports this module without
+Standard library and pydantic only (and ``distrinews.errors``): the slim ONNX server imports this module without
 torch, transformers or yaml. ``config`` (yaml) and ``model`` (torch) are imported only when a record
 is built without the value they supply.
 """
@@ -47,7 +51,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import CheckpointError
 
@@ -189,106 +196,148 @@ def read_fields(
     return values
 
 
+# ---------------------------------------------------------------------- typed records read with pydantic
+def _what(annotation: Any) -> str:
+    """What a value of ``annotation`` is, in the words of the refusal: "an integer", "a list of numbers or null"."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _what(typing.get_args(annotation)[0])
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return f"{_what(inner)} or null"
+    if typing.get_origin(annotation) is list:
+        return f"a list of {_PLURAL[args[0]]}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a JSON object"
+    return _WHAT[typing.get_origin(annotation) or annotation]
+
+
+_WHAT: dict[Any, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    dict: "a JSON object",
+}
+_PLURAL: dict[Any, str] = {int: "integers", float: "numbers", str: "strings"}
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le")}
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The record a field holds (``RunningCounts | None``: RunningCounts), for naming the keys inside it."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _refusal(model: type[BaseModel], data: Any, error: ErrorDetails) -> str:
+    """One pydantic error as the line that names the key (``running_counts.epoch``), what it must be and the value."""
+    keys: list[str] = []
+    value: Any = data
+    annotation: Any = None
+    within: type[BaseModel] | None = model
+    for part in error["loc"]:
+        if within is None or not isinstance(part, str) or part not in within.model_fields:
+            break
+        keys.append(part)
+        annotation = within.model_fields[part].annotation
+        value = value.get(part) if isinstance(value, dict) else None
+        within = _model_of(annotation)
+    key = ".".join(keys)
+    if error["type"] == "missing":
+        return f"missing key '{key}'"
+    if error["type"] in _BOUNDS:
+        sign, name = _BOUNDS[error["type"]]
+        return f"key '{key}' must be {sign} {error.get('ctx', {}).get(name)}, not {_short(value)}"
+    return f"key '{key}' must be {_what(annotation)}, not {_short(value)}"
+
+
+_M = typing.TypeVar("_M", bound=BaseModel)
+
+
+def read_model(model: type[_M], data: Any, path: str | PathLike, newest: int) -> _M:
+    """``data`` (a parsed JSON file) as ``model``: the format version first, then every field of the declaration,
+    which a file of this format holds (null where unknown), each checked by its type; unknown keys are ignored.
+    Any failure is one line naming the file and the key."""
+    if not isinstance(data, dict):
+        raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
+    check_format_version(data, path, newest)
+    missing = [key for key in model.model_fields if key not in data]
+    if missing:
+        raise _refuse(path, "missing key " + ", ".join(f"'{key}'" for key in missing))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _refuse(path, _refusal(model, data, exc.errors()[0])) from None
+
+
 # ---------------------------------------------------------------------- trainer_state.json
-@dataclass(frozen=True)
-class RunningCounts:
+# JSON's types, never coerced: "6" is not a step, nor true a number.
+_STRICT = ConfigDict(strict=True, extra="ignore")
+_Count = Annotated[int, Field(ge=0)]
+_Size = Annotated[int, Field(ge=1)]
+
+
+class RunningCounts(BaseModel):
     """The running sums (``train.metrics.Counts.values``) of the current log window and of the epoch so far,
     summed over ranks, so that a resumed run logs the same averages."""
+
+    model_config = _STRICT
 
     window: list[float]
     epoch: list[float]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"window": list(self.window), "epoch": list(self.epoch)}
 
-    @classmethod
-    def from_json(cls, data: Any, path: str | PathLike) -> RunningCounts:
-        if not isinstance(data, dict):
-            raise _refuse(path, f"key 'running_counts' must be a JSON object, not {_short(data)}")
-        for key in ("window", "epoch"):
-            if key not in data:
-                raise _refuse(path, f"missing key 'running_counts.{key}'")
-            if not NUMBER_LIST[0](data[key]):
-                raise _refuse(path, f"key 'running_counts.{key}' must be {NUMBER_LIST[1]}, not {_short(data[key])}")
-        return cls(window=list(data["window"]), epoch=list(data["epoch"]))
+class TrainState(BaseModel):
+    """Where the run is: what a resumable checkpoint holds besides tensors (``trainer_state.json``), to continue
+    the run exactly. The one declaration of that state: the trainer updates it as it goes, ``state_dict`` is the
+    file's content, and reading a file checks each of these fields by its type (``read_model``).
 
-
-@dataclass(frozen=True)
-class TrainerStateRecord:
-    """``trainer_state.json``: what a resumable checkpoint holds besides tensors, to continue the run exactly.
-
-    The trainer builds it from its ``TrainState`` and the batch layout;
+    The trainer adds the running counts, batch layout and labels when it saves;
     ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``, which it knows.
     """
 
-    global_step: int = 0
-    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
-    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
-    best_accuracy: float | None = None
-    last_eval: dict[str, Any] = field(default_factory=dict)  # the last evaluation's metrics
-    running_counts: RunningCounts | None = None  # None: written before any step was counted
-    per_device_train_batch_size: int | None = None
-    gradient_accumulation_steps: int | None = None
-    world_size: int | None = None  # processes of the run that wrote it
-    sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
-    label_names: list[str] = field(default_factory=list)  # the model's labels in id order
-    best_metric: float | None = None  # the best value of metric_for_best_model so far; None before an evaluation
-    early_stopping_patience_counter: int = 0  # evaluations in a row without improvement
-    format_version: int = field(default=TRAINER_STATE_FORMAT, init=False)
+    model_config = _STRICT
 
-    # Every key is written (null where unknown); a file without one was not written by this format's writer.
-    REQUIRED: ClassVar[tuple[str, ...]] = (
-        "global_step",
-        "epoch",
-        "step_in_epoch",
-        "best_accuracy",
-        "last_eval",
-        "running_counts",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "world_size",
-        "sharded",
-        "label_names",
-        "best_metric",
-        "early_stopping_patience_counter",
-    )
-    CHECKS: ClassVar[dict[str, _Check]] = {
-        "global_step": INT,
-        "epoch": INT,
-        "step_in_epoch": INT,
-        "best_accuracy": optional(NUMBER),
-        "last_eval": OBJECT,
-        "running_counts": optional(OBJECT),
-        "per_device_train_batch_size": optional(INT),
-        "gradient_accumulation_steps": optional(INT),
-        "world_size": optional(INT),
-        "sharded": BOOL,
-        "label_names": STR_LIST,
-        "best_metric": optional(NUMBER),
-        "early_stopping_patience_counter": INT,
-    }
+    global_step: _Count = 0
+    epoch: _Count = 0  # the epoch in progress, or the next one once an epoch has closed
+    step_in_epoch: _Count = 0  # optimizer steps done in ``epoch``
+    best_accuracy: float | None = None  # the accuracy of the model in best/
+    last_eval: dict[str, Any] = Field(default_factory=dict)  # the last evaluation's metrics
+    running_counts: RunningCounts | None = None  # None: written before any step was counted
+    per_device_train_batch_size: _Size | None = None
+    gradient_accumulation_steps: _Size | None = None
+    world_size: _Size | None = None  # processes of the run that wrote it
+    sharded: bool = False  # weights and optimizer state in sharded/ (an FSDP run), not model.safetensors
+    label_names: list[str] = Field(default_factory=list)  # the model's labels in id order
+    best_metric: float | None = None  # the best value of metric_for_best_model so far; None before an evaluation
+    early_stopping_patience_counter: _Count = 0  # evaluations in a row without improvement (train/early_stopping.py)
+    format_version: ClassVar[int] = TRAINER_STATE_FORMAT
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every field, as JSON values."""
+        return self.model_dump()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take ``state``'s fields (checked; keys that are not fields ignored), in place: callbacks hold this object."""
+        loaded = self.model_validate({**self.state_dict(), **state})
+        for name in type(self).model_fields:
+            setattr(self, name, getattr(loaded, name))
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"format_version": self.format_version}
-        for f in dataclasses.fields(self):
-            if f.name != "format_version":
-                data[f.name] = getattr(self, f.name)
-        data["running_counts"] = None if self.running_counts is None else self.running_counts.to_json()
-        return data
+        return {"format_version": self.format_version, **self.state_dict()}
 
     @classmethod
-    def from_json(cls, data: Any, path: str | PathLike) -> TrainerStateRecord:
+    def from_json(cls, data: Any, path: str | PathLike) -> TrainState:
         """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors); see the module
         docstring."""
-        values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, TRAINER_STATE_FORMAT)
-        if values.get("running_counts") is not None:
-            values["running_counts"] = RunningCounts.from_json(values["running_counts"], path)
-        return cls(**values)
+        return read_model(cls, data, path, TRAINER_STATE_FORMAT)
 
 
-def read_trainer_state(directory: Path) -> TrainerStateRecord:
+def read_trainer_state(directory: Path) -> TrainState:
     """``directory/trainer_state.json``, read and checked (a one-line :class:`CheckpointError` otherwise)."""
-    return TrainerStateRecord.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
+    return TrainState.from_json(read_json(directory / TRAINER_STATE), directory / TRAINER_STATE)
 
 
 # ---------------------------------------------------------------------- distrinews.json

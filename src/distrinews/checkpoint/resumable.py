@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ from ..errors import CheckpointError
 from .atomic import fresh_tmp, publish_dir, removed_on_failure
 from .disk_space import saving_together, space_needed
 from .manifest import list_checkpoints, rotate_checkpoints, write_manifest
-from .records import SHARDED, STEP_MODEL, TRAINER_STATE, TrainerStateRecord, read_trainer_state
+from .records import SHARDED, STEP_MODEL, TRAINER_STATE, TrainState, read_trainer_state
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -100,7 +100,7 @@ class Averaged(Protocol):
 
 @dataclass
 class LoadedCheckpoint:
-    trainer_state: TrainerStateRecord
+    trainer_state: TrainState
     rng_states: list[dict[str, Any]]  # one per rank of the run that wrote it
     average_loaded: bool = False  # the checkpoint held the average of the weights, now in the run's
 
@@ -210,7 +210,7 @@ class Checkpointer:
     Beside them, ``STEP_MODEL/`` holds the model's config and the tokenizer (given to the constructor; training
     always gives it), so that the step loads for inference from its own files alone.
 
-    The trainer state is a :class:`~.records.TrainerStateRecord` (``trainer_state.json``); ``save``
+    The trainer state is a :class:`~.records.TrainState` (``trainer_state.json``); ``save``
     fills in its ``global_step``, ``world_size`` and ``sharded``, and ``load`` reads and checks it
     (format version, keys, types) before any tensor.
     """
@@ -242,12 +242,12 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         scaler: torch.amp.GradScaler | None,
-        trainer_state: TrainerStateRecord,
+        trainer_state: TrainState,
         average: Averaged | None = None,
     ) -> Path | None:
-        if not isinstance(trainer_state, TrainerStateRecord):
+        if not isinstance(trainer_state, TrainState):
             raise TypeError(
-                "Checkpointer.save takes a TrainerStateRecord "
+                "Checkpointer.save takes a TrainState "
                 f"(distrinews.checkpoint.records), not {type(trainer_state).__name__}"
             )
         rng_states = all_gather_object(capture_rng_state(), self.env)
@@ -272,7 +272,9 @@ class Checkpointer:
                 if scaler is not None:
                     torch.save(scaler.state_dict(), tmp / "scaler.pt")
                 torch.save(rng_states, tmp / "rng_state.pt")
-                state = replace(trainer_state, global_step=step, world_size=self.env.world_size, sharded=layout.sharded)
+                state = trainer_state.model_copy(
+                    update={"global_step": step, "world_size": self.env.world_size, "sharded": layout.sharded}
+                )
                 (tmp / TRAINER_STATE).write_text(json.dumps(state.to_json(), indent=2))
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
                 if self.tokenizer is not None:

@@ -30,7 +30,7 @@ from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv
 
 if TYPE_CHECKING:
-    from .components import TrainState
+    from ..checkpoint.records import TrainState
 
 __all__ = ["CallbackHandler", "TrainerCallback", "TrainerControl", "default_callbacks"]
 

@@ -1,4 +1,4 @@
-"""The pieces the ``Trainer`` is built from: where the run is, the step plan, the data, the model,
+"""The pieces the ``Trainer`` is built from: the step plan, the data, the model,
 the optimizer and its schedule. Each takes its own section of the config (``config/sections.py``).
 """
 
@@ -8,7 +8,7 @@ import math
 import resource
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,28 +29,6 @@ from ..model import (
     num_layers,
 )
 from .dropout import use_fast_dropout
-
-
-# ---------------------------------------------------------------------- state
-@dataclass
-class TrainState:
-    """Where the run is: what a checkpoint must hold to continue it exactly."""
-
-    global_step: int = 0
-    epoch: int = 0  # the epoch in progress, or the next one once an epoch has closed
-    step_in_epoch: int = 0  # optimizer steps done in ``epoch``
-    best_accuracy: float | None = None  # the accuracy of the model in best/
-    best_metric: float | None = None  # the best value of metric_for_best_model so far
-    early_stopping_patience_counter: int = 0  # evaluations in a row without improvement (train/early_stopping.py)
-    last_eval: dict[str, Any] = field(default_factory=dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for f in fields(self):
-            if f.name in state:
-                setattr(self, f.name, state[f.name])
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from ..checkpoint.best import improves
 from .callbacks import TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
+    from ..checkpoint.records import TrainState
     from ..config import TrainConfig
-    from .components import TrainState
 
 __all__ = ["EarlyStoppingCallback"]
 

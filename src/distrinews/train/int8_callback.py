@@ -15,7 +15,7 @@ from ..data.rows import RawSplit
 from .callbacks import TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
-    from .components import TrainState
+    from ..checkpoint.records import TrainState
 
 
 class Int8ModelCallback(TrainerCallback):

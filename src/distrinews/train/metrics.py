@@ -24,8 +24,8 @@ from .callbacks import TrainerCallback, TrainerControl
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+    from ..checkpoint.records import TrainState
     from ..config import TrainConfig
-    from .components import TrainState
 
 
 # ---------------------------------------------------------------------- counts while training

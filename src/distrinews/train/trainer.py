@@ -20,7 +20,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint.best import BestModel, improves
 from ..checkpoint.manifest import resolve_resume
-from ..checkpoint.records import RunningCounts, TrainerStateRecord, read_trainer_state
+from ..checkpoint.records import RunningCounts, TrainState, read_trainer_state
 from ..checkpoint.resumable import Checkpointer, restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..config import MULTI_LABEL, TrainConfig
@@ -47,7 +46,6 @@ from .callbacks import CallbackHandler, TrainerCallback, default_callbacks
 from .components import (
     StepPlan,
     TrainClock,
-    TrainState,
     build_optimizer,
     build_train_model,
     class_weights,
@@ -326,7 +324,7 @@ class Trainer:
             self.report.say(
                 f"warning: {path} holds no average of the weights (ema_decay): the average starts from its weights"
             )
-        self.state.load_state_dict(asdict(saved.trainer_state))
+        self.state.load_state_dict(saved.trainer_state.state_dict())
         running = saved.trainer_state.running_counts
         if running and self.env.is_main:
             self._window_counts = Counts.from_list(running.window, self.env.device)
@@ -447,12 +445,13 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             self.scaler,
-            TrainerStateRecord(
-                **self.state.state_dict(),
-                running_counts=running,
-                per_device_train_batch_size=self.config.batches.per_device_train_batch_size,
-                gradient_accumulation_steps=self.config.batches.gradient_accumulation_steps,
-                label_names=list(self.data.label_names),
+            self.state.model_copy(
+                update={
+                    "running_counts": running,
+                    "per_device_train_batch_size": self.config.batches.per_device_train_batch_size,
+                    "gradient_accumulation_steps": self.config.batches.gradient_accumulation_steps,
+                    "label_names": list(self.data.label_names),
+                }
             ),
             self.average,
         )
