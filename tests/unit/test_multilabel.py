@@ -275,5 +275,5 @@ def test_the_record_keeps_thresholds_and_refuses_bad_ones():
     data = json.loads(json.dumps(info.to_json()))
     assert data["format_version"] == 3 and ServableInfo.from_json(data, "distrinews.json") == info
     for bad in ({"World": 1.5}, {"World": "high"}, [0.5]):
-        with pytest.raises(CheckpointError, match="key 'thresholds' must be a JSON object of label: threshold"):
+        with pytest.raises(CheckpointError, match="'thresholds' must be a JSON object of numbers from 0 to 1 or null"):
             ServableInfo.from_json({**data, "thresholds": bad}, "distrinews.json")

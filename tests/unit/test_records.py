@@ -124,14 +124,14 @@ def test_a_missing_key_is_named(record, key):
 @pytest.mark.parametrize(
     "record,key,value,what",
     [
-        (TrainState, "global_step", "6", "an integer"),
-        (TrainState, "global_step", True, "an integer"),
+        (TrainState, "global_step", "6", "an integer >= 0"),
+        (TrainState, "global_step", True, "an integer >= 0"),
         (TrainState, "last_eval", [], "a JSON object"),
         (TrainState, "best_accuracy", "high", "a number or null"),
         (TrainState, "sharded", 0, "true or false"),
         (TrainState, "label_names", ["World", 2], "a list of strings"),
         (TrainState, "running_counts", [], "a JSON object or null"),
-        (TrainState, "world_size", "2", "an integer or null"),
+        (TrainState, "world_size", "2", "an integer >= 1 or null"),
         (ServableInfo, "max_length", "128\nlong", "an integer"),
         (ServableInfo, "label_names", ["World", 2], "a list of strings"),
         (ServableInfo, "model_version", 1, "a string or null"),
@@ -162,9 +162,9 @@ def test_running_counts_and_the_top_level_are_checked():
 @pytest.mark.parametrize(
     "key,value,why",
     [
-        ("global_step", -1, "key 'global_step' must be >= 0, not -1"),
-        ("early_stopping_patience_counter", -2, "key 'early_stopping_patience_counter' must be >= 0, not -2"),
-        ("world_size", 0, "key 'world_size' must be >= 1, not 0"),
+        ("global_step", -1, "key 'global_step' must be an integer >= 0, not -1"),
+        ("step_in_epoch", -2, "key 'step_in_epoch' must be an integer >= 0, not -2"),
+        ("world_size", 0, "key 'world_size' must be an integer >= 1 or null, not 0"),
     ],
 )
 def test_a_count_out_of_range_is_named(key, value, why):

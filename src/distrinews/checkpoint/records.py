@@ -25,6 +25,8 @@ Each file records ``format_version``. Reading (``from_json(data, path)``):
 
 ``TrainState`` is a pydantic model: its fields are the file's keys, each required on reading and checked by its
 type (``read_model``), so that a field added there is saved, loaded and checked with no other edit.
+``ServableInfo`` is a dataclass read the same way, by its fields' types (a strict pydantic config); the keys it
+requires are its ``REQUIRED``, since a file from before a field existed lacks it.
 
 Keys a ``distrinews.json`` holds beyond the known fields (the Space export adds ``export``) are kept
 in ``ServableInfo.extra`` and written back by ``to_json``. Unknown keys of ``trainer_state.json`` are
@@ -43,17 +45,18 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import os
 import stat
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from ..errors import CheckpointError
@@ -92,42 +95,17 @@ def _default_labels() -> list[str]:
     return list(AG_NEWS_LABELS)
 
 
-# ---------------------------------------------------------------------- reading checks
-_Check = tuple[Callable[[Any], bool], str]  # (accepts the value, what it must be: for the message)
+# ---------------------------------------------------------------------- values a record may hold
+DEFAULT_THRESHOLD = 0.5  # a multi-label model's threshold for a label that ``thresholds`` does not give
+Threshold = Annotated[float, Field(ge=0.0, le=1.0)]
+# The temperatures a record may hold (and train/calibration.py fits within): beyond them the scores carry no usable
+# ranking, and a hostile file's 1e-300 would turn every logit into an infinity.
+TEMPERATURE_RANGE = (0.05, 20.0)
+Temperature = Annotated[float, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])]
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-INT: _Check = (_is_int, "an integer")
-NUMBER: _Check = (_is_number, "a number")
-BOOL: _Check = (lambda v: isinstance(v, bool), "true or false")
-STR: _Check = (lambda v: isinstance(v, str), "a string")
-OBJECT: _Check = (lambda v: isinstance(v, dict), "a JSON object")
-STR_LIST: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
-NUMBER_LIST: _Check = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
-DEFAULT_THRESHOLD = 0.5  # a multi-label model's threshold for a label that ``thresholds`` does not give
-THRESHOLDS: _Check = (
-    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_number(x) and 0 <= x <= 1 for k, x in v.items()),
-    "a JSON object of label: threshold from 0 to 1",
-)
-# The temperatures a record may hold (and train/calibration.py fits within): beyond them the scores carry no usable
-# ranking, and a hostile file's 1e-300 would turn every logit into an infinity.
-TEMPERATURE_RANGE = (0.05, 20.0)
-TEMPERATURE: _Check = (
-    lambda v: _is_number(v) and TEMPERATURE_RANGE[0] <= v <= TEMPERATURE_RANGE[1],
-    f"a number from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}",
-)
-
-
-def optional(check: _Check) -> _Check:
-    accepts, what = check
-    return (lambda v: v is None or accepts(v), f"{what} or null")
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -177,39 +155,38 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: 
     return version
 
 
-def read_fields(
-    data: Any, path: str | PathLike, checks: Mapping[str, _Check], required: tuple[str, ...], newest: int
-) -> dict[str, Any]:
-    """The known keys of ``data`` (those in ``checks``), each checked; the format version first, then required keys."""
-    if not isinstance(data, dict):
-        raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
-    check_format_version(data, path, newest)
-    missing = [key for key in required if key not in data]
-    if missing:
-        raise _refuse(path, "missing key " + ", ".join(f"'{key}'" for key in missing))
-    values = {}
-    for key, (accepts, what) in checks.items():
-        if key in data:
-            if not accepts(data[key]):
-                raise _refuse(path, f"key '{key}' must be {what}, not {_short(data[key])}")
-            values[key] = data[key]
-    return values
-
-
 # ---------------------------------------------------------------------- typed records read with pydantic
-def _what(annotation: Any) -> str:
-    """What a value of ``annotation`` is, in the words of the refusal: "an integer", "a list of numbers or null"."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        return _what(typing.get_args(annotation)[0])
+def expected(annotation: Any) -> str:
+    """What a value of ``annotation`` is, in the words of a refusal: "an integer >= 0", "a list of numbers or null",
+    "a number from 0.05 to 20"."""
     args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        # Field(ge=...) keeps its bounds in .metadata
+        marks = [mark for m in annotation.__metadata__ for mark in getattr(m, "metadata", [m])]
+        limits = {name: getattr(mark, name) for mark in marks for name in ("ge", "le") if hasattr(mark, name)}
+        what = expected(args[0])
+        if not limits:
+            return what
+        if len(limits) == 2:
+            return f"{what} from {limits['ge']:g} to {limits['le']:g}"
+        return " ".join([what, *(f"{_SIGNS[name]} {value:g}" for name, value in limits.items())])
     if type(None) in args:
         (inner,) = [arg for arg in args if arg is not type(None)]
-        return f"{_what(inner)} or null"
+        return f"{expected(inner)} or null"
     if typing.get_origin(annotation) is list:
-        return f"a list of {_PLURAL[args[0]]}"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"a list of {_plural(args[0])}"
+    if typing.get_origin(annotation) is dict and args[1] is not Any:
+        return f"a JSON object of {_plural(args[1])}"
+    if _declared(annotation):
         return "a JSON object"
     return _WHAT[typing.get_origin(annotation) or annotation]
+
+
+def _plural(annotation: Any) -> str:
+    """``int``: "integers"; ``Annotated[float, 0 <= x <= 1]``: "numbers from 0 to 1"."""
+    what = expected(annotation).split(" ", 1)[1]  # without its article
+    noun, _, rest = what.partition(" ")
+    return " ".join(filter(None, [noun + "s", rest]))
 
 
 _WHAT: dict[Any, str] = {
@@ -219,57 +196,74 @@ _WHAT: dict[Any, str] = {
     str: "a string",
     dict: "a JSON object",
 }
-_PLURAL: dict[Any, str] = {int: "integers", float: "numbers", str: "strings"}
-_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le")}
+_SIGNS = {"ge": ">=", "le": "<="}
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def _declared(record: Any) -> dict[str, Any]:
+    """The fields a record declares (a pydantic model or a dataclass), each with its full annotation; {} for a type
+    that is neither."""
+    if isinstance(record, type) and issubclass(record, BaseModel):
+        names = list(record.model_fields)
+    elif isinstance(record, type) and dataclasses.is_dataclass(record):
+        # ServableInfo.extra holds the file's undeclared keys: not a key itself
+        names = [f.name for f in dataclasses.fields(record) if f.init and f.name != "extra"]
+    else:
+        return {}
+    hints = typing.get_type_hints(record, include_extras=True)
+    return {name: hints[name] for name in names}
+
+
+def _record_in(annotation: Any) -> Any:
     """The record a field holds (``RunningCounts | None``: RunningCounts), for naming the keys inside it."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
+    return next((c for c in (annotation, *typing.get_args(annotation)) if _declared(c)), None)
 
 
-def _refusal(model: type[BaseModel], data: Any, error: ErrorDetails) -> str:
+def _refusal(record: type, data: Any, error: ErrorDetails) -> str:
     """One pydantic error as the line that names the key (``running_counts.epoch``), what it must be and the value."""
     keys: list[str] = []
     value: Any = data
     annotation: Any = None
-    within: type[BaseModel] | None = model
+    within: Any = record
     for part in error["loc"]:
-        if within is None or not isinstance(part, str) or part not in within.model_fields:
+        fields = _declared(within)
+        if not isinstance(part, str) or part not in fields:
             break
         keys.append(part)
-        annotation = within.model_fields[part].annotation
+        annotation = fields[part]
         value = value.get(part) if isinstance(value, dict) else None
-        within = _model_of(annotation)
+        within = _record_in(annotation)
     key = ".".join(keys)
     if error["type"] == "missing":
         return f"missing key '{key}'"
-    if error["type"] in _BOUNDS:
-        sign, name = _BOUNDS[error["type"]]
-        return f"key '{key}' must be {sign} {error.get('ctx', {}).get(name)}, not {_short(value)}"
-    return f"key '{key}' must be {_what(annotation)}, not {_short(value)}"
+    return f"key '{key}' must be {expected(annotation)}, not {_short(value)}"
 
 
-_M = typing.TypeVar("_M", bound=BaseModel)
+@functools.cache
+def _adapter(record: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(record)
 
 
-def read_model(model: type[_M], data: Any, path: str | PathLike, newest: int) -> _M:
-    """``data`` (a parsed JSON file) as ``model``: the format version first, then every field of the declaration,
-    which a file of this format holds (null where unknown), each checked by its type; unknown keys are ignored.
-    Any failure is one line naming the file and the key."""
+_R = typing.TypeVar("_R")
+
+
+def read_model(record: type[_R], data: Any, path: str | PathLike, newest: int, required: Iterable[str] = ()) -> _R:
+    """``data`` (a parsed JSON file) as ``record``, a pydantic model or a dataclass whose pydantic config is strict:
+    the format version first, then the ``required`` keys (a model: all its fields, which a file of its format
+    holds, null where unknown), then every field the file holds, checked by its declared type. Keys the record
+    does not declare are not read. Any failure is one line naming the file and the key."""
     if not isinstance(data, dict):
         raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
     check_format_version(data, path, newest)
-    missing = [key for key in model.model_fields if key not in data]
+    fields = _declared(record)
+    missing = [key for key in (fields if issubclass(record, BaseModel) else required) if key not in data]
     if missing:
         raise _refuse(path, "missing key " + ", ".join(f"'{key}'" for key in missing))
+    known = {key: value for key, value in data.items() if key in fields}
     try:
-        return model.model_validate(data)
+        # JSON mode: a strict dataclass takes an object there (in Python mode only an instance of itself)
+        return typing.cast(_R, _adapter(typing.cast(Any, record)).validate_json(json.dumps(known)))
     except ValidationError as exc:
-        raise _refuse(path, _refusal(model, data, exc.errors()[0])) from None
+        raise _refuse(path, _refusal(record, known, exc.errors()[0])) from None
 
 
 # ---------------------------------------------------------------------- trainer_state.json
@@ -363,47 +357,35 @@ class ServableInfo:
     training_config: dict[str, Any] | None = None  # TrainConfig.to_dict() of the run
     world_size: int | None = None
     # Every runtime divides the logits by it before the softmax (train/calibration.py fits it); 1: as trained.
-    temperature: float = 1.0
+    temperature: Temperature = 1.0
     calibration: dict[str, Any] | None = None  # how the temperature was fitted and what it did (ECE, coverage)
     # A multi-label model's threshold per label (train/multilabel.py tunes them): a label is in the answer when its
     # sigmoid is at least its threshold. None: a single-label model (or a label missing here: 0.5).
-    thresholds: dict[str, float] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, Threshold] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # not a key: the keys of the file not declared here
     format_version: int = field(default=SERVABLE_INFO_FORMAT, init=False)
 
+    # Checked on reading by the types above (``read_model``: JSON's types, never coerced).
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(strict=True)
     # save_servable has always written label_names; the other keys may be absent from a file.
     REQUIRED: ClassVar[tuple[str, ...]] = ("label_names",)
-    CHECKS: ClassVar[dict[str, _Check]] = {
-        "label_names": STR_LIST,
-        "package_version": optional(STR),
-        "model_version": optional(STR),
-        "config_hash": optional(STR),
-        "metrics": OBJECT,
-        "epoch": optional(NUMBER),
-        "global_step": optional(INT),
-        "max_length": INT,
-        "model_name": optional(STR),
-        "training_config": optional(OBJECT),
-        "world_size": optional(INT),
-        "temperature": TEMPERATURE,
-        "calibration": optional(OBJECT),
-        "thresholds": optional(THRESHOLDS),
-    }
 
     def to_json(self) -> dict[str, Any]:
         """The ``distrinews.json`` payload: the format version, the known fields (null where unknown), then
         ``extra``."""
         data: dict[str, Any] = {"format_version": self.format_version}
-        data.update({key: getattr(self, key) for key in self.CHECKS})
+        data.update({key: getattr(self, key) for key in _declared(ServableInfo)})
         data.update({key: value for key, value in self.extra.items() if key not in data})
         return data
 
     @classmethod
     def from_json(cls, data: Any, path: str | PathLike) -> ServableInfo:
         """The record of a parsed ``distrinews.json`` (``path`` names the file in errors); see the module docstring."""
-        values = read_fields(data, path, cls.CHECKS, cls.REQUIRED, SERVABLE_INFO_FORMAT)
-        extra = {key: value for key, value in data.items() if key not in cls.CHECKS and key != "format_version"}
-        return cls(**values, extra=extra)
+        read = read_model(ServableInfo, data, path, SERVABLE_INFO_FORMAT, cls.REQUIRED)
+        known = _declared(ServableInfo)
+        return dataclasses.replace(
+            read, extra={key: value for key, value in data.items() if key not in known and key != "format_version"}
+        )
 
 
 def read_servable_info(directory: Path) -> ServableInfo:

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 
 from ..config import field_default
 from ..data.rows import AG_NEWS_LABELS as LABELS
 from ..errors import CheckpointError
 from ..model import build_tokenizer
 from .load_errors import loading
-from .records import TEMPERATURE, CheckpointFormat, ModelInfo, TokenizerSource
+from .records import CheckpointFormat, ModelInfo, Temperature, TokenizerSource, expected
 from .tokenizer_files import has_tokenizer
 
 if TYPE_CHECKING:
@@ -94,12 +95,13 @@ def _seed_pt_model(path: Path, payload: dict[str, Any]) -> tuple[PreTrainedModel
 
 def _temperature(path: Path, value: Any) -> float:
     """The file's calibration temperature (1: the seed's files, which have none); anything out of range is refused."""
-    accepts, what = TEMPERATURE
-    if not accepts(value):
+    try:
+        return float(TypeAdapter(Temperature).validate_python(value, strict=True))
+    except ValidationError:
         raise CheckpointError(
-            f"could not load checkpoint {path}: config key 'temperature' must be {what}, not {value!r:.40}"
-        )
-    return float(value)
+            f"could not load checkpoint {path}: config key 'temperature' must be {expected(Temperature)}, "
+            f"not {value!r:.40}"
+        ) from None
 
 
 def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSource]:
