@@ -90,6 +90,12 @@ class Run:
     # with the others in the test (start-up is most of a small lesson's time); one that must end the job, hang
     # until a timeout or set variables of its own runs alone.
     batch: bool = True
+    # Several processes printing at once interleave their lines as the scheduler pleases: a regex whose first
+    # group names a line's process (r"^process (\d+)") sorts the lines by it, each process's in its own order.
+    group_by: str | None = None
+    # False for a run too slow for the test suite (a real model's training): the unit test still checks its
+    # committed output, and a test of its own runs the same file on something small.
+    in_suite: bool = True
 
     def lesson_file(self) -> tuple[str, list[str]] | None:
         """(file, arguments) when the command is plain ``torchrun --nproc_per_node 2 FILE ARGS``."""
@@ -121,7 +127,11 @@ def environment(torchrun: bool = True) -> dict[str, str]:
 def clean(run: Run, stdout: str) -> str:
     lines = [line.rstrip() for line in stdout.splitlines()]
     lines = [line for line in lines if line and re.search(run.keep, line) and not TORCH_LOG.match(line)]
-    return "\n".join(line for line in lines if not any(re.search(d, line) for d in run.drop))
+    lines = [line for line in lines if not any(re.search(d, line) for d in run.drop)]
+    if run.group_by is not None:
+        pattern = run.group_by
+        lines.sort(key=lambda line: m.group(1) if (m := re.search(pattern, line)) else "")
+    return "\n".join(lines)
 
 
 # What a page shows, and what a run uses instead: a port nobody else holds, a folder of its own (several
@@ -148,8 +158,9 @@ def execute(run: Run) -> str:
 
 
 def _bash(command: str, env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
-    """Runs in a session of its own, so that a timeout ends every process the command started (a torchrun's
-    workers, a background job), not only bash."""
+    """Runs in a session of its own, so that a timeout can end what the command started. torchrun starts each
+    worker in a session of its own as well: SIGTERM first, which torchrun passes on to its workers, then
+    SIGKILL for whatever is left of the command's own session."""
     with subprocess.Popen(
         ["bash", "-c", command],
         cwd=ROOT,
@@ -162,8 +173,12 @@ def _bash(command: str, env: dict[str, str], timeout_s: float) -> tuple[int, str
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                stdout, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, stderr = "", "(its output was lost: a process it started still holds the pipes)"
             raise AssertionError(f"{command!r} ran past {timeout_s:.0f} s:\n{stdout}\n{stderr[-3000:]}") from None
     return process.returncode, stdout, stderr
 

@@ -11,7 +11,7 @@ from lessons_support import regenerate
 
 pytestmark = pytest.mark.slow
 
-RUNS = {run.name: run for lesson in regenerate.lessons() for run in lesson.runs}
+RUNS = {run.name: run for lesson in regenerate.lessons() for run in lesson.runs if run.in_suite}
 SHARED = [run for run in RUNS.values() if run.batch and run.exit_code == 0 and run.lesson_file()]
 
 
