@@ -87,3 +87,9 @@ def test_output_lookups_name_what_they_miss():
 def test_shape_blanks_numbers_but_keeps_words():
     assert regenerate.shape("rank 0: 1,234.5 rows/s, 2.1e-05") == regenerate.shape("rank 1: 98 rows/s, 7.0e-03")
     assert regenerate.shape("replicas identical: True") != regenerate.shape("replicas identical: False")
+
+
+def test_the_short_trainer_is_one_short_file_of_plain_torch():
+    text = (ROOT / "examples" / "ddp_train.py").read_text()
+    assert len(text.splitlines()) <= 150, "examples/ddp_train.py is over 150 lines"
+    assert not re.search(r"^\s*(from|import) distrinews", text, re.M), "examples/ddp_train.py imports distrinews"
