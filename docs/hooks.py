@@ -25,6 +25,10 @@ def on_files(files: Files, config) -> Files:
         for source in sorted((ROOT / folder).rglob("*")):
             if source.is_file() and not source.is_symlink():
                 files.append(File.generated(config, source.relative_to(ROOT).as_posix(), abs_src_path=str(source)))
+    # The source, so that a lesson can link to the module that does what it teaches (the .py files only).
+    for source in sorted((ROOT / "src").rglob("*.py")):
+        if not source.is_symlink():
+            files.append(File.generated(config, source.relative_to(ROOT).as_posix(), abs_src_path=str(source)))
     recipes = ROOT / "deploy" / "README.md"
     files.append(File.generated(config, "guide/deploy-recipes.md", abs_src_path=str(recipes)))
     return files
