@@ -137,7 +137,7 @@ def clean(run: Run, stdout: str) -> str:
 # What a page shows, and what a run uses instead: a port nobody else holds, a folder of its own (several
 # engineers' test runs share a machine).
 SHOWN_PORT = "29731"
-SHOWN_DIR = "/tmp/distrinews-lesson-collectives"
+SHOWN_DIR = "/tmp/distrinews-lesson"
 
 
 def free_port() -> str:
