@@ -25,12 +25,13 @@ from typing import Any
 
 from opentelemetry import trace
 from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 
 _NS = 1_000_000_000
 
 
 def traced_answer(
-    tracer: Any, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str
+    tracer: trace.Tracer, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str
 ) -> JSONResponse:
     """The answer, after the current request's stage spans from the batcher's ``timing`` (``time.perf_counter``'s
     clock)."""
@@ -69,12 +70,12 @@ class _TracedResponse(JSONResponse):
     """A JSON answer that ends the response span as its last bytes go to the server (FastAPI's request span
     ends just after, when the server has taken them)."""
 
-    def __init__(self, content: Any, headers: dict[str, str], span: Any):
+    def __init__(self, content: Any, headers: dict[str, str], span: trace.Span) -> None:
         super().__init__(content, headers=headers)
         self.span = span
 
-    async def __call__(self, scope, receive, send) -> None:
-        async def ending(message) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def ending(message: Message) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.span.set_attribute("http.response.status_code", self.status_code)
                 self.span.end()
