@@ -51,15 +51,18 @@ from typing import TYPE_CHECKING, Any
 from ..checkpoint.atomic import open_nofollow, write_text_atomically
 from ..checkpoint.rundir import RunDir
 from ..checkpoint.versioning import NOT_HASHED, config_hash
+from ..config import TrainConfig
 from ..distributed.process_group import DistEnv
 from ..errors import ConfigError
 from ..scores import confusion_table, per_class_table
-from .callbacks import TrainerCallback
+from .callbacks import TrainerCallback, TrainerControl
 from .metrics import append_record, log_record, scalars
 from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+    from .components import TrainState  # the loop's module: torch, the data and the model, for a callback's types
 
 __all__ = ["MLflowCallback", "experiment_id", "mlflow_params", "summary_line"]
 
@@ -161,7 +164,13 @@ class MLflowCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ events (no network: the sender's thread)
     def on_train_begin(
-        self, args, state, control, resumed_from: str | None = None, model: Any = None, **kwargs: Any
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        resumed_from: str | None = None,
+        model: Any = None,
+        **kwargs: Any,
     ) -> None:
         if _env_true("DISABLE_MLFLOW_INTEGRATION"):
             self.stopped = True
@@ -183,7 +192,15 @@ class MLflowCallback(TrainerCallback):
         for work in start:
             self.sender.put(work)
 
-    def on_log(self, args, state, control, logs: dict[str, Any], kind: str = "train", **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        logs: dict[str, Any],
+        kind: str = "train",
+        **kwargs: Any,
+    ) -> None:
         if self.sender is None:
             return
         from mlflow.entities import Metric
@@ -198,9 +215,9 @@ class MLflowCallback(TrainerCallback):
 
     def on_train_end(
         self,
-        args,
-        state,
-        control,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
         best_metrics: dict[str, Any] | None = None,
         stopped_by: str | None = None,
         **kwargs: Any,
@@ -228,7 +245,7 @@ class MLflowCallback(TrainerCallback):
             )
 
     # ------------------------------------------------------------------ preparing the run (this thread, local)
-    def _prepare(self, args, resumed_from: str | None, id2label: dict[int, str] | None) -> list[Work]:
+    def _prepare(self, args: TrainConfig, resumed_from: str | None, id2label: dict[int, str] | None) -> list[Work]:
         import mlflow
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
