@@ -49,6 +49,7 @@ def log_study_result(study: optuna.Study, attr: str, files: list[Path], say: Cal
         best = _best(study)
         with http_bounds():  # the first request that fails ends it: one line, a few seconds
             if best is not None:
+                assert best.value is not None, "a single-objective study's best trial is a complete one, with its value"
                 client.log_metric(run_id, "best_value", best.value)
                 for name, value in best.params.items():
                     client.set_tag(run_id, f"best.{name}", str(value))
@@ -61,7 +62,7 @@ def log_study_result(study: optuna.Study, attr: str, files: list[Path], say: Cal
         say(f"warning: MLflow: the study's result not logged ({type(exc).__name__}: {exc})".splitlines()[0])
 
 
-def _best(study: optuna.Study):
+def _best(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     try:
         return study.best_trial
     except ValueError:  # no complete trial

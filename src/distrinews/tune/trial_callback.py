@@ -15,15 +15,19 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from ..checkpoint.atomic import write_text_atomically
-from ..train.callbacks import TrainerCallback
+from ..config import TrainConfig
+from ..train.callbacks import TrainerCallback, TrainerControl
 from . import TRIAL_ENV
 from .pruning import PrunerSpec
 from .storage import open_storage, scrubbed
+
+if TYPE_CHECKING:
+    from ..train.components import TrainState  # the training loop's module: torch, the data and the model
 
 __all__ = ["TRIAL_ENV", "TrialCallback", "TrialLink", "read_result"]
 
@@ -68,7 +72,14 @@ class TrialCallback(TrainerCallback):
         self.last_value: float | None = None
         self.total_steps: int | None = None
 
-    def on_train_begin(self, args, state, control, total_steps: int | None = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
+        total_steps: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.total_steps = total_steps
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(
@@ -82,7 +93,9 @@ class TrialCallback(TrainerCallback):
             f"trial {self.link.number} of study {self.link.study_name}"
         )
 
-    def on_evaluate(self, args, state, control, metrics: dict[str, Any], **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any
+    ) -> None:
         self.last_value = float(metrics[args.run.metric_for_best_model])
         if self.trial is None:
             return
@@ -107,9 +120,9 @@ class TrialCallback(TrainerCallback):
 
     def on_train_end(
         self,
-        args,
-        state,
-        control,
+        args: TrainConfig,
+        state: TrainState,
+        control: TrainerControl,
         best_metrics: dict[str, Any] | None = None,
         stopped_by: str | None = None,
         **kwargs: Any,
