@@ -87,8 +87,16 @@ class ResultWriter:
 
 
 class JsonlResults(ResultWriter):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        path: Path,
+        labels: Sequence[str],
+        probabilities: bool,
+        compressed: bool,
+        min_confidence: ConfidenceThreshold | None,
+        multi_label: bool,
+    ) -> None:
+        super().__init__(path, labels, probabilities, compressed, min_confidence, multi_label)
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="\n", write_through=False)
 
     def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
@@ -106,8 +114,16 @@ class JsonlResults(ResultWriter):
 
 
 class CsvResults(ResultWriter):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        path: Path,
+        labels: Sequence[str],
+        probabilities: bool,
+        compressed: bool,
+        min_confidence: ConfidenceThreshold | None,
+        multi_label: bool,
+    ) -> None:
+        super().__init__(path, labels, probabilities, compressed, min_confidence, multi_label)
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="", write_through=False)
         self._csv = csv.writer(self._text, lineterminator="\n")
         self._csv.writerow(columns(self.labels, self.probabilities, self.min_confidence is not None, self.multi_label))

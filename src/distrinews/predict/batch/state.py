@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import time
@@ -324,6 +325,6 @@ class StateDir:
         make_dir(self.worker_dir(k))
         return self.worker_dir(k)
 
-    def open_rows(self, k: int):
+    def open_rows(self, k: int) -> io.BufferedWriter:
         """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""
         return os.fdopen(open_nofollow(self.rows_path(k), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")

@@ -22,6 +22,7 @@ passes are the same passes (the same texts padded together, so the same numbers)
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -31,6 +32,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +219,7 @@ class _Failure:
 class _Committer:
     """Appends committed rows to ``rows.jsonl`` and records them in the manifest (the module's commit protocol)."""
 
-    def __init__(self, state: StateDir, manifest: WorkerManifest, log, report: Report):
+    def __init__(self, state: StateDir, manifest: WorkerManifest, log: io.BufferedWriter, report: Report) -> None:
         self.state, self.manifest, self.log, self.report = state, manifest, log, report
 
     def begin(self, window: _Window) -> None:
@@ -312,7 +314,7 @@ def _work(
     settings: WorkerSettings,
     predictor: Any,
     committer: _Committer,
-):
+) -> None:
     fields = RowFields(job.text_field, job.id_field)
     with_id = job.id_field is not None
     windows = _Prefetch(_windows(job, manifest, fields, predictor.encode, settings))
@@ -346,7 +348,7 @@ def _work(
 
 
 # ---------------------------------------------------------------------------------------------- as a process
-def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, parent_pid: int) -> None:
+def spawned(state_path: str, k: int, settings: WorkerSettings, events: Connection, parent_pid: int) -> None:
     """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's
     end)."""
     die_with_parent(parent_pid)
@@ -356,7 +358,7 @@ def spawned(state_path: str, k: int, settings: WorkerSettings, events: Any, pare
         _spawned(state, k, settings, events)
 
 
-def _spawned(state: StateDir, k: int, settings: WorkerSettings, events: Any) -> None:
+def _spawned(state: StateDir, k: int, settings: WorkerSettings, events: Connection) -> None:
     try:
         job = state.read_job()
         assert job is not None, f"{state.job_path} is missing"
