@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .. import tracing
 from ..config import ConfigError
@@ -19,10 +20,13 @@ from ..predict.batch.job import ENGINES, PROGRESS_MODES, BatchJob
 from ..predict.batch.shell import EXIT_REJECTED
 from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
+if TYPE_CHECKING:
+    from . import Subparsers
+
 EXIT_FAILED = 1
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "predict",
         help="classify texts, or a corpus of JSONL/CSV/Parquet files",

@@ -14,10 +14,15 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import types
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import Subparsers
 
 
-def register(subparsers) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "tune",
         help="hyperparameter search on Optuna (each trial a training run; launcher flags apply to each trial)",
@@ -133,5 +138,5 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _interrupt(signum: int, frame) -> None:
+def _interrupt(signum: int, frame: types.FrameType | None) -> None:
     raise KeyboardInterrupt
