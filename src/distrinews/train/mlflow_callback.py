@@ -62,7 +62,7 @@ from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from .components import TrainState  # the loop's module: torch, the data and the model, for a callback's types
+    from ..checkpoint.records import TrainState
 
 __all__ = ["MLflowCallback", "experiment_id", "mlflow_params", "summary_line"]
 

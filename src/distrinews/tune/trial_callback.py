@@ -27,7 +27,7 @@ from .pruning import PrunerSpec
 from .storage import open_storage, scrubbed
 
 if TYPE_CHECKING:
-    from ..train.components import TrainState  # the training loop's module: torch, the data and the model
+    from ..checkpoint.records import TrainState
 
 __all__ = ["TRIAL_ENV", "TrialCallback", "TrialLink", "read_result"]
 
