@@ -68,7 +68,7 @@ for m in (1, 2, 4, 8):
     wall, idle = step(m)
     if rank == 0:
         bubble = (P - 1) / (m + P - 1)
-        print(f"m={m}: step {wall * 1e3:4.0f} ms, idle {idle:.2f}, GPipe's bubble (p-1)/(m+p-1) = {bubble:.2f}")
+        print(f"m={m}: step {wall * 1e3:.0f} ms, idle {idle:.2f}, GPipe's bubble (p-1)/(m+p-1) = {bubble:.2f}")
 mine = [p.grad.clone() for p in stage.parameters()]  # this rank's half, after m=8
 full.zero_grad()
 nn.functional.cross_entropy(full(x), y).backward()  # one process, the whole model, the whole batch
