@@ -99,8 +99,7 @@ def _collectives(blocking: bool):
             expect(_after(out, name) == after, f"{name} leaves {after}", out)
         if blocking:
             swap = _after(out, "send / recv (swap)")
-            timeout = "RuntimeError: Timed out waiting 3000ms for send operation to complete"
-            expect(swap == (timeout, timeout), "both blocking sends wait for a recv: both time out", out)
+            expect(swap == ("RuntimeError in send",) * 2, "both ranks fail in send: neither reaches recv", out)
         else:
             expect(_after(out, "isend / irecv (swap)") == ("[3, 4]", "[1, 2]"), "the ranks swap tensors", out)
 
@@ -138,7 +137,8 @@ def _pipeline(balanced: bool):
         steps = out.nums(r"^m=\d: step (\d+) ms")
         expect(steps[-1] < steps[0], "8 micro-batches take less time than 1", out)
         if balanced:
-            expect(idle == sorted(idle, reverse=True) and idle[0] > 2 * idle[-1], "idle falls as m grows", out)
+            expect(idle[0] >= 0.45, "one micro-batch: each rank idle half the step", out)
+            expect(idle[0] > idle[1] > idle[2] and idle[3] < idle[1], "idle falls as m grows", out)
         else:
             expect(idle[-1] > bubble[-1] + 0.1, "an unbalanced pipeline idles far more than the formula", out)
         expect(out.has(r"sent per step: 8,192 B of activations forward"), "32 x 64 x 4 bytes each way", out)
@@ -185,23 +185,23 @@ def _comm_ratio(out: Output) -> None:
     sent = out.nums(r"all-reduce of ([\d,]+) B")
     expect(sent == [4_210_704] * 3, "the same 4,210,704 B whatever the batch", out)
     ratios = out.nums(r"communication/computation ([\d.]+)")
-    expect(ratios[0] > 1 > ratios[-1], "at 4 rows communication dominates, at 512 compute does", out)
+    expect(ratios[0] > 5 * ratios[-1], "the ratio falls many times over from 4 to 512 rows", out)
     expect(out.has(r"the ratio falls as the batch per rank grows: True"), "the ratio falls", out)
 
 
 def _lr_scaling(warmup: bool):
     def check(out: Output) -> None:
-        runs = out.text.splitlines()
         losses = out.nums(r"loss ([\d.]+), accuracy")
-        expect(len(runs) == 5 and out.nums(r"(\d+) steps, loss") == [512, 64, 64, 32, 32], "512, 64, 32 steps", out)
-        base, same8, scaled8, same16, scaled16 = losses
-        expect(same8 > 5 * base and same16 > 5 * base, "the same lr with a bigger batch falls far behind", out)
         if warmup:
+            expect(out.nums(r"(\d+) steps, loss") == [512, 64, 64, 32, 32], "512, 64 and 32 steps", out)
+            base, same8, scaled8, same16, scaled16 = losses
+            expect(same8 > 5 * base and same16 > 5 * base, "the same lr with a bigger batch falls far behind", out)
             expect(scaled8 < 1.5 * base, "lr x 8 with warmup nearly matches the baseline", out)
             expect(base < scaled16 < same16, "at x 16 the rule helps but no longer matches", out)
         else:
-            expect(out.nums(r"warmup (\d+) steps") == [0] * 5, "no warmup anywhere", out)
-            expect(scaled16 > 1.5 * 0.434, "without warmup x 16 ends far worse (0.434 with it)", out)
+            expect(out.nums(r"(\d+) steps, loss") == [64, 32], "the two scaled runs only", out)
+            expect(out.nums(r"warmup (\d+) steps") == [0, 0], "no warmup", out)
+            expect(losses[1] > 1.5 * 0.434, "without warmup x 16 ends far worse (0.434 with it)", out)
 
     return check
 
@@ -220,8 +220,8 @@ def _debugging(detail: bool):
         else:
             expect(out.has(r"^rank 0, all_reduce of 2 elements: returned \[2\.0, 2\.0\]$"), "rank 0: no error", out)
             expect(
-                out.has(r"^rank 1, all_reduce of 3 elements: RuntimeError: Timed out waiting 5000ms"),
-                "rank 1 times out after 5 s, naming nothing",
+                out.has(r"^rank 1, all_reduce of 3 elements: RuntimeError: Timed out waiting 3000ms"),
+                "rank 1 times out after 3 s, naming nothing",
                 out,
             )
         expect(out.has(r"Rank 1 failed to pass monitoredBarrier in 1000 ms"), "monitored_barrier names rank 1", out)

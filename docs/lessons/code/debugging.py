@@ -16,9 +16,9 @@ rank = dist.get_rank()
 if rank == 0:
     print(f"debug level: {dist.get_debug_level()}")
     print(f"default timeouts: gloo {constants.default_pg_timeout}, nccl {constants.default_pg_nccl_timeout}")
-# Each fault happens in a group of its own, with a 5 s timeout (the default is 30 minutes); the default group
+# Each fault happens in a group of its own, with a 3 s timeout (the default is 30 minutes); the default group
 # stays healthy and carries the reports to rank 0.
-faulty = dist.new_group(timeout=datetime.timedelta(seconds=5))
+faulty = dist.new_group(timeout=datetime.timedelta(seconds=3))
 
 
 def report(text):
@@ -40,10 +40,10 @@ except RuntimeError as e:
 report(f"all_reduce of {t.numel()} elements: {outcome}")
 
 # 2. monitored_barrier (gloo only): rank 0 waits for each rank in turn and names the first one that is late,
-# where a plain barrier would only time out. Rank 1 is stuck for 3 s (in I/O, say).
+# where a plain barrier would only time out. Rank 1 is stuck for 2 s (in I/O, say).
 late = dist.new_group()
 if rank == 1:
-    time.sleep(3)
+    time.sleep(2)
 try:
     dist.monitored_barrier(late, timeout=datetime.timedelta(seconds=1))
     outcome = "passed"

@@ -44,8 +44,10 @@ def train(global_batch, lr, warmup_steps):
               f"steps: {steps} steps, loss {loss:.3f}, accuracy {accuracy:.1%}")
 
 
-train(BASE_BATCH, BASE_LR, 0)  # the baseline
+if warmup:  # the Try it changes only the scaled runs: it skips the others
+    train(BASE_BATCH, BASE_LR, 0)  # the baseline
 for k in (8, 16):
-    train(k * BASE_BATCH, BASE_LR, 0)  # a bigger batch, the same lr: k times less progress per epoch
+    if warmup:
+        train(k * BASE_BATCH, BASE_LR, 0)  # a bigger batch, the same lr: k times less progress per epoch
     train(k * BASE_BATCH, k * BASE_LR, warmup)  # the linear scaling rule
 dist.destroy_process_group()
