@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -247,6 +248,48 @@ def killed_after(proc: subprocess.Popen, group: bool = False):
         yield proc
     finally:
         kill(proc, group)
+
+
+TEST_SUBNET = "10.231.{}.{}"
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two test hosts: ``[(netns, veth, address), (netns, veth, address)]``, network namespaces joined by a veth
+    pair on a /24 of their own. A command runs on one with ``ip netns exec NETNS ...`` (``in_host``); loopback is
+    each host's own, so whatever they say to each other goes over the link. Needs root and iproute2 (as CI has).
+    Deleting a namespace does not end the processes in it: each test stops what it started there."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        unavailable("needs root and iproute2 to make network namespaces")
+    tag = uuid.uuid4().hex[:6]
+    hosts = [f"dn-{tag}-a", f"dn-{tag}-b"]
+    octet = int(tag[:2], 16)
+    addrs = [TEST_SUBNET.format(octet, 1), TEST_SUBNET.format(octet, 2)]
+    veth = [f"va{tag}", f"vb{tag}"]
+    try:
+        for h in hosts:
+            _sh("ip", "netns", "add", h)
+            _sh("ip", "-n", h, "link", "set", "lo", "up")
+        _sh("ip", "link", "add", veth[0], "netns", hosts[0], "type", "veth", "peer", "name", veth[1], "netns", hosts[1])
+        for h, v, a in zip(hosts, veth, addrs):
+            _sh("ip", "-n", h, "addr", "add", f"{a}/24", "dev", v)
+            _sh("ip", "-n", h, "link", "set", v, "up")
+    except subprocess.CalledProcessError as exc:
+        for h in hosts:
+            subprocess.run(["ip", "netns", "del", h], capture_output=True)
+        unavailable(f"cannot make test hosts here: {exc.stderr.strip()}")
+    yield list(zip(hosts, veth, addrs))
+    for h in hosts:
+        subprocess.run(["ip", "netns", "del", h], capture_output=True)
+
+
+def in_host(host: str, *cmd: str) -> list[str]:
+    """``cmd`` run on test host ``host`` (a ``two_hosts`` namespace)."""
+    return ["ip", "netns", "exec", host, *cmd]
 
 
 # text-embeddings-inference's per-answer timing headers, as its router sets them (router/src/http/server.rs)

@@ -1,21 +1,16 @@
-"""Two test hosts (network namespaces joined by a veth pair), one torchrun node each: a real 2-node run.
-
-Needs root and iproute2 (as CI has); each host has its own address, and rendezvous, gloo and
-the store all go over the veth link, never loopback.
+"""Two test hosts (conftest ``two_hosts``: network namespaces joined by a veth pair), one torchrun node each: a
+real 2-node run. Each host has its own address, and rendezvous, gloo and the store all go over the veth link,
+never loopback.
 """
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import pytest
-
-from conftest import QUIET, TINY, unavailable
+from conftest import QUIET, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 # Four steps of the tiny model; both ways of launching train exactly this.
@@ -31,39 +26,6 @@ TRAIN_ARGS = (
     "--bf16",
     "false",
 )
-
-
-SUBNET = "10.231.{}.{}"
-
-
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
-@pytest.fixture
-def two_hosts():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        unavailable("needs root and iproute2 to make network namespaces")
-    tag = uuid.uuid4().hex[:6]
-    hosts = [f"dn-{tag}-a", f"dn-{tag}-b"]
-    octet = int(tag[:2], 16)
-    addrs = [SUBNET.format(octet, 1), SUBNET.format(octet, 2)]
-    veth = [f"va{tag}", f"vb{tag}"]
-    try:
-        for h in hosts:
-            _sh("ip", "netns", "add", h)
-            _sh("ip", "-n", h, "link", "set", "lo", "up")
-        _sh("ip", "link", "add", veth[0], "netns", hosts[0], "type", "veth", "peer", "name", veth[1], "netns", hosts[1])
-        for h, v, a in zip(hosts, veth, addrs):
-            _sh("ip", "-n", h, "addr", "add", f"{a}/24", "dev", v)
-            _sh("ip", "-n", h, "link", "set", v, "up")
-    except subprocess.CalledProcessError as exc:
-        for h in hosts:
-            subprocess.run(["ip", "netns", "del", h], capture_output=True)
-        unavailable(f"cannot make test hosts here: {exc.stderr.strip()}")
-    yield list(zip(hosts, veth, addrs))
-    for h in hosts:
-        subprocess.run(["ip", "netns", "del", h], capture_output=True)
 
 
 def test_two_nodes_train_together(two_hosts, tmp_path, agnews_dir):
