@@ -289,3 +289,30 @@ def test_a_trial_is_never_pruned_at_its_last_evaluation(tmp_path):
     state.global_step = 4
     handler.on_evaluate({"accuracy": 0.8})
     assert handler.control.should_training_stop and callback.pruned_at == 4
+
+
+def test_a_trial_whose_storage_does_not_answer_at_its_start_trains_on_and_writes_its_result(tmp_path, capsys):
+    """The study's database restarting as a trial starts: the run is not reported to (nor pruned), and ends as usual
+    with its result, which the tuner tells the study once the database is back (tune/outage.py)."""
+    import torch
+
+    from distrinews.checkpoint.records import TrainState
+    from distrinews.distributed.process_group import DistEnv
+    from distrinews.train.callbacks import CallbackHandler
+    from distrinews.tune.trial_callback import TrialCallback, TrialLink, read_result
+
+    gone = f"sqlite:///{tmp_path / 'no-such-folder' / 'study.db'}"  # sqlite cannot open it: OperationalError
+    link = TrialLink(gone, "s", 1, 0, {"name": "none"}, str(tmp_path / "result.json"))
+    callback, state = TrialCallback(link), TrainState()
+    handler = CallbackHandler([callback], BASE, state, DistEnv(0, 0, 1, 1, torch.device("cpu"), None))
+    handler.on_train_begin(None, total_steps=4)
+    assert callback.trial is None
+    said = capsys.readouterr().out.strip()
+    assert (
+        said.startswith("warning: Optuna: trial 0 not reported to, nor pruned (--storage sqlite:///")
+        and len(said.splitlines()) == 1
+    ), said
+    state.global_step = 4
+    handler.on_evaluate({"accuracy": 0.75})
+    handler.on_train_end(best_metrics={"accuracy": 0.75})
+    assert read_result(tmp_path / "result.json")["value"] == 0.75

@@ -36,6 +36,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from ..errors import ConfigError
+from .outage import DatabaseStorage  # RDBStorage, riding out a database restart
 
 __all__ = [
     "HEARTBEAT_ATTR",
@@ -99,7 +100,7 @@ def open_storage(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
+                return DatabaseStorage(
                     storage,
                     heartbeat_interval=heartbeat_interval,
                     grace_period=grace_period,

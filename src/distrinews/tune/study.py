@@ -18,6 +18,7 @@ instant both run it: the study then has one more trial than asked.)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,9 @@ from typing import Any, Literal
 import optuna
 import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+# Optuna's trial heartbeat, which its optimize loop runs (not exported: storage.py imports its base class too)
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
 from ..checkpoint.atomic import open_new, remove_entry, write_text_atomically
@@ -42,6 +46,7 @@ from ..distributed.launch import PREEMPTION_GRACE_S
 from ..distributed.lifetime import last_line, preexec_die_with_parent, run_until_stopped
 from ..errors import ConfigError
 from . import TRIAL_ENV
+from .outage import STORAGE_ERRORS, patiently, reason
 from .pruning import PrunerSpec
 from .space import SearchSpace
 from .storage import open_storage
@@ -109,6 +114,8 @@ def run_study(
     # Each outcome is one line of ours; Optuna would add a traceback to every failed or interrupted trial.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # The tuner runs each trial's heartbeat itself (_run_trial), as Study.optimize does
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric = base.run.metric_for_best_model
     direction: Literal["maximize", "minimize"] = "maximize" if base.run.best_is_greater else "minimize"
@@ -131,8 +138,7 @@ def run_study(
     )
     say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
     while True:
-        optuna.storages.fail_stale_trials(study)  # a trial whose tuner died: FAIL, and queued again
-        finished, in_progress = budget_counts(study.get_trials(deepcopy=False))
+        finished, in_progress = patiently(lambda: _census(study), "counting the trials", say)
         if finished >= options.n_trials:
             break
         if options.timeout_s is not None and time.monotonic() - started >= options.timeout_s:
@@ -141,7 +147,7 @@ def run_study(
                 f"starts ({finished} of {options.n_trials} finished)"
             )
             break
-        if finished + in_progress >= options.n_trials and not _waiting(study):
+        if finished + in_progress >= options.n_trials and not patiently(lambda: _waiting(study), "a queued trial", say):
             if not said_waiting:
                 say(
                     f"waiting for {in_progress} trial(s) running in other "
@@ -152,12 +158,51 @@ def run_study(
             continue
         said_waiting = False
         try:
-            study.optimize(objective, n_trials=1, catch=(TrialFailed,))
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): Optuna has failed the trial; it runs again
+            _run_trial(study, objective, say)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): the trial is failed; it runs again
             _run_again(study, options, say)
             raise
-    optuna.storages.fail_stale_trials(study)
+    patiently(lambda: optuna.storages.fail_stale_trials(study), "failing stale trials", say)
     return study
+
+
+def _census(study: optuna.Study) -> tuple[int, int]:
+    optuna.storages.fail_stale_trials(study)  # a trial whose tuner died: FAIL, and queued again
+    return budget_counts(study.get_trials(deepcopy=False))
+
+
+def _run_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float], say: Callable[..., None]) -> None:
+    """One trial as ``study.optimize(n_trials=1)`` runs it (asked, run with a heartbeat, told), but a storage that
+    does not answer is waited for (``outage``): the outcome is told once it is back, and a trial the outage caught
+    before its training started is left to run again once its heartbeat is stale."""
+    trial = patiently(study.ask, "starting a trial", say)
+    value: float | None = None
+    with get_heartbeat_thread(trial._trial_id, study._storage):
+        try:
+            value, state = objective(trial), TrialState.COMPLETE
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except TrialFailed:
+            state = TrialState.FAIL
+        except KeyboardInterrupt:
+            with contextlib.suppress(*STORAGE_ERRORS):
+                _tell(study, trial, None, TrialState.FAIL)
+            raise
+        except STORAGE_ERRORS as exc:  # before its training process started (the objective's only storage calls)
+            say(f"warning: trial {trial.number}: the storage did not answer ({reason(exc)}): it runs again")
+            return
+        told = patiently(lambda: _tell(study, trial, value, state), f"trial {trial.number}'s outcome", say)
+    if not told:
+        say(f"trial {trial.number}: its outcome came too late (its heartbeat went stale): it runs again")
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None, state: TrialState) -> bool:
+    """Record the trial's outcome; False if it was finished meanwhile: failed as stale by another tuner (which
+    queued it again) while this one's heartbeat could not reach the storage."""
+    try:
+        return study.tell(trial, value, state, skip_if_finished=True).state == state
+    except optuna.exceptions.UpdateFinishedTrialError:  # the tuner's cache still had it running
+        return False
 
 
 def _create_or_join(
@@ -241,7 +286,7 @@ def _objective(
                 PREEMPTION_GRACE_S,
                 # SIGTERM when the tuner dies, SIGKILL included: the run stops at a step boundary
                 preexec_fn=preexec_die_with_parent(signal.SIGTERM),
-                started=lambda pid: trial.set_user_attr("pid", pid),
+                started=lambda pid: _note_pid(trial, pid),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**env, TRIAL_ENV: link.to_env()},
@@ -278,6 +323,11 @@ def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[...
         env["MLFLOW_TAGS"] = json.dumps(tags)
         env.pop("MLFLOW_RUN_ID", None)  # each trial is a run of its own
     return env
+
+
+def _note_pid(trial: optuna.Trial, pid: int) -> None:
+    with contextlib.suppress(*STORAGE_ERRORS):  # a note for whoever watches the study: the trial runs on without it
+        trial.set_user_attr("pid", pid)
 
 
 def _shown(params: dict[str, Any]) -> str:

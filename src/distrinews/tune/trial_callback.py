@@ -21,8 +21,10 @@ import optuna
 
 from ..checkpoint.atomic import write_text_atomically
 from ..config import TrainConfig
+from ..errors import ConfigError
 from ..train.callbacks import TrainerCallback, TrainerControl
 from . import TRIAL_ENV
+from .outage import STORAGE_ERRORS, reason
 from .pruning import PrunerSpec
 from .storage import open_storage, scrubbed
 
@@ -82,11 +84,17 @@ class TrialCallback(TrainerCallback):
     ) -> None:
         self.total_steps = total_steps
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.load_study(
-            study_name=self.link.study_name,
-            storage=open_storage(self.link.storage),
-            pruner=PrunerSpec.from_dict(self.link.pruner).build(),
-        )
+        try:
+            study = optuna.load_study(
+                study_name=self.link.study_name,
+                storage=open_storage(self.link.storage),
+                pruner=PrunerSpec.from_dict(self.link.pruner).build(),
+            )
+        except (ConfigError, *STORAGE_ERRORS) as exc:  # the storage down (restarting): the tuner tells the outcome
+            why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {reason(exc)}"
+            why = scrubbed(str(why), self.link.storage)
+            print(f"warning: Optuna: trial {self.link.number} not reported to, nor pruned ({why})")
+            return
         self.trial = optuna.Trial(study, self.link.trial_id)
         print(
             f"Optuna: reporting {args.run.metric_for_best_model} to "
