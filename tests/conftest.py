@@ -257,12 +257,12 @@ def _sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
-@pytest.fixture
-def two_hosts():
+@contextlib.contextmanager
+def made_test_hosts():
     """Two test hosts: ``[(netns, veth, address), (netns, veth, address)]``, network namespaces joined by a veth
-    pair on a /24 of their own. A command runs on one with ``ip netns exec NETNS ...`` (``in_host``); loopback is
-    each host's own, so whatever they say to each other goes over the link. Needs root and iproute2 (as CI has).
-    Deleting a namespace does not end the processes in it: each test stops what it started there."""
+    pair on a /24 of their own, deleted on leaving. A command runs on one with ``ip netns exec NETNS ...``
+    (``in_host``); loopback is each host's own, so whatever they say to each other goes over the link. Needs root
+    and iproute2 (as CI has). Deleting a namespace does not end the processes in it: ``stop_host`` does."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         unavailable("needs root and iproute2 to make network namespaces")
     tag = uuid.uuid4().hex[:6]
@@ -282,14 +282,41 @@ def two_hosts():
         for h in hosts:
             subprocess.run(["ip", "netns", "del", h], capture_output=True)
         unavailable(f"cannot make test hosts here: {exc.stderr.strip()}")
-    yield list(zip(hosts, veth, addrs))
-    for h in hosts:
-        subprocess.run(["ip", "netns", "del", h], capture_output=True)
+    try:
+        yield list(zip(hosts, veth, addrs))
+    finally:
+        for h in hosts:
+            subprocess.run(["ip", "netns", "del", h], capture_output=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """``made_test_hosts()`` for one test."""
+    with made_test_hosts() as hosts:
+        yield hosts
 
 
 def in_host(host: str, *cmd: str) -> list[str]:
-    """``cmd`` run on test host ``host`` (a ``two_hosts`` namespace)."""
+    """``cmd`` run on test host ``host`` (a ``made_test_hosts`` namespace)."""
     return ["ip", "netns", "exec", host, *cmd]
+
+
+def host_pids(host: str) -> list[int]:
+    """The processes running on test host ``host``."""
+    found = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout
+    return [int(p) for p in found.split()]
+
+
+def stop_host(host: str) -> None:
+    """Pull test host ``host``'s plug: SIGKILL every process in it (and what they start meanwhile), reaped or not."""
+    for _ in range(20):
+        pids = host_pids(host)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 # text-embeddings-inference's per-answer timing headers, as its router sets them (router/src/http/server.rs)

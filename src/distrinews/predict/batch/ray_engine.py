@@ -156,6 +156,7 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
     try:
         results = _results(ray, checked, record, window_rows, tasks) if total else iter(())
         expected = 0
+        ran_on: dict[str, int] = {}  # rows by the node that computed them (the copy that reached the driver)
         for window in results:
             if files is None:
                 progress.ready()
@@ -165,6 +166,7 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
             for line in window["records"]:
                 files.add(json.loads(line))
             expected = window["end"]
+            ran_on[window["node"]] = ran_on.get(window["node"], 0) + window["end"] - window["start"]
             progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
         if files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
             from ..predictor import checkpoint_labels
@@ -173,6 +175,8 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
                 checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None
             )
         files.publish(total)
+        if job.progress != "none" and ran_on:
+            stderr.write(f"predict: {_ran_on(ran_on)}\n")
     except Exception as exc:
         error = _user_error(exc)
         if error is None:
@@ -185,6 +189,14 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
         context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
         quiet.setLevel(level)
     return files.totals, progress
+
+
+def _ran_on(rows_by_node: dict[str, int]) -> str:
+    """Where the rows were computed: each node's address and id, and its rows."""
+    nodes = sorted(rows_by_node.items(), key=lambda item: (-item[1], item[0]))
+    return f"computed on {len(nodes)} node{'s' if len(nodes) != 1 else ''}: " + ", ".join(
+        f"{node} {rows:,} rows" for node, rows in nodes
+    )
 
 
 def _where(ray: Any) -> str:
@@ -272,6 +284,7 @@ def _result_schema():
             ("records", pa.list_(pa.string())),  # OutputFiles records (a worker's rows.jsonl lines), in row order
             ("labelled", pa.int64()),
             ("rejected", pa.int64()),
+            ("node", pa.string()),  # where the window was computed: "ADDRESS (node ID)"
         ]
     )
 
@@ -291,6 +304,9 @@ class WindowPredictor:
         self.predictor = load_predictor(checkpoint, runtime, threads, batch_size)
         self.labels = list(self.predictor.labels)
         self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens or None, with_id
+        import ray
+
+        self.node = f"{ray.util.get_node_ip_address()} (node {ray.get_runtime_context().get_node_id()[:8]})"
 
     def __call__(self, windows: Any) -> Any:
         import pyarrow as pa
@@ -313,4 +329,5 @@ class WindowPredictor:
             out["records"].append([line.rstrip("\n") for _, line in records])
             out["labelled"].append(len(texts))
             out["rejected"].append(len(window["rejects"]))
+            out["node"].append(self.node)
         return pa.Table.from_pydict(out, schema=_result_schema())
