@@ -316,3 +316,37 @@ def test_a_trial_whose_storage_does_not_answer_at_its_start_trains_on_and_writes
     handler.on_evaluate({"accuracy": 0.75})
     handler.on_train_end(best_metrics={"accuracy": 0.75})
     assert read_result(tmp_path / "result.json")["value"] == 0.75
+
+
+def test_a_storage_that_does_not_answer_is_waited_for_with_one_warning_and_a_deadline(monkeypatch):
+    import sqlalchemy.exc
+
+    from distrinews.tune import outage
+
+    monkeypatch.setattr(outage, "RETRY_S", 0.01)
+    monkeypatch.setattr(outage, "OUTAGE_S", 0.2)
+    refused = sqlalchemy.exc.OperationalError("SELECT 1", {}, OSError("connection refused"))
+    answers = iter([refused, refused, 7])
+
+    def call():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    said: list[str] = []
+    assert outage.patiently(call, "counting the trials", said.append) == 7
+    assert said == [
+        "warning: the study's storage did not answer (counting the trials: (builtins.OSError) connection refused): "
+        "trying again every 0.01 s for up to 0.2 s"
+    ]
+
+    def never():
+        raise refused
+
+    said.clear()
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        outage.patiently(never, "trial 3's outcome", said.append)
+    assert 0.2 <= time.monotonic() - started < 30 and len(said) == 1
+    assert str(caught.value).startswith("the study's storage has not answered for 0.2 s (trial 3's outcome: ")
