@@ -84,12 +84,12 @@ def cluster():
     ray = _ray()
     with made_test_hosts() as hosts, contextlib.ExitStack() as cleanup:
         (host_a, _, addr_a), (host_b, _, addr_b) = hosts
-        for host, _, _ in hosts:
-            cleanup.callback(stop_host, host)
         # A folder of each node's own, with a short path: Ray's socket paths must fit in 107 bytes
         temp = [tempfile.mkdtemp(prefix="dn-ray-") for _ in hosts]
         for folder in temp:
             cleanup.callback(shutil.rmtree, folder, True)
+        for host, _, _ in hosts:  # first, then the folders they write in (an ExitStack unwinds last in, first out)
+            cleanup.callback(stop_host, host)
         # Token authentication, as a team's cluster has it: the token given to every node and to the job. Ray's
         # default depends on whether ~/.ray/auth_token exists (a local ray.init() writes one): never left to it.
         token = Path(temp[0]) / "auth_token"
