@@ -2,8 +2,8 @@
 
 A real PostgreSQL (Debian's ``postgresql`` package: ``initdb`` and ``pg_ctl`` into a temporary folder, run as
 ``nobody``) listens on test host A's address (conftest ``two_hosts``: network namespaces joined by a veth pair);
-a tuner runs on each host and reaches it over the link with a password-protected account. The password is in
-each host's ``PGPASSFILE`` (libpq's password file), never in the URL given to ``--storage``.
+a tuner runs on each host and reaches it over the link with a password-protected account. Each is given the URL,
+password included, off its command line: tuner A in ``$DISTRINEWS_TUNE_STORAGE``, tuner B in ``--storage-file``.
 
 - Trials are shared and none runs twice; a tuner SIGKILLed mid-trial leaves a trial that the other tuner fails
   once its heartbeat is stale and runs again (``RetryHeartbeatStaleTrialCallback``); the password appears in no
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NEWS_DATA, QUIET, ROOT, TINY, in_host, killed_after, unavailable, wait_until
+from conftest import NEWS_DATA, QUIET, ROOT, TINY, in_host, killed_after, require, unavailable, wait_until
 
-optuna = pytest.importorskip("optuna")
+optuna = require("optuna")
 
 from optuna.storages import RetryHeartbeatStaleTrialCallback  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
@@ -80,7 +80,7 @@ class Postgres:
         os.chown(self.folder, self.user.pw_uid, self.user.pw_gid)
         self.data, self.log = self.folder / "data", self.folder / "server.log"
         self.password = secrets.token_urlsafe(18)
-        self.url = f"postgresql+psycopg://{ACCOUNT}@{address}:{PORT}/{DATABASE}"  # no password: PGPASSFILE has it
+        self.url = f"postgresql+psycopg://{ACCOUNT}:{self.password}@{address}:{PORT}/{DATABASE}"
         self.local_url = f"postgresql+psycopg://{ACCOUNT}@/{DATABASE}?host={self.folder}&port={PORT}"
 
     def _run(self, program: str, *args: str) -> str:
@@ -148,10 +148,7 @@ class Postgres:
 
 @pytest.fixture
 def postgres(two_hosts):
-    try:
-        import psycopg  # noqa: F401  (SQLAlchemy's driver for postgresql:// URLs)
-    except ImportError:
-        unavailable("the PostgreSQL driver is missing: pip install 'distrinews[tune]' (psycopg)")
+    require("psycopg", "SQLAlchemy's PostgreSQL driver: pip install 'distrinews[tune]'")
     host, _, address = two_hosts[0]
     server = Postgres(host, address)
     try:
@@ -160,24 +157,24 @@ def postgres(two_hosts):
         server.close()
 
 
-def _password_file(server: Postgres, path: Path) -> Path:
-    """A host's libpq password file (``PGPASSFILE``): libpq ignores one that others may read."""
-    path.write_text(f"{server.address}:{PORT}:{DATABASE}:{ACCOUNT}:{server.password}\n")
-    path.chmod(0o600)
-    return path
-
-
 def _tuner(host: str, server: Postgres, folder: Path, study: str, n_trials: int) -> subprocess.Popen:
-    """``distrinews tune`` on ``host`` against ``study`` on ``server``, its study folder and output in ``folder``."""
+    """``distrinews tune`` on ``host`` against ``study`` on ``server``, its study folder and output in ``folder``; the
+    storage's URL in ``$DISTRINEWS_TUNE_STORAGE`` for a folder named ``a``, else in ``--storage-file``."""
     folder.mkdir()
     (folder / "space.yaml").write_text(SPACE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PGPASSFILE": str(_password_file(server, folder / "pgpass"))}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if folder.name == "a":
+        env["DISTRINEWS_TUNE_STORAGE"], storage = server.url, []
+    else:
+        (folder / "storage").write_text(server.url + "\n")
+        (folder / "storage").chmod(0o600)
+        storage = ["--storage-file", str(folder / "storage")]
     command = in_host(
         host,
         sys.executable, "-m", "distrinews", "tune",
         "--space", str(folder / "space.yaml"),
         "--output-dir", str(folder / "study"),
-        "--storage", server.url,
+        *storage,
         "--study-name", study,
         "--n-trials", str(n_trials),
         "--pruner", "none",
@@ -248,12 +245,13 @@ class CommandLines:
 
 
 def _files_holding(secret: str, *places: Path) -> list[Path]:
-    """The files in ``places`` (files, or folders searched through) that hold ``secret``, password files aside."""
+    """The files in ``places`` (files, or folders searched through) that hold ``secret``, tuner B's storage file
+    aside."""
     files = [f for place in places for f in ([place] if place.is_file() else place.rglob("*"))]
     return [
         f
         for f in files
-        if f.is_file() and not f.is_symlink() and f.name != "pgpass" and secret.encode() in f.read_bytes()
+        if f.is_file() and not f.is_symlink() and f.name != "storage" and secret.encode() in f.read_bytes()
     ]
 
 
@@ -296,6 +294,7 @@ def test_two_tuners_on_two_hosts_share_a_study_and_a_killed_tuners_trial_runs_ag
     # The password: in no command line (read 10 times a second throughout), no file of the tuners' or trials', no
     # line they printed, nor the server's log.
     assert ps.tuners > 10 and not ps.seen
+    assert f"in postgresql+psycopg://tuner:***@{postgres.address}:" in out_a
     assert not _files_holding(postgres.password, tmp_path, postgres.log)
     print(f"--- host a\n{out_a}--- host b\n{(tmp_path / 'b' / 'stdout').read_text()}")
 
