@@ -43,7 +43,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
@@ -54,6 +54,9 @@ from .progress import Progress
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord, ShardRecord, StateError
 from .worker import WINDOW_BATCHES, load_predictor, result_lines
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
 
 RAY_EXTRA = "ray"
 TASKS_PER_ACTOR = 4  # read tasks per actor at least, so every actor has blocks to take
@@ -273,7 +276,7 @@ def _user_error(exc: BaseException) -> Exception | None:
 
 
 # ---------------------------------------------------------------------------------------------- the model
-def _result_schema():
+def _result_schema() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasource
 from ray.data.block import BlockMetadata
@@ -19,8 +19,11 @@ from ...data.fields import RowFields
 from .state import JobRecord
 from .worker import job_rows, read_row
 
+if TYPE_CHECKING:
+    import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
 
-def _window_schema():
+
+def _window_schema() -> pa.Schema:
     import pyarrow as pa
 
     strings = pa.list_(pa.string())
