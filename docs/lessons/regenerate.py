@@ -6,7 +6,7 @@
 A lesson is one page, its code (``docs/lessons/code/*.py``, included on the page) and its runs: the command
 the page shows and, for "Try it", the same command with the flag that breaks the idea. Each run has a check:
 the numbers its page states, asserted on what the run printed. This script refuses to write an output that
-fails its check; ``tests/integration/test_lessons.py`` runs every lesson again and checks the fresh output the
+fails its check; ``tests/integration/test_lessons_run.py`` runs every lesson again and checks the fresh output the
 same way, and that its lines are the page's (numbers aside: timings move). The lessons themselves are declared
 in ``checks_*.py`` beside this file, each next to its checks.
 """

@@ -1,6 +1,6 @@
 """The lessons as the site shows them: every page includes its code and its runs' outputs, the numbers those
 outputs show are the ones the page states (each run's check, on the committed output), and every file a
-lesson page names exists. tests/integration/test_lessons.py runs the lessons again and checks fresh output."""
+lesson page names exists. tests/integration/test_lessons_run.py runs the lessons again and checks fresh output."""
 
 from __future__ import annotations
 

@@ -68,3 +68,10 @@ def test_no_test_skips_on_a_missing_import_silently():
         or (isinstance(node, ast.alias) and node.name == "importorskip")
     ]
     assert not found, f"use conftest.require: {found}"
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports tests/unit and tests/integration as top-level modules (no packages): two files of one
+    name make the second a collection error ("import file mismatch"), which stops the whole run."""
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
