@@ -46,6 +46,15 @@ def register(subparsers: Subparsers) -> None:
         "'confident' field or column): a number for every label, LABEL=NUMBER pairs (World=0.8,Sports=0.6), or both",
     )
     batch = p.add_argument_group("corpus form (--input/--output)")
+    _corpus_files(batch)
+    _corpus_passes(batch)
+    _corpus_job(batch)
+    p.add_argument("texts", nargs="*")
+    p.set_defaults(func=run)
+
+
+def _corpus_files(batch: argparse._ArgumentGroup) -> None:
+    """Which files, and which of their fields."""
     batch.add_argument(
         "--input",
         nargs="+",
@@ -66,6 +75,10 @@ def register(subparsers: Subparsers) -> None:
         default=BatchJob.id_field,
         help="the field written as each row's id (default: the row number, from 0)",
     )
+
+
+def _corpus_passes(batch: argparse._ArgumentGroup) -> None:
+    """What is written, and how the rows are computed: workers, threads, the size of a pass."""
     batch.add_argument("--probabilities", action="store_true", help="also write every class's probability")
     batch.add_argument(
         "--nproc", type=int, default=BatchJob.nproc, help="worker processes, each on its own range of rows"
@@ -88,6 +101,10 @@ def register(subparsers: Subparsers) -> None:
         f"(default: {BatchJob.max_row_bytes:,}; "
         f"texts are cut to their first {TEXT_CHARS:,} characters, the server's limit, before tokenizing)",
     )
+
+
+def _corpus_job(batch: argparse._ArgumentGroup) -> None:
+    """How the job runs: starting again, failing on rejects, progress, the engine, tracing."""
     batch.add_argument(
         "--overwrite",
         action="store_true",
@@ -120,8 +137,6 @@ def register(subparsers: Subparsers) -> None:
         help="send OpenTelemetry traces (a span per window) over OTLP/HTTP to this base URL (default: "
         "$OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing); needs the 'tracing' extra",
     )
-    p.add_argument("texts", nargs="*")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
