@@ -39,6 +39,13 @@ def register(subparsers: Subparsers) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="nginx's interface (the replicas listen on 127.0.0.1 only)")
     p.add_argument("--threads", type=int, default=0, help="threads per replica (default: the cores / replicas)")
+    _front_limits(p)
+    _children(p)
+    p.set_defaults(func=cmd_serve_replicas)
+
+
+def _front_limits(p: argparse.ArgumentParser) -> None:
+    """What nginx allows each client: header and rest timeouts, connections and rate per address."""
     p.add_argument(
         "--header-timeout",
         type=float,
@@ -65,6 +72,10 @@ def register(subparsers: Subparsers) -> None:
         help="requests a second one client address may send at nginx, a second's worth at once; more are answered "
         f"429 (default: {CLIENT_RATE}; 0: no limit)",
     )
+
+
+def _children(p: argparse.ArgumentParser) -> None:
+    """How the replicas and nginx start, where they log, and the pid file."""
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a replica may take to load its model")
     p.add_argument("--nginx", default=None, help="the nginx binary (default: nginx on PATH, else /usr/sbin/nginx)")
     p.add_argument(
@@ -80,7 +91,6 @@ def register(subparsers: Subparsers) -> None:
         f"part as LOG.1 (default: {MAX_LOG_BYTES >> 20} MiB)",
     )
     p.add_argument("--pid-file", default=None, help="write this process's pid here (for `kill -HUP $(cat FILE)`)")
-    p.set_defaults(func=cmd_serve_replicas)
 
 
 def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
