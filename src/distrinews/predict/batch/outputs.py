@@ -57,6 +57,10 @@ class ResultWriter:
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
+        self._opened()
+
+    def _opened(self) -> None:
+        """The format's own start, once the file is open (a text layer, a header row)."""
 
     def _binary(self) -> gzip.GzipFile | io.BufferedWriter:
         return self._gzip or self._raw
@@ -87,16 +91,7 @@ class ResultWriter:
 
 
 class JsonlResults(ResultWriter):
-    def __init__(
-        self,
-        path: Path,
-        labels: Sequence[str],
-        probabilities: bool,
-        compressed: bool,
-        min_confidence: ConfidenceThreshold | None,
-        multi_label: bool,
-    ) -> None:
-        super().__init__(path, labels, probabilities, compressed, min_confidence, multi_label)
+    def _opened(self) -> None:
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="\n", write_through=False)
 
     def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
@@ -114,16 +109,7 @@ class JsonlResults(ResultWriter):
 
 
 class CsvResults(ResultWriter):
-    def __init__(
-        self,
-        path: Path,
-        labels: Sequence[str],
-        probabilities: bool,
-        compressed: bool,
-        min_confidence: ConfidenceThreshold | None,
-        multi_label: bool,
-    ) -> None:
-        super().__init__(path, labels, probabilities, compressed, min_confidence, multi_label)
+    def _opened(self) -> None:
         self._text = io.TextIOWrapper(self._binary(), encoding="utf-8", newline="", write_through=False)
         self._csv = csv.writer(self._text, lineterminator="\n")
         self._csv.writerow(columns(self.labels, self.probabilities, self.min_confidence is not None, self.multi_label))
