@@ -83,9 +83,13 @@ class Option:
 
     def check(self, value: Any, error: Raised = OptionError, prefix: str = "") -> None:
         """Raise ``error`` naming the flag when ``value`` is out of range (``None``: not given, or no limit)."""
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value is None or isinstance(value, bool):
             return
-        if self.type is limit and value < 0:
+        if self.choices is not None and value not in self.choices:
+            raise error(f"{prefix}unknown {self.flag} {value!r}; choose one of {', '.join(self.choices)}")
+        if not isinstance(value, (int, float)):
+            return
+        if self.type is limit and value < 1:  # 0 reaches here only from code: parsed, it is None
             raise error(f"{prefix}{self.flag} must be >= 0 ({NO_LIMIT}), got {value}")
         if self.minimum is not None and value < self.minimum:
             raise error(f"{prefix}{self.flag} must be >= {self.minimum:g}{self._zero_means()}, got {value}")
@@ -93,8 +97,6 @@ class Option:
             raise error(f"{prefix}{self.flag} must be <= {self.maximum:g}, got {value}")
         if self.above is not None and not value > self.above:
             raise error(f"{prefix}{self.flag} must be > {self.above:g}, got {value}")
-        if self.choices is not None and value not in self.choices:
-            raise error(f"{prefix}unknown {self.flag} {value!r}; choose one of {', '.join(self.choices)}")
 
     def _zero_means(self) -> str:
         """``(0: ...)`` from the help, where 0 is allowed and means something."""
