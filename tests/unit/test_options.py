@@ -41,3 +41,52 @@ def test_a_range_is_checked_naming_the_flag_and_what_zero_means():
         with pytest.raises(OptionError, match=re.escape(message)):
             check_options(parser.parse_args(argv), declared)
     check_options(parser.parse_args([]), declared)
+
+
+def _declarations() -> dict[str, dict[str, tuple]]:
+    """Every flag of every command (bench tools included): ``{flag: {command: what argparse was given}}``."""
+    from docs.reference_pages import commands
+
+    found: dict[str, dict[str, tuple]] = {}
+    for path, parser in commands():
+        for action in parser._actions:
+            if not action.option_strings or action.help in (argparse.SUPPRESS,) or action.dest == "help":
+                continue
+            declared = (
+                getattr(action.type, "__name__", action.type),
+                repr(action.default),
+                action.help,
+                tuple(action.choices) if action.choices else None,
+                type(action).__name__,
+                action.required,
+                action.nargs,
+            )
+            found.setdefault(action.option_strings[0], {})[" ".join(path[1:])] = declared
+    return found
+
+
+def test_two_commands_declare_a_flag_alike_unless_listed_as_another_fact():
+    """A shared option means the same in every command: same type, default, help, choices. A flag name that stands
+    for another fact in some command is listed, with the reason, in options.shared.DIFFERENT."""
+    from distrinews.options.shared import DIFFERENT
+
+    unlisted = []
+    for flag, by_command in _declarations().items():
+        alike = {command: declared for command, declared in by_command.items() if (command, flag) not in DIFFERENT}
+        if len(set(alike.values())) > 1:
+            unlisted.append(f"{flag}: {', '.join(sorted(alike))}")
+    assert not unlisted, "declared differently (declare once in options/shared.py, or list in DIFFERENT): " + str(
+        unlisted
+    )
+
+
+def test_every_listed_difference_is_still_one():
+    from distrinews.options.shared import DIFFERENT
+
+    found = _declarations()
+    stale = []
+    for command, flag in DIFFERENT:
+        others = {d for c, d in found.get(flag, {}).items() if c != command}
+        if command not in found.get(flag, {}) or found[flag][command] in others or not others:
+            stale.append(f"{command} {flag}")
+    assert not stale, f"listed in DIFFERENT but declared like the others, or nowhere else: {stale}"

@@ -53,6 +53,7 @@ class Option:
     above: float | None = None
     env: str | None = None
     switch: bool = False  # store_true: given or not
+    action: Any = None  # another argparse action (argparse.BooleanOptionalAction: --x / --no-x)
     required: bool = False
     positional: bool = False
     nargs: str | None = None
@@ -69,6 +70,8 @@ class Option:
     def argparse_kwargs(self) -> dict[str, Any]:
         if self.switch:
             return {"action": "store_true", "help": self.help}
+        if self.action is not None:
+            return {"action": self.action, "default": self.default, "help": self.help}
         kwargs: dict[str, Any] = {"default": self.default, "help": self.help}
         value_type = self.type
         if value_type is None and isinstance(self.default, (int, float)) and not isinstance(self.default, bool):

@@ -82,3 +82,52 @@ TEXT_FIELD = Option(
     DEFAULT_TEXT_FIELD,
     "the field holding the text (default: text; AG News rows with title and description are joined as in training)",
 )
+# Every bench tool writes NAME.json, NAME.md (and its plots) here; NAME (--name) is the tool's own.
+BENCH_OUTPUT_DIR = Option("output_dir", "runs/bench", "where the results go (NAME.json, NAME.md, plots)")
+
+# One flag name, another fact: each entry is a command whose flag is declared apart from the other commands' and
+# why. tests/unit/test_options.py fails on any other pair of commands that declare a flag differently, and on an
+# entry here that no longer differs; the command-line reference lists them (docs/reference_pages.py).
+DIFFERENT = {
+    ("serve", "--checkpoint"): "also read from $MODEL_CHECKPOINT, as container platforms set it",
+    ("serve-replicas", "--checkpoint"): "every replica's; also read from $MODEL_CHECKPOINT, may be a link",
+    ("bench serving", "--checkpoint"): "the checkpoint the servers compared are started on",
+    ("serve", "--max-batch-tokens"): "a latency bound on the server's batches (512), predict's a pass of a sorted "
+    "window (4096): see SERVE_MAX_BATCH_TOKENS",
+    ("bench serving", "--max-batch-tokens"): "passed on to serve; unset: serve's default",
+    ("bench serving", "--max-batch-size"): "passed on to serve; unset: serve's default",
+    ("bench serving", "--max-wait-ms"): "passed on to serve; unset: serve's default",
+    ("bench serving", "--threads"): "passed on to serve; unset: serve's default",
+    ("serve-replicas", "--threads"): "each replica's, the cores shared among the replicas",
+    ("bench serving", "--data"): "where the request texts come from",
+    ("bench collectives", "--batch-size"): "a training batch per process, for the compute time",
+    ("bench collectives", "--bf16"): "training compute in bf16, on unless --no-bf16",
+    ("serve-replicas", "--header-timeout"): "nginx's, in front of the replicas",
+    ("serve-replicas", "--host"): "nginx's interface; the replicas listen on 127.0.0.1",
+    ("doctor", "--host"): "the rendezvous address",
+    ("serve-replicas", "--port"): "nginx's port (default 8080; 0: a free one)",
+    ("doctor", "--port"): "the rendezvous port",
+    ("doctor", "--json"): "a file the findings are written to, not a switch",
+    ("export", "--runtime"): "what a Space runs: no auto, no torch-bf16; unset only with --format space",
+    ("bench batch", "--runtime"): "every engine's; unset: predict's and serve's default",
+    ("export", "--output"): "the exported file or Space folder",
+    ("report", "--output"): "the plot",
+    ("bench scaling", "--nproc"): "a list of worker counts, one point each",
+    ("bench batch", "--nproc"): "a list of predict --nproc, one run each",
+    ("bench collectives", "--nproc"): "the processes of the collectives",
+    ("doctor", "--nproc"): "the ranks to start",
+    ("train", "--output-dir"): "the run's folder (the config's output_dir)",
+    ("tune", "--output-dir"): "the study's folder",
+    ("audit", "--output-dir"): "the audit's folder",
+    ("bench serving", "--output-dir"): "bench serving declares its own (bench/serving*.py)",
+    ("bench scaling", "--name"): "each bench tool's file name stem",
+    ("bench collectives", "--name"): "each bench tool's file name stem",
+    ("bench serving", "--name"): "each bench tool's file name stem",
+    ("bench profile", "--name"): "each bench tool's file name stem",
+    ("bench profile", "--steps"): "training steps timed without the profiler",
+    ("bench scaling", "--timeout"): "seconds per point",
+    ("bench collectives", "--timeout"): "seconds for the whole run",
+    ("doctor", "--timeout"): "the rendezvous and collectives' timeout",
+    ("bench serving", "--warmup"): "seconds before each level, not steps",
+    ("bench profile", "--warmup"): "training steps before the timed ones",
+}
