@@ -90,3 +90,23 @@ def test_every_listed_difference_is_still_one():
         if command not in found.get(flag, {}) or found[flag][command] in others or not others:
             stale.append(f"{command} {flag}")
     assert not stale, f"listed in DIFFERENT but declared like the others, or nowhere else: {stale}"
+
+
+def test_predict_and_eval_parse_no_limit_and_share_their_declarations():
+    from distrinews.cli import build_parser
+    from distrinews.predict.batch.job import BatchJob
+
+    parser = build_parser()
+    args, _ = parser.parse_known_args(["predict", "--checkpoint", "c", "--max-batch-tokens", "0", "--threads", "0"])
+    assert args.max_batch_tokens is None and args.threads == 0
+    assert parser.parse_known_args(["predict", "--checkpoint", "c"])[0].max_batch_tokens == 4096
+    assert BatchJob("c", [], "o").max_batch_tokens == 4096 == BatchJob.max_batch_tokens
+    evaluated = parser.parse_known_args(["eval", "--checkpoint", "c"])[0]
+    assert evaluated.batch_size == args.batch_size and evaluated.runtime == args.runtime
+
+
+def test_a_zero_limit_from_code_is_refused_not_taken_for_a_limit_of_zero():
+    option = Option("max_rows", 10, "rows at most", type=limit)
+    with pytest.raises(OptionError, match="no limit is None once parsed, got 0"):
+        option.check(0)
+    option.check(None)

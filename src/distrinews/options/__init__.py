@@ -92,8 +92,10 @@ class Option:
             raise error(f"{prefix}unknown {self.flag} {value!r}; choose one of {', '.join(self.choices)}")
         if not isinstance(value, (int, float)):
             return
-        if self.type is limit and value < 1:  # 0 reaches here only from code: parsed, it is None
+        if self.type is limit and value < 0:
             raise error(f"{prefix}{self.flag} must be >= 0 ({NO_LIMIT}), got {value}")
+        if self.type is limit and value == 0:  # only from code: parsed, 0 is None
+            raise error(f"{prefix}{self.flag}: no limit is None once parsed, got 0")
         if self.minimum is not None and value < self.minimum:
             raise error(f"{prefix}{self.flag} must be >= {self.minimum:g}{self._zero_means()}, got {value}")
         if self.maximum is not None and value > self.maximum:
