@@ -49,7 +49,7 @@ class ServeConfig:
     )
     max_batch_size: int = _flag(32, "texts per forward pass", minimum=1)
     max_batch_tokens: int | None = SERVE_MAX_BATCH_TOKENS.field()
-    max_wait_ms: float = _flag(5.0, "longest a batch waits for more requests", minimum=0)
+    max_wait_ms: float = _flag(5.0, "longest a batch waits for requests known to be on their way", minimum=0)
     max_queue: int = _flag(1024, "texts waiting before new requests get 429", minimum=1)
     max_batch_texts: int = _flag(64, "texts allowed in one /predict/batch request (413 above)", minimum=1)
     max_text_chars: int = _flag(10_000, "characters allowed in one text after stripping (422 above)", minimum=1)
