@@ -110,3 +110,24 @@ def test_a_zero_limit_from_code_is_refused_not_taken_for_a_limit_of_zero():
     with pytest.raises(OptionError, match="no limit is None once parsed, got 0"):
         option.check(0)
     option.check(None)
+
+
+def test_an_option_read_from_the_environment_says_so_in_its_help(monkeypatch):
+    from distrinews.cli import serve_replicas
+    from distrinews.options import fill_from_env
+    from distrinews.serve.options import OPTIONS, ServeOptionError
+
+    with_env = [o for o in [*OPTIONS, *serve_replicas.OPTIONS] if o.env]
+    assert {o.env for o in with_env} == {"MODEL_CHECKPOINT", "PORT"}
+    assert all(f"${o.env}" in (o.help or "") for o in with_env)
+    monkeypatch.setenv("PORT", "eighty")
+    with pytest.raises(ServeOptionError, match="PORT='eighty' is not a valid --port"):
+        fill_from_env(argparse.Namespace(checkpoint="c", port=None), OPTIONS, ServeOptionError)
+
+
+def test_serve_replicas_refuses_a_port_variable_that_is_no_number_in_one_line(tmp_path, monkeypatch, capsys):
+    from distrinews.cli import main
+
+    monkeypatch.setenv("PORT", "eighty")
+    assert main(["serve-replicas", "--checkpoint", str(tmp_path)]) == 2
+    assert "PORT='eighty' is not a valid --port" in capsys.readouterr().err
