@@ -76,7 +76,28 @@ def cli_markdown() -> str:
         rows = _flag_rows(parser)
         if rows:
             lines += ["| flag | default | what it does |", "|---|---|---|", *rows, ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, *_different_facts()])
+
+
+def _different_facts() -> list[str]:
+    """The flags that one command declares apart from the others', from ``distrinews.options.shared.DIFFERENT``;
+    every other flag that several commands take is one declaration, with one default and one meaning."""
+    from distrinews.options.shared import DIFFERENT
+
+    by_flag = sorted(DIFFERENT.items(), key=lambda item: (item[0][1], item[0][0]))
+    rows = [f"| `{flag}` | `{command}` | {_cell(why)} |" for (command, flag), why in by_flag]
+    return [
+        "## One flag name, another meaning",
+        "",
+        "An option several commands take is declared once (`src/distrinews/options/shared.py`): the same default "
+        "and meaning wherever it appears. These commands' flags share a name with another command's but are another "
+        "fact:",
+        "",
+        "| flag | command | what it is there |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def config_markdown() -> str:

@@ -57,3 +57,12 @@ def test_every_route_of_the_server_is_in_the_rest_api_page(reference_pages):
             assert f"## `{method.upper()} {route}`" in page
     for name in schema["components"]["schemas"]:
         assert f"### {name}" in page
+
+
+def test_the_command_line_page_lists_each_flag_that_means_another_thing(reference_pages):
+    from distrinews.options.shared import DIFFERENT
+
+    page = reference_pages.cli_markdown()
+    assert "## One flag name, another meaning" in page
+    for command, flag in DIFFERENT:
+        assert f"| `{flag}` | `{command}` |" in page

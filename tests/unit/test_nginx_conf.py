@@ -95,4 +95,4 @@ def test_negative_client_limits_are_refused(tmp_path, capsys, flag):
     from distrinews.cli import main
 
     assert main(["serve-replicas", "--checkpoint", str(tmp_path), flag, "-1"]) == 2
-    assert f"{flag} must be >= 0, got -1" in capsys.readouterr().err
+    assert f"{flag} must be >= 0 (0: no limit), got -1" in capsys.readouterr().err

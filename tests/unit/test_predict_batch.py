@@ -306,7 +306,7 @@ def test_the_batch_size_may_change_on_a_restart(tmp_path, checkpoint, predictor,
     output = tmp_path / "out.jsonl"
     with pytest.raises(Killed):
         run_job(checkpoint, [corpus], output, DiesAfter(predictor, n=3), batch_size=8, probabilities=True)
-    run_job(checkpoint, [corpus], output, predictor, batch_size=32, max_batch_tokens=0, probabilities=True)
+    run_job(checkpoint, [corpus], output, predictor, batch_size=32, max_batch_tokens=None, probabilities=True)
     got = read_output(output)
     assert [r["id"] for r in got] == [r["id"] for r in uninterrupted]
     assert [r["label"] for r in got] == [r["label"] for r in uninterrupted]

@@ -39,36 +39,32 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
+from ..options import Option, add_options
+from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
 from .results import invoked_as
 
 POST_BATCH = 64
 
 
+OPTIONS = [
+    CHECKPOINT,
+    DATA,
+    Option("rows", 100000, "rows of the corpus the engines are timed on", type=int),
+    Option("nproc", "1,2", "comma-separated --nproc of the local engine"),
+    Option("ray_actors", 2, "actors of --engine ray (0: skip Ray)", type=int),
+    Option("no_server_loop", False, "skip the loop posting batches to distrinews serve", switch=True),
+    Option("rss_rows", "10000,1000000", "comma-separated corpus sizes for peak memory (empty: skip)"),
+    Option("rss_checkpoint", None, "the checkpoint of the memory runs (default: --checkpoint)"),
+    Option("kill_at", 0.5, "resume: SIGKILL once this fraction of the rows is committed (0: skip)", type=float),
+    Option("runtime", None, "--runtime of every engine (default: predict's and serve's)"),
+    BENCH_OUTPUT_DIR,
+    Option("name", "batch", "file name stem of the results"),
+]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="servable checkpoint (best/ directory)")
-    parser.add_argument("--data", default=None, help="AG News directory the rows come from (default: $DISTRINEWS_DATA)")
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the corpus the engines are timed on")
-    parser.add_argument("--nproc", default="1,2", help="comma-separated --nproc of the local engine")
-    parser.add_argument("--ray-actors", type=int, default=2, help="actors of --engine ray (0: skip Ray)")
-    parser.add_argument(
-        "--no-server-loop", action="store_true", help="skip the loop posting batches to distrinews serve"
-    )
-    parser.add_argument(
-        "--rss-rows", default="10000,1000000", help="comma-separated corpus sizes for peak memory (empty: skip)"
-    )
-    parser.add_argument(
-        "--rss-checkpoint", default=None, help="the checkpoint of the memory runs (default: --checkpoint)"
-    )
-    parser.add_argument(
-        "--kill-at",
-        type=float,
-        default=0.5,
-        help="resume: SIGKILL once this fraction of the rows is committed (0: skip)",
-    )
-    parser.add_argument("--runtime", default=None, help="--runtime of every engine (default: predict's and serve's)")
-    parser.add_argument("--output-dir", default="runs/bench", help="where batch.{json,md} go")
-    parser.add_argument("--name", default="batch", help="file name stem of the results")
+    add_options(parser, OPTIONS)
 
 
 # ---------------------------------------------------------------------- the corpus

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
+from ..options import Option, add_options
+from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
 from .results import write_report
 
@@ -409,27 +411,28 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+OPTIONS = [
+    Option("nproc", 2, "processes (default 2)", type=int),
+    Option("min_bytes", KIB, "smallest message (default 1 KiB)", type=int),
+    Option("max_bytes", 256 * MIB, "largest message (default 256 MiB)", type=int),
+    Option("ops", list(OPS), f"collectives to time (default: {' '.join(OPS)})", nargs="+"),
+    Option("model", "minilm", "model whose gradient payload to time (default: the shipped MiniLM)"),
+    Option("no_model", False, "skip the model section", switch=True),
+    DATA,
+    Option("batch_size", 16, "per-process batch for the compute time", type=int),
+    Option("max_length", 128, type=int),
+    Option("train_samples", 2000, "rows to draw the compute batches from", type=int),
+    Option("compute_batches", 5, type=int),
+    Option("bf16", True, "bf16 autocast for the compute time", action=argparse.BooleanOptionalAction),
+    Option("timeout", 600.0, type=float),
+    BENCH_OUTPUT_DIR,
+    Option("name", "collectives"),
+    Option("verbose", False, "print each row as it is measured", switch=True),
+    Option("worker", False, argparse.SUPPRESS, switch=True),
+    Option("result", None, argparse.SUPPRESS),
+    Option("command_line", None, argparse.SUPPRESS),
+]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
-    p.add_argument("--min-bytes", type=int, default=KIB, help="smallest message (default 1 KiB)")
-    p.add_argument("--max-bytes", type=int, default=256 * MIB, help="largest message (default 256 MiB)")
-    p.add_argument("--ops", nargs="+", default=list(OPS), help=f"collectives to time (default: {' '.join(OPS)})")
-    p.add_argument(
-        "--model", default="minilm", help="model whose gradient payload to time (default: the shipped MiniLM)"
-    )
-    p.add_argument("--no-model", action="store_true", help="skip the model section")
-    p.add_argument("--data", help="AG News directory the model section's batches come from (default: $DISTRINEWS_DATA)")
-    p.add_argument("--batch-size", type=int, default=16, help="per-process batch for the compute time")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--train-samples", type=int, default=2000, help="rows to draw the compute batches from")
-    p.add_argument("--compute-batches", type=int, default=5)
-    p.add_argument(
-        "--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for the compute time"
-    )
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--output-dir", default="runs/bench")
-    p.add_argument("--name", default="collectives")
-    p.add_argument("--verbose", action="store_true", help="print each row as it is measured")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--command-line", help=argparse.SUPPRESS)
+    add_options(p, OPTIONS)

@@ -41,6 +41,8 @@ from typing import Any
 from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
+from ..options import Option, add_options
+from ..options.shared import BENCH_OUTPUT_DIR, CONFIG, DATA
 from .results import write_report
 from .scaling_arithmetic import core_slices, efficiency, per_worker_batch, speedup, summarize
 from .scaling_report import markdown_table, plot
@@ -225,54 +227,43 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+OPTIONS = [
+    Option("nproc", "1,2", "worker counts, comma-separated (default 1,2)"),
+    Option("mode", "weak", choices=("weak", "strong")),
+    Option("steps", 30, "timed steps per point", type=int),
+    Option("warmup", 5, "untimed steps first", type=int),
+    CONFIG,
+    DATA,
+    Option("batch", None, "per-worker batch (weak mode; default: the config's per_device_train_batch_size)", type=int),
+    Option("global_batch", None, "strong mode: global batch (default batch x max workers)", type=int),
+    Option("cores_per_worker", None, "default: cores / max workers", type=int),
+    Option(
+        "bucket_cap_mb",
+        None,
+        "DDP bucket size(s) in MB, comma-separated: one point each for n > 1 (default: the config's, see "
+        "ddp_bucket_cap_mb)",
+    ),
+    Option(
+        "comm_hooks",
+        None,
+        "ddp_comm_hook value(s), comma-separated (auto, none, shm, bf16, fp16): one point each for n > 1 "
+        "(default: the config's)",
+    ),
+    Option(
+        "repeat", 1, "rounds over every point; each point reports its median run by samples/s (default 1)", type=int
+    ),
+    Option("optimizer", "fused", choices=("fused", "foreach", "for-loop")),
+    Option("pad_to_max_length", False, "pad every batch to max_length (the reference loop's)", switch=True),
+    Option("host_sync", False, "read loss and accuracy to the host every step (the reference loop's)", switch=True),
+    Option("no_sync_probe", 5, "extra windows timed without and with the all-reduce (n > 1)", type=int),
+    BENCH_OUTPUT_DIR,
+    Option("name", "scaling"),
+    Option("timeout", 1800.0, "seconds per point", type=float),
+    Option("worker", False, argparse.SUPPRESS, switch=True),
+    Option("result", None, argparse.SUPPRESS),
+    Option("per_worker_batch", None, argparse.SUPPRESS, type=int),
+]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", default="1,2", help="worker counts, comma-separated (default 1,2)")
-    p.add_argument("--mode", choices=("weak", "strong"), default="weak")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per point")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    p.add_argument("--config", help="training preset (default: TrainConfig's defaults); --field value overrides follow")
-    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
-    p.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help="per-worker batch (weak mode; default: the config's per_device_train_batch_size)",
-    )
-    p.add_argument(
-        "--global-batch", type=int, default=None, help="strong mode: global batch (default batch x max workers)"
-    )
-    p.add_argument("--cores-per-worker", type=int, default=None, help="default: cores / max workers")
-    p.add_argument(
-        "--bucket-cap-mb",
-        default=None,
-        help="DDP bucket size(s) in MB, comma-separated: one point "
-        "each for n > 1 (default: the config's, see ddp_bucket_cap_mb)",
-    )
-    p.add_argument(
-        "--comm-hooks",
-        default=None,
-        help="ddp_comm_hook value(s), comma-separated (auto, none, shm, "
-        "bf16, fp16): one point each for n > 1 (default: the config's)",
-    )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="rounds over every point; each point reports its median run by samples/s (default 1)",
-    )
-    p.add_argument("--optimizer", choices=("fused", "foreach", "for-loop"), default="fused")
-    p.add_argument(
-        "--pad-to-max-length", action="store_true", help="pad every batch to max_length (the reference loop's)"
-    )
-    p.add_argument(
-        "--host-sync", action="store_true", help="read loss and accuracy to the host every step (the reference loop's)"
-    )
-    p.add_argument(
-        "--no-sync-probe", type=int, default=5, help="extra windows timed without and with the all-reduce (n > 1)"
-    )
-    p.add_argument("--output-dir", default="runs/bench")
-    p.add_argument("--name", default="scaling")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per point")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--per-worker-batch", type=int, help=argparse.SUPPRESS)
+    add_options(p, OPTIONS)

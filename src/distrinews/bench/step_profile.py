@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
+from ..options import Option, add_options
+from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
 from .results import invoked_as
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
@@ -55,13 +57,18 @@ def group_of(name: str) -> str:
     return "other (framework, autograd bookkeeping)"
 
 
+OPTIONS = [
+    CONFIG,
+    Option("warmup", 3, "steps run first, not measured", type=int),
+    Option("steps", 10, "steps timed without the profiler", type=int),
+    Option("profiled_steps", 6, "steps run under the profiler", type=int),
+    BENCH_OUTPUT_DIR,
+    Option("name", "profile", "file name stem of the results"),
+]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="training preset; --field value overrides follow")
-    parser.add_argument("--warmup", type=int, default=3, help="steps run first, not measured")
-    parser.add_argument("--steps", type=int, default=10, help="steps timed without the profiler")
-    parser.add_argument("--profiled-steps", type=int, default=6, help="steps run under the profiler")
-    parser.add_argument("--output-dir", default="runs/bench", help="where profile.{json,md} go")
-    parser.add_argument("--name", default="profile", help="file name stem of the results")
+    add_options(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:

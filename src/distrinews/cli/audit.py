@@ -18,15 +18,44 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
+from ..options import Option, add_options, check_options
+from ..options.shared import CONFIG, DATA
+
 if TYPE_CHECKING:
+    from ..audit.folds import FoldPlan
+    from ..audit.rows import AuditRows
     from ..config import TrainConfig
 
 DEFAULT_FOLDS = 5
 
 
-def register(subparsers: Any) -> None:
+def options() -> list[Option]:
+    """audit's options (a function: cleanlab's filters come with the audit package, which imports torch)."""
     from ..audit.issues import CLEAN_MODES, FILTERS
 
+    return [
+        CONFIG,
+        DATA,
+        Option("output_dir", help="the audit's folder: folds, results (default: the config's output_dir + '-audit')"),
+        Option("folds", DEFAULT_FOLDS, f"k: training runs, each on k-1 folds (default {DEFAULT_FOLDS})", minimum=2),
+        Option(
+            "filter_by",
+            FILTERS[0],
+            "cleanlab's method for flagging rows (find_label_issues's filter_by; default prune_by_noise_rate)",
+            choices=FILTERS,
+        ),
+        Option(
+            "clean",
+            help="also write OUTPUT_DIR/clean-MODE/train.jsonl: the training rows without the flagged ones (drop), "
+            "or with their suggested labels (relabel), and print the train command that reads it (run the audit "
+            "again with the other mode for both: its folds are done)",
+            choices=CLEAN_MODES,
+        ),
+    ]
+
+
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "audit",
         help="k-fold training + cleanlab: the training rows whose labels look wrong (launcher flags: each fold's)",
@@ -34,40 +63,17 @@ def register(subparsers: Any) -> None:
         "each, and let cleanlab find the rows whose given label the out-of-fold probabilities doubt. Any --field value "
         "after the options overrides the config, as for train; launcher flags (--nproc-per-node N) are each fold's.",
     )
-    p.add_argument("--config", help="YAML preset, e.g. configs/cpu-quick.yaml (the rows its runs train on are audited)")
-    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
-    p.add_argument(
-        "--output-dir", help="the audit's folder: folds, results (default: the config's output_dir + '-audit')"
-    )
-    p.add_argument(
-        "--folds",
-        type=int,
-        default=DEFAULT_FOLDS,
-        help=f"k: training runs, each on k-1 folds (default {DEFAULT_FOLDS})",
-    )
-    p.add_argument(
-        "--filter-by",
-        choices=FILTERS,
-        default=FILTERS[0],
-        help="cleanlab's method for flagging rows (find_label_issues's filter_by; default prune_by_noise_rate)",
-    )
-    p.add_argument(
-        "--clean",
-        choices=CLEAN_MODES,
-        help="also write OUTPUT_DIR/clean-MODE/train.jsonl: the training rows without the flagged ones (drop), or "
-        "with their suggested labels (relabel), and print the train command that reads it (run the audit again with "
-        "the other mode for both: its folds are done)",
-    )
+    add_options(p, options())
     p.set_defaults(func=run, distributed=True)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import load_config, parse_overrides
     from ..distributed.launch import nproc_per_node, spans_nodes
-    from ..errors import ConfigError
     from . import require_extra
 
     require_extra("cleanlab", "audit", "distrinews audit")
+    check_options(args, options(), ConfigError, prefix="audit: ")
     if spans_nodes(args.launch_flags):
         raise ConfigError("audit: each fold runs on this node; --nnodes above 1 is not supported")
     overrides = parse_overrides(extra)
@@ -88,38 +94,70 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc: int, extra: list[str]) -> int:
-    import numpy as np
+    from ..audit.folds import FoldFailed, out_of_fold
 
-    from ..audit.folds import FoldFailed, FoldPlan, assign_folds, out_of_fold, thin_classes
-    from ..audit.issues import (
-        CLEAN_DIR,
-        ISSUES_FILE,
-        OOF_FILE,
-        SUMMARY_FILE,
-        find_issues,
-        summary,
-        write_cleaned,
-        write_issues,
-        write_out_of_fold,
-    )
-    from ..audit.rows import EVAL_FILE, ROWS_FILE, AuditRecord, audited_rows, digest, rows_jsonl
-    from ..checkpoint.atomic import make_dir, write_text_atomically
-    from ..errors import ConfigError
+    plan = _plan(args, config, directory, nproc)
+    # SIGTERM as Ctrl-C while folds run: the fold's run saves a checkpoint and stops. Only then: cleanlab's forked
+    # workers, which their pool ends with SIGTERM, must not inherit it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        probs = out_of_fold(plan)
+    except FoldFailed as exc:
+        print(f"distrinews: error: {exc}; the same command continues the audit", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"distrinews: audit stopped: the same command continues it ({directory})", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _report(args, extra, plan, probs)
+    return 0
+
+
+def _plan(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc: int) -> FoldPlan:
+    """The folds of the rows ``config`` trains on, recorded in ``directory`` (or checked against the audit there),
+    and checked as far as train's preflight can before any fold runs."""
+    from ..audit.folds import FoldPlan, assign_folds, thin_classes
+    from ..audit.rows import EVAL_FILE, audited_rows
     from ..train.preflight import preflight_train
 
     rows = audited_rows(config)
-    names = rows.label_names
     fold_of = assign_folds(rows.train.labels, args.folds, config.run.seed)
-    thin = thin_classes(rows.train.labels, args.folds, names)
+    thin = thin_classes(rows.train.labels, args.folds, rows.label_names)
     if thin:
         rows.warnings.append(f"warning: {', '.join(thin)}: fewer rows than --folds {args.folds}, so in some folds only")
     for warning in rows.warnings:  # the data's (train prints them too) and the folds'
         print(warning, file=sys.stderr)
+    _record(args.folds, config, directory, rows, fold_of)
+    plan = FoldPlan(
+        directory=directory,
+        base=config,
+        rows=rows,
+        fold_of=fold_of,
+        eval_file=(directory / EVAL_FILE).resolve(),
+        launch_args=[f"--{name}={value}" for name, value in args.launch_flags.items()],
+        nproc=nproc,
+    )
+    # Every fold run starts through train's preflight; its checks that need no fold's files run here, once.
+    preflight_train(plan.fold_config(plan.fold(0)), nproc_per_node=nproc, read_data=False, lock=False).close()
+    print(
+        f"audit of {len(rows.train):,} training rows ({rows.train.source}) in {args.folds} folds, evaluating on "
+        f"{rows.eval_from}: {directory}"
+    )
+    return plan
+
+
+def _record(folds: int, config: TrainConfig, directory: Path, rows: AuditRows, fold_of: list[int]) -> None:
+    """Write the audited rows and the audit's record into ``directory``, or refuse an audit of other rows there."""
+    from ..audit.rows import EVAL_FILE, ROWS_FILE, AuditRecord, digest, rows_jsonl
+    from ..checkpoint.atomic import make_dir, write_text_atomically
+
+    names = rows.label_names
     rows_text = rows_jsonl(rows.train, names, list(range(len(rows.train))))
     eval_text = rows_jsonl(rows.eval, names)
     record = AuditRecord(
         version=1,
-        folds=args.folds,
+        folds=folds,
         seed=config.run.seed,
         label_names=names,
         rows=len(rows.train),
@@ -140,37 +178,29 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
             write_text_atomically(directory / name, text)
     if before is None:
         record.save(directory)
-    plan = FoldPlan(
-        directory=directory,
-        base=config,
-        rows=rows,
-        fold_of=fold_of,
-        eval_file=(directory / EVAL_FILE).resolve(),
-        launch_args=[f"--{name}={value}" for name, value in args.launch_flags.items()],
-        nproc=nproc,
+
+
+def _report(args: argparse.Namespace, extra: list[str], plan: FoldPlan, probs: Any) -> None:
+    """cleanlab's verdict on the out-of-fold probabilities: the files, the summary and the train commands."""
+    import numpy as np
+
+    from ..audit.issues import (
+        CLEAN_DIR,
+        ISSUES_FILE,
+        OOF_FILE,
+        SUMMARY_FILE,
+        find_issues,
+        summary,
+        write_cleaned,
+        write_issues,
+        write_out_of_fold,
     )
-    # Every fold run starts through train's preflight; its checks that need no fold's files run here, once.
-    preflight_train(plan.fold_config(plan.fold(0)), nproc_per_node=nproc, read_data=False, lock=False).close()
-    print(
-        f"audit of {len(rows.train):,} training rows ({rows.train.source}) in {args.folds} folds, evaluating on "
-        f"{rows.eval_from}: {directory}"
-    )
-    # SIGTERM as Ctrl-C while folds run: the fold's run saves a checkpoint and stops. Only then: cleanlab's forked
-    # workers, which their pool ends with SIGTERM, must not inherit it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        probs = out_of_fold(plan)
-    except FoldFailed as exc:
-        print(f"distrinews: error: {exc}; the same command continues the audit", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"distrinews: audit stopped: the same command continues it ({directory})", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    labels = np.asarray(rows.train.labels)
-    issues = find_issues(labels, probs, args.filter_by)
-    write_out_of_fold(directory / OOF_FILE, rows, fold_of, probs)
+    from ..audit.rows import EVAL_FILE, ROWS_FILE
+    from ..checkpoint.atomic import write_text_atomically
+
+    rows, directory, names = plan.rows, plan.directory, plan.rows.label_names
+    issues = find_issues(np.asarray(rows.train.labels), probs, args.filter_by)
+    write_out_of_fold(directory / OOF_FILE, rows, plan.fold_of, probs)
     write_issues(directory / ISSUES_FILE, rows, issues, probs)
     screen = summary(rows, issues)
     write_text_atomically(directory / SUMMARY_FILE, screen + "\n")
@@ -183,7 +213,6 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
         what = "without" if args.clean == "drop" else "with relabelled"
         print(f"{path}: {changed:,} rows {'dropped' if args.clean == 'drop' else 'relabelled'}")
         print(f"train {what} the flagged rows:\n  {_train_command(args, extra, path, directory / EVAL_FILE, names)}")
-    return 0
 
 
 def _train_command(
@@ -210,7 +239,6 @@ def _digest_of(path: Path) -> str | None:
     import hashlib
 
     from ..checkpoint.atomic import open_nofollow
-    from ..errors import ConfigError
 
     try:
         fd = open_nofollow(path, os.O_RDONLY)

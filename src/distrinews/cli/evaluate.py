@@ -4,47 +4,48 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
-from ..data.fields import DEFAULT_TEXT_FIELD
+from ..options import Option, add_options, check_options
+from ..options.shared import BATCH_SIZE, CHECKPOINT, DATA, INPUT, RUNTIME, TEXT_FIELD
 from ..predict.batch.evaluate import DEFAULT_LABEL_FIELD
-from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 from ..scores import confusion_table, per_class_table
 
 if TYPE_CHECKING:
     from . import Subparsers
 
 
+OPTIONS = [
+    CHECKPOINT,
+    DATA,
+    BATCH_SIZE,
+    Option("samples", help="stratified sample of the test rows (default: all)", type=int, minimum=1),
+    Option("seed", 42),
+    Option(
+        "bf16",
+        "false",
+        "bf16 autocast (auto: where the device computes bf16 in hardware)",
+        choices=("auto", "true", "false"),
+    ),
+    Option("output_json"),
+]
+FILE_OPTIONS = [
+    INPUT,
+    TEXT_FIELD,
+    Option(
+        "label_field",
+        DEFAULT_LABEL_FIELD,
+        "the label: a class name (any case) or a 0-based id; a multi-label model's: a list of them",
+    ),
+    RUNTIME,
+]
+
+
 def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("eval", help="exact metrics of a checkpoint on the test split")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--samples", type=int, default=None, help="stratified sample of the test rows (default: all)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument(
-        "--bf16",
-        choices=("auto", "true", "false"),
-        default="false",
-        help="bf16 autocast (auto: where the device computes bf16 in hardware)",
-    )
-    p.add_argument("--output-json")
-    files = p.add_argument_group("labelled files instead of the test split (--input; one process)")
-    files.add_argument(
-        "--input", nargs="+", metavar="PATH", help="JSONL, CSV (with a header) or Parquet files, folders or globs"
-    )
-    files.add_argument(
-        "--text-field", default=DEFAULT_TEXT_FIELD, help="the text (default: text, or AG News's title + description)"
-    )
-    files.add_argument(
-        "--label-field",
-        default=DEFAULT_LABEL_FIELD,
-        help="the label: a class name (any case) or a 0-based id; a multi-label model's: a list of them",
-    )
-    files.add_argument(
-        "--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME, help=f"inference runtime (default: {DEFAULT_RUNTIME})"
-    )
+    add_options(p, OPTIONS)
+    add_options(p.add_argument_group("labelled files instead of the test split (--input; one process)"), FILE_OPTIONS)
     p.set_defaults(func=run, distributed=True)
 
 
@@ -55,15 +56,24 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from . import no_extra_arguments, write_json
 
     no_extra_arguments("eval", extra)
-    if args.batch_size < 1:
-        raise ConfigError(f"eval: --batch-size must be >= 1, got {args.batch_size}")
+    check_options(args, [*OPTIONS, *FILE_OPTIONS], ConfigError, prefix="eval: ")
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
     if args.input:
         return run_files(args)
     if wants_launch(args.launch_flags):
         return launch(args.launch_flags, args.argv)
+    metrics = run_split(args)
+    if metrics is not None:  # the main process
+        _print_split(metrics)
+        if args.output_json:
+            write_json(args.output_json, metrics)
+    return 0
 
+
+def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The metrics of the evaluation rows of the data the checkpoint was trained on, in this process's share; the
+    main process gets them (the others None)."""
     import torch
 
     from ..checkpoint.records import DEFAULT_THRESHOLD
@@ -73,7 +83,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..data.tokenized import tokenize_cached
     from ..distributed.process_group import distributed_context, main_process_first
     from ..errors import DataError
-    from ..train.console import multilabel_words
     from ..train.evaluation import evaluate
     from ..train.precision import Precision, bf16_is_fast
 
@@ -101,17 +110,19 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         )
         metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main, thresholds=thresholds)
         metrics["world_size"] = env.world_size
-        if env.is_main:
-            print(f"Test samples: {metrics['samples']:,} (world size {env.world_size})")
-            print(
-                f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
-                f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics)
-            )
-            confusion = confusion_table(metrics)  # none for multi-label
-            print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
-            if args.output_json:
-                write_json(args.output_json, metrics)
-    return 0
+        return metrics if env.is_main else None
+
+
+def _print_split(metrics: dict[str, Any]) -> None:
+    from ..train.console import multilabel_words
+
+    print(f"Test samples: {metrics['samples']:,} (world size {metrics['world_size']})")
+    print(
+        f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
+        f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics)
+    )
+    confusion = confusion_table(metrics)  # none for multi-label
+    print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
 
 
 def run_files(args: argparse.Namespace) -> int:

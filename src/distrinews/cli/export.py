@@ -12,53 +12,56 @@ from ..checkpoint.records import SERVABLE_INFO
 from ..checkpoint.versioning import DEFAULT_MODEL_VERSION, artifact_name, is_version
 from ..config import ConfigError
 from ..errors import one_line
+from ..export.space import DEFAULT_SPACE_RUNTIME, SPACE_RUNTIMES
+from ..options import Option, add_options
+from ..options.shared import CHECKPOINT, DATA
 
 if TYPE_CHECKING:
     from . import Subparsers
 
-SPACE_ONLY = ("runtime", "check_accuracy", "data", "push_to_hub", "private", "base_image")
+
+OPTIONS = [
+    CHECKPOINT,
+    Option("format", required=True, choices=("pt", "onnx", "space")),
+    Option(
+        "output",
+        help="file (pt, default: MODEL_agnews_vVERSION.pt beside the checkpoint; onnx, default: the cache of files "
+        "made from the checkpoint, which serve and predict read) or directory (space; default: RUN/space-RUNTIME "
+        "beside the checkpoint); never inside a step-N, whose manifest would refuse it",
+    ),
+    Option("quantize", help="onnx: int8 dynamic quantization", choices=("int8",)),
+    Option(
+        "version",
+        help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)",
+    ),
+]
+# The runtime a Space runs is not serve's --runtime (no auto, no torch-bf16), and None says it was not given, which
+# only --format space allows (SPACE_ONLY).
+SPACE_OPTIONS = [
+    Option(
+        "runtime",
+        help=f"what the Space runs (default: {DEFAULT_SPACE_RUNTIME})",
+        choices=SPACE_RUNTIMES,
+    ),
+    Option(
+        "check_accuracy",
+        False,
+        "onnx-int8: measure int8 against fp32 first, on the evaluation rows of the model's training data "
+        "(accuracy; a multi-label model's micro-F1 at its thresholds)",
+        switch=True,
+    ),
+    DATA,
+    Option("push_to_hub", metavar="REPO_ID", help="create the Docker Space OWNER/NAME if new and upload the folder"),
+    Option("private", False, "with --push-to-hub: a private Space", switch=True),
+    Option("base_image", help="the Dockerfile's default BASE_IMAGE (default: python:3.X-slim of this Python)"),
+]
+SPACE_ONLY = tuple(option.name for option in SPACE_OPTIONS)
 
 
 def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("export", help="write the legacy .pt file, an ONNX model, or a Hugging Face Space folder")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--format", choices=("pt", "onnx", "space"), required=True)
-    p.add_argument(
-        "--output",
-        help="file (pt, default: MODEL_agnews_vVERSION.pt beside the checkpoint; onnx, default: the cache of files "
-        "made from the checkpoint, which serve and predict read) or directory (space; default: RUN/space-RUNTIME "
-        "beside the checkpoint); never inside a step-N, whose manifest would refuse it",
-    )
-    p.add_argument("--quantize", choices=("int8",), default=None, help="onnx: int8 dynamic quantization")
-    p.add_argument(
-        "--version",
-        help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)",
-    )
-    space = p.add_argument_group("--format space")
-    space.add_argument(
-        "--runtime",
-        choices=("onnx-int8", "onnx", "torch"),
-        default=None,
-        help="what the Space runs (default: onnx-int8)",
-    )
-    space.add_argument(
-        "--check-accuracy",
-        action="store_true",
-        help="onnx-int8: measure int8 against fp32 first, on the evaluation rows of the model's training data "
-        "(accuracy; a multi-label model's micro-F1 at its thresholds)",
-    )
-    space.add_argument(
-        "--data",
-        help="AG News directory for --check-accuracy of a model trained on AG News "
-        "(default: $DISTRINEWS_DATA, else the HF hub)",
-    )
-    space.add_argument(
-        "--push-to-hub", metavar="REPO_ID", help="create the Docker Space OWNER/NAME if new and upload the folder"
-    )
-    space.add_argument("--private", action="store_true", help="with --push-to-hub: a private Space")
-    space.add_argument(
-        "--base-image", help="the Dockerfile's default BASE_IMAGE (default: python:3.X-slim of this Python)"
-    )
+    add_options(p, OPTIONS)
+    add_options(p.add_argument_group("--format space"), SPACE_OPTIONS)
     p.set_defaults(func=run)
 
 
@@ -110,7 +113,6 @@ def _refuse_output_inside_a_step(output: str | None) -> None:
 
 
 def _space(args: argparse.Namespace) -> int:
-    from ..export.space import DEFAULT_SPACE_RUNTIME
     from ..export.space.bundle import export_space
     from . import require_extra
 

@@ -6,21 +6,28 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from ..options import Option, add_options
+
 if TYPE_CHECKING:
     from . import Subparsers
 
 COMPARISON_PNG = "training_curves_comparison.png"
 
 
+OPTIONS = [
+    Option("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each with a log.jsonl)", positional=True),
+    Option(
+        "output",
+        help=f"PNG to write (default: RUN_DIR/training_curves.png for one run, ./{COMPARISON_PNG} for several)",
+    ),
+]
+
+
 def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "report", help="draw a run's training curves (or overlay several runs) and print their results"
     )
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each with a log.jsonl)")
-    p.add_argument(
-        "--output",
-        help=f"PNG to write (default: RUN_DIR/training_curves.png for one run, ./{COMPARISON_PNG} for several)",
-    )
+    add_options(p, OPTIONS)
     p.set_defaults(func=run)
 
 

@@ -10,10 +10,23 @@ from typing import TYPE_CHECKING
 from .. import tracing
 from ..config import TrainConfig, load_config, parse_overrides, reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
+from ..options import Option, add_options
+from ..options.shared import CONFIG, DATA
 
 if TYPE_CHECKING:
     from ..train.callbacks import TrainerCallback
     from . import Subparsers
+
+
+# The run's own options are the config's fields (``--field value``, pydantic, config/sections.py); these are the
+# command's, three of them standing in for a field (config_from).
+OPTIONS = [
+    CONFIG,
+    DATA,
+    Option("resume", help="checkpoint directory to continue from, or 'auto' (the newest in output_dir)"),
+    Option("output_dir", help="run directory (default: the preset's output_dir)"),
+    Option("result_json", help="also write the run's summary here (rank 0)"),
+]
 
 
 def register(subparsers: Subparsers) -> None:
@@ -23,11 +36,7 @@ def register(subparsers: Subparsers) -> None:
         epilog="config fields (YAML presets and --field value):\n\n" + reference(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", help="YAML preset, e.g. configs/cpu-quick.yaml")
-    p.add_argument("--data", help="AG News directory (default: $DISTRINEWS_DATA, else the HF hub)")
-    p.add_argument("--resume", help="checkpoint directory to continue from, or 'auto' (the newest in output_dir)")
-    p.add_argument("--output-dir", dest="output_dir", help="run directory (default: the preset's output_dir)")
-    p.add_argument("--result-json", help="also write the run's summary here (rank 0)")
+    add_options(p, OPTIONS)
     p.set_defaults(func=run, distributed=True)
 
 

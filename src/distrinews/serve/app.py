@@ -268,7 +268,7 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
             "uptime_s": round(time.time() - state.started, 3),
             "batching": {
                 "max_batch_size": config.max_batch_size,
-                "max_batch_tokens": config.max_batch_tokens or None,
+                "max_batch_tokens": config.max_batch_tokens,
                 "max_wait_ms": config.max_wait_ms,
                 "max_queue": config.max_queue,
                 "concurrent_passes": state.concurrent_passes,

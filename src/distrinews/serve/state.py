@@ -120,7 +120,7 @@ class ServingState:
                 config.max_queue,
                 on_batch=self.metrics.observe_batch,
                 encode=predictor.encode,
-                max_batch_tokens=config.max_batch_tokens or None,
+                max_batch_tokens=config.max_batch_tokens,
                 on_dropped=self.metrics.dropped.inc,
                 forward_timeout=config.forward_timeout,
                 on_fatal=self.end_process,

@@ -25,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+from ...options import Option, add_options, check_options
 from .advice import advise
 from .facts import backends, devices, port_free, port_owner, versions
 from .parent import run_parent
@@ -90,8 +91,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     if extra:
         raise ConfigError(f"doctor: unexpected arguments: {' '.join(extra)}")
-    if args.nproc is not None and args.nproc < 1:
-        raise ConfigError("doctor: --nproc must be >= 1")
+    check_options(args, OPTIONS, ConfigError, prefix="doctor: ")
     if args.start_ranks is not None and not 0 <= args.start_ranks <= (args.nproc or 2):
         raise ConfigError("doctor: --start-ranks must be between 0 and --nproc")
     rep = Report()
@@ -123,16 +123,19 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return code
 
 
+OPTIONS = [
+    Option("nproc", help="ranks to start (default: GPUs, or 2 on CPU)", type=int, minimum=1),
+    Option("host", "127.0.0.1", "rendezvous address (MASTER_ADDR)"),
+    Option("port", 0, "rendezvous port (default: a free one)", minimum=0, maximum=65535),
+    Option("timeout", 60.0, "rendezvous and collective timeout, seconds", above=0),
+    Option("bandwidth_mb", 16.0, "all-reduce size for the bandwidth figure (MiB)", above=0),
+    Option("start_ranks", help="start only the first K ranks (rehearse a rank that never joins)", type=int, minimum=0),
+    Option("json", help="also write the findings here"),
+]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=None, help="ranks to start (default: GPUs, or 2 on CPU)")
-    p.add_argument("--host", default="127.0.0.1", help="rendezvous address (MASTER_ADDR)")
-    p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
-    p.add_argument("--timeout", type=float, default=60.0, help="rendezvous and collective timeout, seconds")
-    p.add_argument("--bandwidth-mb", type=float, default=16.0, help="all-reduce size for the bandwidth figure (MiB)")
-    p.add_argument(
-        "--start-ranks", type=int, default=None, help="start only the first K ranks (rehearse a rank that never joins)"
-    )
-    p.add_argument("--json", help="also write the findings here")
+    add_options(p, OPTIONS)
 
 
 if __name__ == "__main__":

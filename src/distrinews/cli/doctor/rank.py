@@ -52,30 +52,9 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], 
         "device": str(device),
         "host": socket.gethostname(),
         "rendezvous_s": time.perf_counter() - started,
-        "checks": {},
     }
     try:
-        report("all_reduce")
-        x = torch.full((4,), float(rank + 1), device=device)
-        dist.all_reduce(x)
-        expect = world * (world + 1) / 2
-        result["checks"]["all_reduce"] = {"ok": bool((x == expect).all()), "got": x[0].item(), "expected": expect}
-
-        report("all_gather")
-        out = [torch.zeros(1, device=device) for _ in range(world)]
-        dist.all_gather(out, torch.tensor([float(rank)], device=device))
-        got = [t.item() for t in out]
-        result["checks"]["all_gather"] = {
-            "ok": got == [float(r) for r in range(world)],
-            "got": got,
-            "expected": list(range(world)),
-        }
-
-        report("broadcast")
-        b = torch.tensor([123.0 if rank == 0 else -1.0], device=device)
-        dist.broadcast(b, src=0)
-        result["checks"]["broadcast"] = {"ok": b.item() == 123.0, "got": b.item(), "expected": 123.0}
-
+        result["checks"] = _collective_checks(device, rank, world, report)
         report("bandwidth")
         payload = torch.ones(max(1, bandwidth_bytes // 4), device=device)
         if world > 1:  # one rank's all-reduce sends nothing: no figure for it
@@ -92,6 +71,33 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], 
     finally:
         dist.destroy_process_group()
     return result
+
+
+def _collective_checks(
+    device: torch.device, rank: int, world: int, report: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """Whether all_reduce, all_gather and broadcast give the right answer, each with what it got."""
+    import torch
+    import torch.distributed as dist
+
+    checks: dict[str, dict[str, Any]] = {}
+    report("all_reduce")
+    x = torch.full((4,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    expect = world * (world + 1) / 2
+    checks["all_reduce"] = {"ok": bool((x == expect).all()), "got": x[0].item(), "expected": expect}
+
+    report("all_gather")
+    out = [torch.zeros(1, device=device) for _ in range(world)]
+    dist.all_gather(out, torch.tensor([float(rank)], device=device))
+    got = [t.item() for t in out]
+    checks["all_gather"] = {"ok": got == [float(r) for r in range(world)], "got": got, "expected": list(range(world))}
+
+    report("broadcast")
+    b = torch.tensor([123.0 if rank == 0 else -1.0], device=device)
+    dist.broadcast(b, src=0)
+    checks["broadcast"] = {"ok": b.item() == 123.0, "got": b.item(), "expected": 123.0}
+    return checks
 
 
 def _slowest_mean_seconds(step: Callable[[], object], device: torch.device, iters: int = 5) -> float:

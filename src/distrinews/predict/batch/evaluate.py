@@ -23,6 +23,7 @@ import numpy as np
 from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import Shard, read_rows
 from ...errors import ConfigError
+from ...options.shared import BATCH_SIZE, MAX_BATCH_TOKENS
 from ...scores import classification_scores
 from ..batch_forming import plan_passes
 
@@ -88,8 +89,8 @@ def evaluate_files(
     predictor: Any,
     text_field: str,
     label_field: str = DEFAULT_LABEL_FIELD,
-    batch_size: int = 64,
-    max_batch_tokens: int | None = 4096,
+    batch_size: int = BATCH_SIZE.default,
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS.default,
     progress: Callable[[int], None] = lambda rows: None,
     tally: ScoreTally | None = None,
 ) -> Evaluation:
@@ -108,7 +109,7 @@ def evaluate_files(
     rows = _labelled(shards, fields, labels, evaluation)
     while window := list(islice(rows, WINDOW_ROWS)):
         encoded = predictor.encode([text for text, _ in window])
-        for indices in plan_passes([len(e) for e in encoded], batch_size, max_batch_tokens or None):
+        for indices in plan_passes([len(e) for e in encoded], batch_size, max_batch_tokens):
             results = predictor.predict_encoded([encoded[i] for i in indices])
             if evaluation.tally is not None:
                 scores = [[result["probabilities"][name] for name in labels] for result in results]

@@ -13,45 +13,76 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...data.fields import DEFAULT_TEXT_FIELD, RowFields
+from ...data.fields import TEXT_CHARS, RowFields
 from ...data.files import MAX_ROW_BYTES, SUFFIXES, Shard, count_rows, format_of, require_pyarrow, resolve_inputs
 from ...errors import ConfigError
+from ...options import Option, check_options, options_of
+from ...options.shared import BATCH_SIZE, MAX_BATCH_TOKENS, MIN_CONFIDENCE, RUNTIME, TEXT_FIELD, THREADS
 from ..confidence import ConfidenceThreshold
 from ..predictor import checkpoint_labels
-from ..runtimes import DEFAULT_RUNTIME, RUNTIMES
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
 
 # Files of a checkpoint folder that decide its answers (the model card, README.md, does not).
 _MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".model")
 
 
+PROGRESS_MODES = ("auto", "bar", "lines", "none")
+ENGINES = ("local", "ray")
+EXIT_REJECTED = 3  # --strict and some rows were rejected
+
+
 @dataclass
 class BatchJob:
-    """``distrinews predict --input ... --output ...``: every option, with its default (the flags' defaults are
-    these)."""
+    """``distrinews predict --input ... --output ...``: every option, declared once here (the flags are built from
+    these fields, ``options_of(BatchJob)``), and the files the job reads and writes."""
 
     checkpoint: str
     inputs: list[str]
     output: str
-    text_field: str = DEFAULT_TEXT_FIELD
-    id_field: str | None = None
-    probabilities: bool = False
-    min_confidence: str | None = None  # --min-confidence: a "confident" field/column (predict/confidence.py)
-    nproc: int = 1
-    threads: int | None = None  # per worker; None: the cores this process may use / nproc
-    runtime: str = DEFAULT_RUNTIME
-    batch_size: int = 64  # texts per forward pass
-    max_batch_tokens: int = 4096  # padded tokens per forward pass (longest text x texts); 0: no limit
-    max_row_bytes: int = MAX_ROW_BYTES  # a longer row (JSONL line, CSV record, Parquet row) is rejected unread
-    overwrite: bool = False
-    strict: bool = False
-    progress: str = "auto"  # auto: a bar on a terminal, else a line every PROGRESS_EVERY_S; or bar | lines | none
-    engine: str = "local"  # local: this machine (engine.py), resumable; ray: Ray Data (ray_engine.py)
-    ray_address: str | None = None  # --engine ray: the cluster to join; None: RAY_ADDRESS, else a Ray started here
+    text_field: str = TEXT_FIELD.field()
+    id_field: str | None = Option(help="the field written as each row's id (default: the row number, from 0)").field()
+    probabilities: bool = Option(default=False, help="also write every class's probability", switch=True).field()
+    min_confidence: str | None = MIN_CONFIDENCE.field()
+    nproc: int = Option(default=1, help="worker processes, each on its own range of rows", minimum=1).field()
+    threads: int = THREADS.field()
+    runtime: str = RUNTIME.field()
+    batch_size: int = BATCH_SIZE.field()
+    max_batch_tokens: int | None = MAX_BATCH_TOKENS.field()
+    max_row_bytes: int = Option(
+        default=MAX_ROW_BYTES,
+        help=f"a longer row (JSONL line, CSV record, Parquet row) goes to the rejects file unread "
+        f"(default: {MAX_ROW_BYTES:,}; texts are cut to their first {TEXT_CHARS:,} characters, the server's limit, "
+        "before tokenizing)",
+        minimum=1,
+    ).field()
+    overwrite: bool = Option(
+        default=False,
+        help="start again: drop the progress; the output and its rejects are replaced once the new ones are complete",
+        switch=True,
+    ).field()
+    strict: bool = Option(
+        default=False,
+        help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)",
+        switch=True,
+    ).field()
+    progress: str = Option(
+        default="auto",
+        help="auto: a bar on a terminal, else a line every 10 s",
+        choices=PROGRESS_MODES,
+    ).field()
+    engine: str = Option(
+        default="local",
+        help="local: --nproc processes on this machine, resumable; ray: --nproc Ray Data actors on a Ray "
+        "cluster or a Ray started here (pip install 'distrinews[ray]'; not resumable: a killed run starts again)",
+        choices=ENGINES,
+    ).field()
+    ray_address: str | None = Option(
+        help="--engine ray: the cluster to join (e.g. HEAD:6379 or ray://HEAD:10001; default: $RAY_ADDRESS, "
+        "else a Ray started here)"
+    ).field()
 
 
-PROGRESS_MODES = ("auto", "bar", "lines", "none")
-ENGINES = ("local", "ray")
+JOB_OPTIONS = options_of(BatchJob)
 
 
 @dataclass
@@ -75,24 +106,9 @@ def check(job: BatchJob) -> CheckedJob:
     """Every check that needs no model, in the order a user fixes them; raises one-line ``ConfigError``s."""
     from ...distributed.machine import threads_per_process
 
-    for name, value, least in (
-        ("nproc", job.nproc, 1),
-        ("batch-size", job.batch_size, 1),
-        ("max-batch-tokens", job.max_batch_tokens, 0),
-        ("max-row-bytes", job.max_row_bytes, 1),
-    ):
-        if value < least:
-            raise ConfigError(f"predict: --{name} must be >= {least}, got {value}")
-    if job.threads is not None and job.threads < 1:
-        raise ConfigError(f"predict: --threads must be >= 1, got {job.threads}")
-    if job.runtime not in RUNTIMES:
-        raise ConfigError(f"predict: unknown --runtime {job.runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if job.engine not in ENGINES:
-        raise ConfigError(f"predict: unknown --engine {job.engine!r}; choose one of {', '.join(ENGINES)}")
+    check_options(job, JOB_OPTIONS, ConfigError, prefix="predict: ")
     if job.ray_address and job.engine != "ray":
         raise ConfigError("predict: --ray-address goes with --engine ray")
-    if job.progress not in PROGRESS_MODES:
-        raise ConfigError(f"predict: --progress must be one of {', '.join(PROGRESS_MODES)}")
     if not job.text_field.strip():
         raise ConfigError("predict: --text-field is empty")
     if not Path(job.checkpoint).exists():

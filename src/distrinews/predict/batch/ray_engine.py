@@ -296,7 +296,7 @@ class WindowPredictor:
     """The stateful ``map_batches`` class: one model per actor (the local worker's loader), windows in, records out."""
 
     def __init__(
-        self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int, with_id: bool
+        self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int | None, with_id: bool
     ):
         os.environ.setdefault(
             "HF_HUB_DISABLE_PROGRESS_BARS", "1"
@@ -306,7 +306,7 @@ class WindowPredictor:
         transformers_logging.disable_progress_bar()
         self.predictor = load_predictor(checkpoint, runtime, threads, batch_size)
         self.labels = list(self.predictor.labels)
-        self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens or None, with_id
+        self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens, with_id
         import ray
 
         self.node = f"{ray.util.get_node_ip_address()} (node {ray.get_runtime_context().get_node_id()[:8]})"

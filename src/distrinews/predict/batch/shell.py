@@ -16,11 +16,9 @@ from typing import TextIO
 
 from ...errors import ConfigError
 from .assemble import Totals
-from .job import CheckedJob, display, refuse_finished
+from .job import EXIT_REJECTED, CheckedJob, display, refuse_finished
 from .progress import Progress, summary
 from .state import LOCK_FILE, FileLock, StateError
-
-EXIT_REJECTED = 3  # --strict and some rows were rejected
 
 Compute = Callable[[], tuple[Totals, Progress]]
 

@@ -59,7 +59,7 @@ class WorkerSettings:
 
     threads: int
     batch_size: int
-    max_batch_tokens: int  # 0: no limit
+    max_batch_tokens: int | None  # None: no limit
 
     @property
     def window_rows(self) -> int:
@@ -144,7 +144,6 @@ def _windows(
     else:
         start, end, skip = manifest.done_through, min(manifest.done_through + size, manifest.end), set()
     rows = job_rows(job, fields.columns(), start, manifest.end)
-    max_tokens = settings.max_batch_tokens or None
     while start < manifest.end:
         window = _Window(start, end)
         texts: list[str] = []
@@ -161,7 +160,7 @@ def _windows(
                 keys.append((row, row_id))
         if texts:
             encoded = encode(texts)
-            for indices in plan_passes([len(e) for e in encoded], settings.batch_size, max_tokens):
+            for indices in plan_passes([len(e) for e in encoded], settings.batch_size, settings.max_batch_tokens):
                 window.batches.append([(keys[i][0], keys[i][1], encoded[i]) for i in indices])
         yield window
         start, end, skip = end, min(end + size, manifest.end), set()
