@@ -52,7 +52,7 @@ def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    m, s = report["machine"], report["settings"]
+    m = report["machine"]
     lines = [
         f"# Training speed side by side ({report['date']})",
         "",
@@ -60,70 +60,82 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if "compare" in report:
-        lines += [
-            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by "
-            f"the run's seed), {s['nproc']} process(es) x batch {s['batch_size']} (global "
-            f"{s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
-            f"{'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} "
-            "thread(s) a process. Test: "
-            + (
-                "the full 7,600-row test split"
-                if not s["eval_samples"]
-                else f"a stratified sample of {s['eval_samples']:,} test rows"
-            )
-            + f", the same exact evaluator for every run. Steady samples/s from the end of step {s['warmup_step']} "
-            "to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
-            "",
-            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | "
-            "distrinews / this | this / Trainer | test accuracy | points from distrinews | macro-F1 | train loss |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in report["compare"]["rows"]:
-            cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
-            lines.append(
-                f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
-                f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
-                f"{_points(r.get('points_from_ours'))} | {100 * r['test_macro_f1']:.2f}% | {_loss(r['train_loss'])} |"
-            )
-        lines.append("")
-        means = report["compare"].get("means") or []
+        lines += _compare_lines(report)
         if len(report["compare"].get("seeds") or []) > 1:
-            lines += [
-                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} "
-                "(speed ratios of the mean speeds):",
-                "",
-                "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | "
-                "this / Trainer | test accuracy, mean (range) | points from Trainer's | distrinews / this | "
-                "points from distrinews |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|",
-            ]
-            for m in means:
-                lines.append(
-                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} "
-                    f"| {_times(m['over_trainer'])} | {100 * m['test_accuracy']:.2f}% "
-                    f"({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | "
-                    f"{_points(m['points_from_trainer'])} | {_times(m['ours_over_this'])} | "
-                    f"{_points(m['points_from_ours'])} |"
-                )
-            lines.append("")
+            lines += _means_lines(report["compare"])
     if "ablation" in report:
-        ab = report["ablation"]
-        lines += [
-            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} "
-            f"core(s), pinned, {ab['steps']} timed steps, batch {s['batch_size']}/worker, cpu-quick rows)",
-            "",
-            "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
-            "| over reference settings | MFU |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in ab["rows"]:
-            gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
-            lines.append(
-                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} "
-                f"| {r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
-            )
-        lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
+        lines += _ablation_lines(report["ablation"], report["settings"])
     return "\n".join(lines)
+
+
+def _compare_lines(report: dict[str, Any]) -> list[str]:
+    """What every run shared, then a row a run and seed: its speed, ours over it, it over Trainer, its accuracy
+    and how far that is from ours."""
+    s = report["settings"]
+    lines = [
+        f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by "
+        f"the run's seed), {s['nproc']} process(es) x batch {s['batch_size']} (global "
+        f"{s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
+        f"{'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} "
+        "thread(s) a process. Test: "
+        + (
+            "the full 7,600-row test split"
+            if not s["eval_samples"]
+            else f"a stratified sample of {s['eval_samples']:,} test rows"
+        )
+        + f", the same exact evaluator for every run. Steady samples/s from the end of step {s['warmup_step']} "
+        "to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
+        "",
+        "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | "
+        "distrinews / this | this / Trainer | test accuracy | points from distrinews | macro-F1 | train loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["compare"]["rows"]:
+        cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
+        lines.append(
+            f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
+            f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
+            f"{_points(r.get('points_from_ours'))} | {100 * r['test_macro_f1']:.2f}% | {_loss(r['train_loss'])} |"
+        )
+    return [*lines, ""]
+
+
+def _means_lines(compared: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Mean over the seeds {', '.join(map(str, compared['seeds']))} (speed ratios of the mean speeds):",
+        "",
+        "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | "
+        "this / Trainer | test accuracy, mean (range) | points from Trainer's | distrinews / this | "
+        "points from distrinews |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in compared.get("means") or []:
+        lines.append(
+            f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} "
+            f"| {_times(m['over_trainer'])} | {100 * m['test_accuracy']:.2f}% "
+            f"({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | "
+            f"{_points(m['points_from_trainer'])} | {_times(m['ours_over_this'])} | "
+            f"{_points(m['points_from_ours'])} |"
+        )
+    return [*lines, ""]
+
+
+def _ablation_lines(ab: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} "
+        f"core(s), pinned, {ab['steps']} timed steps, batch {s['batch_size']}/worker, cpu-quick rows)",
+        "",
+        "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
+        "| over reference settings | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in ab["rows"]:
+        gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
+        lines.append(
+            f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} "
+            f"| {r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
+        )
+    return [*lines, "", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
 
 
 def _times(x: float | None) -> str:
