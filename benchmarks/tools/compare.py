@@ -1,7 +1,8 @@
-"""Training speed side by side, in one run: ``distrinews train`` vs Hugging Face Trainer vs the reference loop.
+"""Training speed side by side, in one run: ``distrinews train`` vs Hugging Face Trainer, PyTorch Lightning, a plain
+Accelerate loop and the reference loop.
 
 Same machine, model (shipped MiniLM), rows (a seeded stratified sample), batch per process,
-maximum length (128), number of steps (one epoch of the rows), learning rate and schedule,
+maximum length (128), number of steps (one epoch of the rows), learning rate and schedule, precision,
 and the same number of processes (DDP over gloo, one thread each, unpinned as a user runs them).
 Each is then scored by the same exact evaluator on the test split.
 
@@ -15,8 +16,8 @@ reference loop's settings. The tables and the plot: ``compare_report.py``. From 
     python -m benchmarks.tools.compare --what compare --train-samples 3200
 
 The reference loop is the training loop of the system this project grew from (``../shared/seeds``);
-each baseline runs under torchrun as ``python -m benchmarks.tools.hf_trainer`` /
-``python -m benchmarks.tools.reference_loop``.
+each baseline runs under torchrun as ``python -m benchmarks.tools.NAME`` (``BASELINES``: what each is called,
+its tool, the package it needs); what the peers share is ``training_peer.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,24 @@ from distrinews.distributed.machine import threads_per_process
 from .ablation import ablation
 from .common import baseline_settings, invoked_as, main, ours_settings, tool_env
 from .compare_report import RATED, markdown, means_over_seeds, plot, rate
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str  # in the report
+    tool: str  # benchmarks.tools.TOOL, run under torchrun
+    needs: str | None  # the package it imports (in the lab extra)
+    mixed_precision: bool  # follows --bf16 (the reference loop is fp32 whatever it is given)
+
+
+# The runs beside ours, by their key in --runs, in the order they run and appear in the report
+BASELINES = {
+    "trainer": Baseline("Hugging Face Trainer", "hf_trainer", "accelerate", True),
+    "lightning": Baseline("PyTorch Lightning Trainer", "lightning_trainer", "lightning", True),
+    "accelerate": Baseline("Accelerate loop", "accelerate_loop", "accelerate", True),
+    "reference": Baseline("reference loop (fp32, pad to 128)", "reference_loop", None, False),
+}
+RUNS = ("ours", *BASELINES)
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -185,14 +205,10 @@ def _compare_once(a: argparse.Namespace, env: dict[str, str]) -> list[dict[str, 
             )
             for i, options in enumerate(a.ours_options)
         ]
+        precision = ["--bf16" if a.bf16 else "--no-bf16"]
         jobs += [
-            (
-                "trainer",
-                lambda: run_script(
-                    "Hugging Face Trainer", "hf_trainer", a, tmp, env, ["--bf16" if a.bf16 else "--no-bf16"]
-                ),
-            ),
-            ("reference", lambda: run_script("reference loop (fp32, pad to 128)", "reference_loop", a, tmp, env, [])),
+            (key, functools.partial(run_script, b.name, b.tool, a, tmp, env, precision if b.mixed_precision else []))
+            for key, b in BASELINES.items()
         ]
         for key, job in jobs:
             if key.rstrip("0123456789") not in a.runs:
@@ -216,7 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_shared_arguments(p)
     p.add_argument("--what", default="compare,ablation", help="compare, ablation, or both (comma-separated)")
-    p.add_argument("--runs", default="ours,trainer,reference", help="which of ours,trainer,reference to compare")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"which of {','.join(RUNS)} to compare (comma-separated)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument(
         "--ours-options",
@@ -243,12 +259,15 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"compare: unexpected arguments: {' '.join(extra)}")
     a.runs = [r.strip() for r in a.runs.split(",")]
-    needs = ["matplotlib"] + (["accelerate"] if "trainer" in a.runs else [])  # the plot; transformers.Trainer
-    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    unknown = [r for r in a.runs if r not in RUNS]
+    if unknown:
+        raise ConfigError(f"compare --runs: no run {', '.join(unknown)} (the runs: {','.join(RUNS)})")
+    needs = ["matplotlib", *(b.needs for key, b in BASELINES.items() if key in a.runs and b.needs)]  # and the plot
+    missing = [name for name in dict.fromkeys(needs) if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(f"compare needs {', '.join(missing)}: pip install -e '.[lab]'")
     a.ours_options = a.ours_options or [""]
-    if a.bf16 is None:  # one decision for all three loops: bf16 only where this machine computes it in hardware
+    if a.bf16 is None:  # one decision for every loop: bf16 only where this machine computes it in hardware
         from distrinews.distributed.machine import bf16_is_fast
 
         a.bf16 = bf16_is_fast("cpu")

@@ -15,12 +15,14 @@ RATED = "loop_samples_per_s"
 
 
 def rate(rows: list[dict[str, Any]], speed: str) -> None:
-    """Each row's ``ours_over_this`` and ``over_trainer``: speed ratios to ours and to Trainer among ``rows``."""
+    """Each row's ``ours_over_this`` and ``over_trainer``: speed ratios to ours and to Trainer among ``rows``; and
+    ``points_from_ours``: its test accuracy less ours, in points (the peers are to train as well as ours does)."""
     ours = next((r for r in rows if r["key"] == "ours"), None)
     trainer = next((r for r in rows if r["key"] == "trainer"), None)
     for r in rows:
         r["ours_over_this"] = ratio(ours[speed], r[speed]) if ours else None
         r["over_trainer"] = ratio(r[speed], trainer[speed]) if trainer else None
+        r["points_from_ours"] = 100 * (r["test_accuracy"] - ours["test_accuracy"]) if ours else None
 
 
 def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,7 +52,7 @@ def means_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    m, s = report["machine"], report["settings"]
+    m = report["machine"]
     lines = [
         f"# Training speed side by side ({report['date']})",
         "",
@@ -58,72 +60,95 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if "compare" in report:
-        lines += [
-            f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by "
-            f"the run's seed), {s['nproc']} process(es) x batch {s['batch_size']} (global "
-            f"{s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
-            f"{'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} "
-            "thread(s) a process. Test: "
-            + (
-                "the full 7,600-row test split"
-                if not s["eval_samples"]
-                else f"a stratified sample of {s['eval_samples']:,} test rows"
-            )
-            + f", the same exact evaluator for all three. Steady samples/s from the end of step {s['warmup_step']} "
-            "to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
-            "",
-            "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | "
-            "distrinews / this | this / Trainer | test accuracy | macro-F1 | train loss |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in report["compare"]["rows"]:
-            cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
-            lines.append(
-                f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
-                f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
-                f"{100 * r['test_macro_f1']:.2f}% | {r['train_loss']:.4f} |"
-            )
-        lines.append("")
-        means = report["compare"].get("means") or []
+        lines += _compare_lines(report)
         if len(report["compare"].get("seeds") or []) > 1:
-            lines += [
-                f"Mean over the seeds {', '.join(map(str, report['compare']['seeds']))} "
-                "(speed ratios of the mean speeds):",
-                "",
-                "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | "
-                "this / Trainer | test accuracy, mean (range) | points from Trainer's |",
-                "|---|---:|---:|---:|---:|---:|",
-            ]
-            for m in means:
-                away = "" if m["points_from_trainer"] is None else f"{m['points_from_trainer']:+.2f}"
-                lines.append(
-                    f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} "
-                    f"| {_times(m['over_trainer'])} | {100 * m['test_accuracy']:.2f}% "
-                    f"({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | {away} |"
-                )
-            lines.append("")
+            lines += _means_lines(report["compare"])
     if "ablation" in report:
-        ab = report["ablation"]
-        lines += [
-            f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} "
-            f"core(s), pinned, {ab['steps']} timed steps, batch {s['batch_size']}/worker, cpu-quick rows)",
-            "",
-            "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
-            "| over reference settings | MFU |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in ab["rows"]:
-            gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
-            lines.append(
-                f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} "
-                f"| {r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
-            )
-        lines += ["", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
+        lines += _ablation_lines(report["ablation"], report["settings"])
     return "\n".join(lines)
+
+
+def _compare_lines(report: dict[str, Any]) -> list[str]:
+    """What every run shared, then a row a run and seed: its speed, ours over it, it over Trainer, its accuracy
+    and how far that is from ours."""
+    s = report["settings"]
+    lines = [
+        f"Model {s['model']}, {s['train_samples']:,} training rows (stratified sample by "
+        f"the run's seed), {s['nproc']} process(es) x batch {s['batch_size']} (global "
+        f"{s['nproc'] * s['batch_size']}), max length {s['max_length']}, one epoch, "
+        f"{'DDP over gloo, ' if s['nproc'] > 1 else ''}{s.get('threads_per_process', '?')} "
+        "thread(s) a process. Test: "
+        + (
+            "the full 7,600-row test split"
+            if not s["eval_samples"]
+            else f"a stratified sample of {s['eval_samples']:,} test rows"
+        )
+        + f", the same exact evaluator for every run. Steady samples/s from the end of step {s['warmup_step']} "
+        "to the last step; the ratios compare the whole loop (the same rows and steps on every side).",
+        "",
+        "| run | seed | steps | samples/s (steady) | samples/s (whole loop) | "
+        "distrinews / this | this / Trainer | test accuracy | points from distrinews | macro-F1 | train loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["compare"]["rows"]:
+        cells = [_times(r.get("ours_over_this")), _times(r.get("over_trainer"))]
+        lines.append(
+            f"| {r['name']} | {r.get('seed', s['seed'])} | {r['steps']} | {r['steady_samples_per_s']:.1f} | "
+            f"{r['loop_samples_per_s']:.1f} | {' | '.join(cells)} | {100 * r['test_accuracy']:.2f}% | "
+            f"{_points(r.get('points_from_ours'))} | {100 * r['test_macro_f1']:.2f}% | {_loss(r['train_loss'])} |"
+        )
+    return [*lines, ""]
+
+
+def _means_lines(compared: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Mean over the seeds {', '.join(map(str, compared['seeds']))} (speed ratios of the mean speeds):",
+        "",
+        "| run | samples/s (steady, mean) | samples/s (whole loop, mean) | "
+        "this / Trainer | test accuracy, mean (range) | points from Trainer's | distrinews / this | "
+        "points from distrinews |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in compared.get("means") or []:
+        lines.append(
+            f"| {m['name']} | {m['steady_samples_per_s']:.1f} | {m['loop_samples_per_s']:.1f} "
+            f"| {_times(m['over_trainer'])} | {100 * m['test_accuracy']:.2f}% "
+            f"({100 * m['accuracy_min']:.2f}-{100 * m['accuracy_max']:.2f}%) | "
+            f"{_points(m['points_from_trainer'])} | {_times(m['ours_over_this'])} | "
+            f"{_points(m['points_from_ours'])} |"
+        )
+    return [*lines, ""]
+
+
+def _ablation_lines(ab: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## What each optimisation gives ({ab['workers']} worker(s) x {ab.get('cores_per_worker', 1)} "
+        f"core(s), pinned, {ab['steps']} timed steps, batch {s['batch_size']}/worker, cpu-quick rows)",
+        "",
+        "| configuration (cumulative) | samples/s | real tokens/s | padded tokens/s | step ms | gain over previous "
+        "| over reference settings | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in ab["rows"]:
+        gp = f"{r['gain_over_previous']:.2f}x" if r["gain_over_previous"] else "-"
+        lines.append(
+            f"| {r['label']} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['padded_tokens_per_s']:.0f} "
+            f"| {r['step_ms']:.0f} | {gp} | {r['gain_over_reference_settings']:.2f}x | {100 * r['mfu']:.1f}% |"
+        )
+    return [*lines, "", f"MFU peak: {ab['rows'][0]['peak']} (bf16 rows: {ab['rows'][-1]['peak']}).", ""]
 
 
 def _times(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
+
+
+def _points(x: float | None) -> str:
+    return "" if x is None else f"{x:+.2f}"
+
+
+def _loss(x: float | None) -> str:
+    """A run's training loss, where its library reports one."""
+    return "-" if x is None else f"{x:.4f}"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -175,8 +200,7 @@ def _compare_panel(ax: Any, report: dict[str, Any], width: float) -> None:
         accuracy = f"acc {100 * run['test_accuracy']:.2f}%"
         if run["accuracy_min"] != run["accuracy_max"]:
             accuracy += f"\n({100 * run['accuracy_min']:.2f}-{100 * run['accuracy_max']:.2f}%)"
-        rated = run["key"] != "trainer" and run["over_trainer"] is not None
-        times = f", {run['over_trainer']:.2f}x Trainer" if rated else ""
+        times = _bar_ratio(run)
         ax.annotate(
             f"{run[RATED]:.1f}/s{times}\n{accuracy}",
             (i, max(each)),
@@ -195,6 +219,13 @@ def _compare_panel(ax: Any, report: dict[str, Any], width: float) -> None:
     if len(seeds) > 1:
         ax.legend(loc="upper right", fontsize=8)
     ax.set_title(_compare_title(report, rows, runs, int(11 * width)), fontsize=9)
+
+
+def _bar_ratio(run: dict[str, Any]) -> str:
+    """Under a run of ours its speed against Trainer's; under a peer's, how far ours is ahead of it."""
+    if run["key"].startswith("ours"):
+        return f", {run['over_trainer']:.2f}x Trainer" if run["over_trainer"] is not None else ""
+    return f", ours {run['ours_over_this']:.2f}x" if run["ours_over_this"] is not None else ""
 
 
 def _bar_label(name: str) -> str:
@@ -226,6 +257,9 @@ def _compare_title(report: dict[str, Any], rows: list[dict[str, Any]], runs: lis
     return "\n".join(textwrap.fill(line, width) for line in lines)
 
 
+# Ours blue, Trainer orange, Lightning purple, Accelerate olive, the reference loop grey, whatever their order
+COLOURS = {"ours": "C0", "trainer": "C1", "lightning": "C4", "accelerate": "C8", "reference": "C7"}
+
+
 def _colour(key: str) -> str:
-    """Ours blue, Trainer orange, the reference loop grey, whatever their order."""
-    return "C0" if key.startswith("ours") else "C1" if key == "trainer" else "C7"
+    return COLOURS[key.rstrip("0123456789")]

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("compare", "baseline", "precision", "replicas", "serving_reference", "serving_stages", "hf_trainer",
-         "reference_loop", "fault_overhead", "calibrate_existing", "calibration_rows", "tuning_split",
-         "study_summary")  # fmt: skip
+         "lightning_trainer", "accelerate_loop", "reference_loop", "fault_overhead", "calibrate_existing",
+         "calibration_rows", "tuning_split", "study_summary")  # fmt: skip
 
 
 def tool(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -69,3 +71,25 @@ def test_ours_against_the_reference_server_reports_both_and_the_ratios(tmp_path,
     assert report["command"].startswith("python -m benchmarks.tools.serving_reference --checkpoint")
     md = (out / "serving-vs-reference.md").read_text()
     assert "| CPU server | CPU clients |" in md and "## Ours vs the reference server" in md
+
+
+def test_compare_trains_lightning_and_accelerate_side_by_side_and_reads_their_step_times(tmp_path, news_corpus):
+    """Both peers under torchrun, 2 processes over gloo, the tiny model: 48 rows, 4 a process, so 6 steps each,
+    their step times read back into the steady and whole-loop rates, scored on the same 16 test rows."""
+    require("lightning")
+    require("accelerate")
+    out = tmp_path / "bench"
+    sizes = ["--train-samples", "48", "--eval-samples", "16", "--batch-size", "4", "--max-length", "32"]
+    tool("compare", "--what", "compare", "--runs", "lightning,accelerate", "--model", "tiny-random",
+         "--data", str(news_corpus), *sizes, "--warmup-step", "2", "--nproc", "2", "--timeout", "240",
+         "--output-dir", str(out), "--name", "peers")  # fmt: skip
+    report = json.loads((out / "peers.json").read_text())
+    rows = {r["key"]: r for r in report["compare"]["rows"]}
+    assert list(rows) == ["lightning", "accelerate"]
+    for r in rows.values():
+        assert (r["steps"], r["global_batch"], r["test_samples"]) == (6, 8, 16), r
+        assert r["steady_samples_per_s"] > 0 and r["loop_samples_per_s"] == pytest.approx(6 * 8 / r["loop_time_s"])
+        assert 0 <= r["test_accuracy"] <= 1 and r["train_loss"] > 0
+    md = (out / "peers.md").read_text()
+    assert "| PyTorch Lightning Trainer | 42 | 6 |" in md and "| Accelerate loop | 42 | 6 |" in md
+    assert (out / "peers.png").stat().st_size > 0
