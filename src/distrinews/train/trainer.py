@@ -41,6 +41,7 @@ from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
 from .build import (
     OptimizerFactory,
+    StepPlan,
     build_callbacks,
     build_checkpointing,
     build_config,
@@ -50,17 +51,11 @@ from .build import (
     build_parallel,
     build_precision,
     build_steps,
+    prepare_data,
 )
 from .calibration import ConfidenceReport, calibrate_run, summary_lines, write_confidence_plots
 from .callbacks import TrainerCallback
-from .components import (
-    StepPlan,
-    TrainClock,
-    linear_schedule_with_warmup,
-    optimizer_windows,
-    peak_memory_mib,
-    prepare_data,
-)
+from .components import TrainClock, linear_schedule_with_warmup, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 from .curves import write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
