@@ -11,8 +11,11 @@ and the process's ``DistEnv`` and makes that part's decisions, so ``Trainer.__in
     build_checkpointing the resumable checkpoints and best/
     build_callbacks     what observes or steers the run (train/callbacks.py): the config's own, then the caller's
 
-Below them, the pieces they assemble from a section of the config: the data (``prepare_data``), the step plan,
-the model as it trains, AdamW. The schedules and the other pieces that read no config are in ``components.py``.
+What the builders would refuse is checked before any process group exists, by ``train/preflight.py`` (in the
+process the user started) and ``trainer.train``: ``check_precision_supported``, ``check_data``. Below the
+builders are the pieces they assemble, each from a section of the config: the data (``prepare_data``), the step
+plan, the model as it trains, AdamW. The schedules and the other pieces that read no config are in
+``components.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..checkpoint.rundir import RunDir
 from ..config import (
     MULTI_LABEL,
     BatchConfig,
+    ConfigError,
     DataConfig,
     ModelConfig,
     OptimizerConfig,
@@ -64,6 +68,22 @@ from .precision import Precision
 
 OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 Say = Callable[..., None]
+
+
+def check_precision_supported(config: PrecisionConfig) -> None:
+    """The precision this machine cannot run (``build_precision`` would fail on it), refused before any process
+    group exists."""
+    if config.fp16 and not torch.cuda.is_available():
+        raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
+    if config.bf16 is True and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise ConfigError("config field 'bf16': this GPU has no bf16; use fp16: true")
+
+
+def check_data(config: TrainConfig) -> list[str]:
+    """Every row read as ``build_data`` reads it (a malformed one fails here with file:line), with the problem type
+    ``build_config`` decides (an option the data's type refuses fails here); the data's warnings."""
+    config = with_problem_type(config)
+    return load_labelled(config.data, config.run.seed).warnings
 
 
 def build_config(config: TrainConfig, env: DistEnv) -> TrainConfig:

@@ -51,6 +51,7 @@ from .build import (
     build_parallel,
     build_precision,
     build_steps,
+    check_precision_supported,
     prepare_data,
 )
 from .calibration import ConfidenceReport, calibrate_run, summary_lines, write_confidence_plots
@@ -61,7 +62,6 @@ from .curves import write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
-from .precision import check_precision_supported
 
 __all__ = [
     "StepPlan",
