@@ -372,19 +372,3 @@ def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
         for c in report.coverage
     ]
     return lines
-
-
-def write_confidence_plots(run_dir: Any, report: ConfidenceReport, say: Callable[[str], Any] = print) -> None:
-    """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
-    from .curves import draw_coverage, draw_reliability, have_matplotlib, save_figure
-
-    if not have_matplotlib():
-        return  # the curves' line has said why
-    for name, draw, path in (
-        ("Reliability diagram", draw_reliability, run_dir.reliability),
-        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
-    ):
-        try:
-            say(f"{name}: {save_figure(draw(report), path)}")
-        except Exception as exc:
-            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")

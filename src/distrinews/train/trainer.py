@@ -54,11 +54,11 @@ from .build import (
     check_precision_supported,
     prepare_data,
 )
-from .calibration import ConfidenceReport, calibrate_run, summary_lines, write_confidence_plots
+from .calibration import ConfidenceReport, calibrate_run, summary_lines
 from .callbacks import TrainerCallback
 from .components import TrainClock, linear_schedule_with_warmup, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
-from .curves import write_confusion_matrix, write_training_curves
+from .curves import write_confidence_plots, write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
