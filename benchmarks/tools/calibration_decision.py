@@ -5,7 +5,7 @@ cross-validation applies it; then what the fitted temperature would have done to
     python -m benchmarks.tools.calibration_decision runs/cpu-full/best
 
 A run with ``calibration: temperature`` held ``calibration_split_percentage`` of its training rows out of training
-(``train.components.calibration_split``: from the rows a sampled run never samples, else from its sample). This
+(``train.build.calibration_split``: from the rows a sampled run never samples, else from its sample). This
 rebuilds exactly those rows from the config the checkpoint records (same seed, same functions), scores them with
 ``best/`` and decides with ``train.calibration.measure`` as the run's end does (5-fold cross-validation on those rows
 alone), and prints the run's lines. The evaluation split's figures with the fitted temperature applied anyway are
@@ -25,8 +25,8 @@ import numpy as np
 from distrinews.data.labelled import load_labelled, trained_on
 from distrinews.data.splits import stratified_sample
 from distrinews.predict.predictor import Predictor, softmax
+from distrinews.train.build import calibration_split
 from distrinews.train.calibration import expected_calibration_error, measure, nll, summary_lines
-from distrinews.train.components import calibration_split
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,7 +86,7 @@ class Variant:
     def __init__(self, config: TrainConfig, labels: list[str], master_copy: bool):
         import torch
 
-        from distrinews.train.components import build_optimizer, build_train_model
+        from distrinews.train.build import build_optimizer, build_train_model
         from distrinews.train.precision import Precision
 
         device = torch.device("cpu")

@@ -34,7 +34,7 @@ def _config(news_corpus: Path, tmp_path: Path, **overrides):
 
 def test_the_audited_rows_are_those_train_trains_on_each_named_by_file_and_line(news_corpus, tmp_path):
     from distrinews.distributed.process_group import DistEnv
-    from distrinews.train.components import prepare_data
+    from distrinews.train.build import prepare_data
 
     config = _config(news_corpus, tmp_path, train_samples=200)
     rows = audited_rows(config)

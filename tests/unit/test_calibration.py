@@ -243,7 +243,7 @@ def test_the_calibration_rows_are_held_out_of_training_only_when_calibrating(new
 
     from distrinews.config import load_config
     from distrinews.distributed.process_group import DistEnv
-    from distrinews.train.components import prepare_data
+    from distrinews.train.build import prepare_data
 
     config = load_config(
         Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
@@ -268,7 +268,7 @@ def test_a_sampled_run_calibrates_on_rows_it_never_samples_and_trains_on_the_sam
 
     from distrinews.config import load_config
     from distrinews.distributed.process_group import DistEnv
-    from distrinews.train.components import prepare_data
+    from distrinews.train.build import prepare_data
 
     config = load_config(
         Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",
@@ -292,7 +292,7 @@ def test_the_replay_tool_rebuilds_the_held_out_rows_and_decides_as_the_run_does(
     from distrinews.config import load_config
     from distrinews.data.labelled import load_labelled
     from distrinews.distributed.process_group import DistEnv
-    from distrinews.train.components import prepare_data
+    from distrinews.train.build import prepare_data
 
     config = load_config(
         Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml",

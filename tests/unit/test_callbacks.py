@@ -130,7 +130,7 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
     require("onnxruntime")
     from distrinews.data.rows import RawSplit
     from distrinews.predict import int8
-    from distrinews.train.callbacks import default_callbacks
+    from distrinews.train.build import default_callbacks
     from distrinews.train.int8_callback import Int8ModelCallback
     from distrinews.train.metrics import JsonLogCallback
 

@@ -14,7 +14,7 @@ from distrinews.config import (
     parse_overrides,
     reference,
 )
-from distrinews.train.precision import check_precision_supported
+from distrinews.train.build import check_precision_supported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

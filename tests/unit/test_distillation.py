@@ -40,7 +40,7 @@ def _config(tmp: Path, **fields):
 def train_rows(tmp_path_factory):
     """The training rows and labels a run with ``SMALL``'s sampling trains on, in its dataset's order."""
     from distrinews.distributed.process_group import DistEnv
-    from distrinews.train.components import prepare_data
+    from distrinews.train.build import prepare_data
 
     config = _config(tmp_path_factory.mktemp("rows"))
     data = prepare_data(

@@ -7,7 +7,8 @@ from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
-from distrinews.train.callbacks import CallbackHandler, default_callbacks
+from distrinews.train.build import default_callbacks
+from distrinews.train.callbacks import CallbackHandler
 from distrinews.train.metrics import classification_metrics, confusion_matrix, read_log
 
 

@@ -250,7 +250,7 @@ def test_layerwise_lr_decay_gives_each_layer_its_rate_and_one_rate_keeps_the_two
     from distrinews.config import TrainConfig
     from distrinews.data.rows import AG_NEWS_LABELS
     from distrinews.model import build_model
-    from distrinews.train.components import build_optimizer
+    from distrinews.train.build import build_optimizer
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, seed=0)  # 2 encoder layers
     cfg = TrainConfig(learning_rate=1e-3, layerwise_lr_decay=0.5, weight_decay=0.01)

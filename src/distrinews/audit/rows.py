@@ -63,7 +63,7 @@ class AuditRows:
 
 def audited_rows(config: TrainConfig) -> AuditRows:
     """The training and evaluation rows of a run of ``config``, sampled by its ``train_samples``/``eval_samples``
-    and seed exactly as ``train.components.prepare_data`` samples them."""
+    and seed exactly as ``train.build.prepare_data`` samples them."""
     seed = config.run.seed
     labelled = load_labelled(config.data, seed)
     assert labelled.train is not None, "load_labelled reads the training split by default"

@@ -71,7 +71,7 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import load_config, parse_overrides
     from ..distributed.parallel import ddp_bucket_cap_mb
     from ..distributed.process_group import all_gather_object, barrier, distributed_context
-    from ..train.precision import check_precision_supported
+    from ..train.build import check_precision_supported
     from ..train.trainer import Trainer
 
     overrides = parse_overrides(extra)

@@ -66,7 +66,7 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """What ``train.components.build_train_model`` builds."""
+    """What ``train.build.build_train_model`` builds."""
 
     model_name_or_path: str = option(
         "minilm",
@@ -109,7 +109,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    """What ``train.components.prepare_data`` reads, samples and tokenizes."""
+    """What ``train.build.prepare_data`` reads, samples and tokenizes."""
 
     data_dir: str | None = option(
         None,
@@ -164,7 +164,7 @@ class DataConfig(Section):
 
 
 class BatchConfig(Section):
-    """How rows become micro-batches and optimizer steps (``train.components.StepPlan``, the sampler, the loader)."""
+    """How rows become micro-batches and optimizer steps (``train.build.StepPlan``, the sampler, the loader)."""
 
     num_train_epochs: float = option(
         1.0, "epochs to train (fractions allowed)", aliases=("epochs",), hints=("num_epochs", "epoch")

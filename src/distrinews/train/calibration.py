@@ -4,7 +4,7 @@ Temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", ICM
 the logits divided by it before the softmax, fitted by L-BFGS to the negative log-likelihood of held-out
 rows. T > 1 softens an over-confident model, T < 1 sharpens an under-confident one; the argmax (and so
 the accuracy) does not change. It is fitted on ``calibration_split_percentage`` of the training rows,
-held out of training when ``calibration`` is ``temperature`` (``components.prepare_data``), never on the
+held out of training when ``calibration`` is ``temperature`` (``build.build_data``), never on the
 evaluation split: for AG News that is the test split, and where it is a validation split, the numbers
 reported on it stay out-of-sample. The same rule for every data set.
 
@@ -318,6 +318,33 @@ def calibrate_best(
     return report
 
 
+def calibrate_run(
+    best: Path,
+    eval_rows: RawSplit,
+    calibration_rows: RawSplit | None,
+    method: str,
+    multi_label: bool,
+    say: Callable[..., Any],
+    device: Any = None,
+    batch_size: int = 64,
+) -> ConfidenceReport | None:
+    """``calibrate_best`` at the end of a run; None without best/, with ``method`` none, for multi-label data, or
+    when it fails (the model is saved: served with the softmax as trained, and said so)."""
+    if not best.is_dir() or method == "none":
+        return None
+    if multi_label:
+        say(
+            "Calibration: skipped (multi-label: temperature scaling is fitted to a softmax; each label's sigmoid "
+            "is used as trained, with its threshold tuned on the evaluation rows)"
+        )
+        return None
+    try:
+        return calibrate_best(best, eval_rows, calibration_rows, method, device=device, batch_size=batch_size)
+    except Exception as exc:
+        say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
+        return None
+
+
 def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
     """The final summary's lines: the temperature and why, ECE before and after, and the coverage-accuracy table."""
     choice = report.choice
@@ -345,19 +372,3 @@ def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
         for c in report.coverage
     ]
     return lines
-
-
-def write_confidence_plots(run_dir: Any, report: ConfidenceReport, say: Callable[[str], Any] = print) -> None:
-    """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
-    from .curves import draw_coverage, draw_reliability, have_matplotlib, save_figure
-
-    if not have_matplotlib():
-        return  # the curves' line has said why
-    for name, draw, path in (
-        ("Reliability diagram", draw_reliability, run_dir.reliability),
-        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
-    ):
-        try:
-            say(f"{name}: {save_figure(draw(report), path)}")
-        except Exception as exc:
-            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")

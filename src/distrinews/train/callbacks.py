@@ -13,26 +13,27 @@ TensorBoard, MLflow) exist on global rank 0 only; steering ones (early stopping)
 What a callback asks of the loop goes through ``TrainerControl``, and after the events that can
 change it the ranks take rank 0's control (one small broadcast): a decision is rank 0's and
 every rank acts on it at the same step, so none is left waiting in a collective.
+
+The callbacks themselves import this module; which of them a run has is decided in ``build.py``
+(``default_callbacks``), so nothing here imports them back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.rundir import RunDir
 from ..config import TrainConfig
-from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv
 
 if TYPE_CHECKING:
     from ..checkpoint.records import TrainState
 
-__all__ = ["CallbackHandler", "TrainerCallback", "TrainerControl", "default_callbacks"]
+__all__ = ["CallbackHandler", "TrainerCallback", "TrainerControl"]
 
 
 @dataclass
@@ -112,29 +113,3 @@ class CallbackHandler:
             flags = self.control.as_tensor(self.env.device)
             dist.broadcast(flags, src=0)
             self.control.take(flags)
-
-
-def default_callbacks(
-    args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Callable[..., None], eval_rows: RawSplit | None = None
-) -> list[TrainerCallback]:
-    """The run's callbacks from its config: the int8 model (``int8_model``, checked on ``eval_rows``; first, so the
-    others' end sees it), log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every rank."""
-    from .early_stopping import EarlyStoppingCallback
-    from .metrics import JsonLogCallback, TensorBoardCallback
-
-    callbacks: list[TrainerCallback] = []
-    if env.is_main and args.run.int8_model and eval_rows is not None:
-        from .int8_callback import Int8ModelCallback
-
-        callbacks.append(Int8ModelCallback(run_dir, eval_rows, say))
-    if env.is_main:
-        callbacks.append(JsonLogCallback(run_dir))
-        if "tensorboard" in args.run.report_to:
-            callbacks.append(TensorBoardCallback(run_dir))
-        if "mlflow" in args.run.report_to:
-            from .mlflow_callback import MLflowCallback
-
-            callbacks.append(MLflowCallback(run_dir, env, say))
-    if args.run.early_stopping_patience > 0:
-        callbacks.append(EarlyStoppingCallback(say))
-    return callbacks

@@ -357,3 +357,17 @@ def draw_coverage(report: ConfidenceReport) -> Figure:
     )
     ax.grid(alpha=0.3)
     return fig
+
+
+def write_confidence_plots(run_dir: RunDir, report: ConfidenceReport, say: Callable[[str], Any] = print) -> None:
+    """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
+    if not have_matplotlib():
+        return  # the curves' line has said why
+    for name, draw, path in (
+        ("Reliability diagram", draw_reliability, run_dir.reliability),
+        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
+    ):
+        try:
+            say(f"{name}: {save_figure(draw(report), path)}")
+        except Exception as exc:
+            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError, PrecisionConfig
+from ..config import PrecisionConfig
 from ..distributed.machine import bf16_attention_is_fast, bf16_is_fast
 from ..model import keep_hidden_states_in_autocast_dtype, use_fp32_attention
 
@@ -79,12 +79,4 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
 
 
-__all__ = ["Precision", "bf16_is_fast", "check_precision_supported"]
-
-
-def check_precision_supported(config: PrecisionConfig) -> None:
-    """Checks that depend on the machine, made before any process group exists."""
-    if config.fp16 and not torch.cuda.is_available():
-        raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
-    if config.bf16 is True and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        raise ConfigError("config field 'bf16': this GPU has no bf16; use fp16: true")
+__all__ = ["Precision", "bf16_is_fast"]

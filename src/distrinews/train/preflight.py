@@ -16,11 +16,10 @@ import torch
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.rundir import RunDir
 from ..config import ConfigError, TrainConfig
-from ..data.labelled import load_labelled, with_problem_type
 from ..distributed.process_group import check_one_gpu_per_process
 from ..model import check_model_available
+from .build import check_data, check_precision_supported
 from .distillation import teacher_paths
-from .precision import check_precision_supported
 
 
 def preflight_train(
@@ -55,7 +54,6 @@ def preflight_train(
         if config.distillation.teacher_model_name_or_path:
             teacher_paths(config.distillation.teacher_model_name_or_path)
         if read_data:  # every row, as the workers will: a malformed one fails here with file:line
-            config = with_problem_type(config)  # and an option the data's problem type refuses
-            for warning in load_labelled(config.data, config.run.seed).warnings:
+            for warning in check_data(config):
                 print(warning, file=sys.stderr, flush=True)
         return held.pop_all()

@@ -1,13 +1,14 @@
 """The training loop, one code path for 1 and N processes. Read it top to bottom.
 
     train(config)          join the process group torchrun describes, run a Trainer, leave it
-    Trainer.__init__       set up: data, model wrapped for the strategy, optimizer, schedule, logs
+    Trainer.__init__       its parts, one builder each (``build.py``): data, model, precision, parallelism,
+                           optimizer and schedule, checkpoints, callbacks
     Trainer.train          resume, banner, then per epoch: train_step, log, evaluate, save
     Trainer.train_step     one optimizer step over a window of micro-batches (gradient accumulation)
 
-The pieces it is built from are in ``components.py`` (each from its section of the config); what
-it prints is ``console.py``; ``best/`` is kept by ``checkpoint/best.py`` and the resumable
-checkpoints by ``checkpoint/resumable.py``. Only rank 0 prints, shows the progress bar, writes
+Each part's decisions (the calibration hold-out, distillation, the compile cast, EMA, class weights)
+are in its builder; what it prints is ``console.py``; ``best/`` is kept by ``checkpoint/best.py`` and
+the resumable checkpoints by ``checkpoint/resumable.py``. Only rank 0 prints, shows the progress bar, writes
 logs and saves; every rank reaches every collective (metric sums, RNG and state-dict
 gathering), and none of them sits inside ``if is_main``. A checkpoint is the last thing written
 for its step, after that step's log, evaluation and best model, so a run resumed from it
@@ -17,52 +18,50 @@ continues exactly as if never stopped.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from ..checkpoint.best import BestModel, improves
+from ..checkpoint.best import improves
 from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.records import RunningCounts, TrainState, read_trainer_state
-from ..checkpoint.resumable import Checkpointer, restore_rng_state
+from ..checkpoint.resumable import restore_rng_state
 from ..checkpoint.rundir import RunDir
 from ..config import MULTI_LABEL, TrainConfig
 from ..data.collate import Collator
-from ..data.labelled import class_counts, with_problem_type
-from ..data.sampler import TrainSampler
-from ..distributed.parallel import ParallelModel, wrap_model
+from ..data.labelled import class_counts
+from ..distributed.parallel import ParallelModel
 from ..distributed.preemption import StopRequest
-from ..distributed.process_group import DistEnv, broadcast_object, distributed_context, main_process_first
+from ..distributed.process_group import DistEnv, broadcast_object, distributed_context
 from ..distributed.watchdog import Watchdog
 from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
-from .calibration import ConfidenceReport, calibrate_best, summary_lines, write_confidence_plots
-from .callbacks import CallbackHandler, TrainerCallback, default_callbacks
-from .components import (
+from .build import (
+    OptimizerFactory,
     StepPlan,
-    TrainClock,
-    build_optimizer,
-    build_train_model,
-    class_weights,
-    linear_schedule_with_warmup,
-    optimizer_windows,
-    peak_memory_mib,
+    build_callbacks,
+    build_checkpointing,
+    build_config,
+    build_data,
+    build_model,
+    build_optimization,
+    build_parallel,
+    build_precision,
+    build_steps,
+    check_precision_supported,
     prepare_data,
-    schedule_with_warmup,
 )
+from .calibration import ConfidenceReport, calibrate_run, summary_lines
+from .callbacks import TrainerCallback
+from .components import TrainClock, linear_schedule_with_warmup, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
-from .curves import write_confusion_matrix, write_training_curves
-from .distillation import Distillation
-from .ema import WeightAverage
+from .curves import write_confidence_plots, write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
-from .precision import Precision, check_precision_supported
 
 __all__ = [
     "StepPlan",
@@ -89,9 +88,6 @@ def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -
         return trainer.train()
 
 
-OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
-
-
 class Trainer:
     def __init__(
         self,
@@ -103,78 +99,28 @@ class Trainer:
     ):
         """``make_optimizer``: the optimizer for the raw model's parameters (default: ``build_optimizer``, fused AdamW);
         ``callbacks``: more callbacks, after the config's own."""
-        with main_process_first(env, local=True):  # a data set read once per node, the others from its cache
-            config = with_problem_type(config)  # problem_type unset: from the data; the records say which
+        config = build_config(config, env)
         self.config, self.env = config, env
         self.stop = stop or StopRequest(env)  # SIGTERM: stop at a step boundary with a checkpoint
         self.run_dir = RunDir(config.run.output_dir)
         self.report = Report(env, config.run.disable_tqdm)
 
-        # calibration temperature: a share of the training rows is held out to fit it on (train/calibration.py)
-        # (not for multi-label: temperature scaling is fitted to a softmax; per-label thresholds take its place)
-        self.multi_label = config.data.problem_type == MULTI_LABEL
-        temperature = config.run.calibration == "temperature" and not self.multi_label
-        held_out = config.data.calibration_split_percentage if temperature else 0
-        self.data = prepare_data(
-            config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out
-        )
-        # teacher_model_name_or_path: the teacher's probabilities of every training row, computed once and cached
-        self.distillation = (
-            Distillation.prepare(
-                config.distillation,
-                config.data.cache_dir,
-                self.data.train_rows,
-                self.data.label_names,
-                env,
-                self.report.say,
-            )
-            if config.distillation.teacher_model_name_or_path
-            else None
-        )
-        # The sampler deals out whole optimizer steps (batch x accumulation rows a rank), so the rows
-        # of step k are the same however they are split into processes and micro-batches.
-        batches = config.batches
-        rows_per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps
-        self.sampler = TrainSampler(
-            self.data.train_set, env.world_size, env.rank, rows_per_step, config.run.seed, batches.group_by_length
-        )
-        self.plan = StepPlan.of(batches, len(self.sampler))
-
-        model = build_train_model(
-            config.model, config.run.seed, env.device, self.data.label_names, config.data.problem_type
-        )
-        self.precision = Precision.from_config(config.precision, env.device).prepare(model)
-        self.model: ParallelModel = wrap_model(
-            model, config.parallel, env, param_dtype=self.precision.dtype, run=config.run.output_dir
-        )
-        if config.model.torch_compile:  # what forward and backward run through; checkpoints read the raw model
-            # torch's stub types the result as a function; compiling a module gives a module (an OptimizedModule)
-            self.model.module = cast(
-                torch.nn.Module, torch.compile(self.model.module, dynamic=config.batches.pad_to_multiple_of is None)
-            )
-        self.optimizer = (make_optimizer or (lambda m: build_optimizer(m, config.optimizer, env.device)))(
-            self.model.raw
-        )
-        warmup = math.ceil(config.optimizer.warmup_ratio * self.plan.total_steps)
-        self.scheduler = schedule_with_warmup(
-            self.optimizer, config.optimizer.lr_scheduler_type, warmup, self.plan.total_steps
-        )
-        # ema_decay: evaluation, best/ and the served model use an average of the weights (train/ema.py)
-        self.average = (
-            WeightAverage(self.model.raw, config.optimizer.ema_decay) if config.optimizer.ema_decay > 0 else None
+        self.data, self.distillation = build_data(config, env, self.report.say)
+        self.sampler, self.plan = build_steps(config, self.data, env)
+        model = build_model(config, self.data, env)
+        self.precision = build_precision(config.precision, model, env)
+        self.model: ParallelModel = build_parallel(config, model, self.precision, env)
+        self.optimizer, self.scheduler, self.average, self.class_weights = build_optimization(
+            config.optimizer, self.model, self.data, self.plan.total_steps, env, make_optimizer
         )
         self.scaler = self.precision.grad_scaler()
-        # class_weights balanced: each row's loss scaled by its class's weight (model.forward_loss)
-        balanced = config.optimizer.class_weights == "balanced"
-        self.class_weights = (
-            class_weights(self.data.train_set, len(self.data.label_names), env.device) if balanced else None
-        )
-
         self.state = TrainState()
-        self.checkpointer = Checkpointer(
-            self.run_dir.checkpoints, env, config.run.save_total_limit, config.to_dict(), tokenizer=self.data.tokenizer
+        self.checkpointer, self.best = build_checkpointing(config, self.run_dir, self.data, env)
+        self.callbacks = build_callbacks(
+            config, env, self.run_dir, self.state, self.report.say, self.data.eval_rows, extra=callbacks
         )
-        self.best = BestModel(self.run_dir.best, self.run_dir.checkpoints, env, self.data.tokenizer, config.to_dict())
+        self.control = self.callbacks.control
+
         self.shape = ModelShape.of(self.model.raw)
         self.peak = peak_for(env.device, self.precision.compute_dtype)
         self._window_counts = Counts(env.device)  # since the last log line
@@ -183,11 +129,6 @@ class Trainer:
         self.window_started = 0.0
         self.last_saved_step: int | None = None
         self.started = time.perf_counter()
-        # What observes or steers the run (the int8 model, log.jsonl, report_to's trackers, early stopping):
-        # train/callbacks.py
-        own = default_callbacks(config, env, self.run_dir, self.report.say, eval_rows=self.data.eval_rows)
-        self.callbacks = CallbackHandler([*own, *(callbacks or [])], config, self.state, env)
-        self.control = self.callbacks.control
         self.best_eval: dict[str, Any] | None = None  # the evaluation best/ was kept for, in this process's run
 
     @property
@@ -535,27 +476,17 @@ class Trainer:
 
     def calibrate(self) -> ConfidenceReport | None:
         """best/'s temperature (``calibration``) and the evaluation split's calibration error and coverage-accuracy
-        (train/calibration.py): rank 0, from best/ as the server loads it; None on the other ranks or without best/."""
-        if not (self.env.is_main and self.run_dir.best.is_dir() and self.config.run.calibration != "none"):
-            return None
-        if self.multi_label:
-            self.report.say(
-                "Calibration: skipped (multi-label: temperature scaling is fitted to a softmax; each label's sigmoid "
-                "is used as trained, with its threshold tuned on the evaluation rows)"
-            )
+        (train/calibration.py): rank 0, from best/ as the server loads it; None on the other ranks."""
+        if not self.env.is_main:
             return None
         c = self.config
-        try:
-            return calibrate_best(
-                self.run_dir.best,
-                self.data.eval_rows,
-                self.data.calibration_rows,
-                c.run.calibration,
-                device=self.env.device,
-                batch_size=c.batches.per_device_eval_batch_size,
-            )
-        except Exception as exc:  # the model is saved: served with the softmax as trained, and said so
-            self.report.say(
-                f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)"
-            )
-            return None
+        return calibrate_run(
+            self.run_dir.best,
+            self.data.eval_rows,
+            self.data.calibration_rows,
+            c.run.calibration,
+            multi_label=c.data.problem_type == MULTI_LABEL,
+            say=self.report.say,
+            device=self.env.device,
+            batch_size=c.batches.per_device_eval_batch_size,
+        )
