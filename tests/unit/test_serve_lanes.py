@@ -76,10 +76,11 @@ def test_a_lone_client_gets_every_core_and_a_crowd_runs_side_by_side_never_besid
     assert [kind for kind, *_ in model.calls[:3]] == ["wide"] * 3
     kinds = [kind for kind, *_ in model.calls[3:]]
     assert kinds.count("side") > kinds.count("wide"), kinds
-    # At most two passes at once, and never one beside a pass on every core.
+    # At most two passes at once (two that both overlap a third may follow each other), and never one beside a pass
+    # on every core.
     for kind, _, start, end in model.calls:
         beside = [other for other in model.calls if other[2] < end and start < other[3]]
-        assert len(beside) <= 2
+        assert max(sum(1 for o in beside if o[2] <= at < o[3]) for at in (c[2] for c in beside)) <= 2
         if kind == "wide":
             assert len(beside) == 1, "a pass ran beside a wide one"
     assert any(len([o for o in model.calls if o[2] < c[3] and c[2] < o[3]]) == 2 for c in model.calls)

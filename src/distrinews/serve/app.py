@@ -38,6 +38,7 @@ from ..predict.predictor import checkpoint_labels
 from ..predict.tokens import TextTooLong
 from ..version import __version__
 from . import tei
+from .arrivals import ArrivalsMiddleware
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
 from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyBudget, BodyLimitMiddleware, MetricsMiddleware
@@ -45,6 +46,7 @@ from .openapi import label_examples, route_predict, route_predict_batch
 from .options import ServeConfig, api_key_from_env
 from .protocol import ServingPredictor
 from .responses import declared
+from .routes import RETRIED_POST_PATHS
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, error_response
 from .state import ServingState, default_factory
 
@@ -109,6 +111,8 @@ def create_app(
         public = PUBLIC_PATHS | {"/metrics"} if config.public_metrics else PUBLIC_PATHS
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, routes=app.router, public=public)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    # Outermost of all: a request counts as on its way to the batcher from its first moment in the app.
+    app.add_middleware(ArrivalsMiddleware, arrivals=state.arrivals, paths=RETRIED_POST_PATHS)
     return app
 
 

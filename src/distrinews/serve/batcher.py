@@ -22,10 +22,11 @@ A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tok
 formed around the oldest request from the queued ones nearest it in length; one over a limit runs as several
 forward passes (the rules: ``predict.batch_forming``; running and answering a batch: ``batch_runner``).
 
-The wait window opens only when there is evidence of concurrency (the last batch held more
-than one request, or this request arrived while the model was busy). A lone client therefore
-never pays ``max_wait_ms`` for company that is not coming, and a crowd gets the window to fill
-a batch.
+A batch waits for company only while company is known to be coming: a request being tokenized, or one the
+server has begun to receive and not yet queued (``arrivals``). It starts as soon as every request in flight is in
+it (or it is full), and waits at most ``max_wait_ms`` past its oldest request's arrival. A lone client therefore
+never pays the window, nor do clients whose next requests are not yet sent (a closed loop of a few clients, each
+waiting for its answer), and a crowd whose requests are on their way gets the window to fill a batch.
 
 A request whose future is cancelled before its batch forms (its HTTP client went away) is
 dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..predict.batch_forming import take
+from .arrivals import Arrivals
 from .batch_runner import BatchRunner, ForwardStalledError, Stalled
 
 TOKENIZER_THREAD = "distrinews-tokenize"
@@ -119,6 +121,7 @@ class MicroBatcher:
         encode_inline_chars: int = 0,
         side_forward: Callable[[list[Any]], Sequence[Any]] | None = None,
         lanes: int = 1,
+        arrivals: Arrivals | None = None,
     ):
         if (
             max_batch_size < 1
@@ -143,6 +146,9 @@ class MicroBatcher:
         self.encode_inline_chars = encode_inline_chars
         self.side_forward = side_forward
         self.lanes = lanes if side_forward is not None else 1
+        # Requests on their way through the HTTP layer; each one that lands or leaves wakes the window.
+        self.arrivals = arrivals if arrivals is not None else Arrivals()
+        self.arrivals.on_change = self._wake
         self._passes: dict[asyncio.Task, list[_Request]] = {}  # the passes running, each with its batch
         self._wide = False  # the pass running is on ``forward`` (every core): nothing runs beside it
         self._died: str | None = None  # why the batching loop ended unasked
@@ -250,6 +256,7 @@ class MicroBatcher:
         ``batch`` (its number, from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens`` and ``passes``.
         Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
         """
+        self.arrivals.landed()  # queued, or turned away: either way no longer on its way
         if self._closing or self._task is None:
             raise BatcherClosedError("the server is shutting down" if self._closing else "the batcher is not started")
         if (stalled := self.stalled) is not None:
@@ -397,10 +404,8 @@ class MicroBatcher:
                     return None
                 await self._wait_for_wakeup(None)
                 continue
-            first = self._ready[0]
-            window = self.max_wait if (self._last_batch_requests > 1 or first.arrived_busy) else 0.0
-            deadline = first.enqueued + window
-            while not self._closing and not self._take()[1]:
+            deadline = self._ready[0].enqueued + self.max_wait
+            while not self._closing and self._coming() and not self._take()[1]:
                 remaining = deadline - loop.time()
                 if remaining <= 0 or not await self._wait_for_wakeup(remaining):
                     break
@@ -419,6 +424,10 @@ class MicroBatcher:
                 self._ready = deque(request for request in self._ready if request.stage != "running")
             self._queued_texts -= sum(len(r.texts) for r in batch)
             return batch
+
+    def _coming(self) -> bool:
+        """Whether more work is known to be on its way: being tokenized, or received and not yet queued."""
+        return self._tokenizing > 0 or self.arrivals.pending > 0
 
     def _lane_free(self) -> bool:
         """Whether a new pass may start: nothing runs beside a pass on every core, nor after a pass stuck."""

@@ -59,7 +59,7 @@ class ServeConfig:
     max_batch_tokens: int = _flag(
         512, "padded tokens per forward pass (the batch's longest text x its texts); 0: no limit"
     )
-    max_wait_ms: float = _flag(5.0, "longest a batch waits for more requests")
+    max_wait_ms: float = _flag(5.0, "longest a batch waits for requests known to be on their way")
     max_queue: int = _flag(1024, "texts waiting before new requests get 429")
     max_batch_texts: int = _flag(64, "texts allowed in one /predict/batch request (413 above)")
     max_text_chars: int = _flag(10_000, "characters allowed in one text after stripping (422 above)")

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..distributed import machine
 from ..errors import CheckpointError
+from .arrivals import Arrivals
 from .batch_runner import ForwardError, ForwardStalledError
 from .batcher import BatcherClosedError, MicroBatcher, QueueFullError
 from .metrics import ServeMetrics
@@ -97,6 +98,8 @@ class ServingState:
         # rollout, each answer names the model that made it.
         self.model_version: str | None = None
         self.started = time.time()
+        # The requests the HTTP layer is receiving for the batcher (ArrivalsMiddleware counts them)
+        self.arrivals = Arrivals()
         metrics.model_loaded.set_function(lambda: 1.0 if self.batcher is not None else 0.0)
         metrics.queue_depth.set_function(lambda: float(self.batcher.queue_depth) if self.batcher is not None else 0.0)
 
@@ -124,6 +127,7 @@ class ServingState:
                 encode_inline_chars=ENCODE_INLINE_CHARS,
                 side_forward=side.predict_encoded if side is not None else None,
                 lanes=lanes,
+                arrivals=self.arrivals,
             )
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
