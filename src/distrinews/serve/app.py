@@ -103,6 +103,12 @@ def create_app(
     app.state.config = config
     _add_error_handlers(app)
     _add_routes(app, state, config, metrics, tracer)
+    _add_middleware(app, state, config, metrics)
+    return app
+
+
+def _add_middleware(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
+    """The body limits, the API key, the metrics and the arrivals count around the routes, innermost first."""
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     budget = BodyBudget(config.max_pending_body_bytes)
     metrics.pending_body_bytes.set_function(lambda: float(budget.held))
@@ -113,7 +119,6 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     # Outermost of all: a request counts as on its way to the batcher from its first moment in the app.
     app.add_middleware(ArrivalsMiddleware, arrivals=state.arrivals, paths=RETRIED_POST_PATHS)
-    return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
