@@ -369,10 +369,10 @@ def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, 
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    _check_arguments(args, extra)
     from ..config import ConfigError
     from ..distributed.launch import torchrun_command, under_torchrun
 
+    _check_arguments(args, extra)
     if args.command_line is None:
         args.command_line = "distrinews " + shlex.join(sys.argv[1:])
     if under_torchrun():  # launched as `distrinews bench collectives --nproc-per-node N`, or our own workers
