@@ -104,7 +104,3 @@ class FileLock:
                     self.path.unlink()
             os.close(self._fd)
             self._fd = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
