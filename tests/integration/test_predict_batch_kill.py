@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import ROOT, killed_after, news_rows, wait_until
-from distrinews.predict.batch.state import FileLock, StateDir, state_dir_of
+from distrinews.checkpoint.file_lock import FileLock
+from distrinews.predict.batch.state import StateDir, state_dir_of
 
 ROWS = 2_000
 

@@ -382,8 +382,8 @@ def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp
     import threading
     import types
 
-    from distrinews.predict.batch import state
-    from distrinews.predict.batch.state import FileLock
+    from distrinews.checkpoint import file_lock
+    from distrinews.checkpoint.file_lock import FileLock
 
     refused = threading.Event()
 
@@ -395,7 +395,7 @@ def test_the_lock_stays_one_lock_when_its_holder_removes_the_progress_folder(tmp
             raise
 
     public = {name: getattr(fcntl, name) for name in dir(fcntl) if not name.startswith("_")}
-    monkeypatch.setattr(state, "fcntl", types.SimpleNamespace(**{**public, "flock": flock}))
+    monkeypatch.setattr(file_lock, "fcntl", types.SimpleNamespace(**{**public, "flock": flock}))
     folder = tmp_path / "out.jsonl.partial"
     first = FileLock(folder / "lock")
     assert first.acquire()

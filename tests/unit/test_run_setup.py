@@ -144,6 +144,30 @@ def test_the_lock_of_a_killed_run_does_not_block_the_next(tmp_path):
         pass
 
 
+def test_a_file_system_without_locks_warns_and_runs_and_the_batch_lock_says_so(tmp_path, monkeypatch, capsys):
+    """Some network file systems are mounted without flock: a run there warns and goes on (refusing every run would
+    be worse); the batch job's lock raises, as an OSError, for its caller to say so."""
+    import errno
+    import fcntl
+    import types
+
+    from distrinews.checkpoint import file_lock
+
+    def flock(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    public = {name: getattr(fcntl, name) for name in dir(fcntl) if not name.startswith("_")}
+    monkeypatch.setattr(file_lock, "fcntl", types.SimpleNamespace(**{**public, "flock": flock}))
+    run = RunDir(tmp_path / "run")
+    with run.lock():
+        pass
+    err = capsys.readouterr().err
+    assert f"warning: cannot lock {run.lock_file} (" in err and "nothing stops a second run" in err
+    with pytest.raises(OSError) as raised:
+        file_lock.FileLock(tmp_path / "job.partial" / "lock").acquire()
+    assert raised.value.errno == errno.ENOLCK
+
+
 def test_the_train_command_locks_before_checking_and_lets_go_when_refused(tmp_path, capsys, configs_dir):
     run = RunDir(tmp_path / "run")
     with run.lock():

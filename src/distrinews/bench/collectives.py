@@ -35,6 +35,7 @@ from .results import write_report
 if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..distributed.process_group import DistEnv
+    from ..train.flops import Peak
 
 # A collective to time, called with no arguments; what it returns (an async handle or None) is dropped.
 Collective = Callable[[], object]
@@ -189,20 +190,11 @@ def model_config(args: argparse.Namespace, output_dir: str) -> TrainConfig:
 
 def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
-
-    from ..data.collate import Collator
-    from ..data.sampler import TrainSampler
-    from ..model import build_model, count_parameters, forward_loss
-    from ..train.flops import ModelShape, peak_for
-    from ..train.metrics import Counts
-    from ..train.precision import Precision
+    from ..model import build_model, count_parameters
     from ..train.trainer import prepare_data
 
     config = model_config(args, tempfile.gettempdir())
-    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(env)
     data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
     model = (
         build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
@@ -211,9 +203,68 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     )
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    allreduce_s = _gradient_allreduce_s(grad_bytes, env, sync)
+    compute_s, batch_flops, peak = _forward_backward(args, config, data, model, env, sync)
+
+    # busbw of all_reduce at the message size nearest the payload, from the table just measured
+    ar = [r for r in table if r["op"] == "all_reduce"]
+    nearest = min(ar, key=lambda r: abs(math.log(r["bytes"] / grad_bytes))) if ar else None
+    measured_busbw = bandwidths("all_reduce", grad_bytes, allreduce_s, env.world_size)[1]
+    return {
+        "model": args.model,
+        "parameters": params,
+        "gradient_bytes": grad_bytes,
+        "per_device_batch": args.batch_size,
+        "bf16": args.bf16,
+        "max_length": args.max_length,
+        "allreduce_s": allreduce_s,
+        "allreduce_busbw": measured_busbw,
+        "forward_backward_s": compute_s,
+        "batch_model_flops": batch_flops,
+        "measured_ratio": allreduce_s / compute_s,
+        "lesson_estimate": lesson_comm_comp_ratio(params, args.batch_size, env.world_size),
+        "corrected_estimate": corrected_comm_comp_ratio(
+            grad_bytes, batch_flops, measured_busbw, peak.flops, env.world_size
+        ),
+        "table_busbw_near_payload": nearest["busbw"] if nearest else None,
+        "peak": peak.source,
+        "peak_flops": peak.flops,
+    }
+
+
+def _synchronizer(env: DistEnv) -> Callable[[], None]:
+    """What waits for the device's queued work: CUDA's synchronize, nothing on the CPU."""
+    import torch
+
+    return torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+
+
+def _gradient_allreduce_s(grad_bytes: int, env: DistEnv, sync: Callable[[], None]) -> float:
+    """Seconds of one all-reduce of a buffer the size of the model's gradients, on the slowest rank."""
+    import torch
+    import torch.distributed as dist
+
     payload = [torch.ones(grad_bytes // 4, device=env.device)]
     allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
     payload.clear()
+    return allreduce_s
+
+
+def _forward_backward(
+    args: argparse.Namespace, config: TrainConfig, data: Any, model: Any, env: DistEnv, sync: Callable[[], None]
+) -> tuple[float, float, Peak]:
+    """Mean seconds of a real batch's forward and backward on the slowest rank (after one warm-up batch), the
+    batches' mean model FLOPs, and the device's peak they are judged by."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from ..data.collate import Collator
+    from ..data.sampler import TrainSampler
+    from ..model import forward_loss
+    from ..train.flops import ModelShape, peak_for
+    from ..train.metrics import Counts
+    from ..train.precision import Precision
 
     sampler = TrainSampler(
         data.train_set, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False
@@ -243,32 +294,7 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
         model.zero_grad(set_to_none=True)
     slowest = torch.tensor([statistics.fmean(times)], dtype=torch.float64, device=env.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    compute_s = slowest.item()
-
-    # busbw of all_reduce at the message size nearest the payload, from the table just measured
-    ar = [r for r in table if r["op"] == "all_reduce"]
-    nearest = min(ar, key=lambda r: abs(math.log(r["bytes"] / grad_bytes))) if ar else None
-    measured_busbw = bandwidths("all_reduce", grad_bytes, allreduce_s, env.world_size)[1]
-    return {
-        "model": args.model,
-        "parameters": params,
-        "gradient_bytes": grad_bytes,
-        "per_device_batch": args.batch_size,
-        "bf16": args.bf16,
-        "max_length": args.max_length,
-        "allreduce_s": allreduce_s,
-        "allreduce_busbw": measured_busbw,
-        "forward_backward_s": compute_s,
-        "batch_model_flops": statistics.fmean(flops),
-        "measured_ratio": allreduce_s / compute_s,
-        "lesson_estimate": lesson_comm_comp_ratio(params, args.batch_size, env.world_size),
-        "corrected_estimate": corrected_comm_comp_ratio(
-            grad_bytes, statistics.fmean(flops), measured_busbw, peak.flops, env.world_size
-        ),
-        "table_busbw_near_payload": nearest["busbw"] if nearest else None,
-        "peak": peak.source,
-        "peak_flops": peak.flops,
-    }
+    return slowest.item(), statistics.fmean(flops), peak
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -278,44 +304,11 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..distributed.process_group import distributed_context
 
     cores = cores_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    share = max(1, len(cores) // local_world)
-    if len(cores) >= local_world:  # each rank on its own cores, as in training
-        os.sched_setaffinity(0, cores[local_rank * share : (local_rank + 1) * share])
+    _pin_to_own_cores(cores)
     with distributed_context(timeout_s=args.timeout) as env:
         if not env.distributed:
             raise SystemExit("bench collectives needs at least 2 processes (--nproc 2)")
-        sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
-        sizes = message_sizes(args.min_bytes, args.max_bytes)
-        table = []
-        checks = {}
-        for op in args.ops:
-            checks[op] = check_op(op, env)
-            for size in sizes:
-                fn, how = make_op(op, size, env)
-                actual = max(env.world_size, size // 4 // env.world_size * env.world_size) * 4
-                iters = iterations_for(actual)
-                seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
-                alg, bus = bandwidths(op, actual, seconds, env.world_size)
-                table.append(
-                    {
-                        "op": op,
-                        "bytes": actual,
-                        "iterations": iters,
-                        "time_us": seconds * 1e6,
-                        "algbw": alg,
-                        "busbw": bus,
-                        "how": how,
-                    }
-                )
-                if env.is_main and args.verbose:
-                    print(
-                        f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
-                        f"busbw {bus / 1e9:7.3f} GB/s  {how}",
-                        flush=True,
-                    )
-                del fn
+        checks, table = _bandwidth_table(args, env)
         model = None if args.no_model else model_section(args, env, table)
         if not env.is_main:
             return None
@@ -334,19 +327,54 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         }
 
 
+def _pin_to_own_cores(cores: list[int]) -> None:
+    """This rank on its own share of the cores, as in training (when there are enough to share)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    share = max(1, len(cores) // local_world)
+    if len(cores) >= local_world:
+        os.sched_setaffinity(0, cores[local_rank * share : (local_rank + 1) * share])
+
+
+def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, bool], list[dict[str, Any]]]:
+    """Each op checked for correct numbers, then timed at every message size: the checks and the table's rows."""
+    sync = _synchronizer(env)
+    table = []
+    checks = {}
+    for op in args.ops:
+        checks[op] = check_op(op, env)
+        for size in message_sizes(args.min_bytes, args.max_bytes):
+            fn, how = make_op(op, size, env)
+            actual = max(env.world_size, size // 4 // env.world_size * env.world_size) * 4
+            iters = iterations_for(actual)
+            seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
+            alg, bus = bandwidths(op, actual, seconds, env.world_size)
+            table.append(
+                {
+                    "op": op,
+                    "bytes": actual,
+                    "iterations": iters,
+                    "time_us": seconds * 1e6,
+                    "algbw": alg,
+                    "busbw": bus,
+                    "how": how,
+                }
+            )
+            if env.is_main and args.verbose:
+                print(
+                    f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
+                    f"busbw {bus / 1e9:7.3f} GB/s  {how}",
+                    flush=True,
+                )
+            del fn
+    return checks, table
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
     from ..distributed.launch import torchrun_command, under_torchrun
 
-    if extra and not args.worker:
-        raise ConfigError(f"bench collectives: unexpected arguments: {' '.join(extra)}")
-    bad = [op for op in args.ops if op not in OPS]
-    if bad:
-        raise ConfigError(f"bench collectives: unknown op(s) {bad}; choose from {', '.join(OPS)}")
-    try:
-        message_sizes(args.min_bytes, args.max_bytes)
-    except ValueError as exc:
-        raise ConfigError(f"bench collectives: {exc}") from None
+    _check_arguments(args, extra)
     if args.command_line is None:
         args.command_line = "distrinews " + shlex.join(sys.argv[1:])
     if under_torchrun():  # launched as `distrinews bench collectives --nproc-per-node N`, or our own workers
@@ -365,41 +393,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
             preflight_train(model_config(args, tmp), nproc_per_node=args.nproc, lock=False)
         result = os.path.join(tmp, "result.json")
-        argv = [
-            "bench",
-            "collectives",
-            "--worker",
-            "--result",
-            result,
-            "--command-line",
-            args.command_line,
-            "--min-bytes",
-            str(args.min_bytes),
-            "--max-bytes",
-            str(args.max_bytes),
-            "--ops",
-            *args.ops,
-            "--model",
-            args.model,
-            *(["--data", args.data] if args.data else []),
-            "--batch-size",
-            str(args.batch_size),
-            "--max-length",
-            str(args.max_length),
-            "--train-samples",
-            str(args.train_samples),
-            "--compute-batches",
-            str(args.compute_batches),
-            "--timeout",
-            str(args.timeout),
-        ]
-        argv += (
-            (["--bf16"] if args.bf16 else ["--no-bf16"])
-            + (["--no-model"] if args.no_model else [])
-            + (["--verbose"] if args.verbose else [])
-        )
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(torchrun_command(args.nproc, argv), env=env, timeout=args.timeout + 600)
+        proc = subprocess.run(
+            torchrun_command(args.nproc, _worker_argv(args, result)), env=env, timeout=args.timeout + 600
+        )
         if proc.returncode != 0 or not os.path.exists(result):
             print(
                 f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
@@ -432,6 +429,58 @@ OPTIONS = [
     Option("result", None, argparse.SUPPRESS),
     Option("command_line", None, argparse.SUPPRESS),
 ]
+
+
+def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
+    """Unknown arguments, ops and message sizes refused before any process starts."""
+    from ..config import ConfigError
+
+    if extra and not args.worker:
+        raise ConfigError(f"bench collectives: unexpected arguments: {' '.join(extra)}")
+    bad = [op for op in args.ops if op not in OPS]
+    if bad:
+        raise ConfigError(f"bench collectives: unknown op(s) {bad}; choose from {', '.join(OPS)}")
+    try:
+        message_sizes(args.min_bytes, args.max_bytes)
+    except ValueError as exc:
+        raise ConfigError(f"bench collectives: {exc}") from None
+
+
+def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
+    """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
+    argv = [
+        "bench",
+        "collectives",
+        "--worker",
+        "--result",
+        result,
+        "--command-line",
+        args.command_line,
+        "--min-bytes",
+        str(args.min_bytes),
+        "--max-bytes",
+        str(args.max_bytes),
+        "--ops",
+        *args.ops,
+        "--model",
+        args.model,
+        *(["--data", args.data] if args.data else []),
+        "--batch-size",
+        str(args.batch_size),
+        "--max-length",
+        str(args.max_length),
+        "--train-samples",
+        str(args.train_samples),
+        "--compute-batches",
+        str(args.compute_batches),
+        "--timeout",
+        str(args.timeout),
+    ]
+    return argv + (
+        (["--bf16"] if args.bf16 else ["--no-bf16"])
+        + (["--no-model"] if args.no_model else [])
+        + (["--verbose"] if args.verbose else [])
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

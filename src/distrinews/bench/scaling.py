@@ -162,24 +162,67 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("bench scaling starts its own workers: run it without --nproc-per-node or torchrun")
     if args.data:
         extra = [*extra, "--data_dir", args.data]
+    counts, buckets, hooks = _parse_points(args)
+    _preflight(args, extra, max(counts))
+    _settle_sizes(args, counts)
+    specs = [
+        (n, bucket, hook)
+        for n in counts
+        for bucket in (buckets if n > 1 else buckets[:1])
+        for hook in (hooks if n > 1 else [None])
+    ]
+    runs = _run_rounds(args, specs, extra)
+    points = [median_run(runs[spec]) for spec in specs]
+    rows = summarize(points)
+    report = {
+        "command": "distrinews " + shlex.join(sys.argv[1:]),
+        "mode": args.mode,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine_description(),
+        "points": rows,
+    }
+    write_report(report, args.output_dir, args.name, markdown_table, plot)
+    return 0
+
+
+def _parse_points(args: argparse.Namespace) -> tuple[list[int], list[float | None], list[str | None]]:
+    """The worker counts, DDP bucket sizes and comm hooks to measure (None: DDP's own), each list checked."""
+    from ..config import ConfigError
+
     try:
         counts = parse_int_list(args.nproc)
-        buckets = [None] if args.bucket_cap_mb in (None, "default") else parse_float_list(args.bucket_cap_mb)
-        hooks = [None] if args.comm_hooks is None else parse_choice_list(args.comm_hooks, DDP_COMM_HOOKS)
+        buckets: list[float | None] = (
+            [None] if args.bucket_cap_mb in (None, "default") else list(parse_float_list(args.bucket_cap_mb))
+        )
+        hooks: list[str | None] = (
+            [None] if args.comm_hooks is None else list(parse_choice_list(args.comm_hooks, DDP_COMM_HOOKS))
+        )
         if args.repeat < 1:
             raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
+    return counts, buckets, hooks
+
+
+def _preflight(args: argparse.Namespace, extra: list[str], most_workers: int) -> None:
+    """What train checks before its workers start (the config, the model, every row of the data), checked alike:
+    a mistake is one line here, not one traceback per point. The workers' runs go to temporary folders. Fills
+    ``--batch`` from the config when not given."""
     from ..config import load_config, parse_overrides
     from ..train.preflight import preflight_train
 
     with tempfile.TemporaryDirectory(prefix="distrinews-scaling-preflight-") as tmp:
-        # What train checks before its workers start (the config, the model, every row of the data), checked alike:
-        # a mistake is one line here, not one traceback per point. The workers' runs go to temporary folders.
         config = load_config(args.config, {"output_dir": tmp, **parse_overrides(extra)})
-        preflight_train(config, nproc_per_node=max(counts), lock=False)
+        preflight_train(config, nproc_per_node=most_workers, lock=False)
     if args.batch is None:
         args.batch = config.batches.per_device_train_batch_size
+
+
+def _settle_sizes(args: argparse.Namespace, counts: list[int]) -> None:
+    """Cores per worker and the strong mode's global batch when not given, and every point's slice of cores and
+    batch checked to exist."""
+    from ..config import ConfigError
+
     cores = cores_available()
     if args.cores_per_worker is None:
         args.cores_per_worker = max(1, len(cores) // max(counts))
@@ -192,14 +235,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as exc:
         raise ConfigError(f"bench scaling: {exc}") from None
 
-    specs = [
-        (n, bucket, hook)
-        for n in counts
-        for bucket in (buckets if n > 1 else buckets[:1])
-        for hook in (hooks if n > 1 else [None])
-    ]
-    runs: dict[tuple, list[dict[str, Any]]] = {spec: [] for spec in specs}
-    for round_ in range(args.repeat):  # rounds, so that a slow spell of the machine touches every point alike
+
+def _run_rounds(
+    args: argparse.Namespace, specs: list[tuple[int, float | None, str | None]], extra: list[str]
+) -> dict[tuple[int, float | None, str | None], list[dict[str, Any]]]:
+    """Every point ``--repeat`` times, in rounds, so that a slow spell of the machine touches every point alike."""
+    runs: dict[tuple[int, float | None, str | None], list[dict[str, Any]]] = {spec: [] for spec in specs}
+    for round_ in range(args.repeat):
         for n, bucket, hook in specs:
             label = f"{n} worker(s) x {args.cores_per_worker} core(s)"
             label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (
@@ -214,17 +256,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 flush=True,
             )
             runs[(n, bucket, hook)].append(p)
-    points = [median_run(runs[spec]) for spec in specs]
-    rows = summarize(points)
-    report = {
-        "command": "distrinews " + shlex.join(sys.argv[1:]),
-        "mode": args.mode,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": machine_description(),
-        "points": rows,
-    }
-    write_report(report, args.output_dir, args.name, markdown_table, plot)
-    return 0
+    return runs
 
 
 OPTIONS = [

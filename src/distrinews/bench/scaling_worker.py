@@ -12,7 +12,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,8 @@ from .scaling_arithmetic import core_slices
 if TYPE_CHECKING:
     import torch
 
+    from ..config import TrainConfig
+    from ..train.metrics import Counts
     from ..train.trainer import Trainer
 
     # A training split's row (a TokenizedDataset item): token ids, label, row index.
@@ -68,44 +70,18 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     cores = _pin(args.cores_per_worker)
     import torch
 
-    from ..config import load_config, parse_overrides
     from ..distributed.parallel import ddp_bucket_cap_mb
     from ..distributed.process_group import all_gather_object, barrier, distributed_context
-    from ..train.build import check_precision_supported
     from ..train.trainer import Trainer
 
-    overrides = parse_overrides(extra)
-    overrides["per_device_train_batch_size"] = args.per_worker_batch
-    overrides["max_steps"] = args.warmup + args.steps + args.no_sync_probe
-    if args.bucket_cap_mb not in (None, "default"):
-        overrides["ddp_bucket_cap_mb"] = float(args.bucket_cap_mb)
-    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-scaling-run-"))
-    config = load_config(args.config, overrides)
-    check_precision_supported(config.precision)
-    make_optimizer = None
-    if args.optimizer != "fused":  # the reference loop's: one group, torch's per-tensor loop or multi-tensor foreach
-
-        def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(
-                model.parameters(), lr=config.optimizer.learning_rate, foreach=args.optimizer == "foreach"
-            )
-
+    config = _point_config(args, extra)
     with distributed_context(threads=args.cores_per_worker) as env:
-        trainer = Trainer(config, env, make_optimizer=make_optimizer)
+        trainer = Trainer(config, env, make_optimizer=_reference_optimizer(args, config.optimizer.learning_rate))
         windows = _windows(trainer, args)
         torch.manual_seed(config.run.seed + env.rank)
         trainer.model.train()
         timer = _StepTimer(trainer, windows, args.host_sync)
-        for _ in range(args.warmup):
-            timer.step(timed=False)
-        trainer.take_window_counts()  # the warm-up steps' counts, dropped
-        barrier(env)
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            timer.step(timed=True)
-        barrier(env)
-        elapsed = time.perf_counter() - started
-        counts = trainer.take_window_counts()  # the timed steps only
+        elapsed, counts = _timed_steps(timer, args.warmup, args.steps)
         probe_local, probe_sync = (
             _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
         )
@@ -129,6 +105,55 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
                 json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device)), indent=2)
             )
     return 0
+
+
+def _point_config(args: argparse.Namespace, extra: list[str]) -> TrainConfig:
+    """The training config of this point: the command's overrides, this point's batch, steps and bucket size."""
+    from ..config import load_config, parse_overrides
+    from ..train.build import check_precision_supported
+
+    overrides = parse_overrides(extra)
+    overrides["per_device_train_batch_size"] = args.per_worker_batch
+    overrides["max_steps"] = args.warmup + args.steps + args.no_sync_probe
+    if args.bucket_cap_mb not in (None, "default"):
+        overrides["ddp_bucket_cap_mb"] = float(args.bucket_cap_mb)
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-scaling-run-"))
+    config = load_config(args.config, overrides)
+    check_precision_supported(config.precision)
+    return config
+
+
+def _reference_optimizer(
+    args: argparse.Namespace, learning_rate: float
+) -> Callable[[torch.nn.Module], torch.optim.Optimizer] | None:
+    """The reference loop's optimizer unless ``--optimizer fused`` (None: the trainer's own, fused AdamW): one
+    group, torch's per-tensor loop or multi-tensor foreach."""
+    import torch
+
+    if args.optimizer == "fused":
+        return None
+
+    def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=learning_rate, foreach=args.optimizer == "foreach")
+
+    return make_optimizer
+
+
+def _timed_steps(timer: _StepTimer, warmup: int, steps: int) -> tuple[float, Counts]:
+    """``warmup`` untimed steps, then ``steps`` timed ones between barriers: their seconds and their counts."""
+    from ..distributed.process_group import barrier
+
+    trainer, env = timer.trainer, timer.trainer.env
+    for _ in range(warmup):
+        timer.step(timed=False)
+    trainer.take_window_counts()  # the warm-up steps' counts, dropped
+    barrier(env)
+    started = time.perf_counter()
+    for _ in range(steps):
+        timer.step(timed=True)
+    barrier(env)
+    elapsed = time.perf_counter() - started
+    return elapsed, trainer.take_window_counts()  # the timed steps only
 
 
 def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:

@@ -100,26 +100,86 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dict[str, Any]:
     """Every load level against each of ``others`` and then ours, one server at a time; the report."""
-    from ..config import ConfigError
     from ..distributed.machine import bf16_is_fast
-    from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
+    from ..predict.runtimes import DEFAULT_RUNTIME
 
-    runtimes = [r.strip() for r in args.runtimes.split(",")] if args.runtimes else default_runtimes()
+    runtimes = _runtimes(args.runtimes)
+    session = _LoadSession(args)
+    checkpoint = session.checkpoint
+    for other in others:
+        session.load(other.name, other.command(checkpoint, 0), other.ready_path, other.name, other.runtime)
+    ours_cmd = ours_command(checkpoint, args)
+    for runtime in runtimes:
+        session.load(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime], "/ready", "ours", runtime)
+    if args.overload_queue and DEFAULT_RUNTIME in runtimes:
+        cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue)]
+        session.load("ours-overload", cmd, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
+
+    limit_runtime = DEFAULT_RUNTIME if DEFAULT_RUNTIME in runtimes else runtimes[0]
+    if not args.no_limit:
+        session.load("empty", serving_limit.empty_responder_command(0), "/ready", "empty", "-", limit=True)
+        alone = session.runtime_alone(limit_runtime)
+    accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
+    report = build_report(args, session.results, session.levels, session.servers, accuracy)
+    report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
+    report["default_runtime"] = DEFAULT_RUNTIME
+    if not args.no_limit:
+        report["limit"] = serving_limit.summarise(report, alone, limit_runtime, session.busiest)
+    return report
+
+
+def _runtimes(asked: str | None) -> list[str]:
+    """``--runtimes`` as a list (the machine's default set when not given), each one known."""
+    from ..config import ConfigError
+    from ..predict.runtimes import RUNTIMES
+
+    runtimes = [r.strip() for r in asked.split(",")] if asked else default_runtimes()
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise ConfigError(f"bench serving: unknown runtime(s) {', '.join(unknown)}; choose from {', '.join(RUNTIMES)}")
-    logs = Path(tempfile.mkdtemp(prefix="distrinews-bench-serving-"))  # server logs, outside the repo
-    print(f"server logs in {logs}", flush=True)
-    levels = [int(c) for c in str(args.concurrency).split(",")]
-    busiest = 32 if 32 in levels else max(levels)  # where the throughput aims are judged
-    full, headlines = load_texts(args.data, args.texts)
-    checkpoint = str(args.checkpoint)
-    results: list[dict[str, Any]] = []
-    servers: dict[str, dict[str, Any]] = {}
+    return runtimes
+
+
+class _LoadSession:
+    """The servers loaded one after another with the same texts and levels, and the rows measured so far."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.logs = Path(tempfile.mkdtemp(prefix="distrinews-bench-serving-"))  # server logs, outside the repo
+        print(f"server logs in {self.logs}", flush=True)
+        self.levels = [int(c) for c in str(args.concurrency).split(",")]
+        self.busiest = 32 if 32 in self.levels else max(self.levels)  # where the throughput aims are judged
+        self.full, self.headlines = load_texts(args.data, args.texts)
+        self.checkpoint = str(args.checkpoint)
+        self.results: list[dict[str, Any]] = []
+        self.servers: dict[str, dict[str, Any]] = {}
+
+    def load(
+        self, name: str, cmd: list[str], ready_path: str, label: str, runtime: str, limit: bool = False, **tags: int
+    ) -> None:
+        """Start one server, load it at its levels (the limit's two, the overload's two highest, or all of them
+        and the headlines at one client), and stop it."""
+        server = start_server(name, cmd, ready_path, self.logs)
+        try:
+            first_request(server.port, self.full[0])
+            self.servers[name] = {"ready_s": server.ready_s}
+            if label == "ours":
+                info = server.info()
+                self.servers[name].update(batching=info.get("batching"), runtime=info.get("runtime"))
+            if limit:
+                self.measure_levels(server, label, runtime, "full", self.full, sorted({1, self.busiest}))
+            elif tags:
+                self.measure_levels(server, label, runtime, "full", self.full, sorted(self.levels)[-2:], **tags)
+            else:
+                self.measure_levels(server, label, runtime, "full", self.full, self.levels)
+                self.measure_levels(server, label, runtime, "headline", self.headlines, [1])
+        finally:
+            server.stop()
 
     def measure_levels(
-        server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags: int
+        self, server: Server, label: str, runtime: str, kind: str, texts: list[str], concurrency: list[int], **tags: int
     ) -> None:
+        args = self.args
         for c in concurrency:
             # What each side spends: the server's process and this one (the load generator), in cores, over the level.
             server0, client0, wall0 = process_cpu_seconds(server.proc.pid), time.process_time(), time.monotonic()
@@ -128,7 +188,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
             r["server_cpu_cores"] = (process_cpu_seconds(server.proc.pid) - server0) / wall
             r["client_cpu_cores"] = (time.process_time() - client0) / wall
             r.update(server=label, runtime=runtime, texts=kind, **tags)
-            results.append(r)
+            self.results.append(r)
             print(
                 f"{label:<9} {runtime:<10} {kind:<8} c={c:<3} {r['throughput_rps']:8.1f} req/s  p50 "
                 f"{r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f}  p99 {r['p99_ms']:7.1f}  429s {r['rejected_429']}  "
@@ -136,58 +196,22 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
                 flush=True,
             )
 
-    def load(
-        name: str, cmd: list[str], ready_path: str, label: str, runtime: str, limit: bool = False, **tags: int
-    ) -> None:
-        server = start_server(name, cmd, ready_path, logs)
-        try:
-            first_request(server.port, full[0])
-            servers[name] = {"ready_s": server.ready_s}
-            if label == "ours":
-                info = server.info()
-                servers[name].update(batching=info.get("batching"), runtime=info.get("runtime"))
-            if limit:
-                measure_levels(server, label, runtime, "full", full, sorted({1, busiest}))
-            elif tags:
-                measure_levels(server, label, runtime, "full", full, sorted(levels)[-2:], **tags)
-            else:
-                measure_levels(server, label, runtime, "full", full, levels)
-                measure_levels(server, label, runtime, "headline", headlines, [1])
-        finally:
-            server.stop()
-
-    for other in others:
-        load(other.name, other.command(checkpoint, 0), other.ready_path, other.name, other.runtime)
-    ours_cmd = ours_command(checkpoint, args)
-    for runtime in runtimes:
-        load(f"ours-{runtime}", [*ours_cmd, "--runtime", runtime], "/ready", "ours", runtime)
-    if args.overload_queue and DEFAULT_RUNTIME in runtimes:
-        cmd = [*ours_cmd, "--runtime", DEFAULT_RUNTIME, "--max-queue", str(args.overload_queue)]
-        load("ours-overload", cmd, "/ready", "ours", DEFAULT_RUNTIME, max_queue=args.overload_queue)
-
-    limit_runtime = DEFAULT_RUNTIME if DEFAULT_RUNTIME in runtimes else runtimes[0]
-    if not args.no_limit:
-        load("empty", serving_limit.empty_responder_command(0), "/ready", "empty", "-", limit=True)
-        batching = servers[f"ours-{limit_runtime}"].get("batching") or {}
-        print(f"the runtime alone ({limit_runtime}, in-process), {args.duration:g} s per batch size", flush=True)
-        alone = serving_limit.runtime_alone(
-            checkpoint,
-            limit_runtime,
-            full,
+    def runtime_alone(self, runtime: str) -> dict[str, Any]:
+        """The runtime in this process with our server's batching, no HTTP: the limit our server is judged by."""
+        args = self.args
+        batching = self.servers[f"ours-{runtime}"].get("batching") or {}
+        print(f"the runtime alone ({runtime}, in-process), {args.duration:g} s per batch size", flush=True)
+        return serving_limit.runtime_alone(
+            self.checkpoint,
+            runtime,
+            self.full,
             args.duration,
             args.threads,
             batching.get("max_batch_size") or 32,
             batching.get("max_batch_tokens"),
-            in_flight=busiest,
+            in_flight=self.busiest,
             lanes=batching.get("concurrent_passes") or 1,
         )
-    accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
-    report = build_report(args, results, levels, servers, accuracy)
-    report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
-    report["default_runtime"] = DEFAULT_RUNTIME
-    if not args.no_limit:
-        report["limit"] = serving_limit.summarise(report, alone, limit_runtime, busiest)
-    return report
 
 
 def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:

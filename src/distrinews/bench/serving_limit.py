@@ -80,15 +80,7 @@ def runtime_alone(
         checkpoint, runtime=runtime, max_batch_size=max_batch_size, threads=threads or None, spin=False
     )
     predictor.warmup()
-    latencies: list[float] = []
-    stop = time.perf_counter() + duration
-    i = 0
-    while time.perf_counter() < stop:
-        t0 = time.perf_counter()
-        predictor.predict_encoded(predictor.encode([texts[i % len(texts)]]))
-        latencies.append(time.perf_counter() - t0)
-        i += 1
-    latencies.sort()
+    latencies = _one_at_a_time(predictor, texts, duration)
     sizes = sorted({b for b in (*BATCH_SIZES, max_batch_size) if b <= max_batch_size})
     windows = {size: min(4 * size, in_flight) if in_flight else 4 * size for size in sizes}  # the batcher's lookahead
     throughput = {
@@ -120,6 +112,19 @@ def runtime_alone(
         "best_side_by_side": best_side,
         "best_texts_per_s": best_tps,
     }
+
+
+def _one_at_a_time(predictor: Any, texts: list[str], duration: float) -> list[float]:
+    """The seconds of each batch-1 pass (tokenizing included) over ``duration`` seconds, sorted."""
+    latencies: list[float] = []
+    stop = time.perf_counter() + duration
+    i = 0
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        predictor.predict_encoded(predictor.encode([texts[i % len(texts)]]))
+        latencies.append(time.perf_counter() - t0)
+        i += 1
+    return sorted(latencies)
 
 
 def _throughput(

@@ -63,9 +63,24 @@ def default_verdict(chosen: str, report: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     """``serving.md``: the load, overload and runtime tables."""
+    lines = _heading(report) + _load_table(report["results"])
+    overload = [r for r in report["results"] if r.get("max_queue") is not None]
+    if overload:
+        lines += _overload_table(overload)
+    if report.get("limit"):
+        lines += serving_limit.markdown(report["limit"])
+    if report["accuracy"]:
+        lines += _accuracy_table(report)
+    if report.get("bf16"):
+        lines += _bf16_note(report["bf16"])
+    return "\n".join(lines) + "\n"
+
+
+def _heading(report: dict[str, Any]) -> list[str]:
+    """The title, and how the rows were measured: command, machine, date, checkpoint, load and batching."""
     machine = report["machine"]
     batching = next((s["batching"] for s in report["servers"].values() if s.get("batching")), None) or {}
-    lines = [
+    return [
         "# Serving benchmark",
         "",
         f"Command: `{report['command']}`  ",
@@ -79,6 +94,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"concurrent_passes {batching.get('concurrent_passes')}.",
         "",
         "Texts: `full` = AG News test rows as the model sees them (title + description); `headline` = the titles only.",
+    ]
+
+
+def _load_table(results: list[dict[str, Any]]) -> list[str]:
+    """One row per server, runtime, texts and clients, with the cores each side used (overload rows aside)."""
+    lines = [
         "",
         "## Load",
         "",
@@ -89,7 +110,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| CPU server | CPU clients |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in report["results"]:
+    for r in results:
         if r.get("max_queue") is not None:
             continue
         lines.append(
@@ -97,61 +118,67 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} | "
             f"{_fmt(r.get('server_cpu_cores', float('nan')), 2)} | {_fmt(r.get('client_cpu_cores', float('nan')), 2)} |"
         )
-    overload = [r for r in report["results"] if r.get("max_queue") is not None]
-    if overload:
+    return lines
+
+
+def _overload_table(overload: list[dict[str, Any]]) -> list[str]:
+    """The rows run with a small --max-queue: what was accepted, what was answered 429 and how fast."""
+    lines = [
+        "",
+        f"## Overload: --max-queue {overload[0]['max_queue']} (429 behaviour)",
+        "",
+        "Clients answered 429 wait the `Retry-After` they are given before their next request.",
+        "",
+        "| runtime | clients | accepted (req/s) | accepted p50 (ms) | accepted p99 "
+        "(ms) | 429s | 429 p50 (ms) | 429 p99 (ms) | 429s without Retry-After |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in overload:
+        lines.append(
+            f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} "
+            f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
+            f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
+        )
+    return lines
+
+
+def _accuracy_table(report: dict[str, Any]) -> list[str]:
+    """Each runtime's accuracy against torch fp32's on the test split, and the default rule's choice."""
+    rows = report["accuracy"][0]["rows"]
+    lines = [
+        "",
+        f"## Runtimes on the test split ({rows:,} rows)",
+        "",
+        "| runtime | accuracy | vs torch fp32 (points) | label agreement with torch fp32 | labels changed | seconds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = report["accuracy"][0]["accuracy"]
+    for a in report["accuracy"]:
+        lines.append(
+            f"| {a['runtime']} | {100 * a['accuracy']:.2f}% | {100 * (a['accuracy'] - base):+.2f} | "
+            f"{100 * a['agreement_with_torch_fp32']:.2f}% | {a['changed_labels']} | {a['seconds']:.1f} |"
+        )
+    rule = report.get("default_rule")
+    if rule:
+        verdict = default_verdict(rule["runtime"], report)
         lines += [
             "",
-            f"## Overload: --max-queue {overload[0]['max_queue']} (429 behaviour)",
-            "",
-            "Clients answered 429 wait the `Retry-After` they are given before their next request.",
-            "",
-            "| runtime | clients | accepted (req/s) | accepted p50 (ms) | accepted p99 "
-            "(ms) | 429s | 429 p50 (ms) | 429 p99 (ms) | 429s without Retry-After |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"Default rule (the fastest within {rule['tolerance_points']} points of "
+            f"torch fp32, by throughput at {rule['concurrency']} clients): "
+            f"**{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
         ]
-        for r in overload:
-            lines.append(
-                f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} "
-                f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
-                f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
-            )
-    if report.get("limit"):
-        lines += serving_limit.markdown(report["limit"])
-    if report["accuracy"]:
-        rows = report["accuracy"][0]["rows"]
-        lines += [
-            "",
-            f"## Runtimes on the test split ({rows:,} rows)",
-            "",
-            "| runtime | accuracy | vs torch fp32 (points) | label "
-            "agreement with torch fp32 | labels changed | seconds |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        base = report["accuracy"][0]["accuracy"]
-        for a in report["accuracy"]:
-            lines.append(
-                f"| {a['runtime']} | {100 * a['accuracy']:.2f}% | {100 * (a['accuracy'] - base):+.2f} | "
-                f"{100 * a['agreement_with_torch_fp32']:.2f}% | {a['changed_labels']} | {a['seconds']:.1f} |"
-            )
-        rule = report.get("default_rule")
-        if rule:
-            verdict = default_verdict(rule["runtime"], report)
-            lines += [
-                "",
-                f"Default rule (the fastest within {rule['tolerance_points']} points of "
-                f"torch fp32, by throughput at {rule['concurrency']} clients): "
-                f"**{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
-            ]
-    bf16 = report.get("bf16")
-    if bf16:
-        gf = bf16["matmul_gflops"]
-        lines += [
-            "",
-            f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a {gf.get('n', 1024)}³ "
-            f"matmul runs at {gf['bf16']:.1f} GFLOP/s in bf16 against {gf['fp32']:.1f} in fp32"
-            + ("." if bf16["bf16_is_fast_cpu"] else ", so torch-bf16 is not offered here (serve refuses it)."),
-        ]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _bf16_note(bf16: dict[str, Any]) -> list[str]:
+    """Whether bf16 is fast on this CPU, with the matmul figures that decided it."""
+    gf = bf16["matmul_gflops"]
+    return [
+        "",
+        f"bf16 on this CPU: `bf16_is_fast('cpu')` = {bf16['bf16_is_fast_cpu']}; a {gf.get('n', 1024)}³ "
+        f"matmul runs at {gf['bf16']:.1f} GFLOP/s in bf16 against {gf['fp32']:.1f} in fp32"
+        + ("." if bf16["bf16_is_fast_cpu"] else ", so torch-bf16 is not offered here (serve refuses it)."),
+    ]
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

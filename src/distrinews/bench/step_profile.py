@@ -20,12 +20,16 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
 from .results import invoked_as
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..train.trainer import Trainer
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
 # matches wins, so layer norm comes before the norms of gradient clipping and GELU before aten::ge.
@@ -75,25 +79,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..config import load_config, parse_overrides
     from ..distributed.process_group import distributed_context
-    from ..train.components import optimizer_windows
     from ..train.trainer import Trainer
 
-    overrides = parse_overrides(extra)
-    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
-    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to=["none"], int8_model=False)
-    config = load_config(args.config, overrides)
-    needed = args.warmup + args.steps + args.profiled_steps
+    config = _profile_config(args.config, extra)
     with distributed_context() as env:
         trainer = Trainer(config, env)
         trainer.model.train()
-        windows = optimizer_windows(trainer.epoch_batches(0), trainer.plan.accumulation)
-        steps = [window for window, _ in zip(windows, range(needed))]
-        if len(steps) < needed:
-            raise SystemExit(
-                f"bench profile: the data gives {len(steps)} steps; ask for fewer (--warmup/--steps/--profiled-steps)"
-            )
+        steps = _first_windows(trainer, args.warmup + args.steps + args.profiled_steps)
         for window in steps[: args.warmup]:
             trainer.train_step(window)
         timed = steps[args.warmup : args.warmup + args.steps]
@@ -107,19 +100,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             for window in steps[args.warmup + args.steps :]:
                 trainer.forward_backward(window)
                 trainer.optimizer_step()
-    operators = [
-        {
-            "name": e.key,
-            "self_ms": e.self_cpu_time_total / 1000 / args.profiled_steps,
-            "calls": e.count / args.profiled_steps,
-        }
-        for e in prof.key_averages()
-    ]
-    total = sum(o["self_ms"] for o in operators)
-    groups: dict[str, float] = {}
-    for o in operators:
-        o["group"] = group_of(o["name"])
-        groups[o["group"]] = groups.get(o["group"], 0.0) + o["self_ms"]
+    operators, groups = _operators(prof.key_averages(), args.profiled_steps)
     report = {
         "command": invoked_as("profile"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -129,7 +110,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "step_ms": 1000 * step_s,
         "samples_per_s": rows_per_step / step_s,
         "tokens_per_step": tokens_per_step,
-        "profiled_ms_per_step": total,
+        "profiled_ms_per_step": sum(o["self_ms"] for o in operators),
         "groups": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
         "operators": sorted(operators, key=lambda o: -o["self_ms"]),
     }
@@ -139,6 +120,42 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     (out / f"{args.name}.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def _profile_config(path: str, extra: list[str]) -> TrainConfig:
+    """The config's training, in a temporary folder unless told otherwise, with nothing that would slow or log."""
+    from ..config import load_config, parse_overrides
+
+    overrides = parse_overrides(extra)
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
+    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to=["none"], int8_model=False)
+    return load_config(path, overrides)
+
+
+def _first_windows(trainer: Trainer, needed: int) -> list[Any]:
+    """The first ``needed`` optimizer steps of epoch 0, each its micro-batches; too few is a one-line exit."""
+    from ..train.components import optimizer_windows
+
+    windows = optimizer_windows(trainer.epoch_batches(0), trainer.plan.accumulation)
+    steps = [window for window, _ in zip(windows, range(needed))]
+    if len(steps) < needed:
+        raise SystemExit(
+            f"bench profile: the data gives {len(steps)} steps; ask for fewer (--warmup/--steps/--profiled-steps)"
+        )
+    return steps
+
+
+def _operators(averages: Any, profiled_steps: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each operator's self time and calls per step, in its group, and each group's total per step."""
+    operators = [
+        {"name": e.key, "self_ms": e.self_cpu_time_total / 1000 / profiled_steps, "calls": e.count / profiled_steps}
+        for e in averages
+    ]
+    groups: dict[str, float] = {}
+    for o in operators:
+        o["group"] = group_of(o["name"])
+        groups[o["group"]] = groups.get(o["group"], 0.0) + o["self_ms"]
+    return operators, groups
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -20,8 +20,6 @@ at the same moment cannot both find it free.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -30,7 +28,8 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
-from .atomic import open_nofollow, remove_entry, same_file, symlink_refused
+from .atomic import remove_entry, symlink_refused
+from .file_lock import RETRY_S, FileLock, LocksUnsupported
 
 # What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
 RUN_ARTIFACTS = (
@@ -159,17 +158,15 @@ class RunDir:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<run dir>/.distrinews.lock``, held until ``release()`` or the process ends.
-
-    The kernel drops a ``flock`` when its holder dies, SIGKILL included, so a killed run never
-    blocks the next one, and nobody has to guess whether a pid in a file is still alive; the
-    pid and host written in the file only name the holder to the run that is refused.
-    """
+    """An exclusive lock (``file_lock.FileLock``) on ``<run dir>/.distrinews.lock``, held until ``release()`` or the
+    process ends; the pid and host written in the file name the holder to the run that is refused."""
 
     def __init__(self, run_dir: RunDir):
         self.run_dir = run_dir
         self.path = run_dir.lock_file
-        self._fd: int | None = None
+        # A planted link would be truncated: the file is never followed. A run that wrote nothing removed the
+        # directory as it ended: it is made again.
+        self._file = FileLock(self.path, make_parent=lambda _: self._make_dir(), name_holder=_holder_json, mode=0o666)
         self._created: list[Path] = []
 
     def __enter__(self) -> RunLock:
@@ -183,54 +180,40 @@ class RunLock:
         self._created = [p for p in (self.run_dir.path, *self.run_dir.path.parents) if not p.exists()]
         try:
             self._make_dir()
-            self._fd = self._lock()
+            self._lock()
         except BaseException:
             self._remove_created()
             raise
-        if self._fd is not None:
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-            with contextlib.suppress(
-                OSError
-            ):  # only ever read to word the refusal: a full disk must not stop the run here
-                os.ftruncate(self._fd, 0)
-                os.pwrite(self._fd, json.dumps(holder).encode(), 0)
         return self
 
-    def _lock(self) -> int | None:
-        while True:
-            try:
-                fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link would be truncated
-            except FileNotFoundError:
-                # A run that wrote nothing removed the directory as it ended; make it again.
-                self._make_dir()
-                continue
-            except OSError as exc:
-                raise ConfigError(
-                    f"config field 'output_dir': cannot create the lock file {self.path}: {exc.strerror}"
-                ) from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(fd)
-                os.close(fd)
-                raise ConfigError(
-                    f"config field 'output_dir': {self.run_dir.path} is locked by a run in progress "
-                    f"({holder}, lock file {self.path}); wait for it to end, or choose another --output-dir"
-                ) from None
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-                # Some network file systems are mounted without lock support; refusing every run there would be worse.
-                print(
-                    f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory",
-                    file=sys.stderr,
-                )
-                return None
-            if same_file(fd, self.path):
-                return fd
-            # Its holder removed the file as it let go, between our open and our lock: lock the one there now.
-            os.close(fd)
+    def _lock(self) -> None:
+        try:
+            if self._file.acquire():
+                return
+        except LocksUnsupported as exc:
+            # Some network file systems are mounted without lock support; refusing every run there would be worse.
+            print(
+                f"warning: cannot lock {self.path} ({exc.strerror}): nothing stops a second run in this directory",
+                file=sys.stderr,
+            )
+            return
+        except OSError as exc:
+            raise ConfigError(
+                f"config field 'output_dir': cannot create the lock file {self.path}: {exc.strerror}"
+            ) from exc
+        raise ConfigError(
+            f"config field 'output_dir': {self.run_dir.path} is locked by a run in progress "
+            f"({self._holder()}, lock file {self.path}); wait for it to end, or choose another --output-dir"
+        ) from None
+
+    def _holder(self) -> str:
+        # The holder writes its name just after it gets the lock: give it a moment to do so.
+        for _ in range(20):
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                info = json.loads(self._file.holder())
+                return f"pid {info['pid']} on {info['host']} since {info['since']}"
+            time.sleep(RETRY_S)
+        return "holder unknown"
 
     def _make_dir(self) -> None:
         try:
@@ -240,12 +223,7 @@ class RunLock:
 
     def release(self) -> None:
         """Let go, and leave the directory as it was found: no lock file, no directory made only for it."""
-        if self._fd is not None:
-            if same_file(self._fd, self.path):  # removed while held, so whoever opens it next locks a fresh one
-                with contextlib.suppress(OSError):
-                    self.path.unlink()
-            os.close(self._fd)
-            self._fd = None
+        self._file.release(remove=True)
         self._remove_created()
 
     def _remove_created(self) -> None:
@@ -257,16 +235,8 @@ class RunLock:
         self._created = []
 
 
-def _holder(fd: int) -> str:
-    # The holder writes its name just after it gets the lock: give it a moment to do so.
-    for _ in range(20):
-        raw = os.pread(fd, 4096, 0)
-        if raw:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                info = json.loads(raw)
-                return f"pid {info['pid']} on {info['host']} since {info['since']}"
-        time.sleep(0.05)
-    return "holder unknown"
+def _holder_json() -> str:
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def clean_stale_tmp(directory: Path) -> None:

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.config, overrides)  # fails here, naming the field, before anything is read
     directory = Path(args.output_dir or f"{config.run.output_dir.rstrip('/')}-audit")
 
-    from ..predict.batch.state import FileLock
+    from ..checkpoint.file_lock import FileLock
 
     lock = FileLock(directory / ".audit.lock")
     if not lock.acquire():

@@ -72,12 +72,18 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _agree(self) -> TrainConfig:
         """Checks that span fields (each field's own checks are in its declaration)."""
-        d, m, p = self.data, self.model, self.precision
+        self._agree_on_data()
+        self._agree_on_problem_type()
+        self._agree_on_training()
+        return self
 
-        def need(cond: bool, name: str, what: str) -> None:
-            if not cond:
-                raise ConfigError(f"config field '{name}': {what} (got {self.get(name)!r})")
+    def _need(self, cond: bool, name: str, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"config field '{name}': {what} (got {self.get(name)!r})")
 
+    def _agree_on_data(self) -> None:
+        """AG News or your own data (a file or a hub dataset), with the fields that go with each."""
+        d, need = self.data, self._need
         own_data = d.train_file or d.dataset_name
         need(not (d.train_file and d.dataset_name), "dataset_name", "give train_file or dataset_name, not both")
         need(
@@ -99,6 +105,11 @@ class TrainConfig(BaseModel):
         need(d.dataset_config_name is None or bool(d.dataset_name), "dataset_config_name", "needs dataset_name")
         need(bool(d.text_column_names.strip(" ,")), "text_column_names", "must name at least one column")
         need(bool(d.label_column_name.strip(" ,")), "label_column_name", "must not be empty")
+
+    def _agree_on_problem_type(self) -> None:
+        """Multi-label only on your own data, and the fields that mean something for one kind of problem only."""
+        d, need = self.data, self._need
+        own_data = d.train_file or d.dataset_name
         multi = d.problem_type == MULTI_LABEL
         # unset: decided from the training rows (data.labelled.with_problem_type), and these checks made again then
         undecided = d.problem_type is None and bool(own_data)
@@ -123,6 +134,10 @@ class TrainConfig(BaseModel):
             ("teacher_model_name_or_path", self.distillation.teacher_model_name_or_path is not None),
         ):
             need(not (multi and single_only), name, "applies to single-label classification only")
+
+    def _agree_on_training(self) -> None:
+        """A length to train for, one half precision, and LoRA with what it combines with."""
+        m, p, need = self.model, self.precision, self._need
         need(
             self.batches.num_train_epochs > 0 or self.batches.max_steps > 0,
             "num_train_epochs",
@@ -140,7 +155,6 @@ class TrainConfig(BaseModel):
             "LoRA already freezes the base model; with use_peft leave "
             "freeze_layers at 0 (lora_target_modules picks the layers)",
         )
-        return self
 
     # ------------------------------------------------------------------ flat names
     def get(self, name: str) -> Any:

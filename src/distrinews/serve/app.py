@@ -103,6 +103,12 @@ def create_app(
     app.state.config = config
     _add_error_handlers(app)
     _add_routes(app, state, config, metrics, tracer)
+    _add_middleware(app, state, config, metrics)
+    return app
+
+
+def _add_middleware(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:
+    """The body limits, the API key, the metrics and the arrivals count around the routes, innermost first."""
     # Outermost last: metrics see every answer, including the 401s and 413s below them.
     budget = BodyBudget(config.max_pending_body_bytes)
     metrics.pending_body_bytes.set_function(lambda: float(budget.held))
@@ -113,7 +119,6 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     # Outermost of all: a request counts as on its way to the batcher from its first moment in the app.
     app.add_middleware(ArrivalsMiddleware, arrivals=state.arrivals, paths=RETRIED_POST_PATHS)
-    return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -179,25 +184,37 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
 
 
 def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, tracer: Any) -> None:
-    def answer(content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
+    routes = _PredictRoutes(state, config, tracer)
+    route_predict(app, config, routes.predict)
+    route_predict_batch(app, config, routes.predict_batch)
+
+
+class _PredictRoutes:
+    """The handlers of POST /predict (the seed's shape, TEI's and Hugging Face's) and POST /predict/batch."""
+
+    def __init__(self, state: ServingState, config: ServeConfig, tracer: Any) -> None:
+        self.state, self.config, self.tracer = state, config, tracer
+
+    def answer(self, content: Any, start: float, timing: dict[str, float], texts: list[str]) -> JSONResponse:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
-        runtime = state.predictor.runtime if state.predictor is not None else config.runtime
+        state = self.state
+        runtime = state.predictor.runtime if state.predictor is not None else self.config.runtime
         headers = {
             **state.version_header(),
             **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime),
         }
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
-        if tracer is None:
+        if self.tracer is None:
             return JSONResponse(content, headers=headers)
         from .tracing import traced_answer
 
-        return traced_answer(tracer, content, headers, timing, len(texts), runtime)
+        return traced_answer(self.tracer, content, headers, timing, len(texts), runtime)
 
-    async def predict(request: Request) -> Response:
+    async def predict(self, request: Request) -> Response:
         start = time.perf_counter()
         try:
-            state.require_ready()
+            self.state.require_ready()
         except ApiError as not_ready:  # in TEI's shape, said in TEI's words; else as the seed API says it
             payload = await _peek(request)
             if tei.is_foreign(payload):
@@ -205,14 +222,15 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
             raise
         payload = await read_object(request, PredictRequest)
         if tei.is_foreign(payload):
-            return await predict_foreign(request, payload, start)
+            return await self.predict_foreign(request, payload, start)
         body = validate_body(payload, PredictRequest)
-        text = clean_text(body.text, "text", config.max_text_chars)
+        text = clean_text(body.text, "text", self.config.max_text_chars)
         timing: dict[str, float] = {}
-        (result,) = await state.classify([text], request.receive, timing)
-        return answer(result, start, timing, [text])
+        (result,) = await self.state.classify([text], request.receive, timing)
+        return self.answer(result, start, timing, [text])
 
-    async def predict_foreign(request: Request, payload: dict[str, Any], start: float) -> Response:
+    async def predict_foreign(self, request: Request, payload: dict[str, Any], start: float) -> Response:
+        state, config = self.state, self.config
         try:
             multi_label = bool(getattr(state.predictor, "multi_label", False))
             foreign, top_k = tei.parse(payload, config.max_batch_texts, config.max_text_chars, multi_label)
@@ -231,13 +249,12 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
                 raise ApiError(424, "Backend error: inference failed (the server log has the details)") from None
         except ApiError as exc:
             return tei.error_response(exc)
-        return answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
+        return self.answer(tei.answer(foreign, results, top_k), start, timing, foreign.texts)
 
-    route_predict(app, config, predict)
-
-    async def predict_batch(request: Request) -> Response:
+    async def predict_batch(self, request: Request) -> Response:
         start = time.perf_counter()
-        state.require_ready()
+        config = self.config
+        self.state.require_ready()
         body = await parse_body(request, BatchPredictRequest)
         if not body.texts:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
@@ -247,10 +264,8 @@ def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, 
             )
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
         timing: dict[str, float] = {}
-        results = await state.classify(texts, request.receive, timing)
-        return answer(results, start, timing, texts)
-
-    route_predict_batch(app, config, predict_batch)
+        results = await self.state.classify(texts, request.receive, timing)
+        return self.answer(results, start, timing, texts)
 
 
 def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics) -> None:

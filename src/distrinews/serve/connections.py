@@ -27,8 +27,8 @@ are not counted against it either. ``GuardedH11Protocol`` adds the two missing p
   answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill
   comes before an answer (nginx retries it on another replica) or after it (the kernel delivers it).
 
-The class is built per server (``guarded_protocol``), as uvicorn instantiates the protocol class
-itself with its own arguments.
+The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn
+instantiates the protocol class itself with its own arguments.
 """
 
 from __future__ import annotations
@@ -110,6 +110,129 @@ def _body_too_late(body_timeout: float) -> bytes:
     return head.encode() + body
 
 
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the deadlines and the cap of the class attributes below (None: that one is
+    off); ``guarded_protocol`` sets them in a subclass per server."""
+
+    header_timeout: float | None = None
+    body_timeout: float | None = None
+    send_timeout: float | None = None
+    max_connections: int | None = None
+    refusal = b""  # the 503 answer to a connection over ``max_connections``
+    too_late = b""  # the 408 answer to a body slower than ``body_timeout``
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._socket_transport = transport
+        self._writes = OneWritePerStep(transport, self.loop, self._watch_send if self.send_timeout else None)
+        super().connection_made(self._writes)  # type: ignore[arg-type]
+        if self.max_connections and len(self.connections) > self.max_connections:
+            log.warning(
+                "refused a connection: %d open, --max-connections is %d",
+                len(self.connections) - 1,
+                self.max_connections,
+            )
+            transport.write(self.refusal)
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        self._disarm_body_timer()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().connection_lost(exc)
+
+    def _sent(self) -> int:
+        """Bytes of this connection's answers the kernel has taken (what is not in asyncio's buffer)."""
+        return self._writes.written - self._socket_transport.get_write_buffer_size()
+
+    def _watch_send(self) -> None:
+        """After a write: if some of it waits in this process, the client has ``send_timeout`` to read."""
+        if self.send_timeout and self._send_timer is None and self._socket_transport.get_write_buffer_size():
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_too_late, self._sent())
+
+    def _send_too_late(self, sent_before: int) -> None:
+        self._send_timer = None
+        if not self._socket_transport.get_write_buffer_size():
+            return  # all sent
+        if self._sent() > sent_before:  # the client reads, slowly: another send_timeout for the rest
+            self._watch_send()
+            return
+        log.info(
+            "aborted a connection from %s: %d bytes of answers unread for %gs (--send-timeout)",
+            self.client,
+            self._socket_transport.get_write_buffer_size(),
+            self.send_timeout,
+        )
+        self._socket_transport.abort()  # the buffer is dropped; close() would wait for it to drain
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
+            self._disarm_header_timer()
+            if self.body_timeout and self.conn.their_state is h11.SEND_BODY:
+                self._disarm_body_timer()
+                self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_late)
+        if self.conn.their_state is not h11.SEND_BODY:  # the body is in (or there was none)
+            self._disarm_body_timer()
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_late(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        log.info(
+            "closed a connection from %s: no complete request body in %gs (--body-timeout)",
+            self.client,
+            self.body_timeout,
+        )
+        if self.cycle is not None and not self.cycle.response_started:
+            # an extension key: uvicorn's TypedDict of the scope lists only the standard ones
+            cast("dict[str, Any]", self.cycle.scope)[PROTOCOL_STATUS] = 408
+            self.cycle.response_started = True  # the app's answer, if it still comes, is not written after ours
+            self.transport.write(self.too_late)
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        # Armed first: the call below may start a pipelined request at once, which disarms it.
+        if not self.transport.is_closing():
+            self._arm_header_timer()
+        super().on_response_complete()
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        if self.header_timeout:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_late)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_late(self) -> None:
+        self._header_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being answered (a pipelined one started since the timer was armed)
+        if not self.transport.is_closing():
+            log.info(
+                "closed a connection from %s: no complete request headers in %gs (--header-timeout)",
+                self.client,
+                self.header_timeout,
+            )
+            self.transport.close()
+
+
 def guarded_protocol(
     header_timeout: float | None,
     max_connections: int | None,
@@ -118,117 +241,12 @@ def guarded_protocol(
 ) -> type[H11Protocol]:
     """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off),
     writing each answer in one write."""
-    refusal = _refusal(max_connections) if max_connections else b""
-    too_late = _body_too_late(body_timeout) if body_timeout else b""
-
-    class GuardedH11Protocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
-        _send_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._socket_transport = transport
-            self._writes = OneWritePerStep(transport, self.loop, self._watch_send if send_timeout else None)
-            super().connection_made(self._writes)  # type: ignore[arg-type]
-            if max_connections and len(self.connections) > max_connections:
-                log.warning(
-                    "refused a connection: %d open, --max-connections is %d", len(self.connections) - 1, max_connections
-                )
-                transport.write(refusal)
-                transport.close()
-                return
-            self._arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_timer()
-            self._disarm_body_timer()
-            if self._send_timer is not None:
-                self._send_timer.cancel()
-                self._send_timer = None
-            super().connection_lost(exc)
-
-        def _sent(self) -> int:
-            """Bytes of this connection's answers the kernel has taken (what is not in asyncio's buffer)."""
-            return self._writes.written - self._socket_transport.get_write_buffer_size()
-
-        def _watch_send(self) -> None:
-            """After a write: if some of it waits in this process, the client has ``send_timeout`` to read."""
-            if send_timeout and self._send_timer is None and self._socket_transport.get_write_buffer_size():
-                self._send_timer = self.loop.call_later(send_timeout, self._send_too_late, self._sent())
-
-        def _send_too_late(self, sent_before: int) -> None:
-            self._send_timer = None
-            if not self._socket_transport.get_write_buffer_size():
-                return  # all sent
-            if self._sent() > sent_before:  # the client reads, slowly: another send_timeout for the rest
-                self._watch_send()
-                return
-            log.info(
-                "aborted a connection from %s: %d bytes of answers unread for %gs (--send-timeout)",
-                self.client,
-                self._socket_transport.get_write_buffer_size(),
-                send_timeout,
-            )
-            self._socket_transport.abort()  # the buffer is dropped; close() would wait for it to drain
-
-        def handle_events(self) -> None:
-            cycle = self.cycle
-            super().handle_events()
-            if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
-                self._disarm_header_timer()
-                if body_timeout and self.conn.their_state is h11.SEND_BODY:
-                    self._disarm_body_timer()
-                    self._body_timer = self.loop.call_later(body_timeout, self._body_too_late)
-            if self.conn.their_state is not h11.SEND_BODY:  # the body is in (or there was none)
-                self._disarm_body_timer()
-
-        def _disarm_body_timer(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-
-        def _body_too_late(self) -> None:
-            self._body_timer = None
-            if self.transport.is_closing():
-                return
-            log.info(
-                "closed a connection from %s: no complete request body in %gs (--body-timeout)",
-                self.client,
-                body_timeout,
-            )
-            if self.cycle is not None and not self.cycle.response_started:
-                # an extension key: uvicorn's TypedDict of the scope lists only the standard ones
-                cast("dict[str, Any]", self.cycle.scope)[PROTOCOL_STATUS] = 408
-                self.cycle.response_started = True  # the app's answer, if it still comes, is not written after ours
-                self.transport.write(too_late)
-            self.transport.close()
-
-        def on_response_complete(self) -> None:
-            # Armed first: the call below may start a pipelined request at once, which disarms it.
-            if not self.transport.is_closing():
-                self._arm_header_timer()
-            super().on_response_complete()
-
-        def _arm_header_timer(self) -> None:
-            self._disarm_header_timer()
-            if header_timeout:
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_late)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_too_late(self) -> None:
-            self._header_timer = None
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being answered (a pipelined one started since the timer was armed)
-            if not self.transport.is_closing():
-                log.info(
-                    "closed a connection from %s: no complete request headers in %gs (--header-timeout)",
-                    self.client,
-                    header_timeout,
-                )
-                self.transport.close()
-
-    return GuardedH11Protocol
+    settings = {
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "send_timeout": send_timeout,
+        "max_connections": max_connections,
+        "refusal": _refusal(max_connections) if max_connections else b"",
+        "too_late": _body_too_late(body_timeout) if body_timeout else b"",
+    }
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), settings)

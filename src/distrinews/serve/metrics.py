@@ -20,6 +20,13 @@ class ServeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._declare_http()
+        self._declare_batches()
+        self._declare_stages()
+        self._declare_queue_and_model()
+        self._declare_answers()
+
+    def _declare_http(self) -> None:
         self.requests = Counter(
             "distrinews_http_requests",
             "HTTP requests by route, method and status",
@@ -33,6 +40,8 @@ class ServeMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=self.registry,
         )
+
+    def _declare_batches(self) -> None:
         self.batch_size = Histogram(
             "distrinews_batch_size",
             "texts per forward job",
@@ -51,6 +60,9 @@ class ServeMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=self.registry,
         )
+
+    def _declare_stages(self) -> None:
+        """Where a request's time goes: tokenizing it, waiting in the queue, its forward pass."""
         stage_buckets = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
         self.inference = Histogram(
             "distrinews_inference_duration_seconds",
@@ -70,6 +82,8 @@ class ServeMetrics:
             buckets=stage_buckets,
             registry=self.registry,
         )
+
+    def _declare_queue_and_model(self) -> None:
         self.dropped = Counter(
             "distrinews_requests_dropped",
             "requests taken out of the queue uncomputed because their client went away",
@@ -84,6 +98,8 @@ class ServeMetrics:
         self.model_loaded = Gauge(
             "distrinews_model_loaded", "1 once the model is loaded and serving", registry=self.registry
         )
+
+    def _declare_answers(self) -> None:
         # One series per label of the model and confident true | false: bounded by the checkpoint, not by requests.
         self.answers = Counter(
             "distrinews_answers",
@@ -91,7 +107,6 @@ class ServeMetrics:
             ["label", "confident"],
             registry=self.registry,
         )
-
         # Multi-label models: one series per label of the model, and one for answers over no label's threshold.
         self.labels_given = Counter(
             "distrinews_labels_given",

@@ -60,11 +60,7 @@ def evaluate(
     batches = -(-len(shard) // batch_size)
     if lockstep and env.distributed:
         batches = int(all_reduce_max(torch.tensor([batches], device=env.device), env).item())
-    collate = Collator(dataset.pad_token_id)
-    confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=env.device)
-    histogram = ScoreHistogram(num_labels, env.device) if dataset.multi_label else None
-    kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # multi-label: this rank's scores, for the exact matches
-    loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+    tally = _Tally(num_labels, dataset.multi_label, env.device)
     # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
     bar = tqdm(
         total=len(shard),
@@ -75,31 +71,60 @@ def evaluate(
         dynamic_ncols=True,
         mininterval=1.0,
     )
+    collate = Collator(dataset.pad_token_id)
     for b in range(batches):
         rows = shard[b * batch_size : (b + 1) * batch_size]
         batch = {k: v.to(env.device, non_blocking=True) for k, v in collate([dataset[i] for i in rows or [0]]).items()}
         loss, logits = forward_loss(model, batch, precision.autocast, reduction="sum")
         if not rows:
             continue  # a lockstep placeholder
-        loss_sum += loss.double()
-        if histogram is not None:
-            scores = torch.sigmoid(logits.float())
-            histogram.add(scores, batch["labels"])
-            kept.append((scores, batch["labels"]))
-        else:
-            confusion += confusion_matrix(logits.argmax(-1), batch["labels"], num_labels)
+        tally.add(loss, logits, batch["labels"])
         bar.update(len(rows))
     bar.close()
-    all_reduce_sum(loss_sum, env)
+    all_reduce_sum(tally.loss_sum, env)
     model.train(was_training)
     names = label_names or model_label_names(model)
-    if histogram is None:
-        all_reduce_sum(confusion, env)
-        return classification_metrics(confusion, loss_sum.item(), names)
+    if tally.histogram is None:
+        all_reduce_sum(tally.confusion, env)
+        return classification_metrics(tally.confusion, tally.loss_sum.item(), names)
+    return _multilabel_result(tally, tally.histogram, thresholds, len(shard), names, env)
+
+
+class _Tally:
+    """What this rank's batches add up to: the summed loss, and the confusion matrix or (multi-label) the score
+    histogram, with the scores kept for the exact matches."""
+
+    def __init__(self, num_labels: int, multi_label: bool, device: torch.device) -> None:
+        self.num_labels = num_labels
+        self.confusion = torch.zeros(num_labels, num_labels, dtype=torch.int64, device=device)
+        self.histogram = ScoreHistogram(num_labels, device) if multi_label else None
+        self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        self.loss_sum += loss.double()
+        if self.histogram is not None:
+            scores = torch.sigmoid(logits.float())
+            self.histogram.add(scores, labels)
+            self.kept.append((scores, labels))
+        else:
+            self.confusion += confusion_matrix(logits.argmax(-1), labels, self.num_labels)
+
+
+def _multilabel_result(
+    tally: _Tally,
+    histogram: ScoreHistogram,
+    thresholds: Sequence[float] | None,
+    rows: int,
+    names: Sequence[str],
+    env: DistEnv,
+) -> dict[str, Any]:
+    """The multi-label metrics over every rank: thresholds tuned on the summed histogram unless given, exact
+    matches counted against them."""
     all_reduce_sum(histogram.counts, env)
     if thresholds is None:
         thresholds = tune_thresholds(histogram)  # the same on every rank: a function of the summed counts
-    matched = sum(exact_matches(scores, labels, thresholds) for scores, labels in kept)
-    totals = torch.tensor([matched, len(shard)], dtype=torch.int64, device=env.device)
+    matched = sum(exact_matches(scores, labels, thresholds) for scores, labels in tally.kept)
+    totals = torch.tensor([matched, rows], dtype=torch.int64, device=env.device)
     all_reduce_sum(totals, env)
-    return multilabel_metrics(histogram, thresholds, int(totals[0]), int(totals[1]), loss_sum.item(), names)
+    return multilabel_metrics(histogram, thresholds, int(totals[0]), int(totals[1]), tally.loss_sum.item(), names)

@@ -111,14 +111,39 @@ def run_study(
         raise ConfigError(f"the search space may not tune {tuned[0]}: every trial of a study keeps it")
     options.output_dir.mkdir(parents=True, exist_ok=True)
     (options.output_dir / "trials").mkdir(exist_ok=True)
-    # Each outcome is one line of ours; Optuna would add a traceback to every failed or interrupted trial.
+    _quiet_optuna()
+    study, joined = _open_study(base, options)
+    env = _trial_environment(study, base, say)
+    objective = _objective(base, space, options, env, say)
+    joined_note = (
+        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own"
+        if joined
+        else f"new, sampler seed {options.seed}"
+    )
+    metric, direction = base.run.metric_for_best_model, _direction(base)
+    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
+    _run_trials(study, objective, options, say)
+    patiently(lambda: optuna.storages.fail_stale_trials(study), "failing stale trials", say)
+    return study
+
+
+def _quiet_optuna() -> None:
+    """Each outcome is one line of ours; Optuna would add a traceback to every failed or interrupted trial."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     # The tuner runs each trial's heartbeat itself (_run_trial), as Study.optimize does
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def _direction(base: TrainConfig) -> Literal["maximize", "minimize"]:
+    return "maximize" if base.run.best_is_greater else "minimize"
+
+
+def _open_study(base: TrainConfig, options: StudyOptions) -> tuple[optuna.Study, bool]:
+    """The study in its storage, made or joined (True), the metric it optimises set; one that optimises another
+    metric or direction is refused."""
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
-    metric = base.run.metric_for_best_model
-    direction: Literal["maximize", "minimize"] = "maximize" if base.run.best_is_greater else "minimize"
+    metric, direction = base.run.metric_for_best_model, _direction(base)
     study, joined = _create_or_join(storage, options, direction)
     known = study.user_attrs.get(METRIC_ATTR, metric)
     if known != metric or study.direction.name.lower() != direction:
@@ -128,15 +153,18 @@ def run_study(
         )
     if METRIC_ATTR not in study.user_attrs:
         study.set_user_attr(METRIC_ATTR, metric)
-    env = _trial_environment(study, base, say)
-    objective = _objective(base, space, options, env, say)
+    return study, joined
+
+
+def _run_trials(
+    study: optuna.Study,
+    objective: Callable[[optuna.Trial], float],
+    options: StudyOptions,
+    say: Callable[..., None],
+) -> None:
+    """Trials one after another until ``n_trials`` are finished (with other tuners' too) or the timeout passed;
+    while the rest run in other tuners, wait for them."""
     started, said_waiting = time.monotonic(), False
-    joined_note = (
-        f"{len(study.trials)} trial(s) so far, joined with a sampler seed of its own"
-        if joined
-        else f"new, sampler seed {options.seed}"
-    )
-    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
     while True:
         finished, in_progress = patiently(lambda: _census(study), "counting the trials", say)
         if finished >= options.n_trials:
@@ -162,8 +190,6 @@ def run_study(
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli/tune.py): the trial is failed; it runs again
             _run_again(study, options, say)
             raise
-    patiently(lambda: optuna.storages.fail_stale_trials(study), "failing stale trials", say)
-    return study
 
 
 def _census(study: optuna.Study) -> tuple[int, int]:
@@ -270,42 +296,62 @@ def _objective(
         )  # a link there is replaced
         trial.set_user_attr("output_dir", str(run_dir))
         say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
-        link = TrialLink(
-            storage=options.storage_spec,
-            study_name=options.study_name,
-            trial_id=trial._trial_id,
-            number=number,
-            pruner=options.pruner.to_dict(),
-            result=str(result_file),
-        )
-        command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
-        remove_entry(result_file)
-        with open_new(log_file, "w") as log:
-            code = run_until_stopped(
-                command,
-                PREEMPTION_GRACE_S,
-                # SIGTERM when the tuner dies, SIGKILL included: the run stops at a step boundary
-                preexec_fn=preexec_die_with_parent(signal.SIGTERM),
-                started=lambda pid: _note_pid(trial, pid),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**env, TRIAL_ENV: link.to_env()},
-            )
-        result = read_result(result_file)
-        if code != 0 or result is None or result.get("state") == "stopped":
-            why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"
-            say(f"trial {number}: failed ({why}): {last_line(log_file)} (log: {log_file})")
-            raise TrialFailed(f"{why}; log: {log_file}")
-        value = result.get("value")
-        if result.get("state") == "pruned":
-            say(f"trial {number}: pruned at step {result.get('pruned_at')}")
-            raise optuna.TrialPruned(f"at step {result.get('pruned_at')}")
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise TrialFailed(f"no finite {base.run.metric_for_best_model} in {result_file}")
-        say(f"trial {number}: {base.run.metric_for_best_model} {value:.4f}")
-        return float(value)
+        code = _train_trial(trial, options, env, config_file, log_file, result_file)
+        return _trial_value(number, code, result_file, log_file, base.run.metric_for_best_model, say)
 
     return objective
+
+
+def _train_trial(
+    trial: optuna.Trial,
+    options: StudyOptions,
+    env: dict[str, str],
+    config_file: Path,
+    log_file: Path,
+    result_file: Path,
+) -> int:
+    """``distrinews train`` on the trial's config in a process of its own, told the way back to its trial; its exit
+    code. Its output goes to ``log_file``, its result to ``result_file``."""
+    link = TrialLink(
+        storage=options.storage_spec,
+        study_name=options.study_name,
+        trial_id=trial._trial_id,
+        number=trial.number,
+        pruner=options.pruner.to_dict(),
+        result=str(result_file),
+    )
+    command = [sys.executable, "-m", "distrinews", "train", "--config", str(config_file), *options.launch_args]
+    remove_entry(result_file)
+    with open_new(log_file, "w") as log:
+        return run_until_stopped(
+            command,
+            PREEMPTION_GRACE_S,
+            # SIGTERM when the tuner dies, SIGKILL included: the run stops at a step boundary
+            preexec_fn=preexec_die_with_parent(signal.SIGTERM),
+            started=lambda pid: _note_pid(trial, pid),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, TRIAL_ENV: link.to_env()},
+        )
+
+
+def _trial_value(
+    number: int, code: int, result_file: Path, log_file: Path, metric: str, say: Callable[..., None]
+) -> float:
+    """The metric the trial's run wrote; a run that failed, stopped or was pruned raises its outcome instead."""
+    result = read_result(result_file)
+    if code != 0 or result is None or result.get("state") == "stopped":
+        why = f"exit code {code}" if code != 0 else "stopped before the end" if result else "no result written"
+        say(f"trial {number}: failed ({why}): {last_line(log_file)} (log: {log_file})")
+        raise TrialFailed(f"{why}; log: {log_file}")
+    value = result.get("value")
+    if result.get("state") == "pruned":
+        say(f"trial {number}: pruned at step {result.get('pruned_at')}")
+        raise optuna.TrialPruned(f"at step {result.get('pruned_at')}")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TrialFailed(f"no finite {metric} in {result_file}")
+    say(f"trial {number}: {metric} {value:.4f}")
+    return float(value)
 
 
 def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[..., None]) -> dict[str, str]:

@@ -46,8 +46,18 @@ def server_command(runtime: str) -> list[str]:
 
 
 def render(runtime: str, torch_version: str | None = None, base_image: str | None = None) -> str:
-    base_image = base_image or default_base_image()
-    lines = [
+    lines = _base_layers(runtime, base_image or default_base_image())
+    if runtime == "torch":
+        if not torch_version:
+            raise ValueError("the torch runtime needs the torch version to pin")
+        lines += _torch_layer(torch_version)
+    lines += _server_layers(runtime)
+    return "\n".join(lines) + "\n"
+
+
+def _base_layers(runtime: str, base_image: str) -> list[str]:
+    """The header comment, the base image, the environment and the virtualenv."""
+    return [
         f"# A DistriNews text classifier: a Hugging Face Docker Space (runtime {runtime}).",
         "# Written by `distrinews export --format space`; the image design of DistriNews' deploy/Dockerfile:",
         "# non-root, HEALTHCHECK on /health, port 7860, CPU-only inference libraries, the model inside.",
@@ -71,25 +81,30 @@ def render(runtime: str, torch_version: str | None = None, base_image: str | Non
         "ENV PATH=/opt/venv/bin:$PATH",
         "",
     ]
-    if runtime == "torch":
-        if not torch_version:
-            raise ValueError("the torch runtime needs the torch version to pin")
-        lines += [
-            f"ARG TORCH_VERSION={torch_version}",
-            f"ARG TORCH_INDEX_URL={CPU_INDEX}",
-            '# CPU-only PyTorch, its own layer: the "+cpu" local version exists only for CPU wheels, so',
-            "# neither source can resolve to a CUDA build. A wheel in .whl/ of the build context wins.",
-            "RUN --mount=type=bind,target=/context \\",
-            "    --mount=type=secret,id=pip_cert \\",
-            f"    {_PIP_CERT} \\",
-            ' && if ls /context/.whl/torch-"${TORCH_VERSION}"+cpu-*.whl >/dev/null 2>&1; then \\',
-            '        pip install --find-links /context/.whl "torch==${TORCH_VERSION}+cpu"; \\',
-            "    else \\",
-            '        pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu"; \\',
-            "    fi",
-            "",
-        ]
-    lines += [
+
+
+def _torch_layer(torch_version: str) -> list[str]:
+    """CPU-only PyTorch of ``torch_version``, its own layer."""
+    return [
+        f"ARG TORCH_VERSION={torch_version}",
+        f"ARG TORCH_INDEX_URL={CPU_INDEX}",
+        '# CPU-only PyTorch, its own layer: the "+cpu" local version exists only for CPU wheels, so',
+        "# neither source can resolve to a CUDA build. A wheel in .whl/ of the build context wins.",
+        "RUN --mount=type=bind,target=/context \\",
+        "    --mount=type=secret,id=pip_cert \\",
+        f"    {_PIP_CERT} \\",
+        ' && if ls /context/.whl/torch-"${TORCH_VERSION}"+cpu-*.whl >/dev/null 2>&1; then \\',
+        '        pip install --find-links /context/.whl "torch==${TORCH_VERSION}+cpu"; \\',
+        "    else \\",
+        '        pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu"; \\',
+        "    fi",
+        "",
+    ]
+
+
+def _server_layers(runtime: str) -> list[str]:
+    """The server's pinned dependencies, the code and the model as a non-root user, the port, health and command."""
+    return [
         "# The server's dependencies, pinned (no torch in this file: see above).",
         "COPY requirements.txt /tmp/requirements.txt",
         "RUN --mount=type=secret,id=pip_cert \\",
@@ -113,7 +128,6 @@ def render(runtime: str, torch_version: str | None = None, base_image: str | Non
         "# exec form: the server is PID 1 and receives SIGTERM itself (it drains, then exits 0).",
         f"CMD {json.dumps(server_command(runtime))}",
     ]
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ reading it back

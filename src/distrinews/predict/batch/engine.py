@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 from dataclasses import replace
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from ...data.files import count_rows
 from ...errors import ConfigError
@@ -30,6 +30,9 @@ from .progress import Progress
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord
 from .worker import WorkerSettings, load_predictor, run_worker, spawned
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 
@@ -117,17 +120,34 @@ def _prepare_auto(checkpoint: str, batch_size: int, threads: int) -> str:
 
 def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSettings, progress: Progress) -> None:
     """One spawned process per pending worker, each reporting through its own pipe; raises if any fails."""
-    from multiprocessing.connection import Connection, wait
+    processes, pipes = _start_workers(checked, pending, settings)
+    errors: list[str] = []
+    crashes: list[str] = []
+    try:
+        _follow(pipes, processes, progress, errors, crashes)
+    finally:
+        for p in processes.values():
+            if p.exitcode is None and (
+                errors or crashes or any(q.exitcode not in (None, 0) for q in processes.values())
+            ):
+                p.terminate()
+            p.join(timeout=30)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+    _raise_first_failure(processes, errors, crashes)
 
+
+def _start_workers(
+    checked: CheckedJob, pending: list[int], settings: WorkerSettings
+) -> tuple[dict[int, Any], dict[Connection, int]]:
+    """The spawned processes by worker, and the read end of each one's pipe (one writer each: no lock, nothing left
+    if it is killed). They inherit ``settings.threads`` in the thread variables: no worker takes every core."""
     context = multiprocessing.get_context("spawn")
     processes: dict[int, Any] = {}
-    pipes: dict[
-        Connection, int
-    ] = {}  # the read end of each worker's pipe (one writer each: no lock, nothing left if it is killed)
+    pipes: dict[Connection, int] = {}
     saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
-    os.environ.update(
-        {name: str(settings.threads) for name in THREAD_VARIABLES}
-    )  # inherited: no worker takes every core
+    os.environ.update({name: str(settings.threads) for name in THREAD_VARIABLES})
     try:
         for k in pending:
             reader, writer = context.Pipe(duplex=False)
@@ -145,35 +165,39 @@ def _run_processes(checked: CheckedJob, pending: list[int], settings: WorkerSett
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    errors: list[str] = []
-    crashes: list[str] = []
-    try:
-        while pipes:
-            for reader in cast("list[Connection]", wait(list(pipes), timeout=0.5)):  # the objects it was given
-                try:
-                    _handle(reader.recv(), progress, errors, crashes)
-                except EOFError:
-                    pipes.pop(reader)
-                    reader.close()
-            if any(p.exitcode not in (None, 0) for p in processes.values()):
-                for p in processes.values():
-                    if p.exitcode is None:
-                        p.terminate()
-    finally:
-        for p in processes.values():
-            if p.exitcode is None and (
-                errors or crashes or any(q.exitcode not in (None, 0) for q in processes.values())
-            ):
-                p.terminate()
-            p.join(timeout=30)
-            if p.exitcode is None:
-                p.kill()
-                p.join()
+    return processes, pipes
+
+
+def _follow(
+    pipes: dict[Connection, int],
+    processes: dict[int, Any],
+    progress: Progress,
+    errors: list[str],
+    crashes: list[str],
+) -> None:
+    """Every worker's events until each pipe ends; once one worker fails, the others are stopped."""
+    from multiprocessing.connection import wait
+
+    while pipes:
+        for reader in cast("list[Connection]", wait(list(pipes), timeout=0.5)):  # the objects it was given
+            try:
+                _handle(reader.recv(), progress, errors, crashes)
+            except EOFError:
+                pipes.pop(reader)
+                reader.close()
+        if any(p.exitcode not in (None, 0) for p in processes.values()):
+            for p in processes.values():
+                if p.exitcode is None:
+                    p.terminate()
+
+
+def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: list[str]) -> None:
+    """A bad input's message as it is; else the first worker that failed on its own, not one stopped (SIGTERM)
+    because another had failed."""
     if errors:
         raise ConfigError(errors[0])
     failed = {k: p.exitcode for k, p in processes.items() if p.exitcode != 0}
     if failed:
-        # the first that failed on its own, not one stopped (SIGTERM) because another had failed
         k, code = min(failed.items(), key=lambda item: (item[1] == -signal.SIGTERM, item[0]))
         why = (
             crashes[0]

@@ -39,7 +39,8 @@ PARQUET_ROWS = 65_536
 
 class ResultWriter:
     """``write(id, label_id, probabilities)`` per row, ``close()`` once. With ``min_confidence``, each row also
-    says whether its label's probability met the label's threshold."""
+    says whether its label's probability met the label's threshold. ``string_ids``: the ids are ``--id-field``
+    values, not row numbers (a typed format's id column is a string)."""
 
     def __init__(
         self,
@@ -49,11 +50,13 @@ class ResultWriter:
         compressed: bool = False,
         min_confidence: ConfidenceThreshold | None = None,
         multi_label: bool = False,
+        string_ids: bool = False,
     ):
         self.labels = list(labels)
         self.probabilities = probabilities
         self.min_confidence = min_confidence
         self.multi_label = multi_label
+        self.string_ids = string_ids
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
@@ -128,38 +131,23 @@ class CsvResults(ResultWriter):
 
 
 class ParquetResults(ResultWriter):
-    def __init__(
-        self,
-        path: Path,
-        labels: Sequence[str],
-        probabilities: bool,
-        string_ids: bool = False,
-        min_confidence: ConfidenceThreshold | None = None,
-        multi_label: bool = False,
-    ):
+    def _opened(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.labels = list(labels)
-        self.probabilities = probabilities
-        self.min_confidence = min_confidence
-        self.multi_label = multi_label
-        self.rows = 0
-        self.path = path
         self._pa = pa
-        names = columns(self.labels, probabilities, min_confidence is not None, multi_label)
-        flags = [pa.bool_()] if min_confidence is not None else []
-        answer = [pa.list_(pa.string()), pa.list_(pa.float64())] if multi_label else [pa.string(), pa.float64()]
-        types = [pa.string() if string_ids else pa.int64(), *answer, *flags]
+        confident = self.min_confidence is not None
+        names = columns(self.labels, self.probabilities, confident, self.multi_label)
+        flags = [pa.bool_()] if confident else []
+        answer = [pa.list_(pa.string()), pa.list_(pa.float64())] if self.multi_label else [pa.string(), pa.float64()]
+        types = [pa.string() if self.string_ids else pa.int64(), *answer, *flags]
         types += [pa.float64()] * (len(names) - len(types))
         self._schema = pa.schema(list(zip(names, types)))
-        self._string_ids = string_ids
         self._columns: list[list[Any]] = [[] for _ in names]
-        self._file = open_new(path, "wb")
-        self._writer = pq.ParquetWriter(self._file, self._schema)
+        self._writer = pq.ParquetWriter(self._binary(), self._schema)
 
     def write(self, row_id: Any, label_id: int | list[int], probs: Sequence[float]) -> None:
-        values = [str(row_id) if self._string_ids else row_id, *self.answer(label_id, probs)]
+        values = [str(row_id) if self.string_ids else row_id, *self.answer(label_id, probs)]
         if self.probabilities:
             values += [float(p) for p in probs]
         for column, value in zip(self._columns, values):
@@ -176,9 +164,7 @@ class ParquetResults(ResultWriter):
     def close(self) -> None:
         self._flush()
         self._writer.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        super().close()
 
 
 def columns(
@@ -211,7 +197,8 @@ def open_results(
         return JsonlResults(path, labels, probabilities, compressed, min_confidence, multi_label)
     if output_format == "csv":
         return CsvResults(path, labels, probabilities, compressed, min_confidence, multi_label)
-    return ParquetResults(path, labels, probabilities, string_ids, min_confidence, multi_label)
+    # Parquet compresses its own pages: never gzip around it
+    return ParquetResults(path, labels, probabilities, False, min_confidence, multi_label, string_ids)
 
 
 class RejectsWriter:

@@ -38,6 +38,7 @@ silently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -138,60 +139,99 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
     windows = -(-total // window_rows)
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
     if job.progress != "none":
-        stderr.write(
-            f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> "
-            f"{display(checked.output)}: Ray engine, {job.nproc} actor{'s' if job.nproc > 1 else ''} x "
-            f"{checked.threads} CPU{'s' if checked.threads > 1 else ''} ({_where(ray)}), {tasks} read "
-            f"task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
-            f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
-        )
-        stderr.flush()
+        _announce(checked, total, tasks, ray, stderr)
     progress = Progress(total, 0, job.progress, stderr)
-    context = ray.data.DataContext.get_current()
-    saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
-    context.execution_options.preserve_order = True  # results come back in input order: written as they come
-    context.enable_progress_bars = False  # ours is the one bar
-    context.target_max_block_size = BLOCK_BYTES
-    quiet = logging.getLogger("ray.data")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)  # Ray Data's plan and timings, every run: its logs folder keeps them
-    files: OutputFiles | None = None
+    written = _InOrder(checked, progress)
     try:
-        results = _results(ray, checked, record, window_rows, tasks) if total else iter(())
-        expected = 0
-        ran_on: dict[str, int] = {}  # rows by the node that computed them (the copy that reached the driver)
-        for window in results:
-            if files is None:
-                progress.ready()
-                files = OutputFiles(checked, window["labels"], string_ids=job.id_field is not None)
-            if window["start"] != expected:
-                raise StateError(f"Ray returned rows from {window['start']} where {expected} was next")
-            for line in window["records"]:
-                files.add(json.loads(line))
-            expected = window["end"]
-            ran_on[window["node"]] = ran_on.get(window["node"], 0) + window["end"] - window["start"]
-            progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
-        if files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
-            from ..predictor import checkpoint_labels
-
-            files = OutputFiles(
-                checked, checkpoint_labels(checked.checkpoint) or [], string_ids=job.id_field is not None
-            )
-        files.publish(total)
-        if job.progress != "none" and ran_on:
-            stderr.write(f"predict: {_ran_on(ran_on)}\n")
+        with _ray_data_settings(ray):
+            for window in _results(ray, checked, record, window_rows, tasks) if total else iter(()):
+                written.add(window)
+            written.publish(total)
+        if job.progress != "none" and written.ran_on:
+            stderr.write(f"predict: {_ran_on(written.ran_on)}\n")
     except Exception as exc:
         error = _user_error(exc)
         if error is None:
             raise
         raise error from None
     finally:
-        if files is not None:
-            files.close()
+        written.close()
         progress.close()
+    return written.totals, progress
+
+
+def _announce(checked: CheckedJob, total: int, tasks: int, ray: Any, stderr: TextIO) -> None:
+    """The job in one line: rows, inputs and output, actors, where they run, read tasks, runtime and passes."""
+    job = checked.job
+    stderr.write(
+        f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> "
+        f"{display(checked.output)}: Ray engine, {job.nproc} actor{'s' if job.nproc > 1 else ''} x "
+        f"{checked.threads} CPU{'s' if checked.threads > 1 else ''} ({_where(ray)}), {tasks} read "
+        f"task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
+        f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
+    )
+    stderr.flush()
+
+
+@contextlib.contextmanager
+def _ray_data_settings(ray: Any) -> Iterator[None]:
+    """Ray Data set for this job while it runs, as it was after: results in input order (written as they come),
+    no bar of its own (ours is the one bar), our block size, and its plan and timings not logged (its logs folder
+    keeps them)."""
+    context = ray.data.DataContext.get_current()
+    saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+    context.target_max_block_size = BLOCK_BYTES
+    quiet = logging.getLogger("ray.data")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
         context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
         quiet.setLevel(level)
-    return files.totals, progress
+
+
+class _InOrder:
+    """The windows Ray returns, checked to come in input order and written to the output files as they come."""
+
+    def __init__(self, checked: CheckedJob, progress: Progress) -> None:
+        self.checked, self.progress = checked, progress
+        self.files: OutputFiles | None = None
+        self.expected = 0
+        self.ran_on: dict[str, int] = {}  # rows by the node that computed them (the copy that reached the driver)
+
+    def add(self, window: dict[str, Any]) -> None:
+        if self.files is None:
+            self.progress.ready()
+            self.files = self._open(window["labels"])
+        if window["start"] != self.expected:
+            raise StateError(f"Ray returned rows from {window['start']} where {self.expected} was next")
+        for line in window["records"]:
+            self.files.add(json.loads(line))
+        self.expected = window["end"]
+        self.ran_on[window["node"]] = self.ran_on.get(window["node"], 0) + window["end"] - window["start"]
+        self.progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
+
+    def publish(self, total: int) -> None:
+        if self.files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
+            from ..predictor import checkpoint_labels
+
+            self.files = self._open(checkpoint_labels(self.checked.checkpoint) or [])
+        self.files.publish(total)
+
+    def _open(self, labels: list[str]) -> OutputFiles:
+        return OutputFiles(self.checked, labels, string_ids=self.checked.job.id_field is not None)
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
+
+    @property
+    def totals(self) -> Totals:
+        assert self.files is not None, "published"
+        return self.files.totals
 
 
 def _ran_on(rows_by_node: dict[str, int]) -> str:

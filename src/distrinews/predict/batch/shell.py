@@ -14,11 +14,12 @@ import shutil
 from collections.abc import Callable
 from typing import TextIO
 
+from ...checkpoint.file_lock import FileLock
 from ...errors import ConfigError
 from .assemble import Totals
 from .job import EXIT_REJECTED, CheckedJob, display, refuse_finished
 from .progress import Progress, summary
-from .state import LOCK_FILE, FileLock, StateError
+from .state import LOCK_FILE, StateError
 
 Compute = Callable[[], tuple[Totals, Progress]]
 

@@ -20,17 +20,14 @@ included) is followed when it is a symbolic link: the run is refused in one line
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import io
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry, same_file
+from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
 
 STATE_SUFFIX = ".partial"
 REJECTS_SUFFIX = ".rejects.jsonl"
@@ -75,61 +72,6 @@ def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> 
     os.replace(tmp, path)
     if durable_rename:
         fsync_dir(path.parent)
-
-
-class FileLock:
-    """An exclusive ``flock`` on ``path`` (created if missing, with its folder), held until ``release`` or the process
-    ends.
-
-    The kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks.
-    Its holder may remove the folder while it holds the lock (a published job's progress folder goes):
-    a run that opened the file before, and gets the lock once it is let go, sees that the file it locked
-    is no longer the one at ``path`` and locks the one there now, so two runs never both hold "the" lock.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self, wait_s: float = 0.0) -> bool:
-        deadline = time.monotonic() + wait_s
-        while True:
-            fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.05)
-                continue
-            if not same_file(fd, self.path):  # removed by its previous holder while we waited for it
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return True
-
-    def _open(self) -> int:
-        while True:
-            make_dir(self.path.parent)
-            try:
-                return open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:  # the folder was removed between the two calls: make it again
-                continue
-
-    def holder(self) -> str:
-        with contextlib.suppress(OSError, ValueError):
-            return (read_text_nofollow(self.path) or "").strip() or "?"
-        return "?"
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from ... import tracing
+from ...checkpoint.file_lock import FileLock
 from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
 from ..batch_forming import plan_passes
-from .state import FileLock, JobRecord, StateDir, StateError, WorkerManifest
+from .state import JobRecord, StateDir, StateError, WorkerManifest
 
 WINDOW_BATCHES = 8  # a window is this many batches' worth of rows: the span within which texts are sorted by length
 PREFETCH = 2  # windows read and tokenized ahead of the model

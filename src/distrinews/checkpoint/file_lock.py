@@ -1,0 +1,106 @@
+"""One exclusive lock on a file: what keeps a run directory to one training run (``rundir.RunLock``) and a batch
+job's output, and each of its workers' folders, to one process (``predict.batch``).
+
+A ``flock``: the kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks
+and nobody has to guess whether a pid in a file is still alive; what the holder writes in the file only names it
+to whoever is refused. Its holder may remove the file (or its folder) while it holds the lock: a process that
+opened the file before, and gets the lock once it is let go, sees that the file it locked is no longer the one at
+``path`` and locks the one there now, so two processes never both hold "the" lock. The file is never followed
+when it is a symbolic link (``atomic.open_nofollow``): the lock is truncated as it is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .atomic import make_dir, open_nofollow, read_text_nofollow, same_file
+
+# flock's answers for "another holds it" (EACCES on some systems), and for a file system mounted without locks.
+_HELD_ELSEWHERE = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+RETRY_S = 0.05
+
+
+class LocksUnsupported(OSError):
+    """The file system cannot ``flock`` (some network file systems are mounted without lock support)."""
+
+
+def _pid_line() -> str:
+    return f"{os.getpid()}\n"
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (created if missing, its folder by ``make_parent``), held until
+    ``release`` or the process ends. ``name_holder``: what the holder writes in the file (default: its pid);
+    ``mode``: the file's permissions when it is made (umask applied)."""
+
+    def __init__(
+        self,
+        path: Path,
+        make_parent: Callable[[Path], None] = make_dir,
+        name_holder: Callable[[], str] = _pid_line,
+        mode: int = 0o644,
+    ):
+        self.path = path
+        self.mode = mode
+        self._make_parent = make_parent
+        self._name_holder = name_holder
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying again every 50 ms for up to ``wait_s`` seconds; False if another process (or
+        another open of it in this one) holds it then. A file system without locks raises ``LocksUnsupported``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in _NO_LOCKS:
+                    raise LocksUnsupported(exc.errno, exc.strerror, str(self.path)) from exc
+                if exc.errno not in _HELD_ELSEWHERE:
+                    raise
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(RETRY_S)
+                continue
+            if not same_file(fd, self.path):  # removed by its previous holder while we waited for it
+                os.close(fd)
+                continue
+            # only ever read to word a refusal: a full disk must not stop the holder here
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, self._name_holder().encode(), 0)
+            self._fd = fd
+            return True
+
+    def _open(self) -> int:
+        while True:
+            self._make_parent(self.path.parent)
+            try:
+                return open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+            except FileNotFoundError:  # the folder was removed between the two calls: make it again
+                continue
+
+    def holder(self) -> str:
+        """What the holder wrote in the file ("?" when nothing yet, or unreadable)."""
+        with contextlib.suppress(OSError, ValueError):
+            return (read_text_nofollow(self.path) or "").strip() or "?"
+        return "?"
+
+    def release(self, remove: bool = False) -> None:
+        """Let go; ``remove``: and remove the file if it is still the one locked, so that whoever opens it next
+        locks a fresh one."""
+        if self._fd is not None:
+            if remove and same_file(self._fd, self.path):
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            os.close(self._fd)
+            self._fd = None
