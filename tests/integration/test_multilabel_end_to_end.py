@@ -130,9 +130,8 @@ def test_a_multi_label_model_trains_evaluates_and_answers_alike_everywhere(train
             assert _chosen(theirs) == _chosen(mine) or not clear, runtime  # int8 may move a score over its line
     # the int8 check (train's and serve --runtime auto's) compares a multi-label model by micro-F1 at its stored
     # thresholds, as the Space's --check-accuracy and eval do, not by exact match (which one label in four moves)
-    from distrinews.predict.derived import DerivedFiles
-    from distrinews.predict.int8 import INT8_FILE, compare
-    from distrinews.predict.onnx_runtime import FP32_FILE
+    from distrinews.predict.derived import FP32_FILE, INT8_FILE, DerivedFiles
+    from distrinews.predict.int8 import compare
 
     def made(name: str) -> Path:  # the runtimes above made it: best/'s own file, else the cache's (never into best/)
         graph = None if (best / name).is_file() else DerivedFiles(best).read(name)

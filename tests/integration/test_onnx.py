@@ -188,7 +188,8 @@ def test_training_ends_with_a_checked_int8_model_that_serve_takes_by_default(tmp
     import onnxruntime
 
     from distrinews.config import load_config
-    from distrinews.predict.int8 import INT8_FILE, read_check
+    from distrinews.predict.derived import INT8_FILE
+    from distrinews.predict.int8 import read_check
     from distrinews.predict.runtimes import make_predictor
     from distrinews.train.trainer import train
 

@@ -146,8 +146,7 @@ def test_sigkill_mid_run_then_the_same_command_finishes_with_every_row_once(job,
 def test_runtime_auto_makes_the_int8_model_once_before_the_workers_start(tmp_path, spread_checkpoint, write_rows):
     """Two workers on a checkpoint without its int8 model: the parent makes it (and says what the workers
     will run) before they start; they load that file rather than each making and publishing another."""
-    from distrinews.predict.derived import DerivedFiles
-    from distrinews.predict.int8 import INT8_FILE
+    from distrinews.predict.derived import INT8_FILE, DerivedFiles
 
     texts = news_texts(400)
     checkpoint = spread_checkpoint(tmp_path / "best", texts[:256])

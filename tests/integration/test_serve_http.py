@@ -547,8 +547,8 @@ def test_the_default_runtime_is_the_one_serve_help_names_and_it_serves(default_s
         # The rule's verdict is the check recorded in the int8 file it made at this first start, kept in the cache.
         import onnxruntime
 
-        from distrinews.predict.derived import DerivedFiles
-        from distrinews.predict.int8 import INT8_FILE, read_check
+        from distrinews.predict.derived import INT8_FILE, DerivedFiles
+        from distrinews.predict.int8 import read_check
 
         made = DerivedFiles(checkpoint).read(INT8_FILE)
         assert made is not None and not (checkpoint / INT8_FILE).exists(), "made into the cache, not the checkpoint"

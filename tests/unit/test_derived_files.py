@@ -23,8 +23,7 @@ from distrinews.distributed.parallel import ParallelModel
 from distrinews.distributed.process_group import DistEnv
 from distrinews.model import build_model, build_tokenizer
 from distrinews.predict import derived
-from distrinews.predict.derived import DERIVED, DerivedFiles, content_key
-from distrinews.predict.int8 import INT8_FILE
+from distrinews.predict.derived import DERIVED, INT8_FILE, DerivedFiles, content_key
 from distrinews.predict.runtimes import make_predictor
 
 ONE_PROCESS = DistEnv(0, 0, 1, 1, torch.device("cpu"), None)

@@ -10,7 +10,7 @@ import pytest
 
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.predict import int8
-from distrinews.predict.derived import DerivedFiles
+from distrinews.predict.derived import INT8_FILE, DerivedFiles
 from distrinews.predict.runtimes import make_predictor
 
 
@@ -55,7 +55,7 @@ def _check_in(path) -> dict | None:
 
 def _cached(checkpoint):
     """The int8 model made from ``checkpoint``, where the cache keeps it (checked as ``auto`` checks it)."""
-    graph = DerivedFiles(checkpoint).read(int8.INT8_FILE)
+    graph = DerivedFiles(checkpoint).read(INT8_FILE)
     assert graph is not None, f"no int8 model of {checkpoint} in the cache"
     return graph.path
 
@@ -89,7 +89,7 @@ def test_a_failed_check_serves_pytorch_says_why_and_is_not_repeated(spread):
     assert "failed its check" in choice["reason"] and check["summary"] in choice["reason"]
     made = _cached(spread).stat().st_mtime_ns
     assert make_predictor(spread).runtime == "torch" and _cached(spread).stat().st_mtime_ns == made
-    assert not (spread / int8.INT8_FILE).exists()
+    assert not (spread / INT8_FILE).exists()
 
 
 def test_labelled_rows_make_it_an_accuracy_check(best, agnews_dir):
@@ -105,7 +105,7 @@ def test_without_onnxruntime_auto_serves_pytorch_and_says_so(best, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     predictor = make_predictor(best)
     assert predictor.runtime == "torch" and "onnxruntime is not installed" in predictor.choice["reason"]
-    assert not (best / int8.INT8_FILE).exists()
+    assert not (best / INT8_FILE).exists()
 
 
 def test_a_read_only_checkpoint_and_a_copy_of_it_elsewhere_use_the_int8_model_made_once(best, tmp_path):

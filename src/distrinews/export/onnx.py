@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..checkpoint.servable import load_for_inference
-from ..predict.derived import DerivedFiles
+from ..predict.derived import FP32_FILE, DerivedFiles
 from ..predict.onnx import (
     FP32_PROB_TOLERANCE,
     SAMPLE_TEXTS,
@@ -20,7 +20,6 @@ from ..predict.onnx import (
     is_quantized,
     quantize_int8,
 )
-from ..predict.onnx_runtime import FP32_FILE
 
 __all__ = [
     "FP32_PROB_TOLERANCE",

@@ -36,6 +36,10 @@ from ..checkpoint import records
 from ..checkpoint.atomic import remove_entry
 from ..data.cache_dir import default_cache_dir
 
+# The graphs' names, in a checkpoint folder that ships them and in the cache
+FP32_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"
+
 log = logging.getLogger(__name__)
 
 DERIVED = "derived"

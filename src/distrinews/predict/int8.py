@@ -34,11 +34,10 @@ from typing import Any
 
 from ..checkpoint.atomic import open_new
 from ..scores import f1_from_counts
-from .derived import DerivedFiles, Graph
+from .derived import INT8_FILE, DerivedFiles, Graph
 
 log = logging.getLogger(__name__)
 
-INT8_FILE = "model.int8.onnx"
 CHECK_KEY = "distrinews_int8_check"
 TOLERANCE_POINTS = 0.2  # int8 accuracy may be at most this far below fp32's
 MIN_AGREEMENT = 0.95  # without labels: the share of FIXED_SAMPLE on which int8 and fp32 agree

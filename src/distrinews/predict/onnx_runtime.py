@@ -20,14 +20,12 @@ import numpy as np
 
 from ..checkpoint import records
 from ..checkpoint.records import ModelInfo, ServableInfo, TokenizerSource
-from .derived import DerivedFiles, Graph
-from .int8 import INT8_FILE
+from .derived import FP32_FILE, INT8_FILE, DerivedFiles, Graph
 from .predictor import Predictor, config_labels, folder_config
 from .tokens import TOKENIZER_FILE, TextEncoder
 
 log = logging.getLogger(__name__)
 
-FP32_FILE = "model.onnx"  # the fp32 graph's name, in a checkpoint folder that ships one and in the cache
 # Operators that only a quantized graph has (onnxruntime.quantization's dynamic int8 output).
 QUANTIZED_OPS = (b"DynamicQuantizeLinear", b"MatMulInteger", b"DynamicQuantizeMatMul")
 

@@ -25,7 +25,7 @@ from ..checkpoint import records
 from ..errors import CheckpointError
 from . import int8
 from .confidence import ConfidenceThreshold
-from .derived import DerivedFiles, Graph
+from .derived import INT8_FILE, DerivedFiles, Graph
 from .onnx_runtime import OnnxPredictor
 from .predictor import Predictor
 
@@ -175,7 +175,7 @@ def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
     shipped = int8.int8_path(checkpoint)
     if shipped.is_file():
         yield shipped
-    cached = DerivedFiles(checkpoint).read(int8.INT8_FILE)
+    cached = DerivedFiles(checkpoint).read(INT8_FILE)
     if cached is not None:
         yield cached
 
