@@ -1,0 +1,78 @@
+"""``python -m benchmarks.tools.peers install``: the peers' own virtualenv, never the project's.
+
+The peers pull in dependencies of their own (Ray, BentoML's and Infinity's pins) that must not change the
+environment the project is tested in, so they go into a virtualenv of their own, by default ``DEFAULT_VENV``
+(outside the checkout). In order:
+
+1. ``torch`` first, pinned to ``TORCH`` (a CPU build: an unpinned ``torch`` would let pip pick a CUDA build of
+   several GB for a peer's sake);
+2. the peers (``PEERS``), with ONNX Runtime, tokenizers and
+   transformers beside them;
+3. this repository, editable, with its ``serve`` and ``onnx`` extras, so that every peer script loads the model
+   and the tokenizer with the project's own code (``serve_model.py``).
+
+Then ``pip freeze`` of the venv goes to ``DIR/peers-freeze.txt``; the runner copies it into its results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from ..common import ROOT
+
+DEFAULT_VENV = Path("/work/peers-venv")
+TORCH = "torch==2.13.0"
+# What each peer is installed with. Infinity without its ``optimum`` extra: infinity-emb 0.0.77 imports
+# optimum.bettertransformer whenever optimum is installed, which optimum 2 no longer has and optimum 1 cannot import
+# beside torch 2.13; so Infinity runs its torch engine (serve_infinity.py says more).
+PEERS = {
+    "litserve": ["litserve"],
+    "rayserve": ["ray[serve]"],
+    "bentoml": ["bentoml"],
+    "infinity": ["infinity-emb[server]"],
+}
+RUNTIME = ["onnxruntime", "tokenizers", "transformers"]
+FREEZE = "peers-freeze.txt"
+
+
+def venv_python(directory: Path) -> Path:
+    return directory / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> None:
+    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def install(directory: Path, peers: list[str]) -> Path:
+    """Make (or add to) the venv at ``directory`` with ``peers`` installed; returns its ``pip freeze`` file."""
+    python = venv_python(directory)
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True, symlinks=True).create(directory)
+    pip(python, TORCH)
+    # The torch pin again: a peer that asks for another torch fails here rather than replacing it.
+    pip(python, TORCH, *RUNTIME, *[package for name in peers for package in PEERS[name]])
+    pip(python, "-e", f"{ROOT}[serve,onnx]")
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
+    out = directory / FREEZE
+    out.write_text(frozen)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"the virtualenv (default: {DEFAULT_VENV})")
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated (default: {','.join(PEERS)})")
+
+
+def run(args: argparse.Namespace) -> int:
+    peers = [p for p in args.peers.split(",") if p]
+    if unknown := [p for p in peers if p not in PEERS]:
+        print(f"install: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}", file=sys.stderr)
+        return 2
+    print(f"installed; versions in {install(args.venv.resolve(), peers)}")
+    return 0
