@@ -6,12 +6,13 @@ environment the project is tested in, so they go into a virtualenv of their own,
 
 1. ``torch`` first, pinned to ``TORCH`` (a CPU build: an unpinned ``torch`` would let pip pick a CUDA build of
    several GB for a peer's sake);
-2. the peers (``PEERS``), with ONNX Runtime, tokenizers and
-   transformers beside them;
-3. this repository, editable, with its ``serve`` and ``onnx`` extras, so that every peer script loads the model
-   and the tokenizer with the project's own code (``serve_model.py``).
+2. in one resolution, the peers (``PEERS``), ONNX Runtime, tokenizers and transformers,
+   and this repository, editable, with its ``serve`` and ``onnx`` extras, so that every peer script loads the model
+   and the tokenizer with the project's own code (``serve_model.py``; the runner puts the checkout it runs from
+   first on the peers' ``PYTHONPATH``).
 
-Then ``pip freeze`` of the venv goes to ``DIR/peers-freeze.txt``; the runner copies it into its results.
+Then ``pip freeze`` of the venv goes to ``DIR/peers-freeze.txt`` (the runner records the freeze of the interpreter it
+runs the peers with in its JSON).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ DEFAULT_VENV = Path("/work/peers-venv")
 TORCH = "torch==2.13.0"
 # What each peer is installed with. Infinity without its ``optimum`` extra: infinity-emb 0.0.77 imports
 # optimum.bettertransformer whenever optimum is installed, which optimum 2 no longer has and optimum 1 cannot import
-# beside torch 2.13; so Infinity runs its torch engine (serve_infinity.py says more).
+# beside torch 2.13; so Infinity runs its torch engine (serve_infinity.py says more). Its other bounds: it imports
+# huggingface_hub's HfFolder (gone in huggingface_hub 1, which transformers 5 requires) and asks for numpy < 2.
 PEERS = {
     "litserve": ["litserve"],
     "rayserve": ["ray[serve]"],
     "bentoml": ["bentoml"],
-    "infinity": ["infinity-emb[server]"],
+    "infinity": ["infinity-emb[server]", "transformers<5", "huggingface-hub<1", "numpy<2"],
 }
 RUNTIME = ["onnxruntime", "tokenizers", "transformers"]
 FREEZE = "peers-freeze.txt"
@@ -55,9 +57,9 @@ def install(directory: Path, peers: list[str]) -> Path:
     if not python.exists():
         venv.EnvBuilder(with_pip=True, symlinks=True).create(directory)
     pip(python, TORCH)
-    # The torch pin again: a peer that asks for another torch fails here rather than replacing it.
-    pip(python, TORCH, *RUNTIME, *[package for name in peers for package in PEERS[name]])
-    pip(python, "-e", f"{ROOT}[serve,onnx]")
+    # One resolution for the rest, the torch pin again: a peer that asks for another torch fails here rather than
+    # replacing it, and no later install undoes a peer's bound (our onnx extra would take numpy 2 otherwise).
+    pip(python, TORCH, *RUNTIME, *[package for name in peers for package in PEERS[name]], "-e", f"{ROOT}[serve,onnx]")
     frozen = subprocess.run([str(python), "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
     out = directory / FREEZE
     out.write_text(frozen)

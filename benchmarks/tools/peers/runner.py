@@ -109,7 +109,9 @@ def one_server(name: str, args: argparse.Namespace, python: str, texts: list[str
     server: Server | PeerServer
     if name == OURS.name:
         server = start_server(name, ours_command(args.checkpoint, argparse.Namespace(**NO_OPTIONS)), "/ready", logs)
-        peer, served = OURS, {"model": server.info().get("runtime_choice"), "config": "distrinews serve defaults"}
+        choice = server.info().get("runtime_choice") or {}
+        model = {key: choice.get(key) for key in ("runtime", "onnx_model", "reason")}
+        peer, served = OURS, {"model": model, "config": "distrinews serve defaults"}
     else:
         peer = PEERS[name]
         batching = (args.max_batch_size, args.max_wait_ms)
