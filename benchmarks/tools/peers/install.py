@@ -6,10 +6,12 @@ environment the project is tested in, so they go into a virtualenv of their own,
 
 1. ``torch`` first, pinned to ``TORCH`` (a CPU build: an unpinned ``torch`` would let pip pick a CUDA build of
    several GB for a peer's sake);
-2. in one resolution, the peers (``PEERS``), ONNX Runtime, tokenizers and transformers,
-   and this repository, editable, with its ``serve`` and ``onnx`` extras, so that every peer script loads the model
-   and the tokenizer with the project's own code (``serve_model.py``; the runner puts the checkout it runs from
-   first on the peers' ``PYTHONPATH``).
+2. in one resolution, the peers (``PEERS``) and what the project's model code needs (``model_requirements``: its
+   dependencies and its ``onnx`` extra, read from ``pyproject.toml``);
+3. this repository, editable and without dependencies, so that every peer script loads the model and the tokenizer
+   with the project's own code (``serve_model.py``; the runner puts the checkout it runs from first on the peers'
+   ``PYTHONPATH``). Not its ``serve`` extra: the peers never run our server, and its uvicorn bound cannot hold
+   beside Infinity's (uvicorn < 0.33).
 
 Then ``pip freeze`` of the venv goes to ``DIR/peers-freeze.txt`` (the runner records the freeze of the interpreter it
 runs the peers with in its JSON).
@@ -37,12 +39,22 @@ PEERS = {
     "bentoml": ["bentoml"],
     "infinity": ["infinity-emb[server]", "transformers<5", "huggingface-hub<1", "numpy<2"],
 }
-RUNTIME = ["onnxruntime", "tokenizers", "transformers"]
+MODEL_EXTRAS = ("onnx",)  # the project's extras the peer scripts' model code needs
 FREEZE = "peers-freeze.txt"
 
 
 def venv_python(directory: Path) -> Path:
     return directory / "bin" / "python"
+
+
+def model_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The project's own dependencies and those of ``MODEL_EXTRAS``, as its ``pyproject.toml`` declares them."""
+    import importlib
+
+    # tomllib is the standard library's from Python 3.11; before it, pip's vendored tomli is the same module
+    tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "pip._vendor.tomli")
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return [*project["dependencies"], *(r for extra in MODEL_EXTRAS for r in project["optional-dependencies"][extra])]
 
 
 def pip(python: Path, *args: str) -> None:
@@ -58,8 +70,9 @@ def install(directory: Path, peers: list[str]) -> Path:
         venv.EnvBuilder(with_pip=True, symlinks=True).create(directory)
     pip(python, TORCH)
     # One resolution for the rest, the torch pin again: a peer that asks for another torch fails here rather than
-    # replacing it, and no later install undoes a peer's bound (our onnx extra would take numpy 2 otherwise).
-    pip(python, TORCH, *RUNTIME, *[package for name in peers for package in PEERS[name]], "-e", f"{ROOT}[serve,onnx]")
+    # replacing it, and no later install undoes a peer's bound (numpy < 2, transformers < 5).
+    pip(python, TORCH, *model_requirements(), *[package for name in peers for package in PEERS[name]])
+    pip(python, "--no-deps", "-e", str(ROOT))
     frozen = subprocess.run([str(python), "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
     out = directory / FREEZE
     out.write_text(frozen)
