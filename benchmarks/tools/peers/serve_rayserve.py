@@ -29,7 +29,12 @@ def config(max_batch_size: int, max_wait_ms: float) -> dict[str, Any]:
             "ray_actor_options": {"num_cpus": cores},
             "logging_config": {"enable_access_log": False},  # as ours runs in the benchmark (--no-access-log)
         },
-        "ray.init": {"num_cpus": cores, "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES},
+        "ray.init": {
+            "num_cpus": cores,
+            "include_dashboard": False,
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "_node_ip_address": serve_model.HOST,  # Ray's own services (GCS, raylet) on loopback too
+        },
         "http_options": {"host": serve_model.HOST},
     }
 
