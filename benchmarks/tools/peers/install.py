@@ -29,10 +29,10 @@ from ..common import ROOT
 
 DEFAULT_VENV = Path("/work/peers-venv")
 TORCH = "torch==2.13.0"
-# What each peer is installed with. Infinity without its ``optimum`` extra: infinity-emb 0.0.77 imports
-# optimum.bettertransformer whenever optimum is installed, which optimum 2 no longer has and optimum 1 cannot import
-# beside torch 2.13; so Infinity runs its torch engine (serve_infinity.py says more). Its other bounds: it imports
-# huggingface_hub's HfFolder (gone in huggingface_hub 1, which transformers 5 requires) and asks for numpy < 2.
+# What each peer is installed with. Infinity without its ``optimum`` extra: its ONNX engine cannot load a local
+# graph with optimum 2, and optimum 1 cannot be imported beside torch 2.13, so Infinity runs its torch engine
+# (serve_infinity.py says more). Its other bounds: 0.0.77 imports huggingface_hub's HfFolder (gone in
+# huggingface_hub 1, which transformers 5 requires), and it asks for numpy < 2.
 PEERS = {
     "litserve": ["litserve"],
     "rayserve": ["ray[serve]"],

@@ -4,11 +4,13 @@ that app beside Infinity's ``/classify``: the same request and answer as ours, c
 does, so Infinity's own batching (its batch handler, up to ``batch_size``) forms the batches.
 
 Infinity runs its ``torch`` engine on the checkpoint's fp32 weights, not our int8 ONNX graph: its ONNX engine
-(``optimum``) cannot run beside torch 2.13. infinity-emb 0.0.77 imports ``optimum.bettertransformer`` whenever
-optimum is installed; optimum 2 has no such module, and optimum 1 (which has it, with transformers < 4.49) fails to
-import ``optimum.onnxruntime`` on torch 2.13 (``torch.onnx.symbolic_opset14._attention_scale`` is gone). The
-tokenizer is ``transformers``' fast tokenizer of the same ``tokenizer.json`` (the same Rust tokenizer, through its
-Python wrapper) inside a ``transformers`` text-classification pipeline.
+(``optimum``) cannot load a graph from a local folder beside torch 2.13. With optimum 2 (``optimum-onnx``), Infinity
+0.0.78 hands ``ORTModelForSequenceClassification`` the graph's absolute path as its ``file_name``, which optimum
+refuses ("Could not find any ONNX files with target file name /tmp/.../model_quantized.onnx, only found:
+[model_quantized.onnx]"); optimum 1 fails to import ``optimum.onnxruntime`` on torch 2.13
+(``torch.onnx.symbolic_opset14._attention_scale`` is gone). The tokenizer is ``transformers``' fast tokenizer of
+the same ``tokenizer.json`` (the same Rust tokenizer, through its Python wrapper) inside a ``transformers``
+text-classification pipeline.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the /predict endpoint's annotation (a Request) as an
@@ -35,7 +37,7 @@ def config(max_batch_size: int, max_wait_ms: float) -> dict[str, Any]:
             "device": "cpu",
             "batch_size": max_batch_size,
             "model_warmup": True,
-            "bettertransformer": False,  # needs optimum.bettertransformer (above)
+            "bettertransformer": False,  # needs optimum.bettertransformer, which optimum 2 no longer has
         },
         "environment": {"DO_NOT_TRACK": "1"},
         "uvicorn": {"host": serve_model.HOST, "workers": 1},
