@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,30 @@ class _Client:
         assert self.reader is not None
         header = await self.reader.readuntil(b"\r\n\r\n")
         status = int(header.split(b" ", 2)[1])
-        length, retry_after = 0, None
+        length, retry_after, chunked = 0, None, False
         for line in header.split(b"\r\n"):
             name, _, value = line.partition(b":")
             if name.lower() == b"content-length":
                 length = int(value)
             elif name.lower() == b"retry-after":
                 retry_after = float(value)
-        await self.reader.readexactly(length)
+            elif name.lower() == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        if chunked:  # a server that streams its answer (Ray Serve's proxy does)
+            await self._skip_chunks()
+        else:
+            await self.reader.readexactly(length)
         if b"connection: close" in header.lower():
             self.close()
         return status, retry_after
+
+    async def _skip_chunks(self) -> None:
+        """Read a chunked body to its end: chunks (a hex size line, the bytes, CRLF), then the trailer's blank line."""
+        assert self.reader is not None
+        while size := int((await self.reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
+            await self.reader.readexactly(size + 2)
+        while await self.reader.readuntil(b"\r\n") != b"\r\n":
+            pass
 
     def close(self) -> None:
         if self.writer is not None:
@@ -78,10 +92,24 @@ def percentile_ms(sorted_seconds: list[float], q: float) -> float:
     return 1000 * sorted_seconds[min(len(sorted_seconds) - 1, int(q * len(sorted_seconds)))]
 
 
-async def closed_loop(port: int, texts: list[str], concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+def seed_body(text: str) -> Any:
+    """The body of our ``POST /predict``: one text."""
+    return {"text": text}
+
+
+async def closed_loop(
+    port: int,
+    texts: list[str],
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    path: str = "/predict",
+    body: Callable[[str], Any] = seed_body,
+) -> dict[str, Any]:
     """One level: ``concurrency`` clients, each sending the next request once answered, for ``warmup`` + ``duration``
-    seconds; the figures count only requests sent after the warm-up."""
-    bodies = [json.dumps({"text": t}).encode() for t in texts]
+    seconds; the figures count only requests sent after the warm-up. Each request is ``POST path`` with the JSON of
+    ``body(text)`` (another server's shape for one text, where it takes no other)."""
+    bodies = [json.dumps(body(t)).encode() for t in texts]
     latencies: list[float] = []
     rejected: list[float] = []
     retry_after_missing = errors = 0
@@ -99,9 +127,9 @@ async def closed_loop(port: int, texts: list[str], concurrency: int, duration: f
                 if t0 >= stop_at:
                     return
                 try:
-                    status, retry_after = await client.post("/predict", bodies[i % len(bodies)])
-                except (OSError, asyncio.IncompleteReadError):
-                    status, retry_after = 0, None
+                    status, retry_after = await client.post(path, bodies[i % len(bodies)])
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
+                    status, retry_after = 0, None  # no answer, or one that is not HTTP: an error, on a new connection
                     client.close()
                 t1 = loop.time()
                 if t0 >= measure_from:

@@ -46,6 +46,9 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
             # uvicorn annotates an int, and passes it to asyncio.wait_for, which takes fractions of a second
             timeout_graceful_shutdown=config.timeout_graceful_shutdown,  # type: ignore[arg-type]
             lifespan="on",
+            # The loop the serve extra installs, whatever else is in the environment (uvicorn would take uvloop where
+            # some other package brought it): what the tests and benchmarks run is what a user runs.
+            loop="asyncio",
             # h11 with deadlines for request headers, bodies and reading answers, a cap on connections (slow clients)
             http=guarded_protocol(
                 config.header_timeout, config.max_connections, config.body_timeout, config.send_timeout
