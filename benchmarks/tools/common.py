@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: ``benchmarks`` imp
 
 def main(name: str, description: str, add_arguments: Callable, run: Callable) -> None:
     """``python -m benchmarks.tools.NAME``: parse, run; a mistake in what was asked is one line and exit 2."""
-    from distrinews.cli import USAGE_ERRORS, usage_error
+    from distrinews.cli.common import USAGE_ERRORS, usage_error
 
     prog = f"python -m benchmarks.tools.{name}"
     parser = argparse.ArgumentParser(prog=prog, description=description.removeprefix(f"``{prog}``: "))

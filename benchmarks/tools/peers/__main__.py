@@ -10,7 +10,7 @@ from . import install
 
 
 def main(argv: list[str] | None = None) -> int:
-    from distrinews.cli import USAGE_ERRORS, usage_error
+    from distrinews.cli.common import USAGE_ERRORS, usage_error
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.peers", description=(DOC or "").splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..options import Option, add_options, check_options
 from ..options.shared import CONFIG, DATA
+from .common import require_extra
 
 if TYPE_CHECKING:
     from ..audit.folds import FoldPlan
@@ -70,7 +71,6 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import load_config, parse_overrides
     from ..distributed.launch import nproc_per_node, spans_nodes
-    from . import require_extra
 
     require_extra("cleanlab", "audit", "distrinews audit")
     check_options(args, options(), ConfigError, prefix="audit: ")

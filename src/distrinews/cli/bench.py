@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 Run = Callable[[argparse.Namespace, list[str]], int]
 

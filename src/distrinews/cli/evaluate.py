@@ -11,9 +11,10 @@ from ..options import Option, add_options, check_options
 from ..options.shared import BATCH_SIZE, CHECKPOINT, DATA, INPUT, RUNTIME, TEXT_FIELD
 from ..predict.batch.evaluate import DEFAULT_LABEL_FIELD
 from ..scores import confusion_table, per_class_table
+from .common import no_extra_arguments, write_json
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 
 OPTIONS = [
@@ -53,7 +54,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from pathlib import Path
 
     from ..distributed.launch import launch, wants_launch
-    from . import no_extra_arguments, write_json
 
     no_extra_arguments("eval", extra)
     check_options(args, [*OPTIONS, *FILE_OPTIONS], ConfigError, prefix="eval: ")
@@ -136,7 +136,6 @@ def run_files(args: argparse.Namespace) -> int:
     from ..predict.batch.worker import load_predictor
     from ..train.console import multilabel_words
     from ..train.multilabel import FixedThresholdTally
-    from . import write_json
 
     if wants_launch(args.launch_flags):
         raise ConfigError("eval --input runs in one process: drop the launcher flags")

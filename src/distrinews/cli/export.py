@@ -15,9 +15,10 @@ from ..errors import one_line
 from ..export.space import DEFAULT_SPACE_RUNTIME, SPACE_RUNTIMES
 from ..options import Option, add_options
 from ..options.shared import CHECKPOINT, DATA
+from .common import no_extra_arguments, require_extra
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 
 OPTIONS = [
@@ -66,8 +67,6 @@ def register(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from . import no_extra_arguments, require_extra
-
     no_extra_arguments("export", extra)
     if args.version is not None and not is_version(args.version):
         raise ConfigError(f"--version {args.version!r}: must be MAJOR.MINOR.PATCH, e.g. 1.0.0")
@@ -114,7 +113,6 @@ def _refuse_output_inside_a_step(output: str | None) -> None:
 
 def _space(args: argparse.Namespace) -> int:
     from ..export.space.bundle import export_space
-    from . import require_extra
 
     runtime = args.runtime or DEFAULT_SPACE_RUNTIME
     if runtime != "torch":

@@ -20,7 +20,7 @@ from ..options.shared import CHECKPOINT, INPUT, OTLP_ENDPOINT
 from ..predict.batch.job import JOB_OPTIONS, BatchJob
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 EXIT_FAILED = 1
 

@@ -7,9 +7,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..options import Option, add_options
+from .common import EXIT_USAGE, no_extra_arguments
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 COMPARISON_PNG = "training_curves_comparison.png"
 
@@ -34,7 +35,6 @@ def register(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..checkpoint.rundir import RunDir
     from ..train.curves import PLOT_HINT, have_matplotlib, load_runs, plot_runs, results_table
-    from . import EXIT_USAGE, no_extra_arguments
 
     no_extra_arguments("report", extra)
     runs = load_runs(args.run_dirs)  # a directory without a log: one line, exit 2

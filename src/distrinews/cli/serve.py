@@ -13,9 +13,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..serve.options import ServeConfig, add_arguments, validate
+from .common import no_extra_arguments, require_extra, require_serving
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 
 def register(subparsers: Subparsers) -> None:
@@ -25,8 +26,6 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    from . import no_extra_arguments, require_extra, require_serving
-
     require_serving("serve")
     from ..checkpoint.servable import check_loadable
     from ..serve.server import run_server

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 from ..options import Option, add_options, check_options, fill_from_env
 from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
 from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
+from .common import require_serving
 
 if TYPE_CHECKING:
-    from . import Subparsers
+    from .common import Subparsers
 
 
 OPTIONS = [
@@ -80,8 +81,6 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
-    from . import require_serving
-
     require_serving("serve-replicas")
     from ..checkpoint.servable import check_loadable
     from ..distributed.machine import threads_per_process

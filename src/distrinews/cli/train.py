@@ -12,10 +12,11 @@ from ..config import TrainConfig, load_config, parse_overrides, reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 from ..options import Option, add_options
 from ..options.shared import CONFIG, DATA
+from .common import is_global_rank_zero, write_json
 
 if TYPE_CHECKING:
     from ..train.callbacks import TrainerCallback
-    from . import Subparsers
+    from .common import Subparsers
 
 
 # The run's own options are the config's fields (``--field value``, pydantic, config/sections.py); these are the
@@ -66,7 +67,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 return launch(args.launch_flags, args.argv)
             finally:
                 os.environ.pop(LOCK_HELD_ENV, None)
-    from . import is_global_rank_zero, write_json
 
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and config.run.resume_from_checkpoint is None:
         # A worker group restarted by --max-restarts continues from the newest complete checkpoint.
@@ -91,7 +91,6 @@ def trial_callbacks() -> list[TrainerCallback]:
 
     if not os.environ.get(TRIAL_ENV):
         return []
-    from . import is_global_rank_zero
 
     if not is_global_rank_zero():
         return []

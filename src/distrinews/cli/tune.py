@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 
 from ..options import Option, add_options, check_options
 from ..options.shared import CONFIG, DATA
+from .common import require_extra
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..tune.study import StudyOptions
-    from . import Subparsers
+    from .common import Subparsers
 
 
 OPTIONS = [
@@ -73,7 +74,6 @@ def register(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import load_config, parse_overrides
     from ..errors import ConfigError
-    from . import require_extra
 
     require_extra("optuna", "tune", "distrinews tune")
     check_options(args, OPTIONS, ConfigError)

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .. import Subparsers
+    from ..common import Subparsers
 
 
 def register(subparsers: Subparsers) -> None:
