@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,43 @@ def seed_body(text: str) -> Any:
     return {"text": text}
 
 
+@dataclass
+class _Tally:
+    """What one level's clients saw after the warm-up: answered latencies, 429s (and their Retry-After), errors."""
+
+    latencies: list[float] = field(default_factory=list)
+    rejected: list[float] = field(default_factory=list)
+    retry_after_missing: int = 0
+    errors: int = 0
+
+    def add(self, status: int, retry_after: float | None, seconds: float) -> None:
+        if status == 200:
+            self.latencies.append(seconds)
+        elif status == 429:
+            self.rejected.append(seconds)
+            self.retry_after_missing += retry_after is None
+        else:
+            self.errors += 1
+
+    def summary(self, concurrency: int, duration: float) -> dict[str, Any]:
+        latencies, rejected = sorted(self.latencies), sorted(self.rejected)
+        return {
+            "concurrency": concurrency,
+            "requests": len(latencies),
+            "rejected_429": len(rejected),
+            "rejected_p50_ms": percentile_ms(rejected, 0.50),
+            "rejected_p99_ms": percentile_ms(rejected, 0.99),
+            "retry_after_missing": self.retry_after_missing,
+            "errors": self.errors,
+            "duration_s": duration,
+            "throughput_rps": len(latencies) / duration,
+            "p50_ms": percentile_ms(latencies, 0.50),
+            "p95_ms": percentile_ms(latencies, 0.95),
+            "p99_ms": percentile_ms(latencies, 0.99),
+            "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+        }
+
+
 async def closed_loop(
     port: int,
     texts: list[str],
@@ -110,36 +148,23 @@ async def closed_loop(
     seconds; the figures count only requests sent after the warm-up. Each request is ``POST path`` with the JSON of
     ``body(text)`` (another server's shape for one text, where it takes no other)."""
     bodies = [json.dumps(body(t)).encode() for t in texts]
-    latencies: list[float] = []
-    rejected: list[float] = []
-    retry_after_missing = errors = 0
+    tally = _Tally()
     loop = asyncio.get_running_loop()
     start = loop.time()
     measure_from, stop_at = start + warmup, start + warmup + duration
 
     async def worker(k: int) -> None:
-        nonlocal errors, retry_after_missing
         client = _Client(port)
         i = k
         try:
-            while True:
-                t0 = loop.time()
-                if t0 >= stop_at:
-                    return
+            while (t0 := loop.time()) < stop_at:
                 try:
                     status, retry_after = await client.post(path, bodies[i % len(bodies)])
                 except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
                     status, retry_after = 0, None  # no answer, or one that is not HTTP: an error, on a new connection
                     client.close()
-                t1 = loop.time()
                 if t0 >= measure_from:
-                    if status == 200:
-                        latencies.append(t1 - t0)
-                    elif status == 429:
-                        rejected.append(t1 - t0)
-                        retry_after_missing += retry_after is None
-                    else:
-                        errors += 1
+                    tally.add(status, retry_after, loop.time() - t0)
                 i += concurrency
                 if status == 429:  # back off as told (never past the end of the run)
                     await asyncio.sleep(max(0.0, min(retry_after or 1.0, stop_at - loop.time())))
@@ -147,23 +172,7 @@ async def closed_loop(
             client.close()
 
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    latencies.sort()
-    rejected.sort()
-    return {
-        "concurrency": concurrency,
-        "requests": len(latencies),
-        "rejected_429": len(rejected),
-        "rejected_p50_ms": percentile_ms(rejected, 0.50),
-        "rejected_p99_ms": percentile_ms(rejected, 0.99),
-        "retry_after_missing": retry_after_missing,
-        "errors": errors,
-        "duration_s": duration,
-        "throughput_rps": len(latencies) / duration,
-        "p50_ms": percentile_ms(latencies, 0.50),
-        "p95_ms": percentile_ms(latencies, 0.95),
-        "p99_ms": percentile_ms(latencies, 0.99),
-        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
-    }
+    return tally.summary(concurrency, duration)
 
 
 def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
