@@ -242,7 +242,7 @@ def _compare_title(report: dict[str, Any], rows: list[dict[str, Any]], runs: lis
     lines = [
         " vs ".join(short),
         f"same model, {s['train_samples']:,} rows, global batch {s['nproc'] * s['batch_size']}, "
-        f"{rows[0]['steps']} steps, machine",
+        f"{rows[0]['steps']} steps, {(report.get('machine') or {}).get('cpu') or 'one machine'}",
     ]
     given = s.get("ours_options") or []
     baselines = [name for name in short if name != "distrinews train"]
