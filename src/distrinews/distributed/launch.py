@@ -289,7 +289,10 @@ def report_failures(failures: dict[int, Any]) -> int:
     taken_down = {
         r
         for r, f in failures.items()
-        if f.exitcode == -int(signal.SIGTERM) or (f.exitcode < 0 and usage and f.timestamp >= min(usage))
+        if f.exitcode == -int(signal.SIGTERM)
+        or (f.exitcode < 0 and usage and f.timestamp >= min(usage))
+        # an abort in teardown is stamped when it is seen, which can be the second before the usage error's own
+        or (f.exitcode == -int(signal.SIGABRT) and usage and f.timestamp >= min(usage) - 1)
     }
     causes = {r: f for r, f in failures.items() if r not in taken_down} or failures
     messages = {f.message for f in causes.values() if _is_ours(f.message)}
