@@ -575,13 +575,14 @@ def cli():
 
 @pytest.fixture(scope="session")
 def asgi_post():
-    """``await asgi_post(app, headers, chunks, hang_up=None)``: one POST /predict straight into an ASGI app with
-    exactly these extra headers and body chunks, below any HTTP server; ``(status, headers, body)``.
-    The client stays connected after the body until ``hang_up`` is set (never, without one)."""
+    """``await asgi_post(app, headers, chunks, hang_up=None, hold_last=None)``: one POST /predict straight into an
+    ASGI app with exactly these extra headers and body chunks, below any HTTP server; ``(status, headers, body)``.
+    The last chunk waits for ``hold_last`` to be set, if given (a body still arriving). The client stays connected
+    after the body until ``hang_up`` is set (never, without one)."""
     import asyncio
 
     async def post(
-        app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], hang_up=None
+        app, headers: list[tuple[bytes, bytes]], chunks: list[bytes], hang_up=None, hold_last=None
     ) -> tuple[int, dict, bytes]:
         scope = {
             "type": "http",
@@ -602,6 +603,8 @@ def asgi_post():
 
         async def receive():
             if messages:
+                if hold_last is not None and len(messages) == 1 and len(chunks) > 1:
+                    await hold_last.wait()
                 return messages.pop(0)
             await (hang_up or asyncio.Event()).wait()
             return {"type": "http.disconnect"}

@@ -6,36 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
+from test_serve_batcher import GatedModel
+
+from conftest import await_until
 from distrinews.serve.arrivals import Arrivals, ArrivalsMiddleware
 from distrinews.serve.batcher import MicroBatcher
 
 HOUR_MS = 3_600_000
 
 
-class Recording:
-    """A fake forward pass: records each batch; blocks while its gate is closed."""
-
-    def __init__(self, open_gate: bool = True):
-        self.batches: list[list[str]] = []
-        self.gate, self.started = threading.Event(), threading.Event()
-        if open_gate:
-            self.gate.set()
-
-    def __call__(self, texts: list[str]) -> list[str]:
-        self.batches.append(list(texts))
-        self.started.set()
-        assert self.gate.wait(10), "test gate never opened"
-        return [t.upper() for t in texts]
-
-
-async def _until(predicate, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
+async def _until(predicate) -> None:
+    await await_until(predicate, 30, "the condition")
 
 
 def _arriving(arrivals: Arrivals, path: str = "/predict"):
@@ -54,7 +36,7 @@ def _arriving(arrivals: Arrivals, path: str = "/predict"):
 
 def test_a_batch_waits_for_a_request_on_its_way_and_starts_when_it_lands():
     async def main():
-        model = Recording()
+        model = GatedModel()
         arrivals = Arrivals()
         batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=HOUR_MS, arrivals=arrivals)
         await batcher.start()
@@ -76,7 +58,7 @@ def test_a_batch_waits_for_a_request_on_its_way_and_starts_when_it_lands():
 
 def test_the_window_closes_at_once_when_the_request_on_its_way_is_turned_away():
     async def main():
-        model = Recording()
+        model = GatedModel()
         arrivals = Arrivals()
         batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=HOUR_MS, arrivals=arrivals)
         await batcher.start()
@@ -100,7 +82,7 @@ def test_the_window_closes_at_once_when_the_request_on_its_way_is_turned_away():
 
 def test_after_a_shared_batch_a_request_with_nothing_coming_starts_at_once():
     async def main():
-        model = Recording(open_gate=False)
+        model = GatedModel(open_gate=False)
         batcher = MicroBatcher(model, max_batch_size=8, max_wait_ms=HOUR_MS)
         await batcher.start()
         blocker = asyncio.ensure_future(batcher.submit(["x"]))
@@ -138,7 +120,7 @@ def test_only_post_requests_to_the_given_paths_count_and_each_counts_once():
     assert asyncio.run(main()) == ([1, 0, 0, 0, 0, 0], 0)
 
 
-def test_in_the_app_a_request_whose_body_is_still_coming_is_waited_for(fake_predictor):
+def test_in_the_app_a_request_whose_body_is_still_coming_is_waited_for(fake_predictor, asgi_post):
     """Through every middleware of the app: request A's body arrives in two parts; B, complete, is queued first
     and waits for A (the window is an hour, so only A's landing can close it); then both share one pass."""
     from conftest import served
@@ -159,39 +141,9 @@ def test_in_the_app_a_request_whose_body_is_still_coming_is_waited_for(fake_pred
     body = json.dumps({"text": "the slow client's text"}).encode()
 
     async def slow_post(rest: asyncio.Event) -> int:
-        parts = [{"type": "http.request", "body": body[:5], "more_body": True}, None]
-        sent: list[dict] = []
-
-        async def receive():
-            if parts[0] is not None:
-                part, parts[0] = parts[0], None
-                return part
-            if parts[1] is None:
-                await rest.wait()
-                parts[1] = {"type": "http.request", "body": body[5:], "more_body": False}
-                return parts[1]
-            await asyncio.Event().wait()  # connected until cancelled
-
-        async def send(message):
-            sent.append(message)
-
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/predict",
-            "raw_path": b"/predict",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"test"), *headers],
-            "client": ("127.0.0.1", 1),
-            "server": ("test", 80),
-        }
-        await app(scope, receive, send)
-        return next(m["status"] for m in sent if m["type"] == "http.response.start")
+        headers = [(b"content-length", str(len(body)).encode())]
+        status, _, _ = await asgi_post(app, headers, [body[:5], body[5:]], hold_last=rest)
+        return status
 
     async def main():
         async with served(app) as client:
