@@ -250,23 +250,25 @@ def test_a_legacy_pt_file_falls_back_to_the_base_models_tokenizer_and_says_so(ti
     ), said
 
 
-def test_the_server_s_onnx_threads_sleep_between_passes_and_elsewhere_they_spin(tiny_best):
-    spinning = "session.intra_op.allow_spinning"
+def test_the_server_s_onnx_threads_stop_spinning_after_each_pass_and_elsewhere_spin_on(tiny_best):
+    spinning, stop = "session.intra_op.allow_spinning", "session.force_spinning_stop"
     assert _served_info(tiny_best, "onnx")["onnx_thread_spinning"] is False
-    asleep = make_predictor(tiny_best, "onnx", spin=False)
-    assert asleep.session.get_session_options().get_session_config_entry(spinning) == "0"
+    options = make_predictor(tiny_best, "onnx", spin=False).session.get_session_options()
+    assert options.get_session_config_entry(stop) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: within a pass they spin
+        options.get_session_config_entry(spinning)
     default = make_predictor(tiny_best, "onnx")  # distrinews predict and the batch engine: ONNX Runtime's default
     assert default.describe()["onnx_thread_spinning"] is True
-    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ONNX Runtime's default, spinning
-        default.session.get_session_options().get_session_config_entry(spinning)
+    for key in (spinning, stop):  # unset: ONNX Runtime's default, spinning between passes too
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            default.session.get_session_options().get_session_config_entry(key)
 
 
 def test_the_single_threaded_twin_answers_like_its_session_on_one_thread(tiny_best, rows):
-    spinning = "session.intra_op.allow_spinning"
     wide = make_predictor(tiny_best, "onnx", spin=False)
     twin = wide.single_threaded()
     options = twin.session.get_session_options()
-    assert (options.intra_op_num_threads, options.get_session_config_entry(spinning)) == (1, "0")
+    assert (options.intra_op_num_threads, options.get_session_config_entry("session.force_spinning_stop")) == (1, "1")
     assert twin.session is not wide.session and twin.encoder is wide.encoder
     encoded = wide.encode(rows[:12])
     for ours, theirs in zip(twin.predict_encoded(encoded), wide.predict_encoded(encoded), strict=True):

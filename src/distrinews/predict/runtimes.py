@@ -59,8 +59,9 @@ def make_predictor(
 ) -> Predictor:
     """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``.
     ``min_confidence``: ``--min-confidence`` (a number, ``LABEL=NUMBER`` pairs, a dict; ``confidence.py``).
-    ``spin=False``: ONNX Runtime's idle threads sleep at once rather than spin waiting for the next pass, which
-    gives their cores back to whatever shares them (a server's event loop and its clients between requests)."""
+    ``spin=False``: ONNX Runtime's threads stop spinning when a pass returns rather than spin waiting for the next
+    one, which gives their cores back to whatever shares them (a server's event loop, its other passes and its
+    clients between requests); within a pass they spin, as by default."""
     threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
     predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads, spin)
     predictor.set_min_confidence(threshold)

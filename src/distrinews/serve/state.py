@@ -64,7 +64,8 @@ def default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
             threads=config.threads or machine.quota_limited_cores(),
             min_confidence=config.min_confidence,
             # Between passes the runtime's idle threads would spin on cores the event loop needs to answer, parse
-            # the next request and let the clients on the machine send it; they sleep instead.
+            # the next request and let the clients on the machine send it, and the other lanes need to run theirs;
+            # they stop spinning when a pass returns instead.
             spin=False,
         )
 
