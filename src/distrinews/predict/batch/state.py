@@ -23,9 +23,11 @@ import contextlib
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
 
@@ -36,6 +38,7 @@ MANIFEST_FILE = "manifest.json"
 ROWS_FILE = "rows.jsonl"
 LOCK_FILE = "lock"
 JOB_FORMAT = 2
+R = TypeVar("R")
 
 
 class StateError(RuntimeError):
@@ -109,11 +112,7 @@ class JobRecord:
 
     def offsets(self) -> list[int]:
         """The global row number of each input file's first row."""
-        out, total = [], 0
-        for shard in self.inputs:
-            out.append(total)
-            total += shard.rows
-        return out
+        return [0, *accumulate(s.rows for s in self.inputs)][: len(self.inputs)]
 
     def difference(self, other: JobRecord) -> str | None:
         """What makes ``other`` (this run's request) a different job from this one, in words; None if it is the same."""
@@ -133,18 +132,21 @@ class JobRecord:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        payload = asdict(self)
-        payload["ranges"] = [list(r) for r in self.ranges]
-        return payload
+        return {**asdict(self), "ranges": [list(r) for r in self.ranges]}
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> JobRecord:
-        if payload.get("format_version") != JOB_FORMAT:
-            raise StateError(f"job.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
-        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload = _current(payload, JOB_FILE)
         payload["inputs"] = [ShardRecord(**s) for s in payload["inputs"]]
         payload["ranges"] = [tuple(r) for r in payload["ranges"]]
         return cls(**payload)
+
+
+def _current(payload: dict[str, Any], name: str) -> dict[str, Any]:
+    """``payload`` without its ``format_version``, which must be this DistriNews's."""
+    if payload.get("format_version") != JOB_FORMAT:
+        raise StateError(f"{name} format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
+    return {k: v for k, v in payload.items() if k != "format_version"}
 
 
 @dataclass
@@ -177,17 +179,11 @@ class WorkerManifest:
         return self.done_through >= self.end
 
     def to_json(self) -> dict[str, Any]:
-        payload = asdict(self)
-        payload["window"] = list(self.window) if self.window else None
-        return payload
+        return {**asdict(self), "window": list(self.window) if self.window else None}
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> WorkerManifest:
-        if payload.get("format_version") != JOB_FORMAT:
-            raise StateError(
-                f"manifest.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}"
-            )
-        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload = _current(payload, MANIFEST_FILE)
         payload["window"] = tuple(payload["window"]) if payload.get("window") else None
         return cls(**payload)
 
@@ -212,26 +208,13 @@ class StateDir:
         return self.worker_dir(k) / MANIFEST_FILE
 
     def read_job(self) -> JobRecord | None:
-        text = read_text_nofollow(self.job_path)
-        if text is None:
-            return None
-        try:
-            return JobRecord.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StateError(f"{self.job_path} cannot be read ({exc})") from None
+        return _read(self.job_path, JobRecord.from_json)
 
     def write_job(self, job: JobRecord) -> None:
         write_json_atomic(self.job_path, job.to_json())
 
     def read_manifest(self, k: int) -> WorkerManifest | None:
-        path = self.manifest_path(k)
-        text = read_text_nofollow(path)
-        if text is None:
-            return None
-        try:
-            return WorkerManifest.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StateError(f"{path} cannot be read ({exc})") from None
+        return _read(self.manifest_path(k), WorkerManifest.from_json)
 
     def write_manifest(self, manifest: WorkerManifest) -> None:
         write_json_atomic(self.manifest_path(manifest.worker), manifest.to_json(), durable_rename=False)
@@ -270,3 +253,14 @@ class StateDir:
     def open_rows(self, k: int) -> io.BufferedWriter:
         """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""
         return os.fdopen(open_nofollow(self.rows_path(k), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
+def _read(path: Path, parse: Callable[[dict[str, Any]], R]) -> R | None:
+    """The record at ``path`` (None where there is none); one that does not parse is a ``StateError``."""
+    text = read_text_nofollow(path)
+    if text is None:
+        return None
+    try:
+        return parse(json.loads(text))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StateError(f"{path} cannot be read ({exc})") from None
