@@ -54,17 +54,16 @@ class EntryRefused(OSError):
     """What stands in the cache is not an entry this process may use (why: the message)."""
 
 
-def _sha256_fd(fd: int, digest: hashlib._Hash) -> None:
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-
-
-def _hash_file(path: Path, digest: hashlib._Hash) -> None:
-    fd = os.open(path, _OPEN)
+def hash_file(path: str | os.PathLike, digest: hashlib._Hash | None = None, flags: int = os.O_RDONLY) -> hashlib._Hash:
+    """``digest`` (a new SHA-256 if None) updated with the bytes of the file at ``path``, read a MiB at a time."""
+    digest = digest or hashlib.sha256()
+    fd = os.open(path, flags)
     try:
-        _sha256_fd(fd, digest)
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
     finally:
         os.close(fd)
+    return digest
 
 
 def content_key(checkpoint: str | os.PathLike) -> str:
@@ -73,18 +72,18 @@ def content_key(checkpoint: str | os.PathLike) -> str:
     digest = hashlib.sha256(f"distrinews-derived-v{KEY_VERSION}\0".encode())
     found = records.recognise(checkpoint)  # not a checkpoint: refused here, before anything is hashed
     if found.kind == "pt":
-        _hash_file(checkpoint, digest)
+        hash_file(checkpoint, digest, _OPEN)
     elif found.kind == "resumable":
         from ..checkpoint.manifest import MANIFEST  # a step-N needs torch to load anyway
 
         digest.update(b"manifest\0")
-        _hash_file(checkpoint / MANIFEST, digest)
+        hash_file(checkpoint / MANIFEST, digest, _OPEN)
     else:
         for path in sorted(checkpoint.rglob("*")):
             mode = os.lstat(path).st_mode
             digest.update(f"{path.relative_to(checkpoint)}\0{stat.S_IFMT(mode)}\0".encode())
             if stat.S_ISREG(mode):
-                _hash_file(path, digest)
+                hash_file(path, digest, _OPEN)
     return digest.hexdigest()[:32]
 
 

@@ -231,7 +231,8 @@ def _write_model(
     for name in ONNX_MODEL_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, model_dir / name)
-    from ..onnx import export_onnx, quantize_int8
+    from ...predict.onnx import quantize_int8
+    from ..onnx import export_onnx
 
     with tempfile.TemporaryDirectory(prefix="distrinews-space-") as tmp:
         say(f"exporting {checkpoint} to ONNX (fp32, checked against PyTorch)")
@@ -253,6 +254,6 @@ def _write_model(
         if not result["within_tolerance"]:
             raise ConfigError(
                 f"int8 loses {-result['difference_points']:.2f} {metric} points against fp32 (tolerance "
-                f"{accuracy.INT8_TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
+                f"{accuracy.TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
             )
         return result

@@ -19,6 +19,7 @@ from ...errors import ConfigError
 from ...options import Option, check_options, options_of
 from ...options.shared import BATCH_SIZE, MAX_BATCH_TOKENS, MIN_CONFIDENCE, RUNTIME, TEXT_FIELD, THREADS
 from ..confidence import ConfidenceThreshold
+from ..derived import hash_file
 from ..predictor import checkpoint_labels
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
 
@@ -131,8 +132,7 @@ def check(job: BatchJob) -> CheckedJob:
     if job.runtime == "torch-bf16":
         from ..runtimes import bf16_refusal
 
-        device = _torch_device()
-        if (why := bf16_refusal(device)) is not None:
+        if (why := bf16_refusal()) is not None:
             raise ConfigError(why)
     output = output.absolute()
     return CheckedJob(
@@ -153,12 +153,6 @@ def refuse_finished(output: Path, overwrite: bool) -> None:
     file is made) and again once it is held (a run that finished meanwhile published it under that lock)."""
     if output.exists() and not overwrite:
         raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
-
-
-def _torch_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[str]) -> None:
@@ -193,17 +187,9 @@ def input_records(checked: CheckedJob, count: bool = False, hashed: bool = True)
     for shard in checked.shards:
         size = shard.path.stat().st_size
         rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
-        digest = file_sha256(shard.path) if hashed else ""
+        digest = hash_file(shard.path).hexdigest() if hashed else ""
         inputs.append(ShardRecord(str(shard.path), shard.format, size, digest, rows))
     return inputs
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:
@@ -217,9 +203,7 @@ def checkpoint_sha256(path: Path, runtime: str) -> str:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
     for file in files:
         digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
+        hash_file(file, digest)
     return digest.hexdigest()
 
 
