@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from ...data.files import count_rows
 from ...errors import ConfigError
 from .assemble import Totals, assemble
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, requested_record, split_rows
-from .progress import Progress
+from .job import BatchJob, CheckedJob, check, display, requested_record, split_rows
+from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord
 from .worker import WorkerSettings, load_predictor, run_worker, spawned
@@ -83,22 +83,17 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
     manifests = state.manifests(record)
     done_before = sum(m.done for m in manifests)
     settings = WorkerSettings(checked.threads, job.batch_size, job.max_batch_tokens)
-    if job.progress != "none":
-        resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
-        stderr.write(
-            f"predict: {record.total_rows:,} rows in {describe_inputs(checked.shards)} -> "
-            f"{display(checked.output)}: {job.nproc} worker{'s' if job.nproc > 1 else ''} x {checked.threads} "
-            f"thread{'s' if checked.threads > 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
-            f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}{resuming}\n"
-        )
-        stderr.flush()
+    resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
+    workers = f"{plural(job.nproc, 'worker')} x {plural(checked.threads, 'thread')}"
+    say(checked, stderr, job_line(checked, record.total_rows, workers) + resuming)
     pending = [k for k, m in enumerate(manifests) if not m.complete]
     if len(record.ranges) > 1 and pending and job.runtime == "auto":
-        chose = _prepare_auto(job.checkpoint, job.batch_size, threads=settings.threads * len(pending))
-        if job.progress != "none":
-            stderr.write(f"predict: runtime auto: {chose}\n")
-            stderr.flush()
-    progress = Progress(record.total_rows, done_before, job.progress if job.progress != "none" else "none", stderr)
+        say(
+            checked,
+            stderr,
+            f"runtime auto: {_prepare_auto(job.checkpoint, job.batch_size, settings.threads * len(pending))}",
+        )
+    progress = Progress(record.total_rows, done_before, job.progress, stderr)
     try:
         if len(record.ranges) == 1 and pending:
             run_worker(state, record, 0, settings, progress.advance, progress.ready, predictor)

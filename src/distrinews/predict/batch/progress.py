@@ -10,10 +10,33 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .job import CheckedJob, describe_inputs, display
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
 PROGRESS_EVERY_S = 10.0
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def job_line(checked: CheckedJob, total: int, workers: str) -> str:
+    """The job in words: rows, inputs and output, ``workers``, runtime and passes."""
+    job = checked.job
+    tokens = f" / {job.max_batch_tokens:,} tokens" if job.max_batch_tokens else ""
+    return (
+        f"{total:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: {workers}, "
+        f"runtime {job.runtime}, passes of <= {job.batch_size} texts{tokens}"
+    )
+
+
+def say(checked: CheckedJob, stderr: TextIO, line: str) -> None:
+    """``predict: line`` on stderr, unless ``--progress none``."""
+    if checked.job.progress != "none":
+        stderr.write(f"predict: {line}\n")
+        stderr.flush()
 
 
 def _duration(seconds: float) -> str:

@@ -48,13 +48,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
-from ..batch_forming import plan_passes
 from .assemble import OutputFiles, Totals
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records
-from .progress import Progress
+from .job import BatchJob, CheckedJob, check, display, input_records
+from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord, ShardRecord, StateError
-from .worker import WINDOW_BATCHES, load_predictor, result_lines
+from .worker import WINDOW_BATCHES, load_predictor, passes, result_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -66,6 +65,7 @@ BLOCK_BYTES = 1 << 20  # Ray's target block size for this job: a few windows a b
 # Reading reserves no CPU: like the local worker's reader thread it runs beside the model, and the actors'
 # reservation is the cores they compute on (with every CPU reserved by actors, a reading task would never start).
 READ_CPUS = 0
+USAGE_ERROR_NAMES = {"ConfigError", "CheckpointError", "DataError"}  # as an actor's traceback names them
 
 
 def require_ray() -> Any:
@@ -138,8 +138,8 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
-    if job.progress != "none":
-        _announce(checked, total, tasks, ray, stderr)
+    workers = f"Ray engine, {plural(job.nproc, 'actor')} x {plural(checked.threads, 'CPU')} ({_where(ray)})"
+    say(checked, stderr, job_line(checked, total, f"{workers}, {plural(tasks, 'read task')}"))
     progress = Progress(total, 0, job.progress, stderr)
     written = _InOrder(checked, progress)
     try:
@@ -147,8 +147,8 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
             for window in _results(ray, checked, record, window_rows, tasks) if total else iter(()):
                 written.add(window)
             written.publish(total)
-        if job.progress != "none" and written.ran_on:
-            stderr.write(f"predict: {_ran_on(written.ran_on)}\n")
+        if written.ran_on:
+            say(checked, stderr, _ran_on(written.ran_on))
     except Exception as exc:
         error = _user_error(exc)
         if error is None:
@@ -158,19 +158,6 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
         written.close()
         progress.close()
     return written.totals, progress
-
-
-def _announce(checked: CheckedJob, total: int, tasks: int, ray: Any, stderr: TextIO) -> None:
-    """The job in one line: rows, inputs and output, actors, where they run, read tasks, runtime and passes."""
-    job = checked.job
-    stderr.write(
-        f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> "
-        f"{display(checked.output)}: Ray engine, {job.nproc} actor{'s' if job.nproc > 1 else ''} x "
-        f"{checked.threads} CPU{'s' if checked.threads > 1 else ''} ({_where(ray)}), {tasks} read "
-        f"task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
-        f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
-    )
-    stderr.flush()
 
 
 @contextlib.contextmanager
@@ -237,16 +224,14 @@ class _InOrder:
 def _ran_on(rows_by_node: dict[str, int]) -> str:
     """Where the rows were computed: each node's address and id, and its rows."""
     nodes = sorted(rows_by_node.items(), key=lambda item: (-item[1], item[0]))
-    return f"computed on {len(nodes)} node{'s' if len(nodes) != 1 else ''}: " + ", ".join(
-        f"{node} {rows:,} rows" for node, rows in nodes
-    )
+    return f"computed on {plural(len(nodes), 'node')}: " + ", ".join(f"{node} {rows:,} rows" for node, rows in nodes)
 
 
 def _where(ray: Any) -> str:
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         cpus = ray.cluster_resources().get("CPU", 0)
-        return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs"
+        return f"{plural(len(nodes), 'node')}, {cpus:g} CPUs"
     except Exception:  # a description only
         return "Ray"
 
@@ -286,11 +271,7 @@ def _user_error(exc: BaseException) -> Exception | None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, (ConfigError, CheckpointError, DataError, FileNotFoundError)):
-            return (
-                ConfigError(str(cause).splitlines()[0])
-                if not isinstance(cause, ConfigError)
-                else ConfigError(str(cause))
-            )
+            return ConfigError(str(cause) if isinstance(cause, ConfigError) else str(cause).splitlines()[0])
         cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
     if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):
         return None
@@ -302,17 +283,11 @@ def _user_error(exc: BaseException) -> Exception | None:
                 f"predict: a Ray worker could not import this DistriNews ({message}): "
                 "install the same distrinews on every machine of the cluster"
             )
-        if (
-            message
-            and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"}
-            and name.startswith("distrinews.")
-        ):
+        if message and name.startswith("distrinews.") and name.rsplit(".", 1)[-1] in USAGE_ERROR_NAMES:
             return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return WorkerFailed(
-        f"predict: the Ray job failed ({type(exc).__name__}: "
-        f"{first}); nothing was published: run the same command again"
-    )
+    why = f"{type(exc).__name__}: {first}"
+    return WorkerFailed(f"predict: the Ray job failed ({why}); nothing was published: run the same command again")
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -357,20 +332,16 @@ class WindowPredictor:
         out: dict[str, list[Any]] = {name: [] for name in _result_schema().names}
         for window in windows.to_pylist():
             records = [(json.loads(line)["r"], line + "\n") for line in window["rejects"]]
-            rows, texts = window["rows"], window["texts"]
-            ids = [json.loads(i) for i in window["ids"]]
-            if texts:
-                encoded = self.predictor.encode(texts)
-                for indices in plan_passes([len(e) for e in encoded], self.batch_size, self.max_tokens):
-                    batch = [(rows[i], ids[i], encoded[i]) for i in indices]
-                    results = self.predictor.predict_encoded([e for _, _, e in batch])
-                    records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
+            keys = list(zip(window["rows"], [json.loads(i) for i in window["ids"]]))
+            for batch in passes(keys, window["texts"], self.predictor.encode, self.batch_size, self.max_tokens):
+                results = self.predictor.predict_encoded([e for _, _, e in batch])
+                records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
             records.sort(key=lambda pair: pair[0])
             out["start"].append(window["start"])
             out["end"].append(window["end"])
             out["labels"].append(self.labels)
             out["records"].append([line.rstrip("\n") for _, line in records])
-            out["labelled"].append(len(texts))
+            out["labelled"].append(len(window["texts"]))
             out["rejected"].append(len(window["rejects"]))
             out["node"].append(self.node)
         return pa.Table.from_pydict(out, schema=_result_schema())

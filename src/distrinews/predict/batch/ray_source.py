@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasource
@@ -17,7 +16,7 @@ from ray.data.datasource import ReadTask
 
 from ...data.fields import RowFields
 from .state import JobRecord
-from .worker import job_rows, read_row
+from .worker import job_rows, read_window
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -48,23 +47,16 @@ def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int
     rows = job_rows(record, fields.columns(), lo, hi)
     for start in range(lo, hi, window_rows):
         end = min(start + window_rows, hi)
-        kept: list[int] = []
-        ids: list[str] = []
-        texts: list[str] = []
-        rejects: list[str] = []
-        for row, path, raw in islice(rows, end - start):
-            text, row_id, reject = read_row(fields, row, path, raw)
-            if reject is not None:
-                rejects.append(json.dumps({"r": row, "x": reject}, ensure_ascii=False))
-            else:
-                kept.append(row)
-                ids.append(json.dumps(row_id, ensure_ascii=False))
-                assert text is not None, "read_row gives a text or a reject"
-                texts.append(text)
-        yield pa.Table.from_pydict(
-            {"start": [start], "end": [end], "rows": [kept], "ids": [ids], "texts": [texts], "rejects": [rejects]},
-            schema=schema,
-        )
+        rejects, keys, texts = read_window(fields, rows, end - start)
+        columns = {
+            "start": start,
+            "end": end,
+            "rows": [row for row, _ in keys],
+            "ids": [json.dumps(row_id, ensure_ascii=False) for _, row_id in keys],
+            "texts": texts,
+            "rejects": [json.dumps({"r": row, "x": reject}, ensure_ascii=False) for row, reject in rejects],
+        }
+        yield pa.Table.from_pydict({name: [value] for name, value in columns.items()}, schema=schema)
 
 
 class CorpusDatasource(Datasource):

@@ -29,8 +29,8 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -91,8 +91,8 @@ def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int)
 class _Window:
     start: int
     end: int
-    rejects: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (row, what the rejects file says)
-    batches: list[list[tuple[int, Any, Any]]] = field(default_factory=list)  # passes of (row, id, encoded text)
+    rejects: list[tuple[int, dict[str, Any]]]  # (row, what the rejects file says)
+    batches: list[list[tuple[int, Any, Any]]]  # passes of (row, id, encoded text)
 
 
 def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[tuple[int, Path, RawRow]]:
@@ -114,19 +114,42 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             row += 1
 
 
-def read_row(
-    fields: RowFields, row: int, path: Path, raw: RawRow
-) -> tuple[str, Any, None] | tuple[None, None, dict[str, Any]]:
-    """``(text, id, None)`` for a usable row, else ``(None, None, reject)``: what the rejects file says of it."""
-    reason = raw.error
-    if reason is None:
-        assert raw.fields is not None, "a row read without an error has its fields"
-        try:
-            return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
-        except BadRow as exc:
-            reason = str(exc)
-    reject = {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
-    return None, None, {key: _shown(value) if isinstance(value, str) else value for key, value in reject.items()}
+def read_window(
+    fields: RowFields, rows: Iterator[tuple[int, Path, RawRow]], count: int, skip: Container[int] = ()
+) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, Any]], list[str]]:
+    """The next ``count`` of ``rows`` (those in ``skip`` left out): the rejected ones as ``(row, what the rejects
+    file says of it)``, and the usable ones' ``(row, id)`` and texts."""
+    rejects: list[tuple[int, dict[str, Any]]] = []
+    keys: list[tuple[int, Any]] = []
+    texts: list[str] = []
+    for row, path, raw in islice(rows, count):
+        if row in skip:
+            continue
+        reason = raw.error
+        if reason is None:
+            assert raw.fields is not None, "a row read without an error has its fields"
+            try:
+                text, row_id = fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row)
+            except BadRow as exc:
+                reason = str(exc)
+            else:
+                keys.append((row, row_id))
+                texts.append(text)
+                continue
+        reject = {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
+        rejects.append((row, {key: _shown(v) if isinstance(v, str) else v for key, v in reject.items()}))
+    return rejects, keys, texts
+
+
+def passes(
+    keys: list[tuple[int, Any]], texts: list[str], encode: Callable, max_texts: int, max_tokens: int | None
+) -> list[list[tuple[int, Any, Any]]]:
+    """A window's forward passes, cut as the server cuts them (``plan_passes``): ``(row, id, encoded text)`` each."""
+    if not texts:
+        return []
+    encoded = encode(texts)
+    cut = plan_passes([len(e) for e in encoded], max_texts, max_tokens)
+    return [[(*keys[i], encoded[i]) for i in indices] for indices in cut]
 
 
 def _shown(text: str) -> str:
@@ -146,24 +169,8 @@ def _windows(
         start, end, skip = manifest.done_through, min(manifest.done_through + size, manifest.end), set()
     rows = job_rows(job, fields.columns(), start, manifest.end)
     while start < manifest.end:
-        window = _Window(start, end)
-        texts: list[str] = []
-        keys: list[tuple[int, Any]] = []
-        for row, path, raw in islice(rows, end - start):
-            if row in skip:
-                continue
-            text, row_id, reject = read_row(fields, row, path, raw)
-            if reject is not None:
-                window.rejects.append((row, reject))
-            else:
-                assert text is not None, "read_row gives a text or a reject"
-                texts.append(text)
-                keys.append((row, row_id))
-        if texts:
-            encoded = encode(texts)
-            for indices in plan_passes([len(e) for e in encoded], settings.batch_size, settings.max_batch_tokens):
-                window.batches.append([(keys[i][0], keys[i][1], encoded[i]) for i in indices])
-        yield window
+        rejects, keys, texts = read_window(fields, rows, end - start, skip)
+        yield _Window(start, end, rejects, passes(keys, texts, encode, settings.batch_size, settings.max_batch_tokens))
         start, end, skip = end, min(end + size, manifest.end), set()
 
 
