@@ -36,10 +36,15 @@ DEFAULT_RUNTIME = "auto"
 __all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "auto_predictor", "bf16_refusal", "make_predictor"]
 
 
-def bf16_refusal(device: str = "cpu") -> str | None:
-    """Why ``torch-bf16`` is refused on ``device`` (None where bf16 runs in hardware)."""
+def bf16_refusal(device: str | None = None) -> str | None:
+    """Why ``torch-bf16`` is refused on ``device`` (None: the one torch would use), None where bf16 runs in
+    hardware."""
     from ..distributed import machine
 
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if machine.bf16_is_fast(device):
         return None
     return (
@@ -62,44 +67,24 @@ def make_predictor(
     ``spin=False``: ONNX Runtime's idle threads sleep at once rather than spin waiting for the next pass, which
     gives their cores back to whatever shares them (a server's event loop and its clients between requests)."""
     threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
-    predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads, spin)
-    predictor.set_min_confidence(threshold)
-    return predictor
-
-
-def _make_predictor(
-    checkpoint: str | os.PathLike,
-    runtime: str,
-    max_batch_size: int,
-    onnx_model: str | os.PathLike | None,
-    threads: int | None,
-    spin: bool = True,
-) -> Predictor:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if onnx_model and not runtime.startswith("onnx"):
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
+    predictor: Predictor
     if runtime == "auto":
-        return auto_predictor(checkpoint, max_batch_size, threads, spin)
-    if runtime.startswith("torch"):
-        _torch_threads(threads)
-    if runtime == "torch":
-        return Predictor(checkpoint, max_batch_size=max_batch_size)
-    if runtime == "torch-bf16":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        if (why := bf16_refusal(device)) is not None:
-            raise ValueError(why)
-        return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
-    return OnnxPredictor(
-        checkpoint,
-        onnx_model=onnx_model,
-        max_batch_size=max_batch_size,
-        threads=threads,
-        int8=runtime == "onnx-int8",
-        spin=spin,
-    )
+        predictor = auto_predictor(checkpoint, max_batch_size, threads, spin)
+    elif runtime.startswith("onnx"):
+        int8 = runtime == "onnx-int8"
+        predictor = OnnxPredictor(checkpoint, onnx_model, max_batch_size, threads, int8=int8, spin=spin)
+    elif runtime == "torch":
+        predictor = _torch(checkpoint, max_batch_size, threads)
+    elif (why := bf16_refusal()) is not None:
+        raise ValueError(why)
+    else:
+        predictor = _torch(checkpoint, max_batch_size, threads, bf16=True)
+    predictor.set_min_confidence(threshold)
+    return predictor
 
 
 def auto_predictor(
@@ -180,12 +165,14 @@ def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
         yield cached
 
 
-def _torch_threads(threads: int | None) -> None:
-    """PyTorch's intra-op threads (``serve --threads``; a replica's share of the cores); None or 0: its default."""
+def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, bf16: bool = False) -> Predictor:
+    """PyTorch on ``threads`` intra-op threads (``serve --threads``; a replica's share of the cores; None or 0: its
+    default)."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
+    return Predictor(checkpoint, max_batch_size=max_batch_size, bf16=bf16)
 
 
 def _fall_back(
@@ -196,8 +183,7 @@ def _fall_back(
     threads: int | None = None,
 ) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
-    _torch_threads(threads)
-    predictor = Predictor(checkpoint, max_batch_size=max_batch_size)
+    predictor = _torch(checkpoint, max_batch_size, threads)
     predictor.choice = {
         "requested": "auto",
         "runtime": "torch",
