@@ -12,24 +12,7 @@ from pathlib import Path
 
 from ..checkpoint.servable import load_for_inference
 from ..predict.derived import FP32_FILE, DerivedFiles
-from ..predict.onnx import (
-    FP32_PROB_TOLERANCE,
-    SAMPLE_TEXTS,
-    compare_with_torch,
-    export_model,
-    is_quantized,
-    quantize_int8,
-)
-
-__all__ = [
-    "FP32_PROB_TOLERANCE",
-    "SAMPLE_TEXTS",
-    "compare_with_torch",
-    "export_model",
-    "export_onnx",
-    "is_quantized",
-    "quantize_int8",
-]
+from ..predict.onnx import FP32_PROB_TOLERANCE, compare_with_torch, export_model
 
 
 def export_onnx(

@@ -124,15 +124,6 @@ def _without_preprocessing_hint() -> Iterator[None]:
             root.removeHandler(stand_in)
 
 
-def is_quantized(path: str | os.PathLike) -> bool:
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return any(
-        node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node
-    )
-
-
 def compare_with_torch(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
