@@ -132,21 +132,10 @@ class RemoteClassifier:
                     raise RemoteError(response.status_code, _detail(response), f"{self.url}{path}")
                 wait, why = retry_after(response.headers.get("retry-after"), attempt), f"HTTP {response.status_code}"
                 if wait > self.max_retry_wait:
-                    detail = (
-                        f"{_detail(response)} (it asks to retry in {wait:.0f} "
-                        f"s, more than max_retry_wait {self.max_retry_wait:g} s)"
-                    )
-                    raise RemoteError(response.status_code, detail, f"{self.url}{path}")
-            log.info(
-                "%s %s%s: %s; retrying in %.2f s (retry %d of %d)",
-                method,
-                self.url,
-                path,
-                why,
-                wait,
-                attempt + 1,
-                self.max_retries,
-            )
+                    asks = f"it asks to retry in {wait:.0f} s, more than max_retry_wait {self.max_retry_wait:g} s"
+                    raise RemoteError(response.status_code, f"{_detail(response)} ({asks})", f"{self.url}{path}")
+            retry = f"retry {attempt + 1} of {self.max_retries}"
+            log.info("%s %s%s: %s; retrying in %.2f s (%s)", method, self.url, path, why, wait, retry)
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -184,16 +184,11 @@ class TextEncoder:
         width = int(lengths.max()) if len(batch) else 0
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         type_ids = np.full((len(batch), width), self.pad_type_id, dtype=np.int64)
-        positions = np.arange(width)
-        if self.padding_side == "right":
-            mask = positions[None, :] < lengths[:, None]
-            for row, e in enumerate(batch):
-                ids[row, : len(e)] = e.ids
-                type_ids[row, : len(e)] = e.type_ids
-        else:
-            mask = positions[None, :] >= (width - lengths)[:, None]
-            for row, e in enumerate(batch):
-                ids[row, width - len(e) :] = e.ids
-                type_ids[row, width - len(e) :] = e.type_ids
+        starts = np.zeros_like(lengths) if self.padding_side == "right" else width - lengths
+        for row, (e, start) in enumerate(zip(batch, starts)):
+            ids[row, start : start + len(e)] = e.ids
+            type_ids[row, start : start + len(e)] = e.type_ids
+        positions = np.arange(width)[None, :]
+        mask = (positions >= starts[:, None]) & (positions < (starts + lengths)[:, None])
         arrays = {"input_ids": ids, "attention_mask": mask.astype(np.int64), "token_type_ids": type_ids}
         return {name: arrays[name] for name in self.input_names}

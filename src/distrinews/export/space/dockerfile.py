@@ -136,9 +136,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
     out, pending = [], ""
     for raw in text.splitlines():
         line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
+        if line.startswith("#") or not (line or pending):
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "

@@ -77,15 +77,15 @@ class ResultWriter:
         labels and their scores."""
         if isinstance(label_id, list):
             return [[self.labels[i] for i in label_id], [float(probs[i]) for i in label_id]]
-        return [self.labels[label_id], float(probs[label_id]), *self.confident(label_id, probs)]
-
-    def confident(self, label_id: int, probs: Sequence[float]) -> list[bool]:
-        """``[confident]`` with a threshold, else ``[]``: the optional field after ``confidence``."""
-        if self.min_confidence is None:
-            return []
-        return [self.min_confidence.confident(self.labels[label_id], float(probs[label_id]))]
+        label, confidence = self.labels[label_id], float(probs[label_id])
+        return [label, confidence] + (
+            [] if self.min_confidence is None else [self.min_confidence.confident(label, confidence)]
+        )
 
     def close(self) -> None:
+        if (text := getattr(self, "_text", None)) is not None:  # JSONL's and CSV's, over the binary file
+            text.flush()
+            text.detach()
         if self._gzip is not None:
             self._gzip.close()
         self._raw.flush()
@@ -105,11 +105,6 @@ class JsonlResults(ResultWriter):
         self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
         self.rows += 1
 
-    def close(self) -> None:
-        self._text.flush()
-        self._text.detach()
-        super().close()
-
 
 class CsvResults(ResultWriter):
     def _opened(self) -> None:
@@ -123,11 +118,6 @@ class CsvResults(ResultWriter):
             row += [repr(float(p)) for p in probs]
         self._csv.writerow(row)
         self.rows += 1
-
-    def close(self) -> None:
-        self._text.flush()
-        self._text.detach()
-        super().close()
 
 
 class ParquetResults(ResultWriter):
