@@ -164,11 +164,7 @@ def _start_workers(
 
 
 def _follow(
-    pipes: dict[Connection, int],
-    processes: dict[int, Any],
-    progress: Progress,
-    errors: list[str],
-    crashes: list[str],
+    pipes: dict[Connection, int], processes: dict[int, Any], progress: Progress, errors: list[str], crashes: list[str]
 ) -> None:
     """Every worker's events until each pipe ends; once one worker fails, the others are stopped."""
     from multiprocessing.connection import wait

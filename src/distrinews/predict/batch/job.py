@@ -62,14 +62,10 @@ class BatchJob:
         switch=True,
     ).field()
     strict: bool = Option(
-        default=False,
-        help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)",
-        switch=True,
+        default=False, help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)", switch=True
     ).field()
     progress: str = Option(
-        default="auto",
-        help="auto: a bar on a terminal, else a line every 10 s",
-        choices=PROGRESS_MODES,
+        default="auto", help="auto: a bar on a terminal, else a line every 10 s", choices=PROGRESS_MODES
     ).field()
     engine: str = Option(
         default="local",
