@@ -33,7 +33,7 @@ from ..checkpoint import records
 from ..checkpoint.records import DEFAULT_THRESHOLD, ModelInfo
 from ..errors import CheckpointError
 from .confidence import ConfidenceThreshold
-from .tokens import MODEL_INPUTS, Encoded, TextEncoder
+from .tokens import Encoded, TextEncoder
 
 MULTI_LABEL = "multi_label_classification"  # transformers' problem_type (config's, which this module cannot import)
 
@@ -101,13 +101,6 @@ class Predictor:
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Token ids per text, truncated to ``max_length``, not padded. Thread-safe; releases the GIL."""
         return self.encoder.encode(texts)
-
-    def tokenize(self, texts: Sequence[str], return_tensors: str) -> dict[str, Any]:
-        """The padded batch through ``transformers`` itself (the reference the encoder is checked against)."""
-        enc = self.tokenizer(
-            list(texts), truncation=True, max_length=self.max_length, padding=True, return_tensors=return_tensors
-        )
-        return {k: v for k, v in enc.items() if k in MODEL_INPUTS}
 
     # ------------------------------------------------------------------ the forward pass
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -113,14 +113,11 @@ def server_files(runtime: str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ the folder
-def _is_bundle(path: Path) -> bool:
-    return (path / "Dockerfile").is_file() and (path / PACKAGE / "serve" / "__main__.py").is_file()
-
-
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file, not a directory")
-    if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not _is_bundle(output):
+    earlier = (output / "Dockerfile").is_file() and (output / PACKAGE / "serve" / "__main__.py").is_file()
+    if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not earlier:
         raise ConfigError(
             f"--output {output} is not empty and holds no earlier Space bundle; choose a new or empty directory"
         )
@@ -151,10 +148,6 @@ def _read_checkpoint(checkpoint: Path) -> ServableInfo:
             f"--checkpoint {checkpoint}: no tokenizer.json (a fast tokenizer's file), which the Space's server reads"
         )
     return read_servable_info(checkpoint)
-
-
-def _torch_version() -> str:
-    return metadata.version("torch").split("+", 1)[0]
 
 
 def export_space(
@@ -198,7 +191,7 @@ def export_space(
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PACKAGE_ROOT.parent / rel, staging / rel)
         (staging / "requirements.txt").write_text(requirements.render(runtime))
-        torch_version = _torch_version() if runtime == "torch" else None
+        torch_version = metadata.version("torch").split("+", 1)[0] if runtime == "torch" else None
         (staging / "Dockerfile").write_text(dockerfile.render(runtime, torch_version, base_image))
         (staging / "README.md").write_text(readme.render(info, runtime, accuracy.note(runtime, check), repo_id))
         (staging / ".gitattributes").write_text(GITATTRIBUTES)

@@ -172,7 +172,15 @@ def _follow(
     while pipes:
         for reader in cast("list[Connection]", wait(list(pipes), timeout=0.5)):  # the objects it was given
             try:
-                _handle(reader.recv(), progress, errors, crashes)
+                kind, k, *rest = reader.recv()
+                if kind == "progress":
+                    progress.advance(*rest)
+                elif kind == "ready":
+                    progress.ready()
+                elif kind == "error":  # a bad input: its message as it is
+                    errors.append(rest[0])
+                else:
+                    crashes.append(f"worker {k}: {rest[0]}")
             except EOFError:
                 pipes.pop(reader)
                 reader.close()
@@ -198,15 +206,3 @@ def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: 
         raise WorkerFailed(
             f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue"
         )
-
-
-def _handle(event: tuple, progress: Progress, errors: list[str], crashes: list[str]) -> None:
-    kind, k, *rest = event
-    if kind == "progress":
-        progress.advance(*rest)
-    elif kind == "ready":
-        progress.ready()
-    elif kind == "error":
-        errors.append(rest[0])
-    else:
-        crashes.append(f"worker {k}: {rest[0]}")

@@ -59,7 +59,6 @@ class Progress:
         done_before: int,
         mode: str = "auto",
         stream: TextIO | None = None,
-        every_s: float = PROGRESS_EVERY_S,
     ):
         self.stream = stream or sys.stderr
         if mode == "auto":
@@ -70,15 +69,10 @@ class Progress:
         self.rows = self.labelled = self.rejected = 0  # this run's
         self.started = time.monotonic()
         self.computing: float | None = None  # when the first worker had its model loaded
-        self.every_s = every_s
         self._last_line = self.started
         self._bar: tqdm[Any] | None = (
             None  # drawn once a model is loaded, so its rate and time left leave the loading out
         )
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
 
     @property
     def computing_s(self) -> float:
@@ -109,7 +103,7 @@ class Progress:
             self._bar.update(rows)
             if rejected:
                 self._bar.set_postfix(rejected=self.rejected, refresh=False)
-        elif self.mode == "lines" and time.monotonic() - self._last_line >= self.every_s:
+        elif self.mode == "lines" and time.monotonic() - self._last_line >= PROGRESS_EVERY_S:
             self._last_line = time.monotonic()
             self.stream.write(self.line() + "\n")
             self.stream.flush()

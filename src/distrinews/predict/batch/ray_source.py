@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasource
@@ -93,15 +94,6 @@ class CorpusDatasource(Datasource):
             metadata = BlockMetadata(
                 num_rows=windows_here, size_bytes=int(bytes_per_row * (hi - lo)), input_files=files, exec_stats=None
             )
-            out.append(ReadTask(_ReadRange(self.record, self.fields, size, lo, hi), metadata, schema=_window_schema()))
+            read = partial(read_windows, self.record, self.fields, size, lo, hi)
+            out.append(ReadTask(read, metadata, schema=_window_schema()))
         return out
-
-
-class _ReadRange:
-    """A read task's function: the windows of rows ``lo`` .. ``hi - 1``."""
-
-    def __init__(self, record: JobRecord, fields: RowFields, window_rows: int, lo: int, hi: int):
-        self.record, self.fields, self.window_rows, self.lo, self.hi = record, fields, window_rows, lo, hi
-
-    def __call__(self) -> Iterator[Any]:
-        return read_windows(self.record, self.fields, self.window_rows, self.lo, self.hi)

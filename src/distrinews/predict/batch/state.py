@@ -24,7 +24,7 @@ import io
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,9 +88,6 @@ class ShardRecord:
     sha256: str  # of the file's bytes as stored (compressed for .gz); "" where not computed (the Ray engine's run)
     rows: int = -1  # counted once, when the job starts
 
-    def same_file(self, other: ShardRecord) -> bool:
-        return (self.path, self.format, self.size, self.sha256) == (other.path, other.format, other.size, other.sha256)
-
 
 @dataclass
 class JobRecord:
@@ -119,7 +116,7 @@ class JobRecord:
         if [s.path for s in self.inputs] != [s.path for s in other.inputs]:
             return "other input files"
         for mine, theirs in zip(self.inputs, other.inputs):
-            if not mine.same_file(theirs):
+            if replace(mine, rows=theirs.rows) != theirs:
                 return f"input {theirs.path} changed since (its size or SHA-256)"
         if self.checkpoint != other.checkpoint:
             return f"another checkpoint ({self.checkpoint})"

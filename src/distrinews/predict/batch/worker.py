@@ -22,6 +22,7 @@ passes are the same passes (the same texts padded together, so the same numbers)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -177,50 +178,35 @@ def _windows(
 class _Prefetch:
     """Runs an iterator on its own thread, at most ``depth`` items ahead; its exceptions surface in the consumer."""
 
-    _END = object()
-
     def __init__(self, items: Iterator[Any], depth: int = PREFETCH):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)  # (more, item or what it raised)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(items,), name="distrinews-predict-reader", daemon=True)
         self._thread.start()
 
-    def _put(self, item: Any) -> bool:
+    def _put(self, entry: tuple[bool, Any]) -> bool:
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
+            with contextlib.suppress(queue.Full):
+                self._queue.put(entry, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _run(self, items: Iterator[Any]) -> None:
         try:
-            for item in items:
-                if not self._put(item):
-                    return
+            if all(self._put((True, item)) for item in items):
+                self._put((False, None))
         except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(_Failure(exc))
-            return
-        self._put(self._END)
+            self._put((False, exc))
 
     def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, _Failure):
-                raise item.exc
-            yield item
+        while (entry := self._queue.get())[0]:
+            yield entry[1]
+        if entry[1] is not None:
+            raise entry[1]
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
 
 
 class _Committer:
