@@ -1,23 +1,16 @@
 """One worker of a batch job: its row range, read, tokenized, batched, computed and committed, in a pipeline.
 
-A reader thread takes the worker's rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size``
-rows, in input order), sets its bad rows apart, tokenizes the rest (the predictor's ``encode``, the
-Rust tokenizer, which releases the GIL) and cuts them into forward passes the way the server does
-(``predict.batch_forming.plan_passes``: sorted by length, at most ``--batch-size`` texts and
-``--max-batch-tokens`` padded tokens a pass). At most ``PREFETCH`` windows wait for the model, so
-memory does not grow with the corpus. The calling thread runs the passes (``predict_encoded``).
+A reader thread takes the rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size`` rows, in input order),
+sets bad rows apart, tokenizes the rest (the Rust tokenizer releases the GIL) and cuts them into forward passes as
+the server does (``batch_forming.plan_passes``: sorted by length, at most ``--batch-size`` texts and
+``--max-batch-tokens`` padded tokens). At most ``PREFETCH`` windows wait, so memory does not grow with the corpus.
 
-The commit protocol (after the window's rejected rows, and after every forward pass):
-
-1. append the rows' lines to ``worker-K/rows.jsonl``, flush, fsync;
-2. write ``worker-K/manifest.json`` whole (``state.write_json_atomic``): the rows now done and the
-   length of ``rows.jsonl`` that holds them.
-
-A kill between 1 and 2 leaves lines past ``committed_bytes``; the next start truncates them and
-computes that pass again: at most one forward pass per worker is ever computed twice. The window
-being worked on is recorded with the rows of it that are done; on a restart the rest of it is
-planned again, and since passes are cut from the length-sorted window in order, the remaining
-passes are the same passes (the same texts padded together, so the same numbers).
+The commit, after a window's rejected rows and after every pass: (1) append the rows' lines to
+``worker-K/rows.jsonl``, flush, fsync; (2) write ``worker-K/manifest.json`` whole: the rows done and the length of
+``rows.jsonl`` that holds them. A kill between 1 and 2 leaves lines past ``committed_bytes``, truncated at the next
+start: at most one pass per worker is computed twice. The manifest records the window being worked on and its done
+rows; a restart plans the rest of it again, and since passes are cut from the length-sorted window in order, they
+are the same passes (the same texts padded together, the same numbers).
 """
 
 from __future__ import annotations
@@ -70,15 +63,13 @@ class WorkerSettings:
 
 def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int) -> Any:
     """The runtime's predictor, using ``threads`` cores (torch's intra-op threads, or ONNX Runtime's)."""
-    from ..onnx_runtime import OnnxPredictor
     from ..runtimes import make_predictor
 
     try:
-        if runtime.startswith("onnx"):
-            return OnnxPredictor(checkpoint, max_batch_size=batch_size, threads=threads, int8=runtime == "onnx-int8")
-        import torch
+        if not runtime.startswith("onnx"):
+            import torch
 
-        torch.set_num_threads(threads)
+            torch.set_num_threads(threads)
         # auto: the int8 model beside the checkpoint where it passed its check (made at the first start; with
         # --nproc N by the parent, before the workers start: engine._prepare_auto).
         return make_predictor(checkpoint, runtime, max_batch_size=batch_size, threads=threads)
