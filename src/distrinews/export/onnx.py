@@ -1,7 +1,6 @@
 """``distrinews export --format onnx [--quantize int8]``: a checkpoint's ONNX file, checked against PyTorch, at
-``--output`` or else in the cache of files made from the checkpoint (``predict/derived.py``), where the runtimes
-look for it: never into the checkpoint. The graph making itself is ``predict/onnx.py`` (the runtimes make it on
-demand too).
+``--output``, else in the cache where the runtimes look for it (``predict/derived.py``; never into the checkpoint).
+``predict/onnx.py`` makes the graphs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Which texts are computed together: the requests that form the server's next batch (``take``), and how a batch is
-cut into forward passes (``plan_passes``, ``run_passes``). The rules only: the server's micro-batcher
-(``serve/batcher.py``) and batch inference (``predict/batch``) apply them.
+cut into forward passes (``plan_passes``, ``run_passes``), for ``serve/batcher.py`` and ``predict/batch``.
 
-Two limits bound a batch and each pass: ``max_texts`` texts and ``max_tokens`` padded tokens (its longest text
-times its texts, since a batch is padded to its longest: text-embeddings-inference's ``max_batch_tokens``;
-``None``: no limit on tokens).
-
-A batch holds whole requests. The oldest request is always in it; the rest are the queued requests nearest to it
-in length, so batches pad little (random AG News rows padded together cost about twice their tokens). A batch
-over a limit (the oldest request alone may be) runs as several passes: its texts sorted by length and cut
-greedily, so each pass pads little; only a single text longer than ``max_tokens`` makes a pass over it.
+Two limits bound a batch and each pass: ``max_texts`` texts and ``max_tokens`` padded tokens (its longest text times
+its texts: text-embeddings-inference's ``max_batch_tokens``; ``None``: no limit). A batch holds whole requests: the
+oldest, then the queued ones nearest to it in length (random AG News rows padded together cost about twice their
+tokens). A batch over a limit runs as several passes, its texts sorted by length and cut greedily.
 """
 
 from __future__ import annotations

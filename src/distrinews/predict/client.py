@@ -1,14 +1,9 @@
 """A remote ``distrinews serve`` from Python, with the local predictor's ``predict``.
 
 ``RemoteClassifier(url, api_key=...).predict(texts)`` answers what ``make_predictor(checkpoint).predict(texts)``
-answers on this machine: one ``{"label", "label_id", "confidence", "probabilities"}`` per text, in order (and
-one text alone gives its one result). It speaks the server's own API: a text goes to ``POST /predict``,
-texts to ``POST /predict/batch`` in chunks of the server's ``--max-batch-texts`` (read from ``/info``).
-
-A server that is busy (429) or not ready (503: loading, or shutting down behind a load balancer)
-says when to come back in ``Retry-After``; the client waits that long and tries again, up to
-``max_retries`` times, and so it does when the server cannot be reached (a restart). A wait the
-server asks for beyond ``max_retry_wait`` is not waited for: the error is raised at once. Any
+answers here, through the server's own API (``POST /predict``, ``POST /predict/batch`` in chunks of the server's
+``--max-batch-texts``). A busy (429) or not ready (503) server, or one that cannot be reached (a restart), is tried
+again after its ``Retry-After``, up to ``max_retries`` times; a wait over ``max_retry_wait`` is not waited for. Any
 other error is a :class:`RemoteError` with the server's status and message.
 """
 

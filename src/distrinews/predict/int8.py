@@ -1,24 +1,13 @@
 """The int8 model a checkpoint is served with by default, made once with its check.
 
-``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within
-``TOLERANCE_POINTS`` of PyTorch fp32: ONNX Runtime int8 on every CPU measured so far
-(benchmarks/serving.md), provided this checkpoint's int8 model passed its check. The check it passed
-is in the ONNX file's own metadata (``CHECK_KEY``), so the file and its verdict cannot part. The
-model is
-
-- ``best/model.int8.onnx``, made by ``train`` after the final evaluation, before the run ends: int8 against
-  fp32 accuracy on the test split (a multi-label model: micro-F1 at its stored thresholds, as
-  ``distrinews eval`` scores it); a checkpoint folder that ships ``model.int8.onnx`` is served with it;
-- else the one made from this checkpoint before, in the cache (``derived.py``: keyed by the checkpoint's
-  content, checked before use), by ``export --format onnx --quantize int8`` without ``--output`` or by
-- the first ``auto`` start of a checkpoint without one: accuracy on up to ``SERVE_CHECK_ROWS`` test
-  rows when labelled AG News data is at hand (``$DISTRINEWS_DATA`` or the training config's
-  ``data_dir``), else label agreement with fp32 on ``FIXED_SAMPLE``.
-
-A published checkpoint is never written again: what a start or an export makes goes to the cache. Both graphs
-of a check run through ONNX Runtime; the fp32 graph itself is held to PyTorch's probabilities within 1e-3
-(``onnx.FP32_PROB_TOLERANCE``). A later start only reads the file and its metadata: no torch, well under a
-second.
+``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within ``TOLERANCE_POINTS`` of
+PyTorch fp32: ONNX Runtime int8 on every CPU measured (benchmarks/serving.md), where this checkpoint's int8 model
+passed its check. The check is in the ONNX file's own metadata (``CHECK_KEY``), so the file and its verdict cannot
+part. The model is ``best/model.int8.onnx`` (made by ``train``: accuracy, or multi-label micro-F1 at the stored
+thresholds, against fp32 on the test split), else the one made before in the cache (``derived.py``; by ``export
+--format onnx --quantize int8`` or a first start), else made at the first ``auto`` start: accuracy on up to
+``SERVE_CHECK_ROWS`` test rows when labelled data is at hand, else label agreement with fp32 on ``FIXED_SAMPLE``.
+Nothing is written into a checkpoint. A later start only reads the file and its metadata: no torch, under a second.
 """
 
 from __future__ import annotations

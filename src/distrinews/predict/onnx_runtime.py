@@ -1,9 +1,8 @@
 """``OnnxPredictor``: the predictor on ONNX Runtime (``--runtime onnx`` and ``onnx-int8``).
 
-With its ONNX file (in the checkpoint directory or the cache, ``derived.py``) and a checkpoint directory that holds
-``tokenizer.json`` and ``config.json``, it needs only onnxruntime, tokenizers and numpy (the Space bundle's slim
-image, ``distrinews.export.space``); torch and transformers are imported where it must export (or quantize) the
-model first or read a legacy ``.pt`` file.
+With its ONNX file and a checkpoint folder holding ``tokenizer.json`` and ``config.json`` it needs only onnxruntime,
+tokenizers and numpy (the Space's slim image); torch and transformers are imported where it must export the model
+first or read a legacy ``.pt`` file.
 """
 
 from __future__ import annotations

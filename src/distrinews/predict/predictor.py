@@ -1,23 +1,15 @@
 """The PyTorch predictor, and the interface and output format every runtime shares (``runtimes.py`` picks one).
 
-The HTTP app's part of the interface is ``protocol.ServingPredictor``; the HTTP app and the CLI do not care which
-runtime runs. A prediction is three steps, kept apart so the server can run them on different threads:
+The HTTP app's part of the interface is ``protocol.ServingPredictor``. A prediction is three steps, kept apart so
+the server can run them on different threads: ``encode(texts)`` (tokenization only, ``tokens.TextEncoder``; any
+thread), ``forward(inputs)`` (padded int64 arrays in, float32 logits out) and ``format_batch(logits)``: softmax of
+the logits divided by the checkpoint's temperature (fitted when training ended, ``train/calibration.py``; 1 where
+it has none), named labels, and with a ``min_confidence`` (``confidence.py``) whether the answer is ``confident``.
+A multi-label model (``problem_type`` multi_label_classification) answers with a sigmoid per label and every label
+at or over its threshold (tuned when training, else 0.5; ``min_confidence`` replaces those it names):
+``{"labels": [{"label", "label_id", "score"}, ...] (highest first, possibly none), "probabilities"}``.
 
-- ``encode(texts)``: tokenization only (``tokens.TextEncoder``; no model, any thread);
-- ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);
-- ``format_batch(logits)``: softmax of the logits divided by the checkpoint's temperature (``distrinews.json``,
-  fitted when training ended: ``train/calibration.py``; 1 where it has none), named labels, and with a
-  ``min_confidence`` threshold (``confidence.py``) whether the answer is ``confident``. A multi-label model
-  (its config's ``problem_type`` is multi_label_classification) answers with a sigmoid per label instead, and
-  every label whose score is at least its threshold (``distrinews.json``'s ``thresholds``, tuned when training;
-  0.5 where none is recorded; ``min_confidence`` replaces those of the labels it gives a number for):
-  ``{"labels": [{"label", "label_id", "score"}, ...] (highest first, possibly none), "probabilities"}``.
-
-``predict_encoded`` is the micro-batcher's forward job (collate + forward + format, one pass);
-``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
-
-Importing this module needs neither torch nor transformers (``onnx_runtime.OnnxPredictor`` derives from it);
-``Predictor`` imports them when it loads a checkpoint.
+Importing this module needs neither torch nor transformers (``onnx_runtime.OnnxPredictor`` derives from it).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The runtimes a checkpoint can be served on, and ``make_predictor``, which builds the one ``--runtime`` names.
 
-Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only where the device
-computes bf16 in hardware, ``distributed.machine.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
-``onnx-int8`` (dynamic int8 quantization). The default, ``auto``, is a rule, not a runtime: the
-fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32, which is ``onnx-int8``
-on every CPU measured (benchmarks/serving.md) where this checkpoint's int8 model passed its check
-(``int8.py``: the one its folder ships, else the one made from it before and kept in the cache, else made
-now; never written into the checkpoint); otherwise ``torch``, said in one log line and in ``/info``'s
-``runtime_choice``.
-
-Every runtime shares one interface and one output format (``predictor.Predictor``); ``onnx_runtime.OnnxPredictor``
-runs the ONNX ones. Importing this module needs neither torch nor transformers.
+``torch`` (fp32), ``torch-bf16`` (bf16 autocast, only where the device computes bf16 in hardware), ``onnx`` (ONNX
+Runtime fp32) and ``onnx-int8`` (dynamic int8). The default, ``auto``, is a rule: the fastest runtime within 0.2
+points of PyTorch fp32, which is ``onnx-int8`` on every CPU measured (benchmarks/serving.md) where the checkpoint's
+int8 model passed its check (``int8.py``), else ``torch``, said in one log line and in ``/info``'s
+``runtime_choice``. Importing this module needs neither torch nor transformers.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Tokenization for serving, apart from the forward pass: text -> token ids, then a batch -> padded arrays.
 
-``TextEncoder.encode`` turns texts into :class:`Encoded` (ids truncated to ``max_length``, not
-padded): it runs on the micro-batcher's tokenizer thread as requests arrive, so a request's
-tokens, and its length in tokens (what the batcher's token budget counts), are known before
-its batch forms. ``TextEncoder.encode_fitted`` does the same with text-embeddings-inference's
-``truncate: false`` (refuse a text too long) and ``truncation_direction: left`` (keep its end), still
-tokenizing each text once, where the request's other texts are. ``TextEncoder.collate`` pads a batch
-to its own longest text; it costs microseconds and runs on the forward thread just before the model.
+``TextEncoder.encode`` gives :class:`Encoded` texts (ids truncated to ``max_length``, not padded) on the
+micro-batcher's tokenizer thread, so a request's length in tokens (what the token budget counts) is known before its
+batch forms; ``encode_fitted`` adds text-embeddings-inference's ``truncate: false`` and ``truncation_direction:
+left``. ``collate`` pads a batch to its longest text (microseconds, on the forward thread).
 
-The ids are those of ``transformers``' fast tokenizer called as ``tokenizer(texts,
-truncation=True, max_length=N, padding=True)`` (a test checks all 7,600 test rows), computed by
-the Rust ``tokenizers`` library directly: the Python wrapper around it costs about as much as
-the tokenization itself, and the Rust call releases the GIL. Needs numpy and tokenizers only:
-``TextEncoder.from_tokenizer_json`` builds one from a checkpoint's ``tokenizer.json`` without
-``transformers`` (the slim ONNX Runtime server), ``TextEncoder.from_transformers`` from a loaded
-fast tokenizer.
+The ids are those of ``transformers``' fast tokenizer called with ``truncation=True, max_length=N, padding=True``
+(a test checks all 7,600 test rows), computed by the Rust ``tokenizers`` library directly: the Python wrapper costs
+about as much as the tokenization, and the Rust call releases the GIL. ``from_tokenizer_json`` needs no
+``transformers`` (the slim ONNX Runtime server).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Does the int8 model stay within tolerance of fp32? Measured at export (``--check-accuracy``) on the evaluation
-rows of the data the checkpoint was trained on, as ``distrinews eval`` reads them.
-
-The tolerance is the speed issue's: int8 may be at most 0.2 points below fp32. The rows are
-AG News's 7,600-row test split for a model trained on it, the user's evaluation rows for one
-trained on their own data (``training_config``). A single-label model is scored by accuracy; a
-multi-label model by micro-F1 with each label at the threshold stored with it (``predict.int8.score``, as
-``--runtime auto``'s check). Both graphs run through the same ONNX Runtime predictor the Space uses.
+rows of the data the checkpoint was trained on (AG News's test split, or the user's evaluation rows), as ``distrinews
+eval`` reads them, through the ONNX Runtime predictor the Space uses, scored as ``--runtime auto``'s check scores
+(``predict.int8.score``: accuracy, or micro-F1 at the stored thresholds), with its tolerance.
 """
 
 from __future__ import annotations

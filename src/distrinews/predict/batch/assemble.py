@@ -1,14 +1,10 @@
 """The end of a batch job: every worker's committed rows, in input order, into the output and rejects files, published
 whole.
 
-Worker K's ``rows.jsonl`` holds the rows of its range ``[start, end)``, each exactly once, in commit
-order: a window's rows are committed in length order, and a window is at most
-``worker.WINDOW_BATCHES`` batches of rows, so a heap of that size puts them back in input order.
-Workers' ranges are consecutive, so the output is worker 0's rows, then worker 1's, ...: the input order.
-
-Both files are written in the progress folder, fsynced, then renamed into place: the rejects first,
-the output last (its appearance means the job is complete), and the progress folder is removed.
-A kill at any point leaves either no output (the next run assembles again) or the complete one.
+A worker's ``rows.jsonl`` holds each row of its range once, a window's rows in length order; a window is at most
+``worker.WINDOW_BATCHES`` batches, so a heap of that size restores input order, and workers' ranges are consecutive.
+Both files are written in the progress folder, fsynced, then renamed into place, the output last (its appearance
+means the job is complete), and the progress folder is removed: a kill leaves no output or the complete one.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The local engine: a batch job on this machine, in one process or ``--nproc`` worker processes, resumable.
 
-``run(job)``:
-
-1. ``job.check``: every check that needs no model (one-line ``ConfigError``, exit 2, nothing written);
-2. the progress folder ``OUTPUT.partial/``, locked (``shell``: one run at a time; ``--overwrite`` empties it,
-   and leaves the published output in place until the new one replaces it): with the same input, checkpoint,
-   runtime, fields and ``--nproc`` as the run that made it, the job continues; with another and rows already
-   done, it is refused (``--overwrite`` starts again); new, the rows are counted and split into one
-   contiguous range per worker (``job.json``);
-3. the workers (``worker.run_worker``; in this process for ``--nproc 1``, else spawned processes
-   with ``cores / N`` threads each), which commit every forward pass (the protocol is in ``worker``);
-4. ``assemble``: the output and rejects files, in input order, published whole.
+``run(job)``: ``job.check`` (every check that needs no model; nothing written); the progress folder
+``OUTPUT.partial/``, locked (``shell``): continued when its input, checkpoint, runtime, fields and ``--nproc`` are
+this run's, refused when they differ and rows are done, else started (rows counted, one contiguous range per
+worker: ``job.json``); the workers (``worker.run_worker``: in this process for ``--nproc 1``, else spawned with
+``cores / N`` threads each), which commit every forward pass; ``assemble``, which publishes the output whole.
 """
 
 from __future__ import annotations

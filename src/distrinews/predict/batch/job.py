@@ -1,9 +1,7 @@
 """What a batch job is asked to do (``BatchJob``: the command's options) and the checks made before any model loads.
 
-``check`` turns a ``BatchJob`` into a ``CheckedJob`` or raises a one-line ``ConfigError`` (exit 2): a
-missing input or checkpoint, an unknown input or output format, an output that is already complete
-(without ``--overwrite``; checked again under the progress folder's lock, ``refuse_finished``), an output
-that would be read back as input. Nothing is written.
+``check`` gives a ``CheckedJob`` or a one-line ``ConfigError`` (exit 2), writing nothing: a missing input or
+checkpoint, an unknown format, an output already complete (without ``--overwrite``), one read back as input.
 """
 
 from __future__ import annotations

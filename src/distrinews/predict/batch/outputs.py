@@ -2,22 +2,16 @@
 
 Results, one row per labelled input row, in input order:
 
-- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--min-confidence`` also
-  ``"confident": true|false``, with ``--probabilities`` also ``"probabilities": {"World": ..., ...}``
-  (the shape of the HTTP API's answers);
+- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--min-confidence`` also ``"confident"``,
+  with ``--probabilities`` also ``"probabilities": {"World": ..., ...}`` (the shape of the HTTP API's answers);
 - CSV: a header ``id,label,confidence`` (then ``confident``, then ``prob_World,prob_Sports,...``);
-- Parquet: the same columns as CSV; ``id`` is int64 for row numbers, a string for ``--id-field``
-  values; row groups of ``PARQUET_ROWS`` rows, so memory stays bounded.
+- Parquet: CSV's columns; ``id`` int64 for row numbers, a string for ``--id-field`` values; row groups of
+  ``PARQUET_ROWS`` rows, so memory stays bounded.
 
-A multi-label model's rows carry every label over its threshold, highest first, instead of one label:
-JSONL ``{"id": ..., "labels": ["World", "Business"], "scores": [0.91, 0.64]}`` (either list may be empty);
-CSV ``id,labels,scores`` (the names, and their scores, comma-separated in one cell each); Parquet the same
-columns as lists. ``--probabilities`` adds every label's sigmoid score as above.
-
-Rejects, one per rejected row: ``{"file", "line", "row", "reason", "raw"}``.
-
-Writers write to a temporary file; ``close()`` flushes and fsyncs it, and the caller renames it into
-place: a reader never sees half a file.
+A multi-label model's rows carry every label over its threshold, highest first: ``labels`` and ``scores`` (lists in
+JSONL and Parquet, comma-separated cells in CSV) instead of ``label`` and ``confidence``. Rejects, one per rejected
+row: ``{"file", "line", "row", "reason", "raw"}``. Writers write a temporary file that ``close()`` fsyncs and the
+caller renames into place: a reader never sees half a file.
 """
 
 from __future__ import annotations

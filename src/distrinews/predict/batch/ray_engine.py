@@ -1,39 +1,26 @@
 """The Ray engine: ``distrinews predict --input ... --output ... --engine ray``, a batch job on Ray Data.
 
-The same job as the local engine (``engine``), the same answers, on a Ray cluster or a Ray started here::
+The local engine's job and answers, on a Ray cluster or a Ray started here::
 
-    read_datasource(CorpusDatasource)          our reader (data.files), one Ray row per window of input rows
-      -> map_batches(WindowPredictor,          a stateful class: one model per actor, --nproc actors,
-                     concurrency=N,            each reserving --threads CPUs (the local engine's threads
-                     num_cpus=threads)         per worker); the passes cut by tokens as the local worker does
-      -> iter_batches (input order)            on the driver, into the local engine's writers (outputs.py)
-      -> publish                               OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
+    read_datasource(CorpusDatasource)    our reader (data.files), one Ray row per window of input rows
+      -> map_batches(WindowPredictor)    one model per actor: --nproc actors of --threads CPUs each
+      -> iter_batches (input order)      on the driver, into the local engine's writers (outputs.py)
+      -> publish                         OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
 
-Why our reader in a custom ``Datasource``, not ``ray.data.read_json``/``read_csv``/``read_parquet``:
-Ray's readers fail the whole read on a line that is not JSON, not UTF-8 or has the wrong number of CSV
-fields (or drop it without saying where), so the rejects file could not name ``file:line`` and keep the
-raw line, and the run would stop at the first bad row; their rows carry no row number in the whole
-input (the default id) and know nothing of ``--text-field``/``--id-field`` or the AG News
-title + description join. ``data.files.read_rows`` does all of that already, so each read task runs
-it over its own range of rows (a task starts at row N of a file as a restarted local worker does).
+Our reader, not ``ray.data.read_json``/``read_csv``/``read_parquet``: those fail the whole read on one line that is
+not JSON, not UTF-8 or of the wrong CSV width (or drop it unnamed), so the rejects could not name ``file:line``; and
+their rows know no row number in the whole input (the default id), no ``--text-field``/``--id-field`` and no AG News
+title + description join. Each read task runs ``data.files.read_rows`` over its own range of rows.
 
-Why one Ray row per *window* (``worker.WINDOW_BATCHES`` x ``--batch-size`` input rows, at the same
-boundaries as the local engine's ``--nproc 1`` worker): a window's texts are sorted by length and cut
-into forward passes of at most ``--batch-size`` texts and ``--max-batch-tokens`` padded tokens
-(``batch_forming.plan_passes``), so the same window gives the same passes, the same texts padded together and
-the same numbers as the local engine. Were texts Ray rows, Ray's block boundaries would decide which
-texts are padded together, and probabilities would move by up to ``PADDING_ATOL``.
+One Ray row per *window* (the local ``--nproc 1`` worker's windows): its texts are cut into passes as the local
+engine cuts them, so the same texts are padded together and give the same numbers; were texts Ray rows, Ray's
+blocks would decide the padding, and probabilities would move by up to ``PADDING_ATOL``.
 
-The output is written by the driver from the results, in input order (``preserve_order``), into one
-file in the local engine's format (not a folder of part files, as ``write_parquet`` would make), in
-``OUTPUT.partial/`` and published as the local engine publishes. So the driver must see the output's
-folder, and the workers the checkpoint and the inputs, at the same paths: on a cluster, shared storage.
-
-Not resumable: the local engine is the resumable one. A Ray run that is killed publishes nothing (with
-``--overwrite``, the old output stays as it was) and leaves only temporary files in ``OUTPUT.partial/``;
-the same command starts again from the first row. An ``OUTPUT.partial/`` holding a local run's progress
-is refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped
-silently.
+The driver writes one file (not a folder of parts, as ``write_parquet`` makes) in input order (``preserve_order``)
+and publishes it as the local engine does: the driver must see the output's folder, and the workers the checkpoint
+and the inputs, at the same paths (on a cluster, shared storage). Not resumable: a killed run publishes nothing
+and the same command starts again from the first row; an ``OUTPUT.partial/`` holding a local run's progress is
+refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped silently.
 """
 
 from __future__ import annotations

@@ -2,19 +2,16 @@
 
     OUTPUT.partial/
       lock                  flock'ed by the run that owns the folder (one run at a time)
-      job.json              JobRecord: the input files (path, size, SHA-256, rows), the checkpoint
-                            (path, SHA-256 of its files), runtime, fields, each worker's row range
+      job.json              JobRecord: the inputs (path, size, SHA-256, rows), the checkpoint (path, SHA-256 of
+                            its files), runtime, fields, each worker's row range
       worker-K/
         lock                flock'ed by worker K
-        rows.jsonl          worker K's results in commit order, one line per row (a result or a
-                            rejected row); only its first ``committed_bytes`` bytes count
+        rows.jsonl          worker K's results (or rejected rows) in commit order; its first ``committed_bytes`` count
         manifest.json       WorkerManifest: which rows are done, how many bytes of rows.jsonl
       output.tmp, rejects.tmp   the final files while they are assembled
 
-Every JSON record is written whole (temporary name, fsync, rename): a kill at any moment leaves
-the previous version or the new one, never half of either. Nothing in the folder (the folder
-included) is followed when it is a symbolic link: the run is refused in one line
-(``checkpoint.atomic``).
+Every record is written whole (temporary name, fsync, rename). Nothing in the folder (the folder included) is
+followed when it is a symbolic link: the run is refused in one line (``checkpoint.atomic``).
 """
 
 from __future__ import annotations
