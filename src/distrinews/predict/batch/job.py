@@ -161,29 +161,24 @@ def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[s
             )
 
 
-def requested_record(checked: CheckedJob) -> JobRecord:
-    """This run's request as a ``JobRecord`` (rows not yet counted): compared with the one in the progress folder."""
-    return JobRecord(
-        inputs=input_records(checked),
-        checkpoint=str(checked.checkpoint),
-        checkpoint_sha256=checkpoint_sha256(checked.checkpoint, checked.job.runtime),
-        runtime=checked.job.runtime,
-        text_field=checked.job.text_field,
-        id_field=checked.job.id_field,
-        max_row_bytes=checked.job.max_row_bytes,
-    )
-
-
-def input_records(checked: CheckedJob, count: bool = False, hashed: bool = True) -> list[ShardRecord]:
-    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included);
-    ``hashed``: with the SHA-256 of its bytes (one read of each file: what a resumed job checks its input by)."""
+def requested_record(checked: CheckedJob, resumable: bool = True) -> JobRecord:
+    """This run's request as a ``JobRecord``: resumable, with its input files and checkpoint known by their SHA-256
+    (rows not yet counted; compared with the one in the progress folder), else with its rows counted (Ray)."""
     inputs = []
     for shard in checked.shards:
-        size = shard.path.stat().st_size
-        rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
-        digest = hash_file(shard.path).hexdigest() if hashed else ""
-        inputs.append(ShardRecord(str(shard.path), shard.format, size, digest, rows))
-    return inputs
+        rows = -1 if resumable else count_rows(shard, checked.job.max_row_bytes)  # bad rows included
+        digest = hash_file(shard.path).hexdigest() if resumable else ""
+        inputs.append(ShardRecord(str(shard.path), shard.format, shard.path.stat().st_size, digest, rows))
+    job = checked.job
+    return JobRecord(
+        inputs=inputs,
+        checkpoint=str(checked.checkpoint),
+        checkpoint_sha256=checkpoint_sha256(checked.checkpoint, job.runtime) if resumable else "",
+        runtime=job.runtime,
+        text_field=job.text_field,
+        id_field=job.id_field,
+        max_row_bytes=job.max_row_bytes,
+    )
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
 from .assemble import OutputFiles, Totals
-from .job import BatchJob, CheckedJob, check, display, input_records
+from .job import BatchJob, CheckedJob, check, display, requested_record
 from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
-from .state import JobRecord, ShardRecord, StateError
+from .state import JobRecord, StateError
 from .worker import WINDOW_BATCHES, load_predictor, passes, result_lines
 
 if TYPE_CHECKING:
@@ -75,10 +75,10 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     def compute() -> tuple[Totals, Progress]:
         _refuse_local_progress(checked)
         check_loadable(checked.checkpoint)  # here: a refused checkpoint is one line, not every actor's traceback
-        inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
+        record = requested_record(checked, resumable=False)
         started = _connect(ray, job.ray_address)
         try:
-            return _compute(checked, inputs, stderr or sys.stderr, ray)
+            return _compute(checked, record, stderr or sys.stderr, ray)
         finally:
             if started:
                 ray.shutdown()
@@ -116,12 +116,8 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
-    job = checked.job
-    record = JobRecord(
-        inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes
-    )
-    total = record.total_rows
+def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
+    job, total = checked.job, record.total_rows
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
@@ -300,9 +296,8 @@ class WindowPredictor:
     def __init__(
         self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int | None, with_id: bool
     ):
-        os.environ.setdefault(
-            "HF_HUB_DISABLE_PROGRESS_BARS", "1"
-        )  # the driver's bar is the one (a cluster's workers lack our env)
+        # the driver's bar is the one (a cluster's workers lack our env)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
