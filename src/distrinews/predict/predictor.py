@@ -97,16 +97,10 @@ class Predictor:
     # ------------------------------------------------------------------ the forward pass
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Padded int64 arrays (``TextEncoder.collate``) -> float32 logits, one forward pass."""
-        import contextlib
-
         import torch
 
-        autocast = (
-            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype
-            else contextlib.nullcontext()
-        )
-        with torch.inference_mode(), autocast:
+        bf16 = self.autocast_dtype is not None
+        with torch.inference_mode(), torch.autocast(self.device.type, self.autocast_dtype, enabled=bf16):
             feed = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
             return self.model(**feed).logits.float().cpu().numpy()
 

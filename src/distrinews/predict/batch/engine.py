@@ -33,9 +33,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 
 def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None, predictor: Any = None) -> int:
     """Run ``job`` to its published output; the exit status (0, or ``EXIT_REJECTED`` with ``--strict``).
-
-    ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint.
-    """
+    ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint."""
     checked = check(job)
 
     def compute() -> tuple[Totals, Progress]:
@@ -99,10 +97,9 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
 
 
 def _prepare_auto(checkpoint: str, batch_size: int, threads: int) -> str:
-    """``--runtime auto`` before the workers start: make and check the checkpoint's int8 model here, once,
-    on every core the workers will use, where it is missing or stale, so that the N workers load it
-    instead of each making it again. Where it exists and is current this is one session load (~0.3 s).
-    Returns what the workers will run, and why."""
+    """``--runtime auto`` before the workers start: the int8 model made and checked here, once, on every core the
+    workers will use, so that they load it rather than each make it (one session load, ~0.3 s, where it is current);
+    what the workers will run, and why."""
     choice = load_predictor(checkpoint, "auto", threads=threads, batch_size=batch_size).choice
     return f"{choice['runtime']} ({choice['reason']})"
 
@@ -192,11 +189,8 @@ def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: 
     failed = {k: p.exitcode for k, p in processes.items() if p.exitcode != 0}
     if failed:
         k, code = min(failed.items(), key=lambda item: (item[1] == -signal.SIGTERM, item[0]))
-        why = (
-            crashes[0]
-            if crashes
-            else (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-        )
+        died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        why = crashes[0] if crashes else died
         raise WorkerFailed(
             f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue"
         )

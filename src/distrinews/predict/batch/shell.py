@@ -48,9 +48,6 @@ def run_owned(checked: CheckedJob, compute: Compute, stdout: TextIO) -> int:
     finally:
         lock.release()
     rejects = display(checked.rejects) if totals.rejected else None
-    print(
-        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
-        file=stdout,
-        flush=True,
-    )
+    line = summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects)
+    print(line, file=stdout, flush=True)
     return EXIT_REJECTED if checked.job.strict and totals.rejected else 0
