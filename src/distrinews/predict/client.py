@@ -61,11 +61,8 @@ def _detail(response: httpx.Response) -> str:
 
 
 class RemoteClassifier:
-    """A classifier served by ``distrinews serve`` at ``url``; ``api_key`` if the server has one.
-
-    ``transport`` (an ``httpx`` transport) is for callers that route requests themselves (tests, proxies).
-    Use it as a context manager, or call :meth:`close`, to close its connections.
-    """
+    """A classifier served by ``distrinews serve`` at ``url``; ``api_key`` if the server has one; ``transport`` (an
+    ``httpx`` one) for callers that route requests themselves. A context manager, or call :meth:`close`."""
 
     def __init__(
         self,

@@ -39,9 +39,8 @@ def ensemble_log_probs(
     batch_size: int = 256,
     say: Callable[[str], None] = lambda line: None,
 ) -> EnsembleOutput:
-    """Each checkpoint's log-probabilities of ``texts`` (fp32 PyTorch on ``device``), and their ensemble's.
-
-    Every member must name the same labels in the same order (``labels``, if given): a column is a class."""
+    """Each checkpoint's log-probabilities of ``texts`` (fp32 PyTorch on ``device``), and their ensemble's; every
+    member must name the same labels in the same order (``labels``, if given): a column is a class."""
     import time
 
     import torch

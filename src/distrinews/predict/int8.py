@@ -144,13 +144,9 @@ def make_int8(
     labelled: tuple[Sequence[str], Sequence[Any]] | None,
     out: str | os.PathLike | None = None,
 ) -> tuple[Path | Graph, dict[str, Any]]:
-    """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
-    (with the check in its metadata) whole: at ``out``, else in the cache (``derived.py``; never into the
-    checkpoint). Returns (the file, or the cache's :class:`~.derived.Graph`; the check).
-
-    The file is published whether the check passed or not, so that a failed check is not repeated at
-    every start; ``auto`` serves it only where ``check["passed"]``.
-    """
+    """Export, quantize, check against fp32 and publish the int8 file (the check in its metadata) whole, at ``out``
+    or else in the cache: (the file or the cache's :class:`~.derived.Graph`, the check). Published whether the check
+    passed or not, so that a failed check is not repeated at every start (``auto`` serves only a passed one)."""
     from ..checkpoint.servable import load_for_inference
     from .onnx import export_model, quantize_int8
 

@@ -103,10 +103,9 @@ class TextEncoder:
 
     @classmethod
     def from_tokenizer_json(cls, directory: str | Path, max_length: int) -> TextEncoder:
-        """From a checkpoint directory's ``tokenizer.json`` (and ``tokenizer_config.json``: the padding token,
-        padding and truncation sides), through ``tokenizers`` alone. ``save_pretrained`` may have stored a
-        fixed padding and truncation in ``tokenizer.json``; both are replaced, as ``transformers`` does per call.
-        Every one of MODEL_INPUTS is made; the ONNX forward pass feeds those its graph takes."""
+        """From a checkpoint folder's ``tokenizer.json`` and ``tokenizer_config.json`` (padding token and sides),
+        through ``tokenizers`` alone; the fixed padding and truncation ``save_pretrained`` may store are replaced, as
+        ``transformers`` does per call. Every one of MODEL_INPUTS is made; the ONNX forward feeds its graph's."""
         from tokenizers import Tokenizer
 
         directory = Path(directory)
@@ -136,10 +135,8 @@ class TextEncoder:
         return tokenizer
 
     def encode_fitted(self, texts: Sequence[str], truncate: bool = True, keep_end: bool = False) -> list[Encoded]:
-        """``encode`` with text-embeddings-inference's options, each text tokenized once: ``truncate`` False refuses
-        a text longer than ``max_length`` tokens (:class:`TextTooLong`, the first one found); ``keep_end`` cuts a
-        longer one at its start instead of its end, at a word boundary: it keeps the last whole words that fit
-        (only a single word longer than the budget is cut inside it)."""
+        """``encode`` with text-embeddings-inference's options, each text tokenized once: ``truncate`` False refuses a
+        text over ``max_length`` tokens (:class:`TextTooLong`); ``keep_end`` keeps the last whole words that fit."""
         if truncate and not keep_end:
             return self.encode(texts)
         fitted = []

@@ -76,13 +76,8 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
 
 class OutputFiles:
     """The output and rejects files of a job, written in the progress folder from records in input order, then
-    published.
-
-    A record is a line of a worker's ``rows.jsonl``: ``{"r": row, "l": label id, "p": probabilities[, "id": id]}``
-    (a multi-label model's ``"l"``: the ids of the labels over their thresholds)
-    for a labelled row, ``{"r": row, "x": {file, line, row, reason, raw}}`` for a rejected one. The Ray engine
-    makes the same records.
-    """
+    published. A record (a line of a worker's ``rows.jsonl``, or the Ray engine's): ``{"r": row, "l": label id (a
+    multi-label model's: a list), "p": probabilities[, "id": id]}``, or ``{"r": row, "x": reject}``."""
 
     def __init__(self, checked: CheckedJob, labels: list[str], string_ids: bool):
         self.checked = checked

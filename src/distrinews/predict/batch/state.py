@@ -59,11 +59,8 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> None:
-    """``path`` holds ``payload`` whole, or its previous content: temporary name, fsync, rename (then fsync the folder).
-
-    ``durable_rename=False`` skips the folder's fsync: after a power cut the rename may be undone and the
-    previous content read instead, which for a worker's manifest only means one more pass computed again.
-    """
+    """``path`` holds ``payload`` whole, or its previous content: temporary name, fsync, rename (then fsync the folder;
+    ``durable_rename=False`` skips that: a power cut may undo the rename, for a manifest one more pass computed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open_new(tmp, "w") as fh:
         json.dump(payload, fh, separators=(",", ":"))
