@@ -182,8 +182,7 @@ def _follow(
 
 
 def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: list[str]) -> None:
-    """A bad input's message as it is; else the first worker that failed on its own, not one stopped (SIGTERM)
-    because another had failed."""
+    """A bad input's message as it is; else the first worker that failed on its own (not one stopped by SIGTERM)."""
     if errors:
         raise ConfigError(errors[0])
     failed = {k: p.exitcode for k, p in processes.items() if p.exitcode != 0}

@@ -87,8 +87,7 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
 
 
 def _refuse_local_progress(checked: CheckedJob) -> None:
-    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused; ``--overwrite``
-    has emptied it already)."""
+    """Empty ``OUTPUT.partial/`` for this run, unless it holds a local run's progress (refused)."""
     state = checked.state
     if state.job_path.exists() and state.committed_rows() > 0:
         raise ConfigError(
@@ -247,8 +246,7 @@ def _results(
 
 
 def _user_error(exc: BaseException) -> Exception | None:
-    """What to report for a failed Ray job: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit
-    1)."""
+    """What a failed Ray job reports: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit 1)."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:

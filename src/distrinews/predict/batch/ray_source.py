@@ -40,8 +40,7 @@ def _window_schema() -> pa.Schema:
 
 
 def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int, hi: int) -> Iterator[Any]:
-    """Rows ``lo`` .. ``hi - 1`` as one-row Arrow tables, one per window (``window_rows`` rows; ``lo`` on a window
-    boundary)."""
+    """Rows ``lo`` .. ``hi - 1`` (``lo`` on a window boundary) as one-row Arrow tables, one per window."""
     import pyarrow as pa
 
     schema = _window_schema()

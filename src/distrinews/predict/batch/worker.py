@@ -49,8 +49,7 @@ Report = Callable[[int, int, int], None]  # rows done, of which labelled, of whi
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How a worker computes; none of it changes the results' identity, so it may differ between a run and its
-    restart."""
+    """How a worker computes: none of it changes the results, so it may differ between a run and its restart."""
 
     threads: int
     batch_size: int
@@ -145,8 +144,8 @@ def passes(
 
 
 def _shown(text: str) -> str:
-    """``text`` as the rejects file can hold it: a lone surrogate (from a file name that is not UTF-8) written out as
-    its escape, ``\\udcff``, which UTF-8 can hold."""
+    """``text`` as UTF-8 can hold it: a lone surrogate (from a file name that is not UTF-8) as its escape,
+    ``\\udcff``."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -333,8 +332,7 @@ def _work(
 
 # ---------------------------------------------------------------------------------------------- as a process
 def spawned(state_path: str, k: int, settings: WorkerSettings, events: Connection, parent_pid: int) -> None:
-    """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's
-    end)."""
+    """Worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
     die_with_parent(parent_pid)
     state = StateDir(Path(state_path))
     # The parent's OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint, put there): this process's windows are traced too.
