@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +91,13 @@ def auto_predictor(
         import onnxruntime  # noqa: F401
     except ImportError:
         return _fall_back(
-            checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads
+            checkpoint, max_batch_size, threads, "onnxruntime is not installed (pip install 'distrinews[onnx]')"
         )
-    predictor, check = _int8_made_before(checkpoint, max_batch_size, threads, spin)
+
+    def load(graph: Path | Graph) -> OnnxPredictor:
+        return OnnxPredictor(checkpoint, graph, max_batch_size, threads, int8=True, spin=spin)
+
+    predictor, check = _int8_made_before(checkpoint, load)
     if predictor is None or check is None:
         # none yet, one never checked, or one checked against other weights: made (again) into the cache
         try:
@@ -106,19 +110,12 @@ def auto_predictor(
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
             why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
-            return _fall_back(checkpoint, max_batch_size, why, threads=threads)
+            return _fall_back(checkpoint, max_batch_size, threads, why)
         if check["passed"]:
-            predictor = OnnxPredictor(
-                checkpoint, onnx_model=made, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-            )
+            predictor = load(made)
     if not check["passed"]:
-        return _fall_back(
-            checkpoint,
-            max_batch_size,
-            f"its int8 model failed its check ({check['kind']}: {check['summary']})",
-            check,
-            threads=threads,
-        )
+        why = f"its int8 model failed its check ({check['kind']}: {check['summary']})"
+        return _fall_back(checkpoint, max_batch_size, threads, why, check)
     assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {
@@ -133,14 +130,12 @@ def auto_predictor(
 
 
 def _int8_made_before(
-    checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, spin: bool
+    checkpoint: str | os.PathLike, load: Callable[[Path | Graph], OnnxPredictor]
 ) -> tuple[OnnxPredictor | None, dict[str, Any] | None]:
     """The int8 model the checkpoint ships, else the one made from it before (the cache), with its check, where
     that check was made on the weights it holds now; (None, None) where there is none."""
     for graph in _int8_candidates(checkpoint):
-        predictor = OnnxPredictor(
-            checkpoint, onnx_model=graph, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-        )
+        predictor = load(graph)
         check = int8.read_check(predictor.session)
         if check is not None and int8.is_current(check, checkpoint):
             return predictor, check
@@ -172,9 +167,9 @@ def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | No
 def _fall_back(
     checkpoint: str | os.PathLike,
     max_batch_size: int,
+    threads: int | None,
     reason: str,
     check: dict[str, Any] | None = None,
-    threads: int | None = None,
 ) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
     predictor = _torch(checkpoint, max_batch_size, threads)

@@ -53,26 +53,16 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts rows as workers commit them; draws a bar, prints lines, or stays quiet (``mode``: bar | lines | none)."""
 
-    def __init__(
-        self,
-        total: int,
-        done_before: int,
-        mode: str = "auto",
-        stream: TextIO | None = None,
-    ):
+    def __init__(self, total: int, done_before: int, mode: str = "auto", stream: TextIO | None = None):
         self.stream = stream or sys.stderr
-        if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "lines"
-        self.mode = mode
-        self.total = total
-        self.done_before = done_before
+        self.mode = ("bar" if self.stream.isatty() else "lines") if mode == "auto" else mode
+        self.total, self.done_before = total, done_before
         self.rows = self.labelled = self.rejected = 0  # this run's
         self.started = time.monotonic()
         self.computing: float | None = None  # when the first worker had its model loaded
         self._last_line = self.started
-        self._bar: tqdm[Any] | None = (
-            None  # drawn once a model is loaded, so its rate and time left leave the loading out
-        )
+        # drawn once a model is loaded, so its rate and time left leave the loading out
+        self._bar: tqdm[Any] | None = None
 
     @property
     def computing_s(self) -> float:
@@ -125,9 +115,8 @@ def summary(rows: int, labelled: int, rejected: int, progress: Progress, output:
     """The run's last line: rows read, labelled, rejected, and this run's speed."""
     where = f" (see {rejects})" if rejected and rejects else ""
     before = f"; {progress.done_before:,} done by an earlier run" if progress.done_before else ""
-    loading = (
-        f" after {_duration(progress.computing - progress.started)} loading" if progress.computing is not None else ""
-    )
+    loaded = progress.computing
+    loading = f" after {_duration(loaded - progress.started)} loading" if loaded is not None else ""
     return (
         f"predict: {rows:,} rows read, {labelled:,} labelled, {rejected:,} rejected{where} -> {output}; "
         f"{progress.rate():,.1f} rows/s ({progress.rows:,} rows in {_duration(progress.computing_s)}{loading}{before})"
