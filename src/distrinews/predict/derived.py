@@ -1,17 +1,16 @@
 """Files made from a checkpoint (its ONNX graphs, ``model.onnx`` and ``model.int8.onnx``), kept in a cache outside it.
 
-A published checkpoint is never written again (torch DCP's rule): a ``step-N``'s manifest lists every file it holds,
-so a file added later makes it refused. What a runtime or ``export`` makes from a checkpoint goes to the cache
+A published checkpoint is never written again (torch DCP's rule): a ``step-N``'s manifest lists every file it holds, so
+a file added later makes it refused. What a runtime or ``export`` makes from a checkpoint goes to the cache
 (``data/cache_dir.py``) instead:
 
     derived/KEY/NAME.json           the entry: which file holds NAME, its size and SHA-256
     derived/KEY/STEM.DIGEST.onnx    that file (NAME with its SHA-256 before the suffix), never rewritten
 
-KEY is the checkpoint's content (a ``step-N``'s manifest, else every file's name and SHA-256), so an entry is only
-ever used with the checkpoint it was made from. An entry is checked before use: opened without following a link,
-a regular file of this user, at most ``MAX_BYTES``, of the size and SHA-256 its record gives; anything else is
-removed and made again, never used. Files are published whole. Standard library only: the slim ONNX server reads
-the cache without torch.
+KEY is the checkpoint's content (a ``step-N``'s manifest, else every file's name and SHA-256), so an entry is only ever
+used with the checkpoint it was made from. An entry is checked before use: opened without following a link, a regular
+file of this user, at most ``MAX_BYTES``, of the size and SHA-256 its record gives; anything else is removed and made
+again, never used. Files are published whole. Standard library only: the slim ONNX server reads the cache without torch.
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ __all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "auto_predictor", "bf16_refusal", "mak
 
 
 def bf16_refusal(device: str | None = None) -> str | None:
-    """Why ``torch-bf16`` is refused on ``device`` (None: the one torch would use), None where bf16 runs in
-    hardware."""
+    """Why ``torch-bf16`` is refused on ``device`` (None: the one torch would use), None where bf16 runs in hardware."""
     from ..distributed import machine
 
     if device is None:

@@ -1,8 +1,7 @@
 """``export_space``: write the Space folder for a servable checkpoint (its layout: the package docstring).
 
-The folder is built beside ``output`` and moved into place when complete, after its own checks pass; an earlier
-bundle there is replaced but its ``.git`` kept (the user may have pushed it with git); any other non-empty folder is
-refused.
+The folder is built beside ``output`` and moved into place when complete, after its own checks pass; an earlier bundle
+there is replaced but its ``.git`` kept (the user may have pushed it with git); any other non-empty folder is refused.
 """
 
 from __future__ import annotations

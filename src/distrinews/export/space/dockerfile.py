@@ -194,11 +194,8 @@ def problems(text: str, runtime: str) -> list[str]:
     items = instructions(text)
     found: list[str] = []
     froms = find(items, "FROM")
-    if (
-        not froms
-        or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE")
-        or "BASE_IMAGE" not in arg_defaults(items, True)
-    ):
+    base = froms[0][1].split()[0] if froms else ""
+    if base not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in arg_defaults(items, True):
         found.append("FROM must use ARG BASE_IMAGE (declared before it)")
     found += user_problems(items) + healthcheck_problems(items) + expose_problems(items, PORT)
     argv = cmd_argv(text)
