@@ -119,19 +119,18 @@ class OutputFiles:
                 self.rejects.close()
 
     def publish(self, total_rows: int) -> None:
-        """Both files into place, once they hold every one of the job's ``total_rows`` rows."""
+        """Both files into place, once they hold every one of the job's ``total_rows`` rows: the rejects first, the
+        output last (its appearance says the job is done); then the progress folder goes."""
         self.close()
         if self.totals.rows != total_rows:
             raise StateError(f"assembled {self.totals.rows} rows of {total_rows}")
-        publish(self.checked, self.rejects_tmp if self.rejects.rows else None, self.out_tmp)
-
-
-def publish(checked: CheckedJob, rejects_tmp: os.PathLike | None, out_tmp: os.PathLike) -> None:
-    """Rejects first, output last (the output's appearance says the job is done); then the progress folder goes."""
-    if rejects_tmp is not None:
-        os.replace(rejects_tmp, checked.rejects)
-    else:
-        checked.rejects.unlink(missing_ok=True)  # one from an earlier run over this output would describe other rows
-    os.replace(out_tmp, checked.output)
-    fsync_dir(checked.output.parent)
-    shutil.rmtree(checked.state.path, ignore_errors=True)
+        checked = self.checked
+        if self.rejects.rows:
+            os.replace(self.rejects_tmp, checked.rejects)
+        else:
+            checked.rejects.unlink(
+                missing_ok=True
+            )  # one from an earlier run over this output would describe other rows
+        os.replace(self.out_tmp, checked.output)
+        fsync_dir(checked.output.parent)
+        shutil.rmtree(checked.state.path, ignore_errors=True)

@@ -3,7 +3,7 @@ output never computed again without ``--overwrite``, nothing left behind by a ru
 and the exit status.
 
 ``--overwrite`` drops the progress folder, never the published files: the new output and rejects replace the old
-ones by rename when complete (``assemble.publish``), so a run interrupted at any point leaves them as they were.
+ones by rename when complete (``OutputFiles.publish``), so a run interrupted at any point leaves them as they were.
 """
 
 from __future__ import annotations
