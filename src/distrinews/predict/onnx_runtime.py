@@ -101,9 +101,7 @@ class OnnxPredictor(Predictor):
         if onnx_model is not None:
             return onnx_model if isinstance(onnx_model, Graph) else Path(onnx_model)
         shipped = self.checkpoint / name
-        if shipped.is_file():
-            return shipped
-        return DerivedFiles(self.checkpoint).read(name)
+        return shipped if shipped.is_file() else DerivedFiles(self.checkpoint).read(name)
 
     def _source(self) -> str | bytes:
         """What a session is made from: a file's path, or the bytes of a cache entry, checked again as they are read."""

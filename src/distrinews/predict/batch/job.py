@@ -109,8 +109,7 @@ def check(job: BatchJob) -> CheckedJob:
     if not Path(job.checkpoint).exists():
         raise ConfigError(f"predict: checkpoint {job.checkpoint} does not exist")
     threshold = ConfidenceThreshold.parse(job.min_confidence)
-    labels = checkpoint_labels(job.checkpoint) if threshold is not None else None
-    if threshold is not None and labels:
+    if threshold is not None and (labels := checkpoint_labels(job.checkpoint)):
         threshold.for_labels(labels)
     output = Path(job.output).expanduser()
     output_format = format_of(output)
