@@ -141,11 +141,8 @@ class Predictor:
     def label_thresholds(self) -> list[float]:
         """A multi-label model's threshold per label: ``min_confidence``'s where it gives one, else the tuned one."""
         assert self.thresholds is not None, "a multi-label predictor has thresholds"
-        chosen = []
-        for name, tuned in zip(self.labels, self.thresholds):
-            least = None if self.min_confidence is None else self.min_confidence.minimum(name)
-            chosen.append(tuned if least is None else least)
-        return chosen
+        given = self.min_confidence.minimum if self.min_confidence is not None else lambda name: None
+        return [tuned if (least := given(name)) is None else least for name, tuned in zip(self.labels, self.thresholds)]
 
     def format_multi_label(self, scores: Sequence[float]) -> dict[str, Any]:
         """Every label whose score reaches its threshold, highest first (none is an answer too), and every score."""

@@ -61,13 +61,10 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
     labels = next((m.labels for m in manifests if m.labels), None) or []
     files = OutputFiles(checked, labels, string_ids=job.id_field is not None)
     try:
-        for k, manifest in enumerate(manifests):
-            if manifest.end == manifest.start:
-                continue
-            for record in in_input_order(
-                checked.state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end
-            ):
-                files.add(record)
+        for k, m in enumerate(manifests):
+            if m.end > m.start:
+                for record in in_input_order(checked.state.rows_path(k), m.committed_bytes, m.start, m.end):
+                    files.add(record)
     finally:
         files.close()
     files.publish(job.total_rows)
