@@ -53,8 +53,15 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts rows as workers commit them; draws a bar, prints lines, or stays quiet (``mode``: bar | lines | none)."""
 
-    def __init__(self, total: int, done_before: int, mode: str = "auto", stream: TextIO | None = None):
-        self.stream = stream or sys.stderr
+    def __init__(
+        self,
+        total: int,
+        done_before: int,
+        mode: str = "auto",
+        stream: TextIO | None = None,
+        every_s: float = PROGRESS_EVERY_S,
+    ):
+        self.stream, self.every_s = stream or sys.stderr, every_s
         self.mode = ("bar" if self.stream.isatty() else "lines") if mode == "auto" else mode
         self.total, self.done_before = total, done_before
         self.rows = self.labelled = self.rejected = 0  # this run's
@@ -93,7 +100,7 @@ class Progress:
             self._bar.update(rows)
             if rejected:
                 self._bar.set_postfix(rejected=self.rejected, refresh=False)
-        elif self.mode == "lines" and time.monotonic() - self._last_line >= PROGRESS_EVERY_S:
+        elif self.mode == "lines" and time.monotonic() - self._last_line >= self.every_s:
             self._last_line = time.monotonic()
             self.stream.write(self.line() + "\n")
             self.stream.flush()
