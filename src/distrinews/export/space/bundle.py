@@ -149,6 +149,10 @@ def _read_checkpoint(checkpoint: Path) -> ServableInfo:
     return read_servable_info(checkpoint)
 
 
+def _torch_version() -> str:
+    return metadata.version("torch").split("+", 1)[0]
+
+
 def export_space(
     checkpoint: str | os.PathLike,
     output: str | os.PathLike,
@@ -190,7 +194,7 @@ def export_space(
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PACKAGE_ROOT.parent / rel, staging / rel)
         (staging / "requirements.txt").write_text(requirements.render(runtime))
-        torch_version = metadata.version("torch").split("+", 1)[0] if runtime == "torch" else None
+        torch_version = _torch_version() if runtime == "torch" else None
         (staging / "Dockerfile").write_text(dockerfile.render(runtime, torch_version, base_image))
         (staging / "README.md").write_text(readme.render(info, runtime, accuracy.note(runtime, check), repo_id))
         (staging / ".gitattributes").write_text(GITATTRIBUTES)
