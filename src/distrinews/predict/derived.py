@@ -155,8 +155,7 @@ class DerivedFiles:
         return f"{name}.json"
 
     def read(self, name: str) -> Graph | None:
-        """The entry ``name`` where it exists and passes every check; None where there is none.
-        A bad entry is removed (and said in one log line), so that it is made again."""
+        """The entry ``name`` where it exists and passes every check, else None; a bad one is removed (one log line)."""
         try:
             fd = _open_folder(self.folder, create=False)
         except FileNotFoundError:
@@ -189,8 +188,7 @@ class DerivedFiles:
         return Graph(self.folder / file, sha)
 
     def store(self, name: str, data: bytes) -> Graph:
-        """Publish ``data`` as the entry ``name`` (replacing any), whole. Raises ``OSError`` where the cache cannot
-        be written."""
+        """Publish ``data`` as the entry ``name`` (replacing any), whole; ``OSError`` where the cache is read-only."""
         if len(data) > MAX_BYTES:
             raise ValueError(f"{name}: {len(data):,} bytes, over the {MAX_BYTES:,} an entry may hold")
         sha = hashlib.sha256(data).hexdigest()

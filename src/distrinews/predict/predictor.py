@@ -168,14 +168,12 @@ class Predictor:
         return result
 
     def set_min_confidence(self, spec: Any) -> None:
-        """``--min-confidence`` (``confidence.ConfidenceThreshold.parse``'s forms; None: none), checked against the
-        labels."""
+        """``--min-confidence`` (``ConfidenceThreshold.parse``'s forms; None: none), checked against the labels."""
         threshold = ConfidenceThreshold.parse(spec)
         self.min_confidence = None if threshold is None else threshold.for_labels(self.labels)
 
     def warmup(self) -> None:
-        """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy
-        initialisation."""
+        """One short, two padded and one long text, so that the first requests do not pay for lazy initialisation."""
         self.predict(["warm up"])
         self.predict(["warm up", "warm up the model with a slightly longer sentence"])
         self.predict(["warm up with the longest text the model reads " * 40])
@@ -206,8 +204,7 @@ class Predictor:
 
 
 def folder_config(checkpoint: str | os.PathLike | None) -> dict[str, Any]:
-    """A folder checkpoint's ``config.json`` (a model folder's, or a step-N's training config); {} for a ``.pt`` or
-    where there is no checkpoint."""
+    """A folder checkpoint's ``config.json`` (a model's, or a step-N's training config); {} for a ``.pt`` or none."""
     found = records.describe(checkpoint) if checkpoint is not None else None
     config = records.read_json(found.path / "config.json") if found is not None and found.kind != "pt" else {}
     return config if isinstance(config, dict) else {}

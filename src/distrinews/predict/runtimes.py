@@ -154,8 +154,7 @@ def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
 
 
 def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, bf16: bool = False) -> Predictor:
-    """PyTorch on ``threads`` intra-op threads (``serve --threads``; a replica's share of the cores; None or 0: its
-    default)."""
+    """PyTorch on ``threads`` intra-op threads (a replica's share of the cores; None or 0: torch's default)."""
     if threads:
         import torch
 

@@ -151,8 +151,7 @@ class TextEncoder:
         return fitted
 
     def _kept_end(self, enc: Any) -> np.ndarray:
-        """Which tokens of a too long encoding ``keep_end`` keeps: its special tokens and the last whole words of
-        its content that fit beside them."""
+        """What ``keep_end`` keeps of a too long encoding: its special tokens and the last whole words that fit."""
         special = np.asarray(enc.special_tokens_mask, dtype=bool)
         content = np.flatnonzero(~special)
         budget = max(self.max_length - int(special.sum()), 1)
