@@ -188,7 +188,7 @@ class DerivedFiles:
         return Graph(self.folder / file, sha)
 
     def store(self, name: str, data: bytes) -> Graph:
-        """Publish ``data`` as the entry ``name`` (replacing any), whole; ``OSError`` where the cache is read-only."""
+        """Publish ``data`` as the entry ``name`` (replacing any), whole; ``OSError`` if the cache cannot take it."""
         if len(data) > MAX_BYTES:
             raise ValueError(f"{name}: {len(data):,} bytes, over the {MAX_BYTES:,} an entry may hold")
         sha = hashlib.sha256(data).hexdigest()
