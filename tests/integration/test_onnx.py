@@ -42,10 +42,9 @@ def fp32_onnx(checkpoint, tmp_path_factory, cli):
 
 
 def test_fp32_onnx_gives_the_same_labels_as_pytorch_on_real_rows(checkpoint, rows, torch_results, fp32_onnx):
-    from distrinews.export.onnx import is_quantized
-    from distrinews.predict.onnx_runtime import OnnxPredictor
+    from distrinews.predict.onnx_runtime import OnnxPredictor, is_quantized_file
 
-    assert not is_quantized(fp32_onnx)
+    assert not is_quantized_file(fp32_onnx)
     predictor = OnnxPredictor(checkpoint, onnx_model=fp32_onnx)
     assert predictor.runtime == "onnx" and predictor.labels == ["World", "Sports", "Business", "Sci/Tech"]
     onnx_results = predictor.predict(rows)
@@ -75,11 +74,11 @@ def test_onnx_handles_any_batch_and_sequence_length(checkpoint, rows, fp32_onnx)
 
 
 def test_int8_export_is_quantized_and_serves(checkpoint, rows, tmp_path):
-    from distrinews.export.onnx import export_onnx, is_quantized
-    from distrinews.predict.onnx_runtime import OnnxPredictor
+    from distrinews.export.onnx import export_onnx
+    from distrinews.predict.onnx_runtime import OnnxPredictor, is_quantized_file
 
     out = export_onnx(checkpoint, tmp_path / "model.int8.onnx", quantize="int8")
-    assert is_quantized(out)
+    assert is_quantized_file(out)
     predictor = OnnxPredictor(checkpoint, onnx_model=out)
     assert predictor.describe()["onnx_quantized"] is True
     results = predictor.predict(rows[:64])
@@ -148,8 +147,8 @@ def test_export_leaves_a_model_with_dropout_in_eval_mode(tmp_path):
     """The exporter restores its wrapper's training flag; that must not switch the model's dropout on, and the
     attention implementation the export switches to (eager) is switched back."""
     from distrinews.data.rows import AG_NEWS_LABELS
-    from distrinews.export.onnx import compare_with_torch, export_model
     from distrinews.model import build_model, build_tokenizer
+    from distrinews.predict.onnx import compare_with_torch, export_model
 
     model = build_model("tiny-random", labels=AG_NEWS_LABELS, dropout=0.3, seed=0).eval()
     attention = model.config._attn_implementation

@@ -26,7 +26,8 @@ def _matmul_model(path: Path) -> Path:
 
 
 def test_no_preprocessing_hint_and_no_root_handler_left(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    from distrinews.predict.onnx import is_quantized, quantize_int8
+    from distrinews.predict.onnx import quantize_int8
+    from distrinews.predict.onnx_runtime import is_quantized_file
 
     model = _matmul_model(tmp_path / "model.onnx")
     root = logging.getLogger()
@@ -38,6 +39,6 @@ def test_no_preprocessing_hint_and_no_root_handler_left(tmp_path: Path, capfd: p
         left = list(root.handlers)
     finally:
         root.handlers = saved
-    assert is_quantized(out)
+    assert is_quantized_file(out)
     assert "pre-processing" not in capfd.readouterr().err
     assert left == []

@@ -351,7 +351,8 @@ def test_without_the_check_the_readme_says_which_measurement_it_relies_on(bundle
 
 def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, tmp_path, write_csv):
     from distrinews.data.splits import load_split
-    from distrinews.export.onnx import export_onnx, quantize_int8
+    from distrinews.export.onnx import export_onnx
+    from distrinews.predict.onnx import quantize_int8
     from distrinews.predict.onnx_runtime import OnnxPredictor
 
     rows = [(str(1 + i % 4), f"headline {i}", f"words about topic {i % 4}") for i in range(40)]
@@ -377,7 +378,8 @@ def test_compare_int8_measures_both_graphs_on_the_test_split(spread_checkpoint, 
 
 
 def _both_graphs(checkpoint: Path, folder: Path) -> tuple[Path, Path]:
-    from distrinews.export.onnx import export_onnx, quantize_int8
+    from distrinews.export.onnx import export_onnx
+    from distrinews.predict.onnx import quantize_int8
 
     fp32 = export_onnx(checkpoint, folder / "model.onnx")
     return fp32, quantize_int8(fp32, folder / "model.int8.onnx")

@@ -1,7 +1,6 @@
 """``distrinews export --format onnx [--quantize int8]``: a checkpoint's ONNX file, checked against PyTorch, at
-``--output`` or else in the cache of files made from the checkpoint (``predict/derived.py``), where the runtimes
-look for it: never into the checkpoint. The graph making itself is ``predict/onnx.py`` (the runtimes make it on
-demand too).
+``--output``, else in the cache where the runtimes look for it (``predict/derived.py``; never into the checkpoint).
+``predict/onnx.py`` makes the graphs.
 """
 
 from __future__ import annotations
@@ -12,37 +11,15 @@ from pathlib import Path
 
 from ..checkpoint.servable import load_for_inference
 from ..predict.derived import FP32_FILE, DerivedFiles
-from ..predict.onnx import (
-    FP32_PROB_TOLERANCE,
-    SAMPLE_TEXTS,
-    compare_with_torch,
-    export_model,
-    is_quantized,
-    quantize_int8,
-)
-
-__all__ = [
-    "FP32_PROB_TOLERANCE",
-    "SAMPLE_TEXTS",
-    "compare_with_torch",
-    "export_model",
-    "export_onnx",
-    "is_quantized",
-    "quantize_int8",
-]
+from ..predict.onnx import FP32_PROB_TOLERANCE, compare_with_torch, export_model
 
 
 def export_onnx(
     checkpoint: str | os.PathLike, out: str | os.PathLike | None = None, quantize: str | None = None
 ) -> Path:
-    """``distrinews export --format onnx [--quantize int8]``: write ``out`` (None: the cache entry the runtimes
-    read) and verify it against PyTorch; returns where it is.
-
-    The fp32 graph must match PyTorch's probabilities within 1e-3 or the export fails; the
-    int8 graph is not held to that (quantization moves probabilities by design): it is checked
-    against fp32 on labelled test rows where they are at hand (else label agreement on a fixed
-    sample), and the check is recorded in its metadata, which ``--runtime auto`` reads.
-    """
+    """Write ``out`` (None: the cache entry the runtimes read), checked, and return where it is. The fp32 graph must
+    give PyTorch's probabilities within 1e-3; the int8 graph (quantization moves probabilities by design) is checked
+    against fp32 as ``--runtime auto`` checks it (``predict/int8.py``), the check in its metadata."""
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     model, tokenizer, info = load_for_inference(checkpoint)
@@ -57,7 +34,6 @@ def export_onnx(
                     f"= {check['max_abs_prob_diff']:.2e} > {FP32_PROB_TOLERANCE}"
                 )
             return made if out is not None else DerivedFiles(checkpoint).store(FP32_FILE, made.read_bytes()).path
-    # int8: made and checked against fp32 as the server's `auto` rule does (predict/int8.py), the check in its metadata.
     del model
     from ..predict.int8 import SERVE_CHECK_ROWS, labelled_rows, make_int8
 

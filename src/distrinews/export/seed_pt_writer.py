@@ -18,10 +18,7 @@ from ..model import hf_config
 
 
 def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
-    """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir.
-
-    ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.
-    """
+    """Write ``out`` from a checkpoint folder; the version is ``model_version``, else the checkpoint's."""
     model, tokenizer, info = load_for_inference(checkpoint)
     versions = version_fields(info.training_config, model_version or info.model_version)
     ckpt = Path(checkpoint)

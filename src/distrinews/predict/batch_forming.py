@@ -1,15 +1,10 @@
 """Which texts are computed together: the requests that form the server's next batch (``take``), and how a batch is
-cut into forward passes (``plan_passes``, ``run_passes``). The rules only: the server's micro-batcher
-(``serve/batcher.py``) and batch inference (``predict/batch``) apply them.
+cut into forward passes (``plan_passes``, ``run_passes``), for ``serve/batcher.py`` and ``predict/batch``.
 
-Two limits bound a batch and each pass: ``max_texts`` texts and ``max_tokens`` padded tokens (its longest text
-times its texts, since a batch is padded to its longest: text-embeddings-inference's ``max_batch_tokens``;
-``None``: no limit on tokens).
-
-A batch holds whole requests. The oldest request is always in it; the rest are the queued requests nearest to it
-in length, so batches pad little (random AG News rows padded together cost about twice their tokens). A batch
-over a limit (the oldest request alone may be) runs as several passes: its texts sorted by length and cut
-greedily, so each pass pads little; only a single text longer than ``max_tokens`` makes a pass over it.
+Two limits bound a batch and each pass: ``max_texts`` texts and ``max_tokens`` padded tokens (its longest text times
+its texts: text-embeddings-inference's ``max_batch_tokens``; ``None``: no limit). A batch holds whole requests: the
+oldest, then the queued ones nearest to it in length (random AG News rows padded together cost about twice their
+tokens). A batch over a limit runs as several passes, its texts sorted by length and cut greedily.
 """
 
 from __future__ import annotations
@@ -37,13 +32,10 @@ def fits(texts: int, longest: int, max_texts: int, max_tokens: int | None) -> bo
 
 
 def take(candidates: Sequence[Q], max_texts: int, max_tokens: int | None, queued: int) -> tuple[list[Q], bool]:
-    """The next batch from ``candidates`` (the oldest ``queued`` requests, in arrival order; non-empty), and
-    whether it is full (waiting longer cannot make it bigger).
-
-    The oldest request is always in it; the rest are the candidates nearest to it in length, added one at a
-    time, each time the one that adds the fewest padding tokens, while both limits hold. The oldest going
-    first keeps the order fair: no request waits behind more than ``len(candidates)`` newer ones.
-    """
+    """The next batch from ``candidates`` (the oldest ``queued`` requests, in arrival order; non-empty), and whether it
+    is full (waiting longer cannot make it bigger): the oldest, then one at a time the candidate that adds the fewest
+    padding tokens, while both limits hold. The oldest going first keeps the order fair: no request waits behind more
+    than ``len(candidates)`` newer ones."""
     order = sorted(range(len(candidates)), key=lambda i: candidates[i].longest)  # stable: ties keep arrival order
     lo = hi = order.index(0)
     texts, longest = len(candidates[0].items), candidates[0].longest
@@ -75,11 +67,8 @@ def take(candidates: Sequence[Q], max_texts: int, max_tokens: int | None, queued
 
 
 def plan_passes(lengths: Sequence[int], max_texts: int, max_tokens: int | None) -> list[list[int]]:
-    """Split one batch into forward passes that respect both limits: indices, shortest texts first.
-
-    A batch within the limits is one pass in its own order. Otherwise texts are sorted by length
-    (less padding) and cut greedily; a single text longer than ``max_tokens`` is a pass alone.
-    """
+    """One batch as forward passes within both limits (indices): within them, one pass in its own order; else sorted
+    by length and cut greedily, a single text longer than ``max_tokens`` a pass alone."""
     n = len(lengths)
     if n <= max_texts and (max_tokens is None or padded_tokens(lengths) <= max_tokens):
         return [list(range(n))]

@@ -38,12 +38,8 @@ class Classifier:
         )
 
     def predict(self, texts: str | Sequence[str]) -> Any:
-        """One result per text, in order (a list); for one text given as a string, its result alone.
-
-        A result: ``{"label", "label_id", "confidence", "probabilities": {label: p}}``; a multi-label model's:
-        ``{"labels": [{"label", "label_id", "score"}, ...], "probabilities": {label: p}}`` (every label over its
-        threshold, highest first).
-        """
+        """One result per text, in order (a list); for one text given as a string, its result alone: ``{"label",
+        "label_id", "confidence", "probabilities"}``, a multi-label model's ``{"labels", "probabilities"}``."""
         if isinstance(texts, str):
             return self.predictor.predict([texts])[0]
         return self.predictor.predict(list(texts))

@@ -1,14 +1,9 @@
 """A remote ``distrinews serve`` from Python, with the local predictor's ``predict``.
 
 ``RemoteClassifier(url, api_key=...).predict(texts)`` answers what ``make_predictor(checkpoint).predict(texts)``
-answers on this machine: one ``{"label", "label_id", "confidence", "probabilities"}`` per text, in order (and
-one text alone gives its one result). It speaks the server's own API: a text goes to ``POST /predict``,
-texts to ``POST /predict/batch`` in chunks of the server's ``--max-batch-texts`` (read from ``/info``).
-
-A server that is busy (429) or not ready (503: loading, or shutting down behind a load balancer)
-says when to come back in ``Retry-After``; the client waits that long and tries again, up to
-``max_retries`` times, and so it does when the server cannot be reached (a restart). A wait the
-server asks for beyond ``max_retry_wait`` is not waited for: the error is raised at once. Any
+answers here, through the server's own API (``POST /predict``, ``POST /predict/batch`` in chunks of the server's
+``--max-batch-texts``). A busy (429) or not ready (503) server, or one that cannot be reached (a restart), is tried
+again after its ``Retry-After``, up to ``max_retries`` times; a wait over ``max_retry_wait`` is not waited for. Any
 other error is a :class:`RemoteError` with the server's status and message.
 """
 
@@ -66,11 +61,8 @@ def _detail(response: httpx.Response) -> str:
 
 
 class RemoteClassifier:
-    """A classifier served by ``distrinews serve`` at ``url``; ``api_key`` if the server has one.
-
-    ``transport`` (an ``httpx`` transport) is for callers that route requests themselves (tests, proxies).
-    Use it as a context manager, or call :meth:`close`, to close its connections.
-    """
+    """A classifier served by ``distrinews serve`` at ``url``; ``api_key`` if the server has one; ``transport`` (an
+    ``httpx`` one) for callers that route requests themselves. A context manager, or call :meth:`close`."""
 
     def __init__(
         self,
@@ -132,21 +124,10 @@ class RemoteClassifier:
                     raise RemoteError(response.status_code, _detail(response), f"{self.url}{path}")
                 wait, why = retry_after(response.headers.get("retry-after"), attempt), f"HTTP {response.status_code}"
                 if wait > self.max_retry_wait:
-                    detail = (
-                        f"{_detail(response)} (it asks to retry in {wait:.0f} "
-                        f"s, more than max_retry_wait {self.max_retry_wait:g} s)"
-                    )
-                    raise RemoteError(response.status_code, detail, f"{self.url}{path}")
-            log.info(
-                "%s %s%s: %s; retrying in %.2f s (retry %d of %d)",
-                method,
-                self.url,
-                path,
-                why,
-                wait,
-                attempt + 1,
-                self.max_retries,
-            )
+                    asks = f"it asks to retry in {wait:.0f} s, more than max_retry_wait {self.max_retry_wait:g} s"
+                    raise RemoteError(response.status_code, f"{_detail(response)} ({asks})", f"{self.url}{path}")
+            retry = f"retry {attempt + 1} of {self.max_retries}"
+            log.info("%s %s%s: %s; retrying in %.2f s (%s)", method, self.url, path, why, wait, retry)
             time.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -1,13 +1,10 @@
 """``--min-confidence``: below it an answer says it is not confident (the top label is still given).
 
-One threshold for every label (``0.7``), one per label (``World=0.8,Sports=0.6``: a label not named
-has none), or both (``0.5,World=0.8``: the number for the labels not named). An answer is confident
-when its top label's probability (after the checkpoint's temperature) is at least that label's
-threshold. ``serve``, ``predict`` (texts and ``--input``) and ``make_predictor(min_confidence=...)``
-take the same text; the coverage-accuracy table a training run writes (``train/calibration.py``)
-says which threshold keeps which share of the answers, and how accurate they are.
-
-Standard library only: the slim ONNX server imports it.
+One threshold for every label (``0.7``), one per label (``World=0.8,Sports=0.6``: a label not named has none), or
+both (``0.5,World=0.8``). An answer is confident when its top label's probability (after the temperature) is at
+least that label's threshold. ``serve``, ``predict`` and ``make_predictor(min_confidence=...)`` take the same text;
+a training run's coverage-accuracy table (``train/calibration.py``) says what each threshold keeps. Standard
+library only: the slim ONNX server imports it.
 """
 
 from __future__ import annotations

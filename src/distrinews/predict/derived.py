@@ -1,22 +1,16 @@
 """Files made from a checkpoint (its ONNX graphs, ``model.onnx`` and ``model.int8.onnx``), kept in a cache outside it.
 
-A published checkpoint is never written again (torch DCP's rule): a ``step-N``'s manifest lists every file it
-holds, so a file added later makes it refused, to serve and to resume. What a runtime or ``export`` makes from a
-checkpoint goes to the cache instead (``data/cache_dir.py``: ``$DISTRINEWS_CACHE``, else
-``$XDG_CACHE_HOME/distrinews``, else ``~/.cache/distrinews``):
+A published checkpoint is never written again (torch DCP's rule): a ``step-N``'s manifest lists every file it holds, so
+a file added later makes it refused. What a runtime or ``export`` makes from a checkpoint goes to the cache
+(``data/cache_dir.py``) instead:
 
     derived/KEY/NAME.json           the entry: which file holds NAME, its size and SHA-256
     derived/KEY/STEM.DIGEST.onnx    that file (NAME with its SHA-256 before the suffix), never rewritten
 
-KEY is the checkpoint's content: a ``step-N``'s manifest (every file's SHA-256; loading a ``step-N`` checks its
-files against it first), else every file's name and SHA-256 (a ``.pt`` file: its bytes). A changed checkpoint is
-another KEY, so an entry is only ever used with the checkpoint it was made from.
-
-An entry is checked before use: the record and the file are opened without following a link, each a regular file
-of this user, the file at most ``MAX_BYTES`` and of the size and SHA-256 its record gives. Anything else (a
-truncated or altered file, a link or folder planted in its place, a record that does not parse) is removed and
-made again, never used. Files are published whole (a temporary name, fsync, rename), and nothing under
-``derived/`` follows a link. Standard library only: the slim ONNX server reads the cache without torch.
+KEY is the checkpoint's content (a ``step-N``'s manifest, else every file's name and SHA-256), so an entry is only ever
+used with the checkpoint it was made from. An entry is checked before use: opened without following a link, a regular
+file of this user, at most ``MAX_BYTES``, of the size and SHA-256 its record gives; anything else is removed and made
+again, never used. Files are published whole. Standard library only: the slim ONNX server reads the cache without torch.
 """
 
 from __future__ import annotations
@@ -54,17 +48,16 @@ class EntryRefused(OSError):
     """What stands in the cache is not an entry this process may use (why: the message)."""
 
 
-def _sha256_fd(fd: int, digest: hashlib._Hash) -> None:
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-
-
-def _hash_file(path: Path, digest: hashlib._Hash) -> None:
-    fd = os.open(path, _OPEN)
+def hash_file(path: str | os.PathLike, digest: hashlib._Hash | None = None, flags: int = os.O_RDONLY) -> hashlib._Hash:
+    """``digest`` (a new SHA-256 if None) updated with the bytes of the file at ``path``, read a MiB at a time."""
+    digest = digest or hashlib.sha256()
+    fd = os.open(path, flags)
     try:
-        _sha256_fd(fd, digest)
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
     finally:
         os.close(fd)
+    return digest
 
 
 def content_key(checkpoint: str | os.PathLike) -> str:
@@ -73,18 +66,18 @@ def content_key(checkpoint: str | os.PathLike) -> str:
     digest = hashlib.sha256(f"distrinews-derived-v{KEY_VERSION}\0".encode())
     found = records.recognise(checkpoint)  # not a checkpoint: refused here, before anything is hashed
     if found.kind == "pt":
-        _hash_file(checkpoint, digest)
+        hash_file(checkpoint, digest, _OPEN)
     elif found.kind == "resumable":
         from ..checkpoint.manifest import MANIFEST  # a step-N needs torch to load anyway
 
         digest.update(b"manifest\0")
-        _hash_file(checkpoint / MANIFEST, digest)
+        hash_file(checkpoint / MANIFEST, digest, _OPEN)
     else:
         for path in sorted(checkpoint.rglob("*")):
             mode = os.lstat(path).st_mode
             digest.update(f"{path.relative_to(checkpoint)}\0{stat.S_IFMT(mode)}\0".encode())
             if stat.S_ISREG(mode):
-                _hash_file(path, digest)
+                hash_file(path, digest, _OPEN)
     return digest.hexdigest()[:32]
 
 
@@ -162,8 +155,7 @@ class DerivedFiles:
         return f"{name}.json"
 
     def read(self, name: str) -> Graph | None:
-        """The entry ``name`` where it exists and passes every check; None where there is none.
-        A bad entry is removed (and said in one log line), so that it is made again."""
+        """The entry ``name`` where it exists and passes every check, else None; a bad one is removed (one log line)."""
         try:
             fd = _open_folder(self.folder, create=False)
         except FileNotFoundError:
@@ -196,8 +188,7 @@ class DerivedFiles:
         return Graph(self.folder / file, sha)
 
     def store(self, name: str, data: bytes) -> Graph:
-        """Publish ``data`` as the entry ``name`` (replacing any), whole. Raises ``OSError`` where the cache cannot
-        be written."""
+        """Publish ``data`` as the entry ``name`` (replacing any), whole; ``OSError`` if the cache cannot take it."""
         if len(data) > MAX_BYTES:
             raise ValueError(f"{name}: {len(data):,} bytes, over the {MAX_BYTES:,} an entry may hold")
         sha = hashlib.sha256(data).hexdigest()

@@ -1,7 +1,7 @@
 """Log-probabilities of one checkpoint or an ensemble of checkpoints over a list of texts (the PyTorch predictor).
 
 What a distillation teacher gives its student (``train.distillation``), and how an ensemble is scored:
-each member reads the texts with its own tokenizer and ``max_length``, in length-sorted batches, and
+each member reads the texts with its own tokenizer and ``max_length``, in length-sorted batches (``logits``), and
 the ensemble's distribution is the mean of the members' probabilities, kept as its logarithm.
 """
 
@@ -31,17 +31,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def member_log_probs(predictor: Any, texts: Sequence[str], batch_size: int) -> np.ndarray:
-    """[N, C] float64 log-probabilities of one loaded predictor, in the texts' order."""
-    encoded = predictor.encode(texts)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # batches of like lengths pad little
-    out = np.empty((len(encoded), len(predictor.labels)), dtype=np.float64)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        out[chunk] = log_softmax(predictor.forward(predictor.encoder.collate([encoded[i] for i in chunk])))
-    return out
-
-
 def ensemble_log_probs(
     checkpoints: Sequence[str | os.PathLike],
     texts: Sequence[str],
@@ -50,9 +39,8 @@ def ensemble_log_probs(
     batch_size: int = 256,
     say: Callable[[str], None] = lambda line: None,
 ) -> EnsembleOutput:
-    """Each checkpoint's log-probabilities of ``texts`` (fp32 PyTorch on ``device``), and their ensemble's.
-
-    Every member must name the same labels in the same order (``labels``, if given): a column is a class."""
+    """Each checkpoint's log-probabilities of ``texts`` (fp32 PyTorch on ``device``), and their ensemble's; every
+    member must name the same labels in the same order (``labels``, if given): a column is a class."""
     import time
 
     import torch
@@ -68,7 +56,7 @@ def ensemble_log_probs(
                 f"config field 'teacher_model_name_or_path': {checkpoint} predicts the labels "
                 f"{', '.join(predictor.labels)}, but {', '.join(names)} were expected (in this order)"
             )
-        members.append(member_log_probs(predictor, texts, batch_size))
+        members.append(log_softmax(predictor.logits(texts)))  # length-sorted batches of batch_size
         del predictor
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

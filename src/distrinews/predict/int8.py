@@ -1,24 +1,13 @@
 """The int8 model a checkpoint is served with by default, made once with its check.
 
-``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within
-``TOLERANCE_POINTS`` of PyTorch fp32: ONNX Runtime int8 on every CPU measured so far
-(benchmarks/serving.md), provided this checkpoint's int8 model passed its check. The check it passed
-is in the ONNX file's own metadata (``CHECK_KEY``), so the file and its verdict cannot part. The
-model is
-
-- ``best/model.int8.onnx``, made by ``train`` after the final evaluation, before the run ends: int8 against
-  fp32 accuracy on the test split (a multi-label model: micro-F1 at its stored thresholds, as
-  ``distrinews eval`` scores it); a checkpoint folder that ships ``model.int8.onnx`` is served with it;
-- else the one made from this checkpoint before, in the cache (``derived.py``: keyed by the checkpoint's
-  content, checked before use), by ``export --format onnx --quantize int8`` without ``--output`` or by
-- the first ``auto`` start of a checkpoint without one: accuracy on up to ``SERVE_CHECK_ROWS`` test
-  rows when labelled AG News data is at hand (``$DISTRINEWS_DATA`` or the training config's
-  ``data_dir``), else label agreement with fp32 on ``FIXED_SAMPLE``.
-
-A published checkpoint is never written again: what a start or an export makes goes to the cache. Both graphs
-of a check run through ONNX Runtime; the fp32 graph itself is held to PyTorch's probabilities within 1e-3
-(``onnx.FP32_PROB_TOLERANCE``). A later start only reads the file and its metadata: no torch, well under a
-second.
+``--runtime auto`` (the default) serves the fastest runtime whose accuracy stays within ``TOLERANCE_POINTS`` of
+PyTorch fp32: ONNX Runtime int8 on every CPU measured (benchmarks/serving.md), where this checkpoint's int8 model
+passed its check. The check is in the ONNX file's own metadata (``CHECK_KEY``), so the file and its verdict cannot
+part. The model is ``best/model.int8.onnx`` (made by ``train``: accuracy, or multi-label micro-F1 at the stored
+thresholds, against fp32 on the test split), else the one made before in the cache (``derived.py``; by ``export
+--format onnx --quantize int8`` or a first start), else made at the first ``auto`` start: accuracy on up to
+``SERVE_CHECK_ROWS`` test rows when labelled data is at hand, else label agreement with fp32 on ``FIXED_SAMPLE``.
+Nothing is written into a checkpoint. A later start only reads the file and its metadata: no torch, under a second.
 """
 
 from __future__ import annotations
@@ -34,12 +23,13 @@ from typing import Any
 
 from ..checkpoint.atomic import open_new
 from ..scores import f1_from_counts
-from .derived import INT8_FILE, DerivedFiles, Graph
+from .derived import INT8_FILE, DerivedFiles, Graph, hash_file
 
 log = logging.getLogger(__name__)
 
 CHECK_KEY = "distrinews_int8_check"
 TOLERANCE_POINTS = 0.2  # int8 accuracy may be at most this far below fp32's
+METRIC_NAMES = {"accuracy": "accuracy", "micro_f1": "micro-F1"}  # a check's ``metric`` -> its name in words
 MIN_AGREEMENT = 0.95  # without labels: the share of FIXED_SAMPLE on which int8 and fp32 agree
 SERVE_CHECK_ROWS = 2000  # a first start checks on this many test rows, not all 7,600 (seconds, not a minute)
 # Without labelled data: news-like sentences of every kind and length (written for this check, not AG News rows).
@@ -100,18 +90,10 @@ WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
     """SHA-256 of the checkpoint's PyTorch weights (None where it has none, e.g. a slim ONNX bundle):
     an int8 model checked against other weights than the ones there now is made again."""
-    import hashlib
-
     checkpoint = Path(checkpoint)
     files = [checkpoint / n for n in WEIGHTS_FILES] if checkpoint.is_dir() else [checkpoint]
     path = next((f for f in files if f.is_file()), None)
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return None if path is None else hash_file(path).hexdigest()
 
 
 def is_current(check: dict[str, Any], checkpoint: str | os.PathLike) -> bool:
@@ -162,13 +144,9 @@ def make_int8(
     labelled: tuple[Sequence[str], Sequence[Any]] | None,
     out: str | os.PathLike | None = None,
 ) -> tuple[Path | Graph, dict[str, Any]]:
-    """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
-    (with the check in its metadata) whole: at ``out``, else in the cache (``derived.py``; never into the
-    checkpoint). Returns (the file, or the cache's :class:`~.derived.Graph`; the check).
-
-    The file is published whether the check passed or not, so that a failed check is not repeated at
-    every start; ``auto`` serves it only where ``check["passed"]``.
-    """
+    """Export, quantize, check against fp32 and publish the int8 file (the check in its metadata) whole, at ``out``
+    or else in the cache: (the file or the cache's :class:`~.derived.Graph`, the check). Published whether the check
+    passed or not, so that a failed check is not repeated at every start (``auto`` serves only a passed one)."""
     from ..checkpoint.servable import load_for_inference
     from .onnx import export_model, quantize_int8
 
@@ -197,13 +175,13 @@ def make_int8(
 def compare(
     checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
 ) -> dict[str, Any]:
-    """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
+    """Both graphs through ONNX Runtime on the labelled rows (``score``) or on ``FIXED_SAMPLE`` (agreement)."""
     from .onnx_runtime import OnnxPredictor
 
     texts = list(labelled[0]) if labelled else list(FIXED_SAMPLE)
     fp32_predictor = OnnxPredictor(checkpoint, onnx_model=fp32)
-    labels_fp32 = [_answer(p) for p in fp32_predictor.predict(texts)]
-    labels_int8 = [_answer(p) for p in OnnxPredictor(checkpoint, onnx_model=int8, int8=True).predict(texts)]
+    labels_fp32 = answers(fp32_predictor, texts)
+    labels_int8 = answers(OnnxPredictor(checkpoint, onnx_model=int8, int8=True), texts)
     agreement = sum(a == b for a, b in zip(labels_fp32, labels_int8)) / len(texts)
     check: dict[str, Any] = {
         "rows": len(texts),
@@ -211,21 +189,19 @@ def compare(
         "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if labelled:
-        gold = [_gold(y) for y in labelled[1]]
-        metric, name, score = (
-            ("micro_f1", "micro-F1", _micro_f1) if fp32_predictor.multi_label else ("accuracy", "accuracy", _accuracy)
-        )
-        fp32_score, int8_score = score(labels_fp32, gold), score(labels_int8, gold)
+        multi = fp32_predictor.multi_label
+        metric = "micro_f1" if multi else "accuracy"
+        fp32_score, int8_score = (score(a, labelled[1], multi) for a in (labels_fp32, labels_int8))
         diff = round(100 * (int8_score - fp32_score), 4)
         check.update(
-            kind=f"{name} on labelled test rows",
+            kind=f"{METRIC_NAMES[metric]} on labelled test rows",
             metric=metric,
             **{f"fp32_{metric}": round(fp32_score, 6), f"int8_{metric}": round(int8_score, 6)},
             difference_points=diff,
             tolerance_points=TOLERANCE_POINTS,
             passed=diff >= -TOLERANCE_POINTS,
-            summary=f"{name} {100 * int8_score:.2f}% vs fp32 {100 * fp32_score:.2f}% on {len(gold):,} rows "
-            f"({diff:+.2f} points, tolerance -{TOLERANCE_POINTS})",
+            summary=f"{METRIC_NAMES[metric]} {100 * int8_score:.2f}% vs fp32 {100 * fp32_score:.2f}% on "
+            f"{len(texts):,} rows ({diff:+.2f} points, tolerance -{TOLERANCE_POINTS})",
         )
     else:
         check.update(
@@ -238,27 +214,21 @@ def compare(
     return check
 
 
-def _accuracy(answers: Sequence[Any], gold: Sequence[Any]) -> float:
-    return sum(a == y for a, y in zip(answers, gold)) / len(gold)
+def answers(predictor: Any, texts: Sequence[str]) -> list[Any]:
+    """What is compared: each text's label, or a multi-label answer's sorted label ids."""
+    results = predictor.predict(texts)
+    return [r["label_id"] if "label_id" in r else sorted(x["label_id"] for x in r["labels"]) for r in results]
 
 
-def _micro_f1(answers: Sequence[list[int]], gold: Sequence[list[int]]) -> float:
-    """F1 over every (row, label) (``scores.f1_from_counts``): ``distrinews eval``'s micro-F1 at the stored
-    thresholds (the answers are the labels at or above them)."""
-    tp = sum(len(set(a) & set(y)) for a, y in zip(answers, gold))
-    fp = sum(len(set(a) - set(y)) for a, y in zip(answers, gold))
-    fn = sum(len(set(y) - set(a)) for a, y in zip(answers, gold))
-    return f1_from_counts(tp, fp, fn)
-
-
-def _answer(result: dict[str, Any]) -> Any:
-    """What is compared: the label, or a multi-label answer's set of labels."""
-    return result["label_id"] if "label_id" in result else sorted(x["label_id"] for x in result["labels"])
-
-
-def _gold(label: Any) -> Any:
-    """A row's label as ``_answer`` gives it: a class id, or a multi-label row's 0/1 list as the ids it marks."""
-    return [i for i, on in enumerate(label) if on] if isinstance(label, list) else label
+def score(answered: Sequence[Any], labels: Sequence[Any], multi_label: bool) -> float:
+    """Accuracy of ``answered`` against ``labels``; multi-label (a 0/1 list per row), micro-F1 over every (row,
+    label) at the stored thresholds (the answers are the labels at or above them), as ``distrinews eval`` scores it."""
+    if not multi_label:
+        return sum(a == y for a, y in zip(answered, labels)) / len(labels)
+    pairs = [(set(a), {i for i, on in enumerate(y) if on}) for a, y in zip(answered, labels)]
+    tp = sum(len(a & y) for a, y in pairs)
+    fp = sum(len(a - y) for a, y in pairs)
+    return f1_from_counts(tp, fp, sum(len(y - a) for a, y in pairs))
 
 
 def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from .int8 import FIXED_SAMPLE
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -25,11 +27,7 @@ OPSET = 17
 # fp32 ONNX must reproduce PyTorch's probabilities to this tolerance (the issue's contract).
 FP32_PROB_TOLERANCE = 1e-3
 # Texts of different lengths: tracing with real padding keeps the attention-mask path in the graph.
-SAMPLE_TEXTS = [
-    "Stocks rally as oil prices fall",
-    "The home team won the championship game last night after a dramatic overtime finish, fans said.",
-    "New chip doubles battery life",
-]
+SAMPLE_TEXTS = list(FIXED_SAMPLE[:3])
 
 
 class _LogitsOnly(torch.nn.Module):
@@ -104,13 +102,9 @@ def _drop_hint(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def _without_preprocessing_hint() -> Iterator[None]:
-    """ONNX Runtime's "consider pre-processing before quantization" hint, kept out of the run's summary.
-
-    The hint is about the shape inference and graph fusions that static (calibrated) quantization
-    wants; the user of `train` cannot act on it. It goes through the root logger, whose first record
-    would also install a stderr handler for the whole process (logging.basicConfig): a NullHandler
-    stands in while the quantizer runs, so neither happens.
-    """
+    """ONNX Runtime's "consider pre-processing before quantization" hint (about static quantization: the user of
+    ``train`` cannot act on it) kept out of the run's summary. It goes through the root logger, whose first record
+    would also install a stderr handler for the whole process: a NullHandler stands in while the quantizer runs."""
     root = logging.getLogger()
     stand_in = logging.NullHandler() if not root.handlers else None
     if stand_in is not None:
@@ -122,15 +116,6 @@ def _without_preprocessing_hint() -> Iterator[None]:
         root.removeFilter(_drop_hint)
         if stand_in is not None:
             root.removeHandler(stand_in)
-
-
-def is_quantized(path: str | os.PathLike) -> bool:
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return any(
-        node.op_type in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul") for node in graph.node
-    )
 
 
 def compare_with_torch(

@@ -1,9 +1,8 @@
 """``OnnxPredictor``: the predictor on ONNX Runtime (``--runtime onnx`` and ``onnx-int8``).
 
-With its ONNX file (in the checkpoint directory or the cache, ``derived.py``) and a checkpoint directory that holds
-``tokenizer.json`` and ``config.json``, it needs only onnxruntime, tokenizers and numpy (the Space bundle's slim
-image, ``distrinews.export.space``); torch and transformers are imported where it must export (or quantize) the
-model first or read a legacy ``.pt`` file.
+With its ONNX file and a checkpoint folder holding ``tokenizer.json`` and ``config.json`` it needs only onnxruntime,
+tokenizers and numpy (the Space's slim image); torch and transformers are imported where it must export the model
+first or read a legacy ``.pt`` file.
 """
 
 from __future__ import annotations
@@ -45,17 +44,9 @@ def is_quantized_file(path: str | os.PathLike) -> bool:
 class OnnxPredictor(Predictor):
     """The same predictor on ONNX Runtime (CPU).
 
-    The graph is ``onnx_model`` if given (a file, or a :class:`~.derived.Graph` of the cache), else
-    ``DIR/model.onnx`` (``DIR/model.int8.onnx`` with ``int8=True``) where the checkpoint folder ships one, else
-    the one made from this checkpoint before, in the cache (``derived.py``); else it is made at start (exported
-    from the checkpoint, and for int8 quantized, dynamic and per-channel, from that export or from the
-    ``DIR/model.onnx`` the folder ships) and kept in the cache for the next start. Nothing is written into the
-    checkpoint: a published one is never written again.
-
-    With that ONNX file present and a checkpoint directory holding ``tokenizer.json`` and a
-    ``config.json`` with its labels, nothing but onnxruntime, tokenizers and numpy is imported
-    (``tokens.TextEncoder.from_tokenizer_json``); otherwise the checkpoint is loaded with
-    transformers (and exported, quantized, if needed).
+    The graph is ``onnx_model`` if given (a file or a cache :class:`~.derived.Graph`), else ``DIR/model.onnx``
+    (``model.int8.onnx`` with ``int8=True``) where the checkpoint folder ships one, else the cache's, else made at
+    start (exported, for int8 quantized) and kept in the cache; never written into the checkpoint.
     """
 
     runtime = "onnx"
@@ -107,13 +98,10 @@ class OnnxPredictor(Predictor):
                 )
 
     def _find_graph(self, onnx_model: str | os.PathLike | Graph | None, name: str) -> Path | Graph | None:
-        """The graph given, else the one the checkpoint folder ships, else the one made from it before (the cache)."""
         if onnx_model is not None:
             return onnx_model if isinstance(onnx_model, Graph) else Path(onnx_model)
         shipped = self.checkpoint / name
-        if shipped.is_file():
-            return shipped
-        return DerivedFiles(self.checkpoint).read(name)
+        return shipped if shipped.is_file() else DerivedFiles(self.checkpoint).read(name)
 
     def _source(self) -> str | bytes:
         """What a session is made from: a file's path, or the bytes of a cache entry, checked again as they are read."""

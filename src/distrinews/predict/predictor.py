@@ -1,23 +1,15 @@
 """The PyTorch predictor, and the interface and output format every runtime shares (``runtimes.py`` picks one).
 
-The HTTP app's part of the interface is ``protocol.ServingPredictor``; the HTTP app and the CLI do not care which
-runtime runs. A prediction is three steps, kept apart so the server can run them on different threads:
+The HTTP app's part of the interface is ``protocol.ServingPredictor``. A prediction is three steps, kept apart so
+the server can run them on different threads: ``encode(texts)`` (tokenization only, ``tokens.TextEncoder``; any
+thread), ``forward(inputs)`` (padded int64 arrays in, float32 logits out) and ``format_batch(logits)``: softmax of
+the logits divided by the checkpoint's temperature (fitted when training ended, ``train/calibration.py``; 1 where
+it has none), named labels, and with a ``min_confidence`` (``confidence.py``) whether the answer is ``confident``.
+A multi-label model (``problem_type`` multi_label_classification) answers with a sigmoid per label and every label
+at or over its threshold (tuned when training, else 0.5; ``min_confidence`` replaces those it names):
+``{"labels": [{"label", "label_id", "score"}, ...] (highest first, possibly none), "probabilities"}``.
 
-- ``encode(texts)``: tokenization only (``tokens.TextEncoder``; no model, any thread);
-- ``forward(inputs)``: padded int64 arrays in, float32 logits out (the runtime's forward pass);
-- ``format_batch(logits)``: softmax of the logits divided by the checkpoint's temperature (``distrinews.json``,
-  fitted when training ended: ``train/calibration.py``; 1 where it has none), named labels, and with a
-  ``min_confidence`` threshold (``confidence.py``) whether the answer is ``confident``. A multi-label model
-  (its config's ``problem_type`` is multi_label_classification) answers with a sigmoid per label instead, and
-  every label whose score is at least its threshold (``distrinews.json``'s ``thresholds``, tuned when training;
-  0.5 where none is recorded; ``min_confidence`` replaces those of the labels it gives a number for):
-  ``{"labels": [{"label", "label_id", "score"}, ...] (highest first, possibly none), "probabilities"}``.
-
-``predict_encoded`` is the micro-batcher's forward job (collate + forward + format, one pass);
-``predict(texts)`` does all three for the CLI, in length-sorted chunks of ``max_batch_size``.
-
-Importing this module needs neither torch nor transformers (``onnx_runtime.OnnxPredictor`` derives from it);
-``Predictor`` imports them when it loads a checkpoint.
+Importing this module needs neither torch nor transformers (``onnx_runtime.OnnxPredictor`` derives from it).
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from ..checkpoint import records
 from ..checkpoint.records import DEFAULT_THRESHOLD, ModelInfo
 from ..errors import CheckpointError
 from .confidence import ConfidenceThreshold
-from .tokens import MODEL_INPUTS, Encoded, TextEncoder
+from .tokens import Encoded, TextEncoder
 
 MULTI_LABEL = "multi_label_classification"  # transformers' problem_type (config's, which this module cannot import)
 
@@ -102,26 +94,13 @@ class Predictor:
         """Token ids per text, truncated to ``max_length``, not padded. Thread-safe; releases the GIL."""
         return self.encoder.encode(texts)
 
-    def tokenize(self, texts: Sequence[str], return_tensors: str) -> dict[str, Any]:
-        """The padded batch through ``transformers`` itself (the reference the encoder is checked against)."""
-        enc = self.tokenizer(
-            list(texts), truncation=True, max_length=self.max_length, padding=True, return_tensors=return_tensors
-        )
-        return {k: v for k, v in enc.items() if k in MODEL_INPUTS}
-
     # ------------------------------------------------------------------ the forward pass
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Padded int64 arrays (``TextEncoder.collate``) -> float32 logits, one forward pass."""
-        import contextlib
-
         import torch
 
-        autocast = (
-            torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype
-            else contextlib.nullcontext()
-        )
-        with torch.inference_mode(), autocast:
+        bf16 = self.autocast_dtype is not None
+        with torch.inference_mode(), torch.autocast(self.device.type, self.autocast_dtype, enabled=bf16):
             feed = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
             return self.model(**feed).logits.float().cpu().numpy()
 
@@ -129,29 +108,29 @@ class Predictor:
         """One forward pass over already-tokenized texts: the micro-batcher's job on its forward thread."""
         return self.format_batch(self.forward(self.encoder.collate(batch)))
 
-    def logits(self, texts: Sequence[str]) -> np.ndarray:
-        """[N, labels] float32 logits as the model gives them (before the temperature), in the texts' order;
-        computed in length-sorted batches of ``max_batch_size``."""
-        encoded = self.encode(texts)
+    def _chunks(self, encoded: Sequence[Encoded]) -> list[list[int]]:
+        """Indices of ``encoded`` in length-sorted chunks of ``max_batch_size``, so that each batch pads little."""
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        return [order[start : start + self.max_batch_size] for start in range(0, len(order), self.max_batch_size)]
+
+    def logits(self, texts: Sequence[str]) -> np.ndarray:
+        """[N, labels] float32 logits as the model gives them (before the temperature), in the texts' order."""
+        encoded = self.encode(texts)
         out = np.empty((len(encoded), len(self.labels)), dtype=np.float32)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
+        for chunk in self._chunks(encoded):
             out[chunk] = self.forward(self.encoder.collate([encoded[i] for i in chunk]))
         return out
 
     def predict(self, texts: Sequence[str]) -> list[dict[str, Any]]:
-        """One result per text, in order. Texts are grouped by token length so each batch pads little."""
+        """One result per text, in order."""
         if isinstance(texts, str):
             raise TypeError("predict() takes a list of texts")
         encoded = self.encode(texts)
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-        results: list[dict[str, Any] | None] = [None] * len(encoded)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
+        results: list[dict[str, Any]] = [{}] * len(encoded)
+        for chunk in self._chunks(encoded):
             for i, result in zip(chunk, self.predict_encoded([encoded[i] for i in chunk])):
                 results[i] = result
-        return results  # type: ignore[return-value]
+        return results
 
     # ------------------------------------------------------------------ output
     def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
@@ -162,11 +141,8 @@ class Predictor:
     def label_thresholds(self) -> list[float]:
         """A multi-label model's threshold per label: ``min_confidence``'s where it gives one, else the tuned one."""
         assert self.thresholds is not None, "a multi-label predictor has thresholds"
-        chosen = []
-        for name, tuned in zip(self.labels, self.thresholds):
-            least = None if self.min_confidence is None else self.min_confidence.minimum(name)
-            chosen.append(tuned if least is None else least)
-        return chosen
+        given = self.min_confidence.minimum if self.min_confidence is not None else lambda name: None
+        return [tuned if (least := given(name)) is None else least for name, tuned in zip(self.labels, self.thresholds)]
 
     def format_multi_label(self, scores: Sequence[float]) -> dict[str, Any]:
         """Every label whose score reaches its threshold, highest first (none is an answer too), and every score."""
@@ -192,14 +168,12 @@ class Predictor:
         return result
 
     def set_min_confidence(self, spec: Any) -> None:
-        """``--min-confidence`` (``confidence.ConfidenceThreshold.parse``'s forms; None: none), checked against the
-        labels."""
+        """``--min-confidence`` (``ConfidenceThreshold.parse``'s forms; None: none), checked against the labels."""
         threshold = ConfidenceThreshold.parse(spec)
         self.min_confidence = None if threshold is None else threshold.for_labels(self.labels)
 
     def warmup(self) -> None:
-        """Batches of one short, two padded and one long text, so the first real requests do not pay for lazy
-        initialisation."""
+        """One short, two padded and one long text, so that the first requests do not pay for lazy initialisation."""
         self.predict(["warm up"])
         self.predict(["warm up", "warm up the model with a slightly longer sentence"])
         self.predict(["warm up with the longest text the model reads " * 40])
@@ -230,8 +204,7 @@ class Predictor:
 
 
 def folder_config(checkpoint: str | os.PathLike | None) -> dict[str, Any]:
-    """A folder checkpoint's ``config.json`` (a model folder's, or a step-N's training config); {} for a ``.pt`` or
-    where there is no checkpoint."""
+    """A folder checkpoint's ``config.json`` (a model's, or a step-N's training config); {} for a ``.pt`` or none."""
     found = records.describe(checkpoint) if checkpoint is not None else None
     config = records.read_json(found.path / "config.json") if found is not None and found.kind != "pt" else {}
     return config if isinstance(config, dict) else {}

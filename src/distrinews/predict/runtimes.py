@@ -1,23 +1,17 @@
 """The runtimes a checkpoint can be served on, and ``make_predictor``, which builds the one ``--runtime`` names.
 
-Runtimes (``--runtime``): ``torch`` (fp32), ``torch-bf16`` (bf16 autocast; only where the device
-computes bf16 in hardware, ``distributed.machine.bf16_is_fast``), ``onnx`` (ONNX Runtime fp32) and
-``onnx-int8`` (dynamic int8 quantization). The default, ``auto``, is a rule, not a runtime: the
-fastest runtime whose accuracy stays within 0.2 points of PyTorch fp32, which is ``onnx-int8``
-on every CPU measured (benchmarks/serving.md) where this checkpoint's int8 model passed its check
-(``int8.py``: the one its folder ships, else the one made from it before and kept in the cache, else made
-now; never written into the checkpoint); otherwise ``torch``, said in one log line and in ``/info``'s
-``runtime_choice``.
-
-Every runtime shares one interface and one output format (``predictor.Predictor``); ``onnx_runtime.OnnxPredictor``
-runs the ONNX ones. Importing this module needs neither torch nor transformers.
+``torch`` (fp32), ``torch-bf16`` (bf16 autocast, only where the device computes bf16 in hardware), ``onnx`` (ONNX
+Runtime fp32) and ``onnx-int8`` (dynamic int8). The default, ``auto``, is a rule: the fastest runtime within 0.2
+points of PyTorch fp32, which is ``onnx-int8`` on every CPU measured (benchmarks/serving.md) where the checkpoint's
+int8 model passed its check (``int8.py``), else ``torch``, said in one log line and in ``/info``'s
+``runtime_choice``. Importing this module needs neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +30,14 @@ DEFAULT_RUNTIME = "auto"
 __all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "auto_predictor", "bf16_refusal", "make_predictor"]
 
 
-def bf16_refusal(device: str = "cpu") -> str | None:
-    """Why ``torch-bf16`` is refused on ``device`` (None where bf16 runs in hardware)."""
+def bf16_refusal(device: str | None = None) -> str | None:
+    """Why ``torch-bf16`` is refused on ``device`` (None: the one torch would use), None where bf16 runs in hardware."""
     from ..distributed import machine
 
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if machine.bf16_is_fast(device):
         return None
     return (
@@ -63,44 +61,24 @@ def make_predictor(
     one, which gives their cores back to whatever shares them (a server's event loop, its other passes and its
     clients between requests); within a pass they spin, as by default."""
     threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
-    predictor = _make_predictor(checkpoint, runtime, max_batch_size, onnx_model, threads, spin)
-    predictor.set_min_confidence(threshold)
-    return predictor
-
-
-def _make_predictor(
-    checkpoint: str | os.PathLike,
-    runtime: str,
-    max_batch_size: int,
-    onnx_model: str | os.PathLike | None,
-    threads: int | None,
-    spin: bool = True,
-) -> Predictor:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if onnx_model and not runtime.startswith("onnx"):
         raise ValueError("--onnx-model only applies to --runtime onnx or onnx-int8")
+    predictor: Predictor
     if runtime == "auto":
-        return auto_predictor(checkpoint, max_batch_size, threads, spin)
-    if runtime.startswith("torch"):
-        _torch_threads(threads)
-    if runtime == "torch":
-        return Predictor(checkpoint, max_batch_size=max_batch_size)
-    if runtime == "torch-bf16":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        if (why := bf16_refusal(device)) is not None:
-            raise ValueError(why)
-        return Predictor(checkpoint, device=device, max_batch_size=max_batch_size, bf16=True)
-    return OnnxPredictor(
-        checkpoint,
-        onnx_model=onnx_model,
-        max_batch_size=max_batch_size,
-        threads=threads,
-        int8=runtime == "onnx-int8",
-        spin=spin,
-    )
+        predictor = auto_predictor(checkpoint, max_batch_size, threads, spin)
+    elif runtime.startswith("onnx"):
+        int8 = runtime == "onnx-int8"
+        predictor = OnnxPredictor(checkpoint, onnx_model, max_batch_size, threads, int8=int8, spin=spin)
+    elif runtime == "torch":
+        predictor = _torch(checkpoint, max_batch_size, threads)
+    elif (why := bf16_refusal()) is not None:
+        raise ValueError(why)
+    else:
+        predictor = _torch(checkpoint, max_batch_size, threads, bf16=True)
+    predictor.set_min_confidence(threshold)
+    return predictor
 
 
 def auto_predictor(
@@ -113,9 +91,13 @@ def auto_predictor(
         import onnxruntime  # noqa: F401
     except ImportError:
         return _fall_back(
-            checkpoint, max_batch_size, "onnxruntime is not installed (pip install 'distrinews[onnx]')", threads=threads
+            checkpoint, max_batch_size, threads, "onnxruntime is not installed (pip install 'distrinews[onnx]')"
         )
-    predictor, check = _int8_made_before(checkpoint, max_batch_size, threads, spin)
+
+    def load(graph: Path | Graph) -> OnnxPredictor:
+        return OnnxPredictor(checkpoint, graph, max_batch_size, threads, int8=True, spin=spin)
+
+    predictor, check = _int8_made_before(checkpoint, load)
     if predictor is None or check is None:
         # none yet, one never checked, or one checked against other weights: made (again) into the cache
         try:
@@ -128,19 +110,12 @@ def auto_predictor(
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
             why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
-            return _fall_back(checkpoint, max_batch_size, why, threads=threads)
+            return _fall_back(checkpoint, max_batch_size, threads, why)
         if check["passed"]:
-            predictor = OnnxPredictor(
-                checkpoint, onnx_model=made, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-            )
+            predictor = load(made)
     if not check["passed"]:
-        return _fall_back(
-            checkpoint,
-            max_batch_size,
-            f"its int8 model failed its check ({check['kind']}: {check['summary']})",
-            check,
-            threads=threads,
-        )
+        why = f"its int8 model failed its check ({check['kind']}: {check['summary']})"
+        return _fall_back(checkpoint, max_batch_size, threads, why, check)
     assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {
@@ -155,14 +130,12 @@ def auto_predictor(
 
 
 def _int8_made_before(
-    checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, spin: bool
+    checkpoint: str | os.PathLike, load: Callable[[Path | Graph], OnnxPredictor]
 ) -> tuple[OnnxPredictor | None, dict[str, Any] | None]:
     """The int8 model the checkpoint ships, else the one made from it before (the cache), with its check, where
     that check was made on the weights it holds now; (None, None) where there is none."""
     for graph in _int8_candidates(checkpoint):
-        predictor = OnnxPredictor(
-            checkpoint, onnx_model=graph, max_batch_size=max_batch_size, threads=threads, int8=True, spin=spin
-        )
+        predictor = load(graph)
         check = int8.read_check(predictor.session)
         if check is not None and int8.is_current(check, checkpoint):
             return predictor, check
@@ -181,24 +154,24 @@ def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
         yield cached
 
 
-def _torch_threads(threads: int | None) -> None:
-    """PyTorch's intra-op threads (``serve --threads``; a replica's share of the cores); None or 0: its default."""
+def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, bf16: bool = False) -> Predictor:
+    """PyTorch on ``threads`` intra-op threads (a replica's share of the cores; None or 0: torch's default)."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
+    return Predictor(checkpoint, max_batch_size=max_batch_size, bf16=bf16)
 
 
 def _fall_back(
     checkpoint: str | os.PathLike,
     max_batch_size: int,
+    threads: int | None,
     reason: str,
     check: dict[str, Any] | None = None,
-    threads: int | None = None,
 ) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
-    _torch_threads(threads)
-    predictor = Predictor(checkpoint, max_batch_size=max_batch_size)
+    predictor = _torch(checkpoint, max_batch_size, threads)
     predictor.choice = {
         "requested": "auto",
         "runtime": "torch",

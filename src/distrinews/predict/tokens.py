@@ -1,20 +1,14 @@
 """Tokenization for serving, apart from the forward pass: text -> token ids, then a batch -> padded arrays.
 
-``TextEncoder.encode`` turns texts into :class:`Encoded` (ids truncated to ``max_length``, not
-padded): it runs on the micro-batcher's tokenizer thread as requests arrive, so a request's
-tokens, and its length in tokens (what the batcher's token budget counts), are known before
-its batch forms. ``TextEncoder.encode_fitted`` does the same with text-embeddings-inference's
-``truncate: false`` (refuse a text too long) and ``truncation_direction: left`` (keep its end), still
-tokenizing each text once, where the request's other texts are. ``TextEncoder.collate`` pads a batch
-to its own longest text; it costs microseconds and runs on the forward thread just before the model.
+``TextEncoder.encode`` gives :class:`Encoded` texts (ids truncated to ``max_length``, not padded) on the
+micro-batcher's tokenizer thread, so a request's length in tokens (what the token budget counts) is known before its
+batch forms; ``encode_fitted`` adds text-embeddings-inference's ``truncate: false`` and ``truncation_direction:
+left``. ``collate`` pads a batch to its longest text (microseconds, on the forward thread).
 
-The ids are those of ``transformers``' fast tokenizer called as ``tokenizer(texts,
-truncation=True, max_length=N, padding=True)`` (a test checks all 7,600 test rows), computed by
-the Rust ``tokenizers`` library directly: the Python wrapper around it costs about as much as
-the tokenization itself, and the Rust call releases the GIL. Needs numpy and tokenizers only:
-``TextEncoder.from_tokenizer_json`` builds one from a checkpoint's ``tokenizer.json`` without
-``transformers`` (the slim ONNX Runtime server), ``TextEncoder.from_transformers`` from a loaded
-fast tokenizer.
+The ids are those of ``transformers``' fast tokenizer called with ``truncation=True, max_length=N, padding=True``
+(a test checks all 7,600 test rows), computed by the Rust ``tokenizers`` library directly: the Python wrapper costs
+about as much as the tokenization, and the Rust call releases the GIL. ``from_tokenizer_json`` needs no
+``transformers`` (the slim ONNX Runtime server).
 """
 
 from __future__ import annotations
@@ -109,10 +103,9 @@ class TextEncoder:
 
     @classmethod
     def from_tokenizer_json(cls, directory: str | Path, max_length: int) -> TextEncoder:
-        """From a checkpoint directory's ``tokenizer.json`` (and ``tokenizer_config.json``: the padding token,
-        padding and truncation sides), through ``tokenizers`` alone. ``save_pretrained`` may have stored a
-        fixed padding and truncation in ``tokenizer.json``; both are replaced, as ``transformers`` does per call.
-        Every one of MODEL_INPUTS is made; the ONNX forward pass feeds those its graph takes."""
+        """From a checkpoint folder's ``tokenizer.json`` and ``tokenizer_config.json`` (padding token and sides),
+        through ``tokenizers`` alone; the fixed padding and truncation ``save_pretrained`` may store are replaced, as
+        ``transformers`` does per call. Every one of MODEL_INPUTS is made; the ONNX forward feeds its graph's."""
         from tokenizers import Tokenizer
 
         directory = Path(directory)
@@ -142,10 +135,8 @@ class TextEncoder:
         return tokenizer
 
     def encode_fitted(self, texts: Sequence[str], truncate: bool = True, keep_end: bool = False) -> list[Encoded]:
-        """``encode`` with text-embeddings-inference's options, each text tokenized once: ``truncate`` False refuses
-        a text longer than ``max_length`` tokens (:class:`TextTooLong`, the first one found); ``keep_end`` cuts a
-        longer one at its start instead of its end, at a word boundary: it keeps the last whole words that fit
-        (only a single word longer than the budget is cut inside it)."""
+        """``encode`` with text-embeddings-inference's options, each text tokenized once: ``truncate`` False refuses a
+        text over ``max_length`` tokens (:class:`TextTooLong`); ``keep_end`` keeps the last whole words that fit."""
         if truncate and not keep_end:
             return self.encode(texts)
         fitted = []
@@ -160,8 +151,7 @@ class TextEncoder:
         return fitted
 
     def _kept_end(self, enc: Any) -> np.ndarray:
-        """Which tokens of a too long encoding ``keep_end`` keeps: its special tokens and the last whole words of
-        its content that fit beside them."""
+        """What ``keep_end`` keeps of a too long encoding: its special tokens and the last whole words that fit."""
         special = np.asarray(enc.special_tokens_mask, dtype=bool)
         content = np.flatnonzero(~special)
         budget = max(self.max_length - int(special.sum()), 1)
@@ -184,16 +174,11 @@ class TextEncoder:
         width = int(lengths.max()) if len(batch) else 0
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         type_ids = np.full((len(batch), width), self.pad_type_id, dtype=np.int64)
-        positions = np.arange(width)
-        if self.padding_side == "right":
-            mask = positions[None, :] < lengths[:, None]
-            for row, e in enumerate(batch):
-                ids[row, : len(e)] = e.ids
-                type_ids[row, : len(e)] = e.type_ids
-        else:
-            mask = positions[None, :] >= (width - lengths)[:, None]
-            for row, e in enumerate(batch):
-                ids[row, width - len(e) :] = e.ids
-                type_ids[row, width - len(e) :] = e.type_ids
+        starts = np.zeros_like(lengths) if self.padding_side == "right" else width - lengths
+        for row, (e, start) in enumerate(zip(batch, starts)):
+            ids[row, start : start + len(e)] = e.ids
+            type_ids[row, start : start + len(e)] = e.type_ids
+        positions = np.arange(width)[None, :]
+        mask = (positions >= starts[:, None]) & (positions < (starts + lengths)[:, None])
         arrays = {"input_ids": ids, "attention_mask": mask.astype(np.int64), "token_type_ids": type_ids}
         return {name: arrays[name] for name in self.input_names}

@@ -1,13 +1,10 @@
 """A ready-to-push Hugging Face Docker Space from a servable checkpoint (``distrinews export --format space``).
 
-The reference system ends with its model live as a Docker Space: a folder with a Dockerfile,
-CPU-only requirements, the inference code, the checkpoint and a README whose front matter
-configures the Space. ``bundle.export_space`` writes that folder from ``runs/X/best``:
+``bundle.export_space`` writes, from ``runs/X/best``, the folder the reference system ends with:
 
     DIR/README.md          Space front matter, the model card, the API's curl calls, how to push
     DIR/Dockerfile         deploy/Dockerfile's design: non-root, HEALTHCHECK, port 7860, CPU only
-    DIR/requirements.txt   the server's direct dependencies, pinned; never torch (the Dockerfile
-                           installs its CPU build where the runtime needs it)
+    DIR/requirements.txt   the server's direct dependencies, pinned; never torch (the Dockerfile installs its CPU build)
     DIR/distrinews/        the serving modules of this package (``python -m distrinews.serve``)
     DIR/model/             the model files of the chosen runtime
     DIR/.gitattributes     large files through Git LFS, as the Hub wants them

@@ -1,23 +1,16 @@
 """Does the int8 model stay within tolerance of fp32? Measured at export (``--check-accuracy``) on the evaluation
-rows of the data the checkpoint was trained on, as ``distrinews eval`` reads them.
-
-The tolerance is the speed issue's: int8 may be at most 0.2 points below fp32. The rows are
-AG News's 7,600-row test split for a model trained on it, the user's evaluation rows for one
-trained on their own data (``training_config``). A single-label model is scored by accuracy; a
-multi-label model by micro-F1 with each label at the threshold stored with it, as ``distrinews
-eval`` scores it (``train.multilabel.FixedThresholdTally``). Both graphs run through the same
-ONNX Runtime predictor the Space uses.
+rows of the data the checkpoint was trained on (AG News's test split, or the user's evaluation rows), as ``distrinews
+eval`` reads them, through the ONNX Runtime predictor the Space uses, scored as ``--runtime auto``'s check scores
+(``predict.int8.score``: accuracy, or micro-F1 at the stored thresholds), with its tolerance.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ...predict.onnx_runtime import OnnxPredictor
+from ...predict.int8 import METRIC_NAMES, TOLERANCE_POINTS, answers, score
 
-INT8_TOLERANCE_POINTS = 0.2
 # What was measured when int8 became the default (benchmarks/onnx-int8.md): cpu-quick MiniLM-L6, 7,600 test rows.
 RECORDED: dict[str, Any] = {
     "fp32_accuracy": 0.9017,
@@ -25,8 +18,6 @@ RECORDED: dict[str, Any] = {
     "rows": 7600,
     "source": "benchmarks/onnx-int8.md",
 }
-# The metric compared (a check's ``metric``; its scores are ``fp32_METRIC`` and ``int8_METRIC``) -> its name in words.
-METRIC_NAMES = {"accuracy": "accuracy", "micro_f1": "micro-F1"}
 
 
 def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: str | None) -> dict[str, Any]:
@@ -64,24 +55,11 @@ def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: s
                 f"--check-accuracy: the model is {kind} but the rows of the data it records ({data.eval_from}) "
                 "are not; export without --check-accuracy"
             )
-        result[f"{name}_{metric}"] = _score(predictor, rows.texts, rows.labels)
+        result[f"{name}_{metric}"] = score(answers(predictor, rows.texts), rows.labels, data.multi_label)
     result["difference_points"] = round(100 * (result[f"int8_{metric}"] - result[f"fp32_{metric}"]), 4)
-    result["tolerance_points"] = INT8_TOLERANCE_POINTS
-    result["within_tolerance"] = result["difference_points"] >= -INT8_TOLERANCE_POINTS
+    result["tolerance_points"] = TOLERANCE_POINTS
+    result["within_tolerance"] = result["difference_points"] >= -TOLERANCE_POINTS
     return result
-
-
-def _score(predictor: OnnxPredictor, texts: list[str], labels: list[Any]) -> float:
-    """Accuracy of the argmax; for a multi-label model, micro-F1 of its sigmoid scores at its thresholds."""
-    predictions = predictor.predict(texts)
-    if not predictor.multi_label:
-        return sum(p["label_id"] == y for p, y in zip(predictions, labels)) / len(labels)
-    from ...train.multilabel import FixedThresholdTally
-
-    assert predictor.thresholds is not None, "a multi-label predictor has thresholds"
-    tally = FixedThresholdTally(predictor.labels, predictor.thresholds)
-    tally.add([[p["probabilities"][name] for name in predictor.labels] for p in predictions], labels)
-    return tally.to_json()["micro_f1"]
 
 
 def scores(check: dict[str, Any]) -> tuple[float, float]:
@@ -104,12 +82,12 @@ def note(runtime: str, check: dict[str, Any] | None) -> str:
         return (
             f"int8 {METRIC_NAMES[check['metric']]}{thresholds}, checked at export (`--check-accuracy`) on "
             f"{check['rows']:,} rows of {check['rows_from']}: {100 * int8:.2f}% against {100 * fp32:.2f}% for fp32 "
-            f"({check['difference_points']:+.2f} points; the tolerance is -{INT8_TOLERANCE_POINTS} points)."
+            f"({check['difference_points']:+.2f} points; the tolerance is -{TOLERANCE_POINTS} points)."
         )
     return (
         "int8 accuracy was not measured for this checkpoint at export (run the export with "
         "`--check-accuracy` to measure it on the model's evaluation rows). DistriNews' recorded measurement "
         f"({RECORDED['source']}, the cpu-quick MiniLM-L6 model, {RECORDED['rows']:,} test rows): int8 "
         f"{100 * RECORDED['int8_accuracy']:.2f}% against fp32 {100 * RECORDED['fp32_accuracy']:.2f}%, within "
-        f"the {INT8_TOLERANCE_POINTS}-point tolerance. The test metrics below are the PyTorch model's."
+        f"the {TOLERANCE_POINTS}-point tolerance. The test metrics below are the PyTorch model's."
     )

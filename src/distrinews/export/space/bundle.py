@@ -1,8 +1,7 @@
-"""``export_space``: write the Space folder for a servable checkpoint (see the package docstring for its layout).
+"""``export_space``: write the Space folder for a servable checkpoint (its layout: the package docstring).
 
-The folder is built beside ``output`` and moved into place when complete, after its own
-checks pass. Re-exporting into a folder that holds an earlier bundle replaces the bundle but
-keeps its ``.git`` (the user may have pushed it with git); any other non-empty folder is refused.
+The folder is built beside ``output`` and moved into place when complete, after its own checks pass; an earlier bundle
+there is replaced but its ``.git`` kept (the user may have pushed it with git); any other non-empty folder is refused.
 """
 
 from __future__ import annotations
@@ -113,14 +112,11 @@ def server_files(runtime: str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ the folder
-def _is_bundle(path: Path) -> bool:
-    return (path / "Dockerfile").is_file() and (path / PACKAGE / "serve" / "__main__.py").is_file()
-
-
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file, not a directory")
-    if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not _is_bundle(output):
+    earlier = (output / "Dockerfile").is_file() and (output / PACKAGE / "serve" / "__main__.py").is_file()
+    if output.is_dir() and any(p.name != ".git" for p in output.iterdir()) and not earlier:
         raise ConfigError(
             f"--output {output} is not empty and holds no earlier Space bundle; choose a new or empty directory"
         )
@@ -231,7 +227,8 @@ def _write_model(
     for name in ONNX_MODEL_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, model_dir / name)
-    from ..onnx import export_onnx, quantize_int8
+    from ...predict.onnx import quantize_int8
+    from ..onnx import export_onnx
 
     with tempfile.TemporaryDirectory(prefix="distrinews-space-") as tmp:
         say(f"exporting {checkpoint} to ONNX (fp32, checked against PyTorch)")
@@ -253,6 +250,6 @@ def _write_model(
         if not result["within_tolerance"]:
             raise ConfigError(
                 f"int8 loses {-result['difference_points']:.2f} {metric} points against fp32 (tolerance "
-                f"{accuracy.INT8_TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
+                f"{accuracy.TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
             )
         return result

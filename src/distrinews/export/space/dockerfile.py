@@ -1,12 +1,10 @@
 """The bundle's Dockerfile, and the invariants it must keep (read as text: no container engine needed).
 
-The image follows deploy/Dockerfile: ``ARG BASE_IMAGE`` (python:3.X-slim from a registry, or
-any Debian-like base with python3 and venv), a venv, CPU-only inference libraries, a non-root
-user, ``EXPOSE 7860``, a HEALTHCHECK on ``/health`` and an exec-form CMD so the server is PID 1
-and drains on SIGTERM. Differences: the model is copied into the image (a Space has nothing
-to mount), the user is uid 1000 (what Docker Spaces run as), and the server is the slim
-``python -m distrinews.serve``. Only the ``torch`` runtime installs torch: its ``+cpu`` build,
-from a wheel in ``.whl/`` of the build context when there is one, else the PyTorch CPU index.
+The image follows deploy/Dockerfile (``ARG BASE_IMAGE``, a venv, CPU-only inference libraries, a non-root user,
+``EXPOSE 7860``, a HEALTHCHECK on ``/health``, an exec-form CMD so the server is PID 1 and drains on SIGTERM), except
+that the model is inside (a Space has nothing to mount), the user is uid 1000 (what Docker Spaces run as) and the
+server is the slim ``python -m distrinews.serve``. Only the ``torch`` runtime installs torch: its ``+cpu`` build, from
+a wheel in ``.whl/`` of the build context when there is one, else the PyTorch CPU index.
 """
 
 from __future__ import annotations
@@ -136,9 +134,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
     out, pending = [], ""
     for raw in text.splitlines():
         line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
+        if line.startswith("#") or not (line or pending):
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "
@@ -198,11 +194,8 @@ def problems(text: str, runtime: str) -> list[str]:
     items = instructions(text)
     found: list[str] = []
     froms = find(items, "FROM")
-    if (
-        not froms
-        or froms[0][1].split()[0] not in ("${BASE_IMAGE}", "$BASE_IMAGE")
-        or "BASE_IMAGE" not in arg_defaults(items, True)
-    ):
+    base = froms[0][1].split()[0] if froms else ""
+    if base not in ("${BASE_IMAGE}", "$BASE_IMAGE") or "BASE_IMAGE" not in arg_defaults(items, True):
         found.append("FROM must use ARG BASE_IMAGE (declared before it)")
     found += user_problems(items) + healthcheck_problems(items) + expose_problems(items, PORT)
     argv = cmd_argv(text)

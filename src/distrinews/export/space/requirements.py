@@ -1,8 +1,7 @@
 """The bundle's requirements.txt: the server's direct dependencies for a runtime, pinned, and what it must never hold.
 
-Pins are the versions installed where the export runs (the versions this model was checked
-with); pip resolves their own dependencies within those packages' bounds. torch is never
-here: the Dockerfile installs its CPU build in a step of its own, where the runtime needs it.
+Pins are the versions installed where the export runs (the ones this model was checked with). torch is never here:
+the Dockerfile installs its CPU build in a step of its own.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The end of a batch job: every worker's committed rows, in input order, into the output and rejects files, published
 whole.
 
-Worker K's ``rows.jsonl`` holds the rows of its range ``[start, end)``, each exactly once, in commit
-order: a window's rows are committed in length order, and a window is at most
-``worker.WINDOW_BATCHES`` batches of rows, so a heap of that size puts them back in input order.
-Workers' ranges are consecutive, so the output is worker 0's rows, then worker 1's, ...: the input order.
-
-Both files are written in the progress folder, fsynced, then renamed into place: the rejects first,
-the output last (its appearance means the job is complete), and the progress folder is removed.
-A kill at any point leaves either no output (the next run assembles again) or the complete one.
+A worker's ``rows.jsonl`` holds each row of its range once, a window's rows in length order; a window is at most
+``worker.WINDOW_BATCHES`` batches, so a heap of that size restores input order, and workers' ranges are consecutive.
+Both files are written in the progress folder, fsynced, then renamed into place, the output last (its appearance
+means the job is complete), and the progress folder is removed: a kill leaves no output or the complete one.
 """
 
 from __future__ import annotations
@@ -65,13 +61,10 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
     labels = next((m.labels for m in manifests if m.labels), None) or []
     files = OutputFiles(checked, labels, string_ids=job.id_field is not None)
     try:
-        for k, manifest in enumerate(manifests):
-            if manifest.end == manifest.start:
-                continue
-            for record in in_input_order(
-                checked.state.rows_path(k), manifest.committed_bytes, manifest.start, manifest.end
-            ):
-                files.add(record)
+        for k, m in enumerate(manifests):
+            if m.end > m.start:
+                for record in in_input_order(checked.state.rows_path(k), m.committed_bytes, m.start, m.end):
+                    files.add(record)
     finally:
         files.close()
     files.publish(job.total_rows)
@@ -80,13 +73,8 @@ def assemble(checked: CheckedJob, job: JobRecord, manifests: list[WorkerManifest
 
 class OutputFiles:
     """The output and rejects files of a job, written in the progress folder from records in input order, then
-    published.
-
-    A record is a line of a worker's ``rows.jsonl``: ``{"r": row, "l": label id, "p": probabilities[, "id": id]}``
-    (a multi-label model's ``"l"``: the ids of the labels over their thresholds)
-    for a labelled row, ``{"r": row, "x": {file, line, row, reason, raw}}`` for a rejected one. The Ray engine
-    makes the same records.
-    """
+    published. A record (a line of a worker's ``rows.jsonl``, or the Ray engine's): ``{"r": row, "l": label id (a
+    multi-label model's: a list), "p": probabilities[, "id": id]}``, or ``{"r": row, "x": reject}``."""
 
     def __init__(self, checked: CheckedJob, labels: list[str], string_ids: bool):
         self.checked = checked
@@ -128,19 +116,18 @@ class OutputFiles:
                 self.rejects.close()
 
     def publish(self, total_rows: int) -> None:
-        """Both files into place, once they hold every one of the job's ``total_rows`` rows."""
+        """Both files into place, once they hold every one of the job's ``total_rows`` rows: the rejects first, the
+        output last (its appearance says the job is done); then the progress folder goes."""
         self.close()
         if self.totals.rows != total_rows:
             raise StateError(f"assembled {self.totals.rows} rows of {total_rows}")
-        publish(self.checked, self.rejects_tmp if self.rejects.rows else None, self.out_tmp)
-
-
-def publish(checked: CheckedJob, rejects_tmp: os.PathLike | None, out_tmp: os.PathLike) -> None:
-    """Rejects first, output last (the output's appearance says the job is done); then the progress folder goes."""
-    if rejects_tmp is not None:
-        os.replace(rejects_tmp, checked.rejects)
-    else:
-        checked.rejects.unlink(missing_ok=True)  # one from an earlier run over this output would describe other rows
-    os.replace(out_tmp, checked.output)
-    fsync_dir(checked.output.parent)
-    shutil.rmtree(checked.state.path, ignore_errors=True)
+        checked = self.checked
+        if self.rejects.rows:
+            os.replace(self.rejects_tmp, checked.rejects)
+        else:
+            checked.rejects.unlink(
+                missing_ok=True
+            )  # one from an earlier run over this output would describe other rows
+        os.replace(self.out_tmp, checked.output)
+        fsync_dir(checked.output.parent)
+        shutil.rmtree(checked.state.path, ignore_errors=True)

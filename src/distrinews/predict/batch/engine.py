@@ -1,16 +1,10 @@
 """The local engine: a batch job on this machine, in one process or ``--nproc`` worker processes, resumable.
 
-``run(job)``:
-
-1. ``job.check``: every check that needs no model (one-line ``ConfigError``, exit 2, nothing written);
-2. the progress folder ``OUTPUT.partial/``, locked (``shell``: one run at a time; ``--overwrite`` empties it,
-   and leaves the published output in place until the new one replaces it): with the same input, checkpoint,
-   runtime, fields and ``--nproc`` as the run that made it, the job continues; with another and rows already
-   done, it is refused (``--overwrite`` starts again); new, the rows are counted and split into one
-   contiguous range per worker (``job.json``);
-3. the workers (``worker.run_worker``; in this process for ``--nproc 1``, else spawned processes
-   with ``cores / N`` threads each), which commit every forward pass (the protocol is in ``worker``);
-4. ``assemble``: the output and rejects files, in input order, published whole.
+``run(job)``: ``job.check`` (every check that needs no model; nothing written); the progress folder
+``OUTPUT.partial/``, locked (``shell``): continued when its input, checkpoint, runtime, fields and ``--nproc`` are
+this run's, refused when they differ and rows are done, else started (rows counted, one contiguous range per
+worker: ``job.json``); the workers (``worker.run_worker``: in this process for ``--nproc 1``, else spawned with
+``cores / N`` threads each), which commit every forward pass; ``assemble``, which publishes the output whole.
 """
 
 from __future__ import annotations
@@ -25,8 +19,8 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from ...data.files import count_rows
 from ...errors import ConfigError
 from .assemble import Totals, assemble
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, requested_record, split_rows
-from .progress import Progress
+from .job import BatchJob, CheckedJob, check, display, requested_record, split_rows
+from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord
 from .worker import WorkerSettings, load_predictor, run_worker, spawned
@@ -39,9 +33,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 
 def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = None, predictor: Any = None) -> int:
     """Run ``job`` to its published output; the exit status (0, or ``EXIT_REJECTED`` with ``--strict``).
-
-    ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint.
-    """
+    ``predictor``: an already loaded one, for ``--nproc 1`` (tests); else each worker loads the checkpoint."""
     checked = check(job)
 
     def compute() -> tuple[Totals, Progress]:
@@ -83,22 +75,17 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
     manifests = state.manifests(record)
     done_before = sum(m.done for m in manifests)
     settings = WorkerSettings(checked.threads, job.batch_size, job.max_batch_tokens)
-    if job.progress != "none":
-        resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
-        stderr.write(
-            f"predict: {record.total_rows:,} rows in {describe_inputs(checked.shards)} -> "
-            f"{display(checked.output)}: {job.nproc} worker{'s' if job.nproc > 1 else ''} x {checked.threads} "
-            f"thread{'s' if checked.threads > 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
-            f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}{resuming}\n"
-        )
-        stderr.flush()
+    resuming = f"; continuing: {done_before:,} rows were done" if done_before else ""
+    workers = f"{plural(job.nproc, 'worker')} x {plural(checked.threads, 'thread')}"
+    say(checked, stderr, job_line(checked, record.total_rows, workers) + resuming)
     pending = [k for k, m in enumerate(manifests) if not m.complete]
     if len(record.ranges) > 1 and pending and job.runtime == "auto":
-        chose = _prepare_auto(job.checkpoint, job.batch_size, threads=settings.threads * len(pending))
-        if job.progress != "none":
-            stderr.write(f"predict: runtime auto: {chose}\n")
-            stderr.flush()
-    progress = Progress(record.total_rows, done_before, job.progress if job.progress != "none" else "none", stderr)
+        say(
+            checked,
+            stderr,
+            f"runtime auto: {_prepare_auto(job.checkpoint, job.batch_size, settings.threads * len(pending))}",
+        )
+    progress = Progress(record.total_rows, done_before, job.progress, stderr)
     try:
         if len(record.ranges) == 1 and pending:
             run_worker(state, record, 0, settings, progress.advance, progress.ready, predictor)
@@ -110,10 +97,9 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
 
 
 def _prepare_auto(checkpoint: str, batch_size: int, threads: int) -> str:
-    """``--runtime auto`` before the workers start: make and check the checkpoint's int8 model here, once,
-    on every core the workers will use, where it is missing or stale, so that the N workers load it
-    instead of each making it again. Where it exists and is current this is one session load (~0.3 s).
-    Returns what the workers will run, and why."""
+    """``--runtime auto`` before the workers start: the int8 model made and checked here, once, on every core the
+    workers will use, so that they load it rather than each make it (one session load, ~0.3 s, where it is current);
+    what the workers will run, and why."""
     choice = load_predictor(checkpoint, "auto", threads=threads, batch_size=batch_size).choice
     return f"{choice['runtime']} ({choice['reason']})"
 
@@ -169,11 +155,7 @@ def _start_workers(
 
 
 def _follow(
-    pipes: dict[Connection, int],
-    processes: dict[int, Any],
-    progress: Progress,
-    errors: list[str],
-    crashes: list[str],
+    pipes: dict[Connection, int], processes: dict[int, Any], progress: Progress, errors: list[str], crashes: list[str]
 ) -> None:
     """Every worker's events until each pipe ends; once one worker fails, the others are stopped."""
     from multiprocessing.connection import wait
@@ -181,7 +163,15 @@ def _follow(
     while pipes:
         for reader in cast("list[Connection]", wait(list(pipes), timeout=0.5)):  # the objects it was given
             try:
-                _handle(reader.recv(), progress, errors, crashes)
+                kind, k, *rest = reader.recv()
+                if kind == "progress":
+                    progress.advance(*rest)
+                elif kind == "ready":
+                    progress.ready()
+                elif kind == "error":  # a bad input: its message as it is
+                    errors.append(rest[0])
+                else:
+                    crashes.append(f"worker {k}: {rest[0]}")
             except EOFError:
                 pipes.pop(reader)
                 reader.close()
@@ -192,30 +182,14 @@ def _follow(
 
 
 def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: list[str]) -> None:
-    """A bad input's message as it is; else the first worker that failed on its own, not one stopped (SIGTERM)
-    because another had failed."""
+    """A bad input's message as it is; else the first worker that failed on its own (not one stopped by SIGTERM)."""
     if errors:
         raise ConfigError(errors[0])
     failed = {k: p.exitcode for k, p in processes.items() if p.exitcode != 0}
     if failed:
         k, code = min(failed.items(), key=lambda item: (item[1] == -signal.SIGTERM, item[0]))
-        why = (
-            crashes[0]
-            if crashes
-            else (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-        )
+        died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        why = crashes[0] if crashes else died
         raise WorkerFailed(
             f"predict: worker {k} failed ({why}); the rows committed are kept: run the same command again to continue"
         )
-
-
-def _handle(event: tuple, progress: Progress, errors: list[str], crashes: list[str]) -> None:
-    kind, k, *rest = event
-    if kind == "progress":
-        progress.advance(*rest)
-    elif kind == "ready":
-        progress.ready()
-    elif kind == "error":
-        errors.append(rest[0])
-    else:
-        crashes.append(f"worker {k}: {rest[0]}")

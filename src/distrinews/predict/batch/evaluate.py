@@ -1,13 +1,10 @@
 """A checkpoint's accuracy and macro-F1 on labelled corpus files (``distrinews eval --input FILES``), streamed.
 
-The files are read as ``distrinews predict --input`` reads them (``data.files``); each row needs a
-text and a label (``--label-field``, default ``label``: a class name in any case, or a 0-based id;
-for a multi-label model a list of them, as the training reader takes it: ``data.fields.label_keys``).
-Rows without one are skipped and counted, never fatal. Texts go through the model in passes cut as
-the batch engine cuts them (``plan_passes``), a window at a time, so memory stays bounded; only the
-confusion matrix is kept; the scores are ``scores.classification_scores``. A multi-label model's
-sigmoid scores go to the caller's tally instead (``train.multilabel.FixedThresholdTally``: the
-training evaluation's counts at the model's own thresholds, which this layer cannot import).
+The files are read as ``predict --input`` reads them; each row needs a text and a label (``--label-field``: a class
+name in any case or a 0-based id; multi-label, a list of them, as ``data.fields.label_keys`` takes it). Rows without
+one are skipped and counted. Passes are cut as the batch engine cuts them, a window at a time, and only the
+confusion matrix is kept (``scores.classification_scores``). A multi-label model's scores go to the caller's tally
+(``train.multilabel.FixedThresholdTally``, which this layer cannot import).
 """
 
 from __future__ import annotations

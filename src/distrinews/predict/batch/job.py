@@ -1,9 +1,7 @@
 """What a batch job is asked to do (``BatchJob``: the command's options) and the checks made before any model loads.
 
-``check`` turns a ``BatchJob`` into a ``CheckedJob`` or raises a one-line ``ConfigError`` (exit 2): a
-missing input or checkpoint, an unknown input or output format, an output that is already complete
-(without ``--overwrite``; checked again under the progress folder's lock, ``refuse_finished``), an output
-that would be read back as input. Nothing is written.
+``check`` gives a ``CheckedJob`` or a one-line ``ConfigError`` (exit 2), writing nothing: a missing input or
+checkpoint, an unknown format, an output already complete (without ``--overwrite``), one read back as input.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from ...errors import ConfigError
 from ...options import Option, check_options, options_of
 from ...options.shared import BATCH_SIZE, MAX_BATCH_TOKENS, MIN_CONFIDENCE, RUNTIME, TEXT_FIELD, THREADS
 from ..confidence import ConfidenceThreshold
+from ..derived import hash_file
 from ..predictor import checkpoint_labels
 from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
 
@@ -61,14 +60,10 @@ class BatchJob:
         switch=True,
     ).field()
     strict: bool = Option(
-        default=False,
-        help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)",
-        switch=True,
+        default=False, help=f"exit {EXIT_REJECTED} if any row was rejected (the output is written)", switch=True
     ).field()
     progress: str = Option(
-        default="auto",
-        help="auto: a bar on a terminal, else a line every 10 s",
-        choices=PROGRESS_MODES,
+        default="auto", help="auto: a bar on a terminal, else a line every 10 s", choices=PROGRESS_MODES
     ).field()
     engine: str = Option(
         default="local",
@@ -114,8 +109,7 @@ def check(job: BatchJob) -> CheckedJob:
     if not Path(job.checkpoint).exists():
         raise ConfigError(f"predict: checkpoint {job.checkpoint} does not exist")
     threshold = ConfidenceThreshold.parse(job.min_confidence)
-    labels = checkpoint_labels(job.checkpoint) if threshold is not None else None
-    if threshold is not None and labels:
+    if threshold is not None and (labels := checkpoint_labels(job.checkpoint)):
         threshold.for_labels(labels)
     output = Path(job.output).expanduser()
     output_format = format_of(output)
@@ -131,8 +125,7 @@ def check(job: BatchJob) -> CheckedJob:
     if job.runtime == "torch-bf16":
         from ..runtimes import bf16_refusal
 
-        device = _torch_device()
-        if (why := bf16_refusal(device)) is not None:
+        if (why := bf16_refusal()) is not None:
             raise ConfigError(why)
     output = output.absolute()
     return CheckedJob(
@@ -155,12 +148,6 @@ def refuse_finished(output: Path, overwrite: bool) -> None:
         raise ConfigError(f"predict: {output} already exists (a finished run); pass --overwrite to compute it again")
 
 
-def _torch_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[str]) -> None:
     target = output.resolve()
     if any(s.path == target for s in shards):
@@ -173,37 +160,24 @@ def _refuse_output_among_inputs(output: Path, shards: list[Shard], specs: list[s
             )
 
 
-def requested_record(checked: CheckedJob) -> JobRecord:
-    """This run's request as a ``JobRecord`` (rows not yet counted): compared with the one in the progress folder."""
-    return JobRecord(
-        inputs=input_records(checked),
-        checkpoint=str(checked.checkpoint),
-        checkpoint_sha256=checkpoint_sha256(checked.checkpoint, checked.job.runtime),
-        runtime=checked.job.runtime,
-        text_field=checked.job.text_field,
-        id_field=checked.job.id_field,
-        max_row_bytes=checked.job.max_row_bytes,
-    )
-
-
-def input_records(checked: CheckedJob, count: bool = False, hashed: bool = True) -> list[ShardRecord]:
-    """Each input file as it is now; ``count``: with its rows counted (``count_rows``: bad rows included);
-    ``hashed``: with the SHA-256 of its bytes (one read of each file: what a resumed job checks its input by)."""
+def requested_record(checked: CheckedJob, resumable: bool = True) -> JobRecord:
+    """This run's request as a ``JobRecord``: resumable, with its input files and checkpoint known by their SHA-256
+    (rows not yet counted; compared with the one in the progress folder), else with its rows counted (Ray)."""
     inputs = []
     for shard in checked.shards:
-        size = shard.path.stat().st_size
-        rows = count_rows(shard, checked.job.max_row_bytes) if count else -1
-        digest = file_sha256(shard.path) if hashed else ""
-        inputs.append(ShardRecord(str(shard.path), shard.format, size, digest, rows))
-    return inputs
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        rows = -1 if resumable else count_rows(shard, checked.job.max_row_bytes)  # bad rows included
+        digest = hash_file(shard.path).hexdigest() if resumable else ""
+        inputs.append(ShardRecord(str(shard.path), shard.format, shard.path.stat().st_size, digest, rows))
+    job = checked.job
+    return JobRecord(
+        inputs=inputs,
+        checkpoint=str(checked.checkpoint),
+        checkpoint_sha256=checkpoint_sha256(checked.checkpoint, job.runtime) if resumable else "",
+        runtime=job.runtime,
+        text_field=job.text_field,
+        id_field=job.id_field,
+        max_row_bytes=job.max_row_bytes,
+    )
 
 
 def checkpoint_sha256(path: Path, runtime: str) -> str:
@@ -217,9 +191,7 @@ def checkpoint_sha256(path: Path, runtime: str) -> str:
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in suffixes)
     for file in files:
         digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
+        hash_file(file, digest)
     return digest.hexdigest()
 
 

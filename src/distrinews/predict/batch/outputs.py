@@ -2,22 +2,16 @@
 
 Results, one row per labelled input row, in input order:
 
-- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--min-confidence`` also
-  ``"confident": true|false``, with ``--probabilities`` also ``"probabilities": {"World": ..., ...}``
-  (the shape of the HTTP API's answers);
+- JSONL: ``{"id": ..., "label": "Sports", "confidence": 0.93}``, with ``--min-confidence`` also ``"confident"``,
+  with ``--probabilities`` also ``"probabilities": {"World": ..., ...}`` (the shape of the HTTP API's answers);
 - CSV: a header ``id,label,confidence`` (then ``confident``, then ``prob_World,prob_Sports,...``);
-- Parquet: the same columns as CSV; ``id`` is int64 for row numbers, a string for ``--id-field``
-  values; row groups of ``PARQUET_ROWS`` rows, so memory stays bounded.
+- Parquet: CSV's columns; ``id`` int64 for row numbers, a string for ``--id-field`` values; row groups of
+  ``PARQUET_ROWS`` rows, so memory stays bounded.
 
-A multi-label model's rows carry every label over its threshold, highest first, instead of one label:
-JSONL ``{"id": ..., "labels": ["World", "Business"], "scores": [0.91, 0.64]}`` (either list may be empty);
-CSV ``id,labels,scores`` (the names, and their scores, comma-separated in one cell each); Parquet the same
-columns as lists. ``--probabilities`` adds every label's sigmoid score as above.
-
-Rejects, one per rejected row: ``{"file", "line", "row", "reason", "raw"}``.
-
-Writers write to a temporary file; ``close()`` flushes and fsyncs it, and the caller renames it into
-place: a reader never sees half a file.
+A multi-label model's rows carry every label over its threshold, highest first: ``labels`` and ``scores`` (lists in
+JSONL and Parquet, comma-separated cells in CSV) instead of ``label`` and ``confidence``. Rejects, one per rejected
+row: ``{"file", "line", "row", "reason", "raw"}``. Writers write a temporary file that ``close()`` fsyncs and the
+caller renames into place: a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -77,15 +71,15 @@ class ResultWriter:
         labels and their scores."""
         if isinstance(label_id, list):
             return [[self.labels[i] for i in label_id], [float(probs[i]) for i in label_id]]
-        return [self.labels[label_id], float(probs[label_id]), *self.confident(label_id, probs)]
-
-    def confident(self, label_id: int, probs: Sequence[float]) -> list[bool]:
-        """``[confident]`` with a threshold, else ``[]``: the optional field after ``confidence``."""
-        if self.min_confidence is None:
-            return []
-        return [self.min_confidence.confident(self.labels[label_id], float(probs[label_id]))]
+        label, confidence = self.labels[label_id], float(probs[label_id])
+        return [label, confidence] + (
+            [] if self.min_confidence is None else [self.min_confidence.confident(label, confidence)]
+        )
 
     def close(self) -> None:
+        if (text := getattr(self, "_text", None)) is not None:  # JSONL's and CSV's, over the binary file
+            text.flush()
+            text.detach()
         if self._gzip is not None:
             self._gzip.close()
         self._raw.flush()
@@ -105,11 +99,6 @@ class JsonlResults(ResultWriter):
         self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
         self.rows += 1
 
-    def close(self) -> None:
-        self._text.flush()
-        self._text.detach()
-        super().close()
-
 
 class CsvResults(ResultWriter):
     def _opened(self) -> None:
@@ -123,11 +112,6 @@ class CsvResults(ResultWriter):
             row += [repr(float(p)) for p in probs]
         self._csv.writerow(row)
         self.rows += 1
-
-    def close(self) -> None:
-        self._text.flush()
-        self._text.detach()
-        super().close()
 
 
 class ParquetResults(ResultWriter):

@@ -10,10 +10,33 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .job import CheckedJob, describe_inputs, display
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
 PROGRESS_EVERY_S = 10.0
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def job_line(checked: CheckedJob, total: int, workers: str) -> str:
+    """The job in words: rows, inputs and output, ``workers``, runtime and passes."""
+    job = checked.job
+    tokens = f" / {job.max_batch_tokens:,} tokens" if job.max_batch_tokens else ""
+    return (
+        f"{total:,} rows in {describe_inputs(checked.shards)} -> {display(checked.output)}: {workers}, "
+        f"runtime {job.runtime}, passes of <= {job.batch_size} texts{tokens}"
+    )
+
+
+def say(checked: CheckedJob, stderr: TextIO, line: str) -> None:
+    """``predict: line`` on stderr, unless ``--progress none``."""
+    if checked.job.progress != "none":
+        stderr.write(f"predict: {line}\n")
+        stderr.flush()
 
 
 def _duration(seconds: float) -> str:
@@ -38,24 +61,15 @@ class Progress:
         stream: TextIO | None = None,
         every_s: float = PROGRESS_EVERY_S,
     ):
-        self.stream = stream or sys.stderr
-        if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "lines"
-        self.mode = mode
-        self.total = total
-        self.done_before = done_before
+        self.stream, self.every_s = stream or sys.stderr, every_s
+        self.mode = ("bar" if self.stream.isatty() else "lines") if mode == "auto" else mode
+        self.total, self.done_before = total, done_before
         self.rows = self.labelled = self.rejected = 0  # this run's
         self.started = time.monotonic()
         self.computing: float | None = None  # when the first worker had its model loaded
-        self.every_s = every_s
         self._last_line = self.started
-        self._bar: tqdm[Any] | None = (
-            None  # drawn once a model is loaded, so its rate and time left leave the loading out
-        )
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        # drawn once a model is loaded, so its rate and time left leave the loading out
+        self._bar: tqdm[Any] | None = None
 
     @property
     def computing_s(self) -> float:
@@ -108,9 +122,8 @@ def summary(rows: int, labelled: int, rejected: int, progress: Progress, output:
     """The run's last line: rows read, labelled, rejected, and this run's speed."""
     where = f" (see {rejects})" if rejected and rejects else ""
     before = f"; {progress.done_before:,} done by an earlier run" if progress.done_before else ""
-    loading = (
-        f" after {_duration(progress.computing - progress.started)} loading" if progress.computing is not None else ""
-    )
+    loaded = progress.computing
+    loading = f" after {_duration(loaded - progress.started)} loading" if loaded is not None else ""
     return (
         f"predict: {rows:,} rows read, {labelled:,} labelled, {rejected:,} rejected{where} -> {output}; "
         f"{progress.rate():,.1f} rows/s ({progress.rows:,} rows in {_duration(progress.computing_s)}{loading}{before})"

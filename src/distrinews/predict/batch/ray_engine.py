@@ -1,39 +1,26 @@
 """The Ray engine: ``distrinews predict --input ... --output ... --engine ray``, a batch job on Ray Data.
 
-The same job as the local engine (``engine``), the same answers, on a Ray cluster or a Ray started here::
+The local engine's job and answers, on a Ray cluster or a Ray started here::
 
-    read_datasource(CorpusDatasource)          our reader (data.files), one Ray row per window of input rows
-      -> map_batches(WindowPredictor,          a stateful class: one model per actor, --nproc actors,
-                     concurrency=N,            each reserving --threads CPUs (the local engine's threads
-                     num_cpus=threads)         per worker); the passes cut by tokens as the local worker does
-      -> iter_batches (input order)            on the driver, into the local engine's writers (outputs.py)
-      -> publish                               OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
+    read_datasource(CorpusDatasource)    our reader (data.files), one Ray row per window of input rows
+      -> map_batches(WindowPredictor)    one model per actor: --nproc actors of --threads CPUs each
+      -> iter_batches (input order)      on the driver, into the local engine's writers (outputs.py)
+      -> publish                         OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
 
-Why our reader in a custom ``Datasource``, not ``ray.data.read_json``/``read_csv``/``read_parquet``:
-Ray's readers fail the whole read on a line that is not JSON, not UTF-8 or has the wrong number of CSV
-fields (or drop it without saying where), so the rejects file could not name ``file:line`` and keep the
-raw line, and the run would stop at the first bad row; their rows carry no row number in the whole
-input (the default id) and know nothing of ``--text-field``/``--id-field`` or the AG News
-title + description join. ``data.files.read_rows`` does all of that already, so each read task runs
-it over its own range of rows (a task starts at row N of a file as a restarted local worker does).
+Our reader, not ``ray.data.read_json``/``read_csv``/``read_parquet``: those fail the whole read on one line that is
+not JSON, not UTF-8 or of the wrong CSV width (or drop it unnamed), so the rejects could not name ``file:line``; and
+their rows know no row number in the whole input (the default id), no ``--text-field``/``--id-field`` and no AG News
+title + description join. Each read task runs ``data.files.read_rows`` over its own range of rows.
 
-Why one Ray row per *window* (``worker.WINDOW_BATCHES`` x ``--batch-size`` input rows, at the same
-boundaries as the local engine's ``--nproc 1`` worker): a window's texts are sorted by length and cut
-into forward passes of at most ``--batch-size`` texts and ``--max-batch-tokens`` padded tokens
-(``batch_forming.plan_passes``), so the same window gives the same passes, the same texts padded together and
-the same numbers as the local engine. Were texts Ray rows, Ray's block boundaries would decide which
-texts are padded together, and probabilities would move by up to ``PADDING_ATOL``.
+One Ray row per *window* (the local ``--nproc 1`` worker's windows): its texts are cut into passes as the local
+engine cuts them, so the same texts are padded together and give the same numbers; were texts Ray rows, Ray's
+blocks would decide the padding, and probabilities would move by up to ``PADDING_ATOL``.
 
-The output is written by the driver from the results, in input order (``preserve_order``), into one
-file in the local engine's format (not a folder of part files, as ``write_parquet`` would make), in
-``OUTPUT.partial/`` and published as the local engine publishes. So the driver must see the output's
-folder, and the workers the checkpoint and the inputs, at the same paths: on a cluster, shared storage.
-
-Not resumable: the local engine is the resumable one. A Ray run that is killed publishes nothing (with
-``--overwrite``, the old output stays as it was) and leaves only temporary files in ``OUTPUT.partial/``;
-the same command starts again from the first row. An ``OUTPUT.partial/`` holding a local run's progress
-is refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped
-silently.
+The driver writes one file (not a folder of parts, as ``write_parquet`` makes) in input order (``preserve_order``)
+and publishes it as the local engine does: the driver must see the output's folder, and the workers the checkpoint
+and the inputs, at the same paths (on a cluster, shared storage). Not resumable: a killed run publishes nothing
+and the same command starts again from the first row; an ``OUTPUT.partial/`` holding a local run's progress is
+refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped silently.
 """
 
 from __future__ import annotations
@@ -48,13 +35,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ...checkpoint.servable import check_loadable
 from ...errors import CheckpointError, ConfigError, DataError
-from ..batch_forming import plan_passes
 from .assemble import OutputFiles, Totals
-from .job import BatchJob, CheckedJob, check, describe_inputs, display, input_records
-from .progress import Progress
+from .job import BatchJob, CheckedJob, check, display, requested_record
+from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
-from .state import JobRecord, ShardRecord, StateError
-from .worker import WINDOW_BATCHES, load_predictor, result_lines
+from .state import JobRecord, StateError
+from .worker import WINDOW_BATCHES, load_predictor, passes, result_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -66,6 +52,7 @@ BLOCK_BYTES = 1 << 20  # Ray's target block size for this job: a few windows a b
 # Reading reserves no CPU: like the local worker's reader thread it runs beside the model, and the actors'
 # reservation is the cores they compute on (with every CPU reserved by actors, a reading task would never start).
 READ_CPUS = 0
+USAGE_ERROR_NAMES = {"ConfigError", "CheckpointError", "DataError"}  # as an actor's traceback names them
 
 
 def require_ray() -> Any:
@@ -88,10 +75,10 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     def compute() -> tuple[Totals, Progress]:
         _refuse_local_progress(checked)
         check_loadable(checked.checkpoint)  # here: a refused checkpoint is one line, not every actor's traceback
-        inputs = input_records(checked, count=True, hashed=False)  # a Ray run does not resume: nothing to check
+        record = requested_record(checked, resumable=False)
         started = _connect(ray, job.ray_address)
         try:
-            return _compute(checked, inputs, stderr or sys.stderr, ray)
+            return _compute(checked, record, stderr or sys.stderr, ray)
         finally:
             if started:
                 ray.shutdown()
@@ -100,8 +87,7 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
 
 
 def _refuse_local_progress(checked: CheckedJob) -> None:
-    """Make ``OUTPUT.partial/`` this run's: emptied, unless it holds a local run's progress (refused; ``--overwrite``
-    has emptied it already)."""
+    """Empty ``OUTPUT.partial/`` for this run, unless it holds a local run's progress (refused)."""
     state = checked.state
     if state.job_path.exists() and state.committed_rows() > 0:
         raise ConfigError(
@@ -129,17 +115,13 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
-    job = checked.job
-    record = JobRecord(
-        inputs, str(checked.checkpoint), "", job.runtime, job.text_field, job.id_field, job.max_row_bytes
-    )
-    total = record.total_rows
+def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
+    job, total = checked.job, record.total_rows
     window_rows = WINDOW_BATCHES * job.batch_size
     windows = -(-total // window_rows)
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
-    if job.progress != "none":
-        _announce(checked, total, tasks, ray, stderr)
+    workers = f"Ray engine, {plural(job.nproc, 'actor')} x {plural(checked.threads, 'CPU')} ({_where(ray)})"
+    say(checked, stderr, job_line(checked, total, f"{workers}, {plural(tasks, 'read task')}"))
     progress = Progress(total, 0, job.progress, stderr)
     written = _InOrder(checked, progress)
     try:
@@ -147,8 +129,8 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
             for window in _results(ray, checked, record, window_rows, tasks) if total else iter(()):
                 written.add(window)
             written.publish(total)
-        if job.progress != "none" and written.ran_on:
-            stderr.write(f"predict: {_ran_on(written.ran_on)}\n")
+        if written.ran_on:
+            say(checked, stderr, _ran_on(written.ran_on))
     except Exception as exc:
         error = _user_error(exc)
         if error is None:
@@ -158,19 +140,6 @@ def _compute(checked: CheckedJob, inputs: list[ShardRecord], stderr: TextIO, ray
         written.close()
         progress.close()
     return written.totals, progress
-
-
-def _announce(checked: CheckedJob, total: int, tasks: int, ray: Any, stderr: TextIO) -> None:
-    """The job in one line: rows, inputs and output, actors, where they run, read tasks, runtime and passes."""
-    job = checked.job
-    stderr.write(
-        f"predict: {total:,} rows in {describe_inputs(checked.shards)} -> "
-        f"{display(checked.output)}: Ray engine, {job.nproc} actor{'s' if job.nproc > 1 else ''} x "
-        f"{checked.threads} CPU{'s' if checked.threads > 1 else ''} ({_where(ray)}), {tasks} read "
-        f"task{'s' if tasks != 1 else ''}, runtime {job.runtime}, passes of <= {job.batch_size} "
-        f"texts{f' / {job.max_batch_tokens:,} tokens' if job.max_batch_tokens else ''}\n"
-    )
-    stderr.flush()
 
 
 @contextlib.contextmanager
@@ -237,16 +206,14 @@ class _InOrder:
 def _ran_on(rows_by_node: dict[str, int]) -> str:
     """Where the rows were computed: each node's address and id, and its rows."""
     nodes = sorted(rows_by_node.items(), key=lambda item: (-item[1], item[0]))
-    return f"computed on {len(nodes)} node{'s' if len(nodes) != 1 else ''}: " + ", ".join(
-        f"{node} {rows:,} rows" for node, rows in nodes
-    )
+    return f"computed on {plural(len(nodes), 'node')}: " + ", ".join(f"{node} {rows:,} rows" for node, rows in nodes)
 
 
 def _where(ray: Any) -> str:
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         cpus = ray.cluster_resources().get("CPU", 0)
-        return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs"
+        return f"{plural(len(nodes), 'node')}, {cpus:g} CPUs"
     except Exception:  # a description only
         return "Ray"
 
@@ -279,18 +246,13 @@ def _results(
 
 
 def _user_error(exc: BaseException) -> Exception | None:
-    """What to report for a failed Ray job: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit
-    1)."""
+    """What a failed Ray job reports: the user's error it wraps (one line, exit 2), else ``WorkerFailed`` (exit 1)."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, (ConfigError, CheckpointError, DataError, FileNotFoundError)):
-            return (
-                ConfigError(str(cause).splitlines()[0])
-                if not isinstance(cause, ConfigError)
-                else ConfigError(str(cause))
-            )
+            return ConfigError(str(cause) if isinstance(cause, ConfigError) else str(cause).splitlines()[0])
         cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
     if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):
         return None
@@ -302,17 +264,11 @@ def _user_error(exc: BaseException) -> Exception | None:
                 f"predict: a Ray worker could not import this DistriNews ({message}): "
                 "install the same distrinews on every machine of the cluster"
             )
-        if (
-            message
-            and name.rsplit(".", 1)[-1] in {"ConfigError", "CheckpointError", "DataError"}
-            and name.startswith("distrinews.")
-        ):
+        if message and name.startswith("distrinews.") and name.rsplit(".", 1)[-1] in USAGE_ERROR_NAMES:
             return ConfigError(message)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return WorkerFailed(
-        f"predict: the Ray job failed ({type(exc).__name__}: "
-        f"{first}); nothing was published: run the same command again"
-    )
+    why = f"{type(exc).__name__}: {first}"
+    return WorkerFailed(f"predict: the Ray job failed ({why}); nothing was published: run the same command again")
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -338,9 +294,8 @@ class WindowPredictor:
     def __init__(
         self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int | None, with_id: bool
     ):
-        os.environ.setdefault(
-            "HF_HUB_DISABLE_PROGRESS_BARS", "1"
-        )  # the driver's bar is the one (a cluster's workers lack our env)
+        # the driver's bar is the one (a cluster's workers lack our env)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
@@ -357,20 +312,16 @@ class WindowPredictor:
         out: dict[str, list[Any]] = {name: [] for name in _result_schema().names}
         for window in windows.to_pylist():
             records = [(json.loads(line)["r"], line + "\n") for line in window["rejects"]]
-            rows, texts = window["rows"], window["texts"]
-            ids = [json.loads(i) for i in window["ids"]]
-            if texts:
-                encoded = self.predictor.encode(texts)
-                for indices in plan_passes([len(e) for e in encoded], self.batch_size, self.max_tokens):
-                    batch = [(rows[i], ids[i], encoded[i]) for i in indices]
-                    results = self.predictor.predict_encoded([e for _, _, e in batch])
-                    records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
+            keys = list(zip(window["rows"], [json.loads(i) for i in window["ids"]]))
+            for batch in passes(keys, window["texts"], self.predictor.encode, self.batch_size, self.max_tokens):
+                results = self.predictor.predict_encoded([e for _, _, e in batch])
+                records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
             records.sort(key=lambda pair: pair[0])
             out["start"].append(window["start"])
             out["end"].append(window["end"])
             out["labels"].append(self.labels)
             out["records"].append([line.rstrip("\n") for _, line in records])
-            out["labelled"].append(len(texts))
+            out["labelled"].append(len(window["texts"]))
             out["rejected"].append(len(window["rejects"]))
             out["node"].append(self.node)
         return pa.Table.from_pydict(out, schema=_result_schema())

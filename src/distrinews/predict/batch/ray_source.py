@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from itertools import islice
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasource
@@ -17,7 +17,7 @@ from ray.data.datasource import ReadTask
 
 from ...data.fields import RowFields
 from .state import JobRecord
-from .worker import job_rows, read_row
+from .worker import job_rows, read_window
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -40,31 +40,23 @@ def _window_schema() -> pa.Schema:
 
 
 def read_windows(record: JobRecord, fields: RowFields, window_rows: int, lo: int, hi: int) -> Iterator[Any]:
-    """Rows ``lo`` .. ``hi - 1`` as one-row Arrow tables, one per window (``window_rows`` rows; ``lo`` on a window
-    boundary)."""
+    """Rows ``lo`` .. ``hi - 1`` (``lo`` on a window boundary) as one-row Arrow tables, one per window."""
     import pyarrow as pa
 
     schema = _window_schema()
     rows = job_rows(record, fields.columns(), lo, hi)
     for start in range(lo, hi, window_rows):
         end = min(start + window_rows, hi)
-        kept: list[int] = []
-        ids: list[str] = []
-        texts: list[str] = []
-        rejects: list[str] = []
-        for row, path, raw in islice(rows, end - start):
-            text, row_id, reject = read_row(fields, row, path, raw)
-            if reject is not None:
-                rejects.append(json.dumps({"r": row, "x": reject}, ensure_ascii=False))
-            else:
-                kept.append(row)
-                ids.append(json.dumps(row_id, ensure_ascii=False))
-                assert text is not None, "read_row gives a text or a reject"
-                texts.append(text)
-        yield pa.Table.from_pydict(
-            {"start": [start], "end": [end], "rows": [kept], "ids": [ids], "texts": [texts], "rejects": [rejects]},
-            schema=schema,
-        )
+        rejects, keys, texts = read_window(fields, rows, end - start)
+        columns = {
+            "start": start,
+            "end": end,
+            "rows": [row for row, _ in keys],
+            "ids": [json.dumps(row_id, ensure_ascii=False) for _, row_id in keys],
+            "texts": texts,
+            "rejects": [json.dumps({"r": row, "x": reject}, ensure_ascii=False) for row, reject in rejects],
+        }
+        yield pa.Table.from_pydict({name: [value] for name, value in columns.items()}, schema=schema)
 
 
 class CorpusDatasource(Datasource):
@@ -101,15 +93,6 @@ class CorpusDatasource(Datasource):
             metadata = BlockMetadata(
                 num_rows=windows_here, size_bytes=int(bytes_per_row * (hi - lo)), input_files=files, exec_stats=None
             )
-            out.append(ReadTask(_ReadRange(self.record, self.fields, size, lo, hi), metadata, schema=_window_schema()))
+            read = partial(read_windows, self.record, self.fields, size, lo, hi)
+            out.append(ReadTask(read, metadata, schema=_window_schema()))
         return out
-
-
-class _ReadRange:
-    """A read task's function: the windows of rows ``lo`` .. ``hi - 1``."""
-
-    def __init__(self, record: JobRecord, fields: RowFields, window_rows: int, lo: int, hi: int):
-        self.record, self.fields, self.window_rows, self.lo, self.hi = record, fields, window_rows, lo, hi
-
-    def __call__(self) -> Iterator[Any]:
-        return read_windows(self.record, self.fields, self.window_rows, self.lo, self.hi)

@@ -2,10 +2,8 @@
 output never computed again without ``--overwrite``, nothing left behind by a run that did nothing, the summary line
 and the exit status.
 
-``--overwrite`` drops the progress folder (``OUTPUT.partial/``: the rows of an unfinished run), never the published
-files: the new output and rejects are written aside in that folder and replace the old ones by rename when they are
-complete (``assemble.publish``). A run interrupted at any point (Ctrl-C, SIGKILL, a crash, a full disk) leaves the
-old output and its rejects as they were, and the same command starts again.
+``--overwrite`` drops the progress folder, never the published files: the new output and rejects replace the old
+ones by rename when complete (``OutputFiles.publish``), so a run interrupted at any point leaves them as they were.
 """
 
 from __future__ import annotations
@@ -50,9 +48,6 @@ def run_owned(checked: CheckedJob, compute: Compute, stdout: TextIO) -> int:
     finally:
         lock.release()
     rejects = display(checked.rejects) if totals.rejected else None
-    print(
-        summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects),
-        file=stdout,
-        flush=True,
-    )
+    line = summary(totals.rows, totals.labelled, totals.rejected, progress, display(checked.output), rejects)
+    print(line, file=stdout, flush=True)
     return EXIT_REJECTED if checked.job.strict and totals.rejected else 0

@@ -2,19 +2,16 @@
 
     OUTPUT.partial/
       lock                  flock'ed by the run that owns the folder (one run at a time)
-      job.json              JobRecord: the input files (path, size, SHA-256, rows), the checkpoint
-                            (path, SHA-256 of its files), runtime, fields, each worker's row range
+      job.json              JobRecord: the inputs (path, size, SHA-256, rows), the checkpoint (path, SHA-256 of
+                            its files), runtime, fields, each worker's row range
       worker-K/
         lock                flock'ed by worker K
-        rows.jsonl          worker K's results in commit order, one line per row (a result or a
-                            rejected row); only its first ``committed_bytes`` bytes count
+        rows.jsonl          worker K's results (or rejected rows) in commit order; its first ``committed_bytes`` count
         manifest.json       WorkerManifest: which rows are done, how many bytes of rows.jsonl
       output.tmp, rejects.tmp   the final files while they are assembled
 
-Every JSON record is written whole (temporary name, fsync, rename): a kill at any moment leaves
-the previous version or the new one, never half of either. Nothing in the folder (the folder
-included) is followed when it is a symbolic link: the run is refused in one line
-(``checkpoint.atomic``).
+Every record is written whole (temporary name, fsync, rename). Nothing in the folder (the folder included) is
+followed when it is a symbolic link: the run is refused in one line (``checkpoint.atomic``).
 """
 
 from __future__ import annotations
@@ -23,9 +20,11 @@ import contextlib
 import io
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
 
@@ -36,6 +35,7 @@ MANIFEST_FILE = "manifest.json"
 ROWS_FILE = "rows.jsonl"
 LOCK_FILE = "lock"
 JOB_FORMAT = 2
+R = TypeVar("R")
 
 
 class StateError(RuntimeError):
@@ -59,11 +59,8 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_json_atomic(path: Path, payload: Any, durable_rename: bool = True) -> None:
-    """``path`` holds ``payload`` whole, or its previous content: temporary name, fsync, rename (then fsync the folder).
-
-    ``durable_rename=False`` skips the folder's fsync: after a power cut the rename may be undone and the
-    previous content read instead, which for a worker's manifest only means one more pass computed again.
-    """
+    """``path`` holds ``payload`` whole, or its previous content: temporary name, fsync, rename (then fsync the folder;
+    ``durable_rename=False`` skips that: a power cut may undo the rename, for a manifest one more pass computed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open_new(tmp, "w") as fh:
         json.dump(payload, fh, separators=(",", ":"))
@@ -84,9 +81,6 @@ class ShardRecord:
     size: int
     sha256: str  # of the file's bytes as stored (compressed for .gz); "" where not computed (the Ray engine's run)
     rows: int = -1  # counted once, when the job starts
-
-    def same_file(self, other: ShardRecord) -> bool:
-        return (self.path, self.format, self.size, self.sha256) == (other.path, other.format, other.size, other.sha256)
 
 
 @dataclass
@@ -109,18 +103,14 @@ class JobRecord:
 
     def offsets(self) -> list[int]:
         """The global row number of each input file's first row."""
-        out, total = [], 0
-        for shard in self.inputs:
-            out.append(total)
-            total += shard.rows
-        return out
+        return [0, *accumulate(s.rows for s in self.inputs)][: len(self.inputs)]
 
     def difference(self, other: JobRecord) -> str | None:
         """What makes ``other`` (this run's request) a different job from this one, in words; None if it is the same."""
         if [s.path for s in self.inputs] != [s.path for s in other.inputs]:
             return "other input files"
         for mine, theirs in zip(self.inputs, other.inputs):
-            if not mine.same_file(theirs):
+            if replace(mine, rows=theirs.rows) != theirs:
                 return f"input {theirs.path} changed since (its size or SHA-256)"
         if self.checkpoint != other.checkpoint:
             return f"another checkpoint ({self.checkpoint})"
@@ -133,18 +123,21 @@ class JobRecord:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        payload = asdict(self)
-        payload["ranges"] = [list(r) for r in self.ranges]
-        return payload
+        return {**asdict(self), "ranges": [list(r) for r in self.ranges]}
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> JobRecord:
-        if payload.get("format_version") != JOB_FORMAT:
-            raise StateError(f"job.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
-        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload = _current(payload, JOB_FILE)
         payload["inputs"] = [ShardRecord(**s) for s in payload["inputs"]]
         payload["ranges"] = [tuple(r) for r in payload["ranges"]]
         return cls(**payload)
+
+
+def _current(payload: dict[str, Any], name: str) -> dict[str, Any]:
+    """``payload`` without its ``format_version``, which must be this DistriNews's."""
+    if payload.get("format_version") != JOB_FORMAT:
+        raise StateError(f"{name} format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}")
+    return {k: v for k, v in payload.items() if k != "format_version"}
 
 
 @dataclass
@@ -177,17 +170,11 @@ class WorkerManifest:
         return self.done_through >= self.end
 
     def to_json(self) -> dict[str, Any]:
-        payload = asdict(self)
-        payload["window"] = list(self.window) if self.window else None
-        return payload
+        return {**asdict(self), "window": list(self.window) if self.window else None}
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> WorkerManifest:
-        if payload.get("format_version") != JOB_FORMAT:
-            raise StateError(
-                f"manifest.json format {payload.get('format_version')!r}, this DistriNews reads {JOB_FORMAT}"
-            )
-        payload = {k: v for k, v in payload.items() if k != "format_version"}
+        payload = _current(payload, MANIFEST_FILE)
         payload["window"] = tuple(payload["window"]) if payload.get("window") else None
         return cls(**payload)
 
@@ -212,26 +199,13 @@ class StateDir:
         return self.worker_dir(k) / MANIFEST_FILE
 
     def read_job(self) -> JobRecord | None:
-        text = read_text_nofollow(self.job_path)
-        if text is None:
-            return None
-        try:
-            return JobRecord.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StateError(f"{self.job_path} cannot be read ({exc})") from None
+        return _read(self.job_path, JobRecord.from_json)
 
     def write_job(self, job: JobRecord) -> None:
         write_json_atomic(self.job_path, job.to_json())
 
     def read_manifest(self, k: int) -> WorkerManifest | None:
-        path = self.manifest_path(k)
-        text = read_text_nofollow(path)
-        if text is None:
-            return None
-        try:
-            return WorkerManifest.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StateError(f"{path} cannot be read ({exc})") from None
+        return _read(self.manifest_path(k), WorkerManifest.from_json)
 
     def write_manifest(self, manifest: WorkerManifest) -> None:
         write_json_atomic(self.manifest_path(manifest.worker), manifest.to_json(), durable_rename=False)
@@ -270,3 +244,14 @@ class StateDir:
     def open_rows(self, k: int) -> io.BufferedWriter:
         """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""
         return os.fdopen(open_nofollow(self.rows_path(k), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
+def _read(path: Path, parse: Callable[[dict[str, Any]], R]) -> R | None:
+    """The record at ``path`` (None where there is none); one that does not parse is a ``StateError``."""
+    text = read_text_nofollow(path)
+    if text is None:
+        return None
+    try:
+        return parse(json.loads(text))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StateError(f"{path} cannot be read ({exc})") from None

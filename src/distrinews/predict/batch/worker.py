@@ -1,27 +1,21 @@
 """One worker of a batch job: its row range, read, tokenized, batched, computed and committed, in a pipeline.
 
-A reader thread takes the worker's rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size``
-rows, in input order), sets its bad rows apart, tokenizes the rest (the predictor's ``encode``, the
-Rust tokenizer, which releases the GIL) and cuts them into forward passes the way the server does
-(``predict.batch_forming.plan_passes``: sorted by length, at most ``--batch-size`` texts and
-``--max-batch-tokens`` padded tokens a pass). At most ``PREFETCH`` windows wait for the model, so
-memory does not grow with the corpus. The calling thread runs the passes (``predict_encoded``).
+A reader thread takes the rows a *window* at a time (``WINDOW_BATCHES`` x ``--batch-size`` rows, in input order),
+sets bad rows apart, tokenizes the rest (the Rust tokenizer releases the GIL) and cuts them into forward passes as
+the server does (``batch_forming.plan_passes``: sorted by length, at most ``--batch-size`` texts and
+``--max-batch-tokens`` padded tokens). At most ``PREFETCH`` windows wait, so memory does not grow with the corpus.
 
-The commit protocol (after the window's rejected rows, and after every forward pass):
-
-1. append the rows' lines to ``worker-K/rows.jsonl``, flush, fsync;
-2. write ``worker-K/manifest.json`` whole (``state.write_json_atomic``): the rows now done and the
-   length of ``rows.jsonl`` that holds them.
-
-A kill between 1 and 2 leaves lines past ``committed_bytes``; the next start truncates them and
-computes that pass again: at most one forward pass per worker is ever computed twice. The window
-being worked on is recorded with the rows of it that are done; on a restart the rest of it is
-planned again, and since passes are cut from the length-sorted window in order, the remaining
-passes are the same passes (the same texts padded together, so the same numbers).
+The commit, after a window's rejected rows and after every pass: (1) append the rows' lines to
+``worker-K/rows.jsonl``, flush, fsync; (2) write ``worker-K/manifest.json`` whole: the rows done and the length of
+``rows.jsonl`` that holds them. A kill between 1 and 2 leaves lines past ``committed_bytes``, truncated at the next
+start: at most one pass per worker is computed twice. The manifest records the window being worked on and its done
+rows; a restart plans the rest of it again, and since passes are cut from the length-sorted window in order, they
+are the same passes (the same texts padded together, the same numbers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -29,8 +23,8 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -55,8 +49,7 @@ Report = Callable[[int, int, int], None]  # rows done, of which labelled, of whi
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How a worker computes; none of it changes the results' identity, so it may differ between a run and its
-    restart."""
+    """How a worker computes: none of it changes the results, so it may differ between a run and its restart."""
 
     threads: int
     batch_size: int
@@ -69,15 +62,13 @@ class WorkerSettings:
 
 def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int) -> Any:
     """The runtime's predictor, using ``threads`` cores (torch's intra-op threads, or ONNX Runtime's)."""
-    from ..onnx_runtime import OnnxPredictor
     from ..runtimes import make_predictor
 
     try:
-        if runtime.startswith("onnx"):
-            return OnnxPredictor(checkpoint, max_batch_size=batch_size, threads=threads, int8=runtime == "onnx-int8")
-        import torch
+        if not runtime.startswith("onnx"):
+            import torch
 
-        torch.set_num_threads(threads)
+            torch.set_num_threads(threads)
         # auto: the int8 model beside the checkpoint where it passed its check (made at the first start; with
         # --nproc N by the parent, before the workers start: engine._prepare_auto).
         return make_predictor(checkpoint, runtime, max_batch_size=batch_size, threads=threads)
@@ -91,8 +82,8 @@ def load_predictor(checkpoint: str, runtime: str, threads: int, batch_size: int)
 class _Window:
     start: int
     end: int
-    rejects: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (row, what the rejects file says)
-    batches: list[list[tuple[int, Any, Any]]] = field(default_factory=list)  # passes of (row, id, encoded text)
+    rejects: list[tuple[int, dict[str, Any]]]  # (row, what the rejects file says)
+    batches: list[list[tuple[int, Any, Any]]]  # passes of (row, id, encoded text)
 
 
 def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[tuple[int, Path, RawRow]]:
@@ -114,24 +105,47 @@ def job_rows(job: JobRecord, columns: list[str], lo: int, hi: int) -> Iterator[t
             row += 1
 
 
-def read_row(
-    fields: RowFields, row: int, path: Path, raw: RawRow
-) -> tuple[str, Any, None] | tuple[None, None, dict[str, Any]]:
-    """``(text, id, None)`` for a usable row, else ``(None, None, reject)``: what the rejects file says of it."""
-    reason = raw.error
-    if reason is None:
-        assert raw.fields is not None, "a row read without an error has its fields"
-        try:
-            return fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row), None
-        except BadRow as exc:
-            reason = str(exc)
-    reject = {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
-    return None, None, {key: _shown(value) if isinstance(value, str) else value for key, value in reject.items()}
+def read_window(
+    fields: RowFields, rows: Iterator[tuple[int, Path, RawRow]], count: int, skip: Container[int] = ()
+) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, Any]], list[str]]:
+    """The next ``count`` of ``rows`` (those in ``skip`` left out): the rejected ones as ``(row, what the rejects
+    file says of it)``, and the usable ones' ``(row, id)`` and texts."""
+    rejects: list[tuple[int, dict[str, Any]]] = []
+    keys: list[tuple[int, Any]] = []
+    texts: list[str] = []
+    for row, path, raw in islice(rows, count):
+        if row in skip:
+            continue
+        reason = raw.error
+        if reason is None:
+            assert raw.fields is not None, "a row read without an error has its fields"
+            try:
+                text, row_id = fields.text(raw.fields)[:TEXT_CHARS], fields.id(raw.fields, row)
+            except BadRow as exc:
+                reason = str(exc)
+            else:
+                keys.append((row, row_id))
+                texts.append(text)
+                continue
+        reject = {"file": str(path), "line": raw.line, "row": row, "reason": reason, "raw": raw_text(raw)}
+        rejects.append((row, {key: _shown(v) if isinstance(v, str) else v for key, v in reject.items()}))
+    return rejects, keys, texts
+
+
+def passes(
+    keys: list[tuple[int, Any]], texts: list[str], encode: Callable, max_texts: int, max_tokens: int | None
+) -> list[list[tuple[int, Any, Any]]]:
+    """A window's forward passes, cut as the server cuts them (``plan_passes``): ``(row, id, encoded text)`` each."""
+    if not texts:
+        return []
+    encoded = encode(texts)
+    cut = plan_passes([len(e) for e in encoded], max_texts, max_tokens)
+    return [[(*keys[i], encoded[i]) for i in indices] for indices in cut]
 
 
 def _shown(text: str) -> str:
-    """``text`` as the rejects file can hold it: a lone surrogate (from a file name that is not UTF-8) written out as
-    its escape, ``\\udcff``, which UTF-8 can hold."""
+    """``text`` as UTF-8 can hold it: a lone surrogate (from a file name that is not UTF-8) as its escape,
+    ``\\udcff``."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -146,74 +160,43 @@ def _windows(
         start, end, skip = manifest.done_through, min(manifest.done_through + size, manifest.end), set()
     rows = job_rows(job, fields.columns(), start, manifest.end)
     while start < manifest.end:
-        window = _Window(start, end)
-        texts: list[str] = []
-        keys: list[tuple[int, Any]] = []
-        for row, path, raw in islice(rows, end - start):
-            if row in skip:
-                continue
-            text, row_id, reject = read_row(fields, row, path, raw)
-            if reject is not None:
-                window.rejects.append((row, reject))
-            else:
-                assert text is not None, "read_row gives a text or a reject"
-                texts.append(text)
-                keys.append((row, row_id))
-        if texts:
-            encoded = encode(texts)
-            for indices in plan_passes([len(e) for e in encoded], settings.batch_size, settings.max_batch_tokens):
-                window.batches.append([(keys[i][0], keys[i][1], encoded[i]) for i in indices])
-        yield window
+        rejects, keys, texts = read_window(fields, rows, end - start, skip)
+        yield _Window(start, end, rejects, passes(keys, texts, encode, settings.batch_size, settings.max_batch_tokens))
         start, end, skip = end, min(end + size, manifest.end), set()
 
 
 class _Prefetch:
     """Runs an iterator on its own thread, at most ``depth`` items ahead; its exceptions surface in the consumer."""
 
-    _END = object()
-
     def __init__(self, items: Iterator[Any], depth: int = PREFETCH):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)  # (more, item or what it raised)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(items,), name="distrinews-predict-reader", daemon=True)
         self._thread.start()
 
-    def _put(self, item: Any) -> bool:
+    def _put(self, entry: tuple[bool, Any]) -> bool:
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
+            with contextlib.suppress(queue.Full):
+                self._queue.put(entry, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _run(self, items: Iterator[Any]) -> None:
         try:
-            for item in items:
-                if not self._put(item):
-                    return
+            if all(self._put((True, item)) for item in items):
+                self._put((False, None))
         except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(_Failure(exc))
-            return
-        self._put(self._END)
+            self._put((False, exc))
 
     def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, _Failure):
-                raise item.exc
-            yield item
+        while (entry := self._queue.get())[0]:
+            yield entry[1]
+        if entry[1] is not None:
+            raise entry[1]
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
 
 
 class _Committer:
@@ -349,8 +332,7 @@ def _work(
 
 # ---------------------------------------------------------------------------------------------- as a process
 def spawned(state_path: str, k: int, settings: WorkerSettings, events: Connection, parent_pid: int) -> None:
-    """Entry point of worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's
-    end)."""
+    """Worker ``k`` in its own process: progress and errors go to the parent through ``events`` (a pipe's end)."""
     die_with_parent(parent_pid)
     state = StateDir(Path(state_path))
     # The parent's OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint, put there): this process's windows are traced too.
