@@ -233,13 +233,19 @@ def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) ->
     if not have_matplotlib():
         say(f"Training curves: not drawn (matplotlib is missing): {PLOT_HINT}, then distrinews report {run_dir.path}")
         return None
+    again = f"; distrinews report {run_dir.path} tries again"
+    return _save_plot("Training curves", lambda: plot_runs([run_dir.path], run_dir.curves), say, again)
+
+
+def _save_plot(name: str, save: Callable[[], Path], say: Callable[[str], Any], again: str = "") -> Path | None:
+    """A figure saved (``save``) and said in one line; a failure is said, never raised (the run itself succeeded)."""
     try:
-        path = plot_runs([run_dir.path], run_dir.curves)
-    except Exception as exc:  # reported in one line; the run itself succeeded
-        say(f"Training curves: not drawn ({type(exc).__name__}: {exc}); distrinews report {run_dir.path} tries again")
+        saved = save()
+    except Exception as exc:
+        say(f"{name}: not drawn ({type(exc).__name__}: {exc}){again}")
         return None
-    say(f"Training curves: {path}")
-    return path
+    say(f"{name}: {saved}")
+    return saved
 
 
 def draw_confusion(metrics: dict[str, Any]) -> Figure:
@@ -284,13 +290,7 @@ def write_confusion_matrix(
     run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
-    try:
-        path = save_figure(draw_confusion(metrics), run_dir.confusion)
-    except Exception as exc:
-        say(f"Confusion matrix: not drawn ({type(exc).__name__}: {exc})")
-        return None
-    say(f"Confusion matrix: {path}")
-    return path
+    return _save_plot("Confusion matrix", lambda: save_figure(draw_confusion(metrics), run_dir.confusion), say)
 
 
 def draw_reliability(report: ConfidenceReport) -> Figure:
@@ -363,11 +363,5 @@ def write_confidence_plots(run_dir: RunDir, report: ConfidenceReport, say: Calla
     """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
     if not have_matplotlib():
         return  # the curves' line has said why
-    for name, draw, path in (
-        ("Reliability diagram", draw_reliability, run_dir.reliability),
-        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
-    ):
-        try:
-            say(f"{name}: {save_figure(draw(report), path)}")
-        except Exception as exc:
-            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")
+    _save_plot("Reliability diagram", lambda: save_figure(draw_reliability(report), run_dir.reliability), say)
+    _save_plot("Coverage-accuracy curve", lambda: save_figure(draw_coverage(report), run_dir.coverage), say)
