@@ -15,7 +15,7 @@ change it the ranks take rank 0's control (one small broadcast): a decision is r
 every rank acts on it at the same step, so none is left waiting in a collective.
 
 The callbacks themselves import this module; which of them a run has is decided in ``build.py``
-(``default_callbacks``), so nothing here imports them back.
+(``build_callbacks``), so nothing here imports them back.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ __all__ = [
 
 
 def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
-    """``callbacks``: called after the config's own (``default_callbacks``), e.g. a tuner's trial reporter."""
+    """``callbacks``: called after the config's own (``build_callbacks``), e.g. a tuner's trial reporter."""
     check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
@@ -107,7 +107,7 @@ class Trainer:
 
         self.data, self.distillation = build_data(config, env, self.report.say)
         self.sampler, self.plan = build_steps(config, self.data, env)
-        model = build_model(config, self.data, env)
+        model = build_model(config, self.data.label_names, env.device)
         self.precision = build_precision(config.precision, model, env)
         self.model: ParallelModel = build_parallel(config, model, self.precision, env)
         self.optimizer, self.scheduler, self.average, self.class_weights = build_optimization(
