@@ -437,31 +437,19 @@ class Trainer:
             "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
-            saved = (
-                str(self.run_dir.checkpoints / f"step-{self.last_saved_step}")
-                if self.last_saved_step is not None
-                else None
-            )
+            step = self.last_saved_step
+            saved = None if step is None else str(self.run_dir.checkpoints / f"step-{step}")
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             self.callbacks.on_train_end(None, stopped_by=self.stop.reason)
             return result
-        digests = self.model.replica_digests()
-        if digests:
-            same = len(set(digests)) == 1
+        if digests := self.model.replica_digests():
             self.report.say(replicas_line(digests))
-            result["replicas_identical"] = same
+            result["replicas_identical"] = len(set(digests)) == 1
         confidence = self.calibrate()  # rank 0; the others wait in the summary's broadcast
         if confidence is not None:
             result["calibration"] = confidence.to_json()
-        self.callbacks.on_log(
-            "summary",
-            {
-                "total_time_s": total_time,
-                "best_accuracy": self.state.best_accuracy,
-                **({"replicas_identical": result["replicas_identical"]} if digests else {}),
-                **({"calibration": result["calibration"]} if confidence is not None else {}),
-            },
-        )
+        summary = ("total_time_s", "best_accuracy", "replicas_identical", "calibration")
+        self.callbacks.on_log("summary", {k: result[k] for k in summary if k in result})
         best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
         if confidence is not None:
