@@ -1,8 +1,5 @@
-"""A save that runs out of disk space: detected, cleaned up, and told in one line that every rank raises.
-
-The ranks agree on the outcome of a save (``saving_together``), so no rank is left waiting in a
-collective the others never reach; the message names the filesystem, the space needed and the
-newest complete checkpoint to resume from.
+"""A save that runs out of disk space: detected, cleaned up, and told in one line that every rank raises (the ranks
+agree on the outcome, ``saving_together``), naming the filesystem, the space needed and the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -155,18 +152,14 @@ def _disk_full_message(target: Path, checkpoints: Path, needed: tuple[int, str])
 def saving_together(
     env: DistEnv, target: Path, checkpoints: Path, needed: Callable[[], tuple[int, str]]
 ) -> Iterator[None]:
-    """Around the part of a save that some ranks write (rank 0 alone, or every rank): all ranks leave it
-    together, through one all-gather of how it went, which each rank reaches whether it wrote or not.
+    """Around the part of a save that some ranks write: all ranks leave it together, through one all-gather of how
+    it went. When any rank ran out of space, every rank raises the same :class:`DiskFullError` (one line, exit
+    status 2); another failure is raised again on its rank, and the others raise a RuntimeError naming it. The
+    block must remove its temp directory when it fails (``removed_on_failure``), so that the free space reported is
+    what a new try would find, and must not skip a collective that another rank reaches.
 
-    When any rank ran out of space, every rank raises the same :class:`DiskFullError`: one line that
-    the command line prints (our launcher once for all ranks), exit status 2, and no rank left
-    waiting in a collective the others never reach. Another failure is raised again on its rank, and
-    the other ranks raise a RuntimeError naming it. The block must remove its temp directory when it
-    fails (``removed_on_failure``), so that the free space reported is what a new try would find,
-    and must not skip a collective that another rank reaches.
-
-    ``target`` is the directory being saved, ``checkpoints`` where to look for one to resume from,
-    ``needed`` says (lazily, only after a failure) about how many bytes the save takes (``space_needed``).
+    ``target``: the directory being saved; ``checkpoints``: where to look for one to resume from; ``needed``: the
+    bytes the save takes, asked only after a failure (``space_needed``).
     """
     failure: Exception | None = None
     try:

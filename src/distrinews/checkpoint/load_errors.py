@@ -1,8 +1,5 @@
 """Reading a checkpoint that is damaged, incomplete or refused: one :class:`CheckpointError` line naming the file and
-why.
-
-torch, safetensors, transformers and json each fail in their own words; ``loading`` turns all of
-them into a sentence a person can act on, without torch's advice to unpickle anyway.
+why, whichever of torch, safetensors, transformers and json failed in its own words.
 """
 
 from __future__ import annotations

@@ -8,13 +8,10 @@
       best/                  the servable model with the best test accuracy so far
       mlflow_run.json        the MLflow run this run reports to (report_to: mlflow), continued on resume
 
-A directory that already holds a run is continued (``--resume auto``) or replaced
-(``--overwrite_output_dir true``), never silently mixed with a new one: a new run's
-checkpoints would be rotated away by the old run's higher step numbers, its log appended to
-the old one, and a later ``--resume auto`` would pick the old run. The rule holds while the
-run does: the process that writes (or the launcher of its workers) keeps an exclusive lock on
-the directory (``RunLock``), taken before the directory is checked, so that two runs started
-at the same moment cannot both find it free.
+A directory that already holds a run is continued (``--resume auto``) or replaced (``--overwrite_output_dir true``),
+never mixed with a new one (whose checkpoints the old run's higher steps would rotate away). While the run lasts, the
+process that writes (or the launcher of its workers) holds an exclusive lock on the directory (``RunLock``), taken
+before the directory is checked, so that two runs started at once cannot both find it free.
 """
 
 from __future__ import annotations
@@ -98,12 +95,8 @@ class RunDir:
                 break
 
     def prepare(self, config: TrainConfig, resumed: bool) -> None:
-        """Rank 0, before anything is written: save the config, remove leftovers of killed saves.
-
-        A run that does not continue a checkpoint starts from a clean directory: ``check_usable``
-        let it in only when the directory was empty, replaced on purpose, or held a run that
-        ``--resume auto`` found no checkpoint of.
-        """
+        """Rank 0, before anything is written: save the config, remove leftovers of killed saves. A run that does not
+        continue a checkpoint starts clean (``check_usable`` let it in only for an empty or replaceable directory)."""
         if not resumed:
             self.clear()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -124,8 +117,8 @@ RUN_ARTIFACTS = tuple(e.name for e in vars(RunDir).values() if isinstance(e, _En
 
 
 class RunLock:
-    """An exclusive lock (``file_lock.FileLock``) on ``<run dir>/.distrinews.lock``, held until ``release()`` or the
-    process ends; the pid and host written in the file name the holder to the run that is refused."""
+    """An exclusive ``FileLock`` on ``<run dir>/.distrinews.lock`` until ``release()`` or the process ends; the pid
+    and host in the file name the holder to the run that is refused."""
 
     def __init__(self, run_dir: RunDir):
         self.run_dir = run_dir

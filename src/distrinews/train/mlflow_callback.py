@@ -2,38 +2,24 @@
 
 What the run records:
 
-- parameters: the resolved config, flattened (lists comma-joined), the model's ``id2label`` as
-  ``id2label.<id>`` and the world size. A value longer than MLflow's limit (``MAX_PARAM_VAL_LENGTH``)
-  is shortened with a marker that says so, and one line names it; the full values are in the
-  ``config.yaml`` artifact.
-- metrics: every log.jsonl record's numbers as ``<kind>/<name>`` (``train/loss``, ``eval/accuracy``,
-  ``eval/per_class/World/f1``) at its global step, as in TensorBoard.
+- parameters: the resolved config, flattened, ``id2label.<id>`` and the world size; a value longer than MLflow's
+  limit is shortened with a marker and named in one line (``config.yaml`` has it in full).
+- metrics: every log.jsonl record's numbers as ``<kind>/<name>`` at its global step, as in TensorBoard.
 - tags: ``model_version`` and ``config_hash`` (what ``best/`` is stamped with), ``distrinews.best_dir``.
-- artifacts when the run ends: ``config.yaml``, ``eval/best_eval.json`` and ``eval/per_class_report.txt``
-  (the per-class scores and confusion matrix of the model in best/), ``training_curves.png`` and
-  ``confusion_matrix.png`` where drawn. ``best/`` itself is recorded by path (the ``distrinews.best_dir``
-  tag), and copied into the run's artifacts under ``best/`` only with ``HF_MLFLOW_LOG_ARTIFACTS=true``,
-  Hugging Face's switch: it is a complete servable folder already (``distrinews serve``, ``transformers``'
-  pipeline load it as it is), so a logged model would be a second copy of the weights in another wrapper,
-  and copying a hundred megabytes into a local store on every run is worth it only when the store is
-  remote.
+- artifacts when the run ends: ``config.yaml``, ``eval/best_eval.json``, ``eval/per_class_report.txt`` and the
+  plots drawn. ``best/`` is recorded by path, and copied under ``best/`` only with ``HF_MLFLOW_LOG_ARTIFACTS=true``
+  (Hugging Face's switch): it is a complete servable folder already, and copying a hundred megabytes into a local
+  store on every run is worth it only when the store is remote.
 
-Where, as Hugging Face's ``MLflowCallback`` reads it: ``MLFLOW_TRACKING_URI`` (unset: MLflow's own
-default store), ``MLFLOW_EXPERIMENT_NAME`` (created when missing; else ``MLFLOW_EXPERIMENT_ID``, else
-the default experiment), ``MLFLOW_RUN_ID`` (report to that run), ``MLFLOW_TAGS`` (a JSON object of
-tags), ``MLFLOW_NESTED_RUN`` (a child of the run active in this process), ``MLFLOW_MAX_LOG_PARAMS``,
-``HF_MLFLOW_LOG_ARTIFACTS``, ``DISABLE_MLFLOW_INTEGRATION``. A run started in this process
-(``mlflow.start_run()`` before ``train``) is reported to and left open, as Hugging Face does.
+Where, as Hugging Face's ``MLflowCallback`` reads it: ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` (created
+when missing; else ``MLFLOW_EXPERIMENT_ID``), ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (JSON), ``MLFLOW_NESTED_RUN``,
+``MLFLOW_MAX_LOG_PARAMS``, ``HF_MLFLOW_LOG_ARTIFACTS``, ``DISABLE_MLFLOW_INTEGRATION``. A run started in this process
+(``mlflow.start_run()`` before ``train``) is reported to and left open. The run's id is kept in ``mlflow_run.json``
+(written by rename, never read through a link), so a resumed run reports to the same MLflow run.
 
-The run's id is kept in ``mlflow_run.json`` in the run directory (written by rename: a link planted there is
-replaced, and one is never read): a resumed run (``--resume auto``) reports to the same MLflow run.
-
-Nothing here waits on the store: every request is made by ``MlflowSender``'s thread (``mlflow_sender.py``), in
-order, each bounded in time. A server that stops answering is one warning line, its metrics wait in a bounded
-queue and are sent when it is back; the end of the run waits a few seconds at most for a server that does not
-answer. The run's end says what was sent and dropped, on the console and as a ``tracking`` record in
-``log.jsonl``. A store that refuses a request (or breaks) is one warning line: tracking stops, training goes on.
-Files are uploaded only if they are regular files: a symbolic link in the run folder is named and skipped.
+Nothing here waits on the store: every request is made by ``MlflowSender``'s thread, in order, each bounded in time
+(``mlflow_sender.py``). The run's end says what was sent and dropped, on the console and as a ``tracking`` record
+in ``log.jsonl``. Only regular files are uploaded: a symbolic link in the run folder is named and skipped.
 """
 
 from __future__ import annotations
@@ -276,7 +262,7 @@ class MLflowCallback(TrainerCallback):
         ]
 
     def _recorded_run(self) -> str | None:
-        """The MLflow run of the run being resumed, if it reported to this same store (a link there is not read)."""
+        """The MLflow run of the run being resumed, if it reported to this same store."""
         path = self.run_dir.mlflow_run
         try:
             fd = open_nofollow(path, os.O_RDONLY)
@@ -355,7 +341,7 @@ class MLflowCallback(TrainerCallback):
             client.log_batch(run_id, metrics=metric_items[i : i + MAX_METRICS_PER_BATCH])
 
     def _artifacts(self, best_metrics: dict[str, Any] | None) -> list[Work]:
-        """The run's files to upload (listed here, each sent as one work); a symbolic link is named and skipped."""
+        """The run's files to upload, each sent as one work; a symbolic link is named and skipped."""
         run_dir = self.run_dir
         works: list[Work] = []
         if best_metrics:

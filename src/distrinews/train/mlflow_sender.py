@@ -1,24 +1,20 @@
 """The thread that sends a run's tracking to MLflow, so that a tracking server that is slow, stopped or gone never
 holds up training.
 
-The MLflow callback (rank 0) hands each piece of work (create the run, log its parameters, one record's metrics, an
-artifact, the end) to ``MlflowSender.put`` and goes on: ``put`` never waits on the network, so neither does any
-rank (the others would wait for rank 0 in the next collective). The thread sends the work in order. What bounds it:
+The MLflow callback (rank 0) hands each piece of work to ``MlflowSender.put``, which never waits on the network, so
+neither does any rank (the others would wait for rank 0 in the next collective). The thread sends it in order,
+bounded:
 
-- Each HTTP request: ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (``REQUEST_TIMEOUT_S``) and
-  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (0), MLflow's own variables, set while the sender runs unless the user set
-  them. MLflow's defaults, 120 s and 7 retries with a growing backoff, hold one request for up to 20 minutes; here
-  the thread does the retrying, and the queue waits behind it.
-- The queue: at most ``QUEUE_VALUES`` metric values wait. A record's metrics that do not fit are dropped and
-  counted; the work that is not metrics (a handful per run) always waits.
-- The end (``close``): it waits for the queue to empty, but for a server that does not answer only ``END_WAIT_S``
-  (from the end, or from the failure if that is later), and ``END_WAIT_MAX_S`` in all; what is left is counted as
-  dropped, and the thread (a daemon) stops after the request it is in.
+- each HTTP request by MLflow's own ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (``REQUEST_TIMEOUT_S``) and
+  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (0), unless the user set them: MLflow's defaults hold one request for up to
+  20 minutes; here the thread does the retrying;
+- the queue by ``QUEUE_VALUES`` metric values; metrics that do not fit are dropped and counted (other work waits);
+- the end (``close``) by ``END_WAIT_S`` for a server that does not answer and ``END_WAIT_MAX_S`` in all; what is
+  left is counted as dropped.
 
-A server that does not answer (a timeout, a refused or reset connection, a 5xx or 429) is an outage: one warning
-line when it starts, one line when the server answers again, and the work waits and is tried again, after 1 s, 2 s,
-4 s, ... up to ``RETRY_MAX_S`` (at once when the end is waiting). Any other failure (the server refuses the request,
-a local store that broke) stops tracking with one warning line; the work not sent is counted as dropped.
+A server that does not answer (a timeout, a refused or reset connection, a 5xx or 429) is an outage: one line when
+it starts and one when it ends, the work tried again after 1 s, 2 s, ... up to ``RETRY_MAX_S``. Any other failure
+stops tracking with one warning line; training goes on.
 """
 
 from __future__ import annotations
