@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from ..scores import confusion_table, per_class_table
 from .callbacks import TrainerCallback, TrainerControl
 from .metrics import append_record, log_record, scalars
-from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
+from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work, stopped_warning
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -131,13 +131,6 @@ def _links_and_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return links, sorted(files)
 
 
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 class MLflowCallback(TrainerCallback):
     def __init__(self, run_dir: RunDir, env: DistEnv, say: Callable[..., None]):
         self.run_dir, self.env, self.say = run_dir, env, say
@@ -167,11 +160,7 @@ class MLflowCallback(TrainerCallback):
             start = self._prepare(args, resumed_from, id2label)
         except Exception as exc:  # no mlflow, MLFLOW_TAGS that is not JSON, ...
             self.stopped = True
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            self.say(
-                f"warning: MLflow tracking stopped (starting the run: {type(exc).__name__}: {first}); "
-                "training goes on without it"
-            )
+            self.say(stopped_warning("starting the run", exc))
             return
         self.sender = MlflowSender(self.uri, self.say)
         self.sender.start()
@@ -330,15 +319,13 @@ class MLflowCallback(TrainerCallback):
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
         client, run_id = self._run()
-        param_items = [Param(k, v) for k, v in (params or {}).items()]
-        for i in range(0, len(param_items), MAX_PARAMS_TAGS_PER_BATCH):
-            client.log_batch(run_id, params=param_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        for i in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
-            client.log_batch(run_id, tags=tag_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        metric_items = metrics or []
-        for i in range(0, len(metric_items), MAX_METRICS_PER_BATCH):
-            client.log_batch(run_id, metrics=metric_items[i : i + MAX_METRICS_PER_BATCH])
+        for kind, items, size in (
+            ("params", [Param(k, v) for k, v in (params or {}).items()], MAX_PARAMS_TAGS_PER_BATCH),
+            ("tags", [RunTag(k, str(v)) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH),
+            ("metrics", metrics or [], MAX_METRICS_PER_BATCH),
+        ):
+            for i in range(0, len(items), size):
+                client.log_batch(run_id, **{kind: items[i : i + size]})
 
     def _artifacts(self, best_metrics: dict[str, Any] | None) -> list[Work]:
         """The run's files to upload, each sent as one work; a symbolic link is named and skipped."""
@@ -351,14 +338,14 @@ class MLflowCallback(TrainerCallback):
             for p in (run_dir.config, run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage)
         ]
         links = [p for p, _ in files if p.is_symlink()]
-        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and _is_dir(run_dir.best):
+        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and _is(run_dir.best, stat.S_ISDIR):
             linked, under_best = _links_and_files(run_dir.best)
             links += linked
             files += [(p, str(Path("best") / p.parent.relative_to(run_dir.best))) for p in under_best]
         for link in links:
             self.say(f"MLflow: {link} is a symbolic link; not uploaded (a run uploads only files it made)")
         for path, artifact_path in files:
-            if _is_regular(path):
+            if _is(path, stat.S_ISREG):
                 works.append(Work("the artifacts", functools.partial(self._log_file, path, artifact_path)))
         return works
 
@@ -372,7 +359,7 @@ class MLflowCallback(TrainerCallback):
             )
 
     def _log_file(self, path: Path, artifact_path: str | None) -> None:
-        if _is_regular(path):  # still the file listed, not a link put there since
+        if _is(path, stat.S_ISREG):  # still the file listed, not a link put there since
             client, run_id = self._run()
             client.log_artifact(run_id, str(path), None if artifact_path in (None, ".") else artifact_path)
 
@@ -382,8 +369,9 @@ class MLflowCallback(TrainerCallback):
         return self.client, self.run_id
 
 
-def _is_dir(path: Path) -> bool:
+def _is(path: Path, kind: Callable[[int], bool]) -> bool:
+    """Whether ``path`` itself (not followed) is of ``kind``: ``stat.S_ISREG``, ``stat.S_ISDIR``."""
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
+        return kind(os.lstat(path).st_mode)
     except OSError:
         return False

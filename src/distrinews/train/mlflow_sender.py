@@ -127,8 +127,12 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
+def stopped_warning(what: str, exc: BaseException) -> str:
+    return f"warning: MLflow tracking stopped ({what}: {first_line(exc)}); training goes on without it"
 
 
 def _reason(exc: BaseException) -> str:
@@ -143,10 +147,10 @@ def _reason(exc: BaseException) -> str:
             if isinstance(inner, MaxRetryError) and inner.reason is not None:
                 inner = inner.reason
             if not isinstance(inner, BaseException):
-                return _first_line(current)
+                return first_line(current)
             # urllib3 starts each message with the connection pool: "HTTPConnectionPool(host=..., port=...): "
             return f"{type(inner).__name__}: {str(inner).split('): ', 1)[-1][:200]}"
-    return _first_line(exc)
+    return first_line(exc)
 
 
 class MlflowSender:
@@ -249,7 +253,7 @@ class MlflowSender:
                 return
             self._drop_queued()
             self._cond.notify_all()
-        self.say(f"warning: MLflow tracking stopped ({what}: {_first_line(exc)}); training goes on without it")
+        self.say(stopped_warning(what, exc))
 
     def _drop_queued(self) -> None:
         """Count what is still queued as dropped and stop (with the lock held)."""
