@@ -18,7 +18,7 @@ import torch
 
 from ..distributed.process_group import DistEnv, all_gather_object
 from ..errors import DiskFullError
-from .load_errors import first_line
+from .load_errors import exception_chain, first_line
 from .manifest import resolve_resume
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota used up is a full disk to the writer
@@ -53,12 +53,8 @@ def _says_disk_full(exc: BaseException | None) -> bool:
 def _close_failed_writers(exc: BaseException) -> None:
     """Free what the frames of ``exc`` (and of what it was raised from) hold: torch's zip writer keeps its
     file open until it is collected, so the space of the removed temp directory is not free until then."""
-    seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 def _existing(path: Path) -> Path:

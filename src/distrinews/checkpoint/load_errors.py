@@ -22,6 +22,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from (or while handling), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def _why(exc: BaseException) -> str:
     """What went wrong, in words a person can act on, without torch's advice to unpickle anyway."""
     if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower():

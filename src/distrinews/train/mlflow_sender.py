@@ -27,16 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = [
-    "END_WAIT_S",
-    "QUEUE_VALUES",
-    "REQUEST_TIMEOUT_S",
-    "MlflowSender",
-    "Tally",
-    "Work",
-    "http_bounds",
-    "server_unavailable",
-]
+from ..checkpoint.load_errors import exception_chain
 
 REQUEST_TIMEOUT_S = 5
 END_WAIT_S = 5.0
@@ -93,7 +84,7 @@ def server_unavailable(exc: BaseException) -> bool:
     import requests
     from mlflow.exceptions import RestException
 
-    for current in _chain(exc):
+    for current in exception_chain(exc):
         if isinstance(current, requests.HTTPError):
             response = current.response
             return response is None or response.status_code >= 500 or response.status_code == _RETRYABLE_STATUS
@@ -118,15 +109,6 @@ def http_bounds() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
 
@@ -141,7 +123,7 @@ def _reason(exc: BaseException) -> str:
     import requests
     from urllib3.exceptions import MaxRetryError
 
-    for current in _chain(exc):
+    for current in exception_chain(exc):
         if isinstance(current, requests.RequestException):
             inner = current.args[0] if current.args else None
             if isinstance(inner, MaxRetryError) and inner.reason is not None:
