@@ -1,11 +1,8 @@
 """The model card: ``best/README.md``, what the Hugging Face Hub shows for a model folder.
 
-YAML front matter (the Hub's model metadata: library, task, base model, data set, license,
-and the test metrics as a ``model-index`` entry) followed by a body: what the model is, its
-version and config hash, the metrics with per-class accuracy, how to load it, and the
-command and hyperparameters that trained it. Everything comes from the ``distrinews.json``
-record (``records.ServableInfo``) that ``checkpoint.save_servable`` writes beside it, so the two always agree.
-``pipeline("text-classification", model=dir)`` ignores the file.
+YAML front matter (the Hub's model metadata, the test metrics as a ``model-index`` entry), then what the model is,
+its metrics, how to load it and the command that trained it; all from the ``distrinews.json`` record written beside
+it, so the two always agree. ``pipeline("text-classification", model=dir)`` ignores the file.
 """
 
 from __future__ import annotations

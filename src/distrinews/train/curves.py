@@ -1,11 +1,8 @@
 """Training curves: ``training_curves.png`` drawn from a run's ``log.jsonl``, for one run or several overlaid.
 
-Six panels against the optimizer step: loss (train, and test at each evaluation), accuracy
-(likewise), learning rate, training samples/s, test accuracy and macro-F1 per evaluation, and
-the gradient norm. The trainer draws one run's at its end (rank 0); ``distrinews report``
-draws them again, or overlays runs to compare them, and prints a table of each run's result.
-matplotlib is the optional ``plot`` extra; without it the table still works and the plot says
-how to get it. TensorBoard (``tb/``) gets the same scalars as the run goes.
+Six panels against the optimizer step (``PANELS``). The trainer draws one run's at its end (rank 0); ``distrinews
+report`` draws them again, or overlays runs, and prints a table of each run's result. matplotlib is the optional
+``plot`` extra; without it the table still works and the plot says how to get it.
 """
 
 from __future__ import annotations

@@ -44,14 +44,12 @@ def evaluate(
     lockstep: bool = False,
     thresholds: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size. A multi-label
-    dataset: thresholds per label tuned on it, micro- and macro-F1, exact-match accuracy (``multilabel.py``).
+    """Loss, accuracy, macro-F1 and per-class scores over the whole dataset, for any world size (multi-label:
+    ``multilabel.py``, with ``thresholds`` given or tuned on the dataset).
 
-    ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so
-    their numbers of batches can differ. ``lockstep`` is for sharded models, whose every forward
-    pass gathers parameters from all ranks: then every rank runs as many forward passes as the
-    busiest one, the extra ones on a placeholder row that is not counted. ``thresholds``: a multi-label model's
-    own (``distrinews eval``), instead of tuning them on the dataset.
+    ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so their numbers of
+    batches can differ. ``lockstep``: a sharded model's every forward pass gathers from all ranks, so every rank runs
+    as many as the busiest one, the extra ones on a placeholder row that is not counted.
     """
     was_training = model.training
     model.eval()
