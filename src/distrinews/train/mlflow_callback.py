@@ -71,13 +71,9 @@ def mlflow_params(
     flat["world_size"] = world_size
     params, shortened = {}, []
     for name, value in flat.items():
-        text = (
-            value
-            if isinstance(value, str)
-            else ",".join(map(str, value))
-            if isinstance(value, list)
-            else json.dumps(value)
-        )
+        if isinstance(value, list):
+            value = ",".join(map(str, value))
+        text = value if isinstance(value, str) else json.dumps(value)
         if len(text) > limit:
             marker = _MARKER.format(n=len(text))
             text = text[: limit - len(marker)] + marker
