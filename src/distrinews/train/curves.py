@@ -124,22 +124,12 @@ def _duration(seconds: float | None) -> str:
 
 def results_table(runs: Sequence[RunLog]) -> str:
     header = ("run", "model", "steps", "final test acc", "best test acc", "best macro-F1", "samples/s", "wall time")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for run in runs:
         r = run.result()
         rate = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.1f}"
-        rows.append(
-            (
-                r["run"],
-                r["model"] or "-",
-                str(r["steps"]),
-                _pct(r["final_accuracy"]),
-                _pct(r["best_accuracy"]),
-                _pct(r["best_macro_f1"]),
-                rate,
-                _duration(r["wall_time_s"]),
-            )
-        )
+        scores = (_pct(r["final_accuracy"]), _pct(r["best_accuracy"]), _pct(r["best_macro_f1"]))
+        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, _duration(r["wall_time_s"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -265,15 +255,8 @@ def draw_confusion(metrics: dict[str, Any]) -> Figure:
     if k <= 30:  # counts stay legible
         for i in range(k):
             for j in range(k):
-                ax.text(
-                    j,
-                    i,
-                    f"{cm[i][j]:,}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if shares[i][j] > 0.5 else "black",
-                )
+                color = "white" if shares[i][j] > 0.5 else "black"
+                ax.text(j, i, f"{cm[i][j]:,}", ha="center", va="center", fontsize=8, color=color)
     ax.set_title(
         f"Confusion matrix: accuracy {_pct(metrics.get('accuracy'))}, macro-F1 {_pct(metrics.get('macro_f1'))}"
     )
