@@ -206,14 +206,8 @@ class MLflowCallback(TrainerCallback):
         tally = sender.close(END_WAIT_S if stopped_by else END_WAIT_MAX_S)
         self.say(summary_line(tally, self.run_id))
         if stopped_by is None:  # a stopped run's log is continued by its resumption, which logs its own end
-            append_record(
-                self.run_dir,
-                log_record(
-                    "tracking",
-                    state.global_step,
-                    {"mlflow": {"run_id": self.run_id, "tracking_uri": self.uri, **tally.as_record()}},
-                ),
-            )
+            tracking = {"mlflow": {"run_id": self.run_id, "tracking_uri": self.uri, **tally.as_record()}}
+            append_record(self.run_dir, log_record("tracking", state.global_step, tracking))
 
     # ------------------------------------------------------------------ preparing the run (this thread, local)
     def _prepare(self, args: TrainConfig, resumed_from: str | None, id2label: dict[int, str] | None) -> list[Work]:
@@ -262,13 +256,8 @@ class MLflowCallback(TrainerCallback):
             recorded = json.loads(text)
         except ValueError:
             return None
-        if (
-            isinstance(recorded, dict)
-            and recorded.get("tracking_uri") == self.uri
-            and isinstance(recorded.get("run_id"), str)
-        ):
-            return recorded["run_id"]
-        return None
+        same_store = isinstance(recorded, dict) and recorded.get("tracking_uri") == self.uri
+        return recorded["run_id"] if same_store and isinstance(recorded.get("run_id"), str) else None
 
     # ------------------------------------------------------------------ the work (the sender's thread)
     def _open_run(self, continued: str | None, reported_to: str | None, tags: dict[str, str]) -> None:
