@@ -42,9 +42,7 @@ def _says_disk_full(exc: BaseException | None) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
-            return True
-        if any(word in str(e).lower() for word in _FULL_WORDS):
+        if (isinstance(e, OSError) and e.errno in _FULL_ERRNOS) or any(w in str(e).lower() for w in _FULL_WORDS):
             return True
         pending += [e.__cause__, e.__context__]
     return False
@@ -108,10 +106,8 @@ def _tensor_bytes(obj: Any, seen: set | None = None) -> int:
             return 0
         seen.add(key)
         return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, seen) for v in obj)
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in (obj.values() if isinstance(obj, dict) else obj))
     return 0
 
 

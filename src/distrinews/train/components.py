@@ -67,13 +67,6 @@ def schedule_with_warmup(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def linear_schedule_with_warmup(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Hugging Face's ``get_linear_schedule_with_warmup``."""
-    return schedule_with_warmup(optimizer, "linear", warmup_steps, total_steps)
-
-
 def optimizer_windows(
     batches: Iterable[dict[str, torch.Tensor]], accumulation: int
 ) -> Iterator[list[dict[str, torch.Tensor]]]:

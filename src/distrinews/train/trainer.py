@@ -41,7 +41,6 @@ from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
 from .build import (
     OptimizerFactory,
-    StepPlan,
     build_callbacks,
     build_checkpointing,
     build_config,
@@ -52,26 +51,15 @@ from .build import (
     build_precision,
     build_steps,
     check_precision_supported,
-    prepare_data,
 )
 from .calibration import ConfidenceReport, calibrate_run, summary_lines
 from .callbacks import TrainerCallback
-from .components import TrainClock, linear_schedule_with_warmup, optimizer_windows, peak_memory_mib
+from .components import TrainClock, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 from .curves import write_confidence_plots, write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
-
-__all__ = [
-    "StepPlan",
-    "TrainState",
-    "Trainer",
-    "linear_schedule_with_warmup",
-    "optimizer_windows",
-    "prepare_data",
-    "train",
-]
 
 
 def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
