@@ -41,13 +41,6 @@ class TrainerControl:
     should_training_stop: bool = False
     should_save: bool = False
 
-    def as_tensor(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor([float(self.should_training_stop), float(self.should_save)], device=device)
-
-    def take(self, flags: torch.Tensor) -> None:
-        stop, save = flags.tolist()
-        self.should_training_stop, self.should_save = bool(stop), bool(save)
-
 
 class TrainerCallback:
     """A callback overrides the events it needs; each receives the config (``args``), the ``TrainState``
@@ -107,6 +100,7 @@ class CallbackHandler:
     def _agree(self) -> None:
         """Every rank takes rank 0's control (a collective: every rank reaches each event at the same point)."""
         if self.env.distributed:
-            flags = self.control.as_tensor(self.env.device)
+            c = self.control
+            flags = torch.tensor([float(c.should_training_stop), float(c.should_save)], device=self.env.device)
             dist.broadcast(flags, src=0)
-            self.control.take(flags)
+            c.should_training_stop, c.should_save = (bool(flag) for flag in flags.tolist())
