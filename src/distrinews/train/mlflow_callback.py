@@ -307,7 +307,8 @@ class MLflowCallback(TrainerCallback):
             ("metrics", metrics or [], MAX_METRICS_PER_BATCH),
         ):
             for i in range(0, len(items), size):
-                client.log_batch(run_id, **{kind: items[i : i + size]})
+                chunk: dict[str, Any] = {kind: items[i : i + size]}  # params=, tags= or metrics=
+                client.log_batch(run_id, **chunk)
 
     def _artifacts(self, best_metrics: dict[str, Any] | None) -> list[Work]:
         """The run's files to upload, each sent as one work; a symbolic link is named and skipped."""
