@@ -134,6 +134,7 @@ class MLflowCallback(TrainerCallback):
         self.uri = ""
         self.run_id: str | None = None  # from the sender's first work
         self.owns_run = True  # False: a run the caller started (and ends)
+        self.stopped = False  # disabled, or the run could not be prepared
         self.sender: MlflowSender | None = None
 
     # ------------------------------------------------------------------ events (no network: the sender's thread)
@@ -147,12 +148,14 @@ class MLflowCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         if _env_true("DISABLE_MLFLOW_INTEGRATION"):
+            self.stopped = True
             self.say("MLflow: DISABLE_MLFLOW_INTEGRATION is set, not tracking")
             return
         id2label = getattr(getattr(model, "config", None), "id2label", None)
         try:
             start = self._prepare(args, resumed_from, id2label)
         except Exception as exc:  # no mlflow, MLFLOW_TAGS that is not JSON, ...
+            self.stopped = True
             self.say(stopped_warning("starting the run", exc))
             return
         self.sender = MlflowSender(self.uri, self.say)
