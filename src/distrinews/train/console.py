@@ -97,14 +97,10 @@ def frozen_lines(config: TrainConfig) -> list[str]:
 
 def tuning_lines(config: TrainConfig) -> list[str]:
     """The loss's label smoothing and the averaged weights, where a run asks for them."""
-    lines = []
-    if config.optimizer.label_smoothing_factor:
-        lines.append(
-            f"Loss:                 cross-entropy, label smoothing {config.optimizer.label_smoothing_factor:g}"
-        )
-    if config.optimizer.ema_decay:
-        lines.append(f"Evaluated weights:    their moving average (ema_decay {config.optimizer.ema_decay:g})")
-    return lines
+    o = config.optimizer
+    smoothing = f"Loss:                 cross-entropy, label smoothing {o.label_smoothing_factor:g}"
+    average = f"Evaluated weights:    their moving average (ema_decay {o.ema_decay:g})"
+    return [line for line, asked in ((smoothing, o.label_smoothing_factor), (average, o.ema_decay)) if asked]
 
 
 def schedule_words(config: TrainConfig) -> str:
