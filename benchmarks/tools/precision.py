@@ -86,11 +86,11 @@ class Variant:
     def __init__(self, config: TrainConfig, labels: list[str], master_copy: bool):
         import torch
 
-        from distrinews.train.build import build_optimizer, build_train_model
+        from distrinews.train.build import build_model, build_optimizer
         from distrinews.train.precision import Precision
 
         device = torch.device("cpu")
-        self.model = build_train_model(config.model, config.run.seed, device, labels).train()
+        self.model = build_model(config, labels, device).train()
         self.precision = Precision.from_config(config.precision, device).prepare(self.model)
         self.clip = config.optimizer.max_grad_norm
         self.master: list[torch.Tensor] = []

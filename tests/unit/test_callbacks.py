@@ -130,18 +130,19 @@ def test_the_int8_model_is_made_first_on_rank_0_at_a_finished_runs_end(tmp_path,
     require("onnxruntime")
     from distrinews.data.rows import RawSplit
     from distrinews.predict import int8
-    from distrinews.train.build import default_callbacks
+    from distrinews.train.build import build_callbacks
     from distrinews.train.int8_callback import Int8ModelCallback
     from distrinews.train.metrics import JsonLogCallback
 
     run_dir, rows = RunDir(tmp_path), RawSplit(texts=["a", "b"], labels=[0, 1], source="test")
     config = TrainConfig(output_dir=str(tmp_path), report_to="none")
     said: list[str] = []
-    first, second = default_callbacks(config, ONE, run_dir, said.append, eval_rows=rows)
+    first, second = build_callbacks(config, ONE, run_dir, TrainState(), said.append, eval_rows=rows).callbacks
     assert isinstance(first, Int8ModelCallback) and isinstance(second, JsonLogCallback)
     rank_1 = DistEnv(1, 1, 2, 2, torch.device("cpu"), "gloo")
     for args, env, given in ((TrainConfig(int8_model=False), ONE, rows), (config, rank_1, rows), (config, ONE, None)):
-        assert not any(isinstance(c, Int8ModelCallback) for c in default_callbacks(args, env, run_dir, print, given))
+        built = build_callbacks(args, env, run_dir, TrainState(), print, given).callbacks
+        assert not any(isinstance(c, Int8ModelCallback) for c in built)
     made = []
 
     def make_int8(best, labelled, out=None):

@@ -7,8 +7,7 @@ from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import RunDir
 from distrinews.config import TrainConfig
 from distrinews.distributed.process_group import DistEnv
-from distrinews.train.build import default_callbacks
-from distrinews.train.callbacks import CallbackHandler
+from distrinews.train.build import build_callbacks
 from distrinews.train.metrics import classification_metrics, confusion_matrix, read_log
 
 
@@ -63,7 +62,7 @@ def _sinks(path, report_to, rank=0, resumed_from=None):
     config = TrainConfig(output_dir=str(path), report_to=report_to)
     env = DistEnv(rank, rank, 1 if rank == 0 else 2, 2, torch.device("cpu"), None if rank == 0 else "gloo")
     state = TrainState(global_step=10 if resumed_from else 0)
-    handler = CallbackHandler(default_callbacks(config, env, RunDir(path), print), config, state, env)
+    handler = build_callbacks(config, env, RunDir(path), state, print)
     handler._agree = lambda: None  # no process group here: what is agreed is tested under torchrun
     handler.on_train_begin(resumed_from)
     return handler

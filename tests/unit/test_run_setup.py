@@ -12,13 +12,15 @@ import pytest
 import torch
 
 from conftest import require
+from distrinews.checkpoint.records import TrainState
 from distrinews.checkpoint.rundir import LOCK_FILE, RunDir
 from distrinews.cli import main
 from distrinews.config import ConfigError, TrainConfig
 from distrinews.data.rows import AG_NEWS_LABELS
 from distrinews.distributed.parallel import wrap_model
 from distrinews.distributed.process_group import DistEnv, GpuShareError, check_one_gpu_per_process
-from distrinews.train.trainer import StepPlan, TrainState, optimizer_windows
+from distrinews.train.build import StepPlan
+from distrinews.train.components import optimizer_windows
 
 
 def _previous_run(path):

@@ -132,7 +132,8 @@ def test_every_rank_runs_the_same_steps_whatever_the_sizes(group, world, rows, b
     of micro-batches and optimizer steps, and the same shortened last window. No rank ever waits in a
     gradient all-reduce that another rank will not reach; ``Join`` is not needed."""
     from distrinews.config import TrainConfig
-    from distrinews.train.trainer import StepPlan, optimizer_windows
+    from distrinews.train.build import StepPlan
+    from distrinews.train.components import optimizer_windows
 
     ds = dataset(rows)
     config = TrainConfig(per_device_train_batch_size=batch, gradient_accumulation_steps=accum, max_steps=max_steps)

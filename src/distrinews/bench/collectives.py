@@ -191,7 +191,7 @@ def model_config(args: argparse.Namespace, output_dir: str) -> TrainConfig:
 def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
     from ..model import build_model, count_parameters
-    from ..train.trainer import prepare_data
+    from ..train.build import prepare_data
 
     config = model_config(args, tempfile.gettempdir())
     sync = _synchronizer(env)

@@ -161,7 +161,7 @@ def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:
     from torch.utils.data import DataLoader
 
     from ..data.collate import Collator
-    from ..train.trainer import optimizer_windows
+    from ..train.components import optimizer_windows
 
     config = trainer.config
     pad = trainer.data.train_set.pad_token_id

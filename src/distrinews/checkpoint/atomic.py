@@ -1,14 +1,12 @@
 """Directories (and small text files) published whole: written under a temporary name, fsynced, moved into place
 with ``os.replace``; and the file operations of a run or output folder, which never follow a symbolic link.
 
-A kill mid-save leaves the previous directory whole; a save that fails removes its temporary
-directory (a kill leaves it to ``rundir.clean_stale_tmp``).
+A kill mid-save leaves the previous directory whole; a save that fails removes its temporary directory (a kill
+leaves it to ``rundir.clean_stale_tmp``).
 
-A folder a run writes may hold links it did not make (planted, or left by someone): writing or
-truncating through one would change the file it points to, and removing a folder through one
-would empty another. So files are opened ``O_NOFOLLOW`` (new ones ``O_EXCL``), folders are made
-with ``mkdir`` and checked with ``lstat``, and removal unlinks a link instead of entering it; where
-a link stands in the way the run is refused in one line (``ConfigError``), naming it.
+A folder a run writes may hold links it did not make: writing through one would change the file it points to, and
+removing a folder through one would empty another. So files are opened ``O_NOFOLLOW`` (new ones ``O_EXCL``), folders
+checked with ``lstat``, a link removed instead of entered; a link in the way is refused in one line, naming it.
 """
 
 from __future__ import annotations
@@ -123,10 +121,8 @@ def fresh_tmp(final: Path) -> Path:
 
 @contextmanager
 def removed_on_failure(tmp: Path | None) -> Iterator[None]:
-    """Remove the temp directory ``tmp`` (None: this rank made none) when the block raises.
-
-    Only errors: a save stopped by KeyboardInterrupt or SystemExit leaves it to ``clean_stale_tmp``.
-    """
+    """Remove the temp directory ``tmp`` (None: this rank made none) when the block raises an error (a
+    KeyboardInterrupt or SystemExit leaves it to ``clean_stale_tmp``)."""
     try:
         yield
     except Exception:
@@ -145,11 +141,8 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def _plain_file_modes(directory: Path) -> None:
-    """Give every file the mode a plain ``open()`` would (0o666 less the umask).
-
-    safetensors writes its files 0600, so a server running as another user (the container's
-    non-root user, with the checkpoint mounted read-only) could not read the weights.
-    """
+    """Give every file the mode a plain ``open()`` would (0o666 less the umask): safetensors writes 0600, which a
+    server running as another user (the container's, the checkpoint mounted read-only) could not read."""
     umask = os.umask(0o022)
     os.umask(umask)
     for p in _regular_files(directory):

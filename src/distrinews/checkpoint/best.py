@@ -1,9 +1,7 @@
 """``best/``: the servable model of the best evaluation so far, kept while a run trains.
 
-Every rank calls ``BestModel.keep`` after an exact evaluation that improves (``improves``): gathering a sharded model's
-weights is a collective, and the ranks agree on a full disk before anyone writes. Rank 0 alone
-writes the folder (``servable.save_servable``, atomically), with LoRA adapters folded in, so
-``best/`` loads without peft.
+Every rank calls ``BestModel.keep`` (gathering a sharded model's weights is a collective, and the ranks agree on a
+full disk); rank 0 alone writes the folder (``save_servable``, atomically), LoRA folded in so it loads without peft.
 """
 
 from __future__ import annotations

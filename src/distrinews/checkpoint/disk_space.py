@@ -1,8 +1,5 @@
-"""A save that runs out of disk space: detected, cleaned up, and told in one line that every rank raises.
-
-The ranks agree on the outcome of a save (``saving_together``), so no rank is left waiting in a
-collective the others never reach; the message names the filesystem, the space needed and the
-newest complete checkpoint to resume from.
+"""A save that runs out of disk space: detected, cleaned up, and told in one line that every rank raises (the ranks
+agree on the outcome, ``saving_together``), naming the filesystem, the space needed and the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import torch
 
 from ..distributed.process_group import DistEnv, all_gather_object
 from ..errors import DiskFullError
-from .load_errors import first_line
+from .load_errors import exception_chain, first_line
 from .manifest import resolve_resume
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota used up is a full disk to the writer
@@ -45,9 +42,7 @@ def _says_disk_full(exc: BaseException | None) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
-            return True
-        if any(word in str(e).lower() for word in _FULL_WORDS):
+        if (isinstance(e, OSError) and e.errno in _FULL_ERRNOS) or any(w in str(e).lower() for w in _FULL_WORDS):
             return True
         pending += [e.__cause__, e.__context__]
     return False
@@ -56,12 +51,8 @@ def _says_disk_full(exc: BaseException | None) -> bool:
 def _close_failed_writers(exc: BaseException) -> None:
     """Free what the frames of ``exc`` (and of what it was raised from) hold: torch's zip writer keeps its
     file open until it is collected, so the space of the removed temp directory is not free until then."""
-    seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 def _existing(path: Path) -> Path:
@@ -115,10 +106,8 @@ def _tensor_bytes(obj: Any, seen: set | None = None) -> int:
             return 0
         seen.add(key)
         return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, seen) for v in obj)
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in (obj.values() if isinstance(obj, dict) else obj))
     return 0
 
 
@@ -155,18 +144,14 @@ def _disk_full_message(target: Path, checkpoints: Path, needed: tuple[int, str])
 def saving_together(
     env: DistEnv, target: Path, checkpoints: Path, needed: Callable[[], tuple[int, str]]
 ) -> Iterator[None]:
-    """Around the part of a save that some ranks write (rank 0 alone, or every rank): all ranks leave it
-    together, through one all-gather of how it went, which each rank reaches whether it wrote or not.
+    """Around the part of a save that some ranks write: all ranks leave it together, through one all-gather of how
+    it went. When any rank ran out of space, every rank raises the same :class:`DiskFullError` (one line, exit
+    status 2); another failure is raised again on its rank, and the others raise a RuntimeError naming it. The
+    block must remove its temp directory when it fails (``removed_on_failure``), so that the free space reported is
+    what a new try would find, and must not skip a collective that another rank reaches.
 
-    When any rank ran out of space, every rank raises the same :class:`DiskFullError`: one line that
-    the command line prints (our launcher once for all ranks), exit status 2, and no rank left
-    waiting in a collective the others never reach. Another failure is raised again on its rank, and
-    the other ranks raise a RuntimeError naming it. The block must remove its temp directory when it
-    fails (``removed_on_failure``), so that the free space reported is what a new try would find,
-    and must not skip a collective that another rank reaches.
-
-    ``target`` is the directory being saved, ``checkpoints`` where to look for one to resume from,
-    ``needed`` says (lazily, only after a failure) about how many bytes the save takes (``space_needed``).
+    ``target``: the directory being saved; ``checkpoints``: where to look for one to resume from; ``needed``: the
+    bytes the save takes, asked only after a failure (``space_needed``).
     """
     failure: Exception | None = None
     try:

@@ -1,12 +1,10 @@
 """One exclusive lock on a file: what keeps a run directory to one training run (``rundir.RunLock``) and a batch
 job's output, and each of its workers' folders, to one process (``predict.batch``).
 
-A ``flock``: the kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks
-and nobody has to guess whether a pid in a file is still alive; what the holder writes in the file only names it
-to whoever is refused. Its holder may remove the file (or its folder) while it holds the lock: a process that
-opened the file before, and gets the lock once it is let go, sees that the file it locked is no longer the one at
-``path`` and locks the one there now, so two processes never both hold "the" lock. The file is never followed
-when it is a symbolic link (``atomic.open_nofollow``): the lock is truncated as it is taken.
+A ``flock``: the kernel drops it when its holder dies, SIGKILL included, so a lock file left behind never blocks;
+what the holder writes in the file only names it to whoever is refused. A process that gets the lock after its
+holder removed the file sees that the file it locked is no longer the one at ``path`` and locks the one there now,
+so two processes never both hold "the" lock. A symbolic link at ``path`` is never followed.
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ def _pid_line() -> str:
 
 
 class FileLock:
-    """An exclusive ``flock`` on ``path`` (created if missing, its folder by ``make_parent``), held until
-    ``release`` or the process ends. ``name_holder``: what the holder writes in the file (default: its pid);
-    ``mode``: the file's permissions when it is made (umask applied)."""
+    """An exclusive ``flock`` on ``path`` (created if missing, its folder by ``make_parent``) until ``release`` or
+    the process ends. ``name_holder``: what the holder writes in the file; ``mode``: the new file's permissions."""
 
     def __init__(
         self,
@@ -54,8 +51,8 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self, wait_s: float = 0.0) -> bool:
-        """Take the lock, trying again every 50 ms for up to ``wait_s`` seconds; False if another process (or
-        another open of it in this one) holds it then. A file system without locks raises ``LocksUnsupported``."""
+        """Take the lock, trying again every ``RETRY_S`` for up to ``wait_s`` seconds; False if another holds it then.
+        A file system without locks raises ``LocksUnsupported``."""
         deadline = time.monotonic() + wait_s
         while True:
             fd = self._open()
@@ -96,8 +93,7 @@ class FileLock:
         return "?"
 
     def release(self, remove: bool = False) -> None:
-        """Let go; ``remove``: and remove the file if it is still the one locked, so that whoever opens it next
-        locks a fresh one."""
+        """Let go; ``remove``: and remove the file if it is still the one locked."""
         if self._fd is not None:
             if remove and same_file(self._fd, self.path):
                 with contextlib.suppress(OSError):

@@ -1,8 +1,5 @@
 """Reading a checkpoint that is damaged, incomplete or refused: one :class:`CheckpointError` line naming the file and
-why.
-
-torch, safetensors, transformers and json each fail in their own words; ``loading`` turns all of
-them into a sentence a person can act on, without torch's advice to unpickle anyway.
+why, whichever of torch, safetensors, transformers and json failed in its own words.
 """
 
 from __future__ import annotations
@@ -23,6 +20,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its hints
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from (or while handling), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def _why(exc: BaseException) -> str:

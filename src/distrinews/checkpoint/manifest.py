@@ -60,13 +60,9 @@ def write_manifest(directory: Path, step: int) -> None:
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Raise :class:`CheckpointError` naming the first file that is missing, truncated, altered or not in the manifest.
-
-    Every file a load reads back is checked here, before any is parsed: its size and hash against the
-    manifest, no symbolic link (a save makes none), and the metadata of a sharded folder readable
-    without running code (``sharded_reader``). A ``step-N`` folder whose manifest names another step
-    was not saved there.
-    """
+    """Raise :class:`CheckpointError` naming the first file that is missing, truncated, altered, a link or not in the
+    manifest, before any is parsed; a sharded folder's metadata is read without running code (``sharded_reader``),
+    and a ``step-N`` whose manifest names another step was not saved there."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} (its save did not finish)")
@@ -109,13 +105,9 @@ def verify_checkpoint(path: Path) -> None:
 def resolve_resume(
     spec: str | None, checkpoints: str | os.PathLike, warn: Callable[[str], None] = print
 ) -> Path | None:
-    """The checkpoint to continue from, verified against its manifest.
-
-    ``auto``: the newest complete checkpoint in ``checkpoints`` (None when there is none); a newer one
-    that is incomplete, damaged, refused (``verify_checkpoint``) or a symbolic link (a save makes none)
-    is skipped with one warning line. A path: that checkpoint, which must be complete (else
-    :class:`CheckpointError` naming the bad file).
-    """
+    """The checkpoint to continue from, verified against its manifest. ``auto``: the newest complete one (None when
+    there is none), a newer one that ``verify_checkpoint`` refuses (or a link) skipped with one warning line. A path:
+    that checkpoint, which must be complete (else :class:`CheckpointError` naming the bad file)."""
     if spec is None:
         return None
     if spec == "auto":

@@ -1,17 +1,15 @@
 """The model card: ``best/README.md``, what the Hugging Face Hub shows for a model folder.
 
-YAML front matter (the Hub's model metadata: library, task, base model, data set, license,
-and the test metrics as a ``model-index`` entry) followed by a body: what the model is, its
-version and config hash, the metrics with per-class accuracy, how to load it, and the
-command and hyperparameters that trained it. Everything comes from the ``distrinews.json``
-record (``records.ServableInfo``) that ``checkpoint.save_servable`` writes beside it, so the two always agree.
-``pipeline("text-classification", model=dir)`` ignores the file.
+YAML front matter (the Hub's model metadata, the test metrics as a ``model-index`` entry), then what the model is,
+its metrics, how to load it and the command that trained it; all from the ``distrinews.json`` record written beside
+it, so the two always agree. ``pipeline("text-classification", model=dir)`` ignores the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,36 +304,28 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     """Precision, recall and F1 a class; a checkpoint written before those were kept has accuracy a class."""
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
-    if scores and all("threshold" in s for s in scores.values()):  # multi-label
-        lines = [
-            "## Per label (evaluation rows)",
-            "",
-            "| label | threshold | precision | recall | F1 | rows with it |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        lines += [
-            f"| {name} | {s['threshold']:.2f} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} "
-            f"| {s['support']:,} |"
-            for name, s in scores.items()
-        ]
-        return [*lines, ""]
+    multi_label = all("threshold" in s for s in scores.values())
+    if scores and multi_label:
+        header = ("label", "threshold", "precision", "recall", "F1", "rows with it")
+        rows = [(name, f"{s['threshold']:.2f}", *_scores(s)) for name, s in scores.items()]
+        return _table("## Per label (evaluation rows)", header, rows)
     if scores:
-        lines = [
-            "## Per class (evaluation rows)",
-            "",
-            "| label | precision | recall | F1 | rows |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        lines += [
-            f"| {name} | {_pct(s['precision'])} | {_pct(s['recall'])} | {_pct(s['f1'])} | {s['support']:,} |"
-            for name, s in scores.items()
-        ]
-        return [*lines, ""]
+        rows = [(name, *_scores(s)) for name, s in scores.items()]
+        return _table("## Per class (evaluation rows)", ("label", "precision", "recall", "F1", "rows"), rows)
     if per_class:
-        lines = ["## Per-class accuracy (test split)", "", "| class | accuracy |", "| --- | --- |"]
-        lines += [f"| {name} | {_pct(value)} |" for name, value in per_class.items()]
-        return [*lines, ""]
+        rows = [(name, _pct(value)) for name, value in per_class.items()]
+        return _table("## Per-class accuracy (test split)", ("class", "accuracy"), rows)
     return []
+
+
+def _scores(s: dict[str, Any]) -> tuple[str, ...]:
+    return _pct(s["precision"]), _pct(s["recall"]), _pct(s["f1"]), f"{s['support']:,}"
+
+
+def _table(title: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A titled Markdown table, and the blank line after it."""
+    lines = [title, "", f"| {' | '.join(header)} |", "|" + " --- |" * len(header)]
+    return [*lines, *(f"| {' | '.join(map(str, row))} |" for row in rows), ""]
 
 
 def _temperature_said(info: ServableInfo, c: dict[str, Any]) -> tuple[str, bool]:
@@ -382,17 +372,11 @@ def _confidence(info: ServableInfo) -> list[str]:
     ]
     coverage = c.get("coverage") or []
     if coverage:
-        lines += [
+        lines += _table(
             "The answers kept at a confidence threshold (`--min-confidence`), and their accuracy:",
-            "",
-            "| coverage | accuracy | min confidence |",
-            "| --- | --- | --- |",
-        ]
-        lines += [
-            f"| {_pct(row.get('coverage'))} | {_pct(row.get('accuracy'))} | {row.get('min_confidence', 0):.4f} |"
-            for row in coverage
-        ]
-        lines.append("")
+            ("coverage", "accuracy", "min confidence"),
+            [(_pct(r.get("coverage")), _pct(r.get("accuracy")), f"{r.get('min_confidence', 0):.4f}") for r in coverage],
+        )
     return lines
 
 

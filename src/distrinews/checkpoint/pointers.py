@@ -1,13 +1,10 @@
 """What in a checkpoint folder would make loading read outside it, refused before anything is loaded.
 
-A checkpoint is loaded from its own files only (``local_files_only``: never the hub), and whoever writes its
-folder writes its manifest too, so the manifest cannot stop a file that points elsewhere. Refused here, one
-line naming the file:
+A checkpoint is loaded from its own files only (never the hub), and whoever writes its folder writes its manifest
+too, so the manifest cannot stop a file that points elsewhere. Refused here, one line naming the file:
 
-- a LoRA adapter (``adapter_config.json``, ``adapter_model.*``): transformers would load its
-  ``base_model_name_or_path`` (another folder or repository) and then the adapter through peft, outside the
-  rule that we read every weight ourselves from safetensors. DistriNews saves ``best/`` with the adapters
-  folded in, and a ``step-N`` holds a LoRA run's weights as safetensors it reads itself;
+- a LoRA adapter: transformers would load its ``base_model_name_or_path`` (another folder or repository), then
+  the adapter through peft, not from safetensors we read (DistriNews saves ``best/`` with the adapters folded in);
 - ``auto_map`` in ``config.json`` or ``tokenizer_config.json``: code to import, possibly from another repository;
 - a ``*_file`` entry of ``tokenizer_config.json`` that names a path, not a file of the folder.
 

@@ -1,44 +1,21 @@
 """Typed records for what crosses module boundaries about a checkpoint, with a format version on disk.
 
-    trainer_state.json  TrainState          a resumable ``step-N``: where the run is, the state the trainer
-                                            updates as it goes. Written by ``Checkpointer.save``; read to
-                                            resume (``Checkpointer.load``) and to serve a ``step-N``
-                                            (``load_for_inference``).
-    distrinews.json     ServableInfo        a servable ``best/``: labels, max_length, metrics, the training
-                                            config, model version and config hash. Written by
-                                            ``save_servable`` (and the Space export); read by the server,
-                                            the exports and the model card.
-    (in memory)         ModelInfo           what ``load_for_inference`` says about any checkpoint it loads
-                                            (``best/``, ``step-N``, a legacy ``.pt``, a plain Hugging Face
-                                            folder): the ServableInfo fields, the checkpoint's format and
-                                            where its tokenizer came from (``TokenizerSource``).
-    (in memory)         CheckpointFormat    which format a checkpoint is, told once from its file names
-                                            (``recognise``), so that one reader reads it (``servable.py``).
+    trainer_state.json  TrainState          a resumable ``step-N``: where the run is (``Checkpointer.save``/``load``)
+    distrinews.json     ServableInfo        a servable ``best/``: labels, max_length, metrics, the training config,
+                                            model version and config hash (``save_servable``, the Space export)
+    (in memory)         ModelInfo           what ``load_for_inference`` says about any checkpoint it loads: the
+                                            ServableInfo fields, its format and where its tokenizer came from
+    (in memory)         CheckpointFormat    which format a checkpoint is, told once from its file names (``recognise``)
 
-Each file records ``format_version``. Reading (``from_json(data, path)``):
-
-- a file without ``format_version`` reads as version 1 (the first format, which recorded none);
-- a version above the one this code reads was written by a newer DistriNews: one-line
-  :class:`CheckpointError` naming the file, its version and ours;
-- a missing required key or a value of the wrong type (or, for a count, out of range): one-line
-  :class:`CheckpointError` naming the file and the key.
-
-``TrainState`` is a pydantic model: its fields are the file's keys, each required on reading and checked by its
-type (``read_model``), so that a field added there is saved, loaded and checked with no other edit.
-``ServableInfo`` is a dataclass read the same way, by its fields' types (a strict pydantic config); the keys it
-requires are its ``REQUIRED``, since a file from before a field existed lacks it.
-
-Keys a ``distrinews.json`` holds beyond the known fields (the Space export adds ``export``) are kept
-in ``ServableInfo.extra`` and written back by ``to_json``. Unknown keys of ``trainer_state.json`` are
-ignored. Defaults that belong to other modules are looked up there, not copied: ``max_length`` is
-``TrainConfig``'s default, ``label_names`` the model's labels.
-
-Every JSON file of a checkpoint is read by :func:`read_json`: at most ``JSON_LIMIT`` bytes, never through a
-symbolic link (a checkpoint's writers make none), any failure one line naming the file.
+Each file records ``format_version`` (absent: 1, the first format, which recorded none). A newer version than this
+code reads, a missing required key or a value of the wrong type is one :class:`CheckpointError` line naming the file
+and the key. A record's fields are the file's keys, checked by their types (``read_model``), so that a field added
+is saved, loaded and checked with no other edit. Keys of a ``distrinews.json`` beyond the known fields (the Space
+export's ``export``) are kept in ``ServableInfo.extra`` and written back; unknown keys of ``trainer_state.json`` are
+ignored. Every JSON file of a checkpoint is read by :func:`read_json`: bounded, never through a link.
 
 Standard library and pydantic only (and ``distrinews.errors``): the slim ONNX server imports this module without
-torch, transformers or yaml. ``config`` (yaml) and ``model`` (torch) are imported only when a record
-is built without the value they supply.
+torch, transformers or yaml; ``config`` and ``model`` are imported only when a record needs their default.
 """
 
 from __future__ import annotations
@@ -247,10 +224,8 @@ _R = typing.TypeVar("_R")
 
 
 def read_model(record: type[_R], data: Any, path: str | PathLike, newest: int, required: Iterable[str] = ()) -> _R:
-    """``data`` (a parsed JSON file) as ``record``, a pydantic model or a dataclass whose pydantic config is strict:
-    the format version first, then the ``required`` keys (a model: all its fields, which a file of its format
-    holds, null where unknown), then every field the file holds, checked by its declared type. Keys the record
-    does not declare are not read. Any failure is one line naming the file and the key."""
+    """``data`` (a parsed JSON file) as ``record`` (a pydantic model, or a dataclass with a strict pydantic config):
+    the format version, the ``required`` keys (a model: all its fields), then each field by its declared type."""
     if not isinstance(data, dict):
         raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
     check_format_version(data, path, newest)
@@ -284,13 +259,9 @@ class RunningCounts(BaseModel):
 
 
 class TrainState(BaseModel):
-    """Where the run is: what a resumable checkpoint holds besides tensors (``trainer_state.json``), to continue
-    the run exactly. The one declaration of that state: the trainer updates it as it goes, ``state_dict`` is the
-    file's content, and reading a file checks each of these fields by its type (``read_model``).
-
-    The trainer adds the running counts, batch layout and labels when it saves;
-    ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``, which it knows.
-    """
+    """Where the run is (``trainer_state.json``): the one declaration of the state a resumable checkpoint holds
+    besides tensors. The trainer updates it as it goes and adds the running counts, batch layout and labels when it
+    saves; ``Checkpointer.save`` completes ``global_step``, ``world_size`` and ``sharded``."""
 
     model_config = _STRICT
 
@@ -310,7 +281,6 @@ class TrainState(BaseModel):
     format_version: ClassVar[int] = TRAINER_STATE_FORMAT
 
     def state_dict(self) -> dict[str, Any]:
-        """Every field, as JSON values."""
         return self.model_dump()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -324,8 +294,7 @@ class TrainState(BaseModel):
 
     @classmethod
     def from_json(cls, data: Any, path: str | PathLike) -> TrainState:
-        """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors); see the module
-        docstring."""
+        """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors)."""
         return read_model(cls, data, path, TRAINER_STATE_FORMAT)
 
 
@@ -337,13 +306,8 @@ def read_trainer_state(directory: Path) -> TrainState:
 # ---------------------------------------------------------------------- distrinews.json
 @dataclass(frozen=True)
 class ServableInfo:
-    """``distrinews.json``: what a servable checkpoint says about its model, beside the Hugging Face files.
-
-    The trainer builds it with the metrics, position, max_length, model name, training config and
-    world size; ``save_servable`` stamps ``package_version``, ``model_version`` and ``config_hash``
-    (``versioning.version_fields``) where they are not given. ``extra`` holds keys this code does not
-    know (the Space export's ``export``): read, kept and written back as they were.
-    """
+    """``distrinews.json``: what a servable checkpoint says about its model, beside the Hugging Face files;
+    ``save_servable`` stamps the versions and config hash where they are not given."""
 
     label_names: list[str] = field(default_factory=_default_labels)
     package_version: str | None = None  # the DistriNews that wrote it
@@ -371,8 +335,7 @@ class ServableInfo:
     REQUIRED: ClassVar[tuple[str, ...]] = ("label_names",)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``distrinews.json`` payload: the format version, the known fields (null where unknown), then
-        ``extra``."""
+        """The format version, the known fields (null where unknown), then ``extra``."""
         data: dict[str, Any] = {"format_version": self.format_version}
         data.update({key: getattr(self, key) for key in _declared(ServableInfo)})
         data.update({key: value for key, value in self.extra.items() if key not in data})
@@ -380,7 +343,7 @@ class ServableInfo:
 
     @classmethod
     def from_json(cls, data: Any, path: str | PathLike) -> ServableInfo:
-        """The record of a parsed ``distrinews.json`` (``path`` names the file in errors); see the module docstring."""
+        """The record of a parsed ``distrinews.json`` (``path`` names the file in errors)."""
         read = read_model(ServableInfo, data, path, SERVABLE_INFO_FORMAT, cls.REQUIRED)
         known = _declared(ServableInfo)
         return dataclasses.replace(
@@ -396,12 +359,9 @@ def read_servable_info(directory: Path) -> ServableInfo:
 # ---------------------------------------------------------------------- what load_for_inference returns
 @dataclass(frozen=True)
 class TokenizerSource:
-    """Where a loaded model's tokenizer came from (a model is only right with the one it was trained with).
-
-    ``checkpoint``: the checkpoint's own files (``path``); ``recorded_path``: the directory a legacy
-    ``.pt`` file's config names (``path``); ``base_model``: the base model's tokenizer (``name``), for a
-    resumable checkpoint or a ``.pt`` whose recorded directory is gone.
-    """
+    """Where a loaded model's tokenizer came from (a model is only right with the one it was trained with): the
+    checkpoint's own files (``path``), the directory a legacy ``.pt`` file's config names (``path``), or the base
+    model's tokenizer (``name``)."""
 
     source: str
     path: str | None = None
@@ -432,13 +392,9 @@ class TokenizerSource:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelInfo(ServableInfo):
-    """What ``load_for_inference`` says about the model it loaded, for every kind of checkpoint.
-
-    The ServableInfo fields come from ``distrinews.json`` (``best/``), or stand in for it: a
-    ``step-N`` gives its epoch, last evaluation, max_length and base model; a legacy ``.pt`` its
-    config; a plain Hugging Face folder its labels. Unknown values are None, and ``max_length``
-    TrainConfig's default. ``to_json`` is the ServableInfo payload (without the two fields below).
-    """
+    """What ``load_for_inference`` says about the model it loaded: the ServableInfo fields from ``distrinews.json``
+    or what stands in for it (a step's epoch and evaluation, a ``.pt``'s config, a folder's labels; unknown: None).
+    ``to_json`` is the ServableInfo payload (without the two fields below)."""
 
     checkpoint_format: str  # one of CHECKPOINT_FORMATS (CheckpointFormat.kind)
     tokenizer: TokenizerSource
@@ -451,7 +407,6 @@ class ModelInfo(ServableInfo):
 
     @classmethod
     def of(cls, servable: ServableInfo, *, checkpoint_format: str, tokenizer: TokenizerSource) -> ModelInfo:
-        """A servable checkpoint's record, with its format and tokenizer source."""
         values = {f.name: getattr(servable, f.name) for f in dataclasses.fields(ServableInfo) if f.init}
         return cls(**values, checkpoint_format=checkpoint_format, tokenizer=tokenizer)
 

@@ -202,17 +202,10 @@ def layout_for(model: CheckpointedModel) -> ReplicatedLayout | ShardedLayout:
 class Checkpointer:
     """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
 
-    The model and optimizer states go in the model's layout (``layout_for``: replicated, written
-    by rank 0, or sharded, written by every rank). Then rank 0 adds the scheduler, scaler, every
-    rank's RNG state, the trainer state and the config, then the manifest, last, and publishes
-    the directory.
-
-    Beside them, ``STEP_MODEL/`` holds the model's config and the tokenizer (given to the constructor; training
-    always gives it), so that the step loads for inference from its own files alone.
-
-    The trainer state is a :class:`~.records.TrainState` (``trainer_state.json``); ``save``
-    fills in its ``global_step``, ``world_size`` and ``sharded``, and ``load`` reads and checks it
-    (format version, keys, types) before any tensor.
+    The model and optimizer states go in the model's layout (``layout_for``). Then rank 0 adds the scheduler,
+    scaler, every rank's RNG state, the trainer state, the config and ``STEP_MODEL/`` (the model's config and the
+    tokenizer, so that the step loads for inference from its own files alone), then the manifest, last, and
+    publishes the directory. ``load`` checks the trainer state before any tensor.
     """
 
     def __init__(
@@ -224,7 +217,7 @@ class Checkpointer:
         tokenizer: Any = None,
     ):
         self.root, self.env, self.limit, self.config = Path(root), env, save_total_limit, config
-        self.tokenizer = tokenizer  # saved into every step with the model's config (``STEP_MODEL``); None: neither
+        self.tokenizer = tokenizer  # None: no ``STEP_MODEL`` folder
 
     @tracing.traced(
         "distrinews.checkpoint.save",
@@ -287,8 +280,7 @@ class Checkpointer:
         return final
 
     def _write_model_files(self, directory: Path, raw: torch.nn.Module) -> None:
-        """The model's config and the tokenizer: what loading the step for inference builds the model and tokenizes
-        with, so that it reads nothing outside the folder (``servable._read_step``)."""
+        """What loading the step for inference builds the model and tokenizes with (``servable._read_step``)."""
         from ..model import hf_config, transformers_model
 
         hf_config(transformers_model(raw)).save_pretrained(str(directory))
@@ -305,8 +297,7 @@ class Checkpointer:
     ) -> LoadedCheckpoint:
         """Everything back in place; ``average`` too when the checkpoint holds one (``average_loaded``)."""
         path = Path(path)
-        # First: a file this DistriNews cannot read (a newer format, a missing key) is refused before any tensor loads.
-        trainer_state = read_trainer_state(path)
+        trainer_state = read_trainer_state(path)  # a newer format or a missing key: refused before any tensor loads
         average_loaded = layout_for(model).read(path, model, optimizer, average)
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():

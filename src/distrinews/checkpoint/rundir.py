@@ -8,13 +8,10 @@
       best/                  the servable model with the best test accuracy so far
       mlflow_run.json        the MLflow run this run reports to (report_to: mlflow), continued on resume
 
-A directory that already holds a run is continued (``--resume auto``) or replaced
-(``--overwrite_output_dir true``), never silently mixed with a new one: a new run's
-checkpoints would be rotated away by the old run's higher step numbers, its log appended to
-the old one, and a later ``--resume auto`` would pick the old run. The rule holds while the
-run does: the process that writes (or the launcher of its workers) keeps an exclusive lock on
-the directory (``RunLock``), taken before the directory is checked, so that two runs started
-at the same moment cannot both find it free.
+A directory that already holds a run is continued (``--resume auto``) or replaced (``--overwrite_output_dir true``),
+never mixed with a new one (whose checkpoints the old run's higher steps would rotate away). While the run lasts, the
+process that writes (or the launcher of its workers) holds an exclusive lock on the directory (``RunLock``), taken
+before the directory is checked, so that two runs started at once cannot both find it free.
 """
 
 from __future__ import annotations
@@ -31,19 +28,6 @@ from ..config import ConfigError, TrainConfig
 from .atomic import remove_entry, symlink_refused
 from .file_lock import RETRY_S, FileLock, LocksUnsupported
 
-# What a run writes; the only things ``--overwrite_output_dir`` removes (never a user's other files).
-RUN_ARTIFACTS = (
-    "config.yaml",
-    "log.jsonl",
-    "tb",
-    "checkpoints",
-    "best",
-    "training_curves.png",
-    "confusion_matrix.png",
-    "reliability_diagram.png",
-    "coverage_accuracy.png",
-    "mlflow_run.json",
-)
 # Not an artifact: it outlives --overwrite_output_dir (which runs under the lock) and says nothing about a previous run.
 LOCK_FILE = ".distrinews.lock"
 # Set by a launcher that holds the lock, for its workers: the lock is the launcher's, and a worker taking it again would
@@ -51,53 +35,31 @@ LOCK_FILE = ".distrinews.lock"
 LOCK_HELD_ENV = "DISTRINEWS_RUN_DIR_LOCKED"
 
 
+class _Entry:
+    """A path of the run directory, declared once by its name (``RunDir.config`` is ``<run dir>/config.yaml``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, run_dir: RunDir, owner: type) -> Path:
+        return run_dir.path / self.name
+
+
 class RunDir:
+    config = _Entry("config.yaml")
+    log = _Entry("log.jsonl")
+    tensorboard = _Entry("tb")
+    checkpoints = _Entry("checkpoints")
+    best = _Entry("best")
+    curves = _Entry("training_curves.png")
+    confusion = _Entry("confusion_matrix.png")
+    reliability = _Entry("reliability_diagram.png")
+    coverage = _Entry("coverage_accuracy.png")
+    mlflow_run = _Entry("mlflow_run.json")
+    lock_file = _Entry(LOCK_FILE)
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-
-    @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def log(self) -> Path:
-        return self.path / "log.jsonl"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.path / "tb"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def best(self) -> Path:
-        return self.path / "best"
-
-    @property
-    def curves(self) -> Path:
-        return self.path / "training_curves.png"
-
-    @property
-    def confusion(self) -> Path:
-        return self.path / "confusion_matrix.png"
-
-    @property
-    def reliability(self) -> Path:
-        return self.path / "reliability_diagram.png"
-
-    @property
-    def coverage(self) -> Path:
-        return self.path / "coverage_accuracy.png"
-
-    @property
-    def mlflow_run(self) -> Path:
-        return self.path / "mlflow_run.json"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.path / LOCK_FILE
 
     def lock(self) -> RunLock:
         """Take the run's lock (creating the directory), or fail naming the run that holds it."""
@@ -108,12 +70,8 @@ class RunDir:
 
     def previous_run(self) -> list[str]:
         """The artifacts of an earlier run found here (empty for a new or empty directory)."""
-        found = []
-        for name in RUN_ARTIFACTS:
-            p = self.path / name
-            if p.is_file() or (p.is_dir() and any(p.iterdir())):
-                found.append(name)
-        return found
+        entries = [(name, self.path / name) for name in RUN_ARTIFACTS]
+        return [name for name, p in entries if p.is_file() or (p.is_dir() and any(p.iterdir()))]
 
     def check_usable(self, resume: str | None, overwrite: bool) -> None:
         """Fail, naming the field, when the directory cannot take this run; touches nothing."""
@@ -137,12 +95,8 @@ class RunDir:
                 break
 
     def prepare(self, config: TrainConfig, resumed: bool) -> None:
-        """Rank 0, before anything is written: save the config, remove leftovers of killed saves.
-
-        A run that does not continue a checkpoint starts from a clean directory: ``check_usable``
-        let it in only when the directory was empty, replaced on purpose, or held a run that
-        ``--resume auto`` found no checkpoint of.
-        """
+        """Rank 0, before anything is written: save the config, remove leftovers of killed saves. A run that does not
+        continue a checkpoint starts clean (``check_usable`` let it in only for an empty or replaceable directory)."""
         if not resumed:
             self.clear()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -157,9 +111,14 @@ class RunDir:
             remove_entry(self.path / name)  # a link is removed, never entered
 
 
+# What a run writes (every entry but the lock); the only things ``--overwrite_output_dir`` removes (never a user's
+# other files).
+RUN_ARTIFACTS = tuple(e.name for e in vars(RunDir).values() if isinstance(e, _Entry) and e.name != LOCK_FILE)
+
+
 class RunLock:
-    """An exclusive lock (``file_lock.FileLock``) on ``<run dir>/.distrinews.lock``, held until ``release()`` or the
-    process ends; the pid and host written in the file name the holder to the run that is refused."""
+    """An exclusive ``FileLock`` on ``<run dir>/.distrinews.lock`` until ``release()`` or the process ends; the pid
+    and host in the file name the holder to the run that is refused."""
 
     def __init__(self, run_dir: RunDir):
         self.run_dir = run_dir

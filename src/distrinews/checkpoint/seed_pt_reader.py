@@ -1,8 +1,7 @@
 """The single-file ``.pt`` checkpoint the reference system (``../shared/seeds``) saved, loaded for inference.
 
-Its form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``. It holds no
-tokenizer, so the one it was trained with is found and named (in the log and in the ``ModelInfo``'s ``tokenizer``),
-from files already on this machine: loading never fetches from the hub.
+Its form: ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}``. It holds no tokenizer, so the
+one it was trained with is found among files already here (never the hub) and named in the log and ``ModelInfo``.
 """
 
 from __future__ import annotations
@@ -105,9 +104,8 @@ def _temperature(path: Path, value: Any) -> float:
 
 
 def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSource]:
-    """(tokenizer, where it came from): a ``.pt`` file holds none, so the tokenizer directory its config
-    records if that still holds one, else the base model's. Said in one warning either way, since the
-    predictions are only right with the tokenizer the model was trained with."""
+    """(tokenizer, where it came from): the directory its config records if that still holds one, else the base
+    model's; said in one warning either way (predictions are only right with the tokenizer it was trained with)."""
     from transformers import AutoTokenizer
 
     recorded = cfg.get("tokenizer")

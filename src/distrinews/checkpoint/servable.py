@@ -2,9 +2,6 @@
 and loading any checkpoint (``best/``, ``step-N``, the seed's ``.pt``) for inference: its format recognised
 once (``records.recognise``), then read by that format's reader, which makes every check of the format
 before it returns what loads the model.
-
-``distrinews.json`` is a :class:`~.records.ServableInfo`; what ``load_for_inference`` says about the
-model it loaded is a :class:`~.records.ModelInfo` (``records.py``).
 """
 
 from __future__ import annotations
@@ -67,12 +64,8 @@ def save_servable(
     tokenizer: PreTrainedTokenizerBase,
     info: ServableInfo,
 ) -> Path:
-    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (``info``, stamped with the package
-    version, model version and config hash) and ``README.md``, the model card.
-
-    ``weights`` is the full state dict every rank gathered (``ParallelModel.full_state_dict``);
-    ``model`` supplies the architecture's config and file layout.
-    """
+    """A Hugging Face ``save_pretrained`` folder plus ``distrinews.json`` (``info``, ``stamped``) and the model card.
+    ``weights``: the full state dict every rank gathered; ``model`` supplies the config and file layout."""
     if not isinstance(info, ServableInfo):
         raise TypeError(
             f"save_servable takes a ServableInfo (distrinews.checkpoint.records), not {type(info).__name__}"
@@ -233,12 +226,8 @@ def check_loadable(path: str | os.PathLike) -> Callable[[], Loaded]:
 
 
 def load_for_inference(path: str | os.PathLike) -> Loaded:
-    """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from a ``best/``-style directory, a ``step-N``
-    directory, a ``.pt`` file or any Hugging Face sequence-classification folder.
-
-    A checkpoint that exists but cannot be loaded raises :class:`CheckpointError` (one line
-    naming the file and why); a path that does not exist raises ``FileNotFoundError``.
-    """
+    """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from any checkpoint ``check_loadable`` reads;
+    :class:`CheckpointError` (one line) or ``FileNotFoundError`` as it raises them."""
     model, tokenizer, info = check_loadable(path)()
     model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference
     model.eval()

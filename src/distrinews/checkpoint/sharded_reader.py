@@ -1,9 +1,8 @@
 """Reading a ``torch.distributed.checkpoint`` folder (``sharded/``) without running code from it.
 
-torch reads such a folder with ``pickle.load`` (its ``.metadata``) and ``torch.load(weights_only=False)``
-(every value that is not a tensor), so a planted file runs code as the loading process. Here the
-metadata goes through an unpickler that builds only the classes torch writes into it, and every other
-value through ``torch.load(weights_only=True)``; anything else is refused as a :class:`CheckpointError`.
+torch reads such a folder with ``pickle.load`` (its ``.metadata``) and ``torch.load(weights_only=False)``, so a
+planted file runs code. Here the metadata goes through an unpickler that builds only the classes torch writes into
+it, and every other value through ``torch.load(weights_only=True)``; anything else is a :class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -110,11 +109,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def load_sharded(state: dict[str, Any], directory: Path, no_dist: bool = False) -> None:
-    """``dcp.load(state, directory)`` through :class:`SafeReader` and :class:`SafeLoadPlanner`.
-
-    A refused or unreadable file is one :class:`CheckpointError` on every rank (torch raises its
-    ``CheckpointException``, a ``BaseException``, wrapping each rank's error).
-    """
+    """``dcp.load(state, directory)`` through :class:`SafeReader` and :class:`SafeLoadPlanner`; a refused or
+    unreadable file is one :class:`CheckpointError` on every rank (not torch's ``CheckpointException``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

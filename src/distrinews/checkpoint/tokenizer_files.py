@@ -1,10 +1,8 @@
 """Whether a Hugging Face model folder holds its own tokenizer, told from its file names (no torch, no transformers).
 
-A model folder is only servable with the tokenizer it was trained with. Without the tokenizer's
-files ``AutoTokenizer.from_pretrained`` does not fail: it builds one from ``config.json`` with an
-empty vocabulary, which maps every word to ``[UNK]``, and the model then gives nearly the same
-answer for every text. So the files are looked for before anything is loaded, and their absence
-is a :class:`CheckpointError`. The slim ONNX server imports this module too, hence no torch here.
+Without the tokenizer's files ``AutoTokenizer.from_pretrained`` does not fail: it builds one with an empty
+vocabulary, which maps every word to ``[UNK]``, and the model gives nearly the same answer for every text. So the
+files are looked for before anything is loaded. The slim ONNX server imports this module too, hence no torch here.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
 
 
 def require_tokenizer(directory: str | os.PathLike, base_model: str | None = None) -> None:
-    """Raise :class:`CheckpointError`, one line that names the missing files and how to put them back,
-    when ``directory`` holds no vocabulary. ``base_model`` is where the tokenizer it was trained with
-    loads from (a path or hub id; default: the ``model_name`` in ``distrinews.json``)."""
+    """Raise :class:`CheckpointError` naming the missing files and how to put them back when ``directory`` holds no
+    vocabulary. ``base_model``: where its tokenizer loads from (default: ``distrinews.json``'s ``model_name``)."""
     directory = Path(directory)
     if has_tokenizer(directory):
         return

@@ -1,11 +1,9 @@
 """What names a trained model: its version (``MAJOR.MINOR.PATCH``) and the fingerprint of the config that trained it.
 
-The reference system names its artifacts by version (``distilbert_agnews_v1.0.0.pt``,
-``v1.1.0`` for more epochs, ``v2.0.0`` for a new architecture). Here the version is the
-config field ``model_version`` (default 1.0.0), stamped with ``config_hash`` into
-``best/distrinews.json`` and the model card, and ``distrinews export --version`` can restamp an
-export. The hash says whether two models came from the same recipe: it covers every field
-of the resolved config except those that only say where a run writes and how it reports.
+The reference system names its artifacts by version (``distilbert_agnews_v1.0.0.pt``). Here the version is the config
+field ``model_version``, stamped with ``config_hash`` into ``best/distrinews.json`` and the model card (``distrinews
+export --version`` restamps an export). The hash says whether two models came from the same recipe: every field of
+the resolved config but those that only say where a run writes and how it reports.
 """
 
 from __future__ import annotations
@@ -51,11 +49,8 @@ def config_hash(training_config: dict[str, Any]) -> str:
 
 
 def version_fields(training_config: dict[str, Any] | None, model_version: str | None = None) -> dict[str, Any]:
-    """``model_version`` and ``config_hash`` for a servable checkpoint's ``distrinews.json``.
-
-    The version is ``model_version`` if given, else the training config's, else the default; the
-    hash is None when the weights did not come from a training run (no training config).
-    """
+    """``model_version`` (given, else the training config's, else the default) and ``config_hash`` (None: the
+    weights did not come from a training run) for a servable checkpoint's ``distrinews.json``."""
     training = training_config or {}
     version = model_version or training.get("model_version") or DEFAULT_MODEL_VERSION
     return {"model_version": version, "config_hash": config_hash(training) if training else None}

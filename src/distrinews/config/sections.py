@@ -66,7 +66,7 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """What ``train.build.build_train_model`` builds."""
+    """What ``train.build.build_model`` builds."""
 
     model_name_or_path: str = option(
         "minilm",

@@ -14,8 +14,7 @@ and the process's ``DistEnv`` and makes that part's decisions, so ``Trainer.__in
 What the builders would refuse is checked before any process group exists, by ``train/preflight.py`` (in the
 process the user started) and ``trainer.train``: ``check_precision_supported``, ``check_data``. Below the
 builders are the pieces they assemble, each from a section of the config: the data (``prepare_data``), the step
-plan, the model as it trains, AdamW. The schedules and the other pieces that read no config are in
-``components.py``.
+plan, AdamW. The schedules and the other pieces that read no config are in ``components.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from ..config import (
     BatchConfig,
     ConfigError,
     DataConfig,
-    ModelConfig,
     OptimizerConfig,
     PrecisionConfig,
     TrainConfig,
@@ -123,10 +121,28 @@ def build_steps(config: TrainConfig, data: Datasets, env: DistEnv) -> tuple[Trai
     return sampler, StepPlan.of(batches, len(sampler))
 
 
-def build_model(config: TrainConfig, data: Datasets, env: DistEnv) -> torch.nn.Module:
-    """The classifier as it trains, one output per label (``build_train_model``), its new head drawn from ``seed``;
-    ``problem_type`` is the data's."""
-    return build_train_model(config.model, config.run.seed, env.device, data.label_names, config.data.problem_type)
+def build_model(config: TrainConfig, labels: list[str], device: torch.device) -> torch.nn.Module:
+    """The classifier as it trains, one output per label (the data's ``problem_type``, which the model's config
+    carries): dropout overrides, frozen embeddings and bottom layers, fast dropout on CPU, LoRA; on ``device``. The
+    run's ``seed`` draws the new head's weights."""
+    c = config.model
+    model = build_classifier(
+        c.model_name_or_path,
+        labels=labels,
+        problem_type=config.data.problem_type,
+        dropout=c.dropout,
+        seed=config.run.seed,
+        attention_dropout=c.attention_dropout,
+    )
+    if c.freeze_word_embeddings:
+        freeze_word_embeddings(model)
+    if c.freeze_layers:
+        freeze_layers(model, c.freeze_layers)
+    if c.fast_dropout and device.type == "cpu":
+        use_fast_dropout(model)
+    if c.use_peft:
+        model = add_lora(model, c.lora_r, c.lora_alpha, c.lora_dropout, c.lora_target_modules)
+    return model.to(device)
 
 
 def build_precision(config: PrecisionConfig, model: torch.nn.Module, env: DistEnv) -> Precision:
@@ -189,35 +205,28 @@ def build_callbacks(
     eval_rows: RawSplit | None = None,
     extra: list[TrainerCallback] | None = None,
 ) -> CallbackHandler:
-    """The config's own callbacks (``default_callbacks``), then ``extra`` (a tuner's trial reporter, say)."""
-    own = default_callbacks(config, env, run_dir, say, eval_rows=eval_rows)
-    return CallbackHandler([*own, *(extra or [])], config, state, env)
-
-
-def default_callbacks(
-    args: TrainConfig, env: DistEnv, run_dir: RunDir, say: Say, eval_rows: RawSplit | None = None
-) -> list[TrainerCallback]:
-    """The run's callbacks from its config: the int8 model (``int8_model``, checked on ``eval_rows``; first, so the
-    others' end sees it), log.jsonl and ``report_to``'s sinks on rank 0, early stopping on every rank."""
+    """The config's own callbacks, then ``extra`` (a tuner's trial reporter, say): the int8 model (``int8_model``,
+    checked on ``eval_rows``; first, so the others' end sees it), log.jsonl and ``report_to``'s sinks on rank 0,
+    early stopping on every rank."""
     from .early_stopping import EarlyStoppingCallback
     from .metrics import JsonLogCallback, TensorBoardCallback
 
     callbacks: list[TrainerCallback] = []
-    if env.is_main and args.run.int8_model and eval_rows is not None:
+    if env.is_main and config.run.int8_model and eval_rows is not None:
         from .int8_callback import Int8ModelCallback
 
         callbacks.append(Int8ModelCallback(run_dir, eval_rows, say))
     if env.is_main:
         callbacks.append(JsonLogCallback(run_dir))
-        if "tensorboard" in args.run.report_to:
+        if "tensorboard" in config.run.report_to:
             callbacks.append(TensorBoardCallback(run_dir))
-        if "mlflow" in args.run.report_to:
+        if "mlflow" in config.run.report_to:
             from .mlflow_callback import MLflowCallback
 
             callbacks.append(MLflowCallback(run_dir, env, say))
-    if args.run.early_stopping_patience > 0:
+    if config.run.early_stopping_patience > 0:
         callbacks.append(EarlyStoppingCallback(say))
-    return callbacks
+    return CallbackHandler([*callbacks, *(extra or [])], config, state, env)
 
 
 # ---------------------------------------------------------------- the pieces the builders assemble
@@ -312,31 +321,6 @@ class StepPlan:
     @property
     def num_epochs(self) -> int:
         return math.ceil(self.total_steps / self.steps_per_epoch)
-
-
-def build_train_model(
-    config: ModelConfig, seed: int, device: torch.device, labels: list[str], problem_type: str | None = None
-) -> torch.nn.Module:
-    """The classifier as it trains, one output per label: dropout overrides, frozen embeddings and bottom layers,
-    fast dropout on CPU, LoRA; on ``device``. ``seed`` draws the new head's weights; ``problem_type`` is the data's
-    (``DataConfig.problem_type``, which the model's config carries)."""
-    model = build_classifier(
-        config.model_name_or_path,
-        labels=labels,
-        problem_type=problem_type,
-        dropout=config.dropout,
-        seed=seed,
-        attention_dropout=config.attention_dropout,
-    )
-    if config.freeze_word_embeddings:
-        freeze_word_embeddings(model)
-    if config.freeze_layers:
-        freeze_layers(model, config.freeze_layers)
-    if config.fast_dropout and device.type == "cpu":
-        use_fast_dropout(model)
-    if config.use_peft:
-        model = add_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
-    return model.to(device)
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -1,30 +1,22 @@
 """Calibration and confidence at the end of a run: the temperature of ``best/`` and what its scores are worth.
 
-Temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017): one number T,
-the logits divided by it before the softmax, fitted by L-BFGS to the negative log-likelihood of held-out
-rows. T > 1 softens an over-confident model, T < 1 sharpens an under-confident one; the argmax (and so
-the accuracy) does not change. It is fitted on ``calibration_split_percentage`` of the training rows,
-held out of training when ``calibration`` is ``temperature`` (``build.build_data``), never on the
-evaluation split: for AG News that is the test split, and where it is a validation split, the numbers
-reported on it stay out-of-sample. The same rule for every data set.
+Temperature scaling (Guo et al., ICML 2017): one number T, the logits divided by it before the softmax, fitted by
+L-BFGS to the negative log-likelihood of held-out rows; the argmax (and so the accuracy) does not change. It is
+fitted on ``calibration_split_percentage`` of the training rows, held out of training (``build.build_data``), never
+on the evaluation split, so the numbers reported there stay out-of-sample.
 
 The fitted T is applied only where it helps beyond noise on rows it was not fitted on (``choose_temperature``):
-K-fold cross-validation on the calibration rows, each fold scored with the T fitted on the other folds. Where the
-out-of-fold NLL improves on T = 1 by more than ``NOISE_MULTIPLE`` x the standard error of that gain (its spread over the
-folds), T is applied; otherwise best/ keeps T = 1, the softmax as trained, and says why. Cross-validation, not a
-bootstrap interval of T: the question is whether T helps rows it has not seen (what the served scores meet), not
-whether T differs from 1; it asks a held-out score directly, costs K one-number fits, and uses only the calibration
-rows. What it is for: cpu-quick's T, fitted 0.94 on 800 rows of a calibrated model, took the test split's ECE from
-0.65% to 1.38%; cpu-full's T = 1.34, fitted on 3,454 rows of an over-confident one, took it from 2.93% to 1.31%.
+K-fold cross-validation on the calibration rows, each fold scored with the T fitted on the others; T is applied where
+the out-of-fold NLL gain over T = 1 exceeds ``NOISE_MULTIPLE`` standard errors, else best/ keeps T = 1 and says why.
+Cross-validation, not a bootstrap interval of T: the question is whether T helps rows it has not seen, not whether T
+differs from 1. What it is for: cpu-quick's T, fitted 0.94 on 800 rows of a calibrated model, took the test split's
+ECE from 0.65% to 1.38%; cpu-full's T = 1.34, fitted on 3,454 rows of an over-confident one, from 2.93% to 1.31%.
 
-Measured on the evaluation split, before and after: the expected calibration error (ECE, 15
-equal-width bins of the top probability: the rows' share of each bin times the gap between its
-accuracy and its mean confidence, summed) and the coverage-accuracy curve (the answers ranked by
-confidence; at 100/95/90/80% of them kept, their accuracy and the least confidence kept, i.e. the
-``--min-confidence`` that keeps that share). Rank 0 does it alone after the last evaluation, from
-``best/`` loaded by the PyTorch predictor (what is measured is what is served), writes the
-temperature and the figures into ``best/distrinews.json`` and the model card, and returns them for
-the summary and ``log.jsonl``.
+Measured on the evaluation split, before and after: the expected calibration error (ECE, 15 equal-width bins of the
+top probability) and the coverage-accuracy curve (at 100/95/90/80% of the answers kept, most confident first, their
+accuracy and the ``--min-confidence`` that keeps them). Rank 0 does it after the last evaluation, from ``best/`` as
+the PyTorch predictor loads it (what is measured is what is served), and writes the temperature and the figures into
+``best/distrinews.json`` and the model card.
 """
 
 from __future__ import annotations
@@ -115,9 +107,7 @@ class TemperatureChoice:
 
 def choose_temperature(logits: np.ndarray, labels: Sequence[int], folds: int = CV_FOLDS) -> TemperatureChoice:
     """The temperature fitted on every calibration row, applied only where ``folds``-fold cross-validation on those
-    rows says it lowers the NLL of rows it was not fitted on by more than ``NOISE_MULTIPLE`` standard errors.
-
-    Only the calibration rows are read: the evaluation split's figures stay out of the decision."""
+    rows (and no other) says it lowers the NLL of rows it was not fitted on by more than ``NOISE_MULTIPLE`` SEs."""
     x, y = np.asarray(logits, dtype=np.float64), np.asarray(list(labels), dtype=np.int64)
     rows, k = len(y), min(folds, len(y))
     fitted = fit_temperature(x, y.tolist()) if rows else 1.0
@@ -157,9 +147,7 @@ def nll(probs: np.ndarray, labels: Sequence[int]) -> float:
 
 def reliability(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> list[dict[str, float]]:
     """Per equal-width bin of the top probability ((0, 1/bins], ...): rows, accuracy and mean confidence."""
-    probs = np.asarray(probs, dtype=np.float64)
-    confidence = probs.max(axis=1)
-    correct = probs.argmax(axis=1) == np.asarray(labels)
+    confidence, correct = _answers(probs, labels)
     index = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)
     out = []
     for b in range(bins):
@@ -192,9 +180,7 @@ def coverage_accuracy(
 ) -> list[dict[str, float]]:
     """For each coverage c: the accuracy of the ``ceil(c x rows)`` most confident answers, and the least confidence
     among them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
-    probs = np.asarray(probs, dtype=np.float64)
-    confidence = probs.max(axis=1)
-    correct = probs.argmax(axis=1) == np.asarray(labels)
+    confidence, correct = _answers(probs, labels)
     order = np.argsort(-confidence, kind="stable")
     out = []
     for c in coverages:
@@ -213,11 +199,15 @@ def coverage_accuracy(
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident
     answers."""
+    confidence, correct = _answers(probs, labels)
+    k = np.arange(1, len(correct) + 1)
+    return k / len(correct), np.cumsum(correct[np.argsort(-confidence, kind="stable")]) / k
+
+
+def _answers(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's top probability, and whether its argmax is its label."""
     probs = np.asarray(probs, dtype=np.float64)
-    order = np.argsort(-probs.max(axis=1), kind="stable")
-    correct = (probs.argmax(axis=1) == np.asarray(labels))[order]
-    k = np.arange(1, len(order) + 1)
-    return k / len(order), np.cumsum(correct) / k
+    return probs.max(axis=1), probs.argmax(axis=1) == np.asarray(labels)
 
 
 @dataclass

@@ -8,14 +8,11 @@
     on_train_end     the run finished (``best_metrics``: the evaluation best/ holds) or stopped on request
                      (``stopped_by``: the signal; it is resumed later)
 
-Every rank calls every event at the same point of the run. Reporting callbacks (log.jsonl,
-TensorBoard, MLflow) exist on global rank 0 only; steering ones (early stopping) on every rank.
-What a callback asks of the loop goes through ``TrainerControl``, and after the events that can
-change it the ranks take rank 0's control (one small broadcast): a decision is rank 0's and
-every rank acts on it at the same step, so none is left waiting in a collective.
-
-The callbacks themselves import this module; which of them a run has is decided in ``build.py``
-(``default_callbacks``), so nothing here imports them back.
+Every rank calls every event at the same point of the run. Reporting callbacks (log.jsonl, TensorBoard, MLflow)
+exist on rank 0 only; steering ones (early stopping) on every rank. What a callback asks of the loop goes through
+``TrainerControl``, which the ranks take from rank 0 after the events that can change it (one small broadcast), so
+every rank acts at the same step and none is left waiting in a collective. Which callbacks a run has is decided in
+``build.py``, so nothing here imports them back.
 """
 
 from __future__ import annotations
@@ -43,13 +40,6 @@ class TrainerControl:
 
     should_training_stop: bool = False
     should_save: bool = False
-
-    def as_tensor(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor([float(self.should_training_stop), float(self.should_save)], device=device)
-
-    def take(self, flags: torch.Tensor) -> None:
-        stop, save = flags.tolist()
-        self.should_training_stop, self.should_save = bool(stop), bool(save)
 
 
 class TrainerCallback:
@@ -110,6 +100,7 @@ class CallbackHandler:
     def _agree(self) -> None:
         """Every rank takes rank 0's control (a collective: every rank reaches each event at the same point)."""
         if self.env.distributed:
-            flags = self.control.as_tensor(self.env.device)
+            c = self.control
+            flags = torch.tensor([float(c.should_training_stop), float(c.should_save)], device=self.env.device)
             dist.broadcast(flags, src=0)
-            self.control.take(flags)
+            c.should_training_stop, c.should_save = (bool(flag) for flag in flags.tolist())

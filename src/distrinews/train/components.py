@@ -5,6 +5,7 @@ What is built from the config is in ``build.py``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
@@ -26,19 +27,13 @@ class TrainClock:
     def elapsed(self) -> float:
         return time.perf_counter() - self._started - self._paused
 
-    def pause(self) -> _Pause:
-        return _Pause(self)
-
-
-class _Pause:
-    def __init__(self, clock: TrainClock):
-        self.clock = clock
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.clock._paused += time.perf_counter() - self.t0
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - started
 
 
 def class_weights(dataset: TokenizedDataset, num_labels: int, device: torch.device) -> torch.Tensor:
@@ -70,13 +65,6 @@ def schedule_with_warmup(
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def linear_schedule_with_warmup(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Hugging Face's ``get_linear_schedule_with_warmup``."""
-    return schedule_with_warmup(optimizer, "linear", warmup_steps, total_steps)
 
 
 def optimizer_windows(

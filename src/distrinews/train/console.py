@@ -97,14 +97,10 @@ def frozen_lines(config: TrainConfig) -> list[str]:
 
 def tuning_lines(config: TrainConfig) -> list[str]:
     """The loss's label smoothing and the averaged weights, where a run asks for them."""
-    lines = []
-    if config.optimizer.label_smoothing_factor:
-        lines.append(
-            f"Loss:                 cross-entropy, label smoothing {config.optimizer.label_smoothing_factor:g}"
-        )
-    if config.optimizer.ema_decay:
-        lines.append(f"Evaluated weights:    their moving average (ema_decay {config.optimizer.ema_decay:g})")
-    return lines
+    o = config.optimizer
+    smoothing = f"Loss:                 cross-entropy, label smoothing {o.label_smoothing_factor:g}"
+    average = f"Evaluated weights:    their moving average (ema_decay {o.ema_decay:g})"
+    return [line for line, asked in ((smoothing, o.label_smoothing_factor), (average, o.ema_decay)) if asked]
 
 
 def schedule_words(config: TrainConfig) -> str:
@@ -201,6 +197,11 @@ def fmt_time(seconds: float) -> str:
     return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"
 
 
+def progress_bar(total: int, desc: str, unit: str, show: bool, **more: Any) -> Any:
+    """A bar as each of a run's draws it: redrawn at most once a second, as wide as the terminal."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=not show, dynamic_ncols=True, mininterval=1.0, **more)
+
+
 class Report:
     """Rank 0's voice: ``say`` prints there and nowhere else; the progress bar likewise."""
 
@@ -219,15 +220,7 @@ class Report:
                 print(line)
 
     def open_progress(self, total: int, initial: int) -> None:
-        self.progress = tqdm(
-            total=total,
-            initial=initial,
-            desc="train",
-            unit="step",
-            disable=not self.enabled or self.disable_tqdm,
-            dynamic_ncols=True,
-            mininterval=1.0,
-        )
+        self.progress = progress_bar(total, "train", "step", self.enabled and not self.disable_tqdm, initial=initial)
 
     def step_done(self) -> None:
         self.progress.update(1)

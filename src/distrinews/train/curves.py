@@ -1,11 +1,8 @@
 """Training curves: ``training_curves.png`` drawn from a run's ``log.jsonl``, for one run or several overlaid.
 
-Six panels against the optimizer step: loss (train, and test at each evaluation), accuracy
-(likewise), learning rate, training samples/s, test accuracy and macro-F1 per evaluation, and
-the gradient norm. The trainer draws one run's at its end (rank 0); ``distrinews report``
-draws them again, or overlays runs to compare them, and prints a table of each run's result.
-matplotlib is the optional ``plot`` extra; without it the table still works and the plot says
-how to get it. TensorBoard (``tb/``) gets the same scalars as the run goes.
+Six panels against the optimizer step (``PANELS``). The trainer draws one run's at its end (rank 0); ``distrinews
+report`` draws them again, or overlays runs, and prints a table of each run's result. matplotlib is the optional
+``plot`` extra; without it the table still works and the plot says how to get it.
 """
 
 from __future__ import annotations
@@ -127,22 +124,12 @@ def _duration(seconds: float | None) -> str:
 
 def results_table(runs: Sequence[RunLog]) -> str:
     header = ("run", "model", "steps", "final test acc", "best test acc", "best macro-F1", "samples/s", "wall time")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for run in runs:
         r = run.result()
         rate = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.1f}"
-        rows.append(
-            (
-                r["run"],
-                r["model"] or "-",
-                str(r["steps"]),
-                _pct(r["final_accuracy"]),
-                _pct(r["best_accuracy"]),
-                _pct(r["best_macro_f1"]),
-                rate,
-                _duration(r["wall_time_s"]),
-            )
-        )
+        scores = (_pct(r["final_accuracy"]), _pct(r["best_accuracy"]), _pct(r["best_macro_f1"]))
+        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, _duration(r["wall_time_s"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -233,13 +220,19 @@ def write_training_curves(run_dir: RunDir, say: Callable[[str], Any] = print) ->
     if not have_matplotlib():
         say(f"Training curves: not drawn (matplotlib is missing): {PLOT_HINT}, then distrinews report {run_dir.path}")
         return None
+    again = f"; distrinews report {run_dir.path} tries again"
+    return _save_plot("Training curves", lambda: plot_runs([run_dir.path], run_dir.curves), say, again)
+
+
+def _save_plot(name: str, save: Callable[[], Path], say: Callable[[str], Any], again: str = "") -> Path | None:
+    """A figure saved (``save``) and said in one line; a failure is said, never raised (the run itself succeeded)."""
     try:
-        path = plot_runs([run_dir.path], run_dir.curves)
-    except Exception as exc:  # reported in one line; the run itself succeeded
-        say(f"Training curves: not drawn ({type(exc).__name__}: {exc}); distrinews report {run_dir.path} tries again")
+        saved = save()
+    except Exception as exc:
+        say(f"{name}: not drawn ({type(exc).__name__}: {exc}){again}")
         return None
-    say(f"Training curves: {path}")
-    return path
+    say(f"{name}: {saved}")
+    return saved
 
 
 def draw_confusion(metrics: dict[str, Any]) -> Figure:
@@ -262,15 +255,8 @@ def draw_confusion(metrics: dict[str, Any]) -> Figure:
     if k <= 30:  # counts stay legible
         for i in range(k):
             for j in range(k):
-                ax.text(
-                    j,
-                    i,
-                    f"{cm[i][j]:,}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if shares[i][j] > 0.5 else "black",
-                )
+                color = "white" if shares[i][j] > 0.5 else "black"
+                ax.text(j, i, f"{cm[i][j]:,}", ha="center", va="center", fontsize=8, color=color)
     ax.set_title(
         f"Confusion matrix: accuracy {_pct(metrics.get('accuracy'))}, macro-F1 {_pct(metrics.get('macro_f1'))}"
     )
@@ -284,13 +270,7 @@ def write_confusion_matrix(
     run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
-    try:
-        path = save_figure(draw_confusion(metrics), run_dir.confusion)
-    except Exception as exc:
-        say(f"Confusion matrix: not drawn ({type(exc).__name__}: {exc})")
-        return None
-    say(f"Confusion matrix: {path}")
-    return path
+    return _save_plot("Confusion matrix", lambda: save_figure(draw_confusion(metrics), run_dir.confusion), say)
 
 
 def draw_reliability(report: ConfidenceReport) -> Figure:
@@ -363,11 +343,5 @@ def write_confidence_plots(run_dir: RunDir, report: ConfidenceReport, say: Calla
     """``reliability_diagram.png`` and ``coverage_accuracy.png`` beside the training curves; never fails the run."""
     if not have_matplotlib():
         return  # the curves' line has said why
-    for name, draw, path in (
-        ("Reliability diagram", draw_reliability, run_dir.reliability),
-        ("Coverage-accuracy curve", draw_coverage, run_dir.coverage),
-    ):
-        try:
-            say(f"{name}: {save_figure(draw(report), path)}")
-        except Exception as exc:
-            say(f"{name}: not drawn ({type(exc).__name__}: {exc})")
+    _save_plot("Reliability diagram", lambda: save_figure(draw_reliability(report), run_dir.reliability), say)
+    _save_plot("Coverage-accuracy curve", lambda: save_figure(draw_coverage(report), run_dir.coverage), say)

@@ -2,19 +2,14 @@
 
     loss = alpha x CE(student, label) + (1 - alpha) x T^2 x KL(teacher_T || student_T)
 
-where ``_T`` is a distribution softened at temperature ``T`` (Hinton et al.; DistilBERT's recipe;
-the T^2 keeps the soft term's gradients at the hard term's scale). ``alpha`` is
-``distillation_alpha``, ``T`` ``distillation_temperature``. The teacher is one checkpoint or
-several (an ensemble: their probabilities averaged, ``predict.ensemble``).
+where ``_T`` is a distribution softened at temperature ``T`` (Hinton et al.; the T^2 keeps the soft term's gradients
+at the hard term's scale). The teacher is one checkpoint or several (an ensemble, ``predict.ensemble``).
 
-The teacher's log-probabilities of every training row (temperature 1) are computed once, before
-training, by each node's first process with the PyTorch predictor, and cached in the cache
-directory as ``teacher-KEY.safetensors``: KEY hashes the teachers' files (which fix their
-tokenizer and ``max_length``), the training rows and the label order. The other processes wait at
-a barrier and read the file (the tokenized-data cache's pattern, ``data.tokenized``). Each batch
-carries its rows' indices (``data.collate``), by which the loss looks the teacher's rows up. A file
-that is not what its name promises (shape, dtype, values that are not log-probabilities) is never
-trusted: the first process computes it again, the others refuse it.
+The teacher's log-probabilities of every training row are computed once, before training, by each node's first
+process, and cached as ``teacher-KEY.safetensors`` (KEY hashes the teachers' files, the rows and the label order);
+the other processes wait at a barrier and read it. Each batch carries its rows' indices (``data.collate``), by which
+the loss looks the teacher's rows up. A file that is not what its name promises (shape, dtype, values that are not
+log-probabilities) is never trusted: the first process computes it again, the others refuse it.
 """
 
 from __future__ import annotations
@@ -87,8 +82,7 @@ class Distillation:
         env: DistEnv,
         say: Callable[..., None],
     ) -> Distillation:
-        """The teacher's log-probabilities of ``rows`` (the training split, in its dataset's order): cached, or
-        computed by each node's first process while the others wait, then read by them."""
+        """The teacher's log-probabilities of ``rows`` (the training split, in its dataset's order), cached."""
         assert config.teacher_model_name_or_path is not None, "prepared only for a run with a teacher"
         paths = teacher_paths(config.teacher_model_name_or_path)
         started = time.perf_counter()
@@ -106,8 +100,8 @@ class Distillation:
 
 # ---------------------------------------------------------------------- the cache
 def _hash_path(h: hashlib._Hash, path: Path) -> None:
-    """A checkpoint file's bytes, or a directory's files (names and bytes; a link as its target's name, not
-    followed). ONNX files are left out: the PyTorch predictor does not read them, and serving adds them later."""
+    """A checkpoint file's bytes, or a directory's files (a link as its target's name, not followed); not ONNX files,
+    which the PyTorch predictor does not read and serving adds later."""
     if path.is_symlink():
         h.update(f"link|{path.name}|{os.readlink(path)}|".encode())
         return
@@ -171,8 +165,8 @@ def cached_log_probs(
     build: bool,
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, bool]:
-    """(the teachers' [N, C] log-probabilities of ``rows``, whether they were computed now). With ``build``, a
-    missing or unreadable cache file is computed and written atomically; without, either is an error."""
+    """(the teachers' [N, C] log-probabilities of ``rows``, whether they were computed now); a missing or unreadable
+    cache file is computed and written atomically with ``build``, an error without."""
     path = cache_path(paths, rows, labels, cache_dir)
     if path.exists() or path.is_symlink():
         try:

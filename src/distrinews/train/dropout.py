@@ -1,12 +1,9 @@
 """Dropout whose mask costs a quarter of torch's random draws, for CPU training.
 
-torch's CPU dropout draws one 32-bit number per element from one Mersenne Twister, serially,
-then multiplies and divides: on a 2-core EPYC it took about 36 ms forward + backward for one
-32 x 50 x 384 activation, and a BERT step has 13 of them. Here one 64-bit draw yields four
-16-bit lanes, each compared (on its low 15 bits) with ``p``: the same Bernoulli(1 - p) keep mask
-to within 1/32768 in ``p``, from the same global generator (so checkpoints restore it and
-resumed runs repeat), in about a third of the time (benchmarks/README.md). GPUs keep torch's
-own dropout, whose Philox generator is already parallel.
+torch's CPU dropout draws one 32-bit number per element, serially: on a 2-core EPYC about 36 ms forward + backward
+for one 32 x 50 x 384 activation, 13 of them a BERT step. Here one 64-bit draw yields four 16-bit lanes, each compared
+(on its low 15 bits) with ``p``: the same keep mask to within 1/32768 in ``p``, from the same global generator (so
+resumed runs repeat), in about a third of the time (benchmarks/README.md). GPUs keep torch's own (Philox) dropout.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 ``early_stopping_patience`` evaluations in a row have not improved ``metric_for_best_model`` by more than
 ``early_stopping_threshold`` over the best so far (``state.best_metric``, in ``greater_is_better``'s direction).
 
-The count is part of the trainer state, so of every checkpoint: a resumed run goes on counting, and a run
-resumed from the checkpoint it stopped at ends again at once. Every rank counts the same all-reduced
-metrics; the ranks then act on rank 0's decision (``CallbackHandler``), all at the same step.
+The count is part of the trainer state, so a resumed run goes on counting (and one resumed from the checkpoint it
+stopped at ends again at once); the ranks act on rank 0's decision (``CallbackHandler``), all at the same step.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from .callbacks import TrainerCallback, TrainerControl
 if TYPE_CHECKING:
     from ..checkpoint.records import TrainState
     from ..config import TrainConfig
-
-__all__ = ["EarlyStoppingCallback"]
 
 
 class EarlyStoppingCallback(TrainerCallback):

@@ -1,15 +1,12 @@
 """An exponential moving average of the weights (``ema_decay``), what evaluation, ``best/`` and serving use.
 
-After every optimizer step, ``average = decay x average + (1 - decay) x weights`` over the trainable
-parameters, the decay warmed up as TensorFlow's ``ExponentialMovingAverage(num_updates=n)`` does
-(``min(decay, (1 + n) / (10 + n))`` after ``n`` updates), so the first steps' weights, far from the
-end, fade quickly. Training itself goes on with the raw weights; ``applied()`` swaps the average in
-for an evaluation (and the ``best/`` it may write) and swaps the raw weights back.
+After every optimizer step, ``average = decay x average + (1 - decay) x weights`` over the trainable parameters, the
+decay warmed up as TensorFlow's ``ExponentialMovingAverage(num_updates=n)`` does (``min(decay, (1 + n) / (10 + n))``),
+so the first steps' weights, far from the end, fade quickly. Training goes on with the raw weights; ``applied()``
+swaps the average in for an evaluation (and the ``best/`` it may write).
 
-Every rank keeps the average of what it holds: the whole model when it is replicated (DDP, one
-process: the same numbers on every rank, as the weights are), its shards when it is sharded (FSDP:
-the average is a DTensor like its parameter, and a sharded checkpoint reshards it as it does the
-weights). Its state goes into the resumable checkpoint, so a resumed run continues the same average.
+Every rank keeps the average of what it holds: the whole model when it is replicated, its shards when it is sharded
+(a DTensor like its parameter, resharded by a sharded checkpoint as the weights are). A resumed run continues it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import tracing
 from ..data.collate import Collator
@@ -18,6 +17,7 @@ from ..data.sampler import eval_shard
 from ..data.tokenized import TokenizedDataset
 from ..distributed.process_group import DistEnv, all_reduce_max, all_reduce_sum
 from ..model import forward_loss, model_label_names
+from .console import progress_bar
 from .metrics import classification_metrics, confusion_matrix
 from .multilabel import ScoreHistogram, exact_matches, multilabel_metrics, tune_thresholds
 from .precision import Precision
@@ -44,14 +44,12 @@ def evaluate(
     lockstep: bool = False,
     thresholds: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Loss, accuracy, macro-F1 and per-class accuracy over the whole dataset, for any world size. A multi-label
-    dataset: thresholds per label tuned on it, micro- and macro-F1, exact-match accuracy (``multilabel.py``).
+    """Loss, accuracy, macro-F1 and per-class scores over the whole dataset, for any world size (multi-label:
+    ``multilabel.py``, with ``thresholds`` given or tuned on the dataset).
 
-    ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so
-    their numbers of batches can differ. ``lockstep`` is for sharded models, whose every forward
-    pass gathers parameters from all ranks: then every rank runs as many forward passes as the
-    busiest one, the extra ones on a placeholder row that is not counted. ``thresholds``: a multi-label model's
-    own (``distrinews eval``), instead of tuning them on the dataset.
+    ``model`` must be the unwrapped module: ranks score shards that differ by up to a row, so their numbers of
+    batches can differ. ``lockstep``: a sharded model's every forward pass gathers from all ranks, so every rank runs
+    as many as the busiest one, the extra ones on a placeholder row that is not counted.
     """
     was_training = model.training
     model.eval()
@@ -62,15 +60,7 @@ def evaluate(
         batches = int(all_reduce_max(torch.tensor([batches], device=env.device), env).item())
     tally = _Tally(num_labels, dataset.multi_label, env.device)
     # Rank 0's bar counts rank 0's share; the ranks' shares differ by at most one row.
-    bar = tqdm(
-        total=len(shard),
-        desc="eval",
-        unit="row",
-        leave=False,
-        disable=not progress,
-        dynamic_ncols=True,
-        mininterval=1.0,
-    )
+    bar = progress_bar(len(shard), "eval", "row", progress, leave=False)
     collate = Collator(dataset.pad_token_id)
     for b in range(batches):
         rows = shard[b * batch_size : (b + 1) * batch_size]

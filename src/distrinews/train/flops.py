@@ -5,26 +5,19 @@ Kaplan et al. 2020, section 2.1):
 
     6 * N * sum(len_i)  +  12 * L * d * sum(len_i ** 2)
 
-- ``N`` = parameters that take part in matrix multiplies (everything but the embedding tables,
-  whose lookups cost no FLOPs); 2 FLOPs per parameter per token forward, 4 backward: 2 for the
-  gradient of the input, 2 for the gradient of the weight. A frozen weight (LoRA's base model,
-  ``freeze_word_embeddings``) has no weight gradient, so ``N_frozen`` parameters cost 4, not 6; a layer
-  below every trained weight (``freeze_layers``) runs forward alone: its parameters cost 2 and its attention 4.
-- The second term is attention: per layer and sequence, Q @ K^T and softmax(.) @ V are each
-  ``2 * T * T * d`` forward; times 3 for forward + backward. Bidirectional encoder: no causal halving.
-- Only real tokens count. Padding is work the device does but the model does not need, so a loop
-  that pads every row to 128 tokens shows up as a lower MFU, as it should.
+- ``N`` = parameters outside the embedding tables (lookups cost no FLOPs): 2 FLOPs per parameter per token
+  forward, 4 backward (input and weight gradients). A frozen weight (LoRA's base model, ``freeze_word_embeddings``)
+  has no weight gradient, so it costs 4; a layer below every trained weight (``freeze_layers``) runs forward alone:
+  its parameters cost 2 and its attention 4.
+- Attention: per layer and sequence, Q @ K^T and softmax(.) @ V are each ``2 * T * T * d`` forward; times 3 for
+  forward + backward (a bidirectional encoder: no causal halving).
+- Only real tokens count: padding is work the model does not need, so a loop that pads shows a lower MFU.
 
-The peak is what the device can do at the precision the matmuls run in:
-- CUDA: the vendor's dense (no sparsity) tensor-core figure for the device name, from the table
-  below; a device not in the table gets a measured matmul peak instead.
-- CPU: measured once per process: the best of a few large matmuls at the training dtype with the
-  process's own thread count, and kept as the best this machine has reached (``peaks.json`` in the
-  token cache folder, per CPU, flags, torch version, dtype and thread count). One measurement lasts
-  milliseconds, so a process that measures while another starts beside it reads half the rate;
-  against the best ever measured, MFU no longer moves with what else was running at that moment.
-  It is a measured roofline for this machine, not a datasheet number.
-``DISTRINEWS_PEAK_TFLOPS`` overrides either (per process, in TFLOP/s).
+The peak is what the device can do at the precision the matmuls run in: on CUDA the datasheet's dense tensor-core
+figure for the device name (the table below; else a measured matmul peak); on CPU the best matmul rate this machine
+has reached (``peaks.json`` in the token cache folder, per CPU, torch, dtype and threads): one measurement lasts
+milliseconds, so a process that measures while another starts beside it reads half the rate, and against the best
+ever measured MFU no longer moves with what else was running. ``DISTRINEWS_PEAK_TFLOPS`` overrides either.
 """
 
 from __future__ import annotations
@@ -82,9 +75,8 @@ def gpu_table_peak(name: str, low_precision: bool) -> float | None:
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 5) -> float:
     """Best FLOP/s of ``repeats`` square matmuls (after one warm-up) on this process's threads."""
-    g = torch.Generator().manual_seed(
-        0
-    )  # private: drawing from the global RNG would change the training's dropout masks
+    # private: drawing from the global RNG would change the training's dropout masks
+    g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -108,7 +100,7 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
     if override:
         return Peak(float(override) * 1e12, f"${PEAK_ENV}={override} TFLOP/s")
     device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
-    low = dtype in (torch.bfloat16, torch.float16)
+    low, kind = dtype in (torch.bfloat16, torch.float16), str(dtype).removeprefix("torch.")
     if device_type == "cuda":
         name = torch.cuda.get_device_name(device)
         table = gpu_table_peak(name, low)
@@ -117,13 +109,10 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
                 table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s"
             )
         measured = measure_matmul_peak(device, dtype, size=4096)
-        return Peak(
-            measured, f"{name}: measured {str(dtype).removeprefix('torch.')} 4096^3 matmul peak (not in the table)"
-        )
-    name = str(dtype).removeprefix("torch.")
-    best, runs = best_cpu_peak(f"{name} 1024^3 x {threads} thread(s)", measure_matmul_peak(device, dtype))
+        return Peak(measured, f"{name}: measured {kind} 4096^3 matmul peak (not in the table)")
+    best, runs = best_cpu_peak(f"{kind} 1024^3 x {threads} thread(s)", measure_matmul_peak(device, dtype))
     return Peak(
-        best, f"CPU: {name} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here"
+        best, f"CPU: {kind} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here"
     )
 
 
@@ -131,11 +120,8 @@ PEAKS_FILE = "peaks.json"
 
 
 def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
-    """``(best FLOP/s, measurements)`` of ``kind`` on this machine, ``measured`` included and recorded.
-
-    The record (``peaks.json`` in the token cache folder) is keyed by the CPU, its flags and torch's version, so a
-    new machine or a new torch starts afresh. Ranks record under a lock; an unwritable folder keeps ``measured``.
-    """
+    """``(best FLOP/s, measurements)`` of ``kind`` on this machine, ``measured`` included and recorded (keyed by the
+    CPU, its flags and torch's version; ranks record under a lock; an unwritable folder keeps ``measured``)."""
     import fcntl
     import json
 
@@ -216,9 +202,8 @@ class ModelShape:
 
 
 def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int) -> int:
-    """How many bottom encoder layers the backward pass never reaches: every embedding parameter and every
-    parameter of those layers is frozen (``freeze_layers``), so nothing below the first trained layer needs a
-    gradient."""
+    """How many bottom encoder layers the backward pass never reaches (every embedding parameter and every parameter
+    of those layers frozen, ``freeze_layers``)."""
     if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
         return 0
     bottom = 0

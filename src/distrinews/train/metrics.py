@@ -47,10 +47,9 @@ class Counts:
         """One micro-batch: mean loss x rows, correct predictions, rows, real tokens, sum of squared real lengths."""
         with torch.no_grad():
             labels = batch["labels"]
-            n = torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device)
+            n = torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=labels.device)
             lengths = batch["attention_mask"].sum(dim=1, dtype=torch.float64)
             if labels.dim() == 2:  # multi-label: rows whose every label is right at 0.5 (exact match)
-                n = torch.tensor(float(labels.shape[0]), dtype=torch.float64, device=labels.device)
                 correct = ((logits > 0) == (labels > 0.5)).all(-1).sum().double()
             else:
                 correct = (logits.argmax(-1) == labels).sum().double()
@@ -119,11 +118,14 @@ def log_record(kind: str, step: int, logs: dict[str, Any]) -> dict[str, Any]:
 
 
 def append_record(run_dir: RunDir, record: dict[str, Any]) -> None:
-    """``record`` at the end of the run's ``log.jsonl`` once the log is closed (a sink's account of its own end);
-    a link there is refused, never written through."""
-    fd = open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+    """``record`` at the end of the run's ``log.jsonl`` once the log is closed (a sink's account of its own end)."""
+    with _open_log(run_dir) as fh:
         fh.write(json.dumps(record) + "\n")
+
+
+def _open_log(run_dir: RunDir) -> IO[str]:
+    """``log.jsonl`` to append to: a link planted there is refused, never written through (nor truncated on resume)."""
+    return os.fdopen(open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
 class JsonLogCallback(TrainerCallback):
@@ -148,10 +150,7 @@ class JsonLogCallback(TrainerCallback):
         self.run_dir.path.mkdir(parents=True, exist_ok=True)
         if resumed_from is not None:
             truncate_log(self.run_dir.log, state.global_step)
-        # a link planted as log.jsonl would have the run append to (and a resume truncate) the file it points to
-        self._file = os.fdopen(
-            open_nofollow(self.run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8"
-        )
+        self._file = _open_log(self.run_dir)
 
     def on_log(
         self,

@@ -2,38 +2,24 @@
 
 What the run records:
 
-- parameters: the resolved config, flattened (lists comma-joined), the model's ``id2label`` as
-  ``id2label.<id>`` and the world size. A value longer than MLflow's limit (``MAX_PARAM_VAL_LENGTH``)
-  is shortened with a marker that says so, and one line names it; the full values are in the
-  ``config.yaml`` artifact.
-- metrics: every log.jsonl record's numbers as ``<kind>/<name>`` (``train/loss``, ``eval/accuracy``,
-  ``eval/per_class/World/f1``) at its global step, as in TensorBoard.
+- parameters: the resolved config, flattened, ``id2label.<id>`` and the world size; a value longer than MLflow's
+  limit is shortened with a marker and named in one line (``config.yaml`` has it in full).
+- metrics: every log.jsonl record's numbers as ``<kind>/<name>`` at its global step, as in TensorBoard.
 - tags: ``model_version`` and ``config_hash`` (what ``best/`` is stamped with), ``distrinews.best_dir``.
-- artifacts when the run ends: ``config.yaml``, ``eval/best_eval.json`` and ``eval/per_class_report.txt``
-  (the per-class scores and confusion matrix of the model in best/), ``training_curves.png`` and
-  ``confusion_matrix.png`` where drawn. ``best/`` itself is recorded by path (the ``distrinews.best_dir``
-  tag), and copied into the run's artifacts under ``best/`` only with ``HF_MLFLOW_LOG_ARTIFACTS=true``,
-  Hugging Face's switch: it is a complete servable folder already (``distrinews serve``, ``transformers``'
-  pipeline load it as it is), so a logged model would be a second copy of the weights in another wrapper,
-  and copying a hundred megabytes into a local store on every run is worth it only when the store is
-  remote.
+- artifacts when the run ends: ``config.yaml``, ``eval/best_eval.json``, ``eval/per_class_report.txt`` and the
+  plots drawn. ``best/`` is recorded by path, and copied under ``best/`` only with ``HF_MLFLOW_LOG_ARTIFACTS=true``
+  (Hugging Face's switch): it is a complete servable folder already, and copying a hundred megabytes into a local
+  store on every run is worth it only when the store is remote.
 
-Where, as Hugging Face's ``MLflowCallback`` reads it: ``MLFLOW_TRACKING_URI`` (unset: MLflow's own
-default store), ``MLFLOW_EXPERIMENT_NAME`` (created when missing; else ``MLFLOW_EXPERIMENT_ID``, else
-the default experiment), ``MLFLOW_RUN_ID`` (report to that run), ``MLFLOW_TAGS`` (a JSON object of
-tags), ``MLFLOW_NESTED_RUN`` (a child of the run active in this process), ``MLFLOW_MAX_LOG_PARAMS``,
-``HF_MLFLOW_LOG_ARTIFACTS``, ``DISABLE_MLFLOW_INTEGRATION``. A run started in this process
-(``mlflow.start_run()`` before ``train``) is reported to and left open, as Hugging Face does.
+Where, as Hugging Face's ``MLflowCallback`` reads it: ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` (created
+when missing; else ``MLFLOW_EXPERIMENT_ID``), ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (JSON), ``MLFLOW_NESTED_RUN``,
+``MLFLOW_MAX_LOG_PARAMS``, ``HF_MLFLOW_LOG_ARTIFACTS``, ``DISABLE_MLFLOW_INTEGRATION``. A run started in this process
+(``mlflow.start_run()`` before ``train``) is reported to and left open. The run's id is kept in ``mlflow_run.json``
+(written by rename, never read through a link), so a resumed run reports to the same MLflow run.
 
-The run's id is kept in ``mlflow_run.json`` in the run directory (written by rename: a link planted there is
-replaced, and one is never read): a resumed run (``--resume auto``) reports to the same MLflow run.
-
-Nothing here waits on the store: every request is made by ``MlflowSender``'s thread (``mlflow_sender.py``), in
-order, each bounded in time. A server that stops answering is one warning line, its metrics wait in a bounded
-queue and are sent when it is back; the end of the run waits a few seconds at most for a server that does not
-answer. The run's end says what was sent and dropped, on the console and as a ``tracking`` record in
-``log.jsonl``. A store that refuses a request (or breaks) is one warning line: tracking stops, training goes on.
-Files are uploaded only if they are regular files: a symbolic link in the run folder is named and skipped.
+Nothing here waits on the store: every request is made by ``MlflowSender``'s thread, in order, each bounded in time
+(``mlflow_sender.py``). The run's end says what was sent and dropped, on the console and as a ``tracking`` record
+in ``log.jsonl``. Only regular files are uploaded: a symbolic link in the run folder is named and skipped.
 """
 
 from __future__ import annotations
@@ -57,7 +43,7 @@ from ..errors import ConfigError
 from ..scores import confusion_table, per_class_table
 from .callbacks import TrainerCallback, TrainerControl
 from .metrics import append_record, log_record, scalars
-from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
+from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work, stopped_warning
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -85,13 +71,9 @@ def mlflow_params(
     flat["world_size"] = world_size
     params, shortened = {}, []
     for name, value in flat.items():
-        text = (
-            value
-            if isinstance(value, str)
-            else ",".join(map(str, value))
-            if isinstance(value, list)
-            else json.dumps(value)
-        )
+        if isinstance(value, list):
+            value = ",".join(map(str, value))
+        text = value if isinstance(value, str) else json.dumps(value)
         if len(text) > limit:
             marker = _MARKER.format(n=len(text))
             text = text[: limit - len(marker)] + marker
@@ -145,13 +127,6 @@ def _links_and_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return links, sorted(files)
 
 
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 class MLflowCallback(TrainerCallback):
     def __init__(self, run_dir: RunDir, env: DistEnv, say: Callable[..., None]):
         self.run_dir, self.env, self.say = run_dir, env, say
@@ -181,11 +156,7 @@ class MLflowCallback(TrainerCallback):
             start = self._prepare(args, resumed_from, id2label)
         except Exception as exc:  # no mlflow, MLFLOW_TAGS that is not JSON, ...
             self.stopped = True
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            self.say(
-                f"warning: MLflow tracking stopped (starting the run: {type(exc).__name__}: {first}); "
-                "training goes on without it"
-            )
+            self.say(stopped_warning("starting the run", exc))
             return
         self.sender = MlflowSender(self.uri, self.say)
         self.sender.start()
@@ -235,14 +206,8 @@ class MLflowCallback(TrainerCallback):
         tally = sender.close(END_WAIT_S if stopped_by else END_WAIT_MAX_S)
         self.say(summary_line(tally, self.run_id))
         if stopped_by is None:  # a stopped run's log is continued by its resumption, which logs its own end
-            append_record(
-                self.run_dir,
-                log_record(
-                    "tracking",
-                    state.global_step,
-                    {"mlflow": {"run_id": self.run_id, "tracking_uri": self.uri, **tally.as_record()}},
-                ),
-            )
+            tracking = {"mlflow": {"run_id": self.run_id, "tracking_uri": self.uri, **tally.as_record()}}
+            append_record(self.run_dir, log_record("tracking", state.global_step, tracking))
 
     # ------------------------------------------------------------------ preparing the run (this thread, local)
     def _prepare(self, args: TrainConfig, resumed_from: str | None, id2label: dict[int, str] | None) -> list[Work]:
@@ -276,7 +241,7 @@ class MLflowCallback(TrainerCallback):
         ]
 
     def _recorded_run(self) -> str | None:
-        """The MLflow run of the run being resumed, if it reported to this same store (a link there is not read)."""
+        """The MLflow run of the run being resumed, if it reported to this same store."""
         path = self.run_dir.mlflow_run
         try:
             fd = open_nofollow(path, os.O_RDONLY)
@@ -291,13 +256,8 @@ class MLflowCallback(TrainerCallback):
             recorded = json.loads(text)
         except ValueError:
             return None
-        if (
-            isinstance(recorded, dict)
-            and recorded.get("tracking_uri") == self.uri
-            and isinstance(recorded.get("run_id"), str)
-        ):
-            return recorded["run_id"]
-        return None
+        same_store = isinstance(recorded, dict) and recorded.get("tracking_uri") == self.uri
+        return recorded["run_id"] if same_store and isinstance(recorded.get("run_id"), str) else None
 
     # ------------------------------------------------------------------ the work (the sender's thread)
     def _open_run(self, continued: str | None, reported_to: str | None, tags: dict[str, str]) -> None:
@@ -344,18 +304,17 @@ class MLflowCallback(TrainerCallback):
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
         client, run_id = self._run()
-        param_items = [Param(k, v) for k, v in (params or {}).items()]
-        for i in range(0, len(param_items), MAX_PARAMS_TAGS_PER_BATCH):
-            client.log_batch(run_id, params=param_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        for i in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
-            client.log_batch(run_id, tags=tag_items[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-        metric_items = metrics or []
-        for i in range(0, len(metric_items), MAX_METRICS_PER_BATCH):
-            client.log_batch(run_id, metrics=metric_items[i : i + MAX_METRICS_PER_BATCH])
+        for kind, items, size in (
+            ("params", [Param(k, v) for k, v in (params or {}).items()], MAX_PARAMS_TAGS_PER_BATCH),
+            ("tags", [RunTag(k, str(v)) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH),
+            ("metrics", metrics or [], MAX_METRICS_PER_BATCH),
+        ):
+            for i in range(0, len(items), size):
+                chunk: dict[str, Any] = {kind: items[i : i + size]}  # params=, tags= or metrics=
+                client.log_batch(run_id, **chunk)
 
     def _artifacts(self, best_metrics: dict[str, Any] | None) -> list[Work]:
-        """The run's files to upload (listed here, each sent as one work); a symbolic link is named and skipped."""
+        """The run's files to upload, each sent as one work; a symbolic link is named and skipped."""
         run_dir = self.run_dir
         works: list[Work] = []
         if best_metrics:
@@ -365,14 +324,14 @@ class MLflowCallback(TrainerCallback):
             for p in (run_dir.config, run_dir.curves, run_dir.confusion, run_dir.reliability, run_dir.coverage)
         ]
         links = [p for p, _ in files if p.is_symlink()]
-        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and _is_dir(run_dir.best):
+        if _env_true("HF_MLFLOW_LOG_ARTIFACTS") and _is(run_dir.best, stat.S_ISDIR):
             linked, under_best = _links_and_files(run_dir.best)
             links += linked
             files += [(p, str(Path("best") / p.parent.relative_to(run_dir.best))) for p in under_best]
         for link in links:
             self.say(f"MLflow: {link} is a symbolic link; not uploaded (a run uploads only files it made)")
         for path, artifact_path in files:
-            if _is_regular(path):
+            if _is(path, stat.S_ISREG):
                 works.append(Work("the artifacts", functools.partial(self._log_file, path, artifact_path)))
         return works
 
@@ -386,7 +345,7 @@ class MLflowCallback(TrainerCallback):
             )
 
     def _log_file(self, path: Path, artifact_path: str | None) -> None:
-        if _is_regular(path):  # still the file listed, not a link put there since
+        if _is(path, stat.S_ISREG):  # still the file listed, not a link put there since
             client, run_id = self._run()
             client.log_artifact(run_id, str(path), None if artifact_path in (None, ".") else artifact_path)
 
@@ -396,8 +355,9 @@ class MLflowCallback(TrainerCallback):
         return self.client, self.run_id
 
 
-def _is_dir(path: Path) -> bool:
+def _is(path: Path, kind: Callable[[int], bool]) -> bool:
+    """Whether ``path`` itself (not followed) is of ``kind``: ``stat.S_ISREG``, ``stat.S_ISDIR``."""
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
+        return kind(os.lstat(path).st_mode)
     except OSError:
         return False

@@ -1,24 +1,20 @@
 """The thread that sends a run's tracking to MLflow, so that a tracking server that is slow, stopped or gone never
 holds up training.
 
-The MLflow callback (rank 0) hands each piece of work (create the run, log its parameters, one record's metrics, an
-artifact, the end) to ``MlflowSender.put`` and goes on: ``put`` never waits on the network, so neither does any
-rank (the others would wait for rank 0 in the next collective). The thread sends the work in order. What bounds it:
+The MLflow callback (rank 0) hands each piece of work to ``MlflowSender.put``, which never waits on the network, so
+neither does any rank (the others would wait for rank 0 in the next collective). The thread sends it in order,
+bounded:
 
-- Each HTTP request: ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (``REQUEST_TIMEOUT_S``) and
-  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (0), MLflow's own variables, set while the sender runs unless the user set
-  them. MLflow's defaults, 120 s and 7 retries with a growing backoff, hold one request for up to 20 minutes; here
-  the thread does the retrying, and the queue waits behind it.
-- The queue: at most ``QUEUE_VALUES`` metric values wait. A record's metrics that do not fit are dropped and
-  counted; the work that is not metrics (a handful per run) always waits.
-- The end (``close``): it waits for the queue to empty, but for a server that does not answer only ``END_WAIT_S``
-  (from the end, or from the failure if that is later), and ``END_WAIT_MAX_S`` in all; what is left is counted as
-  dropped, and the thread (a daemon) stops after the request it is in.
+- each HTTP request by MLflow's own ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (``REQUEST_TIMEOUT_S``) and
+  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (0), unless the user set them: MLflow's defaults hold one request for up to
+  20 minutes; here the thread does the retrying;
+- the queue by ``QUEUE_VALUES`` metric values; metrics that do not fit are dropped and counted (other work waits);
+- the end (``close``) by ``END_WAIT_S`` for a server that does not answer and ``END_WAIT_MAX_S`` in all; what is
+  left is counted as dropped.
 
-A server that does not answer (a timeout, a refused or reset connection, a 5xx or 429) is an outage: one warning
-line when it starts, one line when the server answers again, and the work waits and is tried again, after 1 s, 2 s,
-4 s, ... up to ``RETRY_MAX_S`` (at once when the end is waiting). Any other failure (the server refuses the request,
-a local store that broke) stops tracking with one warning line; the work not sent is counted as dropped.
+A server that does not answer (a timeout, a refused or reset connection, a 5xx or 429) is an outage: one line when
+it starts and one when it ends, the work tried again after 1 s, 2 s, ... up to ``RETRY_MAX_S``. Any other failure
+stops tracking with one warning line; training goes on.
 """
 
 from __future__ import annotations
@@ -31,16 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = [
-    "END_WAIT_S",
-    "QUEUE_VALUES",
-    "REQUEST_TIMEOUT_S",
-    "MlflowSender",
-    "Tally",
-    "Work",
-    "http_bounds",
-    "server_unavailable",
-]
+from ..checkpoint.load_errors import exception_chain
 
 REQUEST_TIMEOUT_S = 5
 END_WAIT_S = 5.0
@@ -97,7 +84,7 @@ def server_unavailable(exc: BaseException) -> bool:
     import requests
     from mlflow.exceptions import RestException
 
-    for current in _chain(exc):
+    for current in exception_chain(exc):
         if isinstance(current, requests.HTTPError):
             response = current.response
             return response is None or response.status_code >= 500 or response.status_code == _RETRYABLE_STATUS
@@ -122,17 +109,12 @@ def http_bounds() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
+def stopped_warning(what: str, exc: BaseException) -> str:
+    return f"warning: MLflow tracking stopped ({what}: {first_line(exc)}); training goes on without it"
 
 
 def _reason(exc: BaseException) -> str:
@@ -141,16 +123,16 @@ def _reason(exc: BaseException) -> str:
     import requests
     from urllib3.exceptions import MaxRetryError
 
-    for current in _chain(exc):
+    for current in exception_chain(exc):
         if isinstance(current, requests.RequestException):
             inner = current.args[0] if current.args else None
             if isinstance(inner, MaxRetryError) and inner.reason is not None:
                 inner = inner.reason
             if not isinstance(inner, BaseException):
-                return _first_line(current)
+                return first_line(current)
             # urllib3 starts each message with the connection pool: "HTTPConnectionPool(host=..., port=...): "
             return f"{type(inner).__name__}: {str(inner).split('): ', 1)[-1][:200]}"
-    return _first_line(exc)
+    return first_line(exc)
 
 
 class MlflowSender:
@@ -253,7 +235,7 @@ class MlflowSender:
                 return
             self._drop_queued()
             self._cond.notify_all()
-        self.say(f"warning: MLflow tracking stopped ({what}: {_first_line(exc)}); training goes on without it")
+        self.say(stopped_warning(what, exc))
 
     def _drop_queued(self) -> None:
         """Count what is still queued as dropped and stop (with the lock held)."""

@@ -1,18 +1,15 @@
 """Multi-label evaluation: a threshold per label tuned on the evaluation split, micro- and macro-F1, per-label scores.
 
 Each label is a yes/no question answered by its own sigmoid. Its threshold is the one of ``THRESHOLDS``
-(0.01, 0.02, ..., 0.99) at which its F1 on the evaluation split is highest (of equal F1s, the one nearest
-0.5; a label with no positive row keeps 0.5). Under DDP the ranks add up counts, never averages: for
-every label, how many positive and how many negative rows fell into each interval between two candidate
-thresholds (``ScoreHistogram``), from which every threshold's true and false positives follow exactly.
-The thresholds are the same on every rank (a function of the summed counts); the rows whose every
-label is then right (exact match, reported as ``accuracy``) are counted on each rank's own scores and
-summed too. The thresholds of the evaluation ``best/`` was kept for are stored with it
-(``distrinews.json``'s ``thresholds``) and applied by every runtime.
+(0.01 ... 0.99) at which its F1 on the evaluation split is highest (of equal F1s, the one nearest 0.5; a label
+with no positive row keeps 0.5). The ranks add up counts, never averages: per label, the positive and negative
+rows in each interval between two candidate thresholds (``ScoreHistogram``), from which every threshold's true and
+false positives follow exactly, so the thresholds are the same on every rank. The rows whose every label is then
+right (exact match, reported as ``accuracy``) are summed too. ``best/`` stores its thresholds (``distrinews.json``),
+and every runtime applies them.
 
-The scores at 0.5 (the untuned rule) are reported beside the tuned ones: the tuned thresholds have seen
-the split they are scored on, so their F1 is an optimistic estimate; give a ``validation_file`` to keep
-a test split out of the tuning.
+The scores at 0.5 are reported beside the tuned ones: the tuned thresholds have seen the split they are scored on,
+so their F1 is optimistic; give a ``validation_file`` to keep a test split out of the tuning.
 """
 
 from __future__ import annotations
@@ -149,8 +146,7 @@ def exact_matches(scores: torch.Tensor, labels: torch.Tensor, thresholds: Sequen
 
 class FixedThresholdTally:
     """A multi-label model's scores at its own thresholds, added a batch at a time (``distrinews eval --input``, whose
-    runtime may be ONNX): the histogram and exact matches ``evaluate`` keeps, so the metrics are its own. No loss: the
-    runtimes give scores, not logits."""
+    runtime may be ONNX), counted as ``evaluate`` counts them; no loss (the runtimes give scores, not logits)."""
 
     def __init__(self, label_names: Sequence[str], thresholds: Sequence[float]):
         self.label_names, self.thresholds = list(label_names), list(thresholds)

@@ -1,13 +1,10 @@
 """Mixed-precision policy: which autocast dtype the forward pass runs in, and whether a GradScaler guards it.
 
-- ``bf16``: autocast to bfloat16 on CPU or GPU. bf16 keeps fp32's exponent range, so no loss scaling.
-  Two choices refine it, each measured on a 2-core EPYC with AVX512-BF16 (benchmarks/README.md, section 21):
-  the hidden states stay bf16 between layers (``bf16_hidden_states``), and attention runs in fp32 where the
-  bf16 attention kernel is the slower one (``fp32_attention``, auto: a CPU without AMX).
+- ``bf16``: autocast to bfloat16 (fp32's exponent range: no loss scaling), refined by two choices measured on a
+  2-core EPYC with AVX512-BF16 (benchmarks/README.md, section 21): hidden states stay bf16 between layers
+  (``bf16_hidden_states``), and attention runs in fp32 where bf16's kernel is slower (``fp32_attention``).
 - ``fp16``: autocast to float16 with a ``GradScaler`` (fp16 gradients underflow without it); CUDA only.
-- neither: fp32.
-
-The master weights and the optimizer stay fp32 in every case; only the computation drops precision.
+- neither: fp32. The master weights and the optimizer stay fp32 in every case.
 """
 
 from __future__ import annotations
@@ -52,10 +49,8 @@ class Precision:
     @property
     def name(self) -> str:
         if self.dtype is torch.bfloat16:
-            refinements = [
-                *(["hidden states bf16"] if self.bf16_hidden_states else []),
-                *(["attention fp32"] if self.fp32_attention else []),
-            ]
+            chosen = (("hidden states bf16", self.bf16_hidden_states), ("attention fp32", self.fp32_attention))
+            refinements = [words for words, on in chosen if on]
             return "bf16 autocast" + (f" ({', '.join(refinements)})" if refinements else "")
         if self.dtype is torch.float16:
             return "fp16 autocast + GradScaler"

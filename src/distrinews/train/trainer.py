@@ -41,7 +41,6 @@ from ..errors import CheckpointError
 from ..model import count_parameters, forward_loss
 from .build import (
     OptimizerFactory,
-    StepPlan,
     build_callbacks,
     build_checkpointing,
     build_config,
@@ -52,30 +51,19 @@ from .build import (
     build_precision,
     build_steps,
     check_precision_supported,
-    prepare_data,
 )
 from .calibration import ConfidenceReport, calibrate_run, summary_lines
 from .callbacks import TrainerCallback
-from .components import TrainClock, linear_schedule_with_warmup, optimizer_windows, peak_memory_mib
+from .components import TrainClock, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
 from .curves import write_confidence_plots, write_confusion_matrix, write_training_curves
 from .evaluation import evaluate
 from .flops import ModelShape, peak_for, throughput
 from .metrics import Counts
 
-__all__ = [
-    "StepPlan",
-    "TrainState",
-    "Trainer",
-    "linear_schedule_with_warmup",
-    "optimizer_windows",
-    "prepare_data",
-    "train",
-]
-
 
 def train(config: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> dict[str, Any]:
-    """``callbacks``: called after the config's own (``default_callbacks``), e.g. a tuner's trial reporter."""
+    """``callbacks``: called after the config's own (``build_callbacks``), e.g. a tuner's trial reporter."""
     check_precision_supported(config.precision)
     # The process group's own timeout is a backstop behind the watchdog, which names the silent rank.
     with (
@@ -107,7 +95,7 @@ class Trainer:
 
         self.data, self.distillation = build_data(config, env, self.report.say)
         self.sampler, self.plan = build_steps(config, self.data, env)
-        model = build_model(config, self.data, env)
+        model = build_model(config, self.data.label_names, env.device)
         self.precision = build_precision(config.precision, model, env)
         self.model: ParallelModel = build_parallel(config, model, self.precision, env)
         self.optimizer, self.scheduler, self.average, self.class_weights = build_optimization(
@@ -437,31 +425,19 @@ class Trainer:
             "stopped_by": self.stop.reason if self.stop.stopped else None,
         }
         if self.stop.stopped:  # not finished: nothing in log.jsonl, which the resumed run continues
-            saved = (
-                str(self.run_dir.checkpoints / f"step-{self.last_saved_step}")
-                if self.last_saved_step is not None
-                else None
-            )
+            step = self.last_saved_step
+            saved = None if step is None else str(self.run_dir.checkpoints / f"step-{step}")
             self.report.say(stopped_line(self.stop.reason, self.state.global_step, self.plan.total_steps, saved))
             self.callbacks.on_train_end(None, stopped_by=self.stop.reason)
             return result
-        digests = self.model.replica_digests()
-        if digests:
-            same = len(set(digests)) == 1
+        if digests := self.model.replica_digests():
             self.report.say(replicas_line(digests))
-            result["replicas_identical"] = same
+            result["replicas_identical"] = len(set(digests)) == 1
         confidence = self.calibrate()  # rank 0; the others wait in the summary's broadcast
         if confidence is not None:
             result["calibration"] = confidence.to_json()
-        self.callbacks.on_log(
-            "summary",
-            {
-                "total_time_s": total_time,
-                "best_accuracy": self.state.best_accuracy,
-                **({"replicas_identical": result["replicas_identical"]} if digests else {}),
-                **({"calibration": result["calibration"]} if confidence is not None else {}),
-            },
-        )
+        summary = ("total_time_s", "best_accuracy", "replicas_identical", "calibration")
+        self.callbacks.on_log("summary", {k: result[k] for k in summary if k in result})
         best = self.best_eval or self.state.last_eval  # a resumed run that found no better model: its last evaluation
         self.report.say(*final_lines(total_time, self.state.best_accuracy, self.run_dir.best, best))
         if confidence is not None:
