@@ -158,6 +158,14 @@ def test_a_number_with_thousands_of_digits_is_a_422_naming_the_field(client, pat
     assert "4300" not in detail
 
 
+@pytest.mark.parametrize("path, field", [("/predict", "text"), ("/predict/batch", "texts")])
+@pytest.mark.parametrize("value, phrase", [('"a \\u0000 b"', "NUL character"), ('"a \\ud800 b"', "unpaired surrogate")])
+def test_a_text_with_a_nul_or_a_lone_surrogate_is_a_422_saying_which(client, path, field, value, phrase):
+    body = f'{{"{field}": {value if field == "text" else "[" + value + "]"}}}'
+    response = _post(client, path, body)
+    assert response.status_code == 422 and phrase in response.text, response.text
+
+
 def test_ordinary_numbers_still_get_the_schema_error(client):
     _assert_json_error(_post(client, "/predict", '{"text": 12345}'), 422, "text: Input should be a valid string")
     _assert_json_error(_post(client, "/predict", '{"text": 1.5e300}'), 422, "text: Input should be a valid string")
