@@ -42,7 +42,7 @@ from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
-from .results import invoked_as
+from .results import agnews_dir, invoked_as, write_report
 
 POST_BATCH = 64
 
@@ -70,13 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------- the corpus
 def write_corpus(path: Path, rows: int, data_dir: str | None) -> Path:
     """``rows`` JSONL rows ``{"id", "text"}``: AG News test and training texts (as the model sees them), cycled."""
-    from ..data.rows import DATA_ENV
     from ..data.splits import load_split
-    from ..errors import DataError
 
-    data = data_dir or os.environ.get(DATA_ENV)
-    if not data:
-        raise DataError(f"bench batch: give --data or set {DATA_ENV} (the AG News folder the rows come from)")
+    data = agnews_dir(data_dir, "bench batch needs AG News for the rows of its corpus")
     texts = list(load_split(data, "test").texts) + list(load_split(data, "train").texts)
     with open(path, "w") as f:
         for i, text in zip(range(rows), itertools.cycle(texts)):
@@ -188,8 +184,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     for checkpoint in {args.checkpoint, args.rss_checkpoint} - {None}:  # before anything runs, as predict would say it
         if not Path(checkpoint).exists():
             raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, not after the runs
     work = Path(tempfile.mkdtemp(prefix="distrinews-bench-batch-"))
     print(f"corpora, outputs and logs in {work}", flush=True)
     checkpoint = str(args.checkpoint)
@@ -209,9 +204,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "memory": memory,
         "resume": resume,
     }
-    (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out_dir / f"{args.name}.md").write_text(markdown(report))
-    print(f"wrote {out_dir / (args.name + '.json')} and {out_dir / (args.name + '.md')}", flush=True)
+    write_report(report, args.output_dir, args.name, markdown, None)
     return 0
 
 

@@ -30,7 +30,7 @@ from ..distributed.machine import cores_available, describe, threads_per_process
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
-from .results import write_report
+from .results import argv_of, write_report
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -448,39 +448,7 @@ def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
 
 def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
     """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
-    argv = [
-        "bench",
-        "collectives",
-        "--worker",
-        "--result",
-        result,
-        "--command-line",
-        args.command_line,
-        "--min-bytes",
-        str(args.min_bytes),
-        "--max-bytes",
-        str(args.max_bytes),
-        "--ops",
-        *args.ops,
-        "--model",
-        args.model,
-        *(["--data", args.data] if args.data else []),
-        "--batch-size",
-        str(args.batch_size),
-        "--max-length",
-        str(args.max_length),
-        "--train-samples",
-        str(args.train_samples),
-        "--compute-batches",
-        str(args.compute_batches),
-        "--timeout",
-        str(args.timeout),
-    ]
-    return argv + (
-        (["--bf16"] if args.bf16 else ["--no-bf16"])
-        + (["--no-model"] if args.no_model else [])
-        + (["--verbose"] if args.verbose else [])
-    )
+    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -43,7 +43,7 @@ from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG, DATA
-from .results import write_report
+from .results import argv_of, write_report
 from .scaling_arithmetic import core_slices, efficiency, per_worker_batch, speedup, summarize
 from .scaling_report import markdown_table, plot
 from .scaling_worker import PHASES, PadToMaxLength, run_worker
@@ -71,34 +71,11 @@ __all__ = [
 def worker_argv(
     args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]
 ) -> list[str]:
-    argv = [
-        "bench",
-        "scaling",
-        "--worker",
-        "--result",
-        result,
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--cores-per-worker",
-        str(args.cores_per_worker),
-        "--bucket-cap-mb",
-        "default" if bucket_cap_mb is None else str(bucket_cap_mb),
-        "--per-worker-batch",
-        str(per_worker_batch(args.mode, args.batch, args.global_batch, workers)),
-        "--optimizer",
-        args.optimizer,
-        "--no-sync-probe",
-        str(args.no_sync_probe),
-    ]
-    if args.config:
-        argv += ["--config", args.config]
-    if args.pad_to_max_length:
-        argv.append("--pad-to-max-length")
-    if args.host_sync:
-        argv.append("--host-sync")
-    return argv + list(extra)
+    """The ``distrinews`` arguments each torchrun worker of a point runs: this command's, as a worker of
+    ``workers`` writing ``result``, with the point's bucket size and per-worker batch."""
+    batch = per_worker_batch(args.mode, args.batch, args.global_batch, workers)
+    point = {"worker": True, "result": result, "bucket_cap_mb": bucket_cap_mb, "per_worker_batch": batch}
+    return ["bench", "scaling", *argv_of(args, OPTIONS, **point), *extra]
 
 
 def run_point(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import serving_limit
+from .results import write_report
 from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
 from .serving_runtimes import bf16_matmul_gflops, default_runtimes, runtime_accuracy
@@ -215,12 +215,5 @@ class _LoadSession:
 
 
 def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:
-    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report) and ``NAME.png`` in ``--output-dir``."""
-    if report.get("limit"):
-        serving_limit.print_limit(report["limit"])
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{args.name}.md").write_text(to_markdown(report))
-    plot(report, out / f"{args.name}.png")
-    print(f"wrote {out / (args.name + '.json')}, {out / (args.name + '.md')}, {out / (args.name + '.png')}")
+    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report, printed too) and ``NAME.png`` in ``--output-dir``."""
+    write_report(report, args.output_dir, args.name, to_markdown, plot)

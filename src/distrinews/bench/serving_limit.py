@@ -257,26 +257,6 @@ def aim_lines(limit: dict[str, Any]) -> list[str]:
     return [f"{'PASS' if a['passed'] else 'FAIL'}  {a['aim']}: {a['value']}" for a in limit.get("aims", [])]
 
 
-def print_limit(limit: dict[str, Any]) -> None:
-    alone, empty = limit["runtime_alone"], limit["empty_responder"]
-    sizes = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["texts_per_s"].items())
-    print(f"runtime alone ({alone['runtime']}, in-process): p50 {alone['p50_ms']:.2f} ms at batch 1; texts/s {sizes}")
-    if alone.get("side_by_side_texts_per_s"):
-        side = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["side_by_side_texts_per_s"].items())
-        print(f"runtime alone, {alone['lanes']} single-threaded passes side by side: texts/s {side}")
-    if empty["p50_ms"] is not None:
-        print(
-            f"empty responder: p50 {empty['p50_ms']:.2f} ms at 1 client; {empty['throughput_rps'] or 0:.1f} req/s at "
-            f"{limit['concurrency']} clients (load generator {empty['client_cpu_cores'] or 0:.2f} cores)"
-        )
-    if "overhead_ms" in limit:
-        print(f"our server's overhead at 1 client: {limit['overhead_ms']:+.2f} ms")
-    if "share" in limit:
-        print(f"our server's share of the runtime alone at {limit['concurrency']} clients: {limit['share']:.1%}")
-    for line in aim_lines(limit):
-        print(line, flush=True)
-
-
 def markdown(limit: dict[str, Any]) -> list[str]:
     """The limit's section of ``serving.md``."""
     alone, empty = limit["runtime_alone"], limit["empty_responder"]

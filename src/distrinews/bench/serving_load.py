@@ -177,13 +177,10 @@ async def closed_loop(
 
 def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     """(full texts = title + description as the model sees them, headlines = titles), from the test split."""
-    from ..data.rows import DATA_ENV
     from ..data.splits import load_split
-    from ..errors import DataError
+    from .results import agnews_dir
 
-    directory = data_dir or os.environ.get(DATA_ENV)
-    if not directory:
-        raise DataError(f"the serving benchmarks need AG News for their request texts: --data DIR or {DATA_ENV}")
+    directory = agnews_dir(data_dir, "the serving benchmarks need AG News for their request texts")
     full = load_split(directory, "test").texts[:n]
     path = Path(directory) / "test.csv.gz"
     opener = gzip.open if path.is_file() else open

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..distributed.machine import describe as machine_description
 from . import serving_limit
-from .results import invoked_as
+from .results import invoked_as, pyplot
 from .serving_runtimes import choose_default
 
 
@@ -181,17 +181,11 @@ def _bf16_note(bf16: dict[str, Any]) -> list[str]:
     ]
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (nothing without
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (False without
     matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install 'distrinews[plot]')")
-        return
+    if (plt := pyplot()) is None:
+        return False
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
     named = {(r["server"], r["runtime"], f"{r['server']}, {r['runtime']}") for r in report["results"]}
     series = sorted(named, key=lambda s: (s[0] == "ours", s))  # the servers ours is compared with first
@@ -230,3 +224,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
