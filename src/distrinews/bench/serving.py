@@ -121,7 +121,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
         session.load("empty", serving_limit.empty_responder_command(0), "/ready", "empty", "-", limit=True)
         alone = session.runtime_alone(limit_runtime)
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
-    report = build_report(args, session.results, session.levels, session.servers, accuracy)
+    report = build_report(args, session.results, session.busiest, session.servers, accuracy)
     report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
     report["default_runtime"] = DEFAULT_RUNTIME
     if not args.no_limit:

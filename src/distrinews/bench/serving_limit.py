@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..distributed.machine import usable_cores
-from .serving_load import find_result
+from .serving_load import find_result, percentile_ms
 
 OVERHEAD_AIM_MS = 0.5  # at one client: p50 within this of the runtime alone plus the empty responder
 SHARE_AIM = 0.85  # at the busiest level: this share of the runtime's throughput on the cores left
@@ -104,7 +104,7 @@ def runtime_alone(
         "in_flight": in_flight,
         "requests": len(latencies),
         "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p99_ms": percentile_ms(latencies, 0.99),
         "texts_per_s": throughput,
         "lanes": lanes if twin is not None else 1,
         "side_by_side_texts_per_s": side,

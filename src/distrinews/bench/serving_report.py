@@ -20,12 +20,12 @@ from .serving_runtimes import choose_default
 def build_report(
     args: argparse.Namespace,
     results: list[dict[str, Any]],
-    levels: list[int],
+    busiest: int,
     servers: dict[str, Any],
     accuracy: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule."""
-    busiest = 32 if 32 in levels else max(levels)
+    """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule (judged
+    at the ``busiest`` level)."""
     return {
         "command": invoked_as("serving"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
