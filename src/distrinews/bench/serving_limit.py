@@ -70,10 +70,8 @@ def runtime_alone(
     in_flight: int | None = None,
     lanes: int = 1,
 ) -> dict[str, Any]:
-    """The predictor the server loads, in-process: batch-1 latency and throughput at each batch size, from windows
-    of at most ``in_flight`` texts (None: the batcher's whole lookahead). With ``lanes`` > 1 (the server's
-    ``concurrent_passes``) also ``lanes`` single-threaded passes at once, as the server runs them under load; the
-    best of either is the limit."""
+    """The runtime alone, measured as the module's docstring says (``in_flight``: the texts a window may hold; None:
+    the batcher's whole lookahead; ``lanes``: the server's ``concurrent_passes``)."""
     from ..predict.runtimes import make_predictor
 
     predictor = make_predictor(  # as distrinews serve makes it (serve/state.py's default_factory)

@@ -194,12 +194,8 @@ def find_result(
     results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None
 ) -> dict[str, Any] | None:
     """The result of one server, runtime, text kind and concurrency (and overload queue), or None."""
-    return next(
-        (
-            r
-            for r in results
-            if (r["server"], r["runtime"], r["texts"], r["concurrency"]) == (server, runtime, texts, c)
-            and r.get("max_queue") == max_queue
-        ),
-        None,
+    wanted = (server, runtime, texts, c, max_queue)
+    found = (
+        r for r in results if (r["server"], r["runtime"], r["texts"], r["concurrency"], r.get("max_queue")) == wanted
     )
+    return next(found, None)

@@ -190,17 +190,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     named = {(r["server"], r["runtime"], f"{r['server']}, {r['runtime']}") for r in report["results"]}
     series = sorted(named, key=lambda s: (s[0] == "ours", s))  # the servers ours is compared with first
     for server, runtime, label in series:
-        rows = sorted(
-            (
-                r
-                for r in report["results"]
-                if r["server"] == server
-                and r["runtime"] == runtime
-                and r["texts"] == "full"
-                and r.get("max_queue") is None
-            ),
-            key=lambda r: r["concurrency"],
-        )
+        wanted = (server, runtime, "full", None)  # the full texts' levels, overload runs aside
+        rows = [r for r in report["results"] if (r["server"], r["runtime"], r["texts"], r.get("max_queue")) == wanted]
+        rows.sort(key=lambda r: r["concurrency"])
         if not rows:
             continue
         cs = [r["concurrency"] for r in rows]
