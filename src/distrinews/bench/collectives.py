@@ -415,7 +415,8 @@ def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
 
 def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
     """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
-    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result)]
+    # Not --nproc: torchrun's parser reads it as an ambiguous abbreviation of its --nproc-per-node (or _node).
+    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result, nproc=None)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -57,6 +57,7 @@ def worker_argv(
     ``workers`` writing ``result``, with the point's bucket size and per-worker batch."""
     batch = per_worker_batch(args.mode, args.batch, args.global_batch, workers)
     point = {"worker": True, "result": result, "bucket_cap_mb": bucket_cap_mb, "per_worker_batch": batch}
+    point["nproc"] = None  # torchrun's parser reads --nproc as an ambiguous abbreviation of its --nproc-per-node
     return ["bench", "scaling", *argv_of(args, OPTIONS, **point), *extra]
 
 
