@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrinews.bench import collectives, scaling
+from distrinews.bench import collectives, scaling_arithmetic
 from distrinews.distributed import bandwidth
 from distrinews.train import flops
 from figures import assert_texts_apart, drawn_figures
@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------- scaling
 def test_speedup_and_efficiency():
-    assert scaling.speedup(180.0, 100.0) == pytest.approx(1.8)
-    assert scaling.efficiency(1.8, 2) == pytest.approx(0.9)
-    assert scaling.efficiency(3.0, 4, baseline_workers=2) == pytest.approx(1.5)  # ideal from 2 to 4 is 2x
-    assert math.isnan(scaling.speedup(10.0, 0.0))
+    assert scaling_arithmetic.speedup(180.0, 100.0) == pytest.approx(1.8)
+    assert scaling_arithmetic.efficiency(1.8, 2) == pytest.approx(0.9)
+    assert scaling_arithmetic.efficiency(3.0, 4, baseline_workers=2) == pytest.approx(1.5)  # ideal from 2 to 4 is 2x
+    assert math.isnan(scaling_arithmetic.speedup(10.0, 0.0))
 
 
 def test_summarize_uses_the_smallest_worker_count_as_baseline():
@@ -33,24 +33,24 @@ def test_summarize_uses_the_smallest_worker_count_as_baseline():
         {"workers": 1, "samples_per_s": 50.0, "bucket_cap_mb": None},
         {"workers": 4, "samples_per_s": 160.0, "bucket_cap_mb": 25.0},
     ]
-    rows = {r["workers"]: r for r in scaling.summarize(points)}
+    rows = {r["workers"]: r for r in scaling_arithmetic.summarize(points)}
     assert rows[1]["speedup"] == pytest.approx(1.0) and rows[1]["efficiency"] == pytest.approx(1.0)
     assert rows[2]["speedup"] == pytest.approx(1.86) and rows[2]["efficiency"] == pytest.approx(0.93)
     assert rows[4]["speedup"] == pytest.approx(3.2) and rows[4]["efficiency"] == pytest.approx(0.8)
 
 
 def test_weak_and_strong_batches():
-    assert [scaling.per_worker_batch("weak", 16, None, n) for n in (1, 2, 4)] == [16, 16, 16]
-    assert [scaling.per_worker_batch("strong", 16, 64, n) for n in (1, 2, 4)] == [64, 32, 16]
+    assert [scaling_arithmetic.per_worker_batch("weak", 16, None, n) for n in (1, 2, 4)] == [16, 16, 16]
+    assert [scaling_arithmetic.per_worker_batch("strong", 16, 64, n) for n in (1, 2, 4)] == [64, 32, 16]
     with pytest.raises(ValueError, match="divisible"):
-        scaling.per_worker_batch("strong", 16, 30, 4)
+        scaling_arithmetic.per_worker_batch("strong", 16, 30, 4)
 
 
 def test_core_slices_are_disjoint_and_refuse_oversubscription():
-    assert scaling.core_slices([0, 1, 2, 3], 2, 2) == [[0, 1], [2, 3]]
-    assert scaling.core_slices([4, 5], 2, 1) == [[4], [5]]
+    assert scaling_arithmetic.core_slices([0, 1, 2, 3], 2, 2) == [[0, 1], [2, 3]]
+    assert scaling_arithmetic.core_slices([4, 5], 2, 1) == [[4], [5]]
     with pytest.raises(ValueError, match="need 4 cores"):
-        scaling.core_slices([0, 1], 2, 2)
+        scaling_arithmetic.core_slices([0, 1], 2, 2)
 
 
 # ---------------------------------------------------------------------- collectives

@@ -42,7 +42,7 @@ from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
-from .results import invoked_as
+from .results import agnews_dir, invoked_as, write_report
 
 POST_BATCH = 64
 
@@ -70,13 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------- the corpus
 def write_corpus(path: Path, rows: int, data_dir: str | None) -> Path:
     """``rows`` JSONL rows ``{"id", "text"}``: AG News test and training texts (as the model sees them), cycled."""
-    from ..data.rows import DATA_ENV
     from ..data.splits import load_split
-    from ..errors import DataError
 
-    data = data_dir or os.environ.get(DATA_ENV)
-    if not data:
-        raise DataError(f"bench batch: give --data or set {DATA_ENV} (the AG News folder the rows come from)")
+    data = agnews_dir(data_dir, "bench batch needs AG News for the rows of its corpus")
     texts = list(load_split(data, "test").texts) + list(load_split(data, "train").texts)
     with open(path, "w") as f:
         for i, text in zip(range(rows), itertools.cycle(texts)):
@@ -107,19 +103,9 @@ def run_measured(cmd: list[str], log: Path, kill_when: Callable[[], bool] | None
 
 
 def predict_command(checkpoint: str, corpus: Path, output: Path, runtime: str | None, *flags: str) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "distrinews",
-        "predict",
-        "--checkpoint",
-        checkpoint,
-        "--input",
-        str(corpus),
-        "--output",
-        str(output),
-    ]
-    return [*cmd, "--id-field", "id", "--progress", "lines", *(["--runtime", runtime] if runtime else []), *flags]
+    cmd = [sys.executable, "-m", "distrinews", "predict", "--checkpoint", checkpoint, "--input", str(corpus)]
+    cmd += ["--output", str(output), "--id-field", "id", "--progress", "lines"]
+    return [*cmd, *(["--runtime", runtime] if runtime else []), *flags]
 
 
 def count_lines(path: Path) -> int:
@@ -130,34 +116,26 @@ def count_lines(path: Path) -> int:
 def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None, logs: Path) -> dict[str, Any]:
     """``distrinews serve``, then one client posting ``POST_BATCH`` rows at a time to /predict/batch, answers to
     JSONL."""
-    from .serving_servers import Server
+    from .serving_servers import start_server
 
     # port 0, at log level info: the listening line names the port it got (serving_servers.reported_port)
     cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--port", "0", "--no-access-log"]
     cmd += ["--runtime", runtime] if runtime else []
     started = time.monotonic()
-    server = Server("loop", cmd, "/ready", logs / "server-loop.log")
+    server = start_server("loop", cmd, "/ready", logs)
+    ready = time.monotonic() - started
     try:
-        server.wait_ready()
-        ready = time.monotonic() - started
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         with open(corpus) as rows, open(output, "w") as out:
             while batch := [json.loads(line) for line in itertools.islice(rows, POST_BATCH)]:
-                conn.request(
-                    "POST",
-                    "/predict/batch",
-                    json.dumps({"texts": [r["text"] for r in batch]}),
-                    {"Content-Type": "application/json"},
-                )
+                body = json.dumps({"texts": [r["text"] for r in batch]})
+                conn.request("POST", "/predict/batch", body, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 answers = json.loads(response.read())
                 if response.status != 200:
                     raise RuntimeError(f"/predict/batch answered {response.status}: {answers}")
-                for row, answer in zip(batch, answers, strict=True):
-                    out.write(
-                        json.dumps({"id": row["id"], "label": answer["label"], "confidence": answer["confidence"]})
-                        + "\n"
-                    )
+                for row, a in zip(batch, answers, strict=True):
+                    out.write(json.dumps({"id": row["id"], "label": a["label"], "confidence": a["confidence"]}) + "\n")
         conn.close()
         server_rss = _rss_mib(server.proc.pid)
     finally:
@@ -188,8 +166,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     for checkpoint in {args.checkpoint, args.rss_checkpoint} - {None}:  # before anything runs, as predict would say it
         if not Path(checkpoint).exists():
             raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, not after the runs
     work = Path(tempfile.mkdtemp(prefix="distrinews-bench-batch-"))
     print(f"corpora, outputs and logs in {work}", flush=True)
     checkpoint = str(args.checkpoint)
@@ -209,9 +186,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "memory": memory,
         "resume": resume,
     }
-    (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out_dir / f"{args.name}.md").write_text(markdown(report))
-    print(f"wrote {out_dir / (args.name + '.json')} and {out_dir / (args.name + '.md')}", flush=True)
+    write_report(report, args.output_dir, args.name, markdown, None)
     return 0
 
 
@@ -240,31 +215,23 @@ class _Results:
 
 def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: _Results) -> None:
     """``predict --nproc N`` for each N, Ray's engine, and a loop posting to ``serve``, on the same corpus."""
-    for n in [int(n) for n in str(args.nproc).split(",") if n.strip()]:
-        output = work / f"local-{n}.jsonl"
-        cmd = predict_command(checkpoint, corpus, output, args.runtime, "--nproc", str(n))
-        run = run_measured(cmd, work / f"local-{n}.log")
-        results.record(f"predict --nproc {n}", run, args.rows, output, command=_shown(cmd, work))
+    engines: list[tuple[str, str, list[str], dict[str, str]]] = [
+        (f"predict --nproc {n}", f"local-{n}", ["--nproc", str(n)], {}) for n in _numbers(args.nproc)
+    ]
     if args.ray_actors:
         try:
             import ray  # noqa: F401
-
-            output = work / "ray.jsonl"
-            cmd = predict_command(
-                checkpoint, corpus, output, args.runtime, "--engine", "ray", "--nproc", str(args.ray_actors)
-            )
-            result = run_measured(cmd, work / "ray.log")
-            name = f"predict --engine ray ({args.ray_actors} actors)"
-            results.record(
-                name,
-                result,
-                args.rows,
-                output,
-                command=_shown(cmd, work),
-                rss_of="the driver (Ray's actors are not its children)",
-            )
         except ImportError:
             print("Ray is not installed: --engine ray skipped (pip install 'distrinews[ray]')", flush=True)
+        else:
+            driver = {"rss_of": "the driver (Ray's actors are not its children)"}
+            ray_flags = ["--engine", "ray", "--nproc", str(args.ray_actors)]
+            engines.append((f"predict --engine ray ({args.ray_actors} actors)", "ray", ray_flags, driver))
+    for name, stem, flags, extra in engines:
+        output = work / f"{stem}.jsonl"
+        cmd = predict_command(checkpoint, corpus, output, args.runtime, *flags)
+        run = run_measured(cmd, work / f"{stem}.log")
+        results.record(name, run, args.rows, output, command=_shown(cmd, work), **extra)
     if not args.no_server_loop:
         output = work / "loop.jsonl"
         result = server_loop(checkpoint, corpus, output, args.runtime, work)
@@ -277,7 +244,7 @@ def _measure_memory(
 ) -> list[dict[str, Any]]:
     """Peak RSS of ``predict --nproc 1`` over corpora of each ``--rss-rows`` size."""
     memory = []
-    sizes = [int(x) for x in str(args.rss_rows).split(",") if x.strip()]
+    sizes = _numbers(args.rss_rows)
     if sizes:  # not measured: a first start may make the checkpoint's int8 model, which a later start only loads
         warm = write_corpus(work / "corpus-warm-up.jsonl", 8, args.data)
         run_measured(
@@ -328,6 +295,11 @@ def _measure_resume(
         flush=True,
     )
     return resume
+
+
+def _numbers(listed: str) -> list[int]:
+    """A comma-separated list of whole numbers (``--nproc``, ``--rss-rows``); empty: none."""
+    return [int(n) for n in str(listed).split(",") if n.strip()]
 
 
 def _shown(cmd: list[str], work: Path) -> str:

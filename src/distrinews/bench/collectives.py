@@ -12,6 +12,7 @@ the course's estimate (lesson 04's ``calculate_comm_comp_ratio``, evaluated exac
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -30,7 +31,8 @@ from ..distributed.machine import cores_available, describe, threads_per_process
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
-from .results import write_report
+from .results import argv_of, write_report
+from .scaling_worker import pin_to_own_cores
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -109,68 +111,46 @@ def _timed(fn: Collective, iters: int, warmup: int, sync: Callable[[], None], en
     return t.item()
 
 
-def make_op(op: str, size_bytes: int, env: DistEnv) -> tuple[Collective, str]:
-    """A zero-argument callable running ``op`` on an S-byte float32 buffer, and how it runs."""
+def _collective(op: str, count: int, value: float, env: DistEnv) -> tuple[Collective, Any, str]:
+    """``op`` over ``count`` float32 elements (a multiple of the world size; all_gather's output, reduce_scatter's
+    input) that every rank fills with ``value``: the call, the tensor it leaves its result in, and how it runs."""
     import torch
     import torch.distributed as dist
 
     n, dev = env.world_size, env.device
-    count = max(n, size_bytes // 4 // n * n)
-    if op == "all_reduce":
-        x = torch.ones(count, device=dev)
-        return (lambda: dist.all_reduce(x)), "native"
-    if op == "broadcast":
-        x = torch.ones(count, device=dev)
-        return (lambda: dist.broadcast(x, src=0)), "native"
+    if op in ("all_reduce", "broadcast"):
+        x = torch.full((count,), value, device=dev)
+        call = dist.all_reduce if op == "all_reduce" else functools.partial(dist.broadcast, src=0)
+        return (lambda: call(x)), x, "native"
     if op == "all_gather":
-        inp, out = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
-        return (lambda: dist.all_gather_into_tensor(out, inp)), "native"
-    if op == "reduce_scatter":
-        inp, out = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
-        try:
-            dist.reduce_scatter_tensor(out, inp)
-            return (lambda: dist.reduce_scatter_tensor(out, inp)), "native"
-        except (RuntimeError, NotImplementedError, ValueError):
-            # Older gloo builds have no reduce_scatter: all_reduce and keep this rank's slice (moves ~2x the data).
-            def emulated() -> None:
-                buf = inp.clone()
-                dist.all_reduce(buf)
-                out.copy_(buf.view(n, -1)[env.rank])
+        inp, out = torch.full((count // n,), value, device=dev), torch.empty(count, device=dev)
+        return (lambda: dist.all_gather_into_tensor(out, inp)), out, "native"
+    if op != "reduce_scatter":
+        raise ValueError(op)
+    inp, out = torch.full((count,), value, device=dev), torch.empty(count // n, device=dev)
+    try:
+        dist.reduce_scatter_tensor(out, inp)
+        return (lambda: dist.reduce_scatter_tensor(out, inp)), out, "native"
+    except (RuntimeError, NotImplementedError, ValueError):
+        # Older gloo builds have no reduce_scatter: all_reduce and keep this rank's slice (moves ~2x the data).
+        def emulated() -> None:
+            buf = inp.clone()
+            dist.all_reduce(buf)
+            out.copy_(buf.view(n, -1)[env.rank])
 
-            return emulated, "emulated: all_reduce + slice"
-    raise ValueError(op)
+        return emulated, out, "emulated: all_reduce + slice"
 
 
 def check_op(op: str, env: DistEnv) -> bool:
     """Each collective gives the right numbers on a small tensor (rank r contributes r + 1)."""
     import torch
-    import torch.distributed as dist
 
-    n, r, dev = env.world_size, env.rank, env.device
+    n = env.world_size
+    fn, out, _ = _collective(op, 2 * n, env.rank + 1.0, env)
+    fn()
     total = n * (n + 1) / 2
-    if op == "all_reduce":
-        x = torch.full((8,), r + 1.0, device=dev)
-        dist.all_reduce(x)
-        return bool((x == total).all())
-    if op == "broadcast":
-        x = torch.full((8,), r + 1.0, device=dev)
-        dist.broadcast(x, src=0)
-        return bool((x == 1.0).all())
-    if op == "all_gather":
-        out = torch.empty(2 * n, device=dev)
-        dist.all_gather_into_tensor(out, torch.full((2,), r + 1.0, device=dev))
-        return bool((out == torch.arange(1, n + 1, device=dev, dtype=out.dtype).repeat_interleave(2)).all())
-    if op == "reduce_scatter":
-        inp = torch.full((2 * n,), r + 1.0, device=dev)
-        out = torch.empty(2, device=dev)
-        try:
-            dist.reduce_scatter_tensor(out, inp)
-        except (RuntimeError, NotImplementedError, ValueError):
-            buf = inp.clone()
-            dist.all_reduce(buf)
-            out = buf.view(n, -1)[r]
-        return bool((out == total).all())
-    raise ValueError(op)
+    gathered = torch.arange(1, n + 1, device=env.device, dtype=out.dtype).repeat_interleave(2)
+    return bool((out == {"all_reduce": total, "broadcast": 1.0, "all_gather": gathered}.get(op, total)).all())
 
 
 def model_config(args: argparse.Namespace, output_dir: str) -> TrainConfig:
@@ -241,13 +221,8 @@ def _synchronizer(env: DistEnv) -> Callable[[], None]:
 
 def _gradient_allreduce_s(grad_bytes: int, env: DistEnv, sync: Callable[[], None]) -> float:
     """Seconds of one all-reduce of a buffer the size of the model's gradients, on the slowest rank."""
-    import torch
-    import torch.distributed as dist
-
-    payload = [torch.ones(grad_bytes // 4, device=env.device)]
-    allreduce_s = _timed(lambda: dist.all_reduce(payload[0]), iters=3, warmup=1, sync=sync, env=env)
-    payload.clear()
-    return allreduce_s
+    fn, _, _ = _collective("all_reduce", grad_bytes // 4, 1.0, env)
+    return _timed(fn, iters=3, warmup=1, sync=sync, env=env)
 
 
 def _forward_backward(
@@ -304,7 +279,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..distributed.process_group import distributed_context
 
     cores = cores_available()
-    _pin_to_own_cores(cores)
+    pin_to_own_cores()
     with distributed_context(timeout_s=args.timeout) as env:
         if not env.distributed:
             raise SystemExit("bench collectives needs at least 2 processes (--nproc 2)")
@@ -327,15 +302,6 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         }
 
 
-def _pin_to_own_cores(cores: list[int]) -> None:
-    """This rank on its own share of the cores, as in training (when there are enough to share)."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    share = max(1, len(cores) // local_world)
-    if len(cores) >= local_world:
-        os.sched_setaffinity(0, cores[local_rank * share : (local_rank + 1) * share])
-
-
 def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, bool], list[dict[str, Any]]]:
     """Each op checked for correct numbers, then timed at every message size: the checks and the table's rows."""
     sync = _synchronizer(env)
@@ -344,8 +310,9 @@ def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, 
     for op in args.ops:
         checks[op] = check_op(op, env)
         for size in message_sizes(args.min_bytes, args.max_bytes):
-            fn, how = make_op(op, size, env)
-            actual = max(env.world_size, size // 4 // env.world_size * env.world_size) * 4
+            count = max(env.world_size, size // 4 // env.world_size * env.world_size)  # float32s, split evenly
+            fn, _, how = _collective(op, count, 1.0, env)
+            actual = 4 * count
             iters = iterations_for(actual)
             seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
             alg, bus = bandwidths(op, actual, seconds, env.world_size)
@@ -448,39 +415,8 @@ def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
 
 def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
     """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
-    argv = [
-        "bench",
-        "collectives",
-        "--worker",
-        "--result",
-        result,
-        "--command-line",
-        args.command_line,
-        "--min-bytes",
-        str(args.min_bytes),
-        "--max-bytes",
-        str(args.max_bytes),
-        "--ops",
-        *args.ops,
-        "--model",
-        args.model,
-        *(["--data", args.data] if args.data else []),
-        "--batch-size",
-        str(args.batch_size),
-        "--max-length",
-        str(args.max_length),
-        "--train-samples",
-        str(args.train_samples),
-        "--compute-batches",
-        str(args.compute_batches),
-        "--timeout",
-        str(args.timeout),
-    ]
-    return argv + (
-        (["--bf16"] if args.bf16 else ["--no-bf16"])
-        + (["--no-model"] if args.no_model else [])
-        + (["--verbose"] if args.verbose else [])
-    )
+    # Not --nproc: torchrun's parser reads it as an ambiguous abbreviation of its --nproc-per-node (or _node).
+    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result, nproc=None)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.bandwidth import bus_factor
+from .results import pyplot
 
 
 def format_bytes(n: float) -> str:
@@ -76,12 +77,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for op in dict.fromkeys(r["op"] for r in report["table"]):

@@ -1,13 +1,19 @@
-"""What every benchmark writes: the machine it ran on, and the report as JSON + markdown + PNG."""
+"""What every benchmark shares: the report as JSON + markdown + PNG, the command line that made it, the AG News folder
+its texts come from, and the flags that hand its options on to its worker processes."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..options import Option
 
 
 def write_report(
@@ -34,8 +40,46 @@ def write_report(
     return stem
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing to files (the Agg backend), or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def invoked_as(subcommand: str) -> str:
     """The command line that ran ``distrinews bench SUBCOMMAND``, as a user would type it again (for its report)."""
     if sys.argv[1:3] == ["bench", subcommand]:
         return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
     return " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def agnews_dir(given: str | None, needed_for: str) -> str:
+    """``--data``, else ``$DISTRINEWS_DATA``; neither is a one-line ``DataError`` saying what needs it."""
+    from ..data.rows import DATA_ENV
+    from ..errors import DataError
+
+    directory = given or os.environ.get(DATA_ENV)
+    if not directory:
+        raise DataError(f"{needed_for}: --data DIR or {DATA_ENV}")
+    return directory
+
+
+def argv_of(args: argparse.Namespace, options: Iterable[Option], **values: Any) -> list[str]:
+    """The flags that give ``options`` their values in ``args`` (or in ``values``, which win) when parsed again: how a
+    benchmark hands its options on to the processes it starts. A value of None is left unsaid (its default)."""
+    argv: list[str] = []
+    for option in options:
+        value = values[option.name] if option.name in values else getattr(args, option.name)
+        if option.switch:
+            argv += [option.flag] if value else []
+        elif option.action is argparse.BooleanOptionalAction:
+            argv.append(option.flag if value else "--no-" + option.flag[2:])
+        elif value is not None:
+            argv += [option.flag, *map(str, value if option.nargs else [value])]
+    return argv

@@ -20,8 +20,7 @@ with the all-reduce: the paired difference is the all-reduce time backward could
 
 This module is the command (it starts one torchrun job per point and reads rank 0's result); its
 pieces are ``scaling_arithmetic`` (speedup, efficiency, batches, core sets), ``scaling_worker``
-(one rank's timed steps) and ``scaling_report`` (the table and the plot), whose public names are
-importable from here too.
+(one rank's timed steps) and ``scaling_report`` (the table and the plot).
 """
 
 from __future__ import annotations
@@ -36,69 +35,30 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG, DATA
-from .results import write_report
-from .scaling_arithmetic import core_slices, efficiency, per_worker_batch, speedup, summarize
+from .results import argv_of, write_report
+from .scaling_arithmetic import core_slices, per_worker_batch, summarize
 from .scaling_report import markdown_table, plot
-from .scaling_worker import PHASES, PadToMaxLength, run_worker
+from .scaling_worker import run_worker
 
-__all__ = [
-    "PHASES",
-    "PadToMaxLength",
-    "add_arguments",
-    "core_slices",
-    "efficiency",
-    "markdown_table",
-    "parse_float_list",
-    "parse_int_list",
-    "per_worker_batch",
-    "plot",
-    "run",
-    "run_point",
-    "run_worker",
-    "speedup",
-    "summarize",
-    "worker_argv",
-]
+T = TypeVar("T")
 
 
 def worker_argv(
     args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]
 ) -> list[str]:
-    argv = [
-        "bench",
-        "scaling",
-        "--worker",
-        "--result",
-        result,
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--cores-per-worker",
-        str(args.cores_per_worker),
-        "--bucket-cap-mb",
-        "default" if bucket_cap_mb is None else str(bucket_cap_mb),
-        "--per-worker-batch",
-        str(per_worker_batch(args.mode, args.batch, args.global_batch, workers)),
-        "--optimizer",
-        args.optimizer,
-        "--no-sync-probe",
-        str(args.no_sync_probe),
-    ]
-    if args.config:
-        argv += ["--config", args.config]
-    if args.pad_to_max_length:
-        argv.append("--pad-to-max-length")
-    if args.host_sync:
-        argv.append("--host-sync")
-    return argv + list(extra)
+    """The ``distrinews`` arguments each torchrun worker of a point runs: this command's, as a worker of
+    ``workers`` writing ``result``, with the point's bucket size and per-worker batch."""
+    batch = per_worker_batch(args.mode, args.batch, args.global_batch, workers)
+    point = {"worker": True, "result": result, "bucket_cap_mb": bucket_cap_mb, "per_worker_batch": batch}
+    point["nproc"] = None  # torchrun's parser reads --nproc as an ambiguous abbreviation of its --nproc-per-node
+    return ["bench", "scaling", *argv_of(args, OPTIONS, **point), *extra]
 
 
 def run_point(
@@ -124,26 +84,12 @@ def run_point(
         return point
 
 
-def parse_int_list(raw: str) -> list[int]:
-    values = [int(x) for x in raw.split(",") if x.strip()]
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"expected a comma-separated list of positive integers, got {raw!r}")
-    return sorted(set(values))
-
-
-def parse_float_list(raw: str) -> list[float]:
-    values = [float(x) for x in raw.split(",") if x.strip()]
-    if not values or any(v <= 0 for v in values):
-        raise ValueError(f"expected a comma-separated list of positive numbers, got {raw!r}")
+def parse_list(raw: str, convert: Callable[[str], T], valid: Callable[[T], bool], expected: str) -> list[T]:
+    """A comma-separated list, at least one item, each converted and valid (else a ValueError naming ``expected``)."""
+    values = [convert(x.strip()) for x in raw.split(",") if x.strip()]
+    if not values or not all(valid(v) for v in values):
+        raise ValueError(f"expected a comma-separated list of {expected}, got {raw!r}")
     return values
-
-
-def parse_choice_list(raw: str, choices: tuple[str, ...]) -> list[str]:
-    values = [x.strip() for x in raw.split(",") if x.strip()]
-    unknown = [v for v in values if v not in choices]
-    if not values or unknown:
-        raise ValueError(f"expected a comma-separated list of {', '.join(choices)}, got {raw!r}")
-    return list(dict.fromkeys(values))
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,13 +136,14 @@ def _parse_points(args: argparse.Namespace) -> tuple[list[int], list[float | Non
     from ..config import ConfigError
 
     try:
-        counts = parse_int_list(args.nproc)
-        buckets: list[float | None] = (
-            [None] if args.bucket_cap_mb in (None, "default") else list(parse_float_list(args.bucket_cap_mb))
-        )
-        hooks: list[str | None] = (
-            [None] if args.comm_hooks is None else list(parse_choice_list(args.comm_hooks, DDP_COMM_HOOKS))
-        )
+        counts = sorted(set(parse_list(args.nproc, int, lambda n: n >= 1, "positive integers")))
+        buckets: list[float | None] = [None]
+        if args.bucket_cap_mb not in (None, "default"):
+            buckets = [*parse_list(args.bucket_cap_mb, float, lambda mb: mb > 0, "positive numbers")]
+        hooks: list[str | None] = [None]
+        if args.comm_hooks is not None:
+            named = ", ".join(DDP_COMM_HOOKS)
+            hooks = [*dict.fromkeys(parse_list(args.comm_hooks, str, DDP_COMM_HOOKS.__contains__, named))]
         if args.repeat < 1:
             raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     except ValueError as exc:

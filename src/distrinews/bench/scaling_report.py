@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .results import pyplot
 from .scaling_worker import PHASES
 
 
@@ -85,12 +86,7 @@ EFFICIENCY = {"textcoords": "offset points", "ha": "right", "va": "center", "fon
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         return False
     rows = report["points"]
     fig, (ax, bx) = plt.subplots(

@@ -34,11 +34,15 @@ if TYPE_CHECKING:
 PHASES = ("data", "forward_backward", "optimizer")
 
 
-def _pin(cores_per_worker: int) -> list[int]:
+def pin_to_own_cores(cores_per_worker: int | None = None) -> list[int]:
+    """This local rank on its own slice of the cores, as in training: ``cores_per_worker`` each, or (None) an even
+    share where there are enough cores to share (else it stays unpinned). The cores it runs on."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     cores = cores_available()
-    mine = core_slices(cores, local_world, cores_per_worker)[local_rank]
+    if (share := cores_per_worker or len(cores) // local_world) < 1:
+        return cores
+    mine = core_slices(cores, local_world, share)[local_rank]
     os.sched_setaffinity(0, mine)
     return mine
 
@@ -67,7 +71,7 @@ class PadToMaxLength:
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     """K timed training steps on this rank, each the trainer's own step; rank 0 writes every rank's figures."""
-    cores = _pin(args.cores_per_worker)
+    cores = pin_to_own_cores(args.cores_per_worker)
     import torch
 
     from ..distributed.parallel import ddp_bucket_cap_mb
@@ -77,14 +81,11 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
     config = _point_config(args, extra)
     with distributed_context(threads=args.cores_per_worker) as env:
         trainer = Trainer(config, env, make_optimizer=_reference_optimizer(args, config.optimizer.learning_rate))
-        windows = _windows(trainer, args)
+        timer = _StepTimer(trainer, _windows(trainer, args), args.host_sync)
         torch.manual_seed(config.run.seed + env.rank)
         trainer.model.train()
-        timer = _StepTimer(trainer, windows, args.host_sync)
         elapsed, counts = _timed_steps(timer, args.warmup, args.steps)
-        probe_local, probe_sync = (
-            _probe_exposed_allreduce(trainer, windows, args.no_sync_probe) if env.distributed else ([], [])
-        )
+        probe_local, probe_sync = _probe_exposed_allreduce(timer, args.no_sync_probe) if env.distributed else ([], [])
         barrier(env)
         mine = {
             "rank": env.rank,
@@ -215,12 +216,10 @@ class _StepTimer:
             self.padded_tokens += sum(b["input_ids"].numel() for b in window)
 
 
-def _probe_exposed_allreduce(trainer: Trainer, windows: Windows, probes: int) -> tuple[list[float], list[float]]:
+def _probe_exposed_allreduce(timer: _StepTimer, probes: int) -> tuple[list[float], list[float]]:
     """The all-reduce backward could not hide: the same window's forward + backward without and with it
     (paired, because with length grouping consecutive batches differ a lot in length)."""
-    import torch
-
-    sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+    trainer, windows, sync = timer.trainer, timer.windows, timer.sync
     local: list[float] = []
     synced: list[float] = []
     for _ in range(probes):

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..options import Option, add_options
 from . import serving_limit
+from .results import write_report
 from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
 from .serving_report import build_report, markdown, plot
 from .serving_runtimes import bf16_matmul_gflops, default_runtimes, runtime_accuracy
@@ -50,43 +51,43 @@ class OtherServer(NamedTuple):
     ready_path: str
 
 
+OPTIONS = [
+    Option("checkpoint", help="servable checkpoint (best/ directory or .pt)", required=True),
+    Option("data", None, "AG News directory for request texts (default: $DISTRINEWS_DATA)"),
+    Option("concurrency", "1,8,32,64,128", "comma-separated client counts"),
+    Option("duration", 10.0, "measured seconds per level"),
+    Option("warmup", 2.0, "unmeasured seconds before each level"),
+    Option(
+        "runtimes",
+        None,
+        "our server's runtimes, comma-separated (default: torch,onnx,onnx-int8, and torch-bf16 where bf16 is in "
+        "hardware)",
+    ),
+    Option("max_batch_size", None, "ours: --max-batch-size (default: serve's)", type=int),
+    Option("max_batch_tokens", None, "ours: --max-batch-tokens (default: serve's)", type=int),
+    Option("max_wait_ms", None, "ours: --max-wait-ms (default: serve's)", type=float),
+    Option("threads", None, "ours: --threads (default: serve's)", type=int),
+    Option(
+        "overload_queue",
+        32,
+        "also load the default runtime with this --max-queue at the two highest concurrencies (the 429 table); 0: skip",
+    ),
+    Option("accuracy", False, "also compare the runtimes on the test split and apply the default rule", switch=True),
+    Option("accuracy_rows", None, "test rows for --accuracy (default: all 7,600)", type=int),
+    Option("output_dir", "runs/bench", "where serving.{json,md,png} go"),
+    Option("name", "serving", "file name stem of the results"),
+    Option("texts", 2000, "distinct test rows the clients cycle through"),
+    Option(
+        "no_limit",
+        False,
+        "skip the limit: the default runtime alone in-process and an empty HTTP responder (serving_limit)",
+        switch=True,
+    ),
+]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="servable checkpoint (best/ directory or .pt)")
-    parser.add_argument("--data", default=None, help="AG News directory for request texts (default: $DISTRINEWS_DATA)")
-    parser.add_argument("--concurrency", default="1,8,32,64,128", help="comma-separated client counts")
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per level")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each level")
-    parser.add_argument(
-        "--runtimes",
-        default=None,
-        help="our server's runtimes, comma-separated (default: "
-        "torch,onnx,onnx-int8, and torch-bf16 where bf16 is in hardware)",
-    )
-    parser.add_argument("--max-batch-size", type=int, default=None, help="ours: --max-batch-size (default: serve's)")
-    parser.add_argument(
-        "--max-batch-tokens", type=int, default=None, help="ours: --max-batch-tokens (default: serve's)"
-    )
-    parser.add_argument("--max-wait-ms", type=float, default=None, help="ours: --max-wait-ms (default: serve's)")
-    parser.add_argument("--threads", type=int, default=None, help="ours: --threads (default: serve's)")
-    parser.add_argument(
-        "--overload-queue",
-        type=int,
-        default=32,
-        help="also load the default runtime with this --max-queue "
-        "at the two highest concurrencies (the 429 table); 0: skip",
-    )
-    parser.add_argument(
-        "--accuracy", action="store_true", help="also compare the runtimes on the test split and apply the default rule"
-    )
-    parser.add_argument("--accuracy-rows", type=int, default=None, help="test rows for --accuracy (default: all 7,600)")
-    parser.add_argument("--output-dir", default="runs/bench", help="where serving.{json,md,png} go")
-    parser.add_argument("--name", default="serving", help="file name stem of the results")
-    parser.add_argument("--texts", type=int, default=2000, help="distinct test rows the clients cycle through")
-    parser.add_argument(
-        "--no-limit",
-        action="store_true",
-        help="skip the limit: the default runtime alone in-process and an empty HTTP responder (serving_limit)",
-    )
+    add_options(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -120,7 +121,7 @@ def measure(args: argparse.Namespace, others: Sequence[OtherServer] = ()) -> dic
         session.load("empty", serving_limit.empty_responder_command(0), "/ready", "empty", "-", limit=True)
         alone = session.runtime_alone(limit_runtime)
     accuracy = runtime_accuracy(checkpoint, runtimes, args.data, args.accuracy_rows) if args.accuracy else []
-    report = build_report(args, session.results, session.levels, session.servers, accuracy)
+    report = build_report(args, session.results, session.busiest, session.servers, accuracy)
     report["bf16"] = {"bf16_is_fast_cpu": bf16_is_fast("cpu"), "matmul_gflops": bf16_matmul_gflops()}
     report["default_runtime"] = DEFAULT_RUNTIME
     if not args.no_limit:
@@ -215,12 +216,5 @@ class _LoadSession:
 
 
 def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:
-    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report) and ``NAME.png`` in ``--output-dir``."""
-    if report.get("limit"):
-        serving_limit.print_limit(report["limit"])
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{args.name}.md").write_text(to_markdown(report))
-    plot(report, out / f"{args.name}.png")
-    print(f"wrote {out / (args.name + '.json')}, {out / (args.name + '.md')}, {out / (args.name + '.png')}")
+    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report, printed too) and ``NAME.png`` in ``--output-dir``."""
+    write_report(report, args.output_dir, args.name, to_markdown, plot)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..distributed.machine import usable_cores
-from .serving_load import find_result
+from .serving_load import find_result, percentile_ms
 
 OVERHEAD_AIM_MS = 0.5  # at one client: p50 within this of the runtime alone plus the empty responder
 SHARE_AIM = 0.85  # at the busiest level: this share of the runtime's throughput on the cores left
@@ -70,10 +70,8 @@ def runtime_alone(
     in_flight: int | None = None,
     lanes: int = 1,
 ) -> dict[str, Any]:
-    """The predictor the server loads, in-process: batch-1 latency and throughput at each batch size, from windows
-    of at most ``in_flight`` texts (None: the batcher's whole lookahead). With ``lanes`` > 1 (the server's
-    ``concurrent_passes``) also ``lanes`` single-threaded passes at once, as the server runs them under load; the
-    best of either is the limit."""
+    """The runtime alone, measured as the module's docstring says (``in_flight``: the texts a window may hold; None:
+    the batcher's whole lookahead; ``lanes``: the server's ``concurrent_passes``)."""
     from ..predict.runtimes import make_predictor
 
     predictor = make_predictor(  # as distrinews serve makes it (serve/state.py's default_factory)
@@ -104,7 +102,7 @@ def runtime_alone(
         "in_flight": in_flight,
         "requests": len(latencies),
         "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p99_ms": percentile_ms(latencies, 0.99),
         "texts_per_s": throughput,
         "lanes": lanes if twin is not None else 1,
         "side_by_side_texts_per_s": side,
@@ -255,26 +253,6 @@ def add_seed_aim(report: dict[str, Any], ratios: list[dict[str, Any]]) -> None:
 
 def aim_lines(limit: dict[str, Any]) -> list[str]:
     return [f"{'PASS' if a['passed'] else 'FAIL'}  {a['aim']}: {a['value']}" for a in limit.get("aims", [])]
-
-
-def print_limit(limit: dict[str, Any]) -> None:
-    alone, empty = limit["runtime_alone"], limit["empty_responder"]
-    sizes = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["texts_per_s"].items())
-    print(f"runtime alone ({alone['runtime']}, in-process): p50 {alone['p50_ms']:.2f} ms at batch 1; texts/s {sizes}")
-    if alone.get("side_by_side_texts_per_s"):
-        side = ", ".join(f"batch {b}: {t:.1f}" for b, t in alone["side_by_side_texts_per_s"].items())
-        print(f"runtime alone, {alone['lanes']} single-threaded passes side by side: texts/s {side}")
-    if empty["p50_ms"] is not None:
-        print(
-            f"empty responder: p50 {empty['p50_ms']:.2f} ms at 1 client; {empty['throughput_rps'] or 0:.1f} req/s at "
-            f"{limit['concurrency']} clients (load generator {empty['client_cpu_cores'] or 0:.2f} cores)"
-        )
-    if "overhead_ms" in limit:
-        print(f"our server's overhead at 1 client: {limit['overhead_ms']:+.2f} ms")
-    if "share" in limit:
-        print(f"our server's share of the runtime alone at {limit['concurrency']} clients: {limit['share']:.1%}")
-    for line in aim_lines(limit):
-        print(line, flush=True)
 
 
 def markdown(limit: dict[str, Any]) -> list[str]:

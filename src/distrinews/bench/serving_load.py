@@ -177,13 +177,10 @@ async def closed_loop(
 
 def load_texts(data_dir: str | None, n: int) -> tuple[list[str], list[str]]:
     """(full texts = title + description as the model sees them, headlines = titles), from the test split."""
-    from ..data.rows import DATA_ENV
     from ..data.splits import load_split
-    from ..errors import DataError
+    from .results import agnews_dir
 
-    directory = data_dir or os.environ.get(DATA_ENV)
-    if not directory:
-        raise DataError(f"the serving benchmarks need AG News for their request texts: --data DIR or {DATA_ENV}")
+    directory = agnews_dir(data_dir, "the serving benchmarks need AG News for their request texts")
     full = load_split(directory, "test").texts[:n]
     path = Path(directory) / "test.csv.gz"
     opener = gzip.open if path.is_file() else open
@@ -197,12 +194,8 @@ def find_result(
     results: list[dict[str, Any]], server: str, runtime: str, texts: str, c: int, max_queue: int | None = None
 ) -> dict[str, Any] | None:
     """The result of one server, runtime, text kind and concurrency (and overload queue), or None."""
-    return next(
-        (
-            r
-            for r in results
-            if (r["server"], r["runtime"], r["texts"], r["concurrency"]) == (server, runtime, texts, c)
-            and r.get("max_queue") == max_queue
-        ),
-        None,
+    wanted = (server, runtime, texts, c, max_queue)
+    found = (
+        r for r in results if (r["server"], r["runtime"], r["texts"], r["concurrency"], r.get("max_queue")) == wanted
     )
+    return next(found, None)

@@ -13,19 +13,19 @@ from typing import Any
 
 from ..distributed.machine import describe as machine_description
 from . import serving_limit
-from .results import invoked_as
+from .results import invoked_as, pyplot
 from .serving_runtimes import choose_default
 
 
 def build_report(
     args: argparse.Namespace,
     results: list[dict[str, Any]],
-    levels: list[int],
+    busiest: int,
     servers: dict[str, Any],
     accuracy: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule."""
-    busiest = 32 if 32 in levels else max(levels)
+    """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule (judged
+    at the ``busiest`` level)."""
     return {
         "command": invoked_as("serving"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -181,32 +181,18 @@ def _bf16_note(bf16: dict[str, Any]) -> list[str]:
     ]
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (nothing without
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """``serving.png``: throughput and p50/p99 against concurrency for each server and runtime (False without
     matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install 'distrinews[plot]')")
-        return
+    if (plt := pyplot()) is None:
+        return False
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
     named = {(r["server"], r["runtime"], f"{r['server']}, {r['runtime']}") for r in report["results"]}
     series = sorted(named, key=lambda s: (s[0] == "ours", s))  # the servers ours is compared with first
     for server, runtime, label in series:
-        rows = sorted(
-            (
-                r
-                for r in report["results"]
-                if r["server"] == server
-                and r["runtime"] == runtime
-                and r["texts"] == "full"
-                and r.get("max_queue") is None
-            ),
-            key=lambda r: r["concurrency"],
-        )
+        wanted = (server, runtime, "full", None)  # the full texts' levels, overload runs aside
+        rows = [r for r in report["results"] if (r["server"], r["runtime"], r["texts"], r.get("max_queue")) == wanted]
+        rows.sort(key=lambda r: r["concurrency"])
         if not rows:
             continue
         cs = [r["concurrency"] for r in rows]
@@ -230,3 +216,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True

@@ -6,10 +6,10 @@ fastest runtime whose accuracy stays within ``ACCURACY_TOLERANCE_POINTS`` of PyT
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
+from .results import agnews_dir
 from .serving_load import find_result
 
 ACCURACY_TOLERANCE_POINTS = 0.2  # the default runtime's accuracy stays within this of PyTorch fp32
@@ -51,7 +51,7 @@ def runtime_accuracy(
     from ..data.splits import load_split
     from ..predict.runtimes import make_predictor
 
-    split = load_split(data_dir or os.environ["DISTRINEWS_DATA"], "test")
+    split = load_split(agnews_dir(data_dir, "bench serving --accuracy needs AG News's test split"), "test")
     texts, labels = split.texts[:rows], split.labels[:rows]
     reference: list[int] | None = None
     results = []

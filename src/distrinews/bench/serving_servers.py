@@ -124,11 +124,7 @@ def ours_command(checkpoint: str, args: argparse.Namespace) -> list[str]:
     runtime. Log level info (serve's default): the listening line names the port."""
     ours_cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1"]
     ours_cmd += ["--port", "0", "--no-access-log"]
-    for flag, value in (("--max-batch-size", args.max_batch_size), ("--max-batch-tokens", args.max_batch_tokens)):
-        if value is not None:
-            ours_cmd += [flag, str(value)]
-    if args.max_wait_ms is not None:
-        ours_cmd += ["--max-wait-ms", str(args.max_wait_ms)]
-    if getattr(args, "threads", None) is not None:
-        ours_cmd += ["--threads", str(args.threads)]
+    for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "threads"):
+        if (value := getattr(args, name, None)) is not None:
+            ours_cmd += ["--" + name.replace("_", "-"), str(value)]
     return ours_cmd

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..distributed.machine import describe as machine_description
 from ..options import Option, add_options
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
-from .results import invoked_as
+from .results import invoked_as, write_report
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -114,11 +112,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         "groups": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
         "operators": sorted(operators, key=lambda o: -o["self_ms"]),
     }
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, args.output_dir, args.name, markdown, None)
     return 0
 
 

@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             require_tokenizer(args.checkpoint)
     except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
         return usage_error(exc)
-    if (
-        args.runtime == "torch"
-    ):  # torch is there: refuse a damaged checkpoint before listening, as `distrinews serve` does
+    if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as serve does
         from ..checkpoint.servable import check_loadable
 
         try:

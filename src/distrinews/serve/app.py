@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import html
 import logging
 import time
@@ -102,7 +103,13 @@ def create_app(
     app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
-    _add_routes(app, state, config, metrics, tracer)
+    # The routes, by kind: the page and the probes, the predictions (the seed's shapes and TEI's), what the server
+    # says about itself.
+    _add_probe_routes(app, state, config)
+    routes = _PredictRoutes(state, config, tracer)
+    route_predict(app, config, routes.predict)
+    route_predict_batch(app, config, routes.predict_batch)
+    _add_info_routes(app, state, config, metrics)
     _add_middleware(app, state, config, metrics)
     return app
 
@@ -144,14 +151,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
-def _add_routes(app: FastAPI, state: ServingState, config: ServeConfig, metrics: ServeMetrics, tracer: Any) -> None:
-    """The routes, by kind: the page and the probes, the predictions (the seed's shapes and TEI's), what the
-    server says about itself."""
-    _add_probe_routes(app, state, config)
-    _add_predict_routes(app, state, config, tracer)
-    _add_info_routes(app, state, config, metrics)
-
-
 def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -181,12 +180,6 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
     async def ready() -> JSONResponse:
         state.require_ready()
         return JSONResponse({"status": "ready"}, headers=state.version_header())
-
-
-def _add_predict_routes(app: FastAPI, state: ServingState, config: ServeConfig, tracer: Any) -> None:
-    routes = _PredictRoutes(state, config, tracer)
-    route_predict(app, config, routes.predict)
-    route_predict_batch(app, config, routes.predict_batch)
 
 
 class _PredictRoutes:
@@ -282,17 +275,10 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
             "version": __version__,
             "uptime_s": round(time.time() - state.started, 3),
             "batching": {
-                "max_batch_size": config.max_batch_size,
-                "max_batch_tokens": config.max_batch_tokens,
-                "max_wait_ms": config.max_wait_ms,
-                "max_queue": config.max_queue,
+                **_settings(config, "max_batch_size", "max_batch_tokens", "max_wait_ms", "max_queue"),
                 "concurrent_passes": state.concurrent_passes,
             },
-            "limits": {
-                "max_batch_texts": config.max_batch_texts,
-                "max_text_chars": config.max_text_chars,
-                "max_body_bytes": config.max_body_bytes,
-            },
+            "limits": _settings(config, "max_batch_texts", "max_text_chars", "max_body_bytes"),
             "auth": bool(config.api_key),
         }
         return JSONResponse(body, headers=state.version_header())
@@ -304,15 +290,16 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _settings(config: ServeConfig, *names: str) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in names}
+
+
 async def _peek(request: Request) -> Any:
     """The body as JSON if it is one (None if not): only to tell which API shape an early error is answered in."""
     try:
         return await read_object(request, PredictRequest)
     except ApiError:
         return None
-
-
-_INDEX_CACHE: dict[str, str] = {}
 
 
 def labels_sentence(labels: list[str] | None) -> str:
@@ -323,12 +310,9 @@ def labels_sentence(labels: list[str] | None) -> str:
     return f"Labels: {listed}."
 
 
+@functools.cache
 def _index_html() -> str:
-    if "page" not in _INDEX_CACHE:
-        _INDEX_CACHE["page"] = (
-            resources.files("distrinews.serve").joinpath("static/index.html").read_text(encoding="utf-8")
-        )
-    return _INDEX_CACHE["page"]
+    return resources.files("distrinews.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 def config_summary(config: ServeConfig) -> dict[str, Any]:

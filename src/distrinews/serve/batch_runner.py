@@ -144,13 +144,8 @@ class BatchRunner:
                 self._fail(request, retry_exc)
             else:
                 tokens, passes = tokens + part_tokens, passes + part_passes
-                alone = {
-                    "batch_texts": len(request.items),
-                    "batch_requests": 1,
-                    "padded_tokens": part_tokens,
-                    "passes": part_passes,
-                }
-                timed.answer(request, part, alone)
+                alone = {"batch_texts": len(request.items), "batch_requests": 1, "padded_tokens": part_tokens}
+                timed.answer(request, part, {**alone, "passes": part_passes})
         return tokens, passes + 1
 
     def _fail(self, request: Answerable, exc: Exception) -> None:

@@ -32,11 +32,9 @@ A request whose future is cancelled before its batch forms (its HTTP client went
 dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
 raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
 
-Faults stay with the request that caused them, and a stuck model is seen (``batch_runner``): a forward pass
-that raises fails only the requests whose own texts fail; one past ``forward_timeout`` fails its requests and
-every queued one with ``ForwardStalledError``, and no new ones are taken (``stalled`` says why) until it returns.
-If the batching loop itself ends with an exception, nothing would ever answer again: ``on_fatal(reason)`` is
-called (the server ends the process, so its supervisor restarts it).
+Faults stay with the request that caused them, and a stuck model is seen: ``batch_runner`` says how. If the
+batching loop itself ends with an exception, nothing would ever answer again: ``on_fatal(reason)`` is called (the
+server ends the process, so its supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -132,19 +130,13 @@ class MicroBatcher:
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
         if forward_timeout is not None and forward_timeout <= 0:
             raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
-        self.forward = forward
-        self.encode = encode
-        self.max_batch_size = max_batch_size
-        self.max_batch_tokens = max_batch_tokens
+        self.forward, self.side_forward, self.encode = forward, side_forward, encode
+        self.max_batch_size, self.max_batch_tokens, self.max_queue = max_batch_size, max_batch_tokens, max_queue
         # How far past the oldest request a batch looks for texts of a similar length.
         self.lookahead = 4 * max_batch_size
         self.max_wait = max_wait_ms / 1000.0
-        self.max_queue = max_queue
-        self.on_batch = on_batch
-        self.on_dropped = on_dropped
-        self.on_fatal = on_fatal
+        self.on_batch, self.on_dropped, self.on_fatal = on_batch, on_dropped, on_fatal
         self.encode_inline_chars = encode_inline_chars
-        self.side_forward = side_forward
         self.lanes = lanes if side_forward is not None else 1
         # Requests on their way through the HTTP layer; each one that lands or leaves wakes the window.
         self.arrivals = arrivals if arrivals is not None else Arrivals()
@@ -284,16 +276,16 @@ class MicroBatcher:
         elif sum(map(len, request.texts)) <= self.encode_inline_chars:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
             self._tokenizing += 1
+            job = loop.create_future()
             try:
-                items, seconds = self._encode_job(request)
+                job.set_result(self._encode_job(request))
             except Exception as exc:
-                self._on_encoded(request, [], 0.0, exc)
-            else:
-                self._on_encoded(request, items, seconds, None)
+                job.set_exception(exc)
+            self._on_encoded(request, job)
         else:
             self._tokenizing += 1
             job = loop.run_in_executor(self._tokenizer, self._encode_job, request)
-            job.add_done_callback(lambda done: self._on_encode_job(request, done))
+            job.add_done_callback(lambda done: self._on_encoded(request, done))
         return request.future
 
     async def submit(self, texts: Sequence[str]) -> list[Any]:
@@ -306,40 +298,27 @@ class MicroBatcher:
         items = list(encode(request.texts))
         return items, time.perf_counter() - t0
 
-    def _on_encode_job(self, request: _Request, job: asyncio.Future) -> None:
-        if job.cancelled():
-            self._on_encoded(request, [], 0.0, RuntimeError("tokenization was cancelled"))
-        elif (exc := job.exception()) is not None:
-            self._on_encoded(request, [], 0.0, exc)
-        else:
-            items, seconds = job.result()
-            self._on_encoded(request, items, seconds, None)
-
-    def _on_encoded(self, request: _Request, items: list[Any], seconds: float, error: BaseException | None) -> None:
-        """The request's texts are tokenized (``items``, in ``seconds``), or failed to be (``error``)."""
+    def _on_encoded(self, request: _Request, job: asyncio.Future) -> None:
+        """The request's texts are tokenized (``job``'s result: the items and the seconds it took), or failed to be."""
         self._tokenizing -= 1
+        error = RuntimeError("tokenization was cancelled") if job.cancelled() else job.exception()
         if request.stage == "dropped":  # the client went away while its texts were tokenized
-            pass
-        elif (stalled := self.stalled) is not None:
-            self._queued_texts -= len(request.texts)
-            request.future.set_exception(ForwardStalledError(stalled))
+            return self._wake()
+        if error is None:
+            request.items, request.tokenize_s = job.result()
+            if len(request.items) != len(request.texts):
+                error = RuntimeError(f"encode returned {len(request.items)} items for {len(request.texts)} texts")
+        if (stalled := self.stalled) is not None:
+            error = ForwardStalledError(stalled)
         elif self._died is not None:
-            self._queued_texts -= len(request.texts)
-            request.future.set_exception(BatcherClosedError(self._died))
-        elif error is not None:
+            error = BatcherClosedError(self._died)
+        if error is not None:
             self._queued_texts -= len(request.texts)
             request.future.set_exception(error)
         else:
-            request.items, request.tokenize_s = items, seconds
-            if len(request.items) != len(request.texts):
-                self._queued_texts -= len(request.texts)
-                request.future.set_exception(
-                    RuntimeError(f"encode returned {len(request.items)} items for {len(request.texts)} texts")
-                )
-            else:
-                request.longest = max((len(item) for item in request.items), default=0)
-                request.stage = "ready"
-                self._ready.append(request)
+            request.longest = max((len(item) for item in request.items), default=0)
+            request.stage = "ready"
+            self._ready.append(request)
         self._wake()
 
     def _on_done(self, request: _Request) -> None:
@@ -363,14 +342,11 @@ class MicroBatcher:
     async def _wait_for_wakeup(self, timeout: float | None) -> bool:
         assert self._wakeup is not None
         self._wakeup.clear()
-        if timeout is None:
-            await self._wakeup.wait()
-            return True
         try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-            return True
+            await asyncio.wait_for(self._wakeup.wait(), timeout)  # None: no timeout, the wait itself
         except asyncio.TimeoutError:
             return False
+        return True
 
     def _drop_gone(self) -> None:
         """Take the requests whose client went away out of the queue: they are never computed."""

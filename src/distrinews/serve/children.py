@@ -28,16 +28,11 @@ MAX_LOG_BYTES = 32 * 1024 * 1024
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
         for s in sockets:
-            s.close()
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _open_log(path: Path, flags: int) -> int | None:

@@ -90,24 +90,11 @@ class OneWritePerStep:
         return getattr(self._transport, name)
 
 
-def _refusal(max_connections: int) -> bytes:
-    detail = f"too many open connections (the server's --max-connections is {max_connections}); retry shortly"
+def _raw_answer(status: str, detail: str, *headers: str) -> bytes:
+    """A whole JSON answer ``{"detail"}`` after which the connection closes, written before (or instead of) h11's."""
     body = json.dumps({"detail": detail}).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-def _body_too_late(body_timeout: float) -> bytes:
-    detail = f"the request body did not arrive within {body_timeout:g}s of its headers (the server's --body-timeout)"
-    body = json.dumps({"detail": detail}).encode()
-    head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: "
-        f"application/json\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+    head = [f"HTTP/1.1 {status}", "content-type: application/json", *headers, "connection: close"]
+    return "\r\n".join([*head, f"content-length: {len(body)}", "", ""]).encode() + body
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -246,7 +233,16 @@ def guarded_protocol(
         "body_timeout": body_timeout,
         "send_timeout": send_timeout,
         "max_connections": max_connections,
-        "refusal": _refusal(max_connections) if max_connections else b"",
-        "too_late": _body_too_late(body_timeout) if body_timeout else b"",
+        "refusal": _raw_answer(
+            "503 Service Unavailable",
+            f"too many open connections (the server's --max-connections is {max_connections}); retry shortly",
+            "retry-after: 1",
+        ),
+        "too_late": _raw_answer(
+            "408 Request Timeout",
+            f"the request body did not arrive within {body_timeout:g}s of its headers (the server's --body-timeout)",
+        )
+        if body_timeout
+        else b"",
     }
     return type("GuardedH11Protocol", (GuardedH11Protocol,), settings)

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
 
 from ..data.text import text_fault
 from .schemas import ApiError, quoted
@@ -107,15 +106,6 @@ def parse_json(text: str) -> Any:
     return payload
 
 
-def _describe_validation_errors(errors: list[ErrorDetails]) -> str:
-    """Pydantic's error list as one sentence: ``texts.2: Input should be a valid string``."""
-    parts = []
-    for err in errors:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "invalid request body: " + "; ".join(parts)
-
-
 async def parse_body(request: Request, model: type[Body]) -> Body:
     """The request's JSON body as ``model``; every way it can be wrong is a 4xx that says how."""
     return validate_body(await read_object(request, model), model)
@@ -154,9 +144,10 @@ async def read_object(request: Request, model: type[BaseModel]) -> dict[str, Any
 def validate_body(payload: dict[str, Any], model: type[Body]) -> Body:
     try:
         return model.model_validate(payload)
-    except ValidationError as exc:
+    except ValidationError as exc:  # one sentence: ``texts.2: Input should be a valid string``; and pydantic's list
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        raise ApiError(422, _describe_validation_errors(exc.errors()), errors=errors) from None
+        said = [f"{'.'.join(str(x) for x in e['loc'] if x != 'body') or 'body'}: {e['msg']}" for e in errors]
+        raise ApiError(422, "invalid request body: " + "; ".join(said), errors=errors) from None
 
 
 def clean_text(text: str, where: str, max_chars: int) -> str:

@@ -38,15 +38,7 @@ from types import FrameType
 
 from ..checkpoint.atomic import write_text_atomically
 from ..distributed.lifetime import stop_processes
-from .children import (
-    MAX_LOG_BYTES,
-    address_taken,
-    bound_log,
-    free_ports,
-    get_json,
-    log_tail,
-    start_child,
-)
+from .children import MAX_LOG_BYTES, address_taken, bound_log, free_ports, get_json, log_tail, start_child
 from .nginx import CLIENT_CONNECTIONS, CLIENT_RATE, connection_budget, nginx_conf
 from .options import ServeOptionError
 
@@ -98,26 +90,12 @@ class Replica:
 
     def start(self, checkpoint: str) -> None:
         s = self.settings
-        cmd = [
-            sys.executable,
-            "-m",
-            "distrinews",
-            "serve",
-            "--checkpoint",
-            checkpoint,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        cmd += ["--threads", str(s.threads), "--header-timeout", str(s.header_timeout), *s.serve_args]
+        cmd = [sys.executable, "-m", "distrinews", "serve", "--checkpoint", checkpoint, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--threads", str(s.threads), "--header-timeout", str(s.header_timeout)]
+        cmd += s.serve_args
         env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.proc, self.checkpoint, self.started_at = (
-            start_child(cmd, self.log_path, env),
-            checkpoint,
-            time.monotonic(),
-        )
+        self.proc, self.checkpoint, self.started_at = start_child(cmd, self.log_path, env), checkpoint, time.monotonic()
         self.ready_since = None
 
     def seen_ready(self) -> bool:

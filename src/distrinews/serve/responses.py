@@ -48,11 +48,8 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
         examples: dict[str, Any] = {}
         if health:
             body = {"status": "unhealthy", "model_loaded": False, "error": LOAD_FAILED}
-            examples["seed"] = {"value": body}
-            declared_codes[code] = {
-                "description": "the model failed to load",
-                "content": {"application/json": {"examples": examples}},
-            }
+            content = {"application/json": {"examples": {"seed": {"value": body}}}}
+            declared_codes[code] = {"description": "the model failed to load", "content": content}
             continue
         if code in _SEED:
             examples["seed API"] = {"summary": "the seed's shape", "value": {"detail": _SEED[code]}}

@@ -177,20 +177,16 @@ class ServingState:
         disconnects before its batch forms is taken out of the queue: its texts are never computed.
         ``timing`` is filled in with what the batcher measured, ``encode`` tokenizes these texts instead of the
         predictor's (``MicroBatcher.enqueue``): what it raises is raised here."""
-        batcher = self.require_ready()
+        batcher, watcher = self.require_ready(), None
         try:
             future = batcher.enqueue(texts, timing, encode)
-        except QueueFullError as exc:
-            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
-        except (BatcherClosedError, ForwardStalledError) as exc:
-            raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
-        watcher = (
-            asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future)) if receive else None
-        )
-        try:
+            if receive is not None:
+                watcher = asyncio.get_running_loop().create_task(_cancel_when_disconnected(receive, future))
             results = await future
             self.metrics.count_answers(results)
             return results
+        except QueueFullError as exc:
+            raise ApiError(429, str(exc), {"Retry-After": "1"}) from None
         except (BatcherClosedError, ForwardStalledError) as exc:
             raise ApiError(503, f"{exc}; retry on another replica", {"Retry-After": "1"}) from None
         except ForwardError:  # the batcher logged the cause; it names internals, so the client is not told it

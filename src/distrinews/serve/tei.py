@@ -86,26 +86,27 @@ def _text(value: Any, where: str, max_chars: int) -> str:
     return clean_text(value, where, max_chars)
 
 
-def _too_many(n: int, max_texts: int) -> None:
-    if n > max_texts:
-        raise ApiError(413, f"batch size {n} > maximum allowed batch size {max_texts}")
-
-
-def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str], bool]:
-    """TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a batch ``[[text], ...]``."""
+def _inputs(inputs: Any, max_texts: int, max_chars: int, hf: bool) -> tuple[list[str], bool]:
+    """The texts, and whether they are a batch. Hugging Face's ``inputs``: a string, or a list of strings (each its
+    own input, so always a batch). TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a
+    batch ``[[text], ...]``."""
     if isinstance(inputs, str):
-        return [_text(inputs, "`inputs`", max_chars)], False
+        return [_text(inputs, "`inputs`", max_chars)], hf
     if not isinstance(inputs, list):
-        raise _invalid(f'`inputs` must be a string or a batch [["a"], ["b"]], got {kind_of(inputs)}')
+        shapes = "a list of strings" if hf else 'a batch [["a"], ["b"]]'
+        raise _invalid(f"`inputs` must be a string or {shapes}, got {kind_of(inputs)}")
     if not inputs:
         raise _invalid("`inputs` cannot be empty", 400)
-    if not isinstance(inputs[0], list):  # not a batch: [text] or a pair
+    if not hf and not isinstance(inputs[0], list):  # not a batch: [text] or a pair
         if len(inputs) == 1:
             return [_text(inputs[0], "`inputs[0]`", max_chars)], False
         if len(inputs) == 2:
             raise ApiError(422, PAIRS_REFUSED)
         raise _invalid(f'`inputs` has {len(inputs)} strings; send "a", ["a"] or a batch [["a"], ["b"]]')
-    _too_many(len(inputs), max_texts)
+    if len(inputs) > max_texts:
+        raise ApiError(413, f"batch size {len(inputs)} > maximum allowed batch size {max_texts}")
+    if hf:
+        return [_text(text, f"`inputs[{i}]`", max_chars) for i, text in enumerate(inputs)], True
     texts = []
     for i, item in enumerate(inputs):
         if not isinstance(item, list):
@@ -116,18 +117,6 @@ def _tei_inputs(inputs: Any, max_texts: int, max_chars: int) -> tuple[list[str],
             raise _invalid(f'`inputs[{i}]` has {len(item)} strings; a batch item is ["text"]')
         texts.append(_text(item[0], f"`inputs[{i}][0]`", max_chars))
     return texts, True
-
-
-def _hf_inputs(inputs: Any, max_texts: int, max_chars: int) -> list[str]:
-    """Hugging Face's: a string, or a list of strings (each its own input)."""
-    if isinstance(inputs, str):
-        return [_text(inputs, "`inputs`", max_chars)]
-    if not isinstance(inputs, list):
-        raise _invalid(f"`inputs` must be a string or a list of strings, got {kind_of(inputs)}")
-    if not inputs:
-        raise _invalid("`inputs` cannot be empty", 400)
-    _too_many(len(inputs), max_texts)
-    return [_text(text, f"`inputs[{i}]`", max_chars) for i, text in enumerate(inputs)]
 
 
 def _hf_parameters(parameters: Any, multi_label: bool = False) -> tuple[int | None, str | None]:
@@ -167,10 +156,7 @@ def parse(
         raise _invalid(f'`truncation_direction` must be "Left" or "Right", got {quoted(direction)}')
     hf = "parameters" in payload
     top_k, function = _hf_parameters(payload["parameters"], multi_label) if hf else (None, None)
-    if hf:
-        texts, batch = _hf_inputs(payload["inputs"], max_texts, max_chars), True
-    else:
-        texts, batch = _tei_inputs(payload["inputs"], max_texts, max_chars)
+    texts, batch = _inputs(payload["inputs"], max_texts, max_chars, hf)
     request = ForeignRequest(
         texts=texts,
         batch=batch,
