@@ -46,6 +46,7 @@ from .rows import AG_NEWS_LABELS, RawSplit
 from .splits import hold_out, load_split, stratified_sample
 
 MAX_EXAMPLES = 3  # rows a warning shows
+MULTI_HINT = " (a list of labels: set problem_type multi_label_classification)"
 
 
 @dataclass
@@ -91,19 +92,24 @@ def uses_own_data(config: DataConfig) -> bool:
     return bool(config.train_file or config.dataset_name)
 
 
+def names_in(text: str) -> list[str]:
+    """The names of a comma-separated list, stripped, empty ones left out."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def text_columns(config: DataConfig) -> list[str]:
-    return [name.strip() for name in config.text_column_names.split(",") if name.strip()]
+    return names_in(config.text_column_names)
 
 
 def label_columns(config: DataConfig) -> list[str]:
     """The label column, or a multi-label set's 0/1 columns (one per label)."""
-    return [name.strip() for name in config.label_column_name.split(",") if name.strip()]
+    return names_in(config.label_column_name)
 
 
 def given_label_names(config: DataConfig) -> list[str] | None:
     if config.label_names is None:
         return None
-    names = [name.strip() for name in config.label_names.split(",") if name.strip()]
+    names = names_in(config.label_names)
     duplicated = [name for name, n in Counter(names).items() if n > 1]
     if len(names) < 2 or duplicated:
         why = f"names {duplicated[0]!r} twice" if duplicated else "must name at least two labels"
@@ -132,18 +138,15 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
     warnings: list[str] = []
     given = labels if len(labels) > 1 else given_label_names(config)  # 0/1 columns: their names are the labels
     names, to_id = label_set(train_rows, given, warnings)
-    check_training_rows(
-        train_rows, to_id, names, config.label_column_name, warnings
-    )  # all of them, before any is held out
+    # all of them, before any is held out
+    check_training_rows(train_rows, to_id, names, config.label_column_name, warnings)
     if eval_rows is None:
         train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, seed)
     else:
         eval_from = eval_rows.source
-    train = _labelled(train_rows, to_id, names, "training")
+    train = _labelled(train_rows, to_id, names, "training") if need_train else None
     evaluation = _labelled(eval_rows, to_id, names, "the evaluation split")
-    return LabelledData(
-        train if need_train else None, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi
-    )
+    return LabelledData(train, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi)
 
 
 def problem_type_of(config: DataConfig) -> tuple[str, str]:
@@ -196,7 +199,6 @@ def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = No
     rows again. A run on AG News reads it from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not from
     the folder it was trained from, which may be on another machine. Fields this version does not know are left
     out; a ``ConfigError`` if the rest is not valid."""
-
     known = set(TrainConfig.field_names())
     values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     config = TrainConfig.from_dict(values)
@@ -215,12 +217,8 @@ def read_file_rows(
         raise DataError(
             f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)"
         )
-    rows = _Rows(
-        [],
-        [],
-        [],
-        "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)",
-    )
+    many = f"{shards[0].path.parent} ({len(shards)} files)"
+    rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]
     for shard in shards:
         for row in read_rows(shard, columns=needed):
@@ -310,35 +308,17 @@ def _add_row(
     if not text:
         raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
     rows.texts.append(text)
-    if not multi:
-        rows.labels.append(_label_key(fields[labels[0]], where, labels[0]))
-    elif len(labels) > 1:
-        rows.labels.append(tuple(name for name in labels if _flag(fields[name], where, name)))
-    else:
-        rows.labels.append(_label_keys(fields[labels[0]], where, labels[0]))
+    try:
+        if not multi:
+            rows.labels.append(label_key(fields[labels[0]], labels[0]))
+        elif len(labels) > 1:
+            rows.labels.append(tuple(name for name in labels if label_flag(fields[name], name)))
+        else:
+            rows.labels.append(label_keys(fields[labels[0]], labels[0]))
+    except BadRow as exc:
+        many = not multi and isinstance(fields[labels[0]], list)
+        raise DataError(f"{where}: {exc}" + (MULTI_HINT if many else "")) from None
     rows.where.append(where)
-
-
-def _label_keys(value: Any, where: str, column: str) -> tuple[str, ...]:
-    try:
-        return label_keys(value, column)
-    except BadRow as exc:
-        raise DataError(f"{where}: {exc}") from None
-
-
-def _flag(value: Any, where: str, column: str) -> bool:
-    try:
-        return label_flag(value, column)
-    except BadRow as exc:
-        raise DataError(f"{where}: {exc}") from None
-
-
-def _label_key(value: Any, where: str, column: str) -> str:
-    try:
-        return label_key(value, column)
-    except BadRow as exc:
-        many = " (a list of labels: set problem_type multi_label_classification)" if isinstance(value, list) else ""
-        raise DataError(f"{where}: {exc}{many}") from None
 
 
 # ---------------------------------------------------------------------- labels
@@ -419,15 +399,13 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
         where = rows.where[rows.labels.index(single[0])]
         raise DataError(
             f"{where}: label {single[0]!r} occurs once in training, so the validation split "
-            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1, 'label')}; "
+            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1)}; "
             "give validation_file, or add rows of it, or remove it"
         )
     ids = [to_id[label] for label in rows.labels]
     n = max(len(counts), round(len(rows) * percentage / 100))
     chosen = set(stratified_sample(ids, n, seed))
-    held = sorted(chosen)
-    kept = [i for i in range(len(rows)) if i not in chosen]
-    return rows.subset(kept), rows.subset(held), note
+    return rows.subset([i for i in range(len(rows)) if i not in chosen]), rows.subset(sorted(chosen)), note
 
 
 def check_training_rows(
@@ -494,5 +472,5 @@ def _listing(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _more(n: int, what: str) -> str:
-    return f" (and {n} more {what}{'s' if n > 1 else ''} like it)" if n else ""
+def _more(n: int) -> str:
+    return f" (and {n} more label{'s' if n > 1 else ''} like it)" if n else ""
