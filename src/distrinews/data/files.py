@@ -40,8 +40,8 @@ from typing import Any
 
 from ..errors import ConfigError
 
-FORMATS = ("jsonl", "csv", "parquet")
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet"}
+KNOWN = ", ".join(SUFFIXES)
 PARQUET_EXTRA = "parquet"
 PARQUET_BATCH = 1024  # rows decoded at a time: memory stays bounded whatever the row group size
 RAW_LIMIT = 10_000  # characters of a bad row kept for the rejects file
@@ -61,11 +61,7 @@ class Shard:
     """One input file and its format."""
 
     path: Path
-    format: str  # one of FORMATS
-
-    @property
-    def compressed(self) -> bool:
-        return self.path.name.endswith(".gz")
+    format: str  # one of SUFFIXES' values
 
 
 @dataclass
@@ -85,10 +81,6 @@ def format_of(path: str | os.PathLike) -> str | None:
         if name.endswith(suffix) and len(name) > len(suffix):
             return fmt
     return None
-
-
-def _known_suffixes() -> str:
-    return ", ".join(SUFFIXES)
 
 
 def require_pyarrow(what: str) -> None:
@@ -115,7 +107,7 @@ def resolve_inputs(specs: Iterable[str], what: str = "--input") -> list[Shard]:
             seen.add(resolved)
             fmt = format_of(path)
             if fmt is None:  # _expand only returns unknown formats for a file named on its own
-                raise ConfigError(f"{what} {spec}: unknown format (use one of {_known_suffixes()})")
+                raise ConfigError(f"{what} {spec}: unknown format (use one of {KNOWN})")
             shards.append(Shard(resolved, fmt))
     if any(s.format == "parquet" for s in shards):
         require_pyarrow("reading Parquet")
@@ -131,15 +123,13 @@ def _expand(spec: str, what: str) -> list[Path]:
     path = Path(spec).expanduser()
     if path.is_file():
         return [path]
-    if path.is_dir():
-        files = _listed(path.iterdir())
+    folder = path.is_dir()
+    if folder or glob.has_magic(spec):
+        files = _listed(path.iterdir() if folder else (Path(p) for p in glob.glob(os.path.expanduser(spec))))
         if not files:
-            raise ConfigError(f"{what} {spec}: the folder holds no {_known_suffixes()} files")
-        return files
-    if glob.has_magic(spec):
-        files = _listed(Path(p) for p in glob.glob(os.path.expanduser(spec)))
-        if not files:
-            raise ConfigError(f"{what} {spec}: no {_known_suffixes()} files match")
+            raise ConfigError(
+                f"{what} {spec}: " + (f"the folder holds no {KNOWN} files" if folder else f"no {KNOWN} files match")
+            )
         return files
     raise ConfigError(f"{what} {spec} does not exist")
 
@@ -153,28 +143,27 @@ def read_rows(
     ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
     ``max_row_bytes``: a longer row is a bad row (its number and line are kept, the rest of it is not read).
     """
-    if shard.format == "jsonl":
-        yield from _jsonl_rows(shard.path, start, max_row_bytes, parse=True)
-    elif shard.format == "csv":
-        yield from _csv_rows(shard.path, start, max_row_bytes)
-    else:
-        yield from _parquet_rows(shard.path, start, columns, max_row_bytes)
+    if shard.format == "parquet":
+        return _parquet_rows(shard.path, start, columns, max_row_bytes)
+    return (
+        _jsonl_rows(shard.path, start, max_row_bytes)
+        if shard.format == "jsonl"
+        else _csv_rows(shard.path, start, max_row_bytes)
+    )
 
 
 def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
+    if shard.format == "parquet":
+        return _parquet_count(shard.path)
     if shard.format == "jsonl":
         return sum(1 for _ in _jsonl_rows(shard.path, 0, max_row_bytes, parse=False))
-    if shard.format == "csv":
-        return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
-    return _parquet_count(shard.path)
+    return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
 
 
 def _open_binary(path: Path) -> gzip.GzipFile | io.BufferedReader:
     raw = open(path, "rb")
-    if path.name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    return raw
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
 
 
 def _clip(text: str) -> str:
@@ -204,7 +193,7 @@ def _bounded_lines(fh: io.BufferedIOBase, limit: int) -> Iterator[tuple[bytes, i
         yield line, size
 
 
-def _jsonl_rows(path: Path, start: int, limit: int, parse: bool) -> Iterator[RawRow]:
+def _jsonl_rows(path: Path, start: int, limit: int, parse: bool = True) -> Iterator[RawRow]:
     row = 0
     line_no = 0
     try:
