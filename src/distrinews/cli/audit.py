@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..options import Option, add_options, check_options
 from ..options.shared import CONFIG, DATA
-from .common import require_extra
+from .common import require_extra, run_config, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
     from ..audit.folds import FoldPlan
@@ -69,17 +67,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..config import load_config, parse_overrides
     from ..distributed.launch import nproc_per_node, spans_nodes
 
-    require_extra("cleanlab", "audit", "distrinews audit")
+    require_extra("audit", "distrinews audit")
     check_options(args, options(), ConfigError, prefix="audit: ")
     if spans_nodes(args.launch_flags):
         raise ConfigError("audit: each fold runs on this node; --nnodes above 1 is not supported")
-    overrides = parse_overrides(extra)
-    if args.data is not None:
-        overrides["data_dir"] = args.data
-    config = load_config(args.config, overrides)  # fails here, naming the field, before anything is read
+    config = run_config(args, extra)
     directory = Path(args.output_dir or f"{config.run.output_dir.rstrip('/')}-audit")
 
     from ..checkpoint.file_lock import FileLock
@@ -99,17 +93,15 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
     plan = _plan(args, config, directory, nproc)
     # SIGTERM as Ctrl-C while folds run: the fold's run saves a checkpoint and stops. Only then: cleanlab's forked
     # workers, which their pool ends with SIGTERM, must not inherit it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        probs = out_of_fold(plan)
+        with sigterm_as_ctrl_c():
+            probs = out_of_fold(plan)
     except FoldFailed as exc:
         print(f"distrinews: error: {exc}; the same command continues the audit", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"distrinews: audit stopped: the same command continues it ({directory})", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     _report(args, extra, plan, probs)
     return 0
 
@@ -249,7 +241,3 @@ def _digest_of(path: Path) -> str | None:
         for block in iter(lambda: fh.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -86,8 +86,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         out = args.output or Path(args.checkpoint).resolve().parent / _versioned_pt_name(args.checkpoint, args.version)
         print(f"wrote {export_seed_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
-    require_extra("onnx", "onnx", "export --format onnx")
-    require_extra("onnxruntime", "onnx", "export --format onnx")
+    require_extra("onnx", "export --format onnx")
     from ..export.onnx import export_onnx
 
     out = export_onnx(args.checkpoint, args.output, quantize=args.quantize)
@@ -116,10 +115,9 @@ def _space(args: argparse.Namespace) -> int:
 
     runtime = args.runtime or DEFAULT_SPACE_RUNTIME
     if runtime != "torch":
-        require_extra("onnx", "onnx", f"export --format space --runtime {runtime}")
-        require_extra("onnxruntime", "onnx", f"export --format space --runtime {runtime}")
+        require_extra("onnx", f"export --format space --runtime {runtime}")
     if args.push_to_hub:
-        require_extra("huggingface_hub", "hub", "export --push-to-hub")
+        require_extra("hub", "export --push-to-hub")
     checkpoint = Path(args.checkpoint)
     output = Path(args.output) if args.output else checkpoint.resolve().parent / f"space-{runtime}"
     bundle = export_space(

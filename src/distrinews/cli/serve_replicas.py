@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..options import Option, add_options, check_options, fill_from_env
 from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
 from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
-from .common import require_serving
+from .common import require_extra
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -81,7 +81,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
-    require_serving("serve-replicas")
+    require_extra("serve", "serve-replicas")
     from ..checkpoint.servable import check_loadable
     from ..distributed.machine import threads_per_process
     from ..serve.nginx import find_nginx
