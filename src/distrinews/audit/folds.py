@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 import numpy as np
-import yaml
 
 from ..checkpoint.atomic import open_nofollow, read_text_nofollow, remove_entry, write_text_atomically
 from ..config import TrainConfig
@@ -191,7 +190,7 @@ def _write_fold_files(plan: FoldPlan, fold: Fold, ids: list[int]) -> None:
     heldout = "".join(json.dumps({"id": i, "text": rows.texts[i]}, ensure_ascii=False) + "\n" for i in ids)
     write_text_atomically(fold.heldout_file, heldout)
     config = plan.fold_config(fold)
-    write_text_atomically(fold.config_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_text_atomically(fold.config_file, config.to_yaml())
 
 
 def _train(plan: FoldPlan, fold: Fold, header: str) -> None:

@@ -165,8 +165,12 @@ class TrainConfig(BaseModel):
         """Flat ``{field: value}``, sections in order: the form of presets, ``config.yaml`` and records."""
         return {name: value for section in SECTIONS for name, value in getattr(self, section).model_dump().items()}
 
+    def to_yaml(self) -> str:
+        """The flat form as YAML: a preset, ``config.yaml``, a trial's or a fold's config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def save_yaml(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.to_yaml())
 
     @classmethod
     def field_names(cls) -> list[str]:
