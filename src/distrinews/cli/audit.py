@@ -141,14 +141,14 @@ def _plan(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc:
 
 def _record(folds: int, config: TrainConfig, directory: Path, rows: AuditRows, fold_of: list[int]) -> None:
     """Write the audited rows and the audit's record into ``directory``, or refuse an audit of other rows there."""
-    from ..audit.rows import EVAL_FILE, ROWS_FILE, AuditRecord, digest, rows_jsonl
+    from ..audit.rows import EVAL_FILE, RECORD_VERSION, ROWS_FILE, AuditRecord, digest, rows_jsonl
     from ..checkpoint.atomic import make_dir, write_text_atomically
 
     names = rows.label_names
     rows_text = rows_jsonl(rows.train, names, list(range(len(rows.train))))
     eval_text = rows_jsonl(rows.eval, names)
     record = AuditRecord(
-        version=1,
+        version=RECORD_VERSION,
         folds=folds,
         seed=config.run.seed,
         label_names=names,
