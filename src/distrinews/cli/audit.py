@@ -176,32 +176,23 @@ def _report(args: argparse.Namespace, extra: list[str], plan: FoldPlan, probs: A
     """cleanlab's verdict on the out-of-fold probabilities: the files, the summary and the train commands."""
     import numpy as np
 
-    from ..audit.issues import (
-        CLEAN_DIR,
-        ISSUES_FILE,
-        OOF_FILE,
-        SUMMARY_FILE,
-        find_issues,
-        summary,
-        write_cleaned,
-        write_issues,
-        write_out_of_fold,
-    )
+    from ..audit import issues as label_issues
     from ..audit.rows import EVAL_FILE, ROWS_FILE
     from ..checkpoint.atomic import write_text_atomically
 
     rows, directory, names = plan.rows, plan.directory, plan.rows.label_names
-    issues = find_issues(np.asarray(rows.train.labels), probs, args.filter_by)
-    write_out_of_fold(directory / OOF_FILE, rows, plan.fold_of, probs)
-    write_issues(directory / ISSUES_FILE, rows, issues, probs)
-    screen = summary(rows, issues)
-    write_text_atomically(directory / SUMMARY_FILE, screen + "\n")
+    issues = label_issues.find_issues(np.asarray(rows.train.labels), probs, args.filter_by)
+    label_issues.write_out_of_fold(directory / label_issues.OOF_FILE, rows, plan.fold_of, probs)
+    label_issues.write_issues(directory / label_issues.ISSUES_FILE, rows, issues, probs)
+    screen = label_issues.summary(rows, issues)
+    write_text_atomically(directory / label_issues.SUMMARY_FILE, screen + "\n")
     print(screen)
-    print(f"flagged rows, most suspect first: {directory / ISSUES_FILE}")
+    print(f"flagged rows, most suspect first: {directory / label_issues.ISSUES_FILE}")
     train_with = _train_command(args, extra, directory / ROWS_FILE, directory / EVAL_FILE, names)
     print(f"train on the audited rows as given:\n  {train_with}")
     if args.clean:
-        path, changed = write_cleaned(directory / CLEAN_DIR.format(mode=args.clean), rows, issues, args.clean)
+        clean_dir = directory / label_issues.CLEAN_DIR.format(mode=args.clean)
+        path, changed = label_issues.write_cleaned(clean_dir, rows, issues, args.clean)
         what = "without" if args.clean == "drop" else "with relabelled"
         print(f"{path}: {changed:,} rows {'dropped' if args.clean == 'drop' else 'relabelled'}")
         print(f"train {what} the flagged rows:\n  {_train_command(args, extra, path, directory / EVAL_FILE, names)}")

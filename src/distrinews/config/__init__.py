@@ -15,13 +15,9 @@ of the field they mean. Every value is checked here, before any process group ex
 
 from ..errors import ConfigError
 from .sections import (
-    BEST_MODEL_METRICS,
     DDP_COMM_HOOKS,
     DEFAULT_MODEL_VERSION,
-    LR_SCHEDULES,
     MULTI_LABEL,
-    REPORT_TO,
-    SECTION_OF,
     SECTIONS,
     SINGLE_LABEL,
     STRATEGIES,
@@ -32,7 +28,6 @@ from .sections import (
     OptimizerConfig,
     ParallelConfig,
     PrecisionConfig,
-    RunConfig,
     is_version,
 )
 from .train_config import (
@@ -46,14 +41,10 @@ from .train_config import (
 )
 
 __all__ = [
-    "BEST_MODEL_METRICS",
     "DDP_COMM_HOOKS",
     "DEFAULT_MODEL_VERSION",
-    "LR_SCHEDULES",
     "MULTI_LABEL",
-    "REPORT_TO",
     "SECTIONS",
-    "SECTION_OF",
     "SINGLE_LABEL",
     "STRATEGIES",
     "BatchConfig",
@@ -64,7 +55,6 @@ __all__ = [
     "OptimizerConfig",
     "ParallelConfig",
     "PrecisionConfig",
-    "RunConfig",
     "TrainConfig",
     "canonical_name",
     "field_default",

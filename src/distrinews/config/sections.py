@@ -22,9 +22,6 @@ ProblemType = Literal["single_label_classification", "multi_label_classification
 SINGLE_LABEL, MULTI_LABEL = typing.get_args(ProblemType)
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
-LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
-REPORT_TO: tuple[str, ...] = typing.get_args(ReportTo)
-BEST_MODEL_METRICS: tuple[str, ...] = typing.get_args(BestModelMetric)
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 

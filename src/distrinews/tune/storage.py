@@ -38,17 +38,6 @@ from optuna.trial import TrialState
 from ..errors import ConfigError
 from .outage import DatabaseStorage  # RDBStorage, riding out a database restart
 
-__all__ = [
-    "HEARTBEAT_ATTR",
-    "STORAGE_ENV",
-    "JournalHeartbeatStorage",
-    "is_database_url",
-    "open_storage",
-    "redacted",
-    "scrubbed",
-    "storage_url",
-]
-
 HEARTBEAT_ATTR = "distrinews:heartbeat"
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 # The storage when neither --storage nor --storage-file names one: a URL with a password stays off the command line
