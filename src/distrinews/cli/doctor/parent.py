@@ -1,9 +1,6 @@
-"""``distrinews doctor`` without torchrun: this process is the parent. It chooses the rendezvous port (the one
-asked for if it can be bound, or a free one), starts the ranks itself with the environment torchrun would give
-them, waits for them (stopping any that hang past the deadline), and reads what each reported, so that it can
-tell a port in use, a rank that never joined, a rank that crashed and a rank that hung apart, with advice for
-each.
-"""
+"""``distrinews doctor`` without torchrun (the first way of ``checks``): this process picks the rendezvous port (the
+one asked for if it can be bound, or a free one), starts the ranks, waits for them (stopping any that hang past the
+deadline) and reads what each reported, to tell the ways they fail apart, with advice for each."""
 
 from __future__ import annotations
 
