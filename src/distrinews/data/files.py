@@ -403,11 +403,8 @@ def _oversized_group(parquet: Any, group: int, columns: list[str] | None, limit:
     """Why a row group is not decoded (its columns read, uncompressed, over the limits), else None: from the footer."""
     meta = parquet.metadata.row_group(group)
     read = set(columns) if columns is not None else None
-    total = 0
-    for i in range(meta.num_columns):
-        chunk = meta.column(i)
-        if read is None or chunk.path_in_schema.split(".")[0] in read:
-            total += chunk.total_uncompressed_size
+    chunks = [meta.column(i) for i in range(meta.num_columns)]
+    total = sum(c.total_uncompressed_size for c in chunks if read is None or c.path_in_schema.split(".")[0] in read)
     if total > PARQUET_GROUP_BYTES or total > limit * max(meta.num_rows, 1):
         return (
             f"Parquet row group {group} not read: its columns take {total:,} bytes uncompressed "
@@ -435,10 +432,8 @@ def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
         except Exception as exc:
             rows.append(RawRow(line, None, f"unreadable Parquet row ({type(exc).__name__}: {exc})"))
             continue
-        if (size := _fields_bytes(fields)) > limit:
-            rows.append(RawRow(line, None, _too_long(size, limit)))
-        else:
-            rows.append(RawRow(line, fields))
+        size = _fields_bytes(fields)
+        rows.append(RawRow(line, None, _too_long(size, limit)) if size > limit else RawRow(line, fields))
     return rows
 
 

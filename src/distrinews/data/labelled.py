@@ -447,15 +447,11 @@ def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]
         j = first.setdefault(text, i)
         if j != i and rows.labels[j] != rows.labels[i]:
             conflicted[text] = None
-    if not conflicted:
-        return []
     found: dict[str, tuple[list[str], list[str]]] = {text: ([], []) for text in conflicted}
     for text, label, where in zip(rows.texts, rows.labels, rows.where):
-        if text in found:
-            labels, wheres = found[text]
-            if label not in labels:
-                labels.append(label)
-                wheres.append(where)
+        if text in found and label not in found[text][0]:
+            found[text][0].append(label)
+            found[text][1].append(where)
     return [(text, labels, wheres) for text, (labels, wheres) in found.items()]
 
 
