@@ -32,18 +32,13 @@ OPTIONS = [
     ),
     Option("quantize", help="onnx: int8 dynamic quantization", choices=("int8",)),
     Option(
-        "version",
-        help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)",
+        "version", help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)"
     ),
 ]
 # The runtime a Space runs is not serve's --runtime (no auto, no torch-bf16), and None says it was not given, which
 # only --format space allows (SPACE_ONLY).
 SPACE_OPTIONS = [
-    Option(
-        "runtime",
-        help=f"what the Space runs (default: {DEFAULT_SPACE_RUNTIME})",
-        choices=SPACE_RUNTIMES,
-    ),
+    Option("runtime", help=f"what the Space runs (default: {DEFAULT_SPACE_RUNTIME})", choices=SPACE_RUNTIMES),
     Option(
         "check_accuracy",
         False,

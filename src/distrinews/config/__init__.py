@@ -30,15 +30,7 @@ from .sections import (
     PrecisionConfig,
     is_version,
 )
-from .train_config import (
-    TrainConfig,
-    canonical_name,
-    field_default,
-    fields,
-    load_config,
-    parse_overrides,
-    reference,
-)
+from .train_config import TrainConfig, canonical_name, field_default, fields, load_config, parse_overrides, reference
 
 __all__ = [
     "DDP_COMM_HOOKS",

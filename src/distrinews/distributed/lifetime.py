@@ -63,11 +63,7 @@ _POLL_S = 0.2
 
 
 def run_until_stopped(
-    command: list[str],
-    grace_s: float,
-    *,
-    started: Callable[[int], None] | None = None,
-    **popen: Any,
+    command: list[str], grace_s: float, *, started: Callable[[int], None] | None = None, **popen: Any
 ) -> int:
     """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
     SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_processes``). ``started``
