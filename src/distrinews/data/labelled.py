@@ -238,28 +238,23 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
     labels = label_columns(config)
-    label_column = labels[0]
-    out: list[_Rows | None] = []
-    for split in ("train", next((s for s in ("validation", "test") if s in splits), None)):
-        if split is None:
-            out.append(None)
-            continue
-        ds = splits[split]
-        where = f"{config.dataset_name}/{split}"
+
+    def read(split: str) -> _Rows:
+        ds, where = splits[split], f"{config.dataset_name}/{split}"
         _require_columns(where, [*columns, *labels], list(ds.column_names))
-        feature = ds.features.get(label_column)
+        feature = ds.features.get(labels[0])
         feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) of a multi-label set
         names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
         rows = _Rows([], [], [], where, classlabel_names=names)
         values = {name: ds[name] for name in dict.fromkeys([*columns, *labels])}
         for i in range(len(ds)):
-            fields = {name: values[name][i] for name in values}
-            _add_row(rows, fields, f"{where} row {i}", columns, labels, multi)
+            _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, labels, multi)
         if not rows.texts:
             raise DataError(f"data set {where}: no rows")
-        out.append(rows)
-    assert out[0] is not None, "the train split is always read"
-    return out[0], out[1]
+        return rows
+
+    evaluation = next((s for s in ("validation", "test") if s in splits), None)
+    return read("train"), read(evaluation) if evaluation is not None else None
 
 
 def _load_dataset(name: str, config_name: str | None) -> Any:  # a datasets.DatasetDict (datasets ships no types)

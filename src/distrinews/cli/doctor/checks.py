@@ -20,13 +20,11 @@ ranks), ``advice`` and ``report`` (the printed lines).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 from ...options import Option, add_options, check_options
-from ..common import no_extra_arguments
+from ..common import no_extra_arguments, write_json
 from .advice import advise
 from .facts import port_free
 from .parent import run_parent
@@ -88,8 +86,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         print("\nAll checks passed.", flush=True)
     if args.json:
-        findings = {"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data}
-        Path(args.json).write_text(json.dumps(findings, indent=2, default=str))
+        write_json(args.json, {"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data})
     return code
 
 
