@@ -67,6 +67,11 @@ def check_endpoint(endpoint: str | None, flag: str = "--otlp-endpoint") -> None:
         )
 
 
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL of a base endpoint, as the standard variable means it (``/v1/traces`` appended)."""
+    return endpoint.rstrip("/") + "/v1/traces"
+
+
 def start(service_name: str, endpoint: str | None = None) -> bool:
     """Turn tracing on for this process when it is wanted; returns whether it is on.
 
@@ -87,8 +92,7 @@ def start(service_name: str, endpoint: str | None = None) -> bool:
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, but what is passed here wins over them.
     resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name})
     provider = TracerProvider(resource=resource)
-    # a base endpoint's traces URL, as the standard variable means it
-    exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces") if endpoint else OTLPSpanExporter()
+    exporter = OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     use(provider)
     return True
