@@ -5,8 +5,7 @@
 
 Launcher flags (``--nproc-per-node`` ...) are each trial's; ``--field value`` overrides the config every
 trial starts from. Started again with the same ``--output-dir`` (or ``--storage``) and ``--study-name``, it
-resumes the study; several tuners on one ``--storage`` share it. A database URL with a password goes in
-``$DISTRINEWS_TUNE_STORAGE`` or ``--storage-file``, off the command line, which every user sees.
+resumes the study; several tuners on one ``--storage`` share it.
 """
 
 from __future__ import annotations
