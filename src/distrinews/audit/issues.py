@@ -69,13 +69,8 @@ def write_issues(path: Path, rows: AuditRows, issues: Issues, probs: np.ndarray)
     out.writerow(["rank", "id", "where", "given", "suggested", "quality", "suggested_probability", "text"])
     for rank, i in enumerate(issues.ranked, 1):
         suggested = int(issues.suggested[i])
-        labels = [
-            names[rows.train.labels[i]],
-            names[suggested],
-            f"{issues.quality[i]:.4f}",
-            f"{probs[i, suggested]:.4f}",
-        ]
-        out.writerow([rank, i, rows.where(i), *labels, rows.train.texts[i]])
+        given, quality, chance = names[rows.train.labels[i]], f"{issues.quality[i]:.4f}", f"{probs[i, suggested]:.4f}"
+        out.writerow([rank, i, rows.where(i), given, names[suggested], quality, chance, rows.train.texts[i]])
     write_text_atomically(path, buf.getvalue())
 
 
