@@ -91,17 +91,11 @@ def tiny_config(labels: Sequence[str], dropout: float | None = None, problem_typ
     from transformers import BertConfig
 
     p = 0.1 if dropout is None else dropout
-    return BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        hidden_dropout_prob=p,
-        attention_probs_dropout_prob=p,
-        **label_fields(labels, problem_type),
+    shape: dict[str, Any] = dict(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
     )
+    dropouts: dict[str, Any] = {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+    return BertConfig(**shape, max_position_embeddings=512, **dropouts, **label_fields(labels, problem_type))
 
 
 ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BERT's, DistilBERT's names
