@@ -1,33 +1,27 @@
 """The labelled rows a run trains and evaluates on, and the label set, read from the data.
 
-Three sources, one result (:class:`LabelledData`):
+Three sources, one result (:class:`LabelledData`): **AG News** (the default: ``--data`` / ``$DISTRINEWS_DATA`` or
+the hub, ``splits.load_split``; its four classes in release order); **files** (``train_file`` + ``validation_file``
+or ``test_file``: CSV with a header, JSONL or Parquet, ``.gz`` for the first two; a file, a folder of shards or a
+glob, ``files.resolve_inputs``); **a data set** (``dataset_name`` + ``dataset_config_name`` through ``datasets``: a
+hub id, or a folder that ``datasets`` wrote with ``save_to_disk`` or that holds a hub-style repository).
 
-- **AG News** (the default): ``--data`` / ``$DISTRINEWS_DATA`` or the hub (``splits.load_split``),
-  its four classes in their release order;
-- **files**: ``train_file`` (+ ``validation_file`` or ``test_file``): CSV with a header, JSONL or
-  Parquet (``.gz`` for the first two), a file, a folder of shards or a glob (``files.resolve_inputs``);
-- **a data set**: ``dataset_name`` (+ ``dataset_config_name``) through ``datasets``: a hub id, or a
-  folder that ``datasets`` wrote (``save_to_disk``) or that holds a hub-style repository.
+A row's text is its ``text_column_names`` joined with a space (runs of whitespace made one, as the server does with
+a request's text); its label the ``label_column_name`` value, a string or an integer. The label set is the training
+split's labels, sorted (numerically when all are integers), or in ``label_names``' order, or a hub ``ClassLabel``'s
+own names. An evaluation label that training never saw is an error naming it and a row holding it. Without an
+evaluation split, ``validation_split_percentage`` of the training rows are held out, stratified by label, seeded.
 
-The text of a row is its ``text_column_names`` joined with a space (runs of whitespace made one,
-as the server does with a request's text). The label is the ``label_column_name`` value, a string
-or an integer; the label set is the training split's labels, sorted (numerically when they are
-all integers), or in the order ``label_names`` gives, or a hub ``ClassLabel``'s own names. The
-evaluation split is checked against it: a label it has that training never saw is an error that
-names the label and a row holding it. Without an evaluation split, one is carved from training:
-``validation_split_percentage`` of the rows, stratified by label, seeded.
-
-Everything that would make training fail or mislead is found here, before any worker starts,
-each as one line: a missing column (naming the columns there are), an empty text or label (file
-and line), a label column with one class, a class with a single row where a split must be
-stratified. What training survives becomes a warning: a class with one row, classes of
-``label_names`` with no training rows, texts that occur with different labels.
+Everything that would make training fail or mislead is found here, before any worker starts, as one line: a missing
+column (naming the columns there are), an empty text or label (file and line), a label column with one class, a
+class with a single row where a split must be stratified. What training survives is a warning: a class with one
+row, classes of ``label_names`` with no training rows, texts that occur with different labels.
 
 Multi-label (``problem_type: multi_label_classification``, or unset on lists: ``problem_type_of``): a row's label
-is a list of labels (a JSONL or Parquet list; in a CSV cell, names separated by commas or a JSON list; an empty
-list is a row with none of them), or ``label_column_name`` names several columns, one per label, each 0 or 1
-(the columns' names are the labels). The labels become a 0/1 list per row (multi-hot); the label set
-is every label seen in training, as above. A value that is neither is an error naming ``file:line``.
+is a list of labels (a JSONL or Parquet list; in a CSV cell, comma-separated names or a JSON list; an empty list is
+none of them), or ``label_column_name`` names several 0/1 columns, one per label, named by it. The labels become a
+0/1 list per row (multi-hot); the label set is every label seen in training. Anything else is an error naming
+``file:line``.
 """
 
 from __future__ import annotations
