@@ -1,25 +1,24 @@
 """Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad
 one.
 
-An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files
-such as ``_SUCCESS`` and subfolders left out) or a glob; ``.gz`` is allowed for JSONL and CSV. Its
-format is its suffix: ``.jsonl``, ``.csv``, ``.parquet`` (``.jsonl.gz``, ``.csv.gz``).
+An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files such as
+``_SUCCESS`` and subfolders left out) or a glob; its format is its suffix: ``.jsonl``, ``.csv``, ``.parquet``
+(``.jsonl.gz``, ``.csv.gz``).
 
-:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad
-content: a line that is not UTF-8 or not a JSON object (nested too deep included), a CSV record
-with the wrong number of fields, a row over ``max_row_bytes``, a truncated gzip stream, a Parquet
-value that is not UTF-8 or an unreadable row group is a row with ``error`` set (``file:line`` and
-the start of the raw text are kept for the rejects file). Blank lines are not rows. So the rows of a
-file are numbered the same way by every reader, :func:`count_rows` included, and a reader can start
-at row N of a file (``start=N``) without parsing the rows before it.
+:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad content: a line that is
+not UTF-8 or not a JSON object (nested too deep included), a CSV record with the wrong number of fields, a row over
+``max_row_bytes``, a truncated gzip stream, a Parquet value that is not UTF-8 or an unreadable row group is a row
+with ``error`` set (``file:line`` and the start of the raw text are kept for the rejects file). Blank lines are not
+rows. So every reader, :func:`count_rows` included, numbers a file's rows alike, and a reader can start at row N of
+a file (``start=N``) without parsing the rows before it.
 
-Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer
-one is skipped in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped
-to the end of its quoted field), and a Parquet row group is decoded only when its columns read take
-at most ``max_row_bytes`` a row on average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
+Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer one is skipped
+in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped to the end of its quoted
+field), and a Parquet row group is decoded only when its columns read take at most ``max_row_bytes`` a row on
+average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
 
-Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the
-header is line 1); for Parquet, ``line`` is the row's 1-based position in the file.
+Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the header is line 1);
+for Parquet, ``line`` is the row's 1-based position in the file.
 """
 
 from __future__ import annotations
