@@ -260,19 +260,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """``--key value`` / ``--key=value`` pairs into a dict (values stay strings; ``from_dict`` types them)."""
     overrides: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
+    tokens = iter(args)
+    for token in tokens:
         if not token.startswith("--") or token == "--":
             raise ConfigError(f"unexpected argument {token!r}; config overrides are written --field value")
-        key = token[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        key, equals, value = token[2:].partition("=")
+        if not equals:
+            value = next(tokens, "--")  # none left: as if another flag followed
+            if value.startswith("--"):
                 raise ConfigError(f"config override --{key} needs a value")
-            value = args[i + 1]
-            i += 2
         overrides[key.replace("-", "_")] = value
     return overrides

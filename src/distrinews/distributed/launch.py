@@ -66,20 +66,15 @@ def split_launch_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """Take the torchrun flags out of ``argv``: ``({"nproc-per-node": "2", ...}, the rest)``."""
     flags: dict[str, str] = {}
     rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
+    tokens = iter(argv)
+    for token in tokens:
         name = token[2:].split("=", 1)[0].replace("_", "-") if token.startswith("--") else ""
         if name not in LAUNCH_FLAGS:
             rest.append(token)
-            i += 1
-            continue
-        if "=" in token:
+        elif "=" in token:
             flags[name] = token.split("=", 1)[1]
-            i += 1
-        elif i + 1 < len(argv):
-            flags[name] = argv[i + 1]
-            i += 2
+        elif (value := next(tokens, None)) is not None:
+            flags[name] = value
         else:
             raise LaunchError(f"--{name} needs a value")
     _check(flags)
