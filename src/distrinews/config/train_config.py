@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError
-from .field_declaration import config_error, declared_names, type_words
+from .field_declaration import declared_names, type_words
 from .sections import (
     ALIASES,
     MULTI_LABEL,
@@ -25,16 +25,16 @@ from .sections import (
     DataConfig,
     DistillationConfig,
     ModelConfig,
+    OneLineErrors,
     OptimizerConfig,
     ParallelConfig,
     PrecisionConfig,
     RunConfig,
     Section,
-    declaration,
 )
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(OneLineErrors):
     """The whole run: one section per component. Built from flat names (``TrainConfig(learning_rate=3e-4)``,
     a preset, the command line), it files each under its section; ``to_dict`` gives the flat form back."""
 
@@ -48,12 +48,6 @@ class TrainConfig(BaseModel):
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-
-    def __init__(self, **values: Any) -> None:
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:
-            raise config_error(exc, declaration) from None
 
     @model_validator(mode="before")
     @classmethod
