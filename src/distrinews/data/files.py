@@ -142,13 +142,11 @@ def read_rows(
     ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
     ``max_row_bytes``: a longer row is a bad row (its number and line are kept, the rest of it is not read).
     """
-    if shard.format == "parquet":
-        return _parquet_rows(shard.path, start, columns, max_row_bytes)
-    return (
-        _jsonl_rows(shard.path, start, max_row_bytes)
-        if shard.format == "jsonl"
-        else _csv_rows(shard.path, start, max_row_bytes)
-    )
+    if shard.format == "jsonl":
+        return _jsonl_rows(shard.path, start, max_row_bytes)
+    if shard.format == "csv":
+        return _csv_rows(shard.path, start, max_row_bytes)
+    return _parquet_rows(shard.path, start, columns, max_row_bytes)
 
 
 def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
