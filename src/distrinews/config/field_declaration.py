@@ -71,9 +71,6 @@ def type_words(annotation: Any) -> str:
     return f"{words} or null" if base is not annotation else words
 
 
-_MUST = {"finite_number": "be a finite number", "string_too_short": "not be empty"}  # pydantic's kinds, in words
-
-
 def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | None]) -> ConfigError:
     """pydantic's first complaint as one line that names the field (and what the value must be)."""
     err = exc.errors()[0]
@@ -86,14 +83,16 @@ def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | 
     annotation = info.annotation if info is not None else None
     if value is None and kind.endswith(("_type", "_parsing")):
         return ConfigError(f"config field '{name}' may not be null")
-    if kind in _MUST:
-        return ConfigError(f"config field '{name}': must {_MUST[kind]} (got {value!r})")
+    if kind in ("finite_number",):
+        return ConfigError(f"config field '{name}': must be a finite number (got {value!r})")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
         return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
     if kind == "literal_error":
         base = _base(annotation)
         allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
         return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
+    if kind == "string_too_short":
+        return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
     if kind == "value_error" and err["msg"].startswith("Value error, expects "):
         return ConfigError(f"config field '{name}' {err['msg'].removeprefix('Value error, ')}, got {value!r}")
     if kind == "value_error":

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 
 def bus_factor(op: str, n: int) -> float:
-    factors = {
-        "all_reduce": 2.0 * (n - 1) / n,
-        "all_gather": (n - 1) / n,
-        "reduce_scatter": (n - 1) / n,
-        "broadcast": 1,
-    }
-    if op not in factors:
-        raise ValueError(f"unknown collective {op!r}")
-    return float(factors[op])
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
 
 
 def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:
