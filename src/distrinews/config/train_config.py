@@ -49,6 +49,9 @@ class TrainConfig(OneLineErrors):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
+    def __init__(self, **values: Any) -> None:  # flat names: pydantic's mypy plugin would ask for the sections
+        super().__init__(**values)
+
     @model_validator(mode="before")
     @classmethod
     def _file_under_sections(cls, values: Any) -> Any:
