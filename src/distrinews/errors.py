@@ -43,10 +43,4 @@ class DiskFullError(Exception):
 
 # Raised inside a run's process group by what the user gave it (or a disk they can make room on); the command line
 # adds its own (a bad launcher flag, a bad serve option) to these for its exit 2.
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError,
-    DataError,
-    CheckpointError,
-    DiskFullError,
-    FileNotFoundError,
-)
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DiskFullError, FileNotFoundError)

@@ -70,9 +70,8 @@ def check_model_available(name: str) -> None:
         AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = (
-            "a local directory" if Path(name).exists() else "neither a local directory nor a model the hub can give now"
-        )
+        where = "neither a local directory nor a model the hub can give now"
+        where = "a local directory" if Path(name).exists() else where
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
@@ -88,26 +87,15 @@ def label_fields(labels: Sequence[str], problem_type: str | None = None) -> dict
     }
 
 
-def is_multi_label(model: torch.nn.Module) -> bool:
-    """Whether the model scores each label on its own (a sigmoid per label) rather than one softmax over them."""
-    return getattr(hf_config(model), "problem_type", None) == "multi_label_classification"
-
-
 def tiny_config(labels: Sequence[str], dropout: float | None = None, problem_type: str | None = None) -> BertConfig:
     from transformers import BertConfig
 
     p = 0.1 if dropout is None else dropout
-    return BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        hidden_dropout_prob=p,
-        attention_probs_dropout_prob=p,
-        **label_fields(labels, problem_type),
+    shape: dict[str, Any] = dict(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
     )
+    dropouts: dict[str, Any] = {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+    return BertConfig(**shape, max_position_embeddings=512, **dropouts, **label_fields(labels, problem_type))
 
 
 ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")  # BERT's, DistilBERT's names
@@ -229,9 +217,8 @@ def _sdpa_in_fp32(
 
 
 def transformers_model(model: torch.nn.Module) -> torch.nn.Module:
-    return (
-        cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
-    )  # peft's wrapper: the model inside
+    """The model inside peft's wrapper; any other model as it is."""
+    return cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def use_fp32_attention(model: torch.nn.Module) -> bool:
@@ -279,13 +266,9 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
         raise ConfigError(
             "config field 'use_peft': LoRA needs the peft extra: pip install 'distrinews[peft]'"
         ) from None
-    targets = None
-    if target_modules:
-        targets = (
-            "all-linear"
-            if target_modules == "all-linear"
-            else [t.strip() for t in target_modules.split(",") if t.strip()]
-        )
+    targets: str | list[str] | None = target_modules or None
+    if target_modules and target_modules != "all-linear":
+        targets = [t.strip() for t in target_modules.split(",") if t.strip()]
     # SEQ_CLS keeps the new classification head trainable (peft's modules_to_save).
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
     try:
@@ -341,9 +324,8 @@ def forward_loss(
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if class_weights is None:
-        return F.cross_entropy(
-            logits.float(), batch["labels"], reduction=reduction, label_smoothing=label_smoothing
-        ), logits
+        loss = F.cross_entropy(logits.float(), labels, reduction=reduction, label_smoothing=label_smoothing)
+        return loss, logits
     per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none", label_smoothing=label_smoothing)
     per_row = per_row * class_weights[batch["labels"]]
     return (per_row.sum() if reduction == "sum" else per_row.mean() if reduction == "mean" else per_row), logits

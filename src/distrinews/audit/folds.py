@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 import numpy as np
-import yaml
 
 from ..checkpoint.atomic import open_nofollow, read_text_nofollow, remove_entry, write_text_atomically
 from ..config import TrainConfig
 from ..distributed.launch import PREEMPTION_GRACE_S
 from ..distributed.lifetime import last_line, preexec_die_with_parent, run_until_stopped
 from ..errors import ConfigError, DataError
-from .rows import AuditRows, data_overrides, rows_jsonl
+from .rows import FOLD_RUN, AuditRows, data_overrides, rows_jsonl
 
 FOLDS_DIR = "folds"
 # A line of batch output: an id, a label, a confidence, and one probability per label
@@ -135,10 +134,7 @@ class FoldPlan:
     def fold_config(self, fold: Fold) -> TrainConfig:
         values = self.base.to_dict()
         values.update(data_overrides(fold.train_file, self.eval_file, self.rows.label_names))
-        values.update(output_dir=str(fold.run_dir), resume_from_checkpoint="auto", overwrite_output_dir=False)
-        # A fold's model only predicts its held-out rows, here, in PyTorch: no int8 model to make and check
-        # (minutes a fold on cpu-quick) and no curves to draw.
-        values.update(int8_model=False, save_training_curves=False)
+        values.update(FOLD_RUN, output_dir=str(fold.run_dir))
         return TrainConfig.from_dict(values)
 
 
@@ -190,24 +186,14 @@ def _write_fold_files(plan: FoldPlan, fold: Fold, ids: list[int]) -> None:
     write_text_atomically(fold.train_file, rows_jsonl(train, names))
     heldout = "".join(json.dumps({"id": i, "text": rows.texts[i]}, ensure_ascii=False) + "\n" for i in ids)
     write_text_atomically(fold.heldout_file, heldout)
-    config = plan.fold_config(fold)
-    write_text_atomically(fold.config_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_text_atomically(fold.config_file, plan.fold_config(fold).to_yaml())
 
 
 def _train(plan: FoldPlan, fold: Fold, header: str) -> None:
     result = fold.path / "train-result.json"
     remove_entry(result)
-    command = [
-        sys.executable,
-        "-m",
-        "distrinews",
-        "train",
-        "--config",
-        str(fold.config_file),
-        "--result-json",
-        str(result),
-        *plan.launch_args,
-    ]
+    command = [sys.executable, "-m", "distrinews", "train", "--config", str(fold.config_file)]
+    command += ["--result-json", str(result), *plan.launch_args]
     with _append(fold.log) as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()

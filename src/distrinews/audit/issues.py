@@ -23,15 +23,8 @@ from ..data.rows import RawSplit
 from .rows import AuditRows, rows_jsonl
 
 # cleanlab.filter.find_label_issues's filter_by methods
-FILTERS = (
-    "prune_by_noise_rate",
-    "prune_by_class",
-    "both",
-    "confident_learning",
-    "predicted_neq_given",
-    "low_normalized_margin",
-    "low_self_confidence",
-)
+FILTERS: tuple[str, ...] = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning")
+FILTERS += ("predicted_neq_given", "low_normalized_margin", "low_self_confidence")
 CLEAN_MODES = ("drop", "relabel")
 ISSUES_FILE = "label_issues.csv"
 OOF_FILE = "out_of_fold.jsonl"
@@ -60,17 +53,10 @@ def find_issues(labels: np.ndarray, probs: np.ndarray, filter_by: str = "prune_b
 
 def write_out_of_fold(path: Path, rows: AuditRows, fold_of: list[int], probs: np.ndarray) -> None:
     names = rows.label_names
-    lines = [
-        json.dumps(
-            {
-                "id": i,
-                "fold": fold_of[i],
-                "label": names[rows.train.labels[i]],
-                "probabilities": dict(zip(names, map(float, probs[i]))),
-            }
-        )
-        for i in range(len(fold_of))
-    ]
+    lines = []
+    for i in range(len(fold_of)):
+        row = {"id": i, "fold": fold_of[i], "label": names[rows.train.labels[i]]}
+        lines.append(json.dumps({**row, "probabilities": dict(zip(names, map(float, probs[i])))}))
     write_text_atomically(path, "\n".join(lines) + "\n")
 
 
@@ -83,18 +69,8 @@ def write_issues(path: Path, rows: AuditRows, issues: Issues, probs: np.ndarray)
     out.writerow(["rank", "id", "where", "given", "suggested", "quality", "suggested_probability", "text"])
     for rank, i in enumerate(issues.ranked, 1):
         suggested = int(issues.suggested[i])
-        out.writerow(
-            [
-                rank,
-                i,
-                rows.where(i),
-                names[rows.train.labels[i]],
-                names[suggested],
-                f"{issues.quality[i]:.4f}",
-                f"{probs[i, suggested]:.4f}",
-                rows.train.texts[i],
-            ]
-        )
+        given, quality, chance = names[rows.train.labels[i]], f"{issues.quality[i]:.4f}", f"{probs[i, suggested]:.4f}"
+        out.writerow([rank, i, rows.where(i), given, names[suggested], quality, chance, rows.train.texts[i]])
     write_text_atomically(path, buf.getvalue())
 
 

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..options import Option, add_options, check_options
 from ..options.shared import CONFIG, DATA
-from .common import require_extra
+from .common import require_extra, run_config, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
     from ..audit.folds import FoldPlan
@@ -69,17 +67,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..config import load_config, parse_overrides
     from ..distributed.launch import nproc_per_node, spans_nodes
 
-    require_extra("cleanlab", "audit", "distrinews audit")
+    require_extra("audit", "distrinews audit")
     check_options(args, options(), ConfigError, prefix="audit: ")
     if spans_nodes(args.launch_flags):
         raise ConfigError("audit: each fold runs on this node; --nnodes above 1 is not supported")
-    overrides = parse_overrides(extra)
-    if args.data is not None:
-        overrides["data_dir"] = args.data
-    config = load_config(args.config, overrides)  # fails here, naming the field, before anything is read
+    config = run_config(args, extra)
     directory = Path(args.output_dir or f"{config.run.output_dir.rstrip('/')}-audit")
 
     from ..checkpoint.file_lock import FileLock
@@ -99,17 +93,15 @@ def _audit(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc
     plan = _plan(args, config, directory, nproc)
     # SIGTERM as Ctrl-C while folds run: the fold's run saves a checkpoint and stops. Only then: cleanlab's forked
     # workers, which their pool ends with SIGTERM, must not inherit it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        probs = out_of_fold(plan)
+        with sigterm_as_ctrl_c():
+            probs = out_of_fold(plan)
     except FoldFailed as exc:
         print(f"distrinews: error: {exc}; the same command continues the audit", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"distrinews: audit stopped: the same command continues it ({directory})", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     _report(args, extra, plan, probs)
     return 0
 
@@ -149,14 +141,14 @@ def _plan(args: argparse.Namespace, config: TrainConfig, directory: Path, nproc:
 
 def _record(folds: int, config: TrainConfig, directory: Path, rows: AuditRows, fold_of: list[int]) -> None:
     """Write the audited rows and the audit's record into ``directory``, or refuse an audit of other rows there."""
-    from ..audit.rows import EVAL_FILE, ROWS_FILE, AuditRecord, digest, rows_jsonl
+    from ..audit.rows import EVAL_FILE, RECORD_VERSION, ROWS_FILE, AuditRecord, digest, rows_jsonl
     from ..checkpoint.atomic import make_dir, write_text_atomically
 
     names = rows.label_names
     rows_text = rows_jsonl(rows.train, names, list(range(len(rows.train))))
     eval_text = rows_jsonl(rows.eval, names)
     record = AuditRecord(
-        version=1,
+        version=RECORD_VERSION,
         folds=folds,
         seed=config.run.seed,
         label_names=names,
@@ -184,32 +176,23 @@ def _report(args: argparse.Namespace, extra: list[str], plan: FoldPlan, probs: A
     """cleanlab's verdict on the out-of-fold probabilities: the files, the summary and the train commands."""
     import numpy as np
 
-    from ..audit.issues import (
-        CLEAN_DIR,
-        ISSUES_FILE,
-        OOF_FILE,
-        SUMMARY_FILE,
-        find_issues,
-        summary,
-        write_cleaned,
-        write_issues,
-        write_out_of_fold,
-    )
+    from ..audit import issues as label_issues
     from ..audit.rows import EVAL_FILE, ROWS_FILE
     from ..checkpoint.atomic import write_text_atomically
 
     rows, directory, names = plan.rows, plan.directory, plan.rows.label_names
-    issues = find_issues(np.asarray(rows.train.labels), probs, args.filter_by)
-    write_out_of_fold(directory / OOF_FILE, rows, plan.fold_of, probs)
-    write_issues(directory / ISSUES_FILE, rows, issues, probs)
-    screen = summary(rows, issues)
-    write_text_atomically(directory / SUMMARY_FILE, screen + "\n")
+    issues = label_issues.find_issues(np.asarray(rows.train.labels), probs, args.filter_by)
+    label_issues.write_out_of_fold(directory / label_issues.OOF_FILE, rows, plan.fold_of, probs)
+    label_issues.write_issues(directory / label_issues.ISSUES_FILE, rows, issues, probs)
+    screen = label_issues.summary(rows, issues)
+    write_text_atomically(directory / label_issues.SUMMARY_FILE, screen + "\n")
     print(screen)
-    print(f"flagged rows, most suspect first: {directory / ISSUES_FILE}")
+    print(f"flagged rows, most suspect first: {directory / label_issues.ISSUES_FILE}")
     train_with = _train_command(args, extra, directory / ROWS_FILE, directory / EVAL_FILE, names)
     print(f"train on the audited rows as given:\n  {train_with}")
     if args.clean:
-        path, changed = write_cleaned(directory / CLEAN_DIR.format(mode=args.clean), rows, issues, args.clean)
+        clean_dir = directory / label_issues.CLEAN_DIR.format(mode=args.clean)
+        path, changed = label_issues.write_cleaned(clean_dir, rows, issues, args.clean)
         what = "without" if args.clean == "drop" else "with relabelled"
         print(f"{path}: {changed:,} rows {'dropped' if args.clean == 'drop' else 'relabelled'}")
         print(f"train {what} the flagged rows:\n  {_train_command(args, extra, path, directory / EVAL_FILE, names)}")
@@ -249,7 +232,3 @@ def _digest_of(path: Path) -> str | None:
         for block in iter(lambda: fh.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

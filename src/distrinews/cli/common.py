@@ -6,8 +6,12 @@ here and not back from the package that imports them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..distributed.launch import LaunchError, record_worker_error, under_torchrun
@@ -15,6 +19,8 @@ from ..errors import USER_ERRORS, ConfigError, one_line
 from ..serve.options import ServeOptionError
 
 if TYPE_CHECKING:
+    from ..config import TrainConfig
+
     # What each subcommand's ``register`` receives; argparse's class is generic only in its stubs.
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -31,22 +37,53 @@ def usage_error(exc: Exception) -> int:
     return EXIT_USAGE
 
 
-def require_extra(module: str, extra: str, what: str) -> None:
+# The modules of each extra that a command checks for before it starts.
+EXTRA_MODULES = {
+    "serve": ("fastapi", "uvicorn", "prometheus_client"),
+    "onnx": ("onnx", "onnxruntime"),
+    "hub": ("huggingface_hub",),
+    "tune": ("optuna",),
+    "audit": ("cleanlab",),
+}
+
+
+def require_extra(extra: str, what: str) -> None:
     """Fail in one line, naming the extra to install, when an optional dependency is missing."""
     import importlib
 
+    for module in EXTRA_MODULES[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ConfigError(
+                f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})"
+            ) from None
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` while the block runs, as Ctrl-C does (a run saves and stops)."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(
-            f"{what} needs the '{extra}' extra: pip install 'distrinews[{extra}]' (missing module {module})"
-        ) from None
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def require_serving(what: str) -> None:
-    """The web server's packages (the ``serve`` extra)."""
-    for module in ("fastapi", "uvicorn", "prometheus_client"):
-        require_extra(module, "serve", what)
+def run_config(args: argparse.Namespace, extra: list[str], **options: str) -> TrainConfig:
+    """The config of ``--config`` with the ``--field value`` overrides in ``extra`` and ``--data``, and each of
+    ``options`` (option: field) the command was given."""
+    from ..config import load_config, parse_overrides
+
+    overrides = parse_overrides(extra)
+    for option, field in {"data": "data_dir", **options}.items():
+        if getattr(args, option) is not None:
+            overrides[field] = getattr(args, option)
+    return load_config(args.config, overrides)  # fails here, naming the field, before anything starts
 
 
 def no_extra_arguments(command: str, extra: list[str]) -> None:

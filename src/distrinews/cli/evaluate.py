@@ -121,6 +121,10 @@ def _print_split(metrics: dict[str, Any]) -> None:
         f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
         f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics)
     )
+    _print_tables(metrics)
+
+
+def _print_tables(metrics: dict[str, Any]) -> None:
     confusion = confusion_table(metrics)  # none for multi-label
     print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
 
@@ -130,6 +134,7 @@ def run_files(args: argparse.Namespace) -> int:
     and macro-F1 and exact match at the thresholds stored with it, as ``distrinews eval`` scores its split."""
     from ..data.files import resolve_inputs
     from ..distributed.launch import wants_launch
+    from ..distributed.machine import threads_per_process
     from ..errors import DataError
     from ..predict.batch.evaluate import evaluate_files
     from ..predict.batch.job import describe_inputs
@@ -140,18 +145,14 @@ def run_files(args: argparse.Namespace) -> int:
     if wants_launch(args.launch_flags):
         raise ConfigError("eval --input runs in one process: drop the launcher flags")
     shards = resolve_inputs(args.input)
-    predictor = load_predictor(args.checkpoint, args.runtime, threads_for_one_process(), args.batch_size)
+    predictor = load_predictor(args.checkpoint, args.runtime, threads_per_process(1), args.batch_size)
     multi_label = getattr(predictor, "multi_label", False)
     tally = FixedThresholdTally(predictor.labels, predictor.thresholds) if multi_label else None
     result = evaluate_files(
         shards, predictor, args.text_field, args.label_field, batch_size=args.batch_size, tally=tally
     )
-    skipped = ""
-    if result.skipped:
-        skipped = (
-            f" ({result.skipped:,} row{'s' if result.skipped != 1 else ''} "
-            f"skipped; {'; '.join(result.skipped_examples)})"
-        )
+    n = result.skipped
+    skipped = f" ({n:,} row{'s' if n != 1 else ''} skipped; {'; '.join(result.skipped_examples)})" if n else ""
     if not result.rows:
         raise DataError(f"eval: no row of {describe_inputs(shards)} has a text and a label{skipped}")
     metrics = result.to_json()
@@ -167,14 +168,7 @@ def run_files(args: argparse.Namespace) -> int:
         + (f"; absent from the labels: {', '.join(absent)})" if absent else ")")
         + multilabel_words(metrics)
     )
-    confusion = confusion_table(metrics)  # none for multi-label
-    print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
+    _print_tables(metrics)
     if args.output_json:
         write_json(args.output_json, metrics)
     return 0
-
-
-def threads_for_one_process() -> int:
-    from ..distributed.machine import threads_per_process
-
-    return threads_per_process(1)

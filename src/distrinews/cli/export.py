@@ -32,18 +32,13 @@ OPTIONS = [
     ),
     Option("quantize", help="onnx: int8 dynamic quantization", choices=("int8",)),
     Option(
-        "version",
-        help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)",
+        "version", help="model version MAJOR.MINOR.PATCH to stamp on the export (default: the checkpoint's, else 1.0.0)"
     ),
 ]
 # The runtime a Space runs is not serve's --runtime (no auto, no torch-bf16), and None says it was not given, which
 # only --format space allows (SPACE_ONLY).
 SPACE_OPTIONS = [
-    Option(
-        "runtime",
-        help=f"what the Space runs (default: {DEFAULT_SPACE_RUNTIME})",
-        choices=SPACE_RUNTIMES,
-    ),
+    Option("runtime", help=f"what the Space runs (default: {DEFAULT_SPACE_RUNTIME})", choices=SPACE_RUNTIMES),
     Option(
         "check_accuracy",
         False,
@@ -86,8 +81,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         out = args.output or Path(args.checkpoint).resolve().parent / _versioned_pt_name(args.checkpoint, args.version)
         print(f"wrote {export_seed_pt(args.checkpoint, out, model_version=args.version)}")
         return 0
-    require_extra("onnx", "onnx", "export --format onnx")
-    require_extra("onnxruntime", "onnx", "export --format onnx")
+    require_extra("onnx", "export --format onnx")
     from ..export.onnx import export_onnx
 
     out = export_onnx(args.checkpoint, args.output, quantize=args.quantize)
@@ -116,10 +110,9 @@ def _space(args: argparse.Namespace) -> int:
 
     runtime = args.runtime or DEFAULT_SPACE_RUNTIME
     if runtime != "torch":
-        require_extra("onnx", "onnx", f"export --format space --runtime {runtime}")
-        require_extra("onnxruntime", "onnx", f"export --format space --runtime {runtime}")
+        require_extra("onnx", f"export --format space --runtime {runtime}")
     if args.push_to_hub:
-        require_extra("huggingface_hub", "hub", "export --push-to-hub")
+        require_extra("hub", "export --push-to-hub")
     checkpoint = Path(args.checkpoint)
     output = Path(args.output) if args.output else checkpoint.resolve().parent / f"space-{runtime}"
     bundle = export_space(

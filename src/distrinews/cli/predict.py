@@ -75,12 +75,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 chosen = ", ".join(f"{x['label']} ({x['score']:.1%})" for x in r["labels"]) or "none of the labels"
                 print(f"{chosen}  {text[:80]}\n    {probs}")
                 continue
-            threshold = predictor.min_confidence  # set whenever a row can be unsure
-            unsure = (
-                ""
-                if r.get("confident", True) or threshold is None
-                else f", not confident: below {threshold.minimum(r['label']):g}"
-            )
+            threshold, unsure = predictor.min_confidence, ""  # the threshold is set whenever a row can be unsure
+            if not r.get("confident", True) and threshold is not None:
+                unsure = f", not confident: below {threshold.minimum(r['label']):g}"
             print(f"{r['label']} ({r['confidence']:.1%}{unsure})  {text[:80]}\n    {probs}")
     return 0
 

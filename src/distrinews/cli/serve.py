@@ -13,7 +13,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..serve.options import ServeConfig, add_arguments, validate
-from .common import no_extra_arguments, require_extra, require_serving
+from .common import no_extra_arguments, require_extra
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -26,7 +26,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    require_serving("serve")
+    require_extra("serve", "serve")
     from ..checkpoint.servable import check_loadable
     from ..serve.server import run_server
 
@@ -34,6 +34,5 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     validate(args)
     check_loadable(args.checkpoint)  # a refused or damaged checkpoint: one line and exit 2, before the server starts
     if args.runtime.startswith("onnx"):
-        require_extra("onnxruntime", "onnx", f"serve --runtime {args.runtime}")
-        require_extra("onnx", "onnx", f"serve --runtime {args.runtime}")
+        require_extra("onnx", f"serve --runtime {args.runtime}")
     return run_server(ServeConfig.from_args(args))

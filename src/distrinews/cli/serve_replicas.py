@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..options import Option, add_options, check_options, fill_from_env
 from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
 from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
-from .common import require_serving
+from .common import require_extra
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -81,7 +81,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
-    require_serving("serve-replicas")
+    require_extra("serve", "serve-replicas")
     from ..checkpoint.servable import check_loadable
     from ..distributed.machine import threads_per_process
     from ..serve.nginx import find_nginx
@@ -96,29 +96,20 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         )
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
-    port = args.port if args.port is not None else 8080
-    args.port = port
+    args.port = 8080 if args.port is None else args.port
     check_options(args, OPTIONS, ServeOptionError)
     serve = parse_serve_args(extra)
     nginx = find_nginx(args.nginx)
     check_loadable(checkpoint)  # a refused or damaged checkpoint: one line, before anything starts
+    # the options that are a setting as they are; --checkpoint, --threads and --nginx are resolved first
+    given = {o.name: getattr(args, o.name) for o in OPTIONS if o.name not in ("checkpoint", "threads", "nginx")}
     settings = ReplicaSettings(
         checkpoint=checkpoint,
-        replicas=args.replicas,
-        port=port,
-        host=args.host,
         threads=args.threads or threads_per_process(args.replicas),
-        header_timeout=args.header_timeout,
-        fail_timeout=args.fail_timeout,
         max_body_bytes=serve.max_body_bytes,
-        client_connections=args.client_connections,
-        client_rate=args.client_rate,
-        ready_timeout=args.ready_timeout,
         read_timeout=max(60.0, serve.timeout_graceful_shutdown),
         nginx=nginx,
-        log_dir=args.log_dir,
-        max_log_bytes=args.max_log_bytes,
-        pid_file=args.pid_file,
         serve_args=extra,
+        **given,
     )
     return run_replicas(settings)

@@ -8,11 +8,11 @@ import os
 from typing import TYPE_CHECKING
 
 from .. import tracing
-from ..config import TrainConfig, load_config, parse_overrides, reference
+from ..config import reference
 from ..distributed.launch import launch, nproc_per_node, spans_nodes, wants_launch
 from ..options import Option, add_options
 from ..options.shared import CONFIG, DATA
-from .common import is_global_rank_zero, write_json
+from .common import is_global_rank_zero, run_config, write_json
 
 if TYPE_CHECKING:
     from ..train.callbacks import TrainerCallback
@@ -41,19 +41,11 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(func=run, distributed=True)
 
 
-def config_from(args: argparse.Namespace, extra: list[str]) -> TrainConfig:
-    overrides = parse_overrides(extra)
-    for option, field in (("data", "data_dir"), ("resume", "resume_from_checkpoint"), ("output_dir", "output_dir")):
-        if getattr(args, option) is not None:
-            overrides[field] = getattr(args, option)
-    return load_config(args.config, overrides)  # fails here, naming the field, before any process starts
-
-
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ..checkpoint.rundir import LOCK_HELD_ENV, RunDir
     from ..train.preflight import preflight_train
 
-    config = config_from(args, extra)
+    config = run_config(args, extra, resume="resume_from_checkpoint", output_dir="output_dir")
     run_dir = RunDir(config.run.output_dir)
     if wants_launch(args.launch_flags):
         # Over several nodes only global rank 0 writes, and the rendezvous decides which node runs it: its worker
@@ -89,10 +81,7 @@ def trial_callbacks() -> list[TrainerCallback]:
     """A trial of ``distrinews tune`` (its link in the environment): global rank 0 reports to it."""
     from ..tune import TRIAL_ENV
 
-    if not os.environ.get(TRIAL_ENV):
-        return []
-
-    if not is_global_rank_zero():
+    if not os.environ.get(TRIAL_ENV) or not is_global_rank_zero():
         return []
     from ..tune.trial_callback import TrialCallback, TrialLink
 

@@ -5,22 +5,19 @@
 
 Launcher flags (``--nproc-per-node`` ...) are each trial's; ``--field value`` overrides the config every
 trial starts from. Started again with the same ``--output-dir`` (or ``--storage``) and ``--study-name``, it
-resumes the study; several tuners on one ``--storage`` share it. A database URL with a password goes in
-``$DISTRINEWS_TUNE_STORAGE`` or ``--storage-file``, off the command line, which every user sees.
+resumes the study; several tuners on one ``--storage`` share it.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..options import Option, add_options, check_options
 from ..options.shared import CONFIG, DATA
-from .common import require_extra
+from .common import require_extra, run_config, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -72,17 +69,13 @@ def register(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..config import load_config, parse_overrides
     from ..errors import ConfigError
 
-    require_extra("optuna", "tune", "distrinews tune")
+    require_extra("tune", "distrinews tune")
     check_options(args, OPTIONS, ConfigError)
     if args.grace_period is not None and args.grace_period <= args.heartbeat_interval:
         raise ConfigError("--grace-period must be longer than --heartbeat-interval")
-    overrides = parse_overrides(extra)
-    if args.data is not None:
-        overrides["data_dir"] = args.data
-    base = load_config(args.config, overrides)
+    base = run_config(args, extra)
 
     from ..tune.results import write_results
     from ..tune.space import SearchSpace
@@ -91,14 +84,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     space = SearchSpace.load(args.space, base)
     options = study_options(args, base)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the running trial stops and is queued again
     try:
-        study = run_study(base, space, options)
+        with sigterm_as_ctrl_c():  # the running trial stops and is queued again
+            study = run_study(base, space, options)
     except KeyboardInterrupt:
         print(f"distrinews: tune stopped: the same command resumes study {args.study_name}", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     files = write_results(study, base, space, options.output_dir, print)
     if "mlflow" in base.run.report_to:
         log_study_result(study, MLFLOW_PARENT_ATTR, files, print)
@@ -138,7 +129,3 @@ def study_options(args: argparse.Namespace, base: TrainConfig) -> StudyOptions:
         grace_period=args.grace_period,
         max_retry=args.max_retry,
     )
-
-
-def _interrupt(signum: int, frame: types.FrameType | None) -> None:
-    raise KeyboardInterrupt

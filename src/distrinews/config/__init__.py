@@ -15,13 +15,9 @@ of the field they mean. Every value is checked here, before any process group ex
 
 from ..errors import ConfigError
 from .sections import (
-    BEST_MODEL_METRICS,
     DDP_COMM_HOOKS,
     DEFAULT_MODEL_VERSION,
-    LR_SCHEDULES,
     MULTI_LABEL,
-    REPORT_TO,
-    SECTION_OF,
     SECTIONS,
     SINGLE_LABEL,
     STRATEGIES,
@@ -32,28 +28,15 @@ from .sections import (
     OptimizerConfig,
     ParallelConfig,
     PrecisionConfig,
-    RunConfig,
     is_version,
 )
-from .train_config import (
-    TrainConfig,
-    canonical_name,
-    field_default,
-    fields,
-    load_config,
-    parse_overrides,
-    reference,
-)
+from .train_config import TrainConfig, canonical_name, field_default, fields, load_config, parse_overrides, reference
 
 __all__ = [
-    "BEST_MODEL_METRICS",
     "DDP_COMM_HOOKS",
     "DEFAULT_MODEL_VERSION",
-    "LR_SCHEDULES",
     "MULTI_LABEL",
-    "REPORT_TO",
     "SECTIONS",
-    "SECTION_OF",
     "SINGLE_LABEL",
     "STRATEGIES",
     "BatchConfig",
@@ -64,7 +47,6 @@ __all__ = [
     "OptimizerConfig",
     "ParallelConfig",
     "PrecisionConfig",
-    "RunConfig",
     "TrainConfig",
     "canonical_name",
     "field_default",

@@ -22,9 +22,6 @@ ProblemType = Literal["single_label_classification", "multi_label_classification
 SINGLE_LABEL, MULTI_LABEL = typing.get_args(ProblemType)
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 DDP_COMM_HOOKS: tuple[str, ...] = typing.get_args(DdpCommHook)
-LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
-REPORT_TO: tuple[str, ...] = typing.get_args(ReportTo)
-BEST_MODEL_METRICS: tuple[str, ...] = typing.get_args(BestModelMetric)
 DEFAULT_MODEL_VERSION = "1.0.0"
 _VERSION = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
@@ -34,7 +31,23 @@ def is_version(value: object) -> bool:
     return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
-class Section(BaseModel):
+class OneLineErrors(BaseModel):
+    """A model whose invalid values, given or assigned, fail as one line that names the field (``config_error``)."""
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_error(exc, declaration) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise config_error(exc, declaration) from None
+
+
+class Section(OneLineErrors):
     """A component's fields. Command-line strings are parsed by the field's type; null, none or ~ is None
     for an optional field, auto is None for an optional switch (decided at run time)."""
 
@@ -51,18 +64,6 @@ class Section(BaseModel):
     def _from_text(cls, value: Any, info: ValidationInfo) -> Any:
         assert info.field_name is not None, "a field validator is called for a field"
         return value_from_text(cls.model_fields[info.field_name].annotation, value)
-
-    def __init__(self, **values: Any) -> None:
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:
-            raise config_error(exc, declaration) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
-        except ValidationError as exc:
-            raise config_error(exc, declaration) from None
 
 
 class ModelConfig(Section):

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError
-from .field_declaration import config_error, declared_names, type_words
+from .field_declaration import declared_names, type_words
 from .sections import (
     ALIASES,
     MULTI_LABEL,
@@ -25,16 +25,16 @@ from .sections import (
     DataConfig,
     DistillationConfig,
     ModelConfig,
+    OneLineErrors,
     OptimizerConfig,
     ParallelConfig,
     PrecisionConfig,
     RunConfig,
     Section,
-    declaration,
 )
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(OneLineErrors):
     """The whole run: one section per component. Built from flat names (``TrainConfig(learning_rate=3e-4)``,
     a preset, the command line), it files each under its section; ``to_dict`` gives the flat form back."""
 
@@ -49,11 +49,8 @@ class TrainConfig(BaseModel):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
-    def __init__(self, **values: Any) -> None:
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:
-            raise config_error(exc, declaration) from None
+    def __init__(self, **values: Any) -> None:  # flat names: pydantic's mypy plugin would ask for the sections
+        super().__init__(**values)
 
     @model_validator(mode="before")
     @classmethod
@@ -165,8 +162,12 @@ class TrainConfig(BaseModel):
         """Flat ``{field: value}``, sections in order: the form of presets, ``config.yaml`` and records."""
         return {name: value for section in SECTIONS for name, value in getattr(self, section).model_dump().items()}
 
+    def to_yaml(self) -> str:
+        """The flat form as YAML: a preset, ``config.yaml``, a trial's or a fold's config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def save_yaml(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.to_yaml())
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -256,19 +257,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """``--key value`` / ``--key=value`` pairs into a dict (values stay strings; ``from_dict`` types them)."""
     overrides: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
+    tokens = iter(args)
+    for token in tokens:
         if not token.startswith("--") or token == "--":
             raise ConfigError(f"unexpected argument {token!r}; config overrides are written --field value")
-        key = token[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        key, equals, value = token[2:].partition("=")
+        if not equals:
+            value = next(tokens, "--")  # none left: as if another flag followed
+            if value.startswith("--"):
                 raise ConfigError(f"config override --{key} needs a value")
-            value = args[i + 1]
-            i += 2
         overrides[key.replace("-", "_")] = value
     return overrides

@@ -1,25 +1,24 @@
 """Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad
 one.
 
-An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files
-such as ``_SUCCESS`` and subfolders left out) or a glob; ``.gz`` is allowed for JSONL and CSV. Its
-format is its suffix: ``.jsonl``, ``.csv``, ``.parquet`` (``.jsonl.gz``, ``.csv.gz``).
+An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files such as
+``_SUCCESS`` and subfolders left out) or a glob; its format is its suffix: ``.jsonl``, ``.csv``, ``.parquet``
+(``.jsonl.gz``, ``.csv.gz``).
 
-:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad
-content: a line that is not UTF-8 or not a JSON object (nested too deep included), a CSV record
-with the wrong number of fields, a row over ``max_row_bytes``, a truncated gzip stream, a Parquet
-value that is not UTF-8 or an unreadable row group is a row with ``error`` set (``file:line`` and
-the start of the raw text are kept for the rejects file). Blank lines are not rows. So the rows of a
-file are numbered the same way by every reader, :func:`count_rows` included, and a reader can start
-at row N of a file (``start=N``) without parsing the rows before it.
+:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad content: a line that is
+not UTF-8 or not a JSON object (nested too deep included), a CSV record with the wrong number of fields, a row over
+``max_row_bytes``, a truncated gzip stream, a Parquet value that is not UTF-8 or an unreadable row group is a row
+with ``error`` set (``file:line`` and the start of the raw text are kept for the rejects file). Blank lines are not
+rows. So every reader, :func:`count_rows` included, numbers a file's rows alike, and a reader can start at row N of
+a file (``start=N``) without parsing the rows before it.
 
-Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer
-one is skipped in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped
-to the end of its quoted field), and a Parquet row group is decoded only when its columns read take
-at most ``max_row_bytes`` a row on average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
+Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer one is skipped
+in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped to the end of its quoted
+field), and a Parquet row group is decoded only when its columns read take at most ``max_row_bytes`` a row on
+average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
 
-Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the
-header is line 1); for Parquet, ``line`` is the row's 1-based position in the file.
+Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the header is line 1);
+for Parquet, ``line`` is the row's 1-based position in the file.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ from typing import Any
 
 from ..errors import ConfigError
 
-FORMATS = ("jsonl", "csv", "parquet")
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet"}
+KNOWN = ", ".join(SUFFIXES)
 PARQUET_EXTRA = "parquet"
 PARQUET_BATCH = 1024  # rows decoded at a time: memory stays bounded whatever the row group size
 RAW_LIMIT = 10_000  # characters of a bad row kept for the rejects file
@@ -61,11 +60,7 @@ class Shard:
     """One input file and its format."""
 
     path: Path
-    format: str  # one of FORMATS
-
-    @property
-    def compressed(self) -> bool:
-        return self.path.name.endswith(".gz")
+    format: str  # one of SUFFIXES' values
 
 
 @dataclass
@@ -85,10 +80,6 @@ def format_of(path: str | os.PathLike) -> str | None:
         if name.endswith(suffix) and len(name) > len(suffix):
             return fmt
     return None
-
-
-def _known_suffixes() -> str:
-    return ", ".join(SUFFIXES)
 
 
 def require_pyarrow(what: str) -> None:
@@ -115,7 +106,7 @@ def resolve_inputs(specs: Iterable[str], what: str = "--input") -> list[Shard]:
             seen.add(resolved)
             fmt = format_of(path)
             if fmt is None:  # _expand only returns unknown formats for a file named on its own
-                raise ConfigError(f"{what} {spec}: unknown format (use one of {_known_suffixes()})")
+                raise ConfigError(f"{what} {spec}: unknown format (use one of {KNOWN})")
             shards.append(Shard(resolved, fmt))
     if any(s.format == "parquet" for s in shards):
         require_pyarrow("reading Parquet")
@@ -131,15 +122,13 @@ def _expand(spec: str, what: str) -> list[Path]:
     path = Path(spec).expanduser()
     if path.is_file():
         return [path]
-    if path.is_dir():
-        files = _listed(path.iterdir())
+    folder = path.is_dir()
+    if folder or glob.has_magic(spec):
+        files = _listed(path.iterdir() if folder else (Path(p) for p in glob.glob(os.path.expanduser(spec))))
         if not files:
-            raise ConfigError(f"{what} {spec}: the folder holds no {_known_suffixes()} files")
-        return files
-    if glob.has_magic(spec):
-        files = _listed(Path(p) for p in glob.glob(os.path.expanduser(spec)))
-        if not files:
-            raise ConfigError(f"{what} {spec}: no {_known_suffixes()} files match")
+            raise ConfigError(
+                f"{what} {spec}: " + (f"the folder holds no {KNOWN} files" if folder else f"no {KNOWN} files match")
+            )
         return files
     raise ConfigError(f"{what} {spec} does not exist")
 
@@ -154,27 +143,24 @@ def read_rows(
     ``max_row_bytes``: a longer row is a bad row (its number and line are kept, the rest of it is not read).
     """
     if shard.format == "jsonl":
-        yield from _jsonl_rows(shard.path, start, max_row_bytes, parse=True)
-    elif shard.format == "csv":
-        yield from _csv_rows(shard.path, start, max_row_bytes)
-    else:
-        yield from _parquet_rows(shard.path, start, columns, max_row_bytes)
+        return _jsonl_rows(shard.path, start, max_row_bytes)
+    if shard.format == "csv":
+        return _csv_rows(shard.path, start, max_row_bytes)
+    return _parquet_rows(shard.path, start, columns, max_row_bytes)
 
 
 def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
+    if shard.format == "parquet":
+        return _parquet_count(shard.path)
     if shard.format == "jsonl":
         return sum(1 for _ in _jsonl_rows(shard.path, 0, max_row_bytes, parse=False))
-    if shard.format == "csv":
-        return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
-    return _parquet_count(shard.path)
+    return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
 
 
 def _open_binary(path: Path) -> gzip.GzipFile | io.BufferedReader:
     raw = open(path, "rb")
-    if path.name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    return raw
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
 
 
 def _clip(text: str) -> str:
@@ -204,7 +190,7 @@ def _bounded_lines(fh: io.BufferedIOBase, limit: int) -> Iterator[tuple[bytes, i
         yield line, size
 
 
-def _jsonl_rows(path: Path, start: int, limit: int, parse: bool) -> Iterator[RawRow]:
+def _jsonl_rows(path: Path, start: int, limit: int, parse: bool = True) -> Iterator[RawRow]:
     row = 0
     line_no = 0
     try:
@@ -414,11 +400,8 @@ def _oversized_group(parquet: Any, group: int, columns: list[str] | None, limit:
     """Why a row group is not decoded (its columns read, uncompressed, over the limits), else None: from the footer."""
     meta = parquet.metadata.row_group(group)
     read = set(columns) if columns is not None else None
-    total = 0
-    for i in range(meta.num_columns):
-        chunk = meta.column(i)
-        if read is None or chunk.path_in_schema.split(".")[0] in read:
-            total += chunk.total_uncompressed_size
+    chunks = [meta.column(i) for i in range(meta.num_columns)]
+    total = sum(c.total_uncompressed_size for c in chunks if read is None or c.path_in_schema.split(".")[0] in read)
     if total > PARQUET_GROUP_BYTES or total > limit * max(meta.num_rows, 1):
         return (
             f"Parquet row group {group} not read: its columns take {total:,} bytes uncompressed "
@@ -446,10 +429,8 @@ def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
         except Exception as exc:
             rows.append(RawRow(line, None, f"unreadable Parquet row ({type(exc).__name__}: {exc})"))
             continue
-        if (size := _fields_bytes(fields)) > limit:
-            rows.append(RawRow(line, None, _too_long(size, limit)))
-        else:
-            rows.append(RawRow(line, fields))
+        size = _fields_bytes(fields)
+        rows.append(RawRow(line, None, _too_long(size, limit)) if size > limit else RawRow(line, fields))
     return rows
 
 

@@ -1,33 +1,27 @@
 """The labelled rows a run trains and evaluates on, and the label set, read from the data.
 
-Three sources, one result (:class:`LabelledData`):
+Three sources, one result (:class:`LabelledData`): **AG News** (the default: ``--data`` / ``$DISTRINEWS_DATA`` or
+the hub, ``splits.load_split``; its four classes in release order); **files** (``train_file`` + ``validation_file``
+or ``test_file``: CSV with a header, JSONL or Parquet, ``.gz`` for the first two; a file, a folder of shards or a
+glob, ``files.resolve_inputs``); **a data set** (``dataset_name`` + ``dataset_config_name`` through ``datasets``: a
+hub id, or a folder that ``datasets`` wrote with ``save_to_disk`` or that holds a hub-style repository).
 
-- **AG News** (the default): ``--data`` / ``$DISTRINEWS_DATA`` or the hub (``splits.load_split``),
-  its four classes in their release order;
-- **files**: ``train_file`` (+ ``validation_file`` or ``test_file``): CSV with a header, JSONL or
-  Parquet (``.gz`` for the first two), a file, a folder of shards or a glob (``files.resolve_inputs``);
-- **a data set**: ``dataset_name`` (+ ``dataset_config_name``) through ``datasets``: a hub id, or a
-  folder that ``datasets`` wrote (``save_to_disk``) or that holds a hub-style repository.
+A row's text is its ``text_column_names`` joined with a space (runs of whitespace made one, as the server does with
+a request's text); its label the ``label_column_name`` value, a string or an integer. The label set is the training
+split's labels, sorted (numerically when all are integers), or in ``label_names``' order, or a hub ``ClassLabel``'s
+own names. An evaluation label that training never saw is an error naming it and a row holding it. Without an
+evaluation split, ``validation_split_percentage`` of the training rows are held out, stratified by label, seeded.
 
-The text of a row is its ``text_column_names`` joined with a space (runs of whitespace made one,
-as the server does with a request's text). The label is the ``label_column_name`` value, a string
-or an integer; the label set is the training split's labels, sorted (numerically when they are
-all integers), or in the order ``label_names`` gives, or a hub ``ClassLabel``'s own names. The
-evaluation split is checked against it: a label it has that training never saw is an error that
-names the label and a row holding it. Without an evaluation split, one is carved from training:
-``validation_split_percentage`` of the rows, stratified by label, seeded.
-
-Everything that would make training fail or mislead is found here, before any worker starts,
-each as one line: a missing column (naming the columns there are), an empty text or label (file
-and line), a label column with one class, a class with a single row where a split must be
-stratified. What training survives becomes a warning: a class with one row, classes of
-``label_names`` with no training rows, texts that occur with different labels.
+Everything that would make training fail or mislead is found here, before any worker starts, as one line: a missing
+column (naming the columns there are), an empty text or label (file and line), a label column with one class, a
+class with a single row where a split must be stratified. What training survives is a warning: a class with one
+row, classes of ``label_names`` with no training rows, texts that occur with different labels.
 
 Multi-label (``problem_type: multi_label_classification``, or unset on lists: ``problem_type_of``): a row's label
-is a list of labels (a JSONL or Parquet list; in a CSV cell, names separated by commas or a JSON list; an empty
-list is a row with none of them), or ``label_column_name`` names several columns, one per label, each 0 or 1
-(the columns' names are the labels). The labels become a 0/1 list per row (multi-hot); the label set
-is every label seen in training, as above. A value that is neither is an error naming ``file:line``.
+is a list of labels (a JSONL or Parquet list; in a CSV cell, comma-separated names or a JSON list; an empty list is
+none of them), or ``label_column_name`` names several 0/1 columns, one per label, named by it. The labels become a
+0/1 list per row (multi-hot); the label set is every label seen in training. Anything else is an error naming
+``file:line``.
 """
 
 from __future__ import annotations
@@ -46,6 +40,7 @@ from .rows import AG_NEWS_LABELS, RawSplit
 from .splits import hold_out, load_split, stratified_sample
 
 MAX_EXAMPLES = 3  # rows a warning shows
+MULTI_HINT = " (a list of labels: set problem_type multi_label_classification)"
 
 
 @dataclass
@@ -91,19 +86,24 @@ def uses_own_data(config: DataConfig) -> bool:
     return bool(config.train_file or config.dataset_name)
 
 
+def names_in(text: str) -> list[str]:
+    """The names of a comma-separated list, stripped, empty ones left out."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def text_columns(config: DataConfig) -> list[str]:
-    return [name.strip() for name in config.text_column_names.split(",") if name.strip()]
+    return names_in(config.text_column_names)
 
 
 def label_columns(config: DataConfig) -> list[str]:
     """The label column, or a multi-label set's 0/1 columns (one per label)."""
-    return [name.strip() for name in config.label_column_name.split(",") if name.strip()]
+    return names_in(config.label_column_name)
 
 
 def given_label_names(config: DataConfig) -> list[str] | None:
     if config.label_names is None:
         return None
-    names = [name.strip() for name in config.label_names.split(",") if name.strip()]
+    names = names_in(config.label_names)
     duplicated = [name for name, n in Counter(names).items() if n > 1]
     if len(names) < 2 or duplicated:
         why = f"names {duplicated[0]!r} twice" if duplicated else "must name at least two labels"
@@ -132,18 +132,15 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
     warnings: list[str] = []
     given = labels if len(labels) > 1 else given_label_names(config)  # 0/1 columns: their names are the labels
     names, to_id = label_set(train_rows, given, warnings)
-    check_training_rows(
-        train_rows, to_id, names, config.label_column_name, warnings
-    )  # all of them, before any is held out
+    # all of them, before any is held out
+    check_training_rows(train_rows, to_id, names, config.label_column_name, warnings)
     if eval_rows is None:
         train_rows, eval_rows, eval_from = carve_validation(train_rows, to_id, config.validation_split_percentage, seed)
     else:
         eval_from = eval_rows.source
-    train = _labelled(train_rows, to_id, names, "training")
+    train = _labelled(train_rows, to_id, names, "training") if need_train else None
     evaluation = _labelled(eval_rows, to_id, names, "the evaluation split")
-    return LabelledData(
-        train if need_train else None, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi
-    )
+    return LabelledData(train, evaluation, names, eval_from, warnings, own_data=True, multi_label=multi)
 
 
 def problem_type_of(config: DataConfig) -> tuple[str, str]:
@@ -196,7 +193,6 @@ def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = No
     rows again. A run on AG News reads it from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not from
     the folder it was trained from, which may be on another machine. Fields this version does not know are left
     out; a ``ConfigError`` if the rest is not valid."""
-
     known = set(TrainConfig.field_names())
     values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     config = TrainConfig.from_dict(values)
@@ -215,12 +211,8 @@ def read_file_rows(
         raise DataError(
             f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)"
         )
-    rows = _Rows(
-        [],
-        [],
-        [],
-        "+".join(str(s.path) for s in shards) if len(shards) <= 3 else f"{shards[0].path.parent} ({len(shards)} files)",
-    )
+    many = f"{shards[0].path.parent} ({len(shards)} files)"
+    rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]
     for shard in shards:
         for row in read_rows(shard, columns=needed):
@@ -240,28 +232,23 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
     labels = label_columns(config)
-    label_column = labels[0]
-    out: list[_Rows | None] = []
-    for split in ("train", next((s for s in ("validation", "test") if s in splits), None)):
-        if split is None:
-            out.append(None)
-            continue
-        ds = splits[split]
-        where = f"{config.dataset_name}/{split}"
+
+    def read(split: str) -> _Rows:
+        ds, where = splits[split], f"{config.dataset_name}/{split}"
         _require_columns(where, [*columns, *labels], list(ds.column_names))
-        feature = ds.features.get(label_column)
+        feature = ds.features.get(labels[0])
         feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) of a multi-label set
         names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
         rows = _Rows([], [], [], where, classlabel_names=names)
         values = {name: ds[name] for name in dict.fromkeys([*columns, *labels])}
         for i in range(len(ds)):
-            fields = {name: values[name][i] for name in values}
-            _add_row(rows, fields, f"{where} row {i}", columns, labels, multi)
+            _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, labels, multi)
         if not rows.texts:
             raise DataError(f"data set {where}: no rows")
-        out.append(rows)
-    assert out[0] is not None, "the train split is always read"
-    return out[0], out[1]
+        return rows
+
+    evaluation = next((s for s in ("validation", "test") if s in splits), None)
+    return read("train"), read(evaluation) if evaluation is not None else None
 
 
 def _load_dataset(name: str, config_name: str | None) -> Any:  # a datasets.DatasetDict (datasets ships no types)
@@ -310,35 +297,17 @@ def _add_row(
     if not text:
         raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
     rows.texts.append(text)
-    if not multi:
-        rows.labels.append(_label_key(fields[labels[0]], where, labels[0]))
-    elif len(labels) > 1:
-        rows.labels.append(tuple(name for name in labels if _flag(fields[name], where, name)))
-    else:
-        rows.labels.append(_label_keys(fields[labels[0]], where, labels[0]))
+    try:
+        if not multi:
+            rows.labels.append(label_key(fields[labels[0]], labels[0]))
+        elif len(labels) > 1:
+            rows.labels.append(tuple(name for name in labels if label_flag(fields[name], name)))
+        else:
+            rows.labels.append(label_keys(fields[labels[0]], labels[0]))
+    except BadRow as exc:
+        many = not multi and isinstance(fields[labels[0]], list)
+        raise DataError(f"{where}: {exc}" + (MULTI_HINT if many else "")) from None
     rows.where.append(where)
-
-
-def _label_keys(value: Any, where: str, column: str) -> tuple[str, ...]:
-    try:
-        return label_keys(value, column)
-    except BadRow as exc:
-        raise DataError(f"{where}: {exc}") from None
-
-
-def _flag(value: Any, where: str, column: str) -> bool:
-    try:
-        return label_flag(value, column)
-    except BadRow as exc:
-        raise DataError(f"{where}: {exc}") from None
-
-
-def _label_key(value: Any, where: str, column: str) -> str:
-    try:
-        return label_key(value, column)
-    except BadRow as exc:
-        many = " (a list of labels: set problem_type multi_label_classification)" if isinstance(value, list) else ""
-        raise DataError(f"{where}: {exc}{many}") from None
 
 
 # ---------------------------------------------------------------------- labels
@@ -419,15 +388,13 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
         where = rows.where[rows.labels.index(single[0])]
         raise DataError(
             f"{where}: label {single[0]!r} occurs once in training, so the validation split "
-            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1, 'label')}; "
+            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1)}; "
             "give validation_file, or add rows of it, or remove it"
         )
     ids = [to_id[label] for label in rows.labels]
     n = max(len(counts), round(len(rows) * percentage / 100))
     chosen = set(stratified_sample(ids, n, seed))
-    held = sorted(chosen)
-    kept = [i for i in range(len(rows)) if i not in chosen]
-    return rows.subset(kept), rows.subset(held), note
+    return rows.subset([i for i in range(len(rows)) if i not in chosen]), rows.subset(sorted(chosen)), note
 
 
 def check_training_rows(
@@ -469,15 +436,11 @@ def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]
         j = first.setdefault(text, i)
         if j != i and rows.labels[j] != rows.labels[i]:
             conflicted[text] = None
-    if not conflicted:
-        return []
     found: dict[str, tuple[list[str], list[str]]] = {text: ([], []) for text in conflicted}
     for text, label, where in zip(rows.texts, rows.labels, rows.where):
-        if text in found:
-            labels, wheres = found[text]
-            if label not in labels:
-                labels.append(label)
-                wheres.append(where)
+        if text in found and label not in found[text][0]:
+            found[text][0].append(label)
+            found[text][1].append(where)
     return [(text, labels, wheres) for text, (labels, wheres) in found.items()]
 
 
@@ -494,5 +457,5 @@ def _listing(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _more(n: int, what: str) -> str:
-    return f" (and {n} more {what}{'s' if n > 1 else ''} like it)" if n else ""
+def _more(n: int) -> str:
+    return f" (and {n} more label{'s' if n > 1 else ''} like it)" if n else ""

@@ -76,10 +76,9 @@ def _read(args: argparse.Namespace) -> tuple[RawSplit, list[str]]:
         from .splits import load_split
 
         return load_split(args.data, args.split), list(AG_NEWS_LABELS)
-    from .labelled import _labelled, label_set, read_file_rows
+    from .labelled import _labelled, label_set, names_in, read_file_rows
 
-    columns = [c.strip() for c in args.text_column_names.split(",") if c.strip()]
-    rows = read_file_rows(args.train_file, "train_file", columns, [args.label_column_name])
+    rows = read_file_rows(args.train_file, "train_file", names_in(args.text_column_names), [args.label_column_name])
     names, to_id = label_set(rows, None, [])
     return _labelled(rows, to_id, names, "the input"), names
 

@@ -3,7 +3,6 @@ shard."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -73,9 +72,3 @@ def eval_shard(lengths: torch.Tensor, rank: int, world_size: int) -> list[int]:
     mine = list(range(rank, lengths.numel(), world_size))
     mine.sort(key=lambda i: -int(lengths[i]))
     return mine
-
-
-def steps_per_epoch(num_rows: int, world_size: int, batch_size: int, grad_accum: int) -> int:
-    per_rank = math.ceil(num_rows / world_size)
-    micro = math.ceil(per_rank / batch_size)
-    return math.ceil(micro / grad_accum)

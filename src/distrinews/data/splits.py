@@ -4,6 +4,7 @@ sample of them."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,7 @@ def stratified_sample(labels: Sequence[Hashable], n: int | None, seed: int) -> l
 def hold_out(labels: Sequence[int], percentage: int, seed: int) -> tuple[list[int], list[int]]:
     """(kept, held): a seeded, class-stratified ``percentage`` of the rows held out, at least one row of each class
     that has two or more (a class with a single row stays where it is: in the kept rows)."""
-    counts: dict[int, int] = {}
-    for y in labels:
-        counts[y] = counts.get(y, 0) + 1
+    counts = Counter(labels)
     eligible = [i for i, y in enumerate(labels) if counts[y] > 1]
     classes = sum(1 for n in counts.values() if n > 1)
     n = min(len(eligible) - classes, max(classes, round(len(labels) * percentage / 100)))

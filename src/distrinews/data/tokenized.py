@@ -48,11 +48,8 @@ class TokenizedDataset(Dataset):
 def _cache_key(split: RawSplit, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
     h = hashlib.sha256()
     h.update(f"v1|{type(tokenizer).__name__}|{tokenizer.name_or_path}|{len(tokenizer)}|{max_length}|".encode())
-    h.update(
-        hashlib.sha256(
-            "\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97)))).encode()
-        ).digest()
-    )
+    vocabulary = "\x1f".join(tokenizer.convert_ids_to_tokens(list(range(0, len(tokenizer), 97))))  # every 97th
+    h.update(hashlib.sha256(vocabulary.encode()).digest())
     for text, label in zip(split.texts, split.labels):
         h.update(f"{label}\x1e{text}\x1f".encode())
     return h.hexdigest()[:24]

@@ -66,20 +66,15 @@ def split_launch_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """Take the torchrun flags out of ``argv``: ``({"nproc-per-node": "2", ...}, the rest)``."""
     flags: dict[str, str] = {}
     rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
+    tokens = iter(argv)
+    for token in tokens:
         name = token[2:].split("=", 1)[0].replace("_", "-") if token.startswith("--") else ""
         if name not in LAUNCH_FLAGS:
             rest.append(token)
-            i += 1
-            continue
-        if "=" in token:
+        elif "=" in token:
             flags[name] = token.split("=", 1)[1]
-            i += 1
-        elif i + 1 < len(argv):
-            flags[name] = argv[i + 1]
-            i += 2
+        elif (value := next(tokens, None)) is not None:
+            flags[name] = value
         else:
             raise LaunchError(f"--{name} needs a value")
     _check(flags)
@@ -120,9 +115,7 @@ def torchrun_args(flags: dict[str, str], argv: list[str]) -> argparse.Namespace:
     """torchrun's own parsed arguments for ``python -m distrinews <argv>`` on this node."""
     from torch.distributed.run import get_args_parser
 
-    cli: list[str] = []
-    for name, value in flags.items():
-        cli += [f"--{name}", value]
+    cli = [word for name, value in flags.items() for word in (f"--{name}", value)]
     endpoint = flags.get("rdzv-endpoint") or os.environ.get("PET_RDZV_ENDPOINT")
     if endpoint and "rdzv-backend" not in flags and not os.environ.get("PET_RDZV_BACKEND"):
         # Dynamic rendezvous at the given endpoint: nodes may start in any order, and restart. Without an
@@ -159,16 +152,8 @@ def _is_this_machine(host: str) -> bool:
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` for ``nproc`` workers of ``python -m distrinews <argv>`` on this node,
     on a free port: what the benchmarks start as a child process for each measured point."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "distrinews",
-        *argv,
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*torchrun, "-m", "distrinews", *argv]
 
 
 def launch(flags: dict[str, str], argv: list[str]) -> int:
@@ -238,25 +223,18 @@ PREEMPTION_GRACE_S = float(os.environ.get("DISTRINEWS_PREEMPTION_GRACE_S", "120"
 
 
 def _forward_to_workers(signum: int, _frame: Any) -> None:
-    workers = child_pids(os.getpid())
-    print(
-        f"distrinews: {signal.Signals(signum).name}: the workers save a checkpoint at the next step boundary, then "
-        "stop",
-        file=sys.stderr,
-        flush=True,
-    )
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    def kill_stragglers() -> None:
-        for pid in child_pids(os.getpid()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    timer = threading.Timer(PREEMPTION_GRACE_S, kill_stragglers)
+    name = signal.Signals(signum).name
+    print(f"distrinews: {name}: the workers save a checkpoint at the next step boundary, then stop", file=sys.stderr)
+    _signal_workers(signum)
+    timer = threading.Timer(PREEMPTION_GRACE_S, _signal_workers, args=(signal.SIGKILL,))  # the stragglers
     timer.daemon = True
     timer.start()
+
+
+def _signal_workers(signum: int) -> None:
+    for pid in child_pids(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def child_pids(parent: int) -> list[int]:

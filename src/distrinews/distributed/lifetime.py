@@ -1,13 +1,8 @@
-"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``).
+"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``), and
+stopping one (``stop_processes``: a signal, a grace, then SIGKILL): written once, for every launcher of ours.
 
-Every launcher of ours relies on it: torchrun's workers under ``distrinews train``
-(``process_group.die_with_launcher``), the batch-predict workers (``predict.batch.worker``), and the servers and nginx
-under ``distrinews serve-replicas`` (``serve.replicas``, through ``preexec_die_with_parent`` for programs that are not
-ours). A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
-kernel can take the children with it.
-
-Stopping a child is written once too (``stop_processes``: a signal, a grace, then SIGKILL), for the training runs of
-``tune`` and ``audit``, the replicas and nginx, the ranks of ``doctor`` and the servers ``bench serving`` measures.
+A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
+kernel can take the children with it; ``preexec_die_with_parent`` extends that to programs that are not ours (nginx).
 """
 
 from __future__ import annotations
@@ -63,11 +58,7 @@ _POLL_S = 0.2
 
 
 def run_until_stopped(
-    command: list[str],
-    grace_s: float,
-    *,
-    started: Callable[[int], None] | None = None,
-    **popen: Any,
+    command: list[str], grace_s: float, *, started: Callable[[int], None] | None = None, **popen: Any
 ) -> int:
     """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
     SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_processes``). ``started``

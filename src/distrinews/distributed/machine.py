@@ -108,22 +108,23 @@ def threads_per_process(processes: int) -> int:
     return max(1, usable_cores() // max(1, processes))
 
 
-def cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key: value`` of /proc/cpuinfo, None where there is none."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown CPU"
 
 
 def cpu_flags(wanted: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")) -> list[str]:
     """Which of ``wanted`` the CPU advertises (what decides bf16 speed and int8 kernels)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in wanted if f in flags]
-    return []
+    flags = set((_cpuinfo("flags") or "").split())
+    return [f for f in wanted if f in flags]
 
 
 def describe() -> dict[str, Any]:

@@ -155,20 +155,17 @@ def wrap_model(
     gathered parameters to; gradients are reduced in fp32 either way. ``run``: the run's output
     directory, which names its shared-memory segment (``shm_allreduce.segment_prefix``).
     """
-    if config.strategy == "single":
-        if env.distributed:
-            raise ConfigError(f"config field 'strategy': 'single' cannot run with {env.world_size} processes; use ddp")
-        return ParallelModel(model, model, "single", env)
-    if config.strategy == "ddp":
-        if not env.distributed:
-            return ParallelModel(model, model, "ddp", env)
-        ddp, how = _ddp(model, config, env, run)
-        return ParallelModel(ddp, model, "ddp", env, allreduce=how)
-    if config.strategy == "fsdp":
-        if not env.distributed:
-            return ParallelModel(model, model, "fsdp", env)  # one process holds everything: nothing to shard
+    strategy = config.strategy
+    if strategy not in ("single", "ddp", "fsdp"):
+        raise ConfigError(f"config field 'strategy': unknown strategy {strategy!r}")
+    if strategy == "single" and env.distributed:
+        raise ConfigError(f"config field 'strategy': 'single' cannot run with {env.world_size} processes; use ddp")
+    if not env.distributed:  # one process holds everything: nothing to replicate or shard
+        return ParallelModel(model, model, strategy, env)
+    if strategy == "fsdp":
         return ShardedModel(_fsdp(model, param_dtype), model, "fsdp", env)
-    raise ConfigError(f"config field 'strategy': unknown strategy {config.strategy!r}")
+    ddp, how = _ddp(model, config, env, run)
+    return ParallelModel(ddp, model, "ddp", env, allreduce=how)
 
 
 # ---------------------------------------------------------------------- FSDP2

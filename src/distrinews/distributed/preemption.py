@@ -16,9 +16,8 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from .process_group import DistEnv
+from .process_group import DistEnv, all_reduce_max
 
 # what signal.signal returns and takes
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -54,7 +53,5 @@ class StopRequest:
         """True once any rank has been asked to stop (a collective: every rank calls it at the same step)."""
         if not self.stopped:
             asked = torch.tensor([1.0 if self.received else 0.0], device=self.env.device)
-            if self.env.distributed:
-                dist.all_reduce(asked, op=dist.ReduceOp.MAX)
-            self.stopped = bool(asked.item())
+            self.stopped = bool(all_reduce_max(asked, self.env).item())
         return self.stopped

@@ -166,10 +166,7 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
 
 def barrier(env: DistEnv) -> None:
     if env.distributed:
-        if env.backend == "nccl":
-            dist.barrier(device_ids=[env.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=[env.device.index] if env.backend == "nccl" else None)
 
 
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:

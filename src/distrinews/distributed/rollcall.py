@@ -55,11 +55,10 @@ class RollCall:
             return None
         try:
             names = [str(r) for r in range(self.nnodes)] if self.node_rank is not None else []
-            present = {}
-            for name in names:
-                if self._store.check([f"{self.prefix}{name}"]):
-                    present[name] = json.loads(self._store.get(f"{self.prefix}{name}"))["host"]
-            return present
+            keys = {name: f"{self.prefix}{name}" for name in names}
+            return {
+                name: json.loads(self._store.get(key))["host"] for name, key in keys.items() if self._store.check([key])
+            }
         except Exception:
             return None
 

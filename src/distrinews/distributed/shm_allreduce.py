@@ -67,10 +67,7 @@ class SharedMemoryAllReduce:
     """One mapped segment, the state of ``comm_hooks.shm_allreduce_hook``; make it with :func:`open_segment`."""
 
     def __init__(self, storage: torch.UntypedStorage, slot_bytes: int, rank: int, world_size: int):
-        self.storage = storage
-        self.slot_bytes = slot_bytes
-        self.rank = rank
-        self.world_size = world_size
+        self.storage, self.slot_bytes, self.rank, self.world_size = storage, slot_bytes, rank, world_size
         self.segment_bytes = segment_bytes(slot_bytes, world_size)
 
     def _slots(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -82,11 +79,8 @@ class SharedMemoryAllReduce:
     def allreduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average ``tensor`` (flat, contiguous) over the ranks in place; every rank must call it."""
         n, r = self.world_size, self.rank
-        if tensor.numel() * tensor.element_size() > self.slot_bytes:
-            raise ValueError(
-                f"a bucket of {tensor.numel() * tensor.element_size()} "
-                f"bytes is larger than the slot ({self.slot_bytes})"
-            )
+        if (size := tensor.numel() * tensor.element_size()) > self.slot_bytes:
+            raise ValueError(f"a bucket of {size} bytes is larger than the slot ({self.slot_bytes})")
         slots = self._slots(tensor.dtype, tensor.numel())
         torch.div(tensor, n, out=slots[r])
         dist.barrier()

@@ -156,10 +156,8 @@ class Watchdog:
 
     def _describe(self, silent: list[tuple[int, str | None]]) -> str:
         ranks = ", ".join(str(r) for r, _ in silent)
-        lasts = []
-        for r, text in silent:
-            step = json.loads(text)["step"] if text else None
-            lasts.append(f"rank {r} last reported step {step}" if step is not None else f"rank {r} never reported")
+        steps = [(r, json.loads(text)["step"] if text else None) for r, text in silent]
+        lasts = [f"rank {r} last reported step {s}" if s is not None else f"rank {r} never reported" for r, s in steps]
         return (
             f"rank(s) {ranks} stopped answering: no heartbeat for {self.timeout_s:g} s (ddp_timeout); "
             f"{'; '.join(lasts)}; rank {self.env.rank} was waiting in {self.waiting_in()}"

@@ -72,17 +72,13 @@ class Option:
             return {"action": "store_true", "help": self.help}
         if self.action is not None:
             return {"action": self.action, "default": self.default, "help": self.help}
-        kwargs: dict[str, Any] = {"default": self.default, "help": self.help}
         value_type = self.type
         if value_type is None and isinstance(self.default, (int, float)) and not isinstance(self.default, bool):
             value_type = type(self.default)
-        optional = {"type": value_type, "choices": self.choices, "nargs": self.nargs, "metavar": self.metavar}
-        kwargs.update({key: value for key, value in optional.items() if value is not None})
-        if self.required:
-            kwargs["required"] = True
-        if self.positional:
-            kwargs.pop("required", None)
-        return {key: value for key, value in kwargs.items() if not (key == "help" and value is None)}
+        kwargs: dict[str, Any] = {"default": self.default, "required": (self.required and not self.positional) or None}
+        optional = {"help": self.help, "type": value_type, "choices": self.choices, "nargs": self.nargs}
+        kwargs.update(optional, metavar=self.metavar)
+        return {key: value for key, value in kwargs.items() if value is not None or key == "default"}
 
     def check(self, value: Any, error: Raised = OptionError, prefix: str = "") -> None:
         """Raise ``error`` naming the flag when ``value`` is out of range (``None``: not given, or no limit)."""

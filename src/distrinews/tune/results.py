@@ -45,7 +45,7 @@ def write_results(
     if complete:
         best = study.best_trial
         config = space.config(base, best.params)  # output_dir stays the base config's: a new run, not the trial's
-        _write(folder / BEST_CONFIG, _best_header(study, best) + _yaml(config))
+        _write(folder / BEST_CONFIG, _best_header(study, best) + config.to_yaml())
         written.append(folder / BEST_CONFIG)
         say(f"best: trial {best.number}, {base.run.metric_for_best_model} {best.value:.4f}: {folder / BEST_CONFIG}")
     else:
@@ -59,12 +59,6 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _yaml(config: TrainConfig) -> str:
-    import yaml
-
-    return yaml.safe_dump(config.to_dict(), sort_keys=False)
-
-
 def _best_header(study: optuna.Study, best: FrozenTrial) -> str:
     params = ", ".join(f"{k}={v}" for k, v in best.params.items())
     return f"# distrinews tune, study {study.study_name}: trial {best.number}, value {best.value:.6g}\n# {params}\n"
@@ -75,21 +69,10 @@ def _rows(trials: list[FrozenTrial], space: SearchSpace) -> tuple[list[str], lis
     header = ["number", "state", "value", "last_step", *names, "duration_s", "retry_of", "output_dir"]
     rows = []
     for t in trials:
-        duration = t.duration.total_seconds() if t.duration is not None else None
-        last_step = max(t.intermediate_values) if t.intermediate_values else None
+        duration = None if t.duration is None else round(t.duration.total_seconds(), 1)
         retry_of = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t)
-        rows.append(
-            [
-                t.number,
-                t.state.name,
-                t.value,
-                last_step,
-                *(t.params.get(n) for n in names),
-                None if duration is None else round(duration, 1),
-                retry_of,
-                t.user_attrs.get("output_dir"),
-            ]
-        )
+        row = [t.number, t.state.name, t.value, max(t.intermediate_values, default=None)]
+        rows.append([*row, *(t.params.get(n) for n in names), duration, retry_of, t.user_attrs.get("output_dir")])
     return header, rows
 
 
@@ -113,13 +96,8 @@ def _markdown(study: optuna.Study, trials: list[FrozenTrial], space: SearchSpace
             return f"{value:.4g}"
         return str(value).replace("|", "\\|")
 
-    direction = study.direction.name.lower()
-    lines = [
-        f"# Study {study.study_name} ({direction})",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+    lines = [f"# Study {study.study_name} ({study.direction.name.lower()})", "", "| " + " | ".join(header) + " |"]
+    lines += ["|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row[:-1]) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 

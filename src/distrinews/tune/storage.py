@@ -38,17 +38,6 @@ from optuna.trial import TrialState
 from ..errors import ConfigError
 from .outage import DatabaseStorage  # RDBStorage, riding out a database restart
 
-__all__ = [
-    "HEARTBEAT_ATTR",
-    "STORAGE_ENV",
-    "JournalHeartbeatStorage",
-    "is_database_url",
-    "open_storage",
-    "redacted",
-    "scrubbed",
-    "storage_url",
-]
-
 HEARTBEAT_ATTR = "distrinews:heartbeat"
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 # The storage when neither --storage nor --storage-file names one: a URL with a password stays off the command line
@@ -86,10 +75,7 @@ def is_database_url(storage: str) -> bool:
 
 
 def open_storage(
-    storage: str,
-    heartbeat_interval: int | None = None,
-    grace_period: int | None = None,
-    max_retry: int | None = None,
+    storage: str, heartbeat_interval: int | None = None, grace_period: int | None = None, max_retry: int | None = None
 ) -> optuna.storages.BaseStorage:
     """``storage``: a database URL, or the path of a journal file (made when missing). With ``heartbeat_interval``
     (seconds), trials beat and stale ones are failed and retried (up to ``max_retry`` times each)."""
@@ -100,12 +86,8 @@ def open_storage(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return DatabaseStorage(
-                    storage,
-                    heartbeat_interval=heartbeat_interval,
-                    grace_period=grace_period,
-                    heartbeat_stale_trial_callback=retry,
-                )
+                beats = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
+                return DatabaseStorage(storage, heartbeat_stale_trial_callback=retry, **beats)
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL
             why = scrubbed(f"{type(exc).__name__}: {exc}", storage).splitlines()[0]
             raise ConfigError(f"--storage {redacted(storage)}: cannot open it: {why}") from None

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 # Optuna's trial heartbeat, which its optimize loop runs (not exported: storage.py imports its base class too)
@@ -49,7 +48,7 @@ from . import TRIAL_ENV
 from .outage import STORAGE_ERRORS, patiently, reason
 from .pruning import PrunerSpec
 from .space import SearchSpace
-from .storage import open_storage
+from .storage import open_storage, redacted
 from .trial_callback import TrialLink, read_result
 
 __all__ = ["StudyOptions", "TrialFailed", "budget_counts", "run_study"]
@@ -121,7 +120,7 @@ def run_study(
         else f"new, sampler seed {options.seed}"
     )
     metric, direction = base.run.metric_for_best_model, _direction(base)
-    say(f"study {options.study_name} ({direction} {metric}) in {_redacted_storage(options)}: {joined_note}")
+    say(f"study {options.study_name} ({direction} {metric}) in {redacted(options.storage_spec)}: {joined_note}")
     _run_trials(study, objective, options, say)
     patiently(lambda: optuna.storages.fail_stale_trials(study), "failing stale trials", say)
     return study
@@ -157,10 +156,7 @@ def _open_study(base: TrainConfig, options: StudyOptions) -> tuple[optuna.Study,
 
 
 def _run_trials(
-    study: optuna.Study,
-    objective: Callable[[optuna.Trial], float],
-    options: StudyOptions,
-    say: Callable[..., None],
+    study: optuna.Study, objective: Callable[[optuna.Trial], float], options: StudyOptions, say: Callable[..., None]
 ) -> None:
     """Trials one after another until ``n_trials`` are finished (with other tuners' too) or the timeout passed;
     while the rest run in other tuners, wait for them."""
@@ -265,12 +261,6 @@ def _waiting(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
-def _redacted_storage(options: StudyOptions) -> str:
-    from .storage import redacted
-
-    return redacted(options.storage_spec)
-
-
 def _objective(
     base: TrainConfig, space: SearchSpace, options: StudyOptions, env: dict[str, str], say: Callable[..., None]
 ) -> Callable[[optuna.Trial], float]:
@@ -291,9 +281,8 @@ def _objective(
         except ConfigError as exc:
             say(f"trial {number}: {exc}")
             raise TrialFailed(str(exc)) from None
-        write_text_atomically(
-            config_file, yaml.safe_dump(config.to_dict(), sort_keys=False)
-        )  # a link there is replaced
+        # a link there is replaced
+        write_text_atomically(config_file, config.to_yaml())
         trial.set_user_attr("output_dir", str(run_dir))
         say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
         code = _train_trial(trial, options, env, config_file, log_file, result_file)

@@ -59,8 +59,6 @@ class TrialLink:
             values = json.loads(text)
             return cls(**{k: values[k] for k in cls.__dataclass_fields__})
         except (ValueError, KeyError, TypeError) as exc:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"{TRIAL_ENV} is set but is not a trial from distrinews tune ({type(exc).__name__}: {exc})"
             ) from None
@@ -96,10 +94,8 @@ class TrialCallback(TrainerCallback):
             print(f"warning: Optuna: trial {self.link.number} not reported to, nor pruned ({why})")
             return
         self.trial = optuna.Trial(study, self.link.trial_id)
-        print(
-            f"Optuna: reporting {args.run.metric_for_best_model} to "
-            f"trial {self.link.number} of study {self.link.study_name}"
-        )
+        metric, link = args.run.metric_for_best_model, self.link
+        print(f"Optuna: reporting {metric} to trial {link.number} of study {link.study_name}")
 
     def on_evaluate(
         self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any
@@ -138,13 +134,8 @@ class TrialCallback(TrainerCallback):
         metric = args.run.metric_for_best_model
         value = float(best_metrics[metric]) if best_metrics and metric in best_metrics else self.last_value
         outcome = "stopped" if stopped_by else "pruned" if self.pruned_at is not None else "complete"
-        result = {
-            "state": outcome,
-            "value": value,
-            "step": state.global_step,
-            "pruned_at": self.pruned_at,
-            "stopped_by": stopped_by,
-        }
+        result = {"state": outcome, "value": value, "step": state.global_step}
+        result.update(pruned_at=self.pruned_at, stopped_by=stopped_by)
         write_text_atomically(Path(self.link.result), json.dumps(result) + "\n")
 
 

@@ -14,40 +14,26 @@ Two ways to run it:
 This module is the command and the checklist's order; the checks are in ``facts`` (versions,
 devices, backends, ports), ``rank`` (one rank's collectives; ``python -m
 distrinews.cli.doctor.checks`` runs one for the parent), ``parent`` (starting and watching the
-ranks), ``advice`` and ``report`` (the printed lines). Their public names are importable from here.
+ranks), ``advice`` and ``report`` (the printed lines).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 from ...options import Option, add_options, check_options
+from ..common import no_extra_arguments, write_json
 from .advice import advise
-from .facts import backends, devices, port_free, port_owner, versions
+from .facts import port_free
 from .parent import run_parent
 from .rank import rank_checks, worker_main
 from .report import Report, report_facts, report_results
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
-__all__ = [
-    "EXIT_FAIL",
-    "EXIT_OK",
-    "Report",
-    "add_arguments",
-    "advise",
-    "backends",
-    "devices",
-    "port_free",
-    "port_owner",
-    "rank_checks",
-    "run",
-    "versions",
-]
+__all__ = ["EXIT_FAIL", "EXIT_OK", "add_arguments", "advise", "port_free", "run"]  # what the doctor's tests call
 
 
 def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
@@ -57,40 +43,25 @@ def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
         result = rank_checks(args.timeout, int(args.bandwidth_mb * 2**20), lambda phase: None)
     except Exception as exc:
         print(f"[FAIL] rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(
-            "advice: "
-            + advise(
-                "rendezvous",
-                str(exc),
-                os.environ.get("MASTER_ADDR", "?"),
-                int(os.environ.get("MASTER_PORT", 0)),
-                args.timeout,
-                [],
-            ),
-            file=sys.stderr,
-        )
+        host, port = os.environ.get("MASTER_ADDR", "?"), int(os.environ.get("MASTER_PORT", 0))
+        print("advice: " + advise("rendezvous", str(exc), host, port, args.timeout, []), file=sys.stderr)
         return EXIT_FAIL
-    results = [result]
     # Rank 0 speaks for the group: its all_reduce and all_gather answers already prove that every
     # rank took part with the right values; each rank also exits non-zero on a wrong answer of its own.
     if rank == 0:
-        ok = all(c["ok"] for c in result["checks"].values())
         rep.ok(
             f"torchrun launched {world} processes "
             f"(MASTER_ADDR={os.environ.get('MASTER_ADDR')}, MASTER_PORT={os.environ.get('MASTER_PORT')})"
         )
-        report_results(rep, results, world)
-        if not ok:
-            return EXIT_FAIL
-    return EXIT_FAIL if not all(c["ok"] for c in result["checks"].values()) else EXIT_OK
+        report_results(rep, [result], world)
+    return EXIT_OK if all(c["ok"] for c in result["checks"].values()) else EXIT_FAIL
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ...config import ConfigError
     from ...distributed.launch import under_torchrun
 
-    if extra:
-        raise ConfigError(f"doctor: unexpected arguments: {' '.join(extra)}")
+    no_extra_arguments("doctor", extra)
     check_options(args, OPTIONS, ConfigError, prefix="doctor: ")
     if args.start_ranks is not None and not 0 <= args.start_ranks <= (args.nproc or 2):
         raise ConfigError("doctor: --start-ranks must be between 0 and --nproc")
@@ -115,11 +86,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         print("\nAll checks passed.", flush=True)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data}, indent=2, default=str
-            )
-        )
+        write_json(args.json, {"ok": code == EXIT_OK, "lines": rep.lines, "advice": rep.failures, **rep.data})
     return code
 
 

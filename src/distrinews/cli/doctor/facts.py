@@ -42,25 +42,21 @@ def versions() -> dict[str, Any]:
 def devices() -> dict[str, Any]:
     import torch
 
-    from ...distributed.machine import cores_available, cpu_model
+    from ...distributed.machine import describe
 
-    out: dict[str, Any] = {
-        "cpu": cpu_model(),
-        "cores_available": len(cores_available()),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cuda_devices": [],
-    }
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            out["cuda_devices"].append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "memory_gib": round(p.total_memory / 2**30, 1),
-                    "capability": f"{p.major}.{p.minor}",
-                }
-            )
+    machine = describe()
+    out: dict[str, Any] = {key: machine[key] for key in ("cpu", "cores_available", "cpu_capability")}
+    gpus = range(torch.cuda.device_count()) if torch.cuda.is_available() else range(0)
+    props = [torch.cuda.get_device_properties(i) for i in gpus]
+    out["cuda_devices"] = [
+        {
+            "index": i,
+            "name": p.name,
+            "memory_gib": round(p.total_memory / 2**30, 1),
+            "capability": f"{p.major}.{p.minor}",
+        }
+        for i, p in enumerate(props)
+    ]
     return out
 
 

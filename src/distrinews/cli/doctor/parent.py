@@ -1,9 +1,6 @@
-"""``distrinews doctor`` without torchrun: this process is the parent. It chooses the rendezvous port (the one
-asked for if it can be bound, or a free one), starts the ranks itself with the environment torchrun would give
-them, waits for them (stopping any that hang past the deadline), and reads what each reported, so that it can
-tell a port in use, a rank that never joined, a rank that crashed and a rank that hung apart, with advice for
-each.
-"""
+"""``distrinews doctor`` without torchrun (the first way of ``checks``): this process picks the rendezvous port (the
+one asked for if it can be bound, or a free one), starts the ranks, waits for them (stopping any that hang past the
+deadline) and reads what each reported, to tell the ways they fail apart, with advice for each."""
 
 from __future__ import annotations
 
@@ -64,16 +61,10 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
     free, why = port_free(host, args.port)
     if not free:
         owner = port_owner(args.port)
+        error = "address already in use" if "in use" in (why or "").lower() else (why or "")
         rep.fail(
             f"port {args.port} on {host} cannot be bound: {why}" + (f"; held by {owner}" if owner else ""),
-            advise(
-                "port",
-                "address already in use" if "in use" in (why or "").lower() else (why or ""),
-                host,
-                args.port,
-                args.timeout,
-                [],
-            ),
+            advise("port", error, host, args.port, args.timeout, []),
         )
         return None
     rep.ok(f"port {args.port} on {host} is free")
@@ -87,28 +78,12 @@ def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int
     with tempfile.TemporaryDirectory(prefix="distrinews-doctor-") as tmp:
         procs: dict[int, subprocess.Popen[bytes]] = {}
         logs: dict[int, TextIO] = {}
-        command = [
-            sys.executable,
-            "-m",
-            "distrinews.cli.doctor.checks",
-            "--result-dir",
-            tmp,
-            "--timeout",
-            str(args.timeout),
-            "--bandwidth-bytes",
-            str(int(args.bandwidth_mb * 2**20)),
-        ]
+        command = [sys.executable, "-m", "distrinews.cli.doctor.checks", "--result-dir", tmp]
+        command += ["--timeout", str(args.timeout), "--bandwidth-bytes", str(int(args.bandwidth_mb * 2**20))]
         for rank in range(start_ranks):
-            env = {
-                **os.environ,
-                "MASTER_ADDR": args.host,
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(world),
-                "OMP_NUM_THREADS": str(cores),
-            }
+            env = {**os.environ, "MASTER_ADDR": args.host, "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(cores)}
+            env.update({name: str(rank) for name in ("RANK", "LOCAL_RANK")})
+            env.update({name: str(world) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")})
             logs[rank] = open(Path(tmp) / f"rank-{rank}.log", "w+")
             procs[rank] = subprocess.Popen(command, env=env, stdout=logs[rank], stderr=subprocess.STDOUT)
         rep.info(f"started {start_ranks} of {world} ranks (rendezvous timeout {args.timeout:g}s)")
@@ -117,14 +92,11 @@ def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int
             time.sleep(0.2)
         hung = [r for r, p in procs.items() if p.poll() is None]
         stop_processes(*(procs[r] for r in hung), grace_s=5)  # only the ranks we started
-        states: dict[int, RankState] = {}
-        for rank in range(world):
-            f = Path(tmp) / f"rank-{rank}.json"
-            states[rank] = json.loads(f.read_text()) if f.is_file() else None
-        tails: dict[int, str] = {}
-        for rank, log in logs.items():
+        files = {rank: Path(tmp) / f"rank-{rank}.json" for rank in range(world)}
+        states = {rank: json.loads(f.read_text()) if f.is_file() else None for rank, f in files.items()}
+        for log in logs.values():
             log.close()
-            tails[rank] = log_tail(Path(log.name), lines=None, max_bytes=1500)
+        tails = {rank: log_tail(Path(log.name), lines=None, max_bytes=1500) for rank, log in logs.items()}
     return _Ranks(procs, hung, states, tails)
 
 

@@ -38,21 +38,11 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], 
         backend, device = "gloo", torch.device("cpu")
     report("rendezvous")
     started = time.perf_counter()
-    dist.init_process_group(
-        backend,
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
-    result: dict[str, Any] = {
-        "rank": rank,
-        "world_size": world,
-        "backend": backend,
-        "device": str(device),
-        "host": socket.gethostname(),
-        "rendezvous_s": time.perf_counter() - started,
-    }
+    timeout = datetime.timedelta(seconds=timeout_s)
+    device_id = device if backend == "nccl" else None
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
+    result: dict[str, Any] = {"rank": rank, "world_size": world, "backend": backend, "device": str(device)}
+    result.update(host=socket.gethostname(), rendezvous_s=time.perf_counter() - started)
     try:
         result["checks"] = _collective_checks(device, rank, world, report)
         report("bandwidth")
@@ -129,27 +119,16 @@ def _shared_memory_check(
     why_not = why_not_shared_memory(backend, device.type, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if why_not:
         return {"used": False, "why": why_not}
-    segment = open_segment(payload.numel() * 4, rank, world)
+    size = payload.numel() * 4
+    segment = open_segment(size, rank, world)
     if isinstance(segment, str):
-        return {
-            "used": False,
-            "why": segment,
-            "bytes": payload.numel() * 4,
-            "needs_bytes": segment_bytes(payload.numel() * 4, world),
-        }
+        return {"used": False, "why": segment, "bytes": size, "needs_bytes": segment_bytes(size, world)}
     x = torch.full((payload.numel(),), float(rank + 1))
     segment.allreduce_mean_(x)
     expect = (world + 1) / 2
     ok = bool(torch.allclose(x, torch.full_like(x, expect)))
     seconds = _slowest_mean_seconds(lambda: segment.allreduce_mean_(payload), device)
-    return {
-        "used": True,
-        "ok": ok,
-        "got": x[0].item(),
-        "expected": expect,
-        "bytes": payload.numel() * 4,
-        "time_ms": 1000 * seconds,
-    }
+    return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": size, "time_ms": 1000 * seconds}
 
 
 def worker_main(argv: list[str]) -> int:
