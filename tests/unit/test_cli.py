@@ -79,3 +79,11 @@ def test_the_package_never_imports_the_comparison_tools_or_the_tests():
             assert not [n for n in names if n.split(".")[0] in ("benchmarks", "tests")], (
                 f"{path.relative_to(ROOT)} imports {names}"
             )
+
+
+def test_version_prints_the_declared_version_and_exits_0(capsys):
+    from distrinews.version import __version__
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.strip() == f"distrinews {__version__}"

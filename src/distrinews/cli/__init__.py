@@ -16,6 +16,7 @@ import os
 import sys
 
 from ..distributed.launch import LaunchError, split_launch_flags, wants_launch
+from ..version import __version__
 from . import audit, bench, doctor, evaluate, export, predict, report, serve, serve_replicas, train, tune
 from .common import USAGE_ERRORS, usage_error
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with PyTorch DDP. Launcher flags: --nproc-per-node N, --nnodes N, "
         "--node-rank R, --rdzv-endpoint HOST:PORT, --rdzv-id ID, --max-restarts K.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
