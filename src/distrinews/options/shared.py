@@ -114,6 +114,7 @@ DIFFERENT = {
     ("report", "--output"): "the plot",
     ("bench scaling", "--nproc"): "a list of worker counts, one point each",
     ("bench batch", "--nproc"): "a list of predict --nproc, one run each",
+    ("export", "--version"): "the model version stamped on the export; `distrinews --version` is the program's",
     ("bench collectives", "--nproc"): "the processes of the collectives",
     ("doctor", "--nproc"): "the ranks to start",
     ("train", "--output-dir"): "the run's folder (the config's output_dir)",
