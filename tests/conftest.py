@@ -109,7 +109,8 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 SHARED_RUNS = ("thirty_steps", "six_steps_ddp")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
     """Every integration test is ``slow``: ``pytest -m 'not slow'`` (``make test-fast``) runs the rest in seconds.
 
     Every test also gets an ``xdist_group``: its module, or the shared run its module uses (``SHARED_RUNS``). With
@@ -122,11 +123,32 @@ def pytest_collection_modifyitems(items):
         if integration in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)
         modules.setdefault(Path(item.path), []).append(item)
+    groups = {}
     for path, module_items in modules.items():
         shared = sorted({name for item in module_items for name in item.fixturenames if name in SHARED_RUNS})
         group = shared[0] if shared else path.relative_to(ROOT).as_posix()
         for item in module_items:
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item] = group
+    yield  # xdist's worker names each test "nodeid@group" here: the controller groups by that name
+    if config.getoption("loadgroup", default=False):
+        for item, group in groups.items():
+            _name_by_group(item, group)
+
+
+def _name_by_group(item: pytest.Item, group: str) -> None:
+    """Give ``item`` the ``@group`` suffix xdist's worker meant to give it.
+
+    pytest 9.2 keeps a node's id in ``_id`` (a ``NodeId``); xdist (3.8) still writes the old ``_nodeid``, which
+    nothing reads any more, so ``--dist loadgroup`` silently sent every test alone, in turn, to either worker
+    (pytest-xdist issue 1386): each worker trained the session runs, and a module's fixtures were made again
+    whenever its next test went to the other worker. A no-op where xdist's own renaming took.
+    """
+    if item.nodeid.endswith(f"@{group}") or not hasattr(item, "_id"):
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def _without_extra_train_files(data: Path, into: Path) -> Path:
