@@ -148,13 +148,17 @@ def _name_by_group(item: pytest.Item, group: str) -> None:
     pytest 9.2 keeps a node's id in ``_id`` (a ``NodeId``); xdist (3.8) still writes the old ``_nodeid``, which
     nothing reads any more, so ``--dist loadgroup`` silently sent every test alone, in turn, to either worker
     (pytest-xdist issue 1386): each worker trained the session runs, and a module's fixtures were made again
-    whenever its next test went to the other worker. A no-op where xdist's own renaming took.
+    whenever its next test went to the other worker. A no-op where xdist's own renaming took. Where neither took
+    (another pytest or xdist) the worker's collection fails and the run stops, instead of running minutes longer.
     """
-    if item.nodeid.endswith(f"@{group}") or not hasattr(item, "_id"):
+    if item.nodeid.endswith(f"@{group}"):
         return
-    from _pytest.nodeid import NodeId
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
 
-    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+    if not item.nodeid.endswith(f"@{group}"):
+        raise pytest.UsageError(f"--dist loadgroup: {item.nodeid} cannot be named by its group {group} here")
 
 
 def _without_extra_train_files(data: Path, into: Path) -> Path:
