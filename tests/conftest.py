@@ -101,6 +101,12 @@ QUIET = ("--report_to", "none", "--disable_tqdm", "true")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# MFU against a stated peak (tests/integration/test_bench_tools.py says why this one), not one measured: every
+# training process the suite starts (hundreds) would otherwise time six 1024^3 matmuls first, ~0.2 CPU-s each.
+# The measurement itself is tested in tests/unit/test_bench_arithmetic.py, with the variable unset.
+STATED_PEAK = {"DISTRINEWS_PEAK_TFLOPS": "0.05"}
+for _name, _value in STATED_PEAK.items():
+    os.environ.setdefault(_name, _value)
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
@@ -109,7 +115,8 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 SHARED_RUNS = ("thirty_steps", "six_steps_ddp")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
     """Every integration test is ``slow``: ``pytest -m 'not slow'`` (``make test-fast``) runs the rest in seconds.
 
     Every test also gets an ``xdist_group``: its module, or the shared run its module uses (``SHARED_RUNS``). With
@@ -122,11 +129,36 @@ def pytest_collection_modifyitems(items):
         if integration in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)
         modules.setdefault(Path(item.path), []).append(item)
+    groups = {}
     for path, module_items in modules.items():
         shared = sorted({name for item in module_items for name in item.fixturenames if name in SHARED_RUNS})
         group = shared[0] if shared else path.relative_to(ROOT).as_posix()
         for item in module_items:
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item] = group
+    yield  # xdist's worker names each test "nodeid@group" here: the controller groups by that name
+    if config.getoption("loadgroup", default=False):
+        for item, group in groups.items():
+            _name_by_group(item, group)
+
+
+def _name_by_group(item: pytest.Item, group: str) -> None:
+    """Give ``item`` the ``@group`` suffix xdist's worker meant to give it.
+
+    pytest 9.2 keeps a node's id in ``_id`` (a ``NodeId``); xdist (3.8) still writes the old ``_nodeid``, which
+    nothing reads any more, so ``--dist loadgroup`` silently sent every test alone, in turn, to either worker
+    (pytest-xdist issue 1386): each worker trained the session runs, and a module's fixtures were made again
+    whenever its next test went to the other worker. A no-op where xdist's own renaming took. Where neither took
+    (another pytest or xdist) the worker's collection fails and the run stops, instead of running minutes longer.
+    """
+    if item.nodeid.endswith(f"@{group}"):
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+    if not item.nodeid.endswith(f"@{group}"):
+        raise pytest.UsageError(f"--dist loadgroup: {item.nodeid} cannot be named by its group {group} here")
 
 
 def _without_extra_train_files(data: Path, into: Path) -> Path:
