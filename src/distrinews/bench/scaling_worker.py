@@ -193,7 +193,7 @@ class _StepTimer:
         import torch
 
         self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
-        self.sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+        self.sync: Callable[[], None] = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
         self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
         self.padded_tokens = 0
 
@@ -220,7 +220,7 @@ def _probe_exposed_allreduce(trainer: Trainer, windows: Windows, probes: int) ->
     (paired, because with length grouping consecutive batches differ a lot in length)."""
     import torch
 
-    sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
     local: list[float] = []
     synced: list[float] = []
     for _ in range(probes):
