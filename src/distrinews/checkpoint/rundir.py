@@ -52,7 +52,7 @@ LOCK_HELD_ENV = "DISTRINEWS_RUN_DIR_LOCKED"
 
 
 class RunDir:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
     @property
