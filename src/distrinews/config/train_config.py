@@ -165,7 +165,7 @@ class TrainConfig(BaseModel):
         """Flat ``{field: value}``, sections in order: the form of presets, ``config.yaml`` and records."""
         return {name: value for section in SECTIONS for name, value in getattr(self, section).model_dump().items()}
 
-    def save_yaml(self, path: str | os.PathLike) -> None:
+    def save_yaml(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
@@ -235,7 +235,7 @@ def reference(markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Preset YAML (if any), then ``overrides`` (strings from the command line are parsed by field type)."""
     values: dict[str, Any] = {}
     if path is not None:
