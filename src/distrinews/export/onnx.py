@@ -33,7 +33,7 @@ __all__ = [
 
 
 def export_onnx(
-    checkpoint: str | os.PathLike, out: str | os.PathLike | None = None, quantize: str | None = None
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, quantize: str | None = None
 ) -> Path:
     """``distrinews export --format onnx [--quantize int8]``: write ``out`` (None: the cache entry the runtimes
     read) and verify it against PyTorch; returns where it is.

@@ -17,7 +17,9 @@ from ..checkpoint.versioning import version_fields
 from ..model import hf_config
 
 
-def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
+def export_seed_pt(
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], model_version: str | None = None
+) -> Path:
     """Write ``{epoch, model_state_dict, optimizer_state_dict, loss, accuracy, config}`` from a checkpoint dir.
 
     ``config`` also carries the model version (``model_version``, else the checkpoint's) and config hash.

@@ -75,13 +75,15 @@ def _score(predictor: OnnxPredictor, texts: list[str], labels: list[Any]) -> flo
     """Accuracy of the argmax; for a multi-label model, micro-F1 of its sigmoid scores at its thresholds."""
     predictions = predictor.predict(texts)
     if not predictor.multi_label:
-        return sum(p["label_id"] == y for p, y in zip(predictions, labels)) / len(labels)
+        accuracy: float = sum(p["label_id"] == y for p, y in zip(predictions, labels)) / len(labels)
+        return accuracy
     from ...train.multilabel import FixedThresholdTally
 
     assert predictor.thresholds is not None, "a multi-label predictor has thresholds"
     tally = FixedThresholdTally(predictor.labels, predictor.thresholds)
     tally.add([[p["probabilities"][name] for name in predictor.labels] for p in predictions], labels)
-    return tally.to_json()["micro_f1"]
+    micro_f1: float = tally.to_json()["micro_f1"]
+    return micro_f1
 
 
 def scores(check: dict[str, Any]) -> tuple[float, float]:

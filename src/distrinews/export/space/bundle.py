@@ -158,8 +158,8 @@ def _torch_version() -> str:
 
 
 def export_space(
-    checkpoint: str | os.PathLike,
-    output: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
+    output: str | os.PathLike[str],
     runtime: str = DEFAULT_SPACE_RUNTIME,
     version: str | None = None,
     check_accuracy: bool = False,
