@@ -67,7 +67,7 @@ def _hash_file(path: Path, digest: hashlib._Hash) -> None:
         os.close(fd)
 
 
-def content_key(checkpoint: str | os.PathLike) -> str:
+def content_key(checkpoint: str | os.PathLike[str]) -> str:
     """The checkpoint's content as a cache key (see the module's docstring); the same bytes, the same key."""
     checkpoint = Path(checkpoint)
     digest = hashlib.sha256(f"distrinews-derived-v{KEY_VERSION}\0".encode())
@@ -153,7 +153,7 @@ class Graph:
 class DerivedFiles:
     """The cache entries of one checkpoint: ``read`` what was made from it, ``store`` what is made."""
 
-    def __init__(self, checkpoint: str | os.PathLike, root: str | os.PathLike | None = None):
+    def __init__(self, checkpoint: str | os.PathLike[str], root: str | os.PathLike[str] | None = None):
         self.checkpoint = Path(checkpoint)
         self.root = Path(root) if root is not None else default_cache_dir()
         self.folder = self.root / DERIVED / content_key(self.checkpoint)

@@ -28,7 +28,8 @@ class EnsembleOutput:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    log_probabilities: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return log_probabilities
 
 
 def member_log_probs(predictor: Any, texts: Sequence[str], batch_size: int) -> np.ndarray:
@@ -43,7 +44,7 @@ def member_log_probs(predictor: Any, texts: Sequence[str], batch_size: int) -> n
 
 
 def ensemble_log_probs(
-    checkpoints: Sequence[str | os.PathLike],
+    checkpoints: Sequence[str | os.PathLike[str]],
     texts: Sequence[str],
     labels: Sequence[str] | None = None,
     device: Any = None,

@@ -87,7 +87,7 @@ FIXED_SAMPLE = (
 )
 
 
-def int8_path(checkpoint: str | os.PathLike) -> Path:
+def int8_path(checkpoint: str | os.PathLike[str]) -> Path:
     """Where a checkpoint ships its int8 model: in its folder (``best/``'s, made by ``train``); for a ``.pt`` file,
     ``FILE.int8.onnx`` beside it."""
     checkpoint = Path(checkpoint)
@@ -97,7 +97,7 @@ def int8_path(checkpoint: str | os.PathLike) -> Path:
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
+def weights_fingerprint(checkpoint: str | os.PathLike[str]) -> str | None:
     """SHA-256 of the checkpoint's PyTorch weights (None where it has none, e.g. a slim ONNX bundle):
     an int8 model checked against other weights than the ones there now is made again."""
     import hashlib
@@ -114,7 +114,7 @@ def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
     return digest.hexdigest()
 
 
-def is_current(check: dict[str, Any], checkpoint: str | os.PathLike) -> bool:
+def is_current(check: dict[str, Any], checkpoint: str | os.PathLike[str]) -> bool:
     """Whether ``check`` was made from the weights the checkpoint holds now (trusted where it holds none)."""
     now = weights_fingerprint(checkpoint)
     return now is None or check.get("weights_sha256") == now
@@ -158,9 +158,9 @@ def labelled_rows(
 
 
 def make_int8(
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
     labelled: tuple[Sequence[str], Sequence[Any]] | None,
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> tuple[Path | Graph, dict[str, Any]]:
     """Export ``checkpoint`` to ONNX, quantize it to int8, check it against fp32, and publish the int8 file
     (with the check in its metadata) whole: at ``out``, else in the cache (``derived.py``; never into the
@@ -195,7 +195,7 @@ def make_int8(
 
 
 def compare(
-    checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
+    checkpoint: str | os.PathLike[str], fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
 ) -> dict[str, Any]:
     """Both graphs through ONNX Runtime on the labelled rows (accuracy) or on ``FIXED_SAMPLE`` (agreement)."""
     from .onnx_runtime import OnnxPredictor
@@ -239,7 +239,8 @@ def compare(
 
 
 def _accuracy(answers: Sequence[Any], gold: Sequence[Any]) -> float:
-    return sum(a == y for a, y in zip(answers, gold)) / len(gold)
+    accuracy: float = sum(a == y for a, y in zip(answers, gold)) / len(gold)
+    return accuracy
 
 
 def _micro_f1(answers: Sequence[list[int]], gold: Sequence[list[int]]) -> float:
@@ -248,7 +249,8 @@ def _micro_f1(answers: Sequence[list[int]], gold: Sequence[list[int]]) -> float:
     tp = sum(len(set(a) & set(y)) for a, y in zip(answers, gold))
     fp = sum(len(set(a) - set(y)) for a, y in zip(answers, gold))
     fn = sum(len(set(y) - set(a)) for a, y in zip(answers, gold))
-    return f1_from_counts(tp, fp, fn)
+    f1: float = f1_from_counts(tp, fp, fn)
+    return f1
 
 
 def _answer(result: dict[str, Any]) -> Any:
@@ -271,7 +273,8 @@ def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:
             model.metadata_props.remove(prop)
     entry = model.metadata_props.add()
     entry.key, entry.value = CHECK_KEY, json.dumps(check, sort_keys=True)
-    return model.SerializeToString()
+    serialized: bytes = model.SerializeToString()
+    return serialized
 
 
 def _write_whole(out: Path, data: bytes) -> None:

@@ -36,7 +36,7 @@ class Totals:
     rejected: int = 0
 
 
-def in_input_order(path: os.PathLike, committed: int, start: int, end: int) -> Iterator[dict[str, Any]]:
+def in_input_order(path: os.PathLike[str], committed: int, start: int, end: int) -> Iterator[dict[str, Any]]:
     """The committed lines of one worker's ``rows.jsonl``, each row ``start`` .. ``end - 1`` once, in row order."""
     heap: list[tuple[int, int, dict[str, Any]]] = []
     expected = start
@@ -135,7 +135,7 @@ class OutputFiles:
         publish(self.checked, self.rejects_tmp if self.rejects.rows else None, self.out_tmp)
 
 
-def publish(checked: CheckedJob, rejects_tmp: os.PathLike | None, out_tmp: os.PathLike) -> None:
+def publish(checked: CheckedJob, rejects_tmp: os.PathLike[str] | None, out_tmp: os.PathLike[str]) -> None:
     """Rejects first, output last (the output's appearance says the job is done); then the progress folder goes."""
     if rejects_tmp is not None:
         os.replace(rejects_tmp, checked.rejects)

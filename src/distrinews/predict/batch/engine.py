@@ -209,7 +209,7 @@ def _raise_first_failure(processes: dict[int, Any], errors: list[str], crashes: 
         )
 
 
-def _handle(event: tuple, progress: Progress, errors: list[str], crashes: list[str]) -> None:
+def _handle(event: tuple[Any, ...], progress: Progress, errors: list[str], crashes: list[str]) -> None:
     kind, k, *rest = event
     if kind == "progress":
         progress.advance(*rest)

@@ -29,7 +29,7 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from multiprocessing.connection import Connection
@@ -136,7 +136,11 @@ def _shown(text: str) -> str:
 
 
 def _windows(
-    job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings
+    job: JobRecord,
+    manifest: WorkerManifest,
+    fields: RowFields,
+    encode: Callable[[list[str]], Sequence[Any]],
+    settings: WorkerSettings,
 ) -> Iterator[_Window]:
     size = settings.window_rows
     if manifest.window is not None:  # resuming inside a window: its done rows are left out
@@ -173,7 +177,7 @@ class _Prefetch:
     _END = object()
 
     def __init__(self, items: Iterator[Any], depth: int = PREFETCH):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(items,), name="distrinews-predict-reader", daemon=True)
         self._thread.start()
