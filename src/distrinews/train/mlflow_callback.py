@@ -61,6 +61,7 @@ from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
     from ..checkpoint.records import TrainState
 
@@ -296,7 +297,8 @@ class MLflowCallback(TrainerCallback):
             and recorded.get("tracking_uri") == self.uri
             and isinstance(recorded.get("run_id"), str)
         ):
-            return recorded["run_id"]
+            run_id: str = recorded["run_id"]
+            return run_id
         return None
 
     # ------------------------------------------------------------------ the work (the sender's thread)
@@ -338,7 +340,10 @@ class MLflowCallback(TrainerCallback):
             )
 
     def _log_batch(
-        self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None
+        self,
+        params: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+        metrics: list[Metric] | None = None,
     ) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
