@@ -13,7 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the repository: ``benchmarks`` imports from here
 
 
-def main(name: str, description: str, add_arguments: Callable, run: Callable) -> None:
+def main(
+    name: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], object],
+    run: Callable[[argparse.Namespace, list[str]], int | None],
+) -> None:
     """``python -m benchmarks.tools.NAME``: parse, run; a mistake in what was asked is one line and exit 2."""
     from distrinews.cli.common import USAGE_ERRORS, usage_error
 

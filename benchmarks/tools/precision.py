@@ -107,7 +107,7 @@ class Variant:
             self.optimizer = build_optimizer(self.model, config.optimizer, device)
             self.autocast = self.precision.autocast
 
-    def step(self, batch: dict) -> None:
+    def step(self, batch: dict[str, Any]) -> None:
         import torch
 
         from distrinews.model import forward_loss
@@ -142,7 +142,7 @@ def build_variants(variants: list[tuple[str, Any, bool]], labels: list[str]) -> 
 
 
 def time_variants(
-    built: list[tuple[str, Variant]], batch: dict, rounds: int, steps: int, warmup: int
+    built: list[tuple[str, Variant]], batch: dict[str, Any], rounds: int, steps: int, warmup: int
 ) -> dict[str, list[float]]:
     """Warm each variant up, then time ``rounds`` turns of ``steps`` steps each, the variants in turn (ms a step)."""
     for _, v in built:
@@ -205,7 +205,7 @@ def time_attention(batch: int, length: int, heads: int, head_dim: int, repeats: 
     return rows
 
 
-def make_batch(batch: int, length: int, vocab: int = 30522) -> dict:
+def make_batch(batch: int, length: int, vocab: int = 30522) -> dict[str, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(0)

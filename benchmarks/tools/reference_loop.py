@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-class AGNewsDataset(Dataset):
+class AGNewsDataset(Dataset[dict[str, torch.Tensor]]):
     """The reference dataset: tokenizes on every fetch, every row padded to max_length."""
 
     def __init__(self, texts: list[str], labels: list[int], tokenizer: PreTrainedTokenizerBase, max_length: int = 128):

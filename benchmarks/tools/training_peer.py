@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 EVAL_BATCH = 128  # the evaluator's batch, as ours scores its runs
 
 
-class Rows(Dataset):
+class Rows(Dataset[dict[str, Any]]):
     """Our tokenized rows as the dicts transformers' collators expect (no padding: the collator pads per batch)."""
 
     def __init__(self, tokenized: TokenizedDataset):

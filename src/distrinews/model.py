@@ -128,9 +128,12 @@ def build_model(
         for attr in ATTENTION_DROPOUT:
             if hasattr(config, attr):
                 setattr(config, attr, attention_dropout)
+    model: torch.nn.Module
     if name == TINY_RANDOM:
-        return AutoModelForSequenceClassification.from_config(config)
-    return AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
+    return model
 
 
 def hf_config(model: torch.nn.Module) -> PretrainedConfig:
@@ -283,7 +286,8 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(model, "merge_and_unload"):
         import copy
 
-        return cast("PeftModel", copy.deepcopy(model)).merge_and_unload()
+        plain: torch.nn.Module = cast("PeftModel", copy.deepcopy(model)).merge_and_unload()
+        return plain
     return model
 
 
@@ -294,7 +298,7 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
 def forward_loss(
     model: Callable[..., Any],
     batch: dict[str, torch.Tensor],
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     reduction: str = "mean",
     class_weights: torch.Tensor | None = None,
     label_smoothing: float = 0.0,

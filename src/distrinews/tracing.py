@@ -150,20 +150,21 @@ def session(service_name: str, endpoint: str | None = None) -> Iterator[bool]:
             shutdown()
 
 
-def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager:
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
     """A span around a ``with`` block, the current span's child; when tracing is off, a shared no-op."""
     if _tracer is None:
         return _NOOP
-    return _tracer.start_as_current_span(name, attributes=attributes)
+    current: contextlib.AbstractContextManager[Any] = _tracer.start_as_current_span(name, attributes=attributes)
+    return current
 
 
 def traced(
     name: str, attributes: Callable[..., dict[str, Any]], outcome: Callable[[Any], dict[str, Any]] | None = None
-) -> Callable:
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a function with a span around each call: ``attributes(*args, **kwargs)`` and ``outcome(result)`` are
     its attributes. When tracing is off the call goes straight through, and neither is called."""
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             if _tracer is None:

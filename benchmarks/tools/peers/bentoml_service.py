@@ -21,6 +21,6 @@ class Classifier:
     def __init__(self) -> None:
         self.predictor = serve_model.load(_SETTINGS["checkpoint"], PEER, _CONFIG)
 
-    @bentoml.api(**_CONFIG["bentoml.api"])
+    @bentoml.api(**_CONFIG["bentoml.api"])  # type: ignore[untyped-decorator]  # bentoml ships no types
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         return serve_model.classify(self.predictor, texts)

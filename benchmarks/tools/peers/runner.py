@@ -91,7 +91,9 @@ def importable(python: str, package: str) -> bool:
     return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
 
 
-def measure(port: int, texts: list[str], c: int, args: argparse.Namespace, pid: int, path: str, body: Any) -> dict:
+def measure(
+    port: int, texts: list[str], c: int, args: argparse.Namespace, pid: int, path: str, body: Any
+) -> dict[str, Any]:
     """One level: the warm-up (not counted), then ``args.duration`` seconds measured, with the server tree's CPU."""
     asyncio.run(closed_loop(port, texts, c, args.warmup, 0, path=path, body=body))
     cpu0, wall0 = tree_cpu_seconds(pid), time.monotonic()
@@ -102,7 +104,9 @@ def measure(port: int, texts: list[str], c: int, args: argparse.Namespace, pid: 
     return result
 
 
-def one_server(name: str, args: argparse.Namespace, python: str, texts: list[str], clients: list[int]) -> dict:
+def one_server(
+    name: str, args: argparse.Namespace, python: str, texts: list[str], clients: list[int]
+) -> dict[str, Any]:
     """Start ``name``, measure it at every client count, stop it: its results and what it served."""
     logs = args.output_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

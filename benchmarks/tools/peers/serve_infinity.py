@@ -91,7 +91,7 @@ def serve(args: Any, folder: Path) -> None:
     engine_args = EngineArgs(model_name_or_path=str(folder), served_model_name=SERVED_NAME, **settings["EngineArgs"])
     app = create_server(engine_args_list=[engine_args])
 
-    @app.post("/predict")
+    @app.post("/predict")  # type: ignore[untyped-decorator]  # infinity_emb ships no types: its app is Any
     async def predict(request: Request) -> Any:
         try:
             text = serve_model.text_of(await request.json())

@@ -25,7 +25,7 @@ def config(max_batch_size: int, max_wait_ms: float) -> dict[str, Any]:
     }
 
 
-class Classifier(ls.LitAPI):
+class Classifier(ls.LitAPI):  # type: ignore[misc]  # litserve ships no types: LitAPI is Any to mypy
     """At module level: LitServe starts its inference worker by pickling the API (``checkpoint`` and ``settings``
     travel with it)."""
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -211,8 +211,9 @@ def _train(plan: FoldPlan, fold: Fold, header: str) -> None:
 def _predict(plan: FoldPlan, fold: Fold, ids: list[int], header: str) -> None:
     """The held-out rows' probabilities, through the batch engine (resumable by itself); a finished output is
     checked as it is, and computed again if it does not hold every held-out row once."""
-    from ..predict.batch.engine import WorkerFailed, run
+    from ..predict.batch.engine import run
     from ..predict.batch.job import BatchJob
+    from ..predict.batch.shell import WorkerFailed
 
     if fold.probabilities.is_file():
         try:
@@ -277,7 +278,7 @@ def _append(path: Path) -> BinaryIO:
     return cast(BinaryIO, os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab"))
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         text = read_text_nofollow(path)
         value = json.loads(text) if text is not None else None

@@ -79,7 +79,7 @@ def run_point(
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0 or not os.path.exists(result):
             raise RuntimeError(f"{workers} worker(s) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        point = json.loads(Path(result).read_text())
+        point: dict[str, Any] = json.loads(Path(result).read_text())
         point["wall_s"] = time.perf_counter() - started
         return point
 

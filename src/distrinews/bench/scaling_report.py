@@ -5,6 +5,7 @@ each point's step time stacked by phase).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     ]
     for r in report["points"]:
         ph = r["phases_ms"]
-        opt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        opt: Callable[[float | None], str] = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         lines.append(
             f"| {r['workers']} x {r['cores_per_worker']} | {r['per_worker_batch']} | {_bucket(r)} | {_samples(r)} | "
             f"{r['tokens_per_s']:.0f} | {r['speedup']:.3f} | {100 * r['efficiency']:.1f}% | {r['step_ms']:.0f} | "

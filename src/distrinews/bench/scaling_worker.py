@@ -194,7 +194,7 @@ class _StepTimer:
         import torch
 
         self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
-        self.sync = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+        self.sync: Callable[[], None] = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
         self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
         self.padded_tokens = 0
 

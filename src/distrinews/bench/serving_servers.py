@@ -30,7 +30,7 @@ class ServerNotReady(RuntimeError):
 LISTENING = re.compile(r"Uvicorn running on https?://[^\s]+:(\d+) ")
 
 
-def reported_port(log_path: Path, proc: subprocess.Popen, timeout: float = 600, interval: float = 0.05) -> int:
+def reported_port(log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 600, interval: float = 0.05) -> int:
     """The port a uvicorn server started on port 0 names in ``log_path`` once it listens. Raises ``ServerNotReady``
     once ``proc`` has exited without that line, or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -44,7 +44,9 @@ def reported_port(log_path: Path, proc: subprocess.Popen, timeout: float = 600, 
         time.sleep(interval)
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600, interval: float = 0.3) -> None:
+def wait_ready(
+    url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 600, interval: float = 0.3
+) -> None:
     """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false``.
 
     Our ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200
@@ -100,7 +102,8 @@ class Server:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/info", timeout=10) as r:
-            return json.loads(r.read())
+            info: dict[str, Any] = json.loads(r.read())
+            return info
 
     def stop(self) -> None:
         stop_processes(self.proc, grace_s=30)

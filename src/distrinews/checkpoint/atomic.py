@@ -24,13 +24,13 @@ from typing import IO, Any
 from ..errors import ConfigError
 
 
-def symlink_refused(path: os.PathLike | str) -> ConfigError:
+def symlink_refused(path: os.PathLike[str] | str) -> ConfigError:
     return ConfigError(
         f"{path} is a symbolic link; refusing to follow it (a run writes only through files it made: remove it)"
     )
 
 
-def open_nofollow(path: os.PathLike | str, flags: int, mode: int = 0o666) -> int:
+def open_nofollow(path: os.PathLike[str] | str, flags: int, mode: int = 0o666) -> int:
     """``os.open`` that refuses a symbolic link at ``path`` (one line) and anything but a regular file."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
@@ -45,7 +45,7 @@ def open_nofollow(path: os.PathLike | str, flags: int, mode: int = 0o666) -> int
     return fd
 
 
-def open_new(path: os.PathLike | str, mode: str = "wb", **kwargs: Any) -> IO:
+def open_new(path: os.PathLike[str] | str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
     """A new, empty file at ``path`` (whatever stood there, a link included, is removed first, not followed)."""
     remove_entry(Path(path))
     fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -94,7 +94,7 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _tensor_bytes(obj: Any, seen: set | None = None) -> int:
+def _tensor_bytes(obj: Any, seen: set[Any] | None = None) -> int:
     """Bytes of the tensors in a nested state dict, an aliased tensor once; a sharded tensor counts whole."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):

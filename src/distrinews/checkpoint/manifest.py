@@ -21,7 +21,7 @@ from .records import read_json
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+def list_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
     """Published ``step-N`` directories, oldest first."""
     root = Path(root)
     if not root.is_dir():
@@ -30,7 +30,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def rotate_checkpoints(root: str | os.PathLike, limit: int | None) -> list[Path]:
+def rotate_checkpoints(root: str | os.PathLike[str], limit: int | None) -> list[Path]:
     """Delete the oldest checkpoints beyond ``limit``; returns what was removed."""
     if limit is None:
         return []
@@ -103,7 +103,7 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def resolve_resume(
-    spec: str | None, checkpoints: str | os.PathLike, warn: Callable[[str], None] = print
+    spec: str | None, checkpoints: str | os.PathLike[str], warn: Callable[[str], None] = print
 ) -> Path | None:
     """The checkpoint to continue from, verified against its manifest. ``auto``: the newest complete one (None when
     there is none), a newer one that ``verify_checkpoint`` refuses (or a link) skipped with one warning line. A path:

@@ -476,7 +476,7 @@ def render(info: ServableInfo, load_path: str = "path/to/best") -> str:
     return front_matter(metadata(info)) + "\n" + body(info, load_path)
 
 
-def write_model_card(directory: str | os.PathLike, info: ServableInfo) -> Path:
+def write_model_card(directory: str | os.PathLike[str], info: ServableInfo) -> Path:
     """``directory/README.md`` from the servable checkpoint's ``distrinews.json`` record."""
     path = Path(directory) / CARD_FILE
     run_dir = (info.training_config or {}).get("output_dir") or "runs/NAME"

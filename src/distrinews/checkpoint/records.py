@@ -63,7 +63,8 @@ TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSo
 def _default_max_length() -> int:
     from ..config import field_default  # on demand: config needs yaml and pydantic
 
-    return field_default("max_length")
+    length: int = field_default("max_length")
+    return length
 
 
 def _default_labels() -> list[str]:
@@ -90,11 +91,11 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _refuse(path: str | PathLike, why: str) -> CheckpointError:
+def _refuse(path: str | PathLike[str], why: str) -> CheckpointError:
     return CheckpointError(f"could not load checkpoint {path}: {why}")
 
 
-def read_json(path: str | PathLike, limit: int = JSON_LIMIT) -> Any:
+def read_json(path: str | PathLike[str], limit: int = JSON_LIMIT) -> Any:
     """The parsed JSON file at ``path``; a link, anything but a regular file, one over ``limit`` bytes, or a file
     that does not parse is a one-line :class:`CheckpointError` naming it."""
     try:
@@ -118,7 +119,7 @@ def read_json(path: str | PathLike, limit: int = JSON_LIMIT) -> Any:
         raise _refuse(path, f"not valid JSON ({type(exc).__name__})") from None
 
 
-def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: int) -> int:
+def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> int:
     """The file's ``format_version`` (absent: 1, an older run's file); a newer one than ``newest`` is refused."""
     version = data.get("format_version", 1)
     if not _is_int(version) or version < 1:
@@ -129,7 +130,8 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike, newest: 
             f"it was written by a newer DistriNews (format {version}); "
             f"this one reads format {newest}: upgrade distrinews",
         )
-    return version
+    checked: int = version
+    return checked
 
 
 # ---------------------------------------------------------------------- typed records read with pydantic
@@ -223,7 +225,7 @@ def _adapter(record: Any) -> TypeAdapter[Any]:
 _R = typing.TypeVar("_R")
 
 
-def read_model(record: type[_R], data: Any, path: str | PathLike, newest: int, required: Iterable[str] = ()) -> _R:
+def read_model(record: type[_R], data: Any, path: str | PathLike[str], newest: int, required: Iterable[str] = ()) -> _R:
     """``data`` (a parsed JSON file) as ``record`` (a pydantic model, or a dataclass with a strict pydantic config):
     the format version, the ``required`` keys (a model: all its fields), then each field by its declared type."""
     if not isinstance(data, dict):
@@ -293,7 +295,7 @@ class TrainState(BaseModel):
         return {"format_version": self.format_version, **self.state_dict()}
 
     @classmethod
-    def from_json(cls, data: Any, path: str | PathLike) -> TrainState:
+    def from_json(cls, data: Any, path: str | PathLike[str]) -> TrainState:
         """The record of a parsed ``trainer_state.json`` (``path`` names the file in errors)."""
         return read_model(cls, data, path, TRAINER_STATE_FORMAT)
 
@@ -342,7 +344,7 @@ class ServableInfo:
         return data
 
     @classmethod
-    def from_json(cls, data: Any, path: str | PathLike) -> ServableInfo:
+    def from_json(cls, data: Any, path: str | PathLike[str]) -> ServableInfo:
         """The record of a parsed ``distrinews.json`` (``path`` names the file in errors)."""
         read = read_model(ServableInfo, data, path, SERVABLE_INFO_FORMAT, cls.REQUIRED)
         known = _declared(ServableInfo)
@@ -372,11 +374,11 @@ class TokenizerSource:
             raise ValueError(f"tokenizer source {self.source!r}: expected one of {', '.join(TOKENIZER_SOURCES)}")
 
     @classmethod
-    def checkpoint(cls, path: str | PathLike) -> TokenizerSource:
+    def checkpoint(cls, path: str | PathLike[str]) -> TokenizerSource:
         return cls("checkpoint", path=str(path))
 
     @classmethod
-    def recorded_path(cls, path: str | PathLike) -> TokenizerSource:
+    def recorded_path(cls, path: str | PathLike[str]) -> TokenizerSource:
         return cls("recorded_path", path=str(path))
 
     @classmethod
@@ -420,7 +422,7 @@ class CheckpointFormat:
     sharded: bool = False  # a step-N whose weights are in sharded/, not model.safetensors
 
 
-def describe(path: str | PathLike) -> CheckpointFormat | None:
+def describe(path: str | PathLike[str]) -> CheckpointFormat | None:
     """The format of the checkpoint at ``path``, from its file names alone; None where there is none."""
     path = Path(path)
     if path.is_file():
@@ -433,7 +435,7 @@ def describe(path: str | PathLike) -> CheckpointFormat | None:
     return CheckpointFormat(path, "pretrained") if model_config else None
 
 
-def recognise(path: str | PathLike) -> CheckpointFormat:
+def recognise(path: str | PathLike[str]) -> CheckpointFormat:
     """:func:`describe`, or ``FileNotFoundError`` / a one-line :class:`CheckpointError` saying why there is none."""
     found = describe(path)
     if found is None:

@@ -184,7 +184,7 @@ class ShardedLayout:
 
 
 def _dcp_save(state: dict[str, Any], directory: Path) -> None:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict_saver as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -210,7 +210,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike[str],
         env: DistEnv,
         save_total_limit: int | None,
         config: dict[str, Any],
@@ -288,7 +288,7 @@ class Checkpointer:
 
     def load(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         model: CheckpointedModel,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,

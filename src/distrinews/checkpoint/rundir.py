@@ -58,7 +58,7 @@ class RunDir:
     mlflow_run = _Entry("mlflow_run.json")
     lock_file = _Entry(LOCK_FILE)
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
     def lock(self) -> RunLock:

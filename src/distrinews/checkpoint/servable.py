@@ -58,7 +58,7 @@ def stamped(info: ServableInfo) -> ServableInfo:
 
 
 def save_servable(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     model: torch.nn.Module,
     weights: dict[str, torch.Tensor],
     tokenizer: PreTrainedTokenizerBase,
@@ -100,7 +100,7 @@ def _check_folder(path: Path) -> dict[str, Any]:
     header reads (no tensor is loaded)."""
     from safetensors import safe_open
 
-    config = records.read_json(path / "config.json")
+    config: dict[str, Any] = records.read_json(path / "config.json")
     for weights in sorted(path.glob("*.safetensors")):
         with loading(weights), safe_open(str(weights), framework="pt") as fh:
             fh.keys()
@@ -217,7 +217,7 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
 _READERS = {"pretrained": _read_model_folder, "resumable": _read_step, "pt": read_seed_pt}
 
 
-def check_loadable(path: str | os.PathLike) -> Callable[[], Loaded]:
+def check_loadable(path: str | os.PathLike[str]) -> Callable[[], Loaded]:
     """A checkpoint's format recognised (``records.recognise``) and every check of it made, before a server starts
     or a model loads; returns what loads it. Raises :class:`CheckpointError` (one line naming the file) or
     ``FileNotFoundError``; runs nothing."""
@@ -225,7 +225,7 @@ def check_loadable(path: str | os.PathLike) -> Callable[[], Loaded]:
     return _READERS[found.kind](found)
 
 
-def load_for_inference(path: str | os.PathLike) -> Loaded:
+def load_for_inference(path: str | os.PathLike[str]) -> Loaded:
     """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from any checkpoint ``check_loadable`` reads;
     :class:`CheckpointError` (one line) or ``FileNotFoundError`` as it raises them."""
     model, tokenizer, info = check_loadable(path)()

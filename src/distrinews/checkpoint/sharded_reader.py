@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
@@ -111,7 +111,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def load_sharded(state: dict[str, Any], directory: Path, no_dist: bool = False) -> None:
     """``dcp.load(state, directory)`` through :class:`SafeReader` and :class:`SafeLoadPlanner`; a refused or
     unreadable file is one :class:`CheckpointError` on every rank (not torch's ``CheckpointException``)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict_loader as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     read_metadata(directory / METADATA)  # refused here in one line: torch would log the refusal and try other files

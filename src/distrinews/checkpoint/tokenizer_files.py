@@ -26,19 +26,19 @@ VOCABULARY_FILES = (
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
-def has_tokenizer(directory: str | os.PathLike) -> bool:
+def has_tokenizer(directory: str | os.PathLike[str]) -> bool:
     directory = Path(directory)
     return any((directory / name).is_file() for name in VOCABULARY_FILES)
 
 
-def needs_own_tokenizer(directory: str | os.PathLike) -> bool:
+def needs_own_tokenizer(directory: str | os.PathLike[str]) -> bool:
     """A Hugging Face model folder, which must carry its tokenizer. Not a resumable ``step-N``: it carries its
     tokenizer in its ``records.STEP_MODEL`` folder (checked when it loads); nor the seed's ``.pt``, which holds none."""
     found = describe(directory)
     return found is not None and found.kind == "pretrained"
 
 
-def require_tokenizer(directory: str | os.PathLike, base_model: str | None = None) -> None:
+def require_tokenizer(directory: str | os.PathLike[str], base_model: str | None = None) -> None:
     """Raise :class:`CheckpointError` naming the missing files and how to put them back when ``directory`` holds no
     vocabulary. ``base_model``: where its tokenizer loads from (default: ``distrinews.json``'s ``model_name``)."""
     directory = Path(directory)

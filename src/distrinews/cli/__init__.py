@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
                 "apply to train, eval, doctor, tune and audit"
             )
-        return args.func(args, extra)
+        code: int = args.func(args, extra)
+        return code
     except USAGE_ERRORS as exc:
         return usage_error(exc)

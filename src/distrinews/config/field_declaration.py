@@ -28,7 +28,7 @@ def option(
 def declared_names(info: FieldInfo, kind: str) -> list[str]:
     """The ``aliases`` or ``hints`` that ``option`` declared for a field."""
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    return [str(name) for name in typing.cast(list, extra.get(kind, []))]
+    return [str(name) for name in typing.cast(list[Any], extra.get(kind, []))]
 
 
 _TRUE = {"true", "yes", "1", "on"}

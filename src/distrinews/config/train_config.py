@@ -166,7 +166,7 @@ class TrainConfig(OneLineErrors):
         """The flat form as YAML: a preset, ``config.yaml``, a trial's or a fold's config."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def save_yaml(self, path: str | os.PathLike) -> None:
+    def save_yaml(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(self.to_yaml())
 
     @classmethod
@@ -236,7 +236,7 @@ def reference(markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Preset YAML (if any), then ``overrides`` (strings from the command line are parsed by field type)."""
     values: dict[str, Any] = {}
     if path is not None:

@@ -23,7 +23,7 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
-def read_csv(path: str | os.PathLike) -> RawSplit:
+def read_csv(path: str | os.PathLike[str]) -> RawSplit:
     """Read one AG News CSV; a malformed row fails with ``file:line`` and what is wrong."""
     path = Path(path)
     texts: list[str] = []

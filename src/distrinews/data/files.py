@@ -73,7 +73,7 @@ class RawRow:
     raw: str = ""
 
 
-def format_of(path: str | os.PathLike) -> str | None:
+def format_of(path: str | os.PathLike[str]) -> str | None:
     """``jsonl``, ``csv`` or ``parquet`` from the file name's suffix, else None."""
     name = Path(path).name.lower()
     for suffix, fmt in SUFFIXES.items():
@@ -370,7 +370,8 @@ def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile (pyarrow 
 
 def _parquet_count(path: Path) -> int:
     try:
-        return _parquet_file(path).metadata.num_rows
+        rows: int = _parquet_file(path).metadata.num_rows
+        return rows
     except Exception:  # an unreadable file is one bad row, as read_rows yields it
         return 1
 

@@ -11,7 +11,7 @@ from torch.utils.data import DistributedSampler
 from .tokenized import TokenizedDataset
 
 
-class TrainSampler(DistributedSampler):
+class TrainSampler(DistributedSampler[int]):
     """``DistributedSampler`` with optional length grouping and a resume offset.
 
     Without grouping it is torch's sampler (rank r takes every world-size-th index of a seeded

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
 
 
-class TokenizedDataset(Dataset):
+class TokenizedDataset(Dataset[tuple[torch.Tensor, int | torch.Tensor, int]]):
     """Token ids stored flat (one int32 tensor + offsets): small, fast to cache and to slice."""
 
     def __init__(self, flat_ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor, pad_token_id: int):
@@ -70,7 +70,7 @@ def tokenize_cached(
     split: RawSplit,
     tokenizer: PreTrainedTokenizerBase,
     max_length: int,
-    cache_dir: str | os.PathLike | None,
+    cache_dir: str | os.PathLike[str] | None,
     build: bool,
 ) -> TokenizedDataset:
     """Load the tokenized split from the cache; if ``build`` and it is missing, tokenize and write it atomically.

@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket
 
 from .shm_allreduce import SharedMemoryAllReduce
 
 
-def shm_allreduce_hook(state: SharedMemoryAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def shm_allreduce_hook(state: SharedMemoryAllReduce, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's comm hook (``ddp.register_comm_hook(segment, shm_allreduce_hook)``): the bucket's mean,
     done by the time it returns."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -24,11 +25,11 @@ def shm_allreduce_hook(state: SharedMemoryAllReduce, bucket: dist.GradBucket) ->
 
 def compressed_allreduce_hook(
     dtype: torch.dtype,
-) -> Callable[[None, dist.GradBucket], torch.futures.Future[torch.Tensor]]:
+) -> Callable[[None, GradBucket], torch.futures.Future[torch.Tensor]]:
     """A DDP comm hook (its state None): average each gradient bucket in ``dtype``. torch's own bf16 hook
     refuses anything but NCCL; gloo reduces bf16 and fp16 fine."""
 
-    def hook(state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state: None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         compressed = bucket.buffer().to(dtype).div_(dist.get_world_size())
         future = dist.all_reduce(compressed, async_op=True).get_future()
 
@@ -37,6 +38,7 @@ def compressed_allreduce_hook(
             out.copy_(fut.value()[0])
             return out
 
-        return future.then(decompress)
+        averaged: torch.futures.Future[torch.Tensor] = future.then(decompress)
+        return averaged
 
     return hook

@@ -28,7 +28,8 @@ def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig)) == 0
+        done: bool = libc.prctl(PR_SET_PDEATHSIG, int(sig)) == 0
+        return done
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return False
 

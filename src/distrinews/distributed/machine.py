@@ -153,7 +153,8 @@ def bf16_is_fast(device: Any) -> bool:
 
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        supported: bool = torch.cuda.is_bf16_supported()
+        return supported
     if device.type != "cpu":
         return False
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]

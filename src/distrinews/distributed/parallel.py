@@ -71,7 +71,7 @@ class ParallelModel:
     def trainable_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
 
-    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
+    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
         """Enter around forward + backward; ``sync=False`` keeps the gradients local (accumulation)."""
         if sync or not self.replicated:
             return contextlib.nullcontext()
@@ -115,7 +115,7 @@ class ShardedModel(ParallelModel):
     lockstep = True
     title = "FSDP"
 
-    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager:
+    def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
         # FSDP2's no_sync: keep unsharded gradients until the window's last micro-batch reduce-scatters them.
         cast("FSDPModule", self.module).set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
@@ -147,7 +147,7 @@ def wrap_model(
     config: ParallelConfig,
     env: DistEnv,
     param_dtype: torch.dtype | None = None,
-    run: str | os.PathLike | None = None,
+    run: str | os.PathLike[str] | None = None,
 ) -> ParallelModel:
     """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
 
@@ -194,7 +194,7 @@ def ddp_bucket_cap_mb(config: ParallelConfig, device: torch.device) -> float:
 
 
 def _ddp(
-    model: torch.nn.Module, config: ParallelConfig, env: DistEnv, run: str | os.PathLike | None
+    model: torch.nn.Module, config: ParallelConfig, env: DistEnv, run: str | os.PathLike[str] | None
 ) -> tuple[DDP, str]:
     not_here = why_not_shared_memory(env.backend, env.device.type, env.world_size, env.local_world_size)
     if config.ddp_comm_hook == "shm" and not_here:
@@ -212,7 +212,12 @@ def _ddp(
 
 
 def _register_comm_hook(
-    ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool, run: str | os.PathLike | None = None
+    ddp: DDP,
+    model: torch.nn.Module,
+    hook: str,
+    env: DistEnv,
+    shared_memory: bool,
+    run: str | os.PathLike[str] | None = None,
 ) -> str:
     """Install the bucket averaging ``hook`` (``ddp_comm_hook``) asks for; returns how, for the banner.
     ``shared_memory``: this world can average through /dev/shm (``shm`` was refused before DDP if not)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from ..config import ConfigError, field_default
 from ..errors import USER_ERRORS, one_line
@@ -150,7 +151,7 @@ def _leave_together(env: DistEnv, timeout_s: float = 60.0) -> None:
         pass  # a peer is gone: leave anyway; the launcher reports the peer
 
 
-def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+def _attempt_store(timeout: datetime.timedelta) -> Store | None:
     """Under torchrun, the agent's store with a prefix of its own for this attempt of the worker group.
 
     The agent keeps one rendezvous store for the whole job, and a restarted worker group (after
@@ -160,8 +161,8 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"distrinews/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
+    client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return PrefixStore(f"distrinews/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
 
 
 def barrier(env: DistEnv) -> None:

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch.distributed
+    from torch._C._distributed_c10d import TCPStore
 
 
 class RollCall:
@@ -26,7 +26,7 @@ class RollCall:
         self.prefix = f"distrinews/rollcall/{run_id}/"
         self.node_rank, self.nnodes, self.timeout_s = node_rank, nnodes, timeout_s
         self.me = socket.gethostname()
-        self._store: torch.distributed.TCPStore | None = None
+        self._store: TCPStore | None = None
         self._thread = threading.Thread(target=self._sign_in, name="distrinews-rollcall", daemon=True)
 
     def start(self) -> RollCall:
@@ -34,12 +34,12 @@ class RollCall:
         return self
 
     def _sign_in(self) -> None:
-        import torch.distributed as dist
+        from torch._C._distributed_c10d import TCPStore
 
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             try:  # the store exists once the endpoint's node has started its rendezvous
-                store = dist.TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=5))
+                store = TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=5))
                 store.set(
                     f"{self.prefix}{self.node_rank if self.node_rank is not None else self.me}",
                     json.dumps({"host": self.me}),

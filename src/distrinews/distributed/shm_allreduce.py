@@ -106,7 +106,7 @@ def segment_bytes(slot_bytes: int, world_size: int) -> int:
     return _HEADER + world_size * _aligned(slot_bytes)
 
 
-def segment_prefix(run: str | os.PathLike | None) -> str:
+def segment_prefix(run: str | os.PathLike[str] | None) -> str:
     """The name every segment of ``run`` (its output directory; None: a run without one) starts with."""
     if run is None:
         return "distrinews-allreduce-"
@@ -121,7 +121,7 @@ def _remove_leftovers(prefix: str, shm_dir: str) -> None:
 
 
 def open_segment(
-    slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike | None = None
+    slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike[str] | None = None
 ) -> SharedMemoryAllReduce | str:
     """Make, map and check one segment on every rank (a collective). Returns the hook, or why not
     (the same reason on every rank, so all of them fall back together).
@@ -170,7 +170,8 @@ def open_segment(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # ... so the name can go: the mappings keep the memory until each rank exits
     if reason is not None:
-        return reason
+        why: str = reason
+        return why
     if not flags.item():
         return f"{path} is not the same file on every rank"
     assert storage is not None, "every rank mapped the file"

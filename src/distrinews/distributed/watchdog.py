@@ -33,7 +33,7 @@ from ..errors import one_line
 from .process_group import DistEnv
 
 if TYPE_CHECKING:
-    import torch.distributed as dist
+    from torch._C._distributed_c10d import Store, TCPStore
 
 EXIT_HUNG = 3
 _PACKAGE = str(Path(__file__).resolve().parent)
@@ -97,10 +97,10 @@ class Watchdog:
             self._thread.join(timeout=self.interval_s * 6 + 10)
 
     # ------------------------------------------------------------------ the thread
-    def _connect(self) -> dist.TCPStore:
-        import torch.distributed as dist
+    def _connect(self) -> TCPStore:
+        from torch._C._distributed_c10d import TCPStore
 
-        return dist.TCPStore(
+        return TCPStore(
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
             is_master=False,
@@ -117,7 +117,7 @@ class Watchdog:
         finally:
             del store
 
-    def _watch(self, store: dist.Store) -> None:
+    def _watch(self, store: Store) -> None:
         beats = 0
         others = [r for r in range(self.env.world_size) if r != self.env.rank]
         keys = {r: f"{self.prefix}{r}" for r in others}

@@ -15,7 +15,7 @@ from ..predict.onnx import FP32_PROB_TOLERANCE, compare_with_torch, export_model
 
 
 def export_onnx(
-    checkpoint: str | os.PathLike, out: str | os.PathLike | None = None, quantize: str | None = None
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, quantize: str | None = None
 ) -> Path:
     """Write ``out`` (None: the cache entry the runtimes read), checked, and return where it is. The fp32 graph must
     give PyTorch's probabilities within 1e-3; the int8 graph (quantization moves probabilities by design) is checked

@@ -17,7 +17,9 @@ from ..checkpoint.versioning import version_fields
 from ..model import hf_config
 
 
-def export_seed_pt(checkpoint: str | os.PathLike, out: str | os.PathLike, model_version: str | None = None) -> Path:
+def export_seed_pt(
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], model_version: str | None = None
+) -> Path:
     """Write ``out`` from a checkpoint folder; the version is ``model_version``, else the checkpoint's."""
     model, tokenizer, info = load_for_inference(checkpoint)
     versions = version_fields(info.training_config, model_version or info.model_version)

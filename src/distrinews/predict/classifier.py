@@ -26,7 +26,7 @@ class Classifier:
     @classmethod
     def load(
         cls,
-        path_or_run: str | os.PathLike,
+        path_or_run: str | os.PathLike[str],
         runtime: str = DEFAULT_RUNTIME,
         *,
         max_batch_size: int = 64,
@@ -57,7 +57,7 @@ class Classifier:
         return self.predictor.runtime
 
 
-def resolve_checkpoint(path_or_run: str | os.PathLike) -> Path:
+def resolve_checkpoint(path_or_run: str | os.PathLike[str]) -> Path:
     """``path_or_run`` itself when it is a checkpoint, else its ``best/`` when that is one (a run folder)."""
     path = Path(path_or_run)
     return path / "best" if describe(path) is None and describe(path / "best") is not None else path

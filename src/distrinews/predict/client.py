@@ -45,7 +45,8 @@ def retry_after(value: str | None, attempt: int) -> float:
             when = None
         if when is not None:
             return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-    return 0.5 * 2**attempt
+    backoff: float = 0.5 * 2**attempt  # int ** int is Any to mypy: negative powers are floats
+    return backoff
 
 
 def _detail(response: httpx.Response) -> str:
@@ -56,7 +57,8 @@ def _detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         for key in ("detail", "error"):  # the seed API's errors, TEI's
             if isinstance(body.get(key), str):
-                return body[key]
+                detail: str = body[key]
+                return detail
     return str(body)[:500]
 
 

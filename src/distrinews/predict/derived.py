@@ -48,7 +48,9 @@ class EntryRefused(OSError):
     """What stands in the cache is not an entry this process may use (why: the message)."""
 
 
-def hash_file(path: str | os.PathLike, digest: hashlib._Hash | None = None, flags: int = os.O_RDONLY) -> hashlib._Hash:
+def hash_file(
+    path: str | os.PathLike[str], digest: hashlib._Hash | None = None, flags: int = os.O_RDONLY
+) -> hashlib._Hash:
     """``digest`` (a new SHA-256 if None) updated with the bytes of the file at ``path``, read a MiB at a time."""
     digest = digest or hashlib.sha256()
     fd = os.open(path, flags)
@@ -60,7 +62,7 @@ def hash_file(path: str | os.PathLike, digest: hashlib._Hash | None = None, flag
     return digest
 
 
-def content_key(checkpoint: str | os.PathLike) -> str:
+def content_key(checkpoint: str | os.PathLike[str]) -> str:
     """The checkpoint's content as a cache key (see the module's docstring); the same bytes, the same key."""
     checkpoint = Path(checkpoint)
     digest = hashlib.sha256(f"distrinews-derived-v{KEY_VERSION}\0".encode())
@@ -146,7 +148,7 @@ class Graph:
 class DerivedFiles:
     """The cache entries of one checkpoint: ``read`` what was made from it, ``store`` what is made."""
 
-    def __init__(self, checkpoint: str | os.PathLike, root: str | os.PathLike | None = None):
+    def __init__(self, checkpoint: str | os.PathLike[str], root: str | os.PathLike[str] | None = None):
         self.checkpoint = Path(checkpoint)
         self.root = Path(root) if root is not None else default_cache_dir()
         self.folder = self.root / DERIVED / content_key(self.checkpoint)

@@ -28,11 +28,12 @@ class EnsembleOutput:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    log_probabilities: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return log_probabilities
 
 
 def ensemble_log_probs(
-    checkpoints: Sequence[str | os.PathLike],
+    checkpoints: Sequence[str | os.PathLike[str]],
     texts: Sequence[str],
     labels: Sequence[str] | None = None,
     device: Any = None,

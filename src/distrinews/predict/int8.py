@@ -77,7 +77,7 @@ FIXED_SAMPLE = (
 )
 
 
-def int8_path(checkpoint: str | os.PathLike) -> Path:
+def int8_path(checkpoint: str | os.PathLike[str]) -> Path:
     """Where a checkpoint ships its int8 model: in its folder (``best/``'s, made by ``train``); for a ``.pt`` file,
     ``FILE.int8.onnx`` beside it."""
     checkpoint = Path(checkpoint)
@@ -87,7 +87,7 @@ def int8_path(checkpoint: str | os.PathLike) -> Path:
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
+def weights_fingerprint(checkpoint: str | os.PathLike[str]) -> str | None:
     """SHA-256 of the checkpoint's PyTorch weights (None where it has none, e.g. a slim ONNX bundle):
     an int8 model checked against other weights than the ones there now is made again."""
     checkpoint = Path(checkpoint)
@@ -96,7 +96,7 @@ def weights_fingerprint(checkpoint: str | os.PathLike) -> str | None:
     return None if path is None else hash_file(path).hexdigest()
 
 
-def is_current(check: dict[str, Any], checkpoint: str | os.PathLike) -> bool:
+def is_current(check: dict[str, Any], checkpoint: str | os.PathLike[str]) -> bool:
     """Whether ``check`` was made from the weights the checkpoint holds now (trusted where it holds none)."""
     now = weights_fingerprint(checkpoint)
     return now is None or check.get("weights_sha256") == now
@@ -140,9 +140,9 @@ def labelled_rows(
 
 
 def make_int8(
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
     labelled: tuple[Sequence[str], Sequence[Any]] | None,
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> tuple[Path | Graph, dict[str, Any]]:
     """Export, quantize, check against fp32 and publish the int8 file (the check in its metadata) whole, at ``out``
     or else in the cache: (the file or the cache's :class:`~.derived.Graph`, the check). Published whether the check
@@ -173,7 +173,7 @@ def make_int8(
 
 
 def compare(
-    checkpoint: str | os.PathLike, fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
+    checkpoint: str | os.PathLike[str], fp32: Path, int8: Path, labelled: tuple[Sequence[str], Sequence[Any]] | None
 ) -> dict[str, Any]:
     """Both graphs through ONNX Runtime on the labelled rows (``score``) or on ``FIXED_SAMPLE`` (agreement)."""
     from .onnx_runtime import OnnxPredictor
@@ -224,11 +224,13 @@ def score(answered: Sequence[Any], labels: Sequence[Any], multi_label: bool) -> 
     """Accuracy of ``answered`` against ``labels``; multi-label (a 0/1 list per row), micro-F1 over every (row,
     label) at the stored thresholds (the answers are the labels at or above them), as ``distrinews eval`` scores it."""
     if not multi_label:
-        return sum(a == y for a, y in zip(answered, labels)) / len(labels)
+        accuracy: float = sum(a == y for a, y in zip(answered, labels)) / len(labels)
+        return accuracy
     pairs = [(set(a), {i for i, on in enumerate(y) if on}) for a, y in zip(answered, labels)]
     tp = sum(len(a & y) for a, y in pairs)
     fp = sum(len(a - y) for a, y in pairs)
-    return f1_from_counts(tp, fp, sum(len(y - a) for a, y in pairs))
+    micro_f1: float = f1_from_counts(tp, fp, sum(len(y - a) for a, y in pairs))
+    return micro_f1
 
 
 def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:
@@ -241,7 +243,8 @@ def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:
             model.metadata_props.remove(prop)
     entry = model.metadata_props.add()
     entry.key, entry.value = CHECK_KEY, json.dumps(check, sort_keys=True)
-    return model.SerializeToString()
+    serialized: bytes = model.SerializeToString()
+    return serialized
 
 
 def _write_whole(out: Path, data: bytes) -> None:

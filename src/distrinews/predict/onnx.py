@@ -39,10 +39,11 @@ class _LogitsOnly(torch.nn.Module):
         self.input_names = input_names
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(**dict(zip(self.input_names, inputs))).logits
+        logits: torch.Tensor = self.model(**dict(zip(self.input_names, inputs))).logits
+        return logits
 
 
-def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: str | os.PathLike) -> Path:
+def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: str | os.PathLike[str]) -> Path:
     """Write ``model`` (eval mode, CPU) as fp32 ONNX to ``out``, atomically."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out
     return out
 
 
-def quantize_int8(fp32_path: str | os.PathLike, out: str | os.PathLike) -> Path:
+def quantize_int8(fp32_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Dynamic int8 quantization of the weights of MatMul/Gemm (activations quantized at run time)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -121,7 +122,7 @@ def _without_preprocessing_hint() -> Iterator[None]:
 def compare_with_torch(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    onnx_path: str | os.PathLike,
+    onnx_path: str | os.PathLike[str],
     texts: list[str] | None = None,
     max_length: int = 128,
 ) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def has_quantized_ops(data: bytes | mmap.mmap) -> bool:
     return any(data.find(op) >= 0 for op in QUANTIZED_OPS)
 
 
-def is_quantized_file(path: str | os.PathLike) -> bool:
+def is_quantized_file(path: str | os.PathLike[str]) -> bool:
     """:func:`has_quantized_ops` of an ONNX file."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
         return has_quantized_ops(data)
@@ -53,8 +53,8 @@ class OnnxPredictor(Predictor):
 
     def __init__(
         self,
-        checkpoint: str | os.PathLike,
-        onnx_model: str | os.PathLike | Graph | None = None,
+        checkpoint: str | os.PathLike[str],
+        onnx_model: str | os.PathLike[str] | Graph | None = None,
         max_batch_size: int = 64,
         threads: int | None = None,
         int8: bool = False,
@@ -97,7 +97,7 @@ class OnnxPredictor(Predictor):
                     "(make one with distrinews export --quantize int8)"
                 )
 
-    def _find_graph(self, onnx_model: str | os.PathLike | Graph | None, name: str) -> Path | Graph | None:
+    def _find_graph(self, onnx_model: str | os.PathLike[str] | Graph | None, name: str) -> Path | Graph | None:
         if onnx_model is not None:
             return onnx_model if isinstance(onnx_model, Graph) else Path(onnx_model)
         shipped = self.checkpoint / name

@@ -40,7 +40,8 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Probabilities of ``logits / temperature`` (float64), per row."""
     shifted = np.asarray(logits, dtype=np.float64) / temperature
     shifted = np.exp(shifted - shifted.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
+    probabilities: np.ndarray = shifted / shifted.sum(axis=-1, keepdims=True)
+    return probabilities
 
 
 class Predictor:
@@ -54,7 +55,9 @@ class Predictor:
     multi_label = False  # a sigmoid per label and every label over its threshold (the model config's problem_type)
     thresholds: list[float] | None = None  # multi-label: each label's least score to be in the answer
 
-    def __init__(self, checkpoint: str | os.PathLike, device: Any = None, max_batch_size: int = 64, bf16: bool = False):
+    def __init__(
+        self, checkpoint: str | os.PathLike[str], device: Any = None, max_batch_size: int = 64, bf16: bool = False
+    ):
         import torch
 
         from ..checkpoint.servable import load_for_inference
@@ -102,7 +105,8 @@ class Predictor:
         bf16 = self.autocast_dtype is not None
         with torch.inference_mode(), torch.autocast(self.device.type, self.autocast_dtype, enabled=bf16):
             feed = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
-            return self.model(**feed).logits.float().cpu().numpy()
+            logits: np.ndarray = self.model(**feed).logits.float().cpu().numpy()
+            return logits
 
     def predict_encoded(self, batch: Sequence[Encoded]) -> list[dict[str, Any]]:
         """One forward pass over already-tokenized texts: the micro-batcher's job on its forward thread."""
@@ -203,7 +207,7 @@ class Predictor:
         }
 
 
-def folder_config(checkpoint: str | os.PathLike | None) -> dict[str, Any]:
+def folder_config(checkpoint: str | os.PathLike[str] | None) -> dict[str, Any]:
     """A folder checkpoint's ``config.json`` (a model's, or a step-N's training config); {} for a ``.pt`` or none."""
     found = records.describe(checkpoint) if checkpoint is not None else None
     config = records.read_json(found.path / "config.json") if found is not None and found.kind != "pt" else {}
@@ -218,7 +222,7 @@ def config_labels(config: dict[str, Any]) -> list[str] | None:
     return [str(id2label[key]) for key in sorted(id2label, key=int)]
 
 
-def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
+def checkpoint_labels(checkpoint: str | os.PathLike[str] | None) -> list[str] | None:
     """A checkpoint's labels read from its files without loading it (a model folder's id2label, a step-N's
     ``trainer_state.json``), else None, also where a file is refused: for what is shown before the model loads,
     and loading says why in one line."""
@@ -231,6 +235,6 @@ def checkpoint_labels(checkpoint: str | os.PathLike | None) -> list[str] | None:
         return None
 
 
-def checkpoint_multi_label(checkpoint: str | os.PathLike | None) -> bool:
+def checkpoint_multi_label(checkpoint: str | os.PathLike[str] | None) -> bool:
     """Whether a checkpoint's ``config.json`` says its model is multi-label."""
     return folder_config(checkpoint).get("problem_type") == MULTI_LABEL

@@ -47,10 +47,10 @@ def bf16_refusal(device: str | None = None) -> str | None:
 
 
 def make_predictor(
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
     runtime: str = DEFAULT_RUNTIME,
     max_batch_size: int = 64,
-    onnx_model: str | os.PathLike | None = None,
+    onnx_model: str | os.PathLike[str] | None = None,
     threads: int | None = None,
     min_confidence: Any = None,
     spin: bool = True,
@@ -82,7 +82,7 @@ def make_predictor(
 
 
 def auto_predictor(
-    checkpoint: str | os.PathLike, max_batch_size: int = 64, threads: int | None = None, spin: bool = True
+    checkpoint: str | os.PathLike[str], max_batch_size: int = 64, threads: int | None = None, spin: bool = True
 ) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
     first start if missing, and kept in the cache, ``int8.py``), else PyTorch fp32, with the reason in one log
@@ -130,7 +130,7 @@ def auto_predictor(
 
 
 def _int8_made_before(
-    checkpoint: str | os.PathLike, load: Callable[[Path | Graph], OnnxPredictor]
+    checkpoint: str | os.PathLike[str], load: Callable[[Path | Graph], OnnxPredictor]
 ) -> tuple[OnnxPredictor | None, dict[str, Any] | None]:
     """The int8 model the checkpoint ships, else the one made from it before (the cache), with its check, where
     that check was made on the weights it holds now; (None, None) where there is none."""
@@ -144,7 +144,7 @@ def _int8_made_before(
     return None, None
 
 
-def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
+def _int8_candidates(checkpoint: str | os.PathLike[str]) -> Iterator[Path | Graph]:
     """The int8 model the checkpoint ships, then the cache's (looked up only when the first is not served)."""
     shipped = int8.int8_path(checkpoint)
     if shipped.is_file():
@@ -154,7 +154,9 @@ def _int8_candidates(checkpoint: str | os.PathLike) -> Iterator[Path | Graph]:
         yield cached
 
 
-def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | None, bf16: bool = False) -> Predictor:
+def _torch(
+    checkpoint: str | os.PathLike[str], max_batch_size: int, threads: int | None, bf16: bool = False
+) -> Predictor:
     """PyTorch on ``threads`` intra-op threads (a replica's share of the cores; None or 0: torch's default)."""
     if threads:
         import torch
@@ -164,7 +166,7 @@ def _torch(checkpoint: str | os.PathLike, max_batch_size: int, threads: int | No
 
 
 def _fall_back(
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
     max_batch_size: int,
     threads: int | None,
     reason: str,

@@ -162,7 +162,8 @@ class TextEncoder:
             start += 1  # the first kept token continues a word: start at the next whole word
         if start == len(content):
             start = first
-        return special | (np.arange(len(special)) >= content[start])
+        mask: np.ndarray = special | (np.arange(len(special)) >= content[start])
+        return mask
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         encodings = self.tokenizer.encode_batch(list(texts))

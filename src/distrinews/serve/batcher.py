@@ -70,7 +70,7 @@ class BatcherClosedError(RuntimeError):
 @dataclass(eq=False)
 class _Request:
     texts: list[str]
-    future: asyncio.Future
+    future: asyncio.Future[list[Any]]
     enqueued: float
     arrived_busy: bool = False
     stage: str = "tokenizing"  # -> "ready" -> "running"; or "dropped" (its client went away first)
@@ -141,7 +141,7 @@ class MicroBatcher:
         # Requests on their way through the HTTP layer; each one that lands or leaves wakes the window.
         self.arrivals = arrivals if arrivals is not None else Arrivals()
         self.arrivals.on_change = self._wake
-        self._passes: dict[asyncio.Task, list[_Request]] = {}  # the passes running, each with its batch
+        self._passes: dict[asyncio.Task[None], list[_Request]] = {}  # the passes running, each with its batch
         self._wide = False  # the pass running is on ``forward`` (every core): nothing runs beside it
         self._died: str | None = None  # why the batching loop ended unasked
         self._ready: deque[_Request] = deque()  # tokenized, in arrival order
@@ -152,7 +152,7 @@ class MicroBatcher:
         self._batches = 0  # forward jobs started
         self._closing = False
         self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TOKENIZER_THREAD)
         # A thread a lane: a pass on ``forward`` already uses every core, so it never has company.
         self._executor = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix=FORWARD_THREAD)
@@ -176,13 +176,13 @@ class MicroBatcher:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="distrinews-batcher")
             self._task.add_done_callback(self._loop_ended)
 
-    def _loop_ended(self, task: asyncio.Task) -> None:
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """The loop returns only once closing; any other end leaves every request unanswered for good."""
         if task.cancelled() or task.exception() is None:
             return
         self._die(task.exception())
 
-    def _pass_ended(self, task: asyncio.Task) -> None:
+    def _pass_ended(self, task: asyncio.Task[None]) -> None:
         """A pass's task is done: its lane is free; a pass that raised (not its forward: that is caught) is fatal."""
         if not task.cancelled() and task.exception() is not None and self._died is None:
             self._die(task.exception())  # its batch is still in _passes: answered with the reason
@@ -235,7 +235,7 @@ class MicroBatcher:
         texts: Sequence[str],
         timing: dict[str, float] | None = None,
         encode: Callable[[list[str]], Sequence[Any]] | None = None,
-    ) -> asyncio.Future:
+    ) -> asyncio.Future[list[Any]]:
         """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
 
         ``encode``, if given, tokenizes this request's texts instead of the batcher's own (a request's options: TEI's
@@ -298,7 +298,7 @@ class MicroBatcher:
         items = list(encode(request.texts))
         return items, time.perf_counter() - t0
 
-    def _on_encoded(self, request: _Request, job: asyncio.Future) -> None:
+    def _on_encoded(self, request: _Request, job: asyncio.Future[tuple[list[Any], float]]) -> None:
         """The request's texts are tokenized (``job``'s result: the items and the seconds it took), or failed to be."""
         self._tokenizing -= 1
         error = RuntimeError("tokenization was cancelled") if job.cancelled() else job.exception()
@@ -432,7 +432,7 @@ class MicroBatcher:
                 task.cancel()
             raise
 
-    async def _pass(self, batch: list[_Request], forward: Callable, number: int) -> None:
+    async def _pass(self, batch: list[_Request], forward: Callable[[list[Any]], Sequence[Any]], number: int) -> None:
         """One batch on ``forward``: answered, its stall waited out, its stats reported (a task, beside the loop)."""
         loop = asyncio.get_running_loop()
         start = time.perf_counter()

@@ -15,6 +15,7 @@ import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint.atomic import open_new
 from ..distributed.lifetime import die_with_parent
@@ -105,7 +106,7 @@ def bound_log(path: Path, max_bytes: int = MAX_LOG_BYTES) -> bool:
         os.close(fd)
 
 
-def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
+def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, JSON body or {}, headers) of a GET; status 0 when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -120,7 +121,7 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict, dict]:
 
 def start_child(
     cmd: list[str], log_path: Path, env: dict[str, str] | None = None, open_files: int | None = None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files (at most the
     hard limit)."""
     parent = os.getpid()

@@ -37,7 +37,8 @@ class _RequestRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handler(request: Request) -> Response:
-            return await endpoint(request)
+            response: Response = await endpoint(request)
+            return response
 
         return handler
 

@@ -77,7 +77,7 @@ class Replica:
     def __init__(self, index: int, port: int, settings: ReplicaSettings, log_dir: Path):
         self.index, self.port, self.settings = index, port, settings
         self.log_path = log_dir / f"replica-{index}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.checkpoint: str | None = None
         self.started_at = 0.0
         self.ready_since: float | None = None  # when the supervisor first saw this process answer /ready
@@ -131,7 +131,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(settings.replicas)
         self.replicas = [Replica(i, port, settings, self.log_dir) for i, port in enumerate(ports)]
-        self.nginx: subprocess.Popen | None = None
+        self.nginx: subprocess.Popen[bytes] | None = None
         self.nginx_connections = 0  # worker_connections, once nginx runs
         self.stop_signal: int | None = None
         self.roll_requested = False

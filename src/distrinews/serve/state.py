@@ -202,7 +202,7 @@ class ServingState:
                 watcher.cancel()
 
 
-async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.Future) -> bool:
+async def _cancel_when_disconnected(receive: Callable[[], Any], future: asyncio.Future[list[Any]]) -> bool:
     """Wait for the client to disconnect (the body is already read); then withdraw its request."""
     for _ in range(16):  # after the body a server sends nothing but the disconnect; never spin on a stray message
         message = await receive()

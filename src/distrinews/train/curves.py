@@ -38,7 +38,7 @@ class RunLog:
     model: str | None = None
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, name: str | None = None) -> RunLog:
+    def load(cls, run_dir: str | os.PathLike[str], name: str | None = None) -> RunLog:
         """Raises FileNotFoundError (one line) when ``run_dir`` has no log to draw."""
         rd = RunDir(run_dir)
         if not rd.log.is_file():
@@ -104,7 +104,7 @@ def _unique_names(paths: Sequence[Path]) -> list[str]:
     return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
 
 
-def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[RunLog]:
+def load_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> list[RunLog]:
     paths = [Path(p).resolve() for p in run_dirs]
     return [RunLog.load(p, name) for p, name in zip(paths, _unique_names(paths))]
 
@@ -190,7 +190,7 @@ def draw(runs: Sequence[RunLog]) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, output: str | os.PathLike) -> Path:
+def save_figure(fig: Figure, output: str | os.PathLike[str]) -> Path:
     """Write the PNG atomically (a reader never sees half a file)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ def save_figure(fig: Figure, output: str | os.PathLike) -> Path:
     return output
 
 
-def plot_runs(run_dirs: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
+def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str]) -> Path:
     return save_figure(draw(load_runs(run_dirs)), output)
 
 

@@ -27,8 +27,8 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from ..config import DistillationConfig
+from ..data.cache_dir import default_cache_dir
 from ..data.rows import RawSplit
-from ..data.tokenized import default_cache_dir
 from ..distributed.process_group import DistEnv, main_process_first
 from ..errors import ConfigError
 
@@ -126,7 +126,7 @@ def cache_key(paths: list[Path], rows: RawSplit, labels: list[str]) -> str:
     return h.hexdigest()[:24]
 
 
-def cache_path(paths: list[Path], rows: RawSplit, labels: list[str], cache_dir: str | os.PathLike | None) -> Path:
+def cache_path(paths: list[Path], rows: RawSplit, labels: list[str], cache_dir: str | os.PathLike[str] | None) -> Path:
     directory = Path(cache_dir) if cache_dir else default_cache_dir()
     return directory / f"teacher-{cache_key(paths, rows, labels)}.safetensors"
 
@@ -161,7 +161,7 @@ def cached_log_probs(
     paths: list[Path],
     rows: RawSplit,
     labels: list[str],
-    cache_dir: str | os.PathLike | None,
+    cache_dir: str | os.PathLike[str] | None,
     build: bool,
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, bool]:

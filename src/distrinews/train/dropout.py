@@ -37,7 +37,8 @@ class FastDropout(torch.nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return _FastDropout.apply(x, self.p)
+        out: torch.Tensor = _FastDropout.apply(x, self.p)
+        return out
 
 
 def use_fast_dropout(model: torch.nn.Module) -> int:

@@ -33,6 +33,8 @@ import torch
 from ..model import hf_config, layer_depth, num_layers
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .metrics import Counts
 
 PEAK_ENV = "DISTRINEWS_PEAK_TFLOPS"
@@ -79,7 +81,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 10
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     inner = 20 if device.type == "cuda" else 1
     torch.matmul(a, b)
     sync()
@@ -126,7 +128,7 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
     import json
 
     from ..checkpoint.atomic import write_text_atomically
-    from ..data.tokenized import default_cache_dir
+    from ..data.cache_dir import default_cache_dir
     from ..distributed.machine import cpu_flags, cpu_model
 
     key = f"{cpu_model()} [{' '.join(cpu_flags())}] torch {torch.__version__}: {kind}"

@@ -135,7 +135,7 @@ class JsonLogCallback(TrainerCallback):
     about to be logged again).
     """
 
-    def __init__(self, run_dir: RunDir | str | os.PathLike):
+    def __init__(self, run_dir: RunDir | str | os.PathLike[str]):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self._file: IO[str] | None = None
 
@@ -176,7 +176,7 @@ class TensorBoardCallback(TrainerCallback):
     """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0); a resumed run purges the steps after its
     checkpoint."""
 
-    def __init__(self, run_dir: RunDir | str | os.PathLike):
+    def __init__(self, run_dir: RunDir | str | os.PathLike[str]):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self._writer: SummaryWriter | None = None
 
@@ -218,7 +218,7 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in _flatten(values).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
     records: list[dict[str, Any]] = []
     p = Path(path)

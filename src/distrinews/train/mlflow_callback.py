@@ -47,6 +47,7 @@ from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
     from ..checkpoint.records import TrainState
 
@@ -298,7 +299,10 @@ class MLflowCallback(TrainerCallback):
             )
 
     def _log_batch(
-        self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None, metrics: list | None = None
+        self,
+        params: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+        metrics: list[Metric] | None = None,
     ) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH

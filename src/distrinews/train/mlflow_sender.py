@@ -91,7 +91,7 @@ def server_unavailable(exc: BaseException) -> bool:
         if isinstance(current, (requests.RequestException, ConnectionError, TimeoutError)):
             return True
         if isinstance(current, RestException):
-            status = current.get_http_status_code()
+            status: int = current.get_http_status_code()
             return status >= 500 or status == _RETRYABLE_STATUS
     return False
 

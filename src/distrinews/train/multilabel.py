@@ -55,7 +55,8 @@ class ScoreHistogram:
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """``scores.f1_from_counts`` of counts (float64, elementwise): FN = positives - TP."""
     tp, fp, positives = tp.double(), fp.double(), positives.double()
-    return f1_from_counts(tp, fp, positives - tp)
+    f1: torch.Tensor = f1_from_counts(tp, fp, positives - tp)
+    return f1
 
 
 def tune_thresholds(histogram: ScoreHistogram) -> list[float]:

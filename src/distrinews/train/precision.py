@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class Precision:
         """What the matmuls run in: the dtype whose peak MFU is measured against."""
         return self.dtype or torch.float32
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)

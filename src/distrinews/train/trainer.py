@@ -216,7 +216,7 @@ class Trainer:
     def epoch_float(self) -> float:
         return self.state.epoch + self.state.step_in_epoch / self.plan.steps_per_epoch
 
-    def epoch_batches(self, epoch: int) -> DataLoader:
+    def epoch_batches(self, epoch: int) -> DataLoader[tuple[torch.Tensor, int | torch.Tensor, int]]:
         """This rank's micro-batches of ``epoch``, after the ones a resumed run has already trained on."""
         if self.state.epoch != epoch:
             self.state.epoch, self.state.step_in_epoch = epoch, 0
@@ -336,7 +336,7 @@ class Trainer:
         """Exact metrics on the test split (every rank scores its share); keeps the best model in ``best/``.
         With ``ema_decay``, of the average of the weights: what is evaluated is what best/ keeps."""
         with self.average.applied() if self.average is not None else contextlib.nullcontext():
-            metrics = evaluate(
+            metrics: dict[str, Any] = evaluate(
                 self.model.raw,
                 self.data.test,
                 self.env,

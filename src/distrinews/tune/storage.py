@@ -33,7 +33,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 # Optuna's heartbeat interface, which RDBStorage implements; not exported, so this import is checked by the tests
 from optuna.storages._heartbeat import BaseHeartbeat
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from ..errors import ConfigError
 from .outage import DatabaseStorage  # RDBStorage, riding out a database restart
@@ -138,7 +138,13 @@ def scrubbed(text: str, url: str) -> str:
 class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
     """A journal with Optuna's heartbeat: the beat is the trial's ``HEARTBEAT_ATTR`` (seconds since the epoch)."""
 
-    def __init__(self, backend: Any, interval: int, grace: int | None, callback: Callable | None):
+    def __init__(
+        self,
+        backend: Any,
+        interval: int,
+        grace: int | None,
+        callback: Callable[[optuna.Study, FrozenTrial], None] | None,
+    ):
         super().__init__(backend)
         self._interval, self._grace, self._callback = interval, grace or 2 * interval, callback
 
@@ -159,5 +165,5 @@ class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
     def get_heartbeat_interval(self) -> int | None:
         return self._interval
 
-    def get_heartbeat_stale_trial_callback(self) -> Callable | None:
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
         return self._callback

@@ -68,7 +68,8 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
         )
         return None
     rep.ok(f"port {args.port} on {host} is free")
-    return args.port
+    chosen: int = args.port
+    return chosen
 
 
 def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report) -> _Ranks:

@@ -95,7 +95,7 @@ def _slowest_mean_seconds(step: Callable[[], object], device: torch.device, iter
     import torch
     import torch.distributed as dist
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     dist.barrier()
     t = time.perf_counter()

@@ -21,6 +21,7 @@ from typing import Any
 from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe, read_servable_info
 from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
+from ...predict.int8 import METRIC_NAMES, TOLERANCE_POINTS
 from . import (
     DEFAULT_SPACE_RUNTIME,
     MODEL_DIR,
@@ -154,8 +155,8 @@ def _torch_version() -> str:
 
 
 def export_space(
-    checkpoint: str | os.PathLike,
-    output: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
+    output: str | os.PathLike[str],
     runtime: str = DEFAULT_SPACE_RUNTIME,
     version: str | None = None,
     check_accuracy: bool = False,
@@ -241,7 +242,7 @@ def _write_model(
             return None
         say("measuring int8 against fp32 on the model's evaluation rows (--check-accuracy)")
         result = accuracy.compare_int8(checkpoint, fp32, int8, data_dir)
-        metric = accuracy.METRIC_NAMES[result["metric"]]
+        metric = METRIC_NAMES[result["metric"]]
         fp32_score, int8_score = accuracy.scores(result)
         say(
             f"int8 {metric} {100 * int8_score:.2f}% vs fp32 {100 * fp32_score:.2f}% "
@@ -250,6 +251,6 @@ def _write_model(
         if not result["within_tolerance"]:
             raise ConfigError(
                 f"int8 loses {-result['difference_points']:.2f} {metric} points against fp32 (tolerance "
-                f"{accuracy.TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
+                f"{TOLERANCE_POINTS}); export with --runtime onnx (fp32) instead"
             )
         return result

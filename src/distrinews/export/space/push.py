@@ -20,7 +20,7 @@ class PushError(RuntimeError):
 
 
 def push_to_hub(
-    folder: str | os.PathLike, repo_id: str, private: bool = False, commit_message: str = "DistriNews Space"
+    folder: str | os.PathLike[str], repo_id: str, private: bool = False, commit_message: str = "DistriNews Space"
 ) -> str:
     """Upload ``folder`` to the Space ``repo_id``; returns the Space's page."""
     if "/" not in repo_id or repo_id.count("/") != 1 or not all(repo_id.split("/")):

@@ -32,7 +32,7 @@ class Totals:
     rejected: int = 0
 
 
-def in_input_order(path: os.PathLike, committed: int, start: int, end: int) -> Iterator[dict[str, Any]]:
+def in_input_order(path: os.PathLike[str], committed: int, start: int, end: int) -> Iterator[dict[str, Any]]:
     """The committed lines of one worker's ``rows.jsonl``, each row ``start`` .. ``end - 1`` once, in row order."""
     heap: list[tuple[int, int, dict[str, Any]]] = []
     expected = start

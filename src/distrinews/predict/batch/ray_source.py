@@ -63,7 +63,7 @@ class CorpusDatasource(Datasource):
     """A Ray ``Datasource`` over ``data.files``: ``tasks`` read tasks, each a contiguous range of whole windows."""
 
     def __init__(self, record: JobRecord, fields: RowFields, window_rows: int, tasks: int):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # ray's Datasource.__init__ is unannotated
         self.record, self.fields, self.window_rows, self.tasks = record, fields, window_rows, tasks
 
     def get_name(self) -> str:

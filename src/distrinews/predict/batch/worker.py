@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from multiprocessing.connection import Connection
@@ -133,7 +133,11 @@ def read_window(
 
 
 def passes(
-    keys: list[tuple[int, Any]], texts: list[str], encode: Callable, max_texts: int, max_tokens: int | None
+    keys: list[tuple[int, Any]],
+    texts: list[str],
+    encode: Callable[[list[str]], Sequence[Any]],
+    max_texts: int,
+    max_tokens: int | None,
 ) -> list[list[tuple[int, Any, Any]]]:
     """A window's forward passes, cut as the server cuts them (``plan_passes``): ``(row, id, encoded text)`` each."""
     if not texts:
@@ -150,7 +154,11 @@ def _shown(text: str) -> str:
 
 
 def _windows(
-    job: JobRecord, manifest: WorkerManifest, fields: RowFields, encode: Callable, settings: WorkerSettings
+    job: JobRecord,
+    manifest: WorkerManifest,
+    fields: RowFields,
+    encode: Callable[[list[str]], Sequence[Any]],
+    settings: WorkerSettings,
 ) -> Iterator[_Window]:
     size = settings.window_rows
     if manifest.window is not None:  # resuming inside a window: its done rows are left out
