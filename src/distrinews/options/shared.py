@@ -8,8 +8,11 @@ reason; ``tests/unit/test_options.py`` fails on any other pair of commands that 
 from __future__ import annotations
 
 from ..data.fields import DEFAULT_TEXT_FIELD
-from ..predict.runtimes import DEFAULT_RUNTIME, RUNTIMES
 from . import NO_LIMIT, Option, limit
+
+# The inference runtimes every command that runs a model offers (predict.runtimes makes each one)
+RUNTIMES = ("auto", "torch", "torch-bf16", "onnx", "onnx-int8")
+DEFAULT_RUNTIME = "auto"
 
 CHECKPOINT = Option("checkpoint", required=True, help="best/ directory, step-N directory or a legacy .pt file")
 # serve alone may take it from the environment, as container platforms set it.

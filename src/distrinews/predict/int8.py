@@ -24,6 +24,7 @@ from typing import Any
 from ..checkpoint.atomic import open_new
 from ..scores import f1_from_counts
 from .derived import INT8_FILE, DerivedFiles, Graph, hash_file
+from .sample import FIXED_SAMPLE
 
 log = logging.getLogger(__name__)
 
@@ -32,49 +33,6 @@ TOLERANCE_POINTS = 0.2  # int8 accuracy may be at most this far below fp32's
 METRIC_NAMES = {"accuracy": "accuracy", "micro_f1": "micro-F1"}  # a check's ``metric`` -> its name in words
 MIN_AGREEMENT = 0.95  # without labels: the share of FIXED_SAMPLE on which int8 and fp32 agree
 SERVE_CHECK_ROWS = 2000  # a first start checks on this many test rows, not all 7,600 (seconds, not a minute)
-# Without labelled data: news-like sentences of every kind and length (written for this check, not AG News rows).
-FIXED_SAMPLE = (
-    "Stocks rally as oil prices fall",
-    "The home team won the championship game last night after a dramatic overtime finish, fans said.",
-    "New chip doubles battery life",
-    "Central bank raises interest rates for the third time this year to curb inflation",
-    "Rebels and government troops clash near the border as peace talks stall",
-    "Quarterback injured in practice will miss the season opener, coach says",
-    "Software giant reports record quarterly profit on cloud growth",
-    "Scientists sequence the genome of a rare deep-sea fish",
-    "Prime minister calls early election after coalition collapses",
-    "Striker signs a four-year contract with the league champions",
-    "Airline cuts flights as fuel costs climb and demand weakens",
-    "Space agency delays rocket launch because of high winds",
-    "United Nations warns of famine in the drought-hit region",
-    "Tennis star advances to the semifinals in straight sets",
-    "Retail sales rose more than expected in October, government data showed",
-    "Researchers unveil a battery that charges in five minutes",
-    "Earthquake of magnitude 6.8 strikes off the coast; no tsunami warning issued",
-    "Olympic committee picks host city for the 2032 summer games",
-    "Merger talks between the two telecom firms collapse over price",
-    "Hackers exploit a flaw in a popular web browser, security firm says",
-    "Parliament passes a law on data privacy after months of debate",
-    "Marathon runner breaks the world record by eleven seconds",
-    "Oil company to cut 5,000 jobs as profits slump",
-    "Astronomers spot water vapour in the atmosphere of a distant planet",
-    "Protesters gather in the capital demanding the minister's resignation",
-    "Basketball team trades its star guard for two draft picks",
-    "Carmaker recalls 300,000 vehicles over faulty airbags",
-    "Open-source project releases a faster database engine",
-    "Ceasefire holds for a second day as aid convoys reach the city",
-    "Golfer wins his first major title with a birdie on the final hole",
-    "Shares of the chipmaker jump after it raises its sales forecast",
-    "Study finds that a common virus can be detected by a smartphone app",
-    "Foreign ministers meet to discuss sanctions on the regime",
-    "Cycling team withdraws from the race after a doping scandal",
-    "Housing prices fall for the sixth straight month",
-    "Engineers test a robot that can climb stairs and open doors",
-    "Flooding forces thousands from their homes across the south",
-    "Underdog club knocks the holders out of the cup",
-    "Bank agrees to pay a record fine to settle fraud charges",
-    "Internet search company launches an email service with a gigabyte of storage",
-)
 
 
 def int8_path(checkpoint: str | os.PathLike[str]) -> Path:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .int8 import FIXED_SAMPLE
+from .sample import FIXED_SAMPLE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

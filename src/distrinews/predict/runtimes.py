@@ -17,6 +17,7 @@ from typing import Any
 
 from ..checkpoint import records
 from ..errors import CheckpointError
+from ..options.shared import DEFAULT_RUNTIME, RUNTIMES
 from . import int8
 from .confidence import ConfidenceThreshold
 from .derived import INT8_FILE, DerivedFiles, Graph
@@ -25,8 +26,6 @@ from .predictor import Predictor
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("auto", "torch", "torch-bf16", "onnx", "onnx-int8")
-DEFAULT_RUNTIME = "auto"
 __all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "auto_predictor", "bf16_refusal", "make_predictor"]
 
 

@@ -13,7 +13,7 @@
 Runtimes: ``onnx-int8`` (default: the smallest), ``onnx`` (fp32) and ``torch``.
 """
 
-# The runtimes a Space can be built for: a subset of the server's (``predict.runtimes.RUNTIMES``).
+# The runtimes a Space can be built for: a subset of the server's (``options.shared.RUNTIMES``).
 SPACE_RUNTIMES = ("onnx-int8", "onnx", "torch")
 DEFAULT_SPACE_RUNTIME = "onnx-int8"
 # Where each runtime's model file lives in the bundle (relative to the bundle, = the image's /app).
