@@ -9,7 +9,7 @@ import onnxruntime
 import pytest
 
 from distrinews.data.rows import AG_NEWS_LABELS
-from distrinews.predict import int8
+from distrinews.predict import int8, sample
 from distrinews.predict.derived import INT8_FILE, DerivedFiles
 from distrinews.predict.runtimes import make_predictor
 
@@ -67,7 +67,7 @@ def test_first_start_makes_and_checks_the_int8_model_and_a_later_start_only_load
     path = _cached(best)
     assert not list(path.parent.glob(".*tmp*")), "published whole, no temp file left"
     check = _check_in(path)
-    assert check["kind"].startswith("label agreement") and check["rows"] == len(int8.FIXED_SAMPLE)
+    assert check["kind"].startswith("label agreement") and check["rows"] == len(sample.FIXED_SAMPLE)
     assert check["passed"] and check["label_agreement"] >= int8.MIN_AGREEMENT
     assert first.runtime == "onnx-int8" and first.choice["check"] == check
     assert first.describe()["runtime_choice"]["requested"] == "auto" and first.choice["onnx_model"] == str(path)
