@@ -427,6 +427,9 @@ class _ThreadServer:
 
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
+        # Listening before the server runs: a client that connects first waits in the backlog rather than being
+        # refused (uvicorn calls listen() only once its thread has started, late on loaded cores).
+        self.socket.listen()
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
@@ -439,6 +442,19 @@ class _ThreadServer:
         self.server.should_exit = True
         self.thread.join(30)
         self.socket.close()
+
+
+def test_the_thread_server_answers_a_client_that_connects_before_its_thread_runs(fake_predictor):
+    """The harness itself: on loaded cores the client's first request can come before uvicorn's thread starts."""
+    app = create_app(ServeConfig(checkpoint="unused"), predictor_factory=fake_predictor)
+    server = _ThreadServer(app)
+    threading.Timer(0.3, server.thread.start).start()  # the thread late, as under load
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.get("/health").status_code == 200
+    finally:
+        wait_until(server.thread.is_alive, 10, "the server's thread")
+        server.__exit__(None, None, None)
 
 
 class _OnRetry(logging.Handler):
