@@ -57,11 +57,14 @@ predict: setup-demo
 # Two pytest workers: most tests wait on process start-up (imports) and servers, so one worker left a core
 # idle much of the time (benchmarks section 23). TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 2
-test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
+test: setup
+	$(PYTEST)
+
+# The tests not marked slow (no torchrun, servers or training): seconds each, two workers as for `make test`.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check src tests examples benchmarks
