@@ -20,8 +20,8 @@ from distrinews.data.rows import AG_NEWS_LABELS
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # MFU against a stated peak, not one measured on whatever CPU runs the suite (AVX2, AVX-512 BF16, AMX differ
 # tenfold). The tiny model trains at about 0.4 GFLOP/s on a loaded 2-core Xeon (MFU 8e-3 against the 50 GFLOP/s
-# stated here): more than a hundred times below it on any CPU, yet an MFU off by a factor of 1,000 lands above 1.
-FIXED_PEAK = STATED_PEAK  # every process the suite starts has it; these tests assert on it
+# of conftest.STATED_PEAK): more than a hundred times below it on any CPU, yet an MFU off by a factor of 1,000
+# lands above 1.
 
 
 def test_bench_help_lists_every_tool(cli):
@@ -66,7 +66,7 @@ def test_scaling_weak_1_and_2_workers(tmp_path, agnews_dir, cli):
         str(tmp_path),
         "--name",
         "weak",
-        env=FIXED_PEAK,
+        env=STATED_PEAK,
     )
     report = json.loads((tmp_path / "weak.json").read_text())
     assert (tmp_path / "weak.md").read_text().count("| 1 x 1 |") == 1
@@ -147,7 +147,7 @@ def test_training_log_carries_speed_and_mfu(tmp_path, agnews_dir, monkeypatch):
     from distrinews.train import flops
     from distrinews.train.trainer import train
 
-    monkeypatch.setenv(flops.PEAK_ENV, FIXED_PEAK[flops.PEAK_ENV])
+    monkeypatch.setenv(flops.PEAK_ENV, STATED_PEAK[flops.PEAK_ENV])
     flops.device_peak.cache_clear()
 
     config = load_config(
