@@ -155,8 +155,8 @@ class OnnxPredictor(Predictor):
         if threads:
             options.intra_op_num_threads = threads
         if not self.spin:
-            # Threads spin between the operators of a pass (waking a sleeping one per operator costs a lone request
-            # a fifth of its time) and stop when the pass returns, rather than spin on for the next one.
+            # Threads spin between the operators of a pass (waking a sleeping one per operator made a lone int8 pass
+            # 1.4x as long: benchmarks/serving.md) and stop when the pass returns, rather than spin on for the next.
             options.add_session_config_entry("session.force_spinning_stop", "1")
         return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
 
