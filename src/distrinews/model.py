@@ -70,8 +70,9 @@ def check_model_available(name: str) -> None:
         AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = "neither a local directory nor a model the hub can give now"
-        where = "a local directory" if Path(name).exists() else where
+        where = (
+            "a local directory" if Path(name).exists() else "neither a local directory nor a model the hub can give now"
+        )
         raise ConfigError(f"config field 'model_name_or_path': cannot load {name!r} ({where}): {first}") from None
 
 
@@ -118,8 +119,7 @@ def build_model(
     if name == TINY_RANDOM:
         config = tiny_config(labels, dropout, problem_type)
     else:
-        path = resolve_model_path(name)
-        config = AutoConfig.from_pretrained(path, **label_fields(labels, problem_type))
+        config = AutoConfig.from_pretrained(resolve_model_path(name), **label_fields(labels, problem_type))
         if dropout is not None:
             for attr in ("hidden_dropout_prob", *ATTENTION_DROPOUT, "dropout", "seq_classif_dropout"):
                 if hasattr(config, attr):
@@ -132,7 +132,7 @@ def build_model(
     if name == TINY_RANDOM:
         model = AutoModelForSequenceClassification.from_config(config)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(name), config=config)
     return model
 
 
@@ -303,18 +303,12 @@ def forward_loss(
     class_weights: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cross-entropy loss, logits) of one batch: the one forward pass that training, evaluation and the
-    benchmarks share. The model runs under ``autocast``; the loss is computed in fp32.
-
-    Multi-label labels (a float 0/1 row per text) go to the model itself, whose config's ``problem_type``
-    (multi_label_classification) has transformers compute its binary cross-entropy with logits, the mean over
-    every (row, label); ``reduction="sum"`` gives that mean times the rows: a sum over rows of each row's mean.
-
-    ``class_weights`` scale each row's loss by its class's weight, and the mean stays one over the
-    rows (not over the weights, as ``F.cross_entropy(weight=...)`` divides): a batch's loss is then
-    the same sum of per-row terms however the rows are split into ranks and micro-batches, so a
-    weighted run is as equivalent across world sizes as an unweighted one. ``label_smoothing`` is
-    ``F.cross_entropy``'s (training only: evaluation reports the plain loss)."""
+    """(cross-entropy loss, logits) of one batch, the forward pass training, evaluation and the benchmarks share:
+    the model under ``autocast``, the loss in fp32. Multi-label labels (a 0/1 float row per text) go to the model,
+    whose ``problem_type`` has transformers compute a BCE mean over every (row, label); ``sum`` is that times the rows.
+    ``class_weights`` scale each row's loss and the mean stays one over the rows (not over the weights, as
+    ``F.cross_entropy(weight=...)`` divides), so a weighted loss is the same sum of per-row terms however the rows
+    are split into ranks and micro-batches. ``label_smoothing`` is ``F.cross_entropy``'s (training only)."""
     labels = batch["labels"]
     if labels.dim() == 2:
         with autocast():
