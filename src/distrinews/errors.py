@@ -16,14 +16,9 @@ class DataError(ValueError):
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded, as one line that names the file and says why.
-
-    Raised for files that are refused (a pickle with code in it: ``torch.load(weights_only=True)``, or the restricted
-    unpickler of a sharded checkpoint's metadata, stops before running anything; a file its checkpoint's manifest does
-    not list, or a symbolic link), damaged (a safetensors header that is invalid or truncated, JSON that does not parse)
-    or incomplete (missing weights or keys). The original exception is chained (``__cause__``) for logs; the message
-    never suggests ``weights_only=False``.
-    """
+    """A checkpoint that cannot be loaded, as one line naming the file and why: refused (a pickle with code in it,
+    stopped by ``weights_only=True`` or the restricted unpickler; a file its manifest does not list; a link), damaged
+    or incomplete. The original exception is chained for logs; the message never suggests ``weights_only=False``."""
 
 
 PREFIX = "distrinews: error: "
@@ -35,10 +30,8 @@ def one_line(problem: object) -> str:
 
 
 class DiskFullError(Exception):
-    """A save that ran out of space, as one line: where it was written, the filesystem, the space it
-    needs and the space free, and the newest complete checkpoint to resume from. The half-written
-    temporary directory is already removed when this is raised.
-    """
+    """A save that ran out of space, as one line: where, the filesystem, the space needed and free, and the newest
+    complete checkpoint to resume from. The half-written temporary directory is already removed."""
 
 
 # Raised inside a run's process group by what the user gave it (or a disk they can make room on); the command line

@@ -1,16 +1,11 @@
 """OpenTelemetry traces, exported over OTLP/HTTP when an endpoint is set, and nothing at all when not.
 
-Tracing is on in a process when ``start`` is given an endpoint (``--otlp-endpoint``) or finds the
-standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (and
-``OTEL_SDK_DISABLED`` is not ``true``). The exporter reads the other standard variables itself
-(``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_BSP_SCHEDULE_DELAY``, ...); ``OTEL_SERVICE_NAME`` overrides
-the service name each command gives.
-
-When it is off, this module imports nothing of OpenTelemetry's and ``span`` hands back one shared
-do-nothing context manager: no SDK import, no span objects, no context switches. The OpenTelemetry
-packages are the optional extra ``tracing``; asking for tracing without them is a one-line error.
-
-Every module may import this one; it imports nothing of the package's but ``errors``.
+Tracing is on in a process when ``start`` is given an endpoint (``--otlp-endpoint``) or finds the standard
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (and ``OTEL_SDK_DISABLED`` is not ``true``).
+The exporter reads the other standard variables itself; ``OTEL_SERVICE_NAME`` overrides each command's service name.
+When it is off, nothing of OpenTelemetry's is imported and ``span`` hands back one shared do-nothing context manager.
+The packages are the optional extra ``tracing``; asking for tracing without them is a one-line error. Every module
+may import this one; it imports nothing of the package's but ``errors`` (and the ``version`` leaf).
 """
 
 from __future__ import annotations
@@ -73,12 +68,8 @@ def traces_url(endpoint: str) -> str:
 
 
 def start(service_name: str, endpoint: str | None = None) -> bool:
-    """Turn tracing on for this process when it is wanted; returns whether it is on.
-
-    ``endpoint`` is a base URL like ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``http://collector:4318``), and wins
-    over the variables. Spans leave in batches from a background thread (``BatchSpanProcessor``);
-    ``shutdown`` sends what is left.
-    """
+    """Turn tracing on for this process when it is wanted; returns whether it is on. ``endpoint``: a base URL like
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``'s, winning over the variables. Spans leave in batches from a background thread."""
     if _tracer is not None:
         return True
     if not wanted(endpoint):
@@ -117,13 +108,9 @@ def provider() -> Any:
 
 
 def shutdown(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
-    """Send the spans not yet exported and turn tracing off (at the end of a command, or of the server), waiting
-    ``timeout`` seconds at most: what the collector has not taken by then is dropped, in one line.
-
-    The SDK's own shutdown waits up to 30 s for its exporting thread and each export up to the exporter's timeout
-    (10 s, retries included), against a collector that accepts and never answers; a pod stopping has a grace period
-    to fit in. So the SDK's shutdown runs on a thread of its own (a daemon: the process does not wait for it).
-    """
+    """Send the spans not yet exported and turn tracing off, waiting ``timeout`` seconds at most (then they are
+    dropped, in one line). The SDK's own shutdown may wait 30 s and more on a collector that never answers, past a
+    stopping pod's grace period: so it runs on a daemon thread of its own."""
     global _tracer, _provider
     provider, _tracer, _provider = _provider, None, None
     if provider is None:
@@ -181,12 +168,9 @@ def traced(
 
 
 def inject(headers: dict[str, str]) -> dict[str, str]:
-    """Add the current span's ``traceparent`` (and ``tracestate``) to outgoing HTTP headers.
-
-    Whoever traces, this process or the application around it (a client library's caller has its own
-    OpenTelemetry set up): if OpenTelemetry is loaded, the current context goes along; if not, nothing
-    is imported and ``headers`` is handed back as it is.
-    """
+    """Add the current span's ``traceparent`` (and ``tracestate``) to outgoing HTTP headers, whoever traces (this
+    process, or a client library's caller with its own OpenTelemetry); where OpenTelemetry is not loaded, nothing is
+    imported and ``headers`` is handed back as it is."""
     if "opentelemetry.context" in sys.modules:
         from opentelemetry.propagate import inject as propagate
 
