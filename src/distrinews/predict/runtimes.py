@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,9 @@ def make_predictor(
     min_confidence: Any = None,
     spin: bool = True,
 ) -> Predictor:
-    """The predictor for ``--runtime``: ``auto``, ``torch``, ``torch-bf16``, ``onnx`` or ``onnx-int8``.
-    ``min_confidence``: ``--min-confidence`` (a number, ``LABEL=NUMBER`` pairs, a dict; ``confidence.py``).
-    ``spin=False``: ONNX Runtime's threads stop spinning when a pass returns rather than spin waiting for the next
-    one, which gives their cores back to whatever shares them (a server's event loop, its other passes and its
-    clients between requests); within a pass they spin, as by default."""
+    """The predictor for ``--runtime``; ``min_confidence``: ``--min-confidence``'s forms (``confidence.py``).
+    ``spin=False``: ONNX Runtime's threads stop spinning when a pass returns, giving their cores back to whatever
+    shares them between requests (within a pass they spin, as by default)."""
     threshold = ConfidenceThreshold.parse(min_confidence)  # a malformed one fails before the model loads
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
@@ -83,9 +81,8 @@ def make_predictor(
 def auto_predictor(
     checkpoint: str | os.PathLike[str], max_batch_size: int = 64, threads: int | None = None, spin: bool = True
 ) -> Predictor:
-    """``--runtime auto``: the checkpoint's int8 model where it passed its check (made and checked at the
-    first start if missing, and kept in the cache, ``int8.py``), else PyTorch fp32, with the reason in one log
-    line and in ``choice``."""
+    """``--runtime auto``: the checkpoint's int8 model where it passed its check (made at the first start if missing,
+    into the cache), else PyTorch fp32, with the reason in one log line and in ``choice``."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -114,7 +111,9 @@ def auto_predictor(
             predictor = load(made)
     if not check["passed"]:
         why = f"its int8 model failed its check ({check['kind']}: {check['summary']})"
-        return _fall_back(checkpoint, max_batch_size, threads, why, check)
+        fallen = _fall_back(checkpoint, max_batch_size, threads, why)
+        fallen.choice = {**(fallen.choice or {}), "check": check}
+        return fallen
     assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {
@@ -131,9 +130,12 @@ def auto_predictor(
 def _int8_made_before(
     checkpoint: str | os.PathLike[str], load: Callable[[Path | Graph], OnnxPredictor]
 ) -> tuple[OnnxPredictor | None, dict[str, Any] | None]:
-    """The int8 model the checkpoint ships, else the one made from it before (the cache), with its check, where
-    that check was made on the weights it holds now; (None, None) where there is none."""
-    for graph in _int8_candidates(checkpoint):
+    """The int8 model the checkpoint ships, else the one made from it before (the cache, looked up only then), with
+    its check, where that check was made on the weights it holds now; (None, None) where there is none."""
+    shipped = int8.int8_path(checkpoint)
+    for find in (lambda: shipped if shipped.is_file() else None, lambda: DerivedFiles(checkpoint).read(INT8_FILE)):
+        if (graph := find()) is None:
+            continue
         predictor = load(graph)
         check = int8.read_check(predictor.session)
         if check is not None and int8.is_current(check, checkpoint):
@@ -141,16 +143,6 @@ def _int8_made_before(
         why = "checked against other weights than the checkpoint holds now" if check else "never checked"
         log.info("runtime auto: %s was %s: not served", predictor.onnx_path, why)
     return None, None
-
-
-def _int8_candidates(checkpoint: str | os.PathLike[str]) -> Iterator[Path | Graph]:
-    """The int8 model the checkpoint ships, then the cache's (looked up only when the first is not served)."""
-    shipped = int8.int8_path(checkpoint)
-    if shipped.is_file():
-        yield shipped
-    cached = DerivedFiles(checkpoint).read(INT8_FILE)
-    if cached is not None:
-        yield cached
 
 
 def _torch(
@@ -164,19 +156,8 @@ def _torch(
     return Predictor(checkpoint, max_batch_size=max_batch_size, bf16=bf16)
 
 
-def _fall_back(
-    checkpoint: str | os.PathLike[str],
-    max_batch_size: int,
-    threads: int | None,
-    reason: str,
-    check: dict[str, Any] | None = None,
-) -> Predictor:
+def _fall_back(checkpoint: str | os.PathLike[str], max_batch_size: int, threads: int | None, reason: str) -> Predictor:
     log.warning("runtime auto: torch, because %s", reason)
     predictor = _torch(checkpoint, max_batch_size, threads)
-    predictor.choice = {
-        "requested": "auto",
-        "runtime": "torch",
-        "reason": reason,
-        **({"check": check} if check else {}),
-    }
+    predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason}
     return predictor
