@@ -40,7 +40,7 @@ from .job import BatchJob, CheckedJob, check, display, requested_record
 from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord, StateError
-from .worker import WINDOW_BATCHES, load_predictor, passes, result_lines
+from .worker import WorkerSettings, load_predictor, passes, result_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -117,8 +117,8 @@ def _connect(ray: Any, address: str | None) -> bool:
 
 def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -> tuple[Totals, Progress]:
     job, total = checked.job, record.total_rows
-    window_rows = WINDOW_BATCHES * job.batch_size
-    windows = -(-total // window_rows)
+    settings = WorkerSettings(checked.threads, job.batch_size, job.max_batch_tokens)
+    windows = -(-total // settings.window_rows)
     tasks = min(windows, max(TASKS_PER_ACTOR * job.nproc, -(-windows // TASK_WINDOWS)))
     workers = f"Ray engine, {plural(job.nproc, 'actor')} x {plural(checked.threads, 'CPU')} ({_where(ray)})"
     say(checked, stderr, job_line(checked, total, f"{workers}, {plural(tasks, 'read task')}"))
@@ -126,7 +126,7 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -
     written = _InOrder(checked, progress)
     try:
         with _ray_data_settings(ray):
-            for window in _results(ray, checked, record, window_rows, tasks) if total else iter(()):
+            for window in _results(ray, checked, record, settings, tasks) if total else iter(()):
                 written.add(window)
             written.publish(total)
         if written.ran_on:
@@ -219,23 +219,16 @@ def _where(ray: Any) -> str:
 
 
 def _results(
-    ray: Any, checked: CheckedJob, record: JobRecord, window_rows: int, tasks: int
+    ray: Any, checked: CheckedJob, record: JobRecord, settings: WorkerSettings, tasks: int
 ) -> Iterator[dict[str, Any]]:
     """Every window's results, in input order: ``{start, end, labels, records, labelled, rejected}``."""
     from .ray_source import CorpusDatasource
 
     job = checked.job
-    source = CorpusDatasource(record, checked.fields, window_rows, tasks)
+    source = CorpusDatasource(record, checked.fields, settings.window_rows, tasks)
     dataset = ray.data.read_datasource(source, num_cpus=READ_CPUS).map_batches(
         WindowPredictor,
-        fn_constructor_kwargs={
-            "checkpoint": str(checked.checkpoint),
-            "runtime": job.runtime,
-            "threads": checked.threads,
-            "batch_size": job.batch_size,
-            "max_batch_tokens": job.max_batch_tokens,
-            "with_id": job.id_field is not None,
-        },
+        fn_constructor_args=(str(checked.checkpoint), job.runtime, settings, job.id_field is not None),
         batch_size=1,  # one window a call: its passes are the local engine's
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=job.nproc),  # `concurrency=N` before Ray 2.51
@@ -291,17 +284,15 @@ def _result_schema() -> pa.Schema:
 class WindowPredictor:
     """The stateful ``map_batches`` class: one model per actor (the local worker's loader), windows in, records out."""
 
-    def __init__(
-        self, checkpoint: str, runtime: str, threads: int, batch_size: int, max_batch_tokens: int | None, with_id: bool
-    ):
+    def __init__(self, checkpoint: str, runtime: str, settings: WorkerSettings, with_id: bool):
         # the driver's bar is the one (a cluster's workers lack our env)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-        self.predictor = load_predictor(checkpoint, runtime, threads, batch_size)
+        self.predictor = load_predictor(checkpoint, runtime, settings.threads, settings.batch_size)
         self.labels = list(self.predictor.labels)
-        self.batch_size, self.max_tokens, self.with_id = batch_size, max_batch_tokens, with_id
+        self.settings, self.with_id = settings, with_id
         import ray
 
         self.node = f"{ray.util.get_node_ip_address()} (node {ray.get_runtime_context().get_node_id()[:8]})"
@@ -313,9 +304,8 @@ class WindowPredictor:
         for window in windows.to_pylist():
             records = [(json.loads(line)["r"], line + "\n") for line in window["rejects"]]
             keys = list(zip(window["rows"], [json.loads(i) for i in window["ids"]]))
-            for batch in passes(keys, window["texts"], self.predictor.encode, self.batch_size, self.max_tokens):
-                results = self.predictor.predict_encoded([e for _, _, e in batch])
-                records += zip([row for row, _, _ in batch], result_lines(batch, results, self.with_id))
+            for batch in passes(keys, window["texts"], self.predictor.encode, self.settings):
+                records += zip([row for row, _, _ in batch], result_lines(self.predictor, batch, self.with_id))
             records.sort(key=lambda pair: pair[0])
             out["start"].append(window["start"])
             out["end"].append(window["end"])

@@ -136,20 +136,18 @@ def passes(
     keys: list[tuple[int, Any]],
     texts: list[str],
     encode: Callable[[list[str]], Sequence[Any]],
-    max_texts: int,
-    max_tokens: int | None,
+    settings: WorkerSettings,
 ) -> list[list[tuple[int, Any, Any]]]:
     """A window's forward passes, cut as the server cuts them (``plan_passes``): ``(row, id, encoded text)`` each."""
     if not texts:
         return []
     encoded = encode(texts)
-    cut = plan_passes([len(e) for e in encoded], max_texts, max_tokens)
+    cut = plan_passes([len(e) for e in encoded], settings.batch_size, settings.max_batch_tokens)
     return [[(*keys[i], encoded[i]) for i in indices] for indices in cut]
 
 
 def _shown(text: str) -> str:
-    """``text`` as UTF-8 can hold it: a lone surrogate (from a file name that is not UTF-8) as its escape,
-    ``\\udcff``."""
+    """``text`` as UTF-8 can hold it: a lone surrogate (a file name not in UTF-8) as its escape, ``\\udcff``."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -169,7 +167,7 @@ def _windows(
     rows = job_rows(job, fields.columns(), start, manifest.end)
     while start < manifest.end:
         rejects, keys, texts = read_window(fields, rows, end - start, skip)
-        yield _Window(start, end, rejects, passes(keys, texts, encode, settings.batch_size, settings.max_batch_tokens))
+        yield _Window(start, end, rejects, passes(keys, texts, encode, settings))
         start, end, skip = end, min(end + size, manifest.end), set()
 
 
@@ -245,7 +243,9 @@ class _Committer:
             m.done_through, m.window, m.window_done = m.window[1], None, []
 
 
-def result_lines(batch: list[tuple[int, Any, Any]], results: list[dict[str, Any]], with_id: bool) -> list[str]:
+def result_lines(predictor: Any, batch: list[tuple[int, Any, Any]], with_id: bool) -> list[str]:
+    """One forward pass over ``batch``: its rows' records (the lines of ``rows.jsonl``)."""
+    results = predictor.predict_encoded([encoded for _, _, encoded in batch])
     lines = []
     for (row, row_id, _), result in zip(batch, results, strict=True):
         # a multi-label answer's "l" is the list of its labels' ids (those over their thresholds, highest first)
@@ -329,10 +329,8 @@ def _work(
                     ]
                     committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
                 for batch in window.batches:
-                    results = predictor.predict_encoded([encoded for _, _, encoded in batch])
-                    committer.commit(
-                        result_lines(batch, results, with_id), [row for row, _, _ in batch], labelled=len(batch)
-                    )
+                    lines = result_lines(predictor, batch, with_id)
+                    committer.commit(lines, [row for row, _, _ in batch], labelled=len(batch))
                 committer.end(window)
     finally:
         windows.close()
@@ -345,27 +343,23 @@ def spawned(state_path: str, k: int, settings: WorkerSettings, events: Connectio
     state = StateDir(Path(state_path))
     # The parent's OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint, put there): this process's windows are traced too.
     with tracing.session("distrinews-predict"):
-        _spawned(state, k, settings, events)
-
-
-def _spawned(state: StateDir, k: int, settings: WorkerSettings, events: Connection) -> None:
-    try:
-        job = state.read_job()
-        assert job is not None, f"{state.job_path} is missing"
-        run_worker(
-            state,
-            job,
-            k,
-            settings,
-            report=lambda rows, labelled, rejected: events.send(("progress", k, rows, labelled, rejected)),
-            ready=lambda: events.send(("ready", k)),
-        )
-    except USAGE_ERRORS as exc:
-        events.send(("error", k, str(exc)))
-        sys.exit(2)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            sys.exit(130)
-        events.send(("crash", k, f"{type(exc).__name__}: {exc}"))
-        traceback.print_exc()
-        sys.exit(1)
+        try:
+            job = state.read_job()
+            assert job is not None, f"{state.job_path} is missing"
+            run_worker(
+                state,
+                job,
+                k,
+                settings,
+                report=lambda rows, labelled, rejected: events.send(("progress", k, rows, labelled, rejected)),
+                ready=lambda: events.send(("ready", k)),
+            )
+        except USAGE_ERRORS as exc:
+            events.send(("error", k, str(exc)))
+            sys.exit(2)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                sys.exit(130)
+            events.send(("crash", k, f"{type(exc).__name__}: {exc}"))
+            traceback.print_exc()
+            sys.exit(1)
