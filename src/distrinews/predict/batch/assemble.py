@@ -124,10 +124,8 @@ class OutputFiles:
         checked = self.checked
         if self.rejects.rows:
             os.replace(self.rejects_tmp, checked.rejects)
-        else:
-            checked.rejects.unlink(
-                missing_ok=True
-            )  # one from an earlier run over this output would describe other rows
+        else:  # one from an earlier run over this output would describe other rows
+            checked.rejects.unlink(missing_ok=True)
         os.replace(self.out_tmp, checked.output)
         fsync_dir(checked.output.parent)
         shutil.rmtree(checked.state.path, ignore_errors=True)

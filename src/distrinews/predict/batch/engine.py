@@ -80,11 +80,8 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, predictor: 
     say(checked, stderr, job_line(checked, record.total_rows, workers) + resuming)
     pending = [k for k, m in enumerate(manifests) if not m.complete]
     if len(record.ranges) > 1 and pending and job.runtime == "auto":
-        say(
-            checked,
-            stderr,
-            f"runtime auto: {_prepare_auto(job.checkpoint, job.batch_size, settings.threads * len(pending))}",
-        )
+        auto = _prepare_auto(job.checkpoint, job.batch_size, settings.threads * len(pending))
+        say(checked, stderr, f"runtime auto: {auto}")
     progress = Progress(record.total_rows, done_before, job.progress, stderr)
     try:
         if len(record.ranges) == 1 and pending:

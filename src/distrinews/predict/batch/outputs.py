@@ -36,6 +36,8 @@ class ResultWriter:
     says whether its label's probability met the label's threshold. ``string_ids``: the ids are ``--id-field``
     values, not row numbers (a typed format's id column is a string)."""
 
+    gzips = True  # a .gz output is gzipped whole
+
     def __init__(
         self,
         path: Path,
@@ -53,7 +55,7 @@ class ResultWriter:
         self.string_ids = string_ids
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
-        self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed else None
+        self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed and self.gzips else None
         self._opened()
 
     def _opened(self) -> None:
@@ -115,6 +117,8 @@ class CsvResults(ResultWriter):
 
 
 class ParquetResults(ResultWriter):
+    gzips = False  # Parquet compresses its own pages: never gzip around it
+
     def _opened(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -177,12 +181,8 @@ def open_results(
     min_confidence: ConfidenceThreshold | None = None,
     multi_label: bool = False,
 ) -> ResultWriter:
-    if output_format == "jsonl":
-        return JsonlResults(path, labels, probabilities, compressed, min_confidence, multi_label)
-    if output_format == "csv":
-        return CsvResults(path, labels, probabilities, compressed, min_confidence, multi_label)
-    # Parquet compresses its own pages: never gzip around it
-    return ParquetResults(path, labels, probabilities, False, min_confidence, multi_label, string_ids)
+    writer = {"jsonl": JsonlResults, "csv": CsvResults, "parquet": ParquetResults}[output_format]
+    return writer(path, labels, probabilities, compressed, min_confidence, multi_label, string_ids)
 
 
 class RejectsWriter:

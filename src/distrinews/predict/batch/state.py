@@ -179,11 +179,11 @@ class WorkerManifest:
         return cls(**payload)
 
 
+@dataclass(frozen=True)
 class StateDir:
     """Paths and records of one ``OUTPUT.partial/`` folder."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    path: Path
 
     @property
     def job_path(self) -> Path:
