@@ -498,7 +498,8 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path, checkpoint, predictor, w
 
 def test_progress_lines_say_rows_speed_and_time_left():
     out = io.StringIO()
-    progress = Progress(total=1_000, done_before=100, mode="lines", stream=out, every_s=0)
+    progress = Progress(total=1_000, done_before=100, mode="lines", stream=out)
+    progress.every_s = 0
     progress.ready()
     progress.advance(150, 140, 10)
     assert out.getvalue().startswith("predict: 250/1,000 rows (25.0%), ") and " left, 10 rejected" in out.getvalue()

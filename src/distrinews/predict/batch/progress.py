@@ -53,15 +53,10 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts rows as workers commit them; draws a bar, prints lines, or stays quiet (``mode``: bar | lines | none)."""
 
-    def __init__(
-        self,
-        total: int,
-        done_before: int,
-        mode: str = "auto",
-        stream: TextIO | None = None,
-        every_s: float = PROGRESS_EVERY_S,
-    ):
-        self.stream, self.every_s = stream or sys.stderr, every_s
+    every_s = PROGRESS_EVERY_S  # between two lines
+
+    def __init__(self, total: int, done_before: int, mode: str = "auto", stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
         self.mode = ("bar" if self.stream.isatty() else "lines") if mode == "auto" else mode
         self.total, self.done_before = total, done_before
         self.rows = self.labelled = self.rejected = 0  # this run's
