@@ -128,7 +128,7 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -
         with _ray_data_settings(ray):
             for window in _results(ray, checked, record, settings, tasks) if total else iter(()):
                 written.add(window)
-            written.publish(total)
+            totals = written.publish(total)
         if written.ran_on:
             say(checked, stderr, _ran_on(written.ran_on))
     except Exception as exc:
@@ -139,7 +139,7 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -
     finally:
         written.close()
         progress.close()
-    return written.totals, progress
+    return totals, progress
 
 
 @contextlib.contextmanager
@@ -183,12 +183,13 @@ class _InOrder:
         self.ran_on[window["node"]] = self.ran_on.get(window["node"], 0) + window["end"] - window["start"]
         self.progress.advance(window["end"] - window["start"], window["labelled"], window["rejected"])
 
-    def publish(self, total: int) -> None:
+    def publish(self, total: int) -> Totals:
         if self.files is None:  # no rows: an empty output with the checkpoint's labels (its columns)
             from ..predictor import checkpoint_labels
 
             self.files = self._open(checkpoint_labels(self.checked.checkpoint) or [])
         self.files.publish(total)
+        return self.files.totals
 
     def _open(self, labels: list[str]) -> OutputFiles:
         return OutputFiles(self.checked, labels, string_ids=self.checked.job.id_field is not None)
@@ -196,11 +197,6 @@ class _InOrder:
     def close(self) -> None:
         if self.files is not None:
             self.files.close()
-
-    @property
-    def totals(self) -> Totals:
-        assert self.files is not None, "published"
-        return self.files.totals
 
 
 def _ran_on(rows_by_node: dict[str, int]) -> str:
@@ -259,8 +255,7 @@ def _user_error(exc: BaseException) -> Exception | None:
             )
         if message and name.startswith("distrinews.") and name.rsplit(".", 1)[-1] in USAGE_ERROR_NAMES:
             return ConfigError(message)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    why = f"{type(exc).__name__}: {first}"
+    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return WorkerFailed(f"predict: the Ray job failed ({why}); nothing was published: run the same command again")
 
 
