@@ -137,8 +137,7 @@ def fill_from_env(values: Any, options: Iterable[Option], error: Raised = Option
     for option in options:
         if option.env is None or getattr(values, option.name) is not None:
             continue
-        raw = os.environ.get(option.env)
-        if raw is None or raw == "":
+        if not (raw := os.environ.get(option.env)):
             continue
         try:
             setattr(values, option.name, option.type(raw) if option.type is not None else raw)

@@ -45,8 +45,7 @@ def retry_after(value: str | None, attempt: int) -> float:
             when = None
         if when is not None:
             return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-    backoff: float = 0.5 * 2**attempt  # int ** int is Any to mypy: negative powers are floats
-    return backoff
+    return 0.5 * 2.0**attempt
 
 
 def _detail(response: httpx.Response) -> str:
@@ -57,8 +56,7 @@ def _detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         for key in ("detail", "error"):  # the seed API's errors, TEI's
             if isinstance(body.get(key), str):
-                detail: str = body[key]
-                return detail
+                return str(body[key])
     return str(body)[:500]
 
 

@@ -78,10 +78,8 @@ class ConfidenceThreshold:
         return {"default": self.default, "per_label": dict(self.per_label)}
 
     def __str__(self) -> str:
-        parts = ([] if self.default is None else [f"{self.default:g}"]) + [
-            f"{k}={v:g}" for k, v in self.per_label.items()
-        ]
-        return ",".join(parts)
+        default = [] if self.default is None else [f"{self.default:g}"]
+        return ",".join(default + [f"{k}={v:g}" for k, v in self.per_label.items()])
 
 
 def _probability(value: Any, item: str) -> float:

@@ -182,13 +182,10 @@ def score(answered: Sequence[Any], labels: Sequence[Any], multi_label: bool) -> 
     """Accuracy of ``answered`` against ``labels``; multi-label (a 0/1 list per row), micro-F1 over every (row,
     label) at the stored thresholds (the answers are the labels at or above them), as ``distrinews eval`` scores it."""
     if not multi_label:
-        accuracy: float = sum(a == y for a, y in zip(answered, labels)) / len(labels)
-        return accuracy
+        return float(sum(a == y for a, y in zip(answered, labels)) / len(labels))
     pairs = [(set(a), {i for i, on in enumerate(y) if on}) for a, y in zip(answered, labels)]
-    tp = sum(len(a & y) for a, y in pairs)
-    fp = sum(len(a - y) for a, y in pairs)
-    micro_f1: float = f1_from_counts(tp, fp, sum(len(y - a) for a, y in pairs))
-    return micro_f1
+    tp, fp = sum(len(a & y) for a, y in pairs), sum(len(a - y) for a, y in pairs)
+    return float(f1_from_counts(tp, fp, sum(len(y - a) for a, y in pairs)))
 
 
 def _with_metadata(model_path: Path, check: dict[str, Any]) -> bytes:
