@@ -21,8 +21,8 @@ from distrinews.checkpoint.records import ServableInfo
 from distrinews.checkpoint.servable import save_servable
 from distrinews.config import ConfigError, TrainConfig
 from distrinews.data.rows import AG_NEWS_LABELS
-from distrinews.export.space import accuracy, checks, dockerfile, readme, requirements
-from distrinews.export.space.bundle import PACKAGE_ROOT, export_space, server_files
+from distrinews.export.space import accuracy, dockerfile, readme, requirements
+from distrinews.export.space.bundle import PACKAGE_ROOT, check_bundle, export_space, runtime_of, server_files
 from distrinews.model import build_model, build_tokenizer
 
 require("onnxruntime")
@@ -69,8 +69,8 @@ def copy_of(bundle: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("runtime", ["onnx-int8", "torch"])
 def test_the_exported_folder_passes_its_own_checks(bundles, runtime):
-    assert checks.check_bundle(bundles[runtime]) == []
-    assert checks.runtime_of(bundles[runtime]) == runtime
+    assert check_bundle(bundles[runtime]) == []
+    assert runtime_of(bundles[runtime]) == runtime
 
 
 def test_front_matter_configures_a_docker_space(bundles):
@@ -226,7 +226,7 @@ def test_cmd_paths_must_exist_in_the_bundle(bundles, tmp_path):
     bundle = copy_of(bundles["onnx-int8"], tmp_path)
     (bundle / "model" / "model.int8.onnx").rename(bundle / "model" / "other.onnx")
     (bundle / "model" / "model.onnx").write_bytes(b"")  # another runtime's file: the CMD still names the int8 one
-    assert any("--onnx-model model/model.int8.onnx is not in the bundle" in p for p in checks.check_bundle(bundle))
+    assert any("--onnx-model model/model.int8.onnx is not in the bundle" in p for p in check_bundle(bundle))
 
 
 @pytest.mark.parametrize(
@@ -283,7 +283,7 @@ def test_reexport_replaces_an_earlier_bundle_but_keeps_git(bundles, checkpoint, 
     export_space(checkpoint, bundle, runtime="torch", version="1.2.0", say=lambda _: None)
     assert (bundle / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
     assert not (bundle / "stale.txt").exists() and not (bundle / "model" / "model.int8.onnx").exists()
-    assert checks.runtime_of(bundle) == "torch" and checks.check_bundle(bundle) == []
+    assert runtime_of(bundle) == "torch" and check_bundle(bundle) == []
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """``export_space``: write the Space folder for a servable checkpoint (its layout: the package docstring).
 
-The folder is built beside ``output`` and moved into place when complete, after its own checks pass; an earlier bundle
-there is replaced but its ``.git`` kept (the user may have pushed it with git); any other non-empty folder is refused.
+The folder is built beside ``output`` and moved into place when complete, after its own checks pass (``check_bundle``:
+the README's front matter, deploy/Dockerfile's invariants, CPU-only pins, the files the CMD names; the tests run them
+too); an earlier bundle there is replaced but its ``.git`` kept (the user may have pushed it with git); any other
+non-empty folder is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from . import (
     MODEL_FILES,
     SPACE_RUNTIMES,
     accuracy,
-    checks,
     dockerfile,
     readme,
     requirements,
@@ -113,6 +114,38 @@ def server_files(runtime: str) -> list[Path]:
 
 
 # ------------------------------------------------------------------ the folder
+REQUIRED_MODEL_FILES = ("config.json", "distrinews.json", "tokenizer.json")
+
+
+def runtime_of(bundle: Path) -> str | None:
+    """The runtime the bundle's model file implies (smallest first)."""
+    for runtime in SPACE_RUNTIMES:
+        if (bundle / MODEL_DIR / MODEL_FILES[runtime]).is_file():
+            return runtime
+    return None
+
+
+def check_bundle(bundle: str | Path) -> list[str]:
+    """Every problem found, as a sentence naming the file; empty for a bundle ready to push."""
+    bundle = Path(bundle)
+    runtime = runtime_of(bundle)
+    if runtime is None:
+        return [f"{bundle / MODEL_DIR}: no model file ({', '.join(MODEL_FILES.values())})"]
+    required = [bundle / n for n in ("README.md", "Dockerfile", "requirements.txt", "distrinews/serve/__main__.py")]
+    required += [bundle / MODEL_DIR / name for name in REQUIRED_MODEL_FILES]
+    if found := [f"{path} is missing" for path in required if not path.is_file()]:
+        return found
+    found += readme.problems((bundle / "README.md").read_text())
+    text, pins = (bundle / "Dockerfile").read_text(), (bundle / "requirements.txt").read_text()
+    found += [f"Dockerfile: {p}" for p in dockerfile.problems(text, runtime)]
+    found += [f"requirements.txt: {p}" for p in requirements.problems(pins, runtime)]
+    argv = dockerfile.cmd_argv(text) or []
+    for flag in ("--checkpoint", "--onnx-model"):
+        if flag in argv and argv.index(flag) + 1 < len(argv) and not (bundle / argv[argv.index(flag) + 1]).exists():
+            found.append(f"Dockerfile: CMD's {flag} {argv[argv.index(flag) + 1]} is not in the bundle")
+    return found
+
+
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file, not a directory")
@@ -201,7 +234,7 @@ def export_space(
         (staging / ".gitattributes").write_text(GITATTRIBUTES)
         (staging / ".dockerignore").write_text(DOCKERIGNORE)
         (staging / ".gitignore").write_text(GITIGNORE)
-        problems = checks.check_bundle(staging)
+        problems = check_bundle(staging)
         if problems:  # a bug in this module, not the user's input: say exactly what
             raise RuntimeError("the Space bundle fails its own checks: " + "; ".join(problems))
         _publish(staging, output)

@@ -14,8 +14,7 @@ SERVER_PACKAGES = ("fastapi", "uvicorn", "pydantic", "prometheus-client", "numpy
 RUNTIME_PACKAGES = {
     "onnx-int8": ("onnxruntime",),
     "onnx": ("onnxruntime",),
-    # checkpoint.load_for_inference: transformers + safetensors; the model card and config modules it imports use
-    # pyyaml.
+    # checkpoint.load_for_inference: transformers + safetensors; the model card and config modules it imports: pyyaml
     "torch": ("transformers", "safetensors", "pyyaml"),
 }
 # Never in a serving image: GPU builds, and what only training, export, tests or plots use.
