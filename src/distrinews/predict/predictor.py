@@ -112,16 +112,13 @@ class Predictor:
         """One forward pass over already-tokenized texts: the micro-batcher's job on its forward thread."""
         return self.format_batch(self.forward(self.encoder.collate(batch)))
 
-    def _chunks(self, encoded: Sequence[Encoded]) -> list[list[int]]:
-        """Indices of ``encoded`` in length-sorted chunks of ``max_batch_size``, so that each batch pads little."""
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-        return [order[start : start + self.max_batch_size] for start in range(0, len(order), self.max_batch_size)]
-
     def logits(self, texts: Sequence[str]) -> np.ndarray:
-        """[N, labels] float32 logits as the model gives them (before the temperature), in the texts' order."""
+        """[N, labels] float32 logits as the model gives them (before the temperature), in the texts' order, computed
+        in length-sorted batches of ``max_batch_size`` so that each pads little."""
         encoded = self.encode(texts)
         out = np.empty((len(encoded), len(self.labels)), dtype=np.float32)
-        for chunk in self._chunks(encoded):
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        for chunk in (order[s : s + self.max_batch_size] for s in range(0, len(order), self.max_batch_size)):
             out[chunk] = self.forward(self.encoder.collate([encoded[i] for i in chunk]))
         return out
 
@@ -129,12 +126,7 @@ class Predictor:
         """One result per text, in order."""
         if isinstance(texts, str):
             raise TypeError("predict() takes a list of texts")
-        encoded = self.encode(texts)
-        results: list[dict[str, Any]] = [{}] * len(encoded)
-        for chunk in self._chunks(encoded):
-            for i, result in zip(chunk, self.predict_encoded([encoded[i] for i in chunk])):
-                results[i] = result
-        return results
+        return self.format_batch(self.logits(texts))
 
     # ------------------------------------------------------------------ output
     def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
