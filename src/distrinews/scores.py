@@ -25,12 +25,10 @@ def classification_scores(confusion: Sequence[Sequence[int]], label_names: Seque
     per_class: dict[str, dict[str, float | int]] = {}
     f1s = []
     for i, name in enumerate(label_names):
-        tp = cm[i][i]
-        precision = tp / predicted[i] if predicted[i] else 0.0
-        recall = tp / support[i] if support[i] else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        per_class[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support[i]}
-        f1s.append(f1)
+        precision = cm[i][i] / predicted[i] if predicted[i] else 0.0
+        recall = cm[i][i] / support[i] if support[i] else 0.0
+        f1s.append(2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+        per_class[name] = {"precision": precision, "recall": recall, "f1": f1s[i], "support": support[i]}
     scored = [i for i in range(k) if support[i]]
     return {
         "samples": total,
