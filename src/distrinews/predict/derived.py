@@ -216,19 +216,15 @@ class DerivedFiles:
         recorded = set()
         for entry in names:
             if entry.endswith(".json") and not entry.startswith("."):
-                try:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
                     recorded.add(json.loads(_read_at(fd, entry, RECORD_LIMIT)).get("file"))
-                except (OSError, ValueError, AttributeError):
-                    continue
         stale = time.time() - 3600
         for entry in names:
             if entry.endswith(".json") or entry in recorded:
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another store removed it first
                 if os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mtime < stale:
                     remove_entry(self.folder / entry)
-            except FileNotFoundError:  # another store removed it first
-                continue
 
     def _discard(self, name: str) -> None:
         try:
