@@ -62,11 +62,8 @@ def is_current(check: dict[str, Any], checkpoint: str | os.PathLike[str]) -> boo
 
 def read_check(session: Any) -> dict[str, Any] | None:
     """The check an int8 model passed (or failed), from an ONNX Runtime session's metadata; None if never checked."""
-    raw = session.get_modelmeta().custom_metadata_map.get(CHECK_KEY)
-    if raw is None:
-        return None
     try:
-        check = json.loads(raw)
+        check = json.loads(session.get_modelmeta().custom_metadata_map.get(CHECK_KEY) or "null")
     except ValueError:
         return None
     return check if isinstance(check, dict) and isinstance(check.get("passed"), bool) else None

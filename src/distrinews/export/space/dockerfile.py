@@ -154,10 +154,8 @@ def find(items: list[tuple[str, str]], keyword: str) -> list[tuple[int, str]]:
 def cmd_argv(text: str) -> list[str] | None:
     """The exec-form CMD as a list, or None when there is none or it is shell form."""
     cmds = find(instructions(text), "CMD")
-    if not cmds:
-        return None
     try:
-        argv = json.loads(cmds[-1][1])
+        argv = json.loads(cmds[-1][1] if cmds else "null")
     except ValueError:
         return None
     return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
