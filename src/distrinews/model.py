@@ -249,11 +249,10 @@ def _in_autocast_dtype(module: torch.nn.Module, args: object, output: torch.Tens
 
 
 def keep_hidden_states_in_autocast_dtype(model: torch.nn.Module) -> bool:
-    """Under autocast, cast the embeddings' output to the autocast dtype, so the hidden states stay in it from
-    layer to layer. Autocast alone returns them to fp32 at every residual add (a half-precision projection plus
-    an fp32 input), so each layer's LayerNorm, GELU and dropout read fp32 and each projection casts its input
-    again. The weights stay fp32 and the matmuls are the ones autocast runs anyway. False for a model without
-    an ``embeddings`` module."""
+    """Under autocast, cast the embeddings' output to the autocast dtype, so the hidden states stay in it from layer
+    to layer. Autocast alone returns them to fp32 at every residual add (a half-precision projection plus an fp32
+    input), so each layer's LayerNorm, GELU and dropout read fp32 and each projection casts its input again. The
+    weights stay fp32, the matmuls are autocast's anyway. False for a model without an ``embeddings`` module."""
     embeddings = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "embeddings"), None)
     if embeddings is None:
         return False

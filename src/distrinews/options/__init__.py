@@ -38,10 +38,8 @@ def limit(text: str) -> int | None:
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A flag ``--name-with-dashes`` (or a positional ``name``): everything argparse, the checks and the pages use.
-
-    ``minimum`` and ``maximum`` are inclusive, ``above`` exclusive (a timeout: more than 0 seconds); ``env``
-    names the variable that stands in for a flag that is not given (``fill_from_env``), and the help says so.
-    """
+    ``minimum`` and ``maximum`` are inclusive, ``above`` exclusive (a timeout: more than 0 seconds); ``env`` names
+    the variable that stands in for a flag that is not given (``fill_from_env``), and the help says so."""
 
     name: str = ""
     default: Any = None

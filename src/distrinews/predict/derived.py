@@ -103,9 +103,8 @@ def _read_at(dir_fd: int, name: str, limit: int) -> bytes:
 
 
 def _open_folder(path: Path, create: bool) -> int:
-    """A folder of the cache, opened without following a link, this user's; made (0700) where missing if
-    ``create``. A link, file or another user's folder in its place: removed and made again if ``create``,
-    else :class:`EntryRefused`."""
+    """A folder of the cache, opened without following a link, this user's; made (0700) where missing if ``create``.
+    A link, file or another user's folder in its place: removed and made again if ``create``, else refused."""
     for attempt in (1, 2):
         if create:
             with contextlib.suppress(FileExistsError):

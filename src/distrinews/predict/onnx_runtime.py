@@ -42,11 +42,9 @@ def is_quantized_file(path: str | os.PathLike[str]) -> bool:
 
 
 class OnnxPredictor(Predictor):
-    """The same predictor on ONNX Runtime (CPU).
-
-    The graph is ``onnx_model`` if given (a file or a cache :class:`~.derived.Graph`), else ``DIR/model.onnx``
-    (``model.int8.onnx`` with ``int8=True``) where the checkpoint folder ships one, else the cache's, else made at
-    start (exported, for int8 quantized) and kept in the cache; never written into the checkpoint.
+    """The same predictor on ONNX Runtime (CPU). The graph is ``onnx_model`` if given (a file or a cache ``Graph``),
+    else ``DIR/model.onnx`` (``model.int8.onnx`` with ``int8=True``) where the checkpoint folder ships one, else the
+    cache's, else made at start (exported, for int8 quantized) and kept in the cache; never written into the checkpoint.
     """
 
     runtime = "onnx"

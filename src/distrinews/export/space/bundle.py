@@ -71,8 +71,7 @@ def _module_file(dotted: str) -> Path | None:
 
 
 def _imports_followed(path: Path) -> list[str]:
-    """Our modules that ``path`` imports when it is imported, and the server modules it imports later (in a
-    function)."""
+    """Our modules that ``path`` imports when imported, and the server modules it imports later (in a function)."""
     package = list(path.relative_to(PACKAGE_ROOT.parent).parts[:-1])  # a module's package; an __init__'s own
     found: list[str] = []
 

@@ -69,8 +69,7 @@ class ResultWriter:
         raise NotImplementedError
 
     def answer(self, label_id: int | list[int], probs: Sequence[float]) -> list[Any]:
-        """The row's columns after its id: label and confidence (and whether confident), or a multi-label model's
-        labels and their scores."""
+        """The row's columns after its id: label, confidence (and whether confident), or multi-label labels, scores."""
         if isinstance(label_id, list):
             return [[self.labels[i] for i in label_id], [float(probs[i]) for i in label_id]]
         label, confidence = self.labels[label_id], float(probs[label_id])

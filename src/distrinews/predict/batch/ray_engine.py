@@ -144,9 +144,8 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -
 
 @contextlib.contextmanager
 def _ray_data_settings(ray: Any) -> Iterator[None]:
-    """Ray Data set for this job while it runs, as it was after: results in input order (written as they come),
-    no bar of its own (ours is the one bar), our block size, and its plan and timings not logged (its logs folder
-    keeps them)."""
+    """Ray Data set for this job while it runs, as it was after: results in input order (written as they come), no bar
+    of its own (ours is the one bar), our block size, its plan and timings not logged (its logs folder keeps them)."""
     context = ray.data.DataContext.get_current()
     saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
     context.execution_options.preserve_order = True
