@@ -122,9 +122,6 @@ class JobRecord:
                 return f"{flag} {getattr(self, name)}" if getattr(self, name) is not None else f"no {flag}"
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ranges": [list(r) for r in self.ranges]}
-
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> JobRecord:
         payload = _current(payload, JOB_FILE)
@@ -169,9 +166,6 @@ class WorkerManifest:
     def complete(self) -> bool:
         return self.done_through >= self.end
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "window": list(self.window) if self.window else None}
-
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> WorkerManifest:
         payload = _current(payload, MANIFEST_FILE)
@@ -202,13 +196,13 @@ class StateDir:
         return _read(self.job_path, JobRecord.from_json)
 
     def write_job(self, job: JobRecord) -> None:
-        write_json_atomic(self.job_path, job.to_json())
+        write_json_atomic(self.job_path, asdict(job))  # its tuples written as JSON arrays
 
     def read_manifest(self, k: int) -> WorkerManifest | None:
         return _read(self.manifest_path(k), WorkerManifest.from_json)
 
     def write_manifest(self, manifest: WorkerManifest) -> None:
-        write_json_atomic(self.manifest_path(manifest.worker), manifest.to_json(), durable_rename=False)
+        write_json_atomic(self.manifest_path(manifest.worker), asdict(manifest), durable_rename=False)
 
     def manifests(self, job: JobRecord) -> list[WorkerManifest]:
         """Each worker's manifest; a worker that has not started yet has a fresh one."""
