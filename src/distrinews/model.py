@@ -111,8 +111,7 @@ def build_model(
     problem_type: str | None = None,
 ) -> torch.nn.Module:
     """A fresh classifier: pretrained encoder (or tiny random), a new head with one output per label, labels named."""
-    # The new classification head is initialised from the global RNG: seed it so every
-    # rank starts from the same weights even before DDP's broadcast, and runs repeat.
+    # The new head is initialised from the global RNG: seeded, every rank starts from the same weights, runs repeat.
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     torch.manual_seed(seed)

@@ -59,12 +59,11 @@ def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out
     if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
         cast("PreTrainedModel", model).set_attn_implementation("eager")
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        # The TorchScript exporter (dynamo=False): the torch.export-based default needs
-        # onnxscript and gives nothing better for a static BERT graph; the tracer's warnings
-        # about Python-bool conversions concern branches that do not depend on the batch.
+        # The TorchScript exporter (dynamo=False): the torch.export-based default needs onnxscript and gives nothing
+        # better for a static BERT graph; the tracer's Python-bool warnings concern branches the batch does not change.
         warnings.simplefilter("ignore")
-        # .eval() on the wrapper too: the exporter restores the wrapper's own mode afterwards,
-        # and a fresh Module is in training mode, which would switch the model's dropout on.
+        # .eval() on the wrapper too: the exporter restores the wrapper's own mode afterwards, and a fresh Module is
+        # in training mode, which would switch the model's dropout on.
         torch.onnx.export(
             _LogitsOnly(model, input_names).eval(),
             tuple(enc[name] for name in input_names),
@@ -89,8 +88,7 @@ def quantize_int8(fp32_path: str | os.PathLike[str], out: str | os.PathLike[str]
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
-    # Per-channel scales keep each output column's own range, which costs little and holds
-    # accuracy on the attention and feed-forward projections.
+    # Per-channel scales keep each output column's own range: cheap, and it holds the projections' accuracy.
     with _without_preprocessing_hint():
         quantize_dynamic(str(fp32_path), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
     os.replace(tmp, out)

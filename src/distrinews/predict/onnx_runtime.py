@@ -109,8 +109,7 @@ class OnnxPredictor(Predictor):
         """A legacy ``.pt`` file, a step-N directory, or no ONNX file yet: load (and export) with torch."""
         from ..checkpoint.servable import load_for_inference
 
-        # The tokenizer, labels and metadata come from the checkpoint itself; the PyTorch
-        # weights are only kept long enough to export them when no ONNX file exists yet.
+        # The tokenizer, labels and metadata from the checkpoint; the weights kept only to export a missing graph.
         model, self.tokenizer, self.info = load_for_inference(self.checkpoint)
         self._init_loaded(model, max_batch_size)
         if graph is None:
