@@ -83,15 +83,21 @@ def auto_predictor(
 ) -> Predictor:
     """``--runtime auto``: the checkpoint's int8 model where it passed its check (made at the first start if missing,
     into the cache), else PyTorch fp32, with the reason in one log line and in ``choice``."""
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return _fall_back(
-            checkpoint, max_batch_size, threads, "onnxruntime is not installed (pip install 'distrinews[onnx]')"
-        )
+
+    def fall_back(reason: str, check: dict[str, Any] | None = None) -> Predictor:
+        log.warning("runtime auto: torch, because %s", reason)
+        predictor = _torch(checkpoint, max_batch_size, threads)
+        checked = {"check": check} if check else {}
+        predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason, **checked}
+        return predictor
 
     def load(graph: Path | Graph) -> OnnxPredictor:
         return OnnxPredictor(checkpoint, graph, max_batch_size, threads, int8=True, spin=spin)
+
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return fall_back("onnxruntime is not installed (pip install 'distrinews[onnx]')")
 
     predictor, check = _int8_made_before(checkpoint, load)
     if predictor is None or check is None:
@@ -106,14 +112,12 @@ def auto_predictor(
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
             why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
-            return _fall_back(checkpoint, max_batch_size, threads, why)
+            return fall_back(why)
         if check["passed"]:
             predictor = load(made)
     if not check["passed"]:
         why = f"its int8 model failed its check ({check['kind']}: {check['summary']})"
-        fallen = _fall_back(checkpoint, max_batch_size, threads, why)
-        fallen.choice = {**(fallen.choice or {}), "check": check}
-        return fallen
+        return fall_back(why, check)
     assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {
@@ -154,10 +158,3 @@ def _torch(
 
         torch.set_num_threads(threads)
     return Predictor(checkpoint, max_batch_size=max_batch_size, bf16=bf16)
-
-
-def _fall_back(checkpoint: str | os.PathLike[str], max_batch_size: int, threads: int | None, reason: str) -> Predictor:
-    log.warning("runtime auto: torch, because %s", reason)
-    predictor = _torch(checkpoint, max_batch_size, threads)
-    predictor.choice = {"requested": "auto", "runtime": "torch", "reason": reason}
-    return predictor
