@@ -8,19 +8,19 @@ The local engine's job and answers, on a Ray cluster or a Ray started here::
       -> publish                         OUTPUT.rejects.jsonl, then OUTPUT, renamed whole (assemble.py)
 
 Our reader, not ``ray.data.read_json``/``read_csv``/``read_parquet``: those fail the whole read on one line that is
-not JSON, not UTF-8 or of the wrong CSV width (or drop it unnamed), so the rejects could not name ``file:line``; and
-their rows know no row number in the whole input (the default id), no ``--text-field``/``--id-field`` and no AG News
-title + description join. Each read task runs ``data.files.read_rows`` over its own range of rows.
+not JSON, not UTF-8 or of the wrong CSV width (or drop it unnamed), so the rejects could not name ``file:line``; their
+rows know no row number in the whole input (the default id), no ``--text-field``/``--id-field`` and no AG News
+title + description join.
 
-One Ray row per *window* (the local ``--nproc 1`` worker's windows): its texts are cut into passes as the local
-engine cuts them, so the same texts are padded together and give the same numbers; were texts Ray rows, Ray's
-blocks would decide the padding, and probabilities would move by up to ``PADDING_ATOL``.
+One Ray row per *window* (the local ``--nproc 1`` worker's windows), cut into passes as the local engine cuts them,
+so the same texts are padded together and give the same numbers (were texts Ray rows, Ray's blocks would decide the
+padding, and probabilities would move by up to ``PADDING_ATOL``).
 
-The driver writes one file (not a folder of parts, as ``write_parquet`` makes) in input order (``preserve_order``)
-and publishes it as the local engine does: the driver must see the output's folder, and the workers the checkpoint
-and the inputs, at the same paths (on a cluster, shared storage). Not resumable: a killed run publishes nothing
-and the same command starts again from the first row; an ``OUTPUT.partial/`` holding a local run's progress is
-refused (finish it with ``--engine local``, or ``--overwrite``), so no computed rows are dropped silently.
+The driver writes one file (not ``write_parquet``'s folder of parts) in input order (``preserve_order``) and publishes
+it as the local engine does: the driver must see the output's folder, and the workers the checkpoint and the inputs,
+at the same paths (on a cluster, shared storage). Not resumable: a killed run publishes nothing and the same command
+starts again; an ``OUTPUT.partial/`` holding a local run's progress is refused (finish it with ``--engine local``, or
+``--overwrite``), so no computed rows are dropped silently.
 """
 
 from __future__ import annotations
