@@ -28,11 +28,6 @@ HEALTHCHECK_CMD = (
 _PIP_CERT = "if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi"
 
 
-def default_base_image() -> str:
-    """python:3.X-slim for the Python this export runs on: the pins were resolved for it."""
-    return f"python:{sys.version_info.major}.{sys.version_info.minor}-slim"
-
-
 def server_command(runtime: str) -> list[str]:
     """The CMD: paths are relative to the bundle (the image's WORKDIR /app), so it runs the same outside a container."""
     command = ["python", "-m", "distrinews.serve", "--host", "0.0.0.0", "--checkpoint", MODEL_DIR]
@@ -44,7 +39,8 @@ def server_command(runtime: str) -> list[str]:
 
 
 def render(runtime: str, torch_version: str | None = None, base_image: str | None = None) -> str:
-    lines = _base_layers(runtime, base_image or default_base_image())
+    # By default python:3.X-slim of the Python this export runs on: the pins were resolved for it.
+    lines = _base_layers(runtime, base_image or f"python:{sys.version_info.major}.{sys.version_info.minor}-slim")
     if runtime == "torch":
         if not torch_version:
             raise ValueError("the torch runtime needs the torch version to pin")
