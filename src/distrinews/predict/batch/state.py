@@ -26,7 +26,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...checkpoint.atomic import make_dir, open_new, open_nofollow, read_text_nofollow, remove_entry
+from ...checkpoint.atomic import open_new, open_nofollow, read_text_nofollow, remove_entry
 
 STATE_SUFFIX = ".partial"
 REJECTS_SUFFIX = ".rejects.jsonl"
@@ -230,10 +230,6 @@ class StateDir:
         for child in self.path.iterdir():
             if child.name != LOCK_FILE:
                 remove_entry(child)
-
-    def make_worker_dir(self, k: int) -> Path:
-        make_dir(self.worker_dir(k))
-        return self.worker_dir(k)
 
     def open_rows(self, k: int) -> io.BufferedWriter:
         """Worker ``k``'s ``rows.jsonl`` for appending (made if missing)."""

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ... import tracing
+from ...checkpoint.atomic import make_dir
 from ...checkpoint.file_lock import FileLock
 from ...data.fields import TEXT_CHARS, BadRow, RowFields
 from ...data.files import RawRow, Shard, raw_text, read_rows
 from ...distributed.lifetime import die_with_parent
 from ...errors import CheckpointError, ConfigError, DataError
 from ..batch_forming import plan_passes
-from .state import JobRecord, StateDir, StateError, WorkerManifest
+from .state import LOCK_FILE, JobRecord, StateDir, StateError, WorkerManifest
 
 WINDOW_BATCHES = 8  # a window is this many batches' worth of rows: the span within which texts are sorted by length
 PREFETCH = 2  # windows read and tokenized ahead of the model
@@ -268,7 +269,8 @@ def run_worker(
 ) -> WorkerManifest:
     """Do worker ``k``'s remaining rows; returns its final manifest. ``ready()`` is called once the model is loaded;
     ``predictor``: one already loaded (else loaded here)."""
-    lock = FileLock(state.make_worker_dir(k) / "lock")
+    make_dir(state.worker_dir(k))
+    lock = FileLock(state.worker_dir(k) / LOCK_FILE)
     if not lock.acquire(wait_s=LOCK_WAIT_S):
         raise ConfigError(
             f"predict: {state.worker_dir(k)} is being written by process {lock.holder()}: another run on this output"
