@@ -1,7 +1,7 @@
 """What a batch job prints while it runs (stderr) and when it ends (stdout, one line).
 
 On a terminal, a tqdm bar: rows, rows/s and the time left (the total is counted when the job
-starts). Elsewhere (a log file, CI), a plain line every ``PROGRESS_EVERY_S`` seconds.
+starts). Elsewhere (a log file, CI), a plain line every ``Progress.every_s`` seconds.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from .job import CheckedJob, describe_inputs, display
 
 if TYPE_CHECKING:
     from tqdm import tqdm
-
-PROGRESS_EVERY_S = 10.0
 
 
 def plural(count: int, word: str) -> str:
@@ -53,7 +51,7 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts rows as workers commit them; draws a bar, prints lines, or stays quiet (``mode``: bar | lines | none)."""
 
-    every_s = PROGRESS_EVERY_S  # between two lines
+    every_s = 10.0  # seconds between two lines
 
     def __init__(self, total: int, done_before: int, mode: str = "auto", stream: TextIO | None = None):
         self.stream = stream or sys.stderr
