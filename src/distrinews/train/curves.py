@@ -190,13 +190,13 @@ def draw(runs: Sequence[RunLog]) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, output: str | os.PathLike[str]) -> Path:
+def save_figure(fig: Figure, output: str | os.PathLike[str], dpi: int = 100) -> Path:
     """Write the PNG atomically (a reader never sees half a file)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp.png")
     with open_new(tmp, "wb") as fh:  # a link planted at the temporary name is replaced, not written through
-        fig.savefig(fh, dpi=100, format="png")
+        fig.savefig(fh, dpi=dpi, format="png")
     os.replace(tmp, output)
     return output
 
