@@ -149,30 +149,24 @@ def reliability(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) 
     """Per equal-width bin of the top probability ((0, 1/bins], ...): rows, accuracy and mean confidence."""
     confidence, correct = _answers(probs, labels)
     index = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)
-    out = []
-    for b in range(bins):
-        mask = index == b
-        n = int(mask.sum())
-        out.append(
-            {
-                "low": b / bins,
-                "high": (b + 1) / bins,
-                "rows": n,
-                "accuracy": float(correct[mask].mean()) if n else 0.0,
-                "confidence": float(confidence[mask].mean()) if n else 0.0,
-            }
-        )
-    return out
+    masks = [index == b for b in range(bins)]
+    return [
+        {
+            "low": b / bins,
+            "high": (b + 1) / bins,
+            "rows": int(mask.sum()),
+            "accuracy": float(correct[mask].mean()) if mask.any() else 0.0,
+            "confidence": float(confidence[mask].mean()) if mask.any() else 0.0,
+        }
+        for b, mask in enumerate(masks)
+    ]
 
 
 def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> float:
     """ECE over ``bins`` equal-width bins of the top probability (Naeini et al. 2015; Guo et al. 2017)."""
-    total = len(labels)
-    return (
-        sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins))
-        if total
-        else 0.0
-    )
+    if not (total := len(labels)):
+        return 0.0
+    return sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins))
 
 
 def coverage_accuracy(
@@ -182,18 +176,11 @@ def coverage_accuracy(
     among them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
     confidence, correct = _answers(probs, labels)
     order = np.argsort(-confidence, kind="stable")
-    out = []
-    for c in coverages:
-        kept = order[: max(1, math.ceil(c * len(order)))]
-        out.append(
-            {
-                "coverage": c,
-                "rows": len(kept),
-                "accuracy": float(correct[kept].mean()),
-                "min_confidence": float(confidence[kept].min()),
-            }
-        )
-    return out
+    kept = [order[: max(1, math.ceil(c * len(order)))] for c in coverages]
+    return [
+        dict(coverage=c, rows=len(k), accuracy=float(correct[k].mean()), min_confidence=float(confidence[k].min()))
+        for c, k in zip(coverages, kept)
+    ]
 
 
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
