@@ -288,13 +288,8 @@ def draw_reliability(report: ConfidenceReport) -> Figure:
     width = 1 / len(report.reliability_before)
     for i, (name, bins, ece, color) in enumerate(shown):
         used = [b for b in bins if b["rows"]]
-        top.plot(
-            [b["confidence"] for b in used],
-            [b["accuracy"] for b in used],
-            "o-",
-            color=color,
-            label=f"{name}: ECE {_pct(ece)}",
-        )
+        points = [b["confidence"] for b in used], [b["accuracy"] for b in used]
+        top.plot(*points, "o-", color=color, label=f"{name}: ECE {_pct(ece)}")
         offset = (i - (len(shown) - 1) / 2) * width / len(shown)
         centres = [(b["low"] + b["high"]) / 2 + offset for b in bins]
         bottom.bar(centres, [b["rows"] for b in bins], width=width / len(shown), color=color, alpha=0.7)
