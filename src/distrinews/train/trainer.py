@@ -368,23 +368,18 @@ class Trainer:
             window=self._window_counts.all_reduced(self.env).values.tolist(),
             epoch=self._epoch_counts.all_reduced(self.env).values.tolist(),
         )
-        self.checkpointer.save(
-            self.state.global_step,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.scaler,
-            self.state.model_copy(
-                update={
-                    "running_counts": running,
-                    "per_device_train_batch_size": self.config.batches.per_device_train_batch_size,
-                    "gradient_accumulation_steps": self.config.batches.gradient_accumulation_steps,
-                    "label_names": list(self.data.label_names),
-                }
-            ),
-            self.average,
+        batches = self.config.batches
+        record = self.state.model_copy(
+            update={
+                "running_counts": running,
+                "per_device_train_batch_size": batches.per_device_train_batch_size,
+                "gradient_accumulation_steps": batches.gradient_accumulation_steps,
+                "label_names": list(self.data.label_names),
+            }
         )
-        self.callbacks.on_save(self.run_dir.checkpoints / f"step-{self.state.global_step}")
+        step = self.state.global_step
+        self.checkpointer.save(step, self.model, self.optimizer, self.scheduler, self.scaler, record, self.average)
+        self.callbacks.on_save(self.run_dir.checkpoints / f"step-{step}")
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
         """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
