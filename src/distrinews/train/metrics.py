@@ -6,6 +6,7 @@ metrics are exact for any world size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -210,14 +211,9 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
     records: list[dict[str, Any]] = []
-    p = Path(path)
-    if not p.is_file():
-        return records
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
+    for line in Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return records
 
 

@@ -63,16 +63,12 @@ def tune_thresholds(histogram: ScoreHistogram) -> list[float]:
     tp, fp, positives = histogram.at_thresholds()
     scores = f1(tp, fp, positives[:, None].expand_as(tp)).cpu()
     distance = (THRESHOLDS - DEFAULT_THRESHOLD).abs()
-    chosen = []
-    for label in range(scores.shape[0]):
-        if int(positives[label]) == 0:
-            chosen.append(DEFAULT_THRESHOLD)
-            continue
-        best = scores[label].max()
-        ties = torch.nonzero(scores[label] == best).flatten()
-        j = int(ties[distance[ties].argmin()])
-        chosen.append(round(float(THRESHOLDS[j]), 6))
-    return chosen
+
+    def best(label: int) -> float:
+        ties = torch.nonzero(scores[label] == scores[label].max()).flatten()
+        return round(float(THRESHOLDS[int(ties[distance[ties].argmin()])]), 6)
+
+    return [best(label) if int(positives[label]) else DEFAULT_THRESHOLD for label in range(scores.shape[0])]
 
 
 def scores_at(histogram: ScoreHistogram, thresholds: Sequence[float], label_names: Sequence[str]) -> dict[str, Any]:
