@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,8 +34,15 @@ import torch
 from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.modelcard import write_model_card
 from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE, read_servable_info
+from ..config import MULTI_LABEL, TrainConfig
 from ..data.rows import RawSplit
+from ..distributed.process_group import DistEnv
 from ..predict.predictor import Predictor, softmax
+
+if TYPE_CHECKING:
+    from .build import Datasets
+
+Say = Callable[..., Any]
 
 ECE_BINS = 15
 COVERAGES = (1.0, 0.95, 0.9, 0.8)
@@ -295,28 +302,22 @@ def calibrate_best(
     return report
 
 
-def calibrate_run(
-    best: Path,
-    eval_rows: RawSplit,
-    calibration_rows: RawSplit | None,
-    method: str,
-    multi_label: bool,
-    say: Callable[..., Any],
-    device: Any = None,
-    batch_size: int = 64,
-) -> ConfidenceReport | None:
-    """``calibrate_best`` at the end of a run; None without best/, with ``method`` none, for multi-label data, or
-    when it fails (the model is saved: served with the softmax as trained, and said so)."""
-    if not best.is_dir() or method == "none":
+def calibrate_run(best: Path, config: TrainConfig, data: Datasets, env: DistEnv, say: Say) -> ConfidenceReport | None:
+    """``calibrate_best`` at the end of a run (rank 0); None on the other ranks, without best/, with ``calibration``
+    none, for multi-label data, or when it fails (the model is saved: served with the softmax as trained, and said
+    so)."""
+    method = config.run.calibration
+    if not env.is_main or not best.is_dir() or method == "none":
         return None
-    if multi_label:
+    if config.data.problem_type == MULTI_LABEL:
         say(
             "Calibration: skipped (multi-label: temperature scaling is fitted to a softmax; each label's sigmoid "
             "is used as trained, with its threshold tuned on the evaluation rows)"
         )
         return None
+    batch_size = config.batches.per_device_eval_batch_size
     try:
-        return calibrate_best(best, eval_rows, calibration_rows, method, device=device, batch_size=batch_size)
+        return calibrate_best(best, data.eval_rows, data.calibration_rows, method, env.device, batch_size)
     except Exception as exc:
         say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
         return None
