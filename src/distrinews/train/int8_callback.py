@@ -30,11 +30,8 @@ class Int8ModelCallback(TrainerCallback):
         stopped_by: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if stopped_by is None and self.run_dir.best.is_dir():
-            self.make_int8_model()
-
-    def make_int8_model(self) -> None:
-        """best/model.int8.onnx, checked against fp32 on the rows the run evaluated on (rank 0, after the run)."""
+        if stopped_by is not None or not self.run_dir.best.is_dir():
+            return
         try:
             import onnxruntime  # noqa: F401
         except ImportError:
