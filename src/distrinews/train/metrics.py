@@ -20,10 +20,11 @@ from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
-from .callbacks import TrainerCallback, TrainerControl
+from .callbacks import LogKind, TrainBegin, TrainEnd, TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+    from typing_extensions import Unpack
 
     from ..checkpoint.records import TrainState
     from ..config import TrainConfig
@@ -147,28 +148,19 @@ class _RunSink(TrainerCallback, Generic[Sink]):
         raise NotImplementedError
 
     def on_train_begin(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        resumed_from: str | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainBegin]
     ) -> None:
-        self._sink = self._open(None if resumed_from is None else state.global_step)
+        self._sink = self._open(None if kw.get("resumed_from") is None else state.global_step)
 
     def on_log(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        logs: dict[str, Any],
-        kind: str = "train",
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kw: Unpack[LogKind]
     ) -> None:
         assert self._sink is not None, "opened by on_train_begin"
-        self._write(self._sink, kind, state.global_step, logs)
+        self._write(self._sink, kw.get("kind", "train"), state.global_step, logs)
 
-    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
+    ) -> None:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
