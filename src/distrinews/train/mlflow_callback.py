@@ -226,19 +226,13 @@ class MLflowCallback(TrainerCallback):
 
     def _recorded_run(self) -> str | None:
         """The MLflow run of the run being resumed, if it reported to this same store."""
-        path = self.run_dir.mlflow_run
         try:
-            fd = open_nofollow(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
+            with os.fdopen(open_nofollow(self.run_dir.mlflow_run, os.O_RDONLY), "rb") as fh:
+                recorded = json.loads(fh.read(_RECORD_BYTES))
         except ConfigError as exc:  # a link, or not a file
             self.say(f"MLflow: {exc}; a new MLflow run is made")
             return None
-        with os.fdopen(fd, "rb") as fh:
-            text = fh.read(_RECORD_BYTES)
-        try:
-            recorded = json.loads(text)
-        except ValueError:
+        except (FileNotFoundError, ValueError):
             return None
         same_store = isinstance(recorded, dict) and recorded.get("tracking_uri") == self.uri
         return recorded["run_id"] if same_store and isinstance(recorded.get("run_id"), str) else None
