@@ -98,15 +98,11 @@ def _model_name(rd: RunDir) -> str | None:
         return None
 
 
-def _unique_names(paths: Sequence[Path]) -> list[str]:
-    """Each run's directory name, with its parent's when two runs share a name."""
-    names = [p.name for p in paths]
-    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
-
-
 def load_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> list[RunLog]:
+    """Each run named by its directory's name, with its parent's when two runs share a name."""
     paths = [Path(p).resolve() for p in run_dirs]
-    return [RunLog.load(p, name) for p, name in zip(paths, _unique_names(paths))]
+    names = [p.name for p in paths]
+    return [RunLog.load(p, f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name) for p in paths]
 
 
 # ------------------------------------------------------------------ the table
