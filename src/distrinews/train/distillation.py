@@ -90,11 +90,8 @@ class Distillation:
             log_probs, computed = cached_log_probs(
                 paths, rows, labels, cache_dir, build=env.is_local_main, device=env.device
             )
-        what = "computed" if computed else "read from the cache"
-        say(
-            f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' "
-            f"probabilities {what} in {time.perf_counter() - started:.1f} s"
-        )
+        what, took = "computed" if computed else "read from the cache", time.perf_counter() - started
+        say(f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {took:.1f} s")
         return cls(log_probs.to(env.device), config.distillation_temperature, config.distillation_alpha)
 
 
