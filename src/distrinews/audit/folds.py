@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, NamedTuple, cast
 
 import numpy as np
 
@@ -71,42 +71,24 @@ def thin_classes(labels: Sequence[int], k: int, names: Sequence[str]) -> list[st
     return [names[c] for c in sorted(counts) if counts[c] < k]
 
 
-@dataclass(frozen=True)
-class Fold:
+class Fold(NamedTuple):
+    """A fold's folder and its files, named in the order ``at`` makes them."""
+
     number: int
     path: Path
+    train_file: Path
+    heldout_file: Path
+    config_file: Path
+    run_dir: Path
+    probabilities: Path
+    trained: Path
+    done: Path
+    log: Path
 
-    @property
-    def train_file(self) -> Path:
-        return self.path / "train.jsonl"
-
-    @property
-    def heldout_file(self) -> Path:
-        return self.path / "heldout.jsonl"
-
-    @property
-    def config_file(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.path / "run"
-
-    @property
-    def probabilities(self) -> Path:
-        return self.path / "probabilities.jsonl"
-
-    @property
-    def trained(self) -> Path:
-        return self.path / "trained.json"
-
-    @property
-    def done(self) -> Path:
-        return self.path / "done.json"
-
-    @property
-    def log(self) -> Path:
-        return self.path / "fold.log"
+    @classmethod
+    def at(cls, number: int, path: Path) -> Fold:
+        names = "train.jsonl heldout.jsonl config.yaml run probabilities.jsonl trained.json done.json fold.log"
+        return cls(number, path, *(path / name for name in names.split()))
 
 
 @dataclass
@@ -126,7 +108,7 @@ class FoldPlan:
         return max(self.fold_of) + 1
 
     def fold(self, number: int) -> Fold:
-        return Fold(number, self.directory.resolve() / FOLDS_DIR / f"fold-{number}")
+        return Fold.at(number, self.directory.resolve() / FOLDS_DIR / f"fold-{number}")
 
     def heldout_ids(self, number: int) -> list[int]:
         return [i for i, f in enumerate(self.fold_of) if f == number]

@@ -67,13 +67,10 @@ def rows_jsonl(split: RawSplit, names: list[str], ids: Sequence[int] | None = No
     ``where`` first."""
     lines = []
     for i, (text, label) in enumerate(zip(split.texts, split.labels)):
-        row: dict[str, Any] = {}
-        if ids is not None:
-            row["id"] = ids[i]
-            if split.where is not None:
-                row["where"] = split.where[i]
-        row.update(text=text, label=names[label])
-        lines.append(json.dumps(row, ensure_ascii=False))
+        row: dict[str, Any] = {} if ids is None else {"id": ids[i]}
+        if ids is not None and split.where is not None:
+            row["where"] = split.where[i]
+        lines.append(json.dumps({**row, "text": text, "label": names[label]}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
 

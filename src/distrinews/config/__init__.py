@@ -8,7 +8,7 @@ command line stay flat (``--learning_rate 3e-4``); each flat name belongs to one
 A field is declared with its type, default, help text and checks (pydantic ``Field``), and
 everything else is derived from that one declaration: the flat names and their sections, the
 parsing of command-line strings, validation with a message that names the field, the defaults
-that records fill in, and the reference in the documentation (``field_reference``). The names
+that records fill in, and the reference in the documentation (``reference``). The names
 of the original system's scripts (``--epochs``, ``--batch_size``) are accepted as ``aliases``
 of the field they mean. Every value is checked here, before any process group exists.
 """

@@ -388,14 +388,7 @@ SECTIONS: dict[str, type[Section]] = {
     "run": RunConfig,
 }
 SECTION_OF: dict[str, str] = {name: section for section, cls in SECTIONS.items() for name in cls.model_fields}
-ALIASES: dict[str, str] = {
-    alias: name
-    for cls in SECTIONS.values()
-    for name, info in cls.model_fields.items()
-    for alias in declared_names(info, "aliases")
-}
-
-
-def declaration(name: str) -> FieldInfo | None:
-    """Flat field ``name``'s declaration; None for a name that no section declares."""
-    return SECTIONS[SECTION_OF[name]].model_fields[name] if name in SECTION_OF else None
+# Every flat field's declaration, section by section
+FIELDS: dict[str, FieldInfo] = {name: info for cls in SECTIONS.values() for name, info in cls.model_fields.items()}
+ALIASES: dict[str, str] = {alias: name for name, info in FIELDS.items() for alias in declared_names(info, "aliases")}
+declaration = FIELDS.get  # a flat field's declaration; None for a name that no section declares

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from .field_declaration import declared_names, type_words
 from .sections import (
     ALIASES,
+    FIELDS,
     MULTI_LABEL,
     SECTION_OF,
     SECTIONS,
@@ -205,13 +206,12 @@ def suggestions(name: str) -> list[str]:
 
 def fields() -> Iterator[tuple[str, FieldInfo]]:
     """Every field's declaration, section by section: for the reference documentation and the records."""
-    for cls in SECTIONS.values():
-        yield from cls.model_fields.items()
+    return iter(FIELDS.items())
 
 
 def field_default(name: str) -> Any:
     """``TrainConfig``'s default for flat field ``name`` (for a record that lacks it)."""
-    return SECTIONS[SECTION_OF[name]].model_fields[name].get_default(call_default_factory=True)
+    return FIELDS[name].get_default(call_default_factory=True)
 
 
 def reference(markdown: bool = False) -> str:

@@ -30,15 +30,7 @@ from ..checkpoint.best import BestModel
 from ..checkpoint.records import TrainState
 from ..checkpoint.resumable import Checkpointer
 from ..checkpoint.rundir import RunDir
-from ..config import (
-    MULTI_LABEL,
-    BatchConfig,
-    ConfigError,
-    DataConfig,
-    OptimizerConfig,
-    PrecisionConfig,
-    TrainConfig,
-)
+from ..config import MULTI_LABEL, BatchConfig, ConfigError, DataConfig, OptimizerConfig, PrecisionConfig, TrainConfig
 from ..data.labelled import LabelledData, load_labelled, with_problem_type
 from ..data.rows import RawSplit
 from ..data.sampler import TrainSampler
@@ -46,17 +38,8 @@ from ..data.splits import hold_out, stratified_sample
 from ..data.tokenized import TokenizedDataset, tokenize_cached
 from ..distributed.parallel import ParallelModel, wrap_model
 from ..distributed.process_group import DistEnv, main_process_first
-from ..model import (
-    add_lora,
-    build_tokenizer,
-    freeze_layers,
-    freeze_word_embeddings,
-    layer_depth,
-    num_layers,
-)
-from ..model import (
-    build_model as build_classifier,
-)
+from ..model import add_lora, build_tokenizer, freeze_layers, freeze_word_embeddings, layer_depth, num_layers
+from ..model import build_model as build_classifier
 from .callbacks import CallbackHandler, TrainerCallback
 from .components import class_weights, schedule_with_warmup
 from .distillation import Distillation
@@ -265,7 +248,6 @@ def prepare_data(
     token cache, the others read it. ``calibration_percentage`` > 0: that share of the training rows (after
     ``train_samples``) is held out of training, stratified and seeded, as ``calibration_rows``."""
     tokenizer = build_tokenizer(tokenizer_name)
-    splits: dict[str, TokenizedDataset] = {}
     calibration = None
     with main_process_first(env, local=True):
         labelled = load_labelled(config, seed, need_train=need_train)
@@ -276,14 +258,13 @@ def prepare_data(
             if calibration_percentage:
                 labelled.train, calibration = calibration_split(every, picked, calibration_percentage, seed)
         labelled.eval = labelled.eval.subset(stratified_sample(labelled.eval.strata, config.eval_samples, seed))
-        for name, raw in (("train", labelled.train), ("test", labelled.eval)):
-            if raw is not None:
-                splits[name] = tokenize_cached(
-                    raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main
-                )
-    return Datasets(
-        splits.get("train"), splits["test"], tokenizer, labelled.label_names, labelled, labelled.eval, calibration
-    )
+
+        def tokenized(raw: RawSplit) -> TokenizedDataset:
+            return tokenize_cached(raw, tokenizer, config.max_length, config.cache_dir, build=env.is_local_main)
+
+        train = tokenized(labelled.train) if labelled.train is not None else None
+        test = tokenized(labelled.eval)
+    return Datasets(train, test, tokenizer, labelled.label_names, labelled, labelled.eval, calibration)
 
 
 def calibration_split(every: RawSplit, picked: list[int], percentage: int, seed: int) -> tuple[RawSplit, RawSplit]:

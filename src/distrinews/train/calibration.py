@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,8 +34,15 @@ import torch
 from ..checkpoint.atomic import write_text_atomically
 from ..checkpoint.modelcard import write_model_card
 from ..checkpoint.records import SERVABLE_INFO, TEMPERATURE_RANGE, read_servable_info
+from ..config import MULTI_LABEL, TrainConfig
 from ..data.rows import RawSplit
+from ..distributed.process_group import DistEnv
 from ..predict.predictor import Predictor, softmax
+
+if TYPE_CHECKING:
+    from .build import Datasets
+
+Say = Callable[..., Any]
 
 ECE_BINS = 15
 COVERAGES = (1.0, 0.95, 0.9, 0.8)
@@ -149,30 +156,24 @@ def reliability(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) 
     """Per equal-width bin of the top probability ((0, 1/bins], ...): rows, accuracy and mean confidence."""
     confidence, correct = _answers(probs, labels)
     index = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)
-    out = []
-    for b in range(bins):
-        mask = index == b
-        n = int(mask.sum())
-        out.append(
-            {
-                "low": b / bins,
-                "high": (b + 1) / bins,
-                "rows": n,
-                "accuracy": float(correct[mask].mean()) if n else 0.0,
-                "confidence": float(confidence[mask].mean()) if n else 0.0,
-            }
-        )
-    return out
+    masks = [index == b for b in range(bins)]
+    return [
+        {
+            "low": b / bins,
+            "high": (b + 1) / bins,
+            "rows": int(mask.sum()),
+            "accuracy": float(correct[mask].mean()) if mask.any() else 0.0,
+            "confidence": float(confidence[mask].mean()) if mask.any() else 0.0,
+        }
+        for b, mask in enumerate(masks)
+    ]
 
 
 def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], bins: int = ECE_BINS) -> float:
     """ECE over ``bins`` equal-width bins of the top probability (Naeini et al. 2015; Guo et al. 2017)."""
-    total = len(labels)
-    return (
-        sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins))
-        if total
-        else 0.0
-    )
+    if not (total := len(labels)):
+        return 0.0
+    return sum(b["rows"] / total * abs(b["accuracy"] - b["confidence"]) for b in reliability(probs, labels, bins))
 
 
 def coverage_accuracy(
@@ -182,18 +183,11 @@ def coverage_accuracy(
     among them (the ``--min-confidence`` that keeps them; ties at it may keep a few more)."""
     confidence, correct = _answers(probs, labels)
     order = np.argsort(-confidence, kind="stable")
-    out = []
-    for c in coverages:
-        kept = order[: max(1, math.ceil(c * len(order)))]
-        out.append(
-            {
-                "coverage": c,
-                "rows": len(kept),
-                "accuracy": float(correct[kept].mean()),
-                "min_confidence": float(confidence[kept].min()),
-            }
-        )
-    return out
+    kept = [order[: max(1, math.ceil(c * len(order)))] for c in coverages]
+    return [
+        dict(coverage=c, rows=len(k), accuracy=float(correct[k].mean()), min_confidence=float(confidence[k].min()))
+        for c, k in zip(coverages, kept)
+    ]
 
 
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -308,28 +302,22 @@ def calibrate_best(
     return report
 
 
-def calibrate_run(
-    best: Path,
-    eval_rows: RawSplit,
-    calibration_rows: RawSplit | None,
-    method: str,
-    multi_label: bool,
-    say: Callable[..., Any],
-    device: Any = None,
-    batch_size: int = 64,
-) -> ConfidenceReport | None:
-    """``calibrate_best`` at the end of a run; None without best/, with ``method`` none, for multi-label data, or
-    when it fails (the model is saved: served with the softmax as trained, and said so)."""
-    if not best.is_dir() or method == "none":
+def calibrate_run(best: Path, config: TrainConfig, data: Datasets, env: DistEnv, say: Say) -> ConfidenceReport | None:
+    """``calibrate_best`` at the end of a run (rank 0); None on the other ranks, without best/, with ``calibration``
+    none, for multi-label data, or when it fails (the model is saved: served with the softmax as trained, and said
+    so)."""
+    method = config.run.calibration
+    if not env.is_main or not best.is_dir() or method == "none":
         return None
-    if multi_label:
+    if config.data.problem_type == MULTI_LABEL:
         say(
             "Calibration: skipped (multi-label: temperature scaling is fitted to a softmax; each label's sigmoid "
             "is used as trained, with its threshold tuned on the evaluation rows)"
         )
         return None
+    batch_size = config.batches.per_device_eval_batch_size
     try:
-        return calibrate_best(best, eval_rows, calibration_rows, method, device=device, batch_size=batch_size)
+        return calibrate_best(best, data.eval_rows, data.calibration_rows, method, env.device, batch_size)
     except Exception as exc:
         say(f"Calibration: not done ({type(exc).__name__}: {exc}); best/ keeps the temperature it had (1: none)")
         return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -28,9 +28,27 @@ from ..config import TrainConfig
 from ..distributed.process_group import DistEnv
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..checkpoint.records import TrainState
 
-__all__ = ["CallbackHandler", "TrainerCallback", "TrainerControl"]
+__all__ = ["CallbackHandler", "LogKind", "TrainBegin", "TrainEnd", "TrainerCallback", "TrainerControl"]
+
+
+# The events' own keywords, typed once (an override takes ``**kw: Unpack[...]``); each may be left out.
+class TrainBegin(TypedDict, total=False):
+    resumed_from: str | None
+    model: Any
+    total_steps: int | None
+
+
+class LogKind(TypedDict, total=False):
+    kind: str
+
+
+class TrainEnd(TypedDict, total=False):
+    best_metrics: dict[str, Any] | None
+    stopped_by: str | None
 
 
 @dataclass
@@ -46,11 +64,13 @@ class TrainerCallback:
     """A callback overrides the events it needs; each receives the config (``args``), the ``TrainState``
     (``state``), the ``TrainerControl`` (``control``) and the event's own keywords."""
 
-    def on_train_begin(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainBegin]
+    ) -> None:
         pass
 
     def on_log(
-        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kwargs: Any
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kw: Unpack[LogKind]
     ) -> None:
         pass
 
@@ -62,7 +82,9 @@ class TrainerCallback:
     def on_save(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
         pass
 
-    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
+    ) -> None:
         pass
 
 

@@ -6,6 +6,7 @@ What is built from the config is in ``build.py``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import resource
 import time
@@ -71,13 +72,8 @@ def optimizer_windows(
     batches: Iterable[dict[str, torch.Tensor]], accumulation: int
 ) -> Iterator[list[dict[str, torch.Tensor]]]:
     """Group micro-batches into optimizer steps; an epoch's last window may be shorter."""
-    window: list[dict[str, torch.Tensor]] = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == accumulation:
-            yield window
-            window = []
-    if window:
+    each = iter(batches)
+    while window := list(itertools.islice(each, accumulation)):
         yield window
 
 

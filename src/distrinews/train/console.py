@@ -45,62 +45,45 @@ class RunFacts:
 
 
 def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_from: str | None, step: int) -> list[str]:
-    per_step = config.batches.per_device_train_batch_size * config.batches.gradient_accumulation_steps * env.world_size
+    batches, o, m = config.batches, config.optimizer, config.model
+    per_step = batches.per_device_train_batch_size * batches.gradient_accumulation_steps * env.world_size
     threads = f" x{torch.get_num_threads()} threads" if env.device.type == "cpu" else ""
+    smoothing = o.label_smoothing_factor
+    frozen = f"{m.freeze_layers} encoder layer{'s' if m.freeze_layers > 1 else ''}"
+    share = config.data.calibration_split_percentage
+    held_out = f"{facts.calibration_rows:,} held out of training ({share}%, stratified"
     lines = [
         RULE,
         f"{facts.title} TRAINING CONFIGURATION".lstrip(),
         RULE,
         f"World size:           {env.world_size} ({env.backend or 'no process group'}, strategy {facts.strategy})",
-        f"Batch size per device: {config.batches.per_device_train_batch_size}",
-        f"Gradient accumulation: {config.batches.gradient_accumulation_steps}",
+        f"Batch size per device: {batches.per_device_train_batch_size}",
+        f"Gradient accumulation: {batches.gradient_accumulation_steps}",
         f"Effective batch size: {per_step}",
-        f"Learning rate:        {config.optimizer.learning_rate:g}{schedule_words(config)}",
-        f"Epochs:               {config.batches.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
+        f"Learning rate:        {o.learning_rate:g}{schedule_words(config)}",
+        f"Epochs:               {batches.num_train_epochs:g} ({facts.total_steps} optimizer steps)",
         f"Device:               {env.device}{threads}",
         f"Precision:            {facts.precision}",
-        f"Model:                {config.model.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
+        f"Model:                {m.model_name_or_path} ({facts.parameters / 1e6:.1f}M parameters)",
         f"Trainable:            {facts.trainable:,} parameters ({100 * facts.trainable / facts.parameters:.2f}%)"
-        + (" with LoRA" if config.model.use_peft else ""),
-        *frozen_lines(config),
+        + (" with LoRA" if m.use_peft else ""),
+        *_when(m.freeze_layers, f"Frozen:               the embeddings and the bottom {frozen} (forward only)"),
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
         f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
-        *calibration_lines(config, facts),
+        *_when(facts.calibration_rows, f"Calibration rows:     {held_out}, to fit the temperature)"),
         *class_lines(facts),
-        *tuning_lines(config),
+        *_when(smoothing, f"Loss:                 cross-entropy, label smoothing {smoothing:g}"),
+        *_when(o.ema_decay, f"Evaluated weights:    their moving average (ema_decay {o.ema_decay:g})"),
         f"MFU peak:             {facts.mfu_peak}",
+        *_when(resumed_from is not None, f"Resumed from:         {resumed_from} (step {step})"),
     ]
-    if resumed_from is not None:
-        lines.append(f"Resumed from:         {resumed_from} (step {step})")
     return [*lines, RULE]
 
 
-def calibration_lines(config: TrainConfig, facts: RunFacts) -> list[str]:
-    """The rows held out of training to fit the temperature on, where ``calibration`` asks for them."""
-    if not facts.calibration_rows:
-        return []
-    share = config.data.calibration_split_percentage
-    return [
-        f"Calibration rows:     {facts.calibration_rows:,} held out "
-        f"of training ({share}%, stratified, to fit the temperature)"
-    ]
-
-
-def frozen_lines(config: TrainConfig) -> list[str]:
-    """The bottom of the model that runs forward only, where ``freeze_layers`` asks for it."""
-    if not config.model.freeze_layers:
-        return []
-    layers = f"{config.model.freeze_layers} encoder layer{'s' if config.model.freeze_layers > 1 else ''}"
-    return [f"Frozen:               the embeddings and the bottom {layers} (forward only)"]
-
-
-def tuning_lines(config: TrainConfig) -> list[str]:
-    """The loss's label smoothing and the averaged weights, where a run asks for them."""
-    o = config.optimizer
-    smoothing = f"Loss:                 cross-entropy, label smoothing {o.label_smoothing_factor:g}"
-    average = f"Evaluated weights:    their moving average (ema_decay {o.ema_decay:g})"
-    return [line for line, asked in ((smoothing, o.label_smoothing_factor), (average, o.ema_decay)) if asked]
+def _when(asked: object, line: str) -> list[str]:
+    """``line`` where the run asks for what it says (an optional line of the banner)."""
+    return [line] if asked else []
 
 
 def schedule_words(config: TrainConfig) -> str:

@@ -98,15 +98,11 @@ def _model_name(rd: RunDir) -> str | None:
         return None
 
 
-def _unique_names(paths: Sequence[Path]) -> list[str]:
-    """Each run's directory name, with its parent's when two runs share a name."""
-    names = [p.name for p in paths]
-    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
-
-
 def load_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> list[RunLog]:
+    """Each run named by its directory's name, with its parent's when two runs share a name."""
     paths = [Path(p).resolve() for p in run_dirs]
-    return [RunLog.load(p, name) for p, name in zip(paths, _unique_names(paths))]
+    names = [p.name for p in paths]
+    return [RunLog.load(p, f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name) for p in paths]
 
 
 # ------------------------------------------------------------------ the table
@@ -190,13 +186,13 @@ def draw(runs: Sequence[RunLog]) -> Figure:
     return fig
 
 
-def save_figure(fig: Figure, output: str | os.PathLike[str]) -> Path:
+def save_figure(fig: Figure, output: str | os.PathLike[str], dpi: int = 100) -> Path:
     """Write the PNG atomically (a reader never sees half a file)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp.png")
     with open_new(tmp, "wb") as fh:  # a link planted at the temporary name is replaced, not written through
-        fig.savefig(fh, dpi=100, format="png")
+        fig.savefig(fh, dpi=dpi, format="png")
     os.replace(tmp, output)
     return output
 
@@ -288,13 +284,8 @@ def draw_reliability(report: ConfidenceReport) -> Figure:
     width = 1 / len(report.reliability_before)
     for i, (name, bins, ece, color) in enumerate(shown):
         used = [b for b in bins if b["rows"]]
-        top.plot(
-            [b["confidence"] for b in used],
-            [b["accuracy"] for b in used],
-            "o-",
-            color=color,
-            label=f"{name}: ECE {_pct(ece)}",
-        )
+        points = [b["confidence"] for b in used], [b["accuracy"] for b in used]
+        top.plot(*points, "o-", color=color, label=f"{name}: ECE {_pct(ece)}")
         offset = (i - (len(shown) - 1) / 2) * width / len(shown)
         centres = [(b["low"] + b["high"]) / 2 + offset for b in bins]
         bottom.bar(centres, [b["rows"] for b in bins], width=width / len(shown), color=color, alpha=0.7)

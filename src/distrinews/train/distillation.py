@@ -90,11 +90,8 @@ class Distillation:
             log_probs, computed = cached_log_probs(
                 paths, rows, labels, cache_dir, build=env.is_local_main, device=env.device
             )
-        what = "computed" if computed else "read from the cache"
-        say(
-            f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' "
-            f"probabilities {what} in {time.perf_counter() - started:.1f} s"
-        )
+        what, took = "computed" if computed else "read from the cache", time.perf_counter() - started
+        say(f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {took:.1f} s")
         return cls(log_probs.to(env.device), config.distillation_temperature, config.distillation_alpha)
 
 
@@ -117,18 +114,13 @@ def _hash_path(h: hashlib._Hash, path: Path) -> None:
             _hash_path(h, child)
 
 
-def cache_key(paths: list[Path], rows: RawSplit, labels: list[str]) -> str:
+def cache_path(paths: list[Path], rows: RawSplit, labels: list[str], cache_dir: str | os.PathLike[str] | None) -> Path:
     h = hashlib.sha256(f"{CACHE_VERSION}|{len(paths)}|{'|'.join(labels)}|".encode())
     for path in paths:
         _hash_path(h, path)
     for text, label in zip(rows.texts, rows.labels):
         h.update(f"{label}\x1e{text}\x1f".encode())
-    return h.hexdigest()[:24]
-
-
-def cache_path(paths: list[Path], rows: RawSplit, labels: list[str], cache_dir: str | os.PathLike[str] | None) -> Path:
-    directory = Path(cache_dir) if cache_dir else default_cache_dir()
-    return directory / f"teacher-{cache_key(paths, rows, labels)}.safetensors"
+    return (Path(cache_dir) if cache_dir else default_cache_dir()) / f"teacher-{h.hexdigest()[:24]}.safetensors"
 
 
 def read_cached(path: Path, rows: int, classes: int) -> torch.Tensor:

@@ -77,7 +77,7 @@ def evaluate(
     if tally.histogram is None:
         all_reduce_sum(tally.confusion, env)
         return classification_metrics(tally.confusion, tally.loss_sum.item(), names)
-    return _multilabel_result(tally, tally.histogram, thresholds, len(shard), names, env)
+    return _multilabel_result(tally, thresholds, len(shard), names, env)
 
 
 class _Tally:
@@ -102,15 +102,12 @@ class _Tally:
 
 
 def _multilabel_result(
-    tally: _Tally,
-    histogram: ScoreHistogram,
-    thresholds: Sequence[float] | None,
-    rows: int,
-    names: Sequence[str],
-    env: DistEnv,
+    tally: _Tally, thresholds: Sequence[float] | None, rows: int, names: Sequence[str], env: DistEnv
 ) -> dict[str, Any]:
     """The multi-label metrics over every rank: thresholds tuned on the summed histogram unless given, exact
     matches counted against them."""
+    histogram = tally.histogram
+    assert histogram is not None, "a multi-label tally"
     all_reduce_sum(histogram.counts, env)
     if thresholds is None:
         thresholds = tune_thresholds(histogram)  # the same on every rank: a function of the summed counts

@@ -104,18 +104,14 @@ def device_peak(device_type: str, device_index: int | None, dtype: torch.dtype, 
     device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
     low, kind = dtype in (torch.bfloat16, torch.float16), str(dtype).removeprefix("torch.")
     if device_type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        table = gpu_table_peak(name, low)
-        if table is not None:
-            return Peak(
-                table, f"{name}: datasheet dense {'bf16/fp16' if low else 'fp32'} peak {table / 1e12:g} TFLOP/s"
-            )
+        name, dense = torch.cuda.get_device_name(device), "bf16/fp16" if low else "fp32"
+        if (table := gpu_table_peak(name, low)) is not None:
+            return Peak(table, f"{name}: datasheet dense {dense} peak {table / 1e12:g} TFLOP/s")
         measured = measure_matmul_peak(device, dtype, size=4096)
         return Peak(measured, f"{name}: measured {kind} 4096^3 matmul peak (not in the table)")
-    best, runs = best_cpu_peak(f"{kind} 1024^3 x {threads} thread(s)", measure_matmul_peak(device, dtype))
-    return Peak(
-        best, f"CPU: {kind} 1024^3 matmul peak with {threads} thread(s), the best of {runs} measurement(s) here"
-    )
+    on = f"{threads} thread(s)"
+    best, runs = best_cpu_peak(f"{kind} 1024^3 x {on}", measure_matmul_peak(device, dtype))
+    return Peak(best, f"CPU: {kind} 1024^3 matmul peak with {on}, the best of {runs} measurement(s) here")
 
 
 PEAKS_FILE = "peaks.json"
@@ -144,12 +140,8 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
             except (OSError, ValueError):
                 peaks = {}
             entry: Any = peaks.get(key)  # JSON, checked below
-            valid = (
-                isinstance(entry, dict)
-                and isinstance(entry.get("flops"), (int, float))
-                and isinstance(entry.get("runs"), int)
-            )
-            if not valid or entry["flops"] <= 0:  # a damaged record starts afresh
+            flops, runs = (entry.get("flops"), entry.get("runs")) if isinstance(entry, dict) else (None, None)
+            if not (isinstance(flops, (int, float)) and isinstance(runs, int) and flops > 0):  # damaged: afresh
                 entry = {"flops": 0.0, "runs": 0}
             entry = {"flops": max(float(entry["flops"]), measured), "runs": entry["runs"] + 1}
             peaks[key] = entry

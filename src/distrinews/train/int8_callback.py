@@ -7,14 +7,16 @@ export keeps what it makes in the cache, ``predict/derived.py``). Not made when 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint.rundir import RunDir
 from ..config import TrainConfig
 from ..data.rows import RawSplit
-from .callbacks import TrainerCallback, TrainerControl
+from .callbacks import TrainEnd, TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..checkpoint.records import TrainState
 
 
@@ -23,18 +25,10 @@ class Int8ModelCallback(TrainerCallback):
         self.run_dir, self.eval_rows, self.say = run_dir, eval_rows, say
 
     def on_train_end(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        stopped_by: str | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
     ) -> None:
-        if stopped_by is None and self.run_dir.best.is_dir():
-            self.make_int8_model()
-
-    def make_int8_model(self) -> None:
-        """best/model.int8.onnx, checked against fp32 on the rows the run evaluated on (rank 0, after the run)."""
+        if kw.get("stopped_by") is not None or not self.run_dir.best.is_dir():
+            return
         try:
             import onnxruntime  # noqa: F401
         except ImportError:

@@ -6,12 +6,13 @@ metrics are exact for any world size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -19,13 +20,17 @@ from ..checkpoint.atomic import make_dir, open_nofollow, symlink_refused, write_
 from ..checkpoint.rundir import RunDir
 from ..distributed.process_group import DistEnv, all_reduce_sum
 from ..scores import classification_scores
-from .callbacks import TrainerCallback, TrainerControl
+from .callbacks import LogKind, TrainBegin, TrainEnd, TrainerCallback, TrainerControl
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+    from typing_extensions import Unpack
 
     from ..checkpoint.records import TrainState
     from ..config import TrainConfig
+
+
+Sink = TypeVar("Sink", IO[str], "SummaryWriter")
 
 
 # ---------------------------------------------------------------------- counts while training
@@ -128,89 +133,66 @@ def _open_log(run_dir: RunDir) -> IO[str]:
     return os.fdopen(open_nofollow(run_dir.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
-class JsonLogCallback(TrainerCallback):
-    """``log.jsonl``, the run's own record (rank 0): one object per line, flushed, read by ``distrinews report``.
-
-    A run that continues a checkpoint drops whatever the interrupted run logged after it (it is
-    about to be logged again).
-    """
+class _RunSink(TrainerCallback, Generic[Sink]):
+    """A rank-0 sink of the run's records: opened when the run begins (``_open``: a resumed run's sink drops what the
+    interrupted run logged after its checkpoint, about to be logged again), written each record, closed at the end."""
 
     def __init__(self, run_dir: RunDir | str | os.PathLike[str]):
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-        self._file: IO[str] | None = None
+        self._sink: Sink | None = None
+
+    def _open(self, resumed_at: int | None) -> Sink:
+        raise NotImplementedError
+
+    def _write(self, sink: Sink, kind: str, step: int, logs: dict[str, Any]) -> None:
+        raise NotImplementedError
 
     def on_train_begin(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        resumed_from: str | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainBegin]
     ) -> None:
-        self.run_dir.path.mkdir(parents=True, exist_ok=True)
-        if resumed_from is not None:
-            truncate_log(self.run_dir.log, state.global_step)
-        self._file = _open_log(self.run_dir)
+        self._sink = self._open(None if kw.get("resumed_from") is None else state.global_step)
 
     def on_log(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        logs: dict[str, Any],
-        kind: str = "train",
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kw: Unpack[LogKind]
     ) -> None:
-        record = log_record(kind, state.global_step, logs)
-        assert self._file is not None, "opened by on_train_begin"
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        assert self._sink is not None, "opened by on_train_begin"
+        self._write(self._sink, kw.get("kind", "train"), state.global_step, logs)
 
-    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-class TensorBoardCallback(TrainerCallback):
-    """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0); a resumed run purges the steps after its
-    checkpoint."""
-
-    def __init__(self, run_dir: RunDir | str | os.PathLike[str]):
-        self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-        self._writer: SummaryWriter | None = None
-
-    def on_train_begin(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        resumed_from: str | None = None,
-        **kwargs: Any,
+    def on_train_end(
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
     ) -> None:
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+
+
+class JsonLogCallback(_RunSink[IO[str]]):
+    """``log.jsonl``, the run's own record (rank 0): one object per line, flushed, read by ``distrinews report``."""
+
+    def _open(self, resumed_at: int | None) -> IO[str]:
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        if resumed_at is not None:
+            truncate_log(self.run_dir.log, resumed_at)
+        return _open_log(self.run_dir)
+
+    def _write(self, sink: IO[str], kind: str, step: int, logs: dict[str, Any]) -> None:
+        sink.write(json.dumps(log_record(kind, step, logs)) + "\n")
+        sink.flush()
+
+
+class TensorBoardCallback(_RunSink["SummaryWriter"]):
+    """TensorBoard scalars ``<kind>/<name>`` in ``tb/`` (rank 0)."""
+
+    def _open(self, resumed_at: int | None) -> SummaryWriter:
         from torch.utils.tensorboard import SummaryWriter
 
         make_dir(self.run_dir.tensorboard)  # a link there would have the event files written wherever it points
-        purge = None if resumed_from is None else state.global_step + 1
-        self._writer = SummaryWriter(log_dir=str(self.run_dir.tensorboard), purge_step=purge)
+        purge = None if resumed_at is None else resumed_at + 1
+        return SummaryWriter(log_dir=str(self.run_dir.tensorboard), purge_step=purge)
 
-    def on_log(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        logs: dict[str, Any],
-        kind: str = "train",
-        **kwargs: Any,
-    ) -> None:
-        assert self._writer is not None, "made by on_train_begin"
+    def _write(self, sink: SummaryWriter, kind: str, step: int, logs: dict[str, Any]) -> None:
         for key, value in scalars(logs).items():
-            self._writer.add_scalar(f"{kind}/{key}", value, state.global_step)
-
-    def on_train_end(self, args: TrainConfig, state: TrainState, control: TrainerControl, **kwargs: Any) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            sink.add_scalar(f"{kind}/{key}", value, step)
 
 
 def scalars(values: dict[str, Any]) -> dict[str, float]:
@@ -221,14 +203,9 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
     records: list[dict[str, Any]] = []
-    p = Path(path)
-    if not p.is_file():
-        return records
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
+    for line in Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return records
 
 

@@ -41,13 +41,14 @@ from ..config import TrainConfig
 from ..distributed.process_group import DistEnv
 from ..errors import ConfigError
 from ..scores import confusion_table, per_class_table
-from .callbacks import TrainerCallback, TrainerControl
+from .callbacks import LogKind, TrainBegin, TrainEnd, TrainerCallback, TrainerControl
 from .metrics import append_record, log_record, scalars
 from .mlflow_sender import END_WAIT_MAX_S, END_WAIT_S, MlflowSender, Tally, Work, stopped_warning
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
+    from typing_extensions import Unpack
 
     from ..checkpoint.records import TrainState
 
@@ -140,21 +141,15 @@ class MLflowCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ events (no network: the sender's thread)
     def on_train_begin(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        resumed_from: str | None = None,
-        model: Any = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainBegin]
     ) -> None:
         if _env_true("DISABLE_MLFLOW_INTEGRATION"):
             self.stopped = True
             self.say("MLflow: DISABLE_MLFLOW_INTEGRATION is set, not tracking")
             return
-        id2label = getattr(getattr(model, "config", None), "id2label", None)
+        id2label = getattr(getattr(kw.get("model"), "config", None), "id2label", None)
         try:
-            start = self._prepare(args, resumed_from, id2label)
+            start = self._prepare(args, kw.get("resumed_from"), id2label)
         except Exception as exc:  # no mlflow, MLFLOW_TAGS that is not JSON, ...
             self.stopped = True
             self.say(stopped_warning("starting the run", exc))
@@ -165,19 +160,13 @@ class MLflowCallback(TrainerCallback):
             self.sender.put(work)
 
     def on_log(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        logs: dict[str, Any],
-        kind: str = "train",
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, logs: dict[str, Any], **kw: Unpack[LogKind]
     ) -> None:
         if self.sender is None:
             return
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        kind, now = kw.get("kind", "train"), int(time.time() * 1000)
         # MLflow's metric names take letters, digits and _-. :/ (a label may hold anything)
         metrics = [
             Metric(re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{kind}/{k}"), float(v), now, state.global_step)
@@ -186,19 +175,13 @@ class MLflowCallback(TrainerCallback):
         self.sender.put(Work("logging metrics", lambda: self._log_batch(metrics=metrics), values=len(metrics)))
 
     def on_train_end(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        best_metrics: dict[str, Any] | None = None,
-        stopped_by: str | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
     ) -> None:
-        sender = self.sender
+        sender, stopped_by = self.sender, kw.get("stopped_by")
         if sender is None:
             return
         if stopped_by is None:
-            for work in self._artifacts(best_metrics):
+            for work in self._artifacts(kw.get("best_metrics")):
                 sender.put(work)
         if self.owns_run:
             status = "KILLED" if stopped_by else "FINISHED"
@@ -243,19 +226,13 @@ class MLflowCallback(TrainerCallback):
 
     def _recorded_run(self) -> str | None:
         """The MLflow run of the run being resumed, if it reported to this same store."""
-        path = self.run_dir.mlflow_run
         try:
-            fd = open_nofollow(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
+            with os.fdopen(open_nofollow(self.run_dir.mlflow_run, os.O_RDONLY), "rb") as fh:
+                recorded = json.loads(fh.read(_RECORD_BYTES))
         except ConfigError as exc:  # a link, or not a file
             self.say(f"MLflow: {exc}; a new MLflow run is made")
             return None
-        with os.fdopen(fd, "rb") as fh:
-            text = fh.read(_RECORD_BYTES)
-        try:
-            recorded = json.loads(text)
-        except ValueError:
+        except (FileNotFoundError, ValueError):
             return None
         same_store = isinstance(recorded, dict) and recorded.get("tracking_uri") == self.uri
         return recorded["run_id"] if same_store and isinstance(recorded.get("run_id"), str) else None

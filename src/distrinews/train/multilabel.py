@@ -54,8 +54,7 @@ class ScoreHistogram:
 
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """``scores.f1_from_counts`` of counts (float64, elementwise): FN = positives - TP."""
-    tp, fp, positives = tp.double(), fp.double(), positives.double()
-    f1: torch.Tensor = f1_from_counts(tp, fp, positives - tp)
+    f1: torch.Tensor = f1_from_counts(tp.double(), fp.double(), positives.double() - tp.double())
     return f1
 
 
@@ -64,28 +63,19 @@ def tune_thresholds(histogram: ScoreHistogram) -> list[float]:
     tp, fp, positives = histogram.at_thresholds()
     scores = f1(tp, fp, positives[:, None].expand_as(tp)).cpu()
     distance = (THRESHOLDS - DEFAULT_THRESHOLD).abs()
-    chosen = []
-    for label in range(scores.shape[0]):
-        if int(positives[label]) == 0:
-            chosen.append(DEFAULT_THRESHOLD)
-            continue
-        best = scores[label].max()
-        ties = torch.nonzero(scores[label] == best).flatten()
-        j = int(ties[distance[ties].argmin()])
-        chosen.append(round(float(THRESHOLDS[j]), 6))
-    return chosen
 
+    def best(label: int) -> float:
+        ties = torch.nonzero(scores[label] == scores[label].max()).flatten()
+        return round(float(THRESHOLDS[int(ties[distance[ties].argmin()])]), 6)
 
-def threshold_index(threshold: float) -> int:
-    """The index of ``threshold`` among ``THRESHOLDS``."""
-    return round(threshold * HISTOGRAM_BINS) - 1
+    return [best(label) if int(positives[label]) else DEFAULT_THRESHOLD for label in range(scores.shape[0])]
 
 
 def scores_at(histogram: ScoreHistogram, thresholds: Sequence[float], label_names: Sequence[str]) -> dict[str, Any]:
     """Micro- and macro-F1 and per-label precision, recall, F1 and support, each label at its threshold. Macro-F1
     averages the labels with positive rows (as ``scores.classification_scores`` does for classes)."""
     tp_all, fp_all, positives = histogram.at_thresholds()
-    index = torch.tensor([threshold_index(t) for t in thresholds], device=tp_all.device)
+    index = torch.tensor([round(t * HISTOGRAM_BINS) - 1 for t in thresholds], device=tp_all.device)  # in THRESHOLDS
     tp = tp_all.gather(1, index[:, None]).squeeze(1).cpu()
     fp = fp_all.gather(1, index[:, None]).squeeze(1).cpu()
     positives = positives.cpu()

@@ -30,7 +30,7 @@ from ..checkpoint.manifest import resolve_resume
 from ..checkpoint.records import RunningCounts, TrainState, read_trainer_state
 from ..checkpoint.resumable import restore_rng_state
 from ..checkpoint.rundir import RunDir
-from ..config import MULTI_LABEL, TrainConfig
+from ..config import TrainConfig
 from ..data.collate import Collator
 from ..data.labelled import class_counts
 from ..distributed.parallel import ParallelModel
@@ -52,7 +52,7 @@ from .build import (
     build_steps,
     check_precision_supported,
 )
-from .calibration import ConfidenceReport, calibrate_run, summary_lines
+from .calibration import calibrate_run, summary_lines
 from .callbacks import TrainerCallback
 from .components import TrainClock, optimizer_windows, peak_memory_mib
 from .console import Report, RunFacts, banner_lines, epoch_lines, final_lines, replicas_line, stopped_line
@@ -368,23 +368,18 @@ class Trainer:
             window=self._window_counts.all_reduced(self.env).values.tolist(),
             epoch=self._epoch_counts.all_reduced(self.env).values.tolist(),
         )
-        self.checkpointer.save(
-            self.state.global_step,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.scaler,
-            self.state.model_copy(
-                update={
-                    "running_counts": running,
-                    "per_device_train_batch_size": self.config.batches.per_device_train_batch_size,
-                    "gradient_accumulation_steps": self.config.batches.gradient_accumulation_steps,
-                    "label_names": list(self.data.label_names),
-                }
-            ),
-            self.average,
+        batches = self.config.batches
+        record = self.state.model_copy(
+            update={
+                "running_counts": running,
+                "per_device_train_batch_size": batches.per_device_train_batch_size,
+                "gradient_accumulation_steps": batches.gradient_accumulation_steps,
+                "label_names": list(self.data.label_names),
+            }
         )
-        self.callbacks.on_save(self.run_dir.checkpoints / f"step-{self.state.global_step}")
+        step = self.state.global_step
+        self.checkpointer.save(step, self.model, self.optimizer, self.scheduler, self.scaler, record, self.average)
+        self.callbacks.on_save(self.run_dir.checkpoints / f"step-{step}")
 
     def end_epoch(self, epoch: int, train_seconds: float) -> dict[str, Any]:
         """Epoch summary (the seed's lines), exact evaluation, then the checkpoint that closes the epoch."""
@@ -433,7 +428,9 @@ class Trainer:
         if digests := self.model.replica_digests():
             self.report.say(replicas_line(digests))
             result["replicas_identical"] = len(set(digests)) == 1
-        confidence = self.calibrate()  # rank 0; the others wait in the summary's broadcast
+        # best/'s temperature (``calibration``) and the evaluation split's calibration error and coverage-accuracy,
+        # from best/ as the server loads it: rank 0; the others wait in the summary's broadcast
+        confidence = calibrate_run(self.run_dir.best, self.config, self.data, self.env, self.report.say)
         if confidence is not None:
             result["calibration"] = confidence.to_json()
         summary = ("total_time_s", "best_accuracy", "replicas_identical", "calibration")
@@ -449,20 +446,3 @@ class Trainer:
                 write_confidence_plots(self.run_dir, confidence, self.report.say)
         self.callbacks.on_train_end(best)
         return result
-
-    def calibrate(self) -> ConfidenceReport | None:
-        """best/'s temperature (``calibration``) and the evaluation split's calibration error and coverage-accuracy
-        (train/calibration.py): rank 0, from best/ as the server loads it; None on the other ranks."""
-        if not self.env.is_main:
-            return None
-        c = self.config
-        return calibrate_run(
-            self.run_dir.best,
-            self.data.eval_rows,
-            self.data.calibration_rows,
-            c.run.calibration,
-            multi_label=c.data.problem_type == MULTI_LABEL,
-            say=self.report.say,
-            device=self.env.device,
-            batch_size=c.batches.per_device_eval_batch_size,
-        )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..checkpoint.atomic import open_new, write_text_atomically
+from ..checkpoint.atomic import write_text_atomically
 from ..config import TrainConfig
+from ..train.curves import save_figure
 from .space import SearchSpace
 
 __all__ = ["BEST_CONFIG", "PLOTS", "TRIALS_CSV", "TRIALS_MD", "write_results"]
@@ -37,26 +37,20 @@ def write_results(
 ) -> list[Path]:
     """The files written (the best config only once a trial completed; a plot only where Optuna can draw it)."""
     trials = study.get_trials(deepcopy=False)
-    written = [
-        _write(folder / TRIALS_CSV, _csv(trials, space)),
-        _write(folder / TRIALS_MD, _markdown(study, trials, space)),
-    ]
+    write_text_atomically(folder / TRIALS_CSV, _csv(trials, space))
+    write_text_atomically(folder / TRIALS_MD, _markdown(study, trials, space))
+    written = [folder / TRIALS_CSV, folder / TRIALS_MD]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if complete:
         best = study.best_trial
         config = space.config(base, best.params)  # output_dir stays the base config's: a new run, not the trial's
-        _write(folder / BEST_CONFIG, _best_header(study, best) + config.to_yaml())
+        write_text_atomically(folder / BEST_CONFIG, _best_header(study, best) + config.to_yaml())
         written.append(folder / BEST_CONFIG)
         say(f"best: trial {best.number}, {base.run.metric_for_best_model} {best.value:.4f}: {folder / BEST_CONFIG}")
     else:
         say("no trial completed: no best config")
     written += _plots(study, folder, say)
     return written
-
-
-def _write(path: Path, text: str) -> Path:
-    write_text_atomically(path, text)
-    return path
 
 
 def _best_header(study: optuna.Study, best: FrozenTrial) -> str:
@@ -121,11 +115,7 @@ def _plots(study: optuna.Study, folder: Path, say: Callable[..., None]) -> list[
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
             figure.set_size_inches(9, 5.5)
             figure.tight_layout()
-            tmp = folder / f".{name}.{os.getpid()}.tmp.png"
-            with open_new(tmp, "wb") as fh:  # a link planted at the name is removed, not written through
-                figure.savefig(fh, dpi=110, format="png")
-            tmp.replace(folder / name)
-            written.append(folder / name)
+            written.append(save_figure(figure, folder / name, dpi=110))
         except Exception as exc:  # too few trials for importances, no intermediate values: the rest are drawn
             say(f"plots: {name} not drawn ({type(exc).__name__}: {exc})".splitlines()[0])
         finally:

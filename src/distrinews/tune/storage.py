@@ -43,6 +43,7 @@ RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 # The storage when neither --storage nor --storage-file names one: a URL with a password stays off the command line
 STORAGE_ENV = "DISTRINEWS_TUNE_STORAGE"
 MAX_STORAGE_FILE_BYTES = 64 << 10
+StaleCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 
 def storage_url(flag: str | None, file: str | None) -> str | None:
@@ -138,13 +139,7 @@ def scrubbed(text: str, url: str) -> str:
 class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
     """A journal with Optuna's heartbeat: the beat is the trial's ``HEARTBEAT_ATTR`` (seconds since the epoch)."""
 
-    def __init__(
-        self,
-        backend: Any,
-        interval: int,
-        grace: int | None,
-        callback: Callable[[optuna.Study, FrozenTrial], None] | None,
-    ):
+    def __init__(self, backend: Any, interval: int, grace: int | None, callback: StaleCallback | None):
         super().__init__(backend)
         self._interval, self._grace, self._callback = interval, grace or 2 * interval, callback
 
@@ -165,5 +160,5 @@ class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
     def get_heartbeat_interval(self) -> int | None:
         return self._interval
 
-    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+    def get_heartbeat_stale_trial_callback(self) -> StaleCallback | None:
         return self._callback

@@ -165,18 +165,13 @@ def _run_trials(
         finished, in_progress = patiently(lambda: _census(study), "counting the trials", say)
         if finished >= options.n_trials:
             break
+        tally = f"({finished} of {options.n_trials} finished)"
         if options.timeout_s is not None and time.monotonic() - started >= options.timeout_s:
-            say(
-                f"timeout: {options.timeout_s:g} s passed, no new trial "
-                f"starts ({finished} of {options.n_trials} finished)"
-            )
+            say(f"timeout: {options.timeout_s:g} s passed, no new trial starts {tally}")
             break
         if finished + in_progress >= options.n_trials and not patiently(lambda: _waiting(study), "a queued trial", say):
             if not said_waiting:
-                say(
-                    f"waiting for {in_progress} trial(s) running in other "
-                    f"tuners ({finished} of {options.n_trials} finished)"
-                )
+                say(f"waiting for {in_progress} trial(s) running in other tuners {tally}")
                 said_waiting = True
             time.sleep(min(5.0, options.heartbeat_interval))  # the rest run in other tuners: wait for them
             continue

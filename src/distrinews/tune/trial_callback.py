@@ -22,13 +22,15 @@ import optuna
 from ..checkpoint.atomic import write_text_atomically
 from ..config import TrainConfig
 from ..errors import ConfigError
-from ..train.callbacks import TrainerCallback, TrainerControl
+from ..train.callbacks import TrainBegin, TrainEnd, TrainerCallback, TrainerControl
 from . import TRIAL_ENV
 from .outage import STORAGE_ERRORS, reason
 from .pruning import PrunerSpec
 from .storage import open_storage, scrubbed
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..checkpoint.records import TrainState
 
 __all__ = ["TRIAL_ENV", "TrialCallback", "TrialLink", "read_result"]
@@ -73,14 +75,9 @@ class TrialCallback(TrainerCallback):
         self.total_steps: int | None = None
 
     def on_train_begin(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        total_steps: int | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainBegin]
     ) -> None:
-        self.total_steps = total_steps
+        self.total_steps = kw.get("total_steps")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
             study = optuna.load_study(
@@ -123,15 +120,13 @@ class TrialCallback(TrainerCallback):
             )
 
     def on_train_end(
-        self,
-        args: TrainConfig,
-        state: TrainState,
-        control: TrainerControl,
-        best_metrics: dict[str, Any] | None = None,
-        stopped_by: str | None = None,
-        **kwargs: Any,
+        self, args: TrainConfig, state: TrainState, control: TrainerControl, **kw: Unpack[TrainEnd]
     ) -> None:
-        metric = args.run.metric_for_best_model
+        metric, best_metrics, stopped_by = (
+            args.run.metric_for_best_model,
+            kw.get("best_metrics"),
+            kw.get("stopped_by"),
+        )
         value = float(best_metrics[metric]) if best_metrics and metric in best_metrics else self.last_value
         outcome = "stopped" if stopped_by else "pruned" if self.pruned_at is not None else "complete"
         result = {"state": outcome, "value": value, "step": state.global_step}
