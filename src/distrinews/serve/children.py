@@ -1,4 +1,4 @@
-"""The supervisor's children and how it reaches them: free ports, a child in a process group of its own that dies
+"""The supervisor's children and how it reaches them: a child in a process group of its own that dies
 with the supervisor (stopped by ``distributed.lifetime.stop_processes``), a GET's JSON; and the logs of a launcher's
 children (the replicas and nginx here, the ranks of ``distrinews doctor``): the end of one read without reading the
 rest, and a log kept under a size while its process writes it."""
@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import resource
-import socket
 import stat
 import subprocess
 import urllib.error
@@ -25,15 +24,6 @@ TAIL_BYTES = 64 * 1024
 # A log a child appends to is kept under this, and one previous part as long (LOG.1): a replica's access log
 # grows by about 150 bytes a request, so 32 MiB holds some 200,000 requests.
 MAX_LOG_BYTES = 32 * 1024 * 1024
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in sockets:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
 
 
 def _open_log(path: Path, flags: int) -> int | None:
