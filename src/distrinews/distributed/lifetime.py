@@ -8,6 +8,7 @@ kernel can take the children with it; ``preexec_die_with_parent`` extends that t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -27,9 +28,7 @@ def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        done: bool = libc.prctl(PR_SET_PDEATHSIG, int(sig)) == 0
-        return done
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig)) == 0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return False
 
@@ -42,16 +41,9 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def preexec_die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process.
-
-    The death signal is bound to the thread that started the child, so start children from the main thread.
-    """
-    parent = os.getpid()
-
-    def preexec() -> None:
-        die_with_parent(parent, sig)
-
-    return preexec
+    """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process. The
+    death signal is bound to the thread that started the child, so start children from the main thread."""
+    return functools.partial(die_with_parent, os.getpid(), sig)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

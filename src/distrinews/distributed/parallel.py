@@ -48,8 +48,7 @@ class ParallelModel:
         self.allreduce = allreduce  # how DDP averages the gradients (the banner's words), "" without DDP
         self.module = module  # what forward and backward run through (DDP, or the model itself)
         self.raw = raw  # the unwrapped model: its config, save_pretrained and (unless sharded) its tensors
-        self.strategy = strategy
-        self.env = env
+        self.strategy, self.env = strategy, env
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -149,12 +148,9 @@ def wrap_model(
     param_dtype: torch.dtype | None = None,
     run: str | os.PathLike[str] | None = None,
 ) -> ParallelModel:
-    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
-
-    ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
-    gathered parameters to; gradients are reduced in fp32 either way. ``run``: the run's output
-    directory, which names its shared-memory segment (``shm_allreduce.segment_prefix``).
-    """
+    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``. ``param_dtype``: the compute dtype FSDP
+    casts its gathered parameters to (gradients are reduced in fp32); ``run``: the run's output directory, which
+    names its shared-memory segment."""
     strategy = config.strategy
     if strategy not in ("single", "ddp", "fsdp"):
         raise ConfigError(f"config field 'strategy': unknown strategy {strategy!r}")
@@ -212,12 +208,7 @@ def _ddp(
 
 
 def _register_comm_hook(
-    ddp: DDP,
-    model: torch.nn.Module,
-    hook: str,
-    env: DistEnv,
-    shared_memory: bool,
-    run: str | os.PathLike[str] | None = None,
+    ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool, run: str | os.PathLike[str] | None
 ) -> str:
     """Install the bucket averaging ``hook`` (``ddp_comm_hook``) asks for; returns how, for the banner.
     ``shared_memory``: this world can average through /dev/shm (``shm`` was refused before DDP if not)."""
@@ -240,15 +231,10 @@ def _register_comm_hook(
 def _settle_bucket_layout(ddp: DDP, model: torch.nn.Module, device: torch.device) -> None:
     """One synchronised backward of zeros, so that every real step reduces in one bucket layout.
 
-    DDP reduces the first synchronised backward after its construction in an initial layout
-    (parameters in registration order) and every later one in the layout it rebuilds, once, from
-    the order the gradients became ready. Where an element sits in its bucket decides the order in
-    which gloo's ring all-reduce adds the ranks' values, and with three or more ranks
-    (a + b) + c != (b + c) + a in floating point. Without this, a run resumed after step k would
-    reduce step k + 1 in the initial layout where the uninterrupted run used the rebuilt one, and
-    end some ulps away from it. Costs a 1x2-token forward and backward and one all-reduce of the
-    gradients, once per run; eval mode, so no dropout draws from the RNG.
-    """
+    DDP reduces its first synchronised backward in registration order and every later one in a layout rebuilt from
+    the order gradients became ready; the layout decides the order gloo's ring adds the ranks' values, and with three
+    or more ranks (a + b) + c != (b + c) + a. Without this a run resumed after step k would reduce step k + 1 in the
+    first layout and end some ulps from the uninterrupted run. Eval mode: no dropout draws from the RNG."""
     was_training = model.training
     model.eval()
     try:

@@ -123,12 +123,9 @@ def _remove_leftovers(prefix: str, shm_dir: str) -> None:
 def open_segment(
     slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike[str] | None = None
 ) -> SharedMemoryAllReduce | str:
-    """Make, map and check one segment on every rank (a collective). Returns the hook, or why not
-    (the same reason on every rank, so all of them fall back together).
-
-    ``run``: the run's output directory; rank 0 first removes what a killed process of the same run
-    left in ``shm_dir``. Whatever fails between making the segment and unlinking it, rank 0 unlinks it.
-    """
+    """Make, map and check one segment on every rank (a collective): the hook's state, or why not (the same reason on
+    every rank, so all fall back together). Rank 0 first removes what a killed process of ``run`` (its output
+    directory) left in ``shm_dir``, and unlinks the segment whatever fails after making it."""
     size = segment_bytes(slot_bytes, world_size)
     slot_bytes = _aligned(slot_bytes)
     token = secrets.token_bytes(16)
@@ -170,8 +167,7 @@ def open_segment(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # ... so the name can go: the mappings keep the memory until each rank exits
     if reason is not None:
-        why: str = reason
-        return why
+        return str(reason)
     if not flags.item():
         return f"{path} is not the same file on every rank"
     assert storage is not None, "every rank mapped the file"

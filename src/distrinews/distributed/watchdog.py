@@ -100,12 +100,8 @@ class Watchdog:
     def _connect(self) -> TCPStore:
         from torch._C._distributed_c10d import TCPStore
 
-        return TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.store_timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=self.store_timeout_s)
+        return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
 
     def _run(self) -> None:
         try:
@@ -151,8 +147,7 @@ class Watchdog:
             if silent:
                 problem = self._describe(silent)
                 _kill_local(silent)
-                self._fail(problem)
-                return
+                return self._fail(problem)
 
     def _describe(self, silent: list[tuple[int, str | None]]) -> str:
         ranks = ", ".join(str(r) for r, _ in silent)
