@@ -108,11 +108,8 @@ class GuardedH11Protocol(H11Protocol):
     refusal = b""  # the 503 answer to a connection over ``max_connections``
     too_late = b""  # the 408 answer to a body slower than ``body_timeout``
 
-    _header_timer: asyncio.TimerHandle | None = None
-    _body_timer: asyncio.TimerHandle | None = None
-    _send_timer: asyncio.TimerHandle | None = None
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # "header", "body", "send": the deadlines armed
         self._socket_transport = transport
         self._writes = OneWritePerStep(transport, self.loop, self._watch_send if self.send_timeout else None)
         super().connection_made(self._writes)  # type: ignore[arg-type]
@@ -125,15 +122,22 @@ class GuardedH11Protocol(H11Protocol):
             transport.write(self.refusal)
             transport.close()
             return
-        self._arm_header_timer()
+        self._arm("header", self.header_timeout, self._headers_too_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        self._disarm_body_timer()
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        for name in list(self._timers):
+            self._disarm(name)
         super().connection_lost(exc)
+
+    def _arm(self, name: str, seconds: float | None, callback: Callable[..., None], *args: Any) -> None:
+        """(Re)start the deadline ``name``: ``callback(*args)`` in ``seconds`` (None or 0: that deadline is off)."""
+        self._disarm(name)
+        if seconds:
+            self._timers[name] = self.loop.call_later(seconds, callback, *args)
+
+    def _disarm(self, name: str) -> None:
+        if (timer := self._timers.pop(name, None)) is not None:
+            timer.cancel()
 
     def _sent(self) -> int:
         """Bytes of this connection's answers the kernel has taken (what is not in asyncio's buffer)."""
@@ -141,11 +145,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def _watch_send(self) -> None:
         """After a write: if some of it waits in this process, the client has ``send_timeout`` to read."""
-        if self.send_timeout and self._send_timer is None and self._socket_transport.get_write_buffer_size():
-            self._send_timer = self.loop.call_later(self.send_timeout, self._send_too_late, self._sent())
+        if "send" not in self._timers and self._socket_transport.get_write_buffer_size():
+            self._arm("send", self.send_timeout, self._send_too_late, self._sent())
 
     def _send_too_late(self, sent_before: int) -> None:
-        self._send_timer = None
+        self._timers.pop("send", None)
         if not self._socket_transport.get_write_buffer_size():
             return  # all sent
         if self._sent() > sent_before:  # the client reads, slowly: another send_timeout for the rest
@@ -163,20 +167,14 @@ class GuardedH11Protocol(H11Protocol):
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
-            self._disarm_header_timer()
-            if self.body_timeout and self.conn.their_state is h11.SEND_BODY:
-                self._disarm_body_timer()
-                self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_late)
+            self._disarm("header")
+            if self.conn.their_state is h11.SEND_BODY:
+                self._arm("body", self.body_timeout, self._body_too_late)
         if self.conn.their_state is not h11.SEND_BODY:  # the body is in (or there was none)
-            self._disarm_body_timer()
-
-    def _disarm_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+            self._disarm("body")
 
     def _body_too_late(self) -> None:
-        self._body_timer = None
+        self._timers.pop("body", None)
         if self.transport.is_closing():
             return
         log.info(
@@ -194,21 +192,11 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         # Armed first: the call below may start a pipelined request at once, which disarms it.
         if not self.transport.is_closing():
-            self._arm_header_timer()
+            self._arm("header", self.header_timeout, self._headers_too_late)
         super().on_response_complete()
 
-    def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
-        if self.header_timeout:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_late)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
     def _headers_too_late(self) -> None:
-        self._header_timer = None
+        self._timers.pop("header", None)
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is being answered (a pipelined one started since the timer was armed)
         if not self.transport.is_closing():
