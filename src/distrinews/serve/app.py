@@ -1,18 +1,14 @@
 """The HTTP API: a FastAPI app factory around the predictor and the micro-batcher.
 
-``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a
-worker thread: the server answers ``/health`` (and ``/ready`` with 503) while the model
-loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``
-(``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded
-(``limits``). ``POST /predict`` (and ``POST /``, ``/invocations``) also speaks
-text-embeddings-inference's and Hugging Face's shapes, with their answers and errors (``tei``).
-Every route declares its status codes with an example body (``responses``); the prediction routes are registered
-with their bodies, answers and limits for /docs by ``openapi``. Around the routes
-sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
+``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a worker thread: the server
+answers ``/health`` (and ``/ready`` with 503) while the model loads, then serves. Every error is JSON ``{"detail":
+"<what to fix>"}`` (``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded (``limits``).
+``POST /predict`` (and ``POST /``, ``/invocations``) also speaks text-embeddings-inference's and Hugging Face's
+shapes (``tei``). Each route declares its status codes with an example body (``responses``, ``openapi``); around
+the routes sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
 
-Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
-a number, two different ``Content-Length`` headers) is answered by the HTTP server (uvicorn's
-h11 protocol) with a plain-text 400 before the app is called; the app cannot change that.
+Malformed HTTP itself (an unparsable request line or header, a bad or doubled ``Content-Length``) is answered by
+uvicorn's h11 protocol with a plain-text 400 before the app is called; the app cannot change that.
 """
 
 from __future__ import annotations
@@ -129,11 +125,8 @@ def _add_middleware(app: FastAPI, state: ServingState, config: ServeConfig, metr
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Errors are always JSON, and bad input is never a 500.
-
-    No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
-    FastAPI to validate (each parses its own body with ``parse_body``), so it is never raised.
-    """
+    """Errors are always JSON, and bad input is never a 500. No handler for FastAPI's RequestValidationError: no
+    route declares a parameter or body for FastAPI to validate (each parses its own), so it is never raised."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

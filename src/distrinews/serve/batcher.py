@@ -1,40 +1,29 @@
 """Async micro-batcher: coalesce concurrent requests into one forward pass.
 
-A request (a list of texts) goes through two kinds of worker thread:
+A request (a list of texts) is encoded on the **tokenizer thread** as soon as it arrives (``encode``; one of at most
+``encode_inline_chars`` characters on the event loop instead, as a short text tokenizes faster than a thread hop),
+so its length in tokens is known while earlier batches run; the **forward threads** run the batches, the next one
+formed at once from the requests already tokenized when one frees. Neither waits for the other.
 
-1. the **tokenizer thread** encodes its texts as soon as it arrives (``encode``), so its tokens,
-   and its length in tokens, are known while earlier batches still run; a request of at most
-   ``encode_inline_chars`` characters is encoded at once on the event loop instead, since a short
-   text tokenizes faster than the hop to that thread and back (each hop a thread wake-up);
-2. the **forward threads** run the batches. When one frees, the next batch is formed at once from
-   the requests already tokenized: the model never waits for a tokenizer, and the tokenizer never
-   waits for the model.
+Forward passes run one at a time on ``forward`` (every core), except under concurrency when ``side_forward`` (the
+same model on one core) is given: then up to ``lanes`` batches run side by side, one a core, since one pass on two
+cores leaves one waiting through the pass's serial parts and while the event loop answers (benchmarks/serving.md).
+A pass takes a lane when another is running or more is queued than it takes (what is queued is then shared between
+the free lanes); a lone request, and a batch that takes everything with nothing else running, get every core.
 
-Forward passes run one at a time on ``forward`` (which uses every core), except under concurrency
-when ``side_forward`` is given (the same model on one core): then up to ``lanes`` batches run side by
-side on it, one a core. One pass on two cores leaves one of them waiting through the pass's serial
-parts and while the event loop answers a batch and forms the next; two passes of one core each keep
-both busy (benchmarks/serving.md). A pass runs on a lane when another one is running, or when
-more is queued than it takes (with several lanes free, what is queued is shared between them); a
-lone request, and a batch that takes everything queued with nothing else running, get every core.
+A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens, formed around
+the oldest request from the queued ones nearest it in length; one over a limit runs as several forward passes
+(``predict.batch_forming``; running and answering a batch: ``batch_runner``).
 
-A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens,
-formed around the oldest request from the queued ones nearest it in length; one over a limit runs as several
-forward passes (the rules: ``predict.batch_forming``; running and answering a batch: ``batch_runner``).
+A batch waits for company only while company is known to be coming: a request being tokenized, or one the server
+has begun to receive and not yet queued (``arrivals``). It starts once every request in flight is in it (or it is
+full), and waits at most ``max_wait_ms`` past its oldest request's arrival: a lone client, or a closed loop of a few,
+never pays the window, and a crowd whose requests are on their way gets it to fill a batch.
 
-A batch waits for company only while company is known to be coming: a request being tokenized, or one the
-server has begun to receive and not yet queued (``arrivals``). It starts as soon as every request in flight is in
-it (or it is full), and waits at most ``max_wait_ms`` past its oldest request's arrival. A lone client therefore
-never pays the window, nor do clients whose next requests are not yet sent (a closed loop of a few clients, each
-waiting for its answer), and a crowd whose requests are on their way gets the window to fill a batch.
-
-A request whose future is cancelled before its batch forms (its HTTP client went away) is
-dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
-raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
-
-Faults stay with the request that caused them, and a stuck model is seen: ``batch_runner`` says how. If the
-batching loop itself ends with an exception, nothing would ever answer again: ``on_fatal(reason)`` is called (the
-server ends the process, so its supervisor restarts it).
+A request whose future is cancelled before its batch forms (its client went away) is dropped and never computed
+(``on_dropped``). The queue is bounded: ``enqueue`` raises :class:`QueueFullError` (HTTP 429). If the batching loop
+itself ends with an exception, ``on_fatal(reason)`` is called (the server ends the process for its supervisor to
+restart).
 """
 
 from __future__ import annotations
@@ -97,11 +86,9 @@ class BatchStats:
 class MicroBatcher:
     """``await batcher.submit(texts)`` -> ``forward(encode(texts))``'s results, computed in a shared batch.
 
-    ``encode(texts)`` returns one item per text (``len(item)`` = its tokens) and runs on the
-    tokenizer thread; without it the items are the texts themselves (``len`` = characters).
-    ``forward(items)`` returns one result per item, in order, and runs on the forward thread.
-    ``on_batch(BatchStats)`` and ``on_dropped(requests)`` are called on the event loop.
-    """
+    ``encode(texts)``: one item per text (``len(item)``: its tokens; without it, the texts and their characters).
+    ``forward(items)``: one result per item, in order. ``on_batch(BatchStats)`` and ``on_dropped(requests)`` are
+    called on the event loop."""
 
     def __init__(
         self,
@@ -236,18 +223,14 @@ class MicroBatcher:
         timing: dict[str, float] | None = None,
         encode: Callable[[list[str]], Sequence[Any]] | None = None,
     ) -> asyncio.Future[list[Any]]:
-        """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
+        """Queue ``texts``; the future resolves to their results (cancel it to withdraw the request). Raises
+        QueueFullError when the queue is full, BatcherClosedError when shutting down.
 
-        ``encode``, if given, tokenizes this request's texts instead of the batcher's own (a request's options: TEI's
-        truncation); it runs where the batcher's would, only once the request is admitted, and what it raises is the
-        request's error (the future's exception).
-
-        ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
-        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded);
-        and of that job (a request's trace shows them): ``done`` (its end, on ``time.perf_counter``'s clock),
-        ``batch`` (its number, from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens`` and ``passes``.
-        Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
-        """
+        ``encode`` tokenizes this request's texts instead of the batcher's (TEI's truncation), once it is admitted;
+        what it raises is the request's error. ``timing`` is filled in before the future resolves: ``tokenize_s``,
+        ``queue_s``, ``inference_s``, ``tokens`` (unpadded), and of its forward job ``done`` (its end, on
+        ``time.perf_counter``'s clock), ``batch`` (from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens``
+        and ``passes``."""
         self.arrivals.landed()  # queued, or turned away: either way no longer on its way
         if self._closing or self._task is None:
             raise BatcherClosedError("the server is shutting down" if self._closing else "the batcher is not started")
@@ -322,8 +305,7 @@ class MicroBatcher:
         self._wake()
 
     def _on_done(self, request: _Request) -> None:
-        """A cancelled future before its batch ran: the request leaves the queue now (its place is free) and is never
-        computed."""
+        """A future cancelled before its batch ran: the request leaves the queue now and is never computed."""
         if not request.future.cancelled() or request.stage not in ("tokenizing", "ready"):
             return
         if request.stage == "ready":
@@ -359,7 +341,7 @@ class MicroBatcher:
 
     def _take(self, cap: int | None = None) -> tuple[list[_Request], bool]:
         """The next batch (``batch_forming.take``: at most ``cap`` texts, if given), and whether it is full."""
-        limit = self.max_batch_size if cap is None else min(cap, self.max_batch_size)
+        limit = min(cap or self.max_batch_size, self.max_batch_size)
         return take(list(itertools.islice(self._ready, self.lookahead)), limit, self.max_batch_tokens, len(self._ready))
 
     def _cap(self) -> int | None:

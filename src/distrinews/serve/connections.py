@@ -1,34 +1,25 @@
 """Slow clients: deadlines for a request's headers and body, and a cap on open connections; each answer in one write.
 
-uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection
-open (its keep-alive timeout ends with the first byte received), so a client that sends half
-the headers and stops holds a connection and a file descriptor forever; uvicorn's
-``limit_concurrency`` answers 503 only once a request's headers are complete, so such clients
-are not counted against it either. ``GuardedH11Protocol`` adds the two missing pieces:
+uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection open (its
+keep-alive timeout ends with the first byte received), and its ``limit_concurrency`` counts a request only once its
+headers are complete: a client that sends half the headers and stops holds a connection forever, uncounted.
+``GuardedH11Protocol`` adds:
 
-- ``header_timeout``: from the moment a connection opens, and again from each answer sent on it
-  (keep-alive), the client has that many seconds to complete the next request's headers;
-  otherwise the connection is closed (nginx's ``client_header_timeout``). A request whose
-  headers arrived is never cut by it.
-- ``body_timeout``: from the end of a request's headers, the client has that many seconds to send
-  its whole body, whether the app reads it or not (after a 401 or 405 it is read and dropped);
-  otherwise it is answered ``408`` (if nothing was answered yet) and the connection is closed.
-  Computing the answer is bounded elsewhere (the queue, ``--forward-timeout``).
-- ``send_timeout``: an answer the client does not read is held in this process (asyncio's write
-  buffer, past what the kernel's socket buffers take), and closing such a connection waits for that
-  buffer to drain, forever if the client never reads. Once the kernel takes no byte of an answer for
-  that many seconds, the connection is aborted and its buffer dropped (nginx's ``send_timeout``: the
-  time between two successful writes, not for the whole answer).
-- ``max_connections``: a connection beyond the cap is answered ``503`` with a JSON body and
-  ``Retry-After: 1`` before anything is read, and closed.
-- One write per answer: uvicorn writes an answer's status line and headers, then its body, in two
-  writes. A replica killed between them leaves nginx holding headers with no body, which nginx
-  has already passed on, so it cannot retry the request elsewhere and its client gets a truncated
-  answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill
-  comes before an answer (nginx retries it on another replica) or after it (the kernel delivers it).
+- ``header_timeout``: from a connection's opening, and again from each answer sent on it, the client has that long
+  to complete the next request's headers, or the connection is closed (nginx's ``client_header_timeout``);
+- ``body_timeout``: from the end of its headers, the client has that long to send the whole body, read or not (after
+  a 401 or 405), or it is answered ``408`` (if nothing was answered yet) and closed;
+- ``send_timeout``: an answer the client does not read waits in asyncio's write buffer, and closing the connection
+  waits for that buffer to drain, forever if the client never reads. Once the kernel takes no byte of it for that
+  long, the connection is aborted and its buffer dropped (nginx's ``send_timeout``: between two writes);
+- ``max_connections``: a connection beyond the cap is answered ``503`` (JSON, ``Retry-After: 1``) unread and closed;
+- one write per answer: uvicorn writes the status line and headers, then the body. A replica killed between the two
+  leaves nginx holding headers it has already passed on, so it cannot retry elsewhere and its client gets a
+  truncated answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill comes
+  before an answer (nginx retries it) or after it (the kernel delivers it).
 
-The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn
-instantiates the protocol class itself with its own arguments.
+The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn instantiates
+the protocol class itself.
 """
 
 from __future__ import annotations
@@ -48,14 +39,11 @@ log = logging.getLogger("distrinews.serve")
 
 
 class OneWritePerStep:
-    """A transport whose writes made in one step of the event loop leave as one write, at the end of that
-    step (or at ``close``, first). Everything else is the wrapped transport's."""
+    """A transport whose writes made in one step of the event loop leave as one write, at the end of that step (or at
+    ``close``, first). Everything else is the wrapped transport's."""
 
     def __init__(
-        self,
-        transport: asyncio.Transport,
-        loop: asyncio.AbstractEventLoop,
-        on_write: Callable[[], None] | None = None,
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_write: Callable[[], None] | None = None
     ):
         self._transport, self._loop, self._on_write = transport, loop, on_write
         self._pending: list[bytes] = []
