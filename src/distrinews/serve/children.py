@@ -67,11 +67,9 @@ def address_taken(log_path: Path, offset: int = 0) -> bool:
 
 
 def bound_log(path: Path, max_bytes: int = MAX_LOG_BYTES) -> bool:
-    """Keep a log that a running child appends to under ``max_bytes``: past it, the log's last ``max_bytes`` go to
-    ``LOG.1`` (replacing the part before) and the log is emptied in place; the child holds it open with O_APPEND, so
-    it writes on from the start (logrotate's copytruncate, for programs that cannot reopen their log: uvicorn
-    cannot). What the child writes between the last copy and the emptying, a few microseconds, is lost. Whether
-    it was cut."""
+    """Keep a log a running child appends to under ``max_bytes`` (whether it was cut): past it, its last ``max_bytes``
+    go to ``LOG.1`` and it is emptied in place, the child writing on from its start with O_APPEND (logrotate's
+    copytruncate: uvicorn cannot reopen its log). What is written between the last copy and the emptying is lost."""
     fd = _open_log(path, os.O_RDWR)
     if fd is None:
         return False
@@ -112,8 +110,7 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any], dict[
 def start_child(
     cmd: list[str], log_path: Path, env: dict[str, str] | None = None, open_files: int | None = None
 ) -> subprocess.Popen[bytes]:
-    """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files (at most the
-    hard limit)."""
+    """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files."""
     parent = os.getpid()
 
     def preexec() -> None:

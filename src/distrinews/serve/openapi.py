@@ -29,9 +29,8 @@ from .schemas import (
 
 
 class _RequestRoute(APIRoute):
-    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself: called as it is, without
-    FastAPI's per-request dependency solving and response handling, which such an endpoint has no use for (it
-    reads and checks its own body, ``limits``). The route still documents its body and answers in /openapi.json."""
+    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself (it reads its own body,
+    ``limits``): called as it is, without FastAPI's per-request dependency solving and response handling."""
 
     def get_route_handler(self) -> Callable[[Request], Any]:
         endpoint = self.endpoint
@@ -94,14 +93,9 @@ def label_examples(app: FastAPI, labels: list[str] | None) -> None:
 
     def openapi() -> dict[str, Any]:
         schema = build()  # FastAPI's, cached on the app: the example is added once
-        share = round(1 / len(labels), 4)
-        example = {
-            "label": labels[0],
-            "label_id": 0,
-            "confidence": share,
-            "probabilities": dict.fromkeys(labels, share),
-        }
-        for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
+        first, share = labels[0], round(1 / len(labels), 4)
+        example = {"label": first, "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
+        for name, shown in (("PredictResponse", example), ("Prediction", {"label": first, "score": share})):
             target = schema.get("components", {}).get("schemas", {}).get(name)
             if target is not None:
                 target["examples"] = [shown]

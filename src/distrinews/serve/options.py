@@ -29,8 +29,7 @@ class ServeOptionError(ValueError):
 
 
 def _flag(default: Any, help: str | None = None, **declared: Any) -> Any:
-    """A field that is also the command-line flag ``--field-name``: its declaration (``options.Option``) lives here
-    only."""
+    """A field that is also the command-line flag ``--field-name``, declared here only (``options.Option``)."""
     return Option(default=default, help=help, **declared).field()
 
 
@@ -130,11 +129,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def api_key_from_env() -> str | None:
-    """$DISTRINEWS_API_KEY without surrounding whitespace (no header value can carry it); None when unset.
-
-    Set but blank is refused: the variable says the server is meant to be guarded (an empty Kubernetes
-    secret gives exactly this), and serving without a key instead would fail open.
-    """
+    """$DISTRINEWS_API_KEY stripped (no header value can carry the whitespace); None when unset. Set but blank is
+    refused: the server is meant to be guarded (an empty Kubernetes secret gives this), and would fail open."""
     raw = os.environ.get(API_KEY_ENV)
     if raw is None:
         return None

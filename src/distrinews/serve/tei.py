@@ -1,31 +1,24 @@
 """text-embeddings-inference's (TEI) and Hugging Face's inference API shapes, beside the seed's API.
 
-A body with ``inputs`` (and no ``text``) on ``POST /predict``, ``/`` or ``/invocations`` is one
-of theirs: with ``parameters`` it is Hugging Face's text-classification request (what
-``huggingface_hub.InferenceClient.text_classification`` sends), without it TEI's. Both are
-answered as those servers answer, every label with its score, highest first: TEI gives a list
-for one text and a list of those for a batch; Hugging Face a list per input, so one text is
-``[[...]]`` (the client reads the first). Their errors are TEI's ``{"error", "error_type"}``
-with TEI's status codes. Every prediction answer carries TEI's timing headers (``x-total-time``,
-``x-queue-time``, ...), in whole milliseconds as TEI sends them.
+A body with ``inputs`` (and no ``text``) on ``POST /predict``, ``/`` or ``/invocations`` is one of theirs: with
+``parameters`` Hugging Face's text-classification request (``InferenceClient.text_classification``), else TEI's.
+Both are answered as those servers answer, every label with its score, highest first: TEI a list for one text and a
+list of those for a batch, Hugging Face a list per input (one text is ``[[...]]``). Their errors are TEI's
+``{"error", "error_type"}`` with TEI's status codes; every answer carries TEI's timing headers, in whole ms.
 
 Where this server answers otherwise than TEI, and why:
 
-- a pair of texts (``["a", "b"]``, or ``[["a", "b"]]`` in a batch) is refused with 422: the
-  model classifies single texts;
-- ``raw_scores`` (and Hugging Face's ``function_to_apply: "none"``) answers log-probabilities,
-  which are the model's logits shifted by one constant per text (the predictor's answers carry
-  probabilities; softmax cannot tell the two apart); ``sigmoid`` is refused: the model is
-  single-label. A multi-label model (a sigmoid per label) is the other way round: its scores are
-  sigmoids, ``sigmoid`` is accepted and ``softmax`` refused, and raw scores are its logits exactly
-  (a sigmoid can be undone), as TEI and Hugging Face answer them;
-- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.encode_fitted``), so it may
-  keep one partial word fewer than TEI;
-- a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
-  answers 422); an empty batch is 400 ``Empty``, as the document declares (its router, 422);
-- a text of whitespace only is empty (400), as the seed API strips texts;
-- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the
-  401 (API key) and 413 (body size) the middlewares answer before the body is read.
+- a pair of texts (``["a", "b"]``, or ``[["a", "b"]]`` in a batch) is refused with 422: the model classifies
+  single texts;
+- ``raw_scores`` (and ``function_to_apply: "none"``) answers log-probabilities, the logits shifted by one constant
+  per text (softmax cannot tell them apart); ``sigmoid`` is refused. A multi-label model is the other way round:
+  ``sigmoid`` is accepted, ``softmax`` refused, and raw scores are its logits exactly (a sigmoid can be undone);
+- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.encode_fitted``), so it may keep one
+  partial word fewer than TEI;
+- a batch over ``--max-batch-texts`` is 413 and an empty one 400 ``Empty``, as TEI's OpenAPI document declares (its
+  router answers 422); a text of whitespace only is empty (400), as the seed API strips texts;
+- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the 401 and 413 the
+  middlewares answer before the body is read.
 """
 
 from __future__ import annotations
@@ -87,9 +80,8 @@ def _text(value: Any, where: str, max_chars: int) -> str:
 
 
 def _inputs(inputs: Any, max_texts: int, max_chars: int, hf: bool) -> tuple[list[str], bool]:
-    """The texts, and whether they are a batch. Hugging Face's ``inputs``: a string, or a list of strings (each its
-    own input, so always a batch). TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a
-    batch ``[[text], ...]``."""
+    """The texts, and whether they are a batch. Hugging Face's ``inputs``: a string, or a list of strings (a batch).
+    TEI's ``PredictInput``: a string, ``[text]``, ``[a, b]`` (a pair), or a batch ``[[text], ...]``."""
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)], hf
     if not isinstance(inputs, list):
@@ -170,9 +162,8 @@ def parse(
 
 
 def encoding(request: ForeignRequest, encoder: Any) -> Callable[[list[str]], Any] | None:
-    """How the request's texts are tokenized (None: as every request's): refused if one is too long and
-    ``truncate`` is false, cut at the start for left truncation; run by the micro-batcher once the request is
-    admitted, each text once. ``encoder`` is the predictor's ``tokens.TextEncoder`` (None: it has none)."""
+    """How the request's texts are tokenized (None: as every request's) with the predictor's ``encoder``: refused if
+    one is too long and ``truncate`` is false, cut at the start for left truncation."""
     if request.truncate and not request.keep_end:
         return None
     if encoder is None:
@@ -218,8 +209,8 @@ def _ms(seconds: float) -> str:
 
 
 def timing_headers(start: float, timing: dict[str, float], characters: int, runtime: str) -> dict[str, str]:
-    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()`` on arrival, ``timing`` what
-    the micro-batcher measured for this request (``MicroBatcher.enqueue``)."""
+    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()`` on arrival, ``timing`` what the
+    micro-batcher measured."""
     total = _ms(time.perf_counter() - start)
     return {
         "x-compute-type": runtime,
