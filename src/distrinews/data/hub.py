@@ -19,9 +19,8 @@ def _hub_offline() -> bool:
 
 
 def _hub_unreachable() -> str | None:
-    """Why the hub cannot be reached from here, when that is known at once (its host name does not
-    resolve), else None. Without this, ``datasets`` retries for ~25 s before failing the same way.
-    Behind a proxy the name may resolve only at the proxy, so nothing is probed there."""
+    """Why the hub cannot be reached, when that is known at once (its name does not resolve; ``datasets`` would retry
+    for ~25 s first), else None. Behind a proxy the name may resolve only at the proxy: nothing is probed."""
     if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return None
     host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
@@ -38,13 +37,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load_from_hub(split: str) -> RawSplit:
-    """``fancyzhx/ag_news`` through ``datasets`` (cached by it after the first download).
-
-    The hub's rows are the original CSV's, joined as ``title + " " + description`` with the
-    release's escapes still in them, so they are cleaned exactly like the local files: the same
-    article gives the same text (and the same token cache entry) either way. Offline
-    (``HF_HUB_OFFLINE=1``), ``datasets`` still reads a copy an earlier run cached.
-    """
+    """``fancyzhx/ag_news`` through ``datasets`` (which caches it; offline, a copy an earlier run cached is read). Its
+    rows are the original CSV's joined with the release's escapes still in them, so they are cleaned like the local
+    files: the same article gives the same text (and token cache entry) either way."""
     try:
         import datasets
     except ImportError:
@@ -70,8 +65,7 @@ def load_from_hub(split: str) -> RawSplit:
     missing = {"text", "label"} - set(ds.column_names)
     if missing:
         raise DataError(f"{where}: expected columns text and label, missing {sorted(missing)}")
-    texts: list[str] = []
-    labels: list[int] = []
+    texts, labels = [], []
     for i, (raw_text, label) in enumerate(zip(ds["text"], ds["label"])):
         if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(LABELS):
             raise DataError(f"{where} row {i}: label {label!r} is not an integer 0-{len(LABELS) - 1}")
