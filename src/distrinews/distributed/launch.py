@@ -1,11 +1,9 @@
 """Our launcher: ``--nproc-per-node``, ``--nnodes``, ``--rdzv-endpoint``, ``--max-restarts`` ... on our own command.
 
-The command runs torchrun's elastic agent *in this process* (``torch.distributed.run``), not as
-a child: one process owns the workers, so killing the command, even with SIGKILL, takes the
-workers with it (they ask Linux for that, ``distributed.die_with_launcher``), and a failed run
-ends in one line of ours instead of torchrun's traceback. Flags not given here are taken from
-torchrun's own ``PET_*`` environment variables, as torchrun does, so cluster operators that set
-them (Kubeflow Trainer, the PyTorch training operator) need no change to the command.
+The command runs torchrun's elastic agent *in this process*, not as a child: killing the command, even with SIGKILL,
+takes the workers with it (``process_group.die_with_launcher``), and a failed run ends in one line of ours instead of
+torchrun's traceback. Flags not given are taken from torchrun's ``PET_*`` variables, as torchrun does, so operators
+that set them (Kubeflow Trainer, the PyTorch training operator) need no change to the command.
 """
 
 from __future__ import annotations

@@ -53,15 +53,13 @@ _POLL_S = 0.2
 def run_until_stopped(
     command: list[str], grace_s: float, *, started: Callable[[int], None] | None = None, **popen: Any
 ) -> int:
-    """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
-    SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_processes``). ``started``
-    gets the child's pid once it runs. Call it from the main thread (Python runs signal handlers there).
+    """Run ``command`` (``Popen`` keywords in ``popen``) to its end; its exit code. Ctrl-C or SIGTERM meanwhile
+    raises ``KeyboardInterrupt`` once the child is stopped. ``started`` gets its pid. Call from the main thread.
 
-    Two ways CPython 3.11 loses such a signal are closed. Its handler here records it, and raises only in the wait:
-    while the child is forked with a ``preexec_fn`` (a handler's exception there is swallowed by the at-fork hooks)
-    and while ``started`` writes (a study's journal), the signal waits until the child runs. A signal the kernel gives
-    another thread (a heartbeat thread) neither interrupts a blocking wait nor runs its handler until the child ends:
-    the wait here is a poll that runs pending handlers (``pthread_sigmask`` does) every ``_POLL_S`` seconds.
+    Two ways CPython 3.11 loses such a signal are closed: the handler records it and raises only in the wait (an
+    exception while forking with a ``preexec_fn`` is swallowed by the at-fork hooks, and ``started`` may be writing
+    a journal); and the wait polls, running pending handlers every ``_POLL_S``, as a signal the kernel gives another
+    thread neither interrupts a blocking wait nor runs its handler until the child ends.
     """
     received: list[int] = []
     waiting = False
@@ -95,9 +93,8 @@ def run_until_stopped(
 
 
 def stop_processes(*processes: subprocess.Popen[Any] | None, grace_s: float, sig: int = signal.SIGTERM) -> None:
-    """Stop each of ``processes`` still running: ``sig`` (SIGTERM: a training run saves a checkpoint at its next step,
-    a server answers what it holds, then each exits), then SIGKILL for any still running ``grace_s`` after (one grace
-    for all of them); every one reaped. None, or one already ended, is left as it is."""
+    """Stop each of ``processes`` still running (None, or one ended, is left): ``sig`` (SIGTERM: a run checkpoints, a
+    server answers what it holds), then SIGKILL for any still running ``grace_s`` after (one grace for all); reaped."""
     running = [p for p in processes if p is not None and p.poll() is None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):  # it ended since the poll

@@ -55,17 +55,15 @@ def _v1_quota(directory: Path) -> float | None:
 
 
 def _cgroup_dirs(mount: Path, cgroup: str) -> list[Path]:
-    """The folders of ``cgroup`` (a path as /proc/self/cgroup names it) and of every cgroup above it, under
-    ``mount``; a quota on any of them limits this process. In a container the mount is often the container's
-    own cgroup, where the named path does not exist: the mount itself is then the one that counts."""
+    """The folders of ``cgroup`` (as /proc/self/cgroup names it) and every cgroup above it under ``mount``, the mount
+    itself included (in a container often its own cgroup, where the named path does not exist)."""
     parts = [p for p in cgroup.split("/") if p and p not in (".", "..")]
     return [mount.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
 
 
 def cpu_quota(root: Path | None = None) -> float | None:
-    """The CPUs' worth of time this process's cgroups allow per period (``--cpus 1.5``: 1.5), the tightest of its
-    cgroup and those above it, cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); None
-    when none sets a quota or none can be read. ``root``: where /proc and /sys are (default ``SYSTEM_ROOT``)."""
+    """The CPUs' worth of time this process's cgroups allow (``--cpus 1.5``: 1.5), the tightest of its cgroup and those
+    above it, v2 or v1; None when none sets one or can be read. ``root``: where /proc and /sys are."""
     root = SYSTEM_ROOT if root is None else root
     # No /proc/self/cgroup (another OS, a sandbox): the root cgroups of both versions, as a container sees its own.
     cgroups = (_small_file(root / "proc/self/cgroup") or "0::/\n1:cpu:/\n").splitlines()
@@ -93,9 +91,8 @@ def usable_cores(root: Path | None = None) -> int:
 
 
 def quota_limited_cores(root: Path | None = None) -> int | None:
-    """``usable_cores()`` where a CPU quota allows fewer cores than the affinity has, else None. A runtime left to
-    its own default sizes its threads from the affinity (the host's cores, in a container under ``--cpus``); where
-    no quota binds, its default (often the physical cores) is the better choice."""
+    """``usable_cores()`` where a CPU quota allows fewer cores than the affinity, else None: a runtime's own default
+    (often the physical cores) is better where no quota binds, but it counts the host's cores under ``--cpus``."""
     usable = usable_cores(root)
     return usable if usable < len(cores_available()) else None
 

@@ -1,18 +1,14 @@
 """How the model is spread over the processes: one entry point, ``wrap_model``, per ``strategy``.
 
-- ``ddp`` (default): every rank holds the whole model; gradients are averaged by
-  DistributedDataParallel in buckets while backward runs. With one process it is the plain
-  module, so world size 1 and N share one code path.
-- ``fsdp``: the parameters, gradients and optimizer state are sharded over the ranks with
-  FSDP2 (``fully_shard``), one unit per transformer block plus the root: a block's parameters
-  are all-gathered just before it runs and freed after, gradients are reduce-scattered.
-- ``single``: one process only; refuses to start under N processes (a guard for runs that must
-  not be split, e.g. a reference measurement).
+- ``ddp`` (default): every rank holds the whole model; DistributedDataParallel averages gradients in buckets while
+  backward runs. With one process it is the plain module: world size 1 and N share one code path.
+- ``fsdp``: parameters, gradients and optimizer state sharded over the ranks with FSDP2 (``fully_shard``), one unit
+  per transformer block plus the root: a block's parameters are gathered just before it runs and freed after.
+- ``single``: one process only; refuses to start under N (for runs that must not be split).
 
-What differs between strategies lives here and nowhere else: skipping the gradient sync on
-the micro-steps of an accumulation window, gradient clipping, the communication a step costs,
-and gathering a full state dict for saving (a collective every rank must enter, even though
-only rank 0 writes). How each strategy lies on disk is ``checkpoint/resumable.py``'s ``layout_for``.
+What differs between strategies lives here and nowhere else: skipping the gradient sync within an accumulation
+window, clipping, the communication a step costs, and gathering a full state dict for saving (a collective every
+rank enters, though only rank 0 writes). How each lies on disk is ``checkpoint/resumable.py``'s ``layout_for``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Process-group setup and teardown from torchrun's environment, and the few collectives we use.
-
-World size 1 makes no process group at all: every helper here then degrades to the identity,
-so the trainer has one code path for 1 and N processes.
+"""Process-group setup and teardown from torchrun's environment, and the few collectives we use. World size 1 makes
+no process group: every helper is then the identity, so the trainer has one code path for 1 and N processes.
 """
 
 from __future__ import annotations
