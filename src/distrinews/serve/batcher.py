@@ -108,12 +108,7 @@ class MicroBatcher:
         lanes: int = 1,
         arrivals: Arrivals | None = None,
     ):
-        if (
-            max_batch_size < 1
-            or max_queue < 1
-            or max_wait_ms < 0
-            or (max_batch_tokens is not None and max_batch_tokens < 1)
-        ):
+        if min(max_batch_size, max_queue, 1 if max_batch_tokens is None else max_batch_tokens) < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
         if forward_timeout is not None and forward_timeout <= 0:
             raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
@@ -237,8 +232,7 @@ class MicroBatcher:
         if (stalled := self.stalled) is not None:
             raise ForwardStalledError(stalled)
         n = len(texts)
-        # A request larger than the whole queue is still admitted when the queue is empty:
-        # otherwise it could never be served at all.
+        # A request larger than the whole queue is still admitted when the queue is empty, or it could never be served.
         if self._queued_texts and self._queued_texts + n > self.max_queue:
             raise QueueFullError(
                 f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly"
@@ -256,9 +250,10 @@ class MicroBatcher:
             request.stage = "ready"
             self._ready.append(request)
             self._wake()
-        elif sum(map(len, request.texts)) <= self.encode_inline_chars:
+            return request.future
+        self._tokenizing += 1
+        if sum(map(len, request.texts)) <= self.encode_inline_chars:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
-            self._tokenizing += 1
             job = loop.create_future()
             try:
                 job.set_result(self._encode_job(request))
@@ -266,7 +261,6 @@ class MicroBatcher:
                 job.set_exception(exc)
             self._on_encoded(request, job)
         else:
-            self._tokenizing += 1
             job = loop.run_in_executor(self._tokenizer, self._encode_job, request)
             job.add_done_callback(lambda done: self._on_encoded(request, done))
         return request.future
@@ -416,9 +410,7 @@ class MicroBatcher:
 
     async def _pass(self, batch: list[_Request], forward: Callable[[list[Any]], Sequence[Any]], number: int) -> None:
         """One batch on ``forward``: answered, its stall waited out, its stats reported (a task, beside the loop)."""
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        now = loop.time()
+        start, now = time.perf_counter(), asyncio.get_running_loop().time()
         queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
         tokens = passes = 0
         try:
