@@ -14,7 +14,7 @@ import types
 import pytest
 
 from distrinews.cli import main
-from distrinews.data.csv_files import read_csv
+from distrinews.data.splits import read_csv
 from distrinews.data.rows import GET_DATA, HUB_DATASET
 from distrinews.data.splits import load_split
 from distrinews.errors import DataError
