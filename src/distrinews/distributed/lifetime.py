@@ -1,5 +1,6 @@
-"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``), and
-stopping one (``stop_processes``: a signal, a grace, then SIGKILL): written once, for every launcher of ours.
+"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``),
+stopping one (``stop_processes``: a signal, a grace, then SIGKILL), and reading the end of its log without reading
+the rest (``log_tail``): written once, for every launcher of ours.
 
 A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
 kernel can take the children with it; ``preexec_die_with_parent`` extends that to programs that are not ours (nginx).
@@ -11,6 +12,7 @@ import contextlib
 import functools
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+# What is read of a log's end: an error and the lines before it, never the weeks of access log above them.
+TAIL_BYTES = 64 * 1024
 
 
 def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
@@ -108,12 +112,42 @@ def stop_processes(*processes: subprocess.Popen[Any] | None, grace_s: float, sig
             process.wait()
 
 
+def open_log(path: Path, flags: int) -> int | None:
+    """A descriptor of the regular file at ``path`` (never through a link), or None."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_tail(path: Path, max_bytes: int = TAIL_BYTES, offset: int = 0) -> bytes:
+    """At most the last ``max_bytes`` of the log at ``path``, from ``offset`` on (an offset past the end, the log
+    having been emptied since, counts from its start): only those bytes are read, whatever the file's size."""
+    fd = open_log(path, os.O_RDONLY)
+    if fd is None:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        start = max(offset if offset <= size else 0, size - max_bytes)
+        f.seek(start)
+        return f.read(max_bytes)
+
+
+def log_tail(path: Path, lines: int | None = 15, max_bytes: int = TAIL_BYTES) -> str:
+    """The last ``lines`` lines of the log at ``path`` (None: every whole line of its last ``max_bytes``), from its
+    last ``max_bytes`` only; "" when it cannot be read."""
+    data = read_tail(path, max_bytes)
+    if len(data) == max_bytes and b"\n" in data:  # the read may start inside a line: it starts after it
+        data = data.split(b"\n", 1)[1]
+    text = data.decode(errors="replace")
+    return text if lines is None else "\n".join(text.splitlines()[-lines:])
+
+
 def last_line(log: Path, width: int = 300) -> str:
     """The last non-blank line of a child's log (its error, as a one-line reason), cut to ``width``; "" if none."""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
+    lines = [line for line in log_tail(log, lines=None).splitlines() if line.strip()]
     return lines[-1][:width] if lines else ""

@@ -33,8 +33,8 @@ from types import FrameType
 
 from ..checkpoint.atomic import write_text_atomically
 from ..distributed.launch import free_ports
-from ..distributed.lifetime import stop_processes
-from .children import MAX_LOG_BYTES, address_taken, bound_log, get_json, log_tail, start_child
+from ..distributed.lifetime import log_tail, stop_processes
+from .children import MAX_LOG_BYTES, address_taken, bound_log, get_json, start_child
 from .nginx import CLIENT_CONNECTIONS, CLIENT_RATE, connection_budget, nginx_conf
 from .options import ServeOptionError
 
