@@ -50,10 +50,6 @@ class LabelledData:
     own_data: bool = False  # not AG News
     multi_label: bool = False  # each row's label a 0/1 list (problem_type multi_label_classification)
 
-    @property
-    def num_labels(self) -> int:
-        return len(self.label_names)
-
 
 @dataclass
 class _Rows:

@@ -1,7 +1,6 @@
 """What /docs and /openapi.json say about the prediction routes: their bodies in every API shape, their answers,
-their limits and status codes (``responses.declared``), and the response examples in the model's own labels.
-
-The routes' handlers are the app's (``app.py``); this module registers them with their declarations.
+their limits and status codes (``responses.declared``), and the response examples in the model's own labels. The
+handlers are the app's; this module registers them with their declarations.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The server's command-line options, shared by ``distrinews serve`` and the slim ``python -m distrinews.serve``.
-
-``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port`` (as in the
-reference system, and as container platforms set them). Checks here import nothing heavy
-(torch only to check that ``--runtime torch-bf16`` runs in hardware here).
+``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port``, as container platforms set them.
+The checks import nothing heavy (torch only to check that ``--runtime torch-bf16`` runs in hardware here).
 """
 
 from __future__ import annotations
