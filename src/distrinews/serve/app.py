@@ -4,7 +4,7 @@
 answers ``/health`` (and ``/ready`` with 503) while the model loads, then serves. Every error is JSON ``{"detail":
 "<what to fix>"}`` (``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded (``limits``).
 ``POST /predict`` (and ``POST /``, ``/invocations``) also speaks text-embeddings-inference's and Hugging Face's
-shapes (``tei``). Each route declares its status codes with an example body (``responses``, ``openapi``); around
+shapes (``tei``). Each route declares its status codes with an example body (``openapi``); around
 the routes sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
 
 Malformed HTTP itself (an unparsable request line or header, a bad or doubled ``Content-Length``) is answered by
@@ -39,10 +39,9 @@ from .arrivals import ArrivalsMiddleware
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
 from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyBudget, BodyLimitMiddleware, MetricsMiddleware
-from .openapi import label_examples, route_predict, route_predict_batch
+from .openapi import declared, label_examples, route_predict, route_predict_batch
 from .options import ServeConfig, api_key_from_env
 from .protocol import ServingPredictor
-from .responses import declared
 from .routes import RETRIED_POST_PATHS
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, error_response
 from .state import ServingState, default_factory
