@@ -62,8 +62,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Load in the background so /health and /ready answer while the model loads
-        # (orchestrators probe them); /predict says 503 until the model is ready.
+        # Load in the background: /health and /ready answer while the model loads (orchestrators probe them).
         loading = asyncio.get_running_loop().create_task(state.load())
         try:
             yield
@@ -98,8 +97,6 @@ def create_app(
     app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
-    # The routes, by kind: the page and the probes, the predictions (the seed's shapes and TEI's), what the server
-    # says about itself.
     _add_probe_routes(app, state, config)
     routes = _PredictRoutes(state, config, tracer)
     route_predict(app, config, routes.predict)

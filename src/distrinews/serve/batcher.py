@@ -160,9 +160,8 @@ class MicroBatcher:
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """The loop returns only once closing; any other end leaves every request unanswered for good."""
-        if task.cancelled() or task.exception() is None:
-            return
-        self._die(task.exception())
+        if not task.cancelled() and task.exception() is not None:
+            self._die(task.exception())
 
     def _pass_ended(self, task: asyncio.Task[None]) -> None:
         """A pass's task is done: its lane is free; a pass that raised (not its forward: that is caught) is fatal."""
@@ -199,8 +198,7 @@ class MicroBatcher:
     async def close(self) -> None:
         """Take no new work, finish everything already queued, then stop the worker threads."""
         self._closing = True
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
         if self.stalled is not None and self._task is not None:  # the stuck pass may never return: do not wait for it
             self._task.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
