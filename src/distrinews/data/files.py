@@ -273,8 +273,7 @@ class _LineRecorder:
         self.lines += 1
 
     def skip_quoted(self) -> None:
-        """After a record that failed inside a quoted field: drop lines until that field ends (else the rest of the
-        field would be read as rows)."""
+        """After a record that failed inside a quoted field: drop lines until the field ends (else read as rows)."""
         while self.quotes % 2:
             line = self._text.readline(_SKIP_CHUNK)
             if not line:

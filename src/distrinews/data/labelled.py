@@ -193,11 +193,7 @@ def read_file_rows(
     spec: str, field_name: str, columns: list[str], label_columns: list[str], multi: bool = False
 ) -> _Rows:
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
-    shards = resolve_inputs([spec], what=f"config field '{field_name}':")
-    if not shards:
-        raise DataError(
-            f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)"
-        )
+    shards = resolve_inputs([spec], what=f"config field '{field_name}':")  # never empty: it names what is missing
     many = f"{shards[0].path.parent} ({len(shards)} files)"
     rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]

@@ -123,8 +123,7 @@ class BatchRunner:
         return tokens, passes
 
     async def _each_alone(self, batch: Sequence[Answerable], forward: Forward, timed: _Timing) -> tuple[int, int]:
-        """After a failed batch: one request's texts may be what broke the pass, so each request alone, and only
-        that one fails."""
+        """After a failed batch: each request alone, so that only one whose texts broke the pass fails."""
         tokens = passes = 0
         for request in batch:
             if request.future.done():

@@ -202,8 +202,7 @@ def guarded_protocol(
     body_timeout: float | None = None,
     send_timeout: float | None = None,
 ) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off),
-    writing each answer in one write."""
+    """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off)."""
     settings = {
         "header_timeout": header_timeout,
         "body_timeout": body_timeout,

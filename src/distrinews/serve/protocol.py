@@ -23,9 +23,7 @@ class ServingPredictor(Protocol):
         """One item per text, its ``len()`` its length in tokens; thread-safe, no model."""
 
     def predict_encoded(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
-        """One forward pass over ``encode``'s items: ``{"label", "label_id", "confidence", "probabilities"}`` each, in
-        order."""
+        """One forward pass over ``encode``'s items: ``{"label", "label_id", "confidence", "probabilities"}`` each."""
 
     def describe(self) -> dict[str, Any]:
-        """What ``GET /info`` reports about the model: ``model_name``, ``runtime``, ``labels``, ``max_length``,
-        ``metrics``, ..."""
+        """What ``GET /info`` reports about the model: ``model_name``, ``runtime``, ``labels``, ``metrics``, ..."""

@@ -116,9 +116,8 @@ def _hf_parameters(parameters: Any, multi_label: bool = False) -> tuple[int | No
         return None, None
     if not isinstance(parameters, dict):
         raise _invalid(f"`parameters` must be an object, got {kind_of(parameters)}")
-    for name in parameters:
-        if name not in HF_PARAMETERS:
-            raise _invalid(f"`parameters` has {quoted(name)}, which is not one of {', '.join(HF_PARAMETERS)}")
+    if (name := next((name for name in parameters if name not in HF_PARAMETERS), None)) is not None:
+        raise _invalid(f"`parameters` has {quoted(name)}, which is not one of {', '.join(HF_PARAMETERS)}")
     top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {quoted(top_k)}")
@@ -209,8 +208,7 @@ def _ms(seconds: float) -> str:
 
 
 def timing_headers(start: float, timing: dict[str, float], characters: int, runtime: str) -> dict[str, str]:
-    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()`` on arrival, ``timing`` what the
-    micro-batcher measured."""
+    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()``, ``timing`` the batcher's."""
     total = _ms(time.perf_counter() - start)
     return {
         "x-compute-type": runtime,
