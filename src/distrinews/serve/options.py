@@ -164,33 +164,25 @@ def validate(args: argparse.Namespace) -> None:
             f"must be at least --max-body-bytes ({args.max_body_bytes})"
         )
     api_key_from_env()
+    from ..predict.confidence import ConfidenceThreshold
+    from ..predict.predictor import checkpoint_labels
+
     try:
         tracing.check_endpoint(args.otlp_endpoint)
         if tracing.wanted(args.otlp_endpoint):
             tracing.require("serve --otlp-endpoint (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
+        # --min-confidence names only labels the checkpoint has, where its files say which
+        threshold = ConfidenceThreshold.parse(args.min_confidence)
+        if threshold is not None and (labels := checkpoint_labels(args.checkpoint)):
+            threshold.for_labels(labels)
     except ConfigError as exc:
         raise ServeOptionError(str(exc)) from None
-    _check_min_confidence(args.min_confidence, args.checkpoint)
     if args.onnx_model and not args.runtime.startswith("onnx"):
         raise ServeOptionError("--onnx-model needs --runtime onnx or onnx-int8")
     if args.runtime == "torch-bf16":
         _check_bf16()
     if args.onnx_model and not Path(args.onnx_model).is_file():
         raise FileNotFoundError(f"ONNX model {args.onnx_model} does not exist")
-
-
-def _check_min_confidence(spec: str | None, checkpoint: str) -> None:
-    """``--min-confidence`` well formed, and naming only labels the checkpoint has (where its files say which)."""
-    from ..predict.confidence import ConfidenceThreshold
-    from ..predict.predictor import checkpoint_labels
-
-    try:
-        threshold = ConfidenceThreshold.parse(spec)
-        labels = checkpoint_labels(checkpoint) if threshold is not None else None
-        if threshold is not None and labels:
-            threshold.for_labels(labels)
-    except ConfigError as exc:
-        raise ServeOptionError(str(exc)) from None
 
 
 def _check_bf16() -> None:

@@ -55,7 +55,6 @@ class ForeignRequest:
 
     texts: list[str]
     batch: bool  # TEI's answer for a batch is a list per text (Hugging Face's always is)
-    hf: bool
     log_scores: bool  # raw scores: log-probabilities, or a multi-label model's logits
     truncate: bool  # False: a text longer than the model reads is refused (422)
     keep_end: bool  # truncate on the left
@@ -151,7 +150,6 @@ def parse(
     request = ForeignRequest(
         texts=texts,
         batch=batch,
-        hf=hf,
         log_scores=(function == "none") if function is not None else raw_scores,
         truncate=truncate is not False,  # null: TEI's --auto-truncate, whose default is true
         keep_end=direction.lower() == "left",
