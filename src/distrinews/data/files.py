@@ -71,10 +71,7 @@ class RawRow:
 def format_of(path: str | os.PathLike[str]) -> str | None:
     """``jsonl``, ``csv`` or ``parquet`` from the file name's suffix, else None."""
     name = Path(path).name.lower()
-    for suffix, fmt in SUFFIXES.items():
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return fmt
-    return None
+    return next((fmt for suffix, fmt in SUFFIXES.items() if name.endswith(suffix) and len(name) > len(suffix)), None)
 
 
 def require_pyarrow(what: str) -> None:

@@ -126,13 +126,11 @@ def distributed_context(timeout_s: float | None = None, threads: int | None = No
 
 def _leave_together(env: DistEnv, timeout_s: float = 60.0) -> None:
     """A last barrier of a run that ended well (bounded: a peer that died at its very end does not hold this one)."""
-    try:
+    with contextlib.suppress(RuntimeError):  # a peer is gone: leave anyway; the launcher reports the peer
         if env.backend == "gloo":
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
         else:
             barrier(env)
-    except RuntimeError:
-        pass  # a peer is gone: leave anyway; the launcher reports the peer
 
 
 def _attempt_store(timeout: datetime.timedelta) -> Store | None:

@@ -183,16 +183,11 @@ def _score(p: float, log: bool, multi_label: bool = False) -> float:
 
 def answer(request: ForeignRequest, results: list[dict[str, Any]], top_k: int | None = None) -> list[Any]:
     """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest first."""
-    ranked = [_ranked(r["probabilities"], request.log_scores, top_k, request.multi_label) for r in results]
+    ranked, log, multi_label = [], request.log_scores, request.multi_label
+    for result in results:  # sorted() is stable: equal scores keep the model's label order
+        highest_first = sorted(result["probabilities"].items(), key=lambda item: -item[1])[:top_k]
+        ranked.append([{"label": label, "score": _score(p, log, multi_label)} for label, p in highest_first])
     return ranked if request.batch else ranked[0]
-
-
-def _ranked(
-    probabilities: dict[str, float], log: bool, top_k: int | None, multi_label: bool = False
-) -> list[dict[str, Any]]:
-    # sorted() is stable: equal scores keep the model's label order
-    highest_first = sorted(probabilities.items(), key=lambda item: -item[1])[:top_k]
-    return [{"label": label, "score": _score(p, log, multi_label)} for label, p in highest_first]
 
 
 def error_response(exc: ApiError) -> JSONResponse:
