@@ -14,6 +14,7 @@ uvicorn's h11 protocol with a plain-text 400 before the app is called; the app c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import html
@@ -198,7 +199,9 @@ class _PredictRoutes:
         try:
             self.state.require_ready()
         except ApiError as not_ready:  # in TEI's shape, said in TEI's words; else as the seed API says it
-            payload = await _peek(request)
+            payload = None  # the body is read only to tell which shape the error is answered in
+            with contextlib.suppress(ApiError):
+                payload = await read_object(request, PredictRequest)
             if tei.is_foreign(payload):
                 return tei.error_response(not_ready)
             raise
@@ -281,14 +284,6 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
 
 def _settings(config: ServeConfig, *names: str) -> dict[str, Any]:
     return {name: getattr(config, name) for name in names}
-
-
-async def _peek(request: Request) -> Any:
-    """The body as JSON if it is one (None if not): only to tell which API shape an early error is answered in."""
-    try:
-        return await read_object(request, PredictRequest)
-    except ApiError:
-        return None
 
 
 def labels_sentence(labels: list[str] | None) -> str:
