@@ -68,8 +68,9 @@ class Stub:
 def front(tmp_path: Path, statuses: list[int], **limits: int) -> Iterator[tuple[int, list[Stub]]]:
     """nginx on a free port with serve-replicas' configuration (fail_timeout 1 s, header timeout 2 s) in front of a
     stand-in replica per status: (nginx's port, the stand-ins)."""
+    from distrinews.distributed.launch import free_ports
     from distrinews.distributed.lifetime import stop_processes
-    from distrinews.serve.children import free_ports, get_json, start_child
+    from distrinews.serve.children import get_json, start_child
     from distrinews.serve.nginx import connection_budget, find_nginx, nginx_conf
     from distrinews.serve.options import ServeOptionError
 

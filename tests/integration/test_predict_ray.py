@@ -48,7 +48,7 @@ def local_ray():
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, agnews_dir, spread_checkpoint, write_rows):
     """``(checkpoint, [shards])``: 26 JSONL rows (3 bad) then 18 CSV rows (1 bad), ids ``k0``, ``k1``, ..."""
-    from distrinews.data.csv_files import read_csv
+    from distrinews.data.splits import read_csv
 
     root = tmp_path_factory.mktemp("predict-ray")
     texts = read_csv(agnews_dir / "test.csv.gz").texts[:ROWS]

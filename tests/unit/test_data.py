@@ -2,9 +2,8 @@ import pytest
 import torch
 
 from distrinews.data.collate import Collator
-from distrinews.data.csv_files import read_csv
 from distrinews.data.rows import RawSplit, clean_text
-from distrinews.data.splits import load_split, stratified_sample
+from distrinews.data.splits import load_split, read_csv, stratified_sample
 from distrinews.data.tokenized import tokenize, tokenize_cached
 from distrinews.errors import DataError
 from distrinews.model import build_tokenizer

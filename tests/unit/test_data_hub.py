@@ -14,9 +14,8 @@ import types
 import pytest
 
 from distrinews.cli import main
-from distrinews.data.csv_files import read_csv
 from distrinews.data.rows import GET_DATA, HUB_DATASET
-from distrinews.data.splits import load_split
+from distrinews.data.splits import load_split, read_csv
 from distrinews.errors import DataError
 
 # Rows as the original release has them: escapes (\\$, a backslash for a line break, #39;) included.

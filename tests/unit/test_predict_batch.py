@@ -30,7 +30,7 @@ N_ROWS = 150
 
 @pytest.fixture(scope="module")
 def news(agnews_dir):
-    from distrinews.data.csv_files import read_csv
+    from distrinews.data.splits import read_csv
 
     return read_csv(agnews_dir / "test.csv.gz").texts[:N_ROWS]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-from distrinews.serve import children
-from distrinews.serve.children import address_taken, bound_log, log_tail
+from distrinews.distributed.lifetime import TAIL_BYTES, log_tail
+from distrinews.serve.children import address_taken, bound_log
 from distrinews.serve.replicas import ReplicaSettings, Supervisor
 
 BIG = 512 * 1024 * 1024  # a sparse file: no disk, but reading it whole would read half a GiB
@@ -44,7 +44,7 @@ def test_the_end_of_a_huge_log_is_read_without_reading_the_rest(tmp_path):
     read = _bytes_read() - before
     assert tail.splitlines()[-1] == "ERROR: address already in use" and len(tail.splitlines()) == 15
     assert taken
-    assert read <= 4 * children.TAIL_BYTES, f"{read:,} bytes read for the end of a {BIG:,}-byte log"
+    assert read <= 4 * TAIL_BYTES, f"{read:,} bytes read for the end of a {BIG:,}-byte log"
 
 
 def test_a_tail_starts_at_a_whole_line_and_an_offset_past_the_end_counts_from_the_start(tmp_path):

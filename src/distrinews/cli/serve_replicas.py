@@ -10,8 +10,9 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from ..distributed.lifetime import TAIL_BYTES
 from ..options import Option, add_options, check_options, fill_from_env
-from ..serve.children import MAX_LOG_BYTES, TAIL_BYTES
+from ..serve.children import MAX_LOG_BYTES
 from ..serve.nginx import CLIENT_CONNECTIONS, CLIENT_RATE
 from .common import require_extra
 

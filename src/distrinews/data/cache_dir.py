@@ -1,9 +1,6 @@
-"""Where DistriNews keeps what it can make again: ``$DISTRINEWS_CACHE``, else ``$XDG_CACHE_HOME/distrinews``, else
-``~/.cache/distrinews``.
-
-Tokenized splits (``tokenized.py``), a teacher's probabilities (``train/distillation.py``), measured peak
-FLOPs (``train/flops.py``) and the files made from a checkpoint (its ONNX graphs, ``predict/derived.py``)
-live under it. Standard library only: the slim ONNX server reads it without torch.
+"""Where DistriNews keeps what it can make again (tokenized splits, a teacher's probabilities, measured peak FLOPs,
+a checkpoint's ONNX graphs): ``$DISTRINEWS_CACHE``, else ``$XDG_CACHE_HOME/distrinews``, else ``~/.cache/distrinews``.
+Standard library only: the slim ONNX server reads it without torch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Which fields of a corpus row are its text, its id and its label, and why a row has none to give.
+"""Which fields of a corpus row are its text, its id and its label, and why a row has none to give (:class:`BadRow`,
+whose message is the rejects file's reason).
 
-The text is ``text_field`` (default ``text``). A row with no such field but ``title`` and
-``description`` (AG News's own layout) is the two joined as in training (``rows.clean_text``)
-when the text field is the default. The id is ``id_field`` when one is named, else the caller's
-row number. The label (for evaluation) is a class name (any case) or a 0-based class id; a multi-label model's
-is a list of them, or a 0/1 column per label, in the forms the training reader takes (``labels``).
-A row that lacks any of them raises :class:`BadRow`, whose message is the rejects file's reason.
+The text is ``text_field`` (default ``text``; without one, AG News's ``title`` and ``description`` joined as in
+training). The id is ``id_field`` when one is named, else the row number. The label (for evaluation) is a class name
+(any case) or a 0-based id; a multi-label model's a list of them, or a 0/1 column per label, as training reads them.
 """
 
 from __future__ import annotations
@@ -39,11 +37,8 @@ class RowFields:
 
     def columns(self) -> list[str]:
         """The fields a reader needs to read (Parquet reads only these)."""
-        names = [self.text_field]
-        if self.text_field == DEFAULT_TEXT_FIELD:
-            names += AG_NEWS_FIELDS
-        names += [self.id_field] if self.id_field else []
-        return names + self.label_columns()
+        ag_news = AG_NEWS_FIELDS if self.text_field == DEFAULT_TEXT_FIELD else ()
+        return [self.text_field, *ag_news, *([self.id_field] if self.id_field else []), *self.label_columns()]
 
     def label_columns(self) -> list[str]:
         """The label field, or a multi-label set's 0/1 columns, one per label (their names, comma-separated)."""
@@ -171,11 +166,9 @@ def label_flag(value: Any, column: str) -> bool:
 
 def label_key(value: Any, column: str) -> str:
     """One raw label as the training reader takes it: a string or an integer (an integral float too), stripped."""
-    if isinstance(value, (bool, list, dict)):
+    if isinstance(value, (bool, list, dict)) or (isinstance(value, float) and not value.is_integer()):
         raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
     if isinstance(value, float):
-        if not value.is_integer():
-            raise BadRow(f"label {value!r} in {column!r} is not a string or an integer")
         value = int(value)
     text = "" if value is None else str(value).strip()
     if not text:

@@ -1,24 +1,19 @@
 """Corpus files for batch inference: JSONL, CSV with a header, or Parquet, read row by row without stopping at a bad
 one.
 
-An input is a file, a folder (its files of a known format, sorted by name; hidden files, ``_``-files such as
-``_SUCCESS`` and subfolders left out) or a glob; its format is its suffix: ``.jsonl``, ``.csv``, ``.parquet``
-(``.jsonl.gz``, ``.csv.gz``).
+An input is a file, a folder (its files of a known format by name; hidden files, ``_``-files such as ``_SUCCESS``
+and subfolders left out) or a glob; its format is its suffix (``SUFFIXES``).
 
-:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad content: a line that is
-not UTF-8 or not a JSON object (nested too deep included), a CSV record with the wrong number of fields, a row over
-``max_row_bytes``, a truncated gzip stream, a Parquet value that is not UTF-8 or an unreadable row group is a row
-with ``error`` set (``file:line`` and the start of the raw text are kept for the rejects file). Blank lines are not
-rows. So every reader, :func:`count_rows` included, numbers a file's rows alike, and a reader can start at row N of
-a file (``start=N``) without parsing the rows before it.
+:func:`read_rows` yields one :class:`RawRow` per row, in file order, and never raises on bad content: a line not
+UTF-8 or not a JSON object, a CSV record with the wrong number of fields, a row over ``max_row_bytes``, a truncated
+gzip stream, an unreadable Parquet value or row group is a row with ``error`` set (``file:line`` and the start of
+the raw text kept for the rejects file). Blank lines are not rows. So every reader, :func:`count_rows` included,
+numbers a file's rows alike, and can start at row N (``start=N``) without parsing the rows before it.
 
-Memory is bounded whatever the input: a line is read ``max_row_bytes`` at most (the rest of a longer one is skipped
-in small chunks, never held), a CSV record stops at ``max_row_bytes`` (and is skipped to the end of its quoted
-field), and a Parquet row group is decoded only when its columns read take at most ``max_row_bytes`` a row on
-average and ``PARQUET_GROUP_BYTES`` in all, uncompressed.
-
-Line numbers are 1-based physical lines (a CSV record spanning lines: the line it starts on; the header is line 1);
-for Parquet, ``line`` is the row's 1-based position in the file.
+Memory is bounded: a line or CSV record is read ``max_row_bytes`` at most (the rest skipped in small chunks, to the
+end of its quoted field), and a Parquet row group is decoded only when its columns take at most ``max_row_bytes`` a
+row and ``PARQUET_GROUP_BYTES`` in all, uncompressed. Lines are 1-based physical lines (a CSV record: the line it
+starts on; the header is line 1); for Parquet, the row's 1-based position in the file.
 """
 
 from __future__ import annotations
@@ -76,10 +71,7 @@ class RawRow:
 def format_of(path: str | os.PathLike[str]) -> str | None:
     """``jsonl``, ``csv`` or ``parquet`` from the file name's suffix, else None."""
     name = Path(path).name.lower()
-    for suffix, fmt in SUFFIXES.items():
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return fmt
-    return None
+    return next((fmt for suffix, fmt in SUFFIXES.items() if name.endswith(suffix) and len(name) > len(suffix)), None)
 
 
 def require_pyarrow(what: str) -> None:
@@ -91,11 +83,8 @@ def require_pyarrow(what: str) -> None:
 
 
 def resolve_inputs(specs: Iterable[str], what: str = "--input") -> list[Shard]:
-    """The files ``specs`` name (files, folders, globs), in order, each once; one-line ``ConfigError`` otherwise.
-
-    A file must have a known suffix; a folder or a glob contributes its files of a known format.
-    ``what`` names the option in messages.
-    """
+    """The files ``specs`` name (files, folders, globs), in order, each once; one-line ``ConfigError`` (naming the
+    option ``what``) otherwise. A file must have a known suffix; a folder or a glob gives its files of one."""
     shards: list[Shard] = []
     seen: set[Path] = set()
     for spec in specs:
@@ -137,11 +126,8 @@ def _expand(spec: str, what: str) -> list[Path]:
 def read_rows(
     shard: Shard, start: int = 0, columns: list[str] | None = None, max_row_bytes: int = MAX_ROW_BYTES
 ) -> Iterator[RawRow]:
-    """Rows ``start``, ``start + 1``, ... of ``shard`` (0-based row positions), to the end of the file.
-
-    ``columns``: the fields the caller needs (Parquet reads only those; JSONL and CSV rows keep all).
-    ``max_row_bytes``: a longer row is a bad row (its number and line are kept, the rest of it is not read).
-    """
+    """Rows ``start``, ``start + 1``, ... (0-based) of ``shard`` to its end; ``columns``: the fields the caller needs
+    (Parquet reads only those); a row over ``max_row_bytes`` is a bad row, the rest of it never read."""
     if shard.format == "jsonl":
         return _jsonl_rows(shard.path, start, max_row_bytes)
     if shard.format == "csv":
@@ -178,8 +164,8 @@ def _too_long(size: int, limit: int) -> str:
 
 
 def _bounded_lines(fh: io.BufferedIOBase, limit: int) -> Iterator[tuple[bytes, int]]:
-    """``(line, size)`` for each physical line; a line over ``limit`` bytes is its first ``limit + 1`` bytes and
-    its whole size, the rest read in small chunks and dropped, so that no more than ``limit`` bytes are ever held."""
+    """``(line, size)`` for each physical line; one over ``limit`` bytes is its first ``limit + 1`` bytes and its whole
+    size, the rest read in small chunks and dropped."""
     while line := fh.readline(limit + 1):
         size = len(line)
         if size > limit and not line.endswith(b"\n"):
@@ -191,8 +177,7 @@ def _bounded_lines(fh: io.BufferedIOBase, limit: int) -> Iterator[tuple[bytes, i
 
 
 def _jsonl_rows(path: Path, start: int, limit: int, parse: bool = True) -> Iterator[RawRow]:
-    row = 0
-    line_no = 0
+    row = line_no = 0
     try:
         with _open_binary(path) as fh:
             # line_no is read after the loop on a stream error
@@ -244,8 +229,8 @@ def _text_bytes(text: str) -> int:
 
 
 class _LineRecorder:
-    """The physical lines a ``csv.reader`` consumes, at most ``limit`` bytes a record: kept until the record they
-    make is read (its raw text), counted (line numbers), and their quotes counted (where a quoted field ends)."""
+    """The physical lines a ``csv.reader`` consumes, at most ``limit`` bytes a record: kept for the record's raw text,
+    counted (line numbers), and their quotes counted (where a quoted field ends)."""
 
     def __init__(self, text: io.TextIOBase, limit: int):
         self._text, self._limit = text, limit
@@ -285,8 +270,7 @@ class _LineRecorder:
         self.lines += 1
 
     def skip_quoted(self) -> None:
-        """After a record that failed inside a quoted field: drop lines until that field ends, so the record after it
-        is read as a record (without this, the rest of the field would be read as rows)."""
+        """After a record that failed inside a quoted field: drop lines until the field ends (else read as rows)."""
         while self.quotes % 2:
             line = self._text.readline(_SKIP_CHUNK)
             if not line:
@@ -303,8 +287,7 @@ class _LineRecorder:
 
 
 def _csv_rows(path: Path, start: int, limit: int) -> Iterator[RawRow]:
-    row = 0
-    line_no = 1
+    row, line_no = 0, 1
     try:
         with _open_binary(path) as binary:
             # surrogateescape: bytes that are not UTF-8 survive decoding, and only the rows holding them are rejected
@@ -370,8 +353,7 @@ def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile (pyarrow 
 
 def _parquet_count(path: Path) -> int:
     try:
-        rows: int = _parquet_file(path).metadata.num_rows
-        return rows
+        return int(_parquet_file(path).metadata.num_rows)
     except Exception:  # an unreadable file is one bad row, as read_rows yields it
         return 1
 
@@ -438,8 +420,7 @@ def _batch_rows(batch: Any, first_line: int, limit: int) -> list[RawRow]:
 def _parquet_group(
     parquet: Any, group: int, first: int, size: int, skip: int, columns: list[str] | None, limit: int
 ) -> Iterator[RawRow]:
-    """Rows ``skip`` .. ``size - 1`` of one row group, read in bounded batches; the rest of a group that fails are bad
-    rows."""
+    """Rows ``skip`` .. ``size - 1`` of a row group, in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
     try:
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):

@@ -1,27 +1,24 @@
 """The labelled rows a run trains and evaluates on, and the label set, read from the data.
 
-Three sources, one result (:class:`LabelledData`): **AG News** (the default: ``--data`` / ``$DISTRINEWS_DATA`` or
-the hub, ``splits.load_split``; its four classes in release order); **files** (``train_file`` + ``validation_file``
-or ``test_file``: CSV with a header, JSONL or Parquet, ``.gz`` for the first two; a file, a folder of shards or a
-glob, ``files.resolve_inputs``); **a data set** (``dataset_name`` + ``dataset_config_name`` through ``datasets``: a
-hub id, or a folder that ``datasets`` wrote with ``save_to_disk`` or that holds a hub-style repository).
+Three sources, one result (:class:`LabelledData`): **AG News** (``--data`` / ``$DISTRINEWS_DATA`` or the hub; its
+four classes in release order); **files** (``train_file`` + ``validation_file`` or ``test_file``: CSV, JSONL or
+Parquet; a file, a folder of shards or a glob, ``files.resolve_inputs``); **a data set** (``dataset_name`` +
+``dataset_config_name`` through ``datasets``: a hub id, or a folder ``save_to_disk`` wrote or holding a hub-style
+repository).
 
-A row's text is its ``text_column_names`` joined with a space (runs of whitespace made one, as the server does with
-a request's text); its label the ``label_column_name`` value, a string or an integer. The label set is the training
-split's labels, sorted (numerically when all are integers), or in ``label_names``' order, or a hub ``ClassLabel``'s
-own names. An evaluation label that training never saw is an error naming it and a row holding it. Without an
+A row's text is its ``text_column_names`` joined with a space (whitespace runs made one, as the server does); its
+label the ``label_column_name`` value, a string or an integer. The label set is training's labels, sorted
+(numerically when all are integers), or in ``label_names``' order, or a hub ``ClassLabel``'s names. Without an
 evaluation split, ``validation_split_percentage`` of the training rows are held out, stratified by label, seeded.
 
-Everything that would make training fail or mislead is found here, before any worker starts, as one line: a missing
-column (naming the columns there are), an empty text or label (file and line), a label column with one class, a
-class with a single row where a split must be stratified. What training survives is a warning: a class with one
-row, classes of ``label_names`` with no training rows, texts that occur with different labels.
+What would make training fail or mislead is found here, before any worker starts, as one line naming the file and
+line or the columns there are: a missing column, an empty text or label, one class only, an evaluation label
+training never saw, a single-row class where a split must be stratified. What training survives is a warning.
 
-Multi-label (``problem_type: multi_label_classification``, or unset on lists: ``problem_type_of``): a row's label
-is a list of labels (a JSONL or Parquet list; in a CSV cell, comma-separated names or a JSON list; an empty list is
-none of them), or ``label_column_name`` names several 0/1 columns, one per label, named by it. The labels become a
-0/1 list per row (multi-hot); the label set is every label seen in training. Anything else is an error naming
-``file:line``.
+Multi-label (``problem_type: multi_label_classification``, or unset on lists: ``problem_type_of``): a row's label is
+a list (a JSONL or Parquet list; in CSV, comma-separated names or a JSON list), or ``label_column_name`` names
+several 0/1 columns, one per label. The labels become a 0/1 list per row; the label set is every label seen in
+training.
 """
 
 from __future__ import annotations
@@ -52,10 +49,6 @@ class LabelledData:
     warnings: list[str] = field(default_factory=list)
     own_data: bool = False  # not AG News
     multi_label: bool = False  # each row's label a 0/1 list (problem_type multi_label_classification)
-
-    @property
-    def num_labels(self) -> int:
-        return len(self.label_names)
 
 
 @dataclass
@@ -91,10 +84,6 @@ def names_in(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def text_columns(config: DataConfig) -> list[str]:
-    return names_in(config.text_column_names)
-
-
 def label_columns(config: DataConfig) -> list[str]:
     """The label column, or a multi-label set's 0/1 columns (one per label)."""
     return names_in(config.label_column_name)
@@ -118,7 +107,7 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         train = load_split(config.data_dir, "train") if need_train else None
         test = load_split(config.data_dir, "test")
         return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
-    columns = text_columns(config)
+    columns = names_in(config.text_column_names)
     multi = problem_type_of(config)[0] == MULTI_LABEL
     labels = label_columns(config)
     if config.train_file:
@@ -144,10 +133,9 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
 
 
 def problem_type_of(config: DataConfig) -> tuple[str, str]:
-    """The run's problem type and why. Unset, it is decided as Hugging Face's ``run_classification.py`` does:
-    multi-label when the training split's label column holds lists (its first row that has the column: a JSONL or
-    Parquet list, a data set's ``Sequence``) or ``label_column_name`` names several 0/1 columns, else single-label
-    (a CSV cell is text: one label, unless ``problem_type`` says otherwise)."""
+    """The run's problem type and why. Unset, decided as Hugging Face's ``run_classification.py`` does: multi-label
+    when the training split's first label is a list (JSONL, Parquet, a data set's ``Sequence``; a CSV cell is text)
+    or ``label_column_name`` names several 0/1 columns, else single-label."""
     labels = label_columns(config)
     if config.problem_type is not None or not uses_own_data(config):
         return config.problem_type or SINGLE_LABEL, "problem_type" if config.problem_type else "AG News"
@@ -177,8 +165,8 @@ def _first_list_label(config: DataConfig, column: str) -> str | None:
 
 
 def with_problem_type(config: TrainConfig) -> TrainConfig:
-    """``config`` with its problem type decided (``problem_type_of``) and checked again as a whole: what a run trains
-    and records (``config.yaml``, each checkpoint's config); an option for the other type is one line naming why."""
+    """``config`` with its problem type decided (``problem_type_of``) and checked again as a whole (what a run
+    records); an option for the other type is one line naming why."""
     if config.data.problem_type is not None:
         return config
     problem_type, why = problem_type_of(config.data)
@@ -189,10 +177,9 @@ def with_problem_type(config: TrainConfig) -> TrainConfig:
 
 
 def trained_on(training_config: dict[str, Any] | None, data_dir: str | None = None) -> TrainConfig:
-    """The config of the run that made a checkpoint (its saved ``training_config``), to read its evaluation
-    rows again. A run on AG News reads it from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not from
-    the folder it was trained from, which may be on another machine. Fields this version does not know are left
-    out; a ``ConfigError`` if the rest is not valid."""
+    """The config of the run that made a checkpoint (its ``training_config``), to read its evaluation rows again: AG
+    News from ``data_dir`` (None: ``$DISTRINEWS_DATA``, else the hub), not the folder it was trained from. Fields
+    this version does not know are left out; a ``ConfigError`` if the rest is not valid."""
     known = set(TrainConfig.field_names())
     values = {k: v for k, v in (training_config or {}).items() if k in known and k != "resume_from_checkpoint"}
     config = TrainConfig.from_dict(values)
@@ -206,11 +193,7 @@ def read_file_rows(
     spec: str, field_name: str, columns: list[str], label_columns: list[str], multi: bool = False
 ) -> _Rows:
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
-    shards = resolve_inputs([spec], what=f"config field '{field_name}':")
-    if not shards:
-        raise DataError(
-            f"config field '{field_name}': {spec} holds no .csv, .jsonl or .parquet file (.gz allowed for csv, jsonl)"
-        )
+    shards = resolve_inputs([spec], what=f"config field '{field_name}':")  # never empty: it names what is missing
     many = f"{shards[0].path.parent} ({len(shards)} files)"
     rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]
@@ -373,8 +356,8 @@ def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -
 
 
 def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: int) -> tuple[_Rows, _Rows, str]:
-    """A stratified, seeded ``percentage`` of ``rows`` for evaluation; the rest for training. Multi-label rows are
-    stratified by their set of labels, and a set that occurs once stays in training."""
+    """A stratified, seeded ``percentage`` of ``rows`` for evaluation, the rest for training (multi-label: by set of
+    labels, a set that occurs once staying in training)."""
     note = (
         f"{percentage}% of the training rows, stratified by label, seed {seed} (no validation_file or test_file given)"
     )
@@ -400,8 +383,7 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
 def check_training_rows(
     rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]
 ) -> None:
-    """One class only is an error; what training survives (a class with one row or none, conflicting duplicates) a
-    warning."""
+    """One class only is an error; a class with one row or none, or conflicting duplicates, a warning."""
     counts = Counter(to_id[label] for label in _keys(rows))
     if len(counts) < 2:
         only = repr(names[next(iter(counts))]) if counts else "no label on any row"

@@ -1,11 +1,9 @@
 """A multi-label data set made from a single-label one: pairs of stories joined into one text, with both labels.
 
-No multi-label news set ships with the project, so tests and the multi-label benchmark use this
-construction, and it is only that: each output row is either one story with its one label, or two
-stories of different labels joined with a space, carrying both. Every story is used once. It is
-a fair test of the machinery (a model must find each topic wherever it sits in the text, and say
-how many there are), not a stand-in for a data set whose stories cover several topics of their own:
-a joined pair has a seam, and always exactly one or two labels.
+No multi-label news set ships with the project, so tests and the multi-label benchmark use this: each row is one
+story with its label, or two stories of different labels joined with a space, carrying both; every story is used
+once. A fair test of the machinery (a model must find each topic wherever it sits, and say how many), not a stand-in
+for stories that cover several topics: a joined pair has a seam, and always one or two labels.
 
     python -m distrinews.data.paired --data DIR --split train --output pairs-train.jsonl
     python -m distrinews.data.paired --train-file mine.csv --label-column-name topic --output pairs.jsonl

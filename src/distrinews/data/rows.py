@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 DATA_ENV = "DISTRINEWS_DATA"
-
-
 HUB_DATASET = "fancyzhx/ag_news"
 AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")  # classes 1-4 of the release, in order
 
@@ -39,18 +37,12 @@ class RawSplit:
 
 
 _ESCAPED_DOLLAR = re.compile(r"\\\$")
-
-
 _BACKSLASH_BREAK = re.compile(r"\\+n?(?=[A-Z\s\"']|$)|\\+")
 
 
 def clean_text(title: str, description: str) -> str:
-    """Title + " " + description, with the original release's escapes undone.
-
-    The release replaced line breaks with a backslash (``dwindling\\band`` is "dwindling band")
-    and sometimes wrote them as a literal ``\\n``; ``\\$`` is an escaped dollar sign; ``#39;``
-    and ``quot;`` are the remains of HTML entities.
-    """
+    """Title + " " + description, with the release's escapes undone: a line break written as a backslash
+    (``dwindling\\band``) or a literal ``\\n``, ``\\$`` for a dollar sign, ``#39;`` and ``quot;`` for HTML entities."""
     text = f"{title} {description}"
     if "\\" in text:  # most rows have no escape: the two searches are most of the time spent reading a split
         text = _ESCAPED_DOLLAR.sub("$", text)

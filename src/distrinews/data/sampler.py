@@ -12,16 +12,13 @@ from .tokenized import TokenizedDataset
 
 
 class TrainSampler(DistributedSampler[int]):
-    """``DistributedSampler`` with optional length grouping and a resume offset.
+    """``DistributedSampler`` (rank r takes every world-size-th index of a seeded per-epoch permutation) with optional
+    length grouping and a resume offset (``set_epoch(epoch, skip=n)`` drops this rank's first n samples).
 
-    Without grouping it is torch's sampler (rank r takes every world-size-th index of a seeded
-    per-epoch permutation). ``batch_size`` is a rank's rows per optimizer step (per-device batch x
-    accumulation steps). With grouping, the permutation is cut into mega-batches of
-    ``50 x batch x world`` rows, each sorted by length, then cut into global batches of
-    ``batch x world`` that are dealt out round-robin: every rank's batch k has rows of similar
-    length, and the union of the ranks' batch k is the same set of rows whatever the split of
-    the global batch into ranks, so 2 x B and 1 x 2B see the same samples.
-    ``set_epoch(epoch, skip=n)`` drops this rank's first n samples (resume mid-epoch).
+    ``batch_size`` is a rank's rows per optimizer step. With grouping, the permutation is cut into mega-batches of
+    ``50 x batch x world`` rows, each sorted by length, then into global batches of ``batch x world`` dealt out
+    round-robin: every rank's batch k has rows of similar length, and the ranks' batch k together are the same rows
+    whatever the split into ranks, so 2 x B and 1 x 2B see the same samples.
     """
 
     MEGABATCH_MULT = 50
@@ -64,11 +61,8 @@ class TrainSampler(DistributedSampler[int]):
 
 
 def eval_shard(lengths: torch.Tensor, rank: int, world_size: int) -> list[int]:
-    """This rank's share of the eval rows, no padding and no duplicates, longest first.
-
-    Every row belongs to exactly one rank (i % world_size == rank), so summing the ranks'
-    counts gives exact metrics for any world size.
-    """
+    """This rank's share of the eval rows (i % world_size == rank: no padding, no duplicates, so the ranks' summed
+    counts are exact for any world size), longest first."""
     mine = list(range(rank, lengths.numel(), world_size))
     mine.sort(key=lambda i: -int(lengths[i]))
     return mine

@@ -1,11 +1,7 @@
 """Which strings a model may be given as text: the one check the server (a 422) and the corpus readers (a rejected
-row) make.
-
-A string from JSON (``"\\ud800"``) may hold a lone surrogate, which is not Unicode text: the tokenizer
-refuses it (``TypeError``) and no UTF-8 file can hold it. A NUL is refused too: it is what a file's
-damaged or unwritten blocks read as (a crash after the size was set, a torn copy), never a headline;
-the tokenizer drops it silently, and many consumers of the results (C strings, PostgreSQL ``text``)
-cannot hold it in an id.
+row) make. A lone surrogate from JSON (``"\\ud800"``) is not Unicode text: the tokenizer refuses it and no UTF-8
+file can hold it. A NUL is what a file's damaged or unwritten blocks read as, never a headline; the tokenizer drops
+it silently, and many consumers of the results (C strings, PostgreSQL ``text``) cannot hold it in an id.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,14 +19,14 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
 
 
+@dataclass(eq=False)  # compared and hashed as the object it is, never by its tensors
 class TokenizedDataset(Dataset[tuple[torch.Tensor, int | torch.Tensor, int]]):
     """Token ids stored flat (one int32 tensor + offsets): small, fast to cache and to slice."""
 
-    def __init__(self, flat_ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor, pad_token_id: int):
-        self.flat_ids = flat_ids
-        self.offsets = offsets
-        self.labels = labels
-        self.pad_token_id = pad_token_id
+    flat_ids: torch.Tensor
+    offsets: torch.Tensor
+    labels: torch.Tensor
+    pad_token_id: int
 
     def __len__(self) -> int:
         return self.labels.shape[0]
@@ -73,11 +74,8 @@ def tokenize_cached(
     cache_dir: str | os.PathLike[str] | None,
     build: bool,
 ) -> TokenizedDataset:
-    """Load the tokenized split from the cache; if ``build`` and it is missing, tokenize and write it atomically.
-
-    The caller makes one process per node build (``build=True``) while the others wait at a
-    barrier and then read (``build=False``).
-    """
+    """Load the tokenized split from the cache; if ``build`` and it is missing (or damaged), tokenize and write it
+    atomically. One process per node builds while the others wait at a barrier, then read (``build=False``)."""
     directory = Path(cache_dir) if cache_dir else default_cache_dir()
     path = directory / f"agnews-{_cache_key(split, tokenizer, max_length)}.safetensors"
     if path.is_file():

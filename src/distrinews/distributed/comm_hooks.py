@@ -16,8 +16,7 @@ from .shm_allreduce import SharedMemoryAllReduce
 
 
 def shm_allreduce_hook(state: SharedMemoryAllReduce, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's comm hook (``ddp.register_comm_hook(segment, shm_allreduce_hook)``): the bucket's mean,
-    done by the time it returns."""
+    """DDP's comm hook (state: the segment): the bucket's mean, done by the time it returns."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(state.allreduce_mean_(bucket.buffer()))
     return future

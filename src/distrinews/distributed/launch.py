@@ -1,11 +1,9 @@
 """Our launcher: ``--nproc-per-node``, ``--nnodes``, ``--rdzv-endpoint``, ``--max-restarts`` ... on our own command.
 
-The command runs torchrun's elastic agent *in this process* (``torch.distributed.run``), not as
-a child: one process owns the workers, so killing the command, even with SIGKILL, takes the
-workers with it (they ask Linux for that, ``distributed.die_with_launcher``), and a failed run
-ends in one line of ours instead of torchrun's traceback. Flags not given here are taken from
-torchrun's own ``PET_*`` environment variables, as torchrun does, so cluster operators that set
-them (Kubeflow Trainer, the PyTorch training operator) need no change to the command.
+The command runs torchrun's elastic agent *in this process*, not as a child: killing the command, even with SIGKILL,
+takes the workers with it (``process_group.die_with_launcher``), and a failed run ends in one line of ours instead of
+torchrun's traceback. Flags not given are taken from torchrun's ``PET_*`` variables, as torchrun does, so operators
+that set them (Kubeflow Trainer, the PyTorch training operator) need no change to the command.
 """
 
 from __future__ import annotations
@@ -52,11 +50,17 @@ class LaunchError(ValueError):
     """A launcher flag is malformed."""
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1, host)[0]
 
 
 def under_torchrun() -> bool:
@@ -158,13 +162,9 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def launch(flags: dict[str, str], argv: list[str]) -> int:
-    """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code.
-
-    SIGTERM (a preemption, ``scancel``, a pod being evicted) is passed on to the workers instead
-    of killing them: they agree to save a checkpoint at the next step boundary and exit 0, and
-    the run then ends as a success (``--resume auto`` continues it). Workers still running
-    ``PREEMPTION_GRACE_S`` seconds later are killed.
-    """
+    """Run ``distrinews <argv>`` as torchrun's workers on this node; the run's exit code. SIGTERM (a preemption,
+    ``scancel``) is passed on to the workers, which save a checkpoint at the next step and exit 0 (``--resume auto``
+    continues the run); workers still running ``PREEMPTION_GRACE_S`` seconds later are killed."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
@@ -254,14 +254,9 @@ def _is_ours(message: Any) -> bool:
 
 
 def report_failures(failures: dict[int, Any]) -> int:
-    """Say why the run failed in as few lines as it takes; 2 when every worker that failed by itself
-    stopped on a usage error.
-
-    A usage error (``distrinews: error: ...``, handed over by ``record_worker_error``) is printed
-    once however many ranks hit it; a rank the launcher stopped (SIGTERM) before it got to exit
-    with the same error does not change that. Otherwise the first worker to fail is named; the
-    others were stopped by the launcher because of it.
-    """
+    """Say why the run failed in as few lines as it takes: a usage error (``record_worker_error``) once however
+    many ranks hit it, and exit 2 when every worker that failed by itself stopped on one; else the first worker to
+    fail is named (the launcher stopped the others because of it)."""
     usage = [f.timestamp for f in failures.values() if f.exitcode == 2 and _is_ours(f.message)]
     # Taken down with the run, not causes: ranks the launcher stopped (SIGTERM), and ranks killed by a signal no
     # earlier than a usage error (an abort while their process group was torn down under them, seen under load).
@@ -282,26 +277,20 @@ def report_failures(failures: dict[int, Any]) -> int:
     rank, first = min(causes.items(), key=lambda item: (item[1].timestamp, item[0]))
     if _is_ours(first.message):
         print(first.message, file=sys.stderr)
-    elif first.exitcode < 0:
-        print(
-            f"{PREFIX}worker rank {rank} was killed by {first.signal_name()}"
-            + ("; the other workers were stopped" if len(failures) > 1 else ""),
-            file=sys.stderr,
-        )
     else:
-        print(
-            f"{PREFIX}worker rank {rank} failed with exit code {first.exitcode} (its output is above)"
-            + ("; the other workers were stopped" if len(failures) > 1 else ""),
-            file=sys.stderr,
+        how = (
+            f"was killed by {first.signal_name()}"
+            if first.exitcode < 0
+            else f"failed with exit code {first.exitcode} (its output is above)"
         )
+        others = "; the other workers were stopped" if len(failures) > 1 else ""
+        print(f"{PREFIX}worker rank {rank} {how}{others}", file=sys.stderr)
     return 1
 
 
 def record_worker_error(message: str) -> bool:
-    """In a worker of our launcher: hand ``message`` to the launcher (it prints each distinct one once).
-
-    Returns False when there is no launcher to tell (plain torchrun, or one process): print it then.
-    """
+    """In a worker of our launcher: hand ``message`` to the launcher (it prints each distinct one once); False
+    when there is no launcher to tell (plain torchrun, or one process): print it then."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not (path and os.environ.get(LAUNCHED_ENV)):
         return False

@@ -1,5 +1,6 @@
-"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``), and
-stopping one (``stop_processes``: a signal, a grace, then SIGKILL): written once, for every launcher of ours.
+"""A child process that dies with the process that started it, SIGKILL included (Linux ``PR_SET_PDEATHSIG``),
+stopping one (``stop_processes``: a signal, a grace, then SIGKILL), and reading the end of its log without reading
+the rest (``log_tail``): written once, for every launcher of ours.
 
 A parent killed with SIGKILL (the OOM killer, a scheduler's hard stop, ``kill -9``) runs no cleanup, so only the
 kernel can take the children with it; ``preexec_die_with_parent`` extends that to programs that are not ours (nginx).
@@ -8,8 +9,10 @@ kernel can take the children with it; ``preexec_die_with_parent`` extends that t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+# What is read of a log's end: an error and the lines before it, never the weeks of access log above them.
+TAIL_BYTES = 64 * 1024
 
 
 def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
@@ -27,9 +32,7 @@ def ask_to_die_with_parent(sig: int = signal.SIGKILL) -> bool:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        done: bool = libc.prctl(PR_SET_PDEATHSIG, int(sig)) == 0
-        return done
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig)) == 0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return False
 
@@ -42,16 +45,9 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def preexec_die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process.
-
-    The death signal is bound to the thread that started the child, so start children from the main thread.
-    """
-    parent = os.getpid()
-
-    def preexec() -> None:
-        die_with_parent(parent, sig)
-
-    return preexec
+    """A ``subprocess.Popen(preexec_fn=...)`` that makes any program (nginx, a server) die with this process. The
+    death signal is bound to the thread that started the child, so start children from the main thread."""
+    return functools.partial(die_with_parent, os.getpid(), sig)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -61,15 +57,13 @@ _POLL_S = 0.2
 def run_until_stopped(
     command: list[str], grace_s: float, *, started: Callable[[int], None] | None = None, **popen: Any
 ) -> int:
-    """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) to its end and return its exit code. Ctrl-C or
-    SIGTERM meanwhile raises ``KeyboardInterrupt`` here once the child is stopped (``stop_processes``). ``started``
-    gets the child's pid once it runs. Call it from the main thread (Python runs signal handlers there).
+    """Run ``command`` (``Popen`` keywords in ``popen``) to its end; its exit code. Ctrl-C or SIGTERM meanwhile
+    raises ``KeyboardInterrupt`` once the child is stopped. ``started`` gets its pid. Call from the main thread.
 
-    Two ways CPython 3.11 loses such a signal are closed. Its handler here records it, and raises only in the wait:
-    while the child is forked with a ``preexec_fn`` (a handler's exception there is swallowed by the at-fork hooks)
-    and while ``started`` writes (a study's journal), the signal waits until the child runs. A signal the kernel gives
-    another thread (a heartbeat thread) neither interrupts a blocking wait nor runs its handler until the child ends:
-    the wait here is a poll that runs pending handlers (``pthread_sigmask`` does) every ``_POLL_S`` seconds.
+    Two ways CPython 3.11 loses such a signal are closed: the handler records it and raises only in the wait (an
+    exception while forking with a ``preexec_fn`` is swallowed by the at-fork hooks, and ``started`` may be writing
+    a journal); and the wait polls, running pending handlers every ``_POLL_S``, as a signal the kernel gives another
+    thread neither interrupts a blocking wait nor runs its handler until the child ends.
     """
     received: list[int] = []
     waiting = False
@@ -103,9 +97,8 @@ def run_until_stopped(
 
 
 def stop_processes(*processes: subprocess.Popen[Any] | None, grace_s: float, sig: int = signal.SIGTERM) -> None:
-    """Stop each of ``processes`` still running: ``sig`` (SIGTERM: a training run saves a checkpoint at its next step,
-    a server answers what it holds, then each exits), then SIGKILL for any still running ``grace_s`` after (one grace
-    for all of them); every one reaped. None, or one already ended, is left as it is."""
+    """Stop each of ``processes`` still running (None, or one ended, is left): ``sig`` (SIGTERM: a run checkpoints, a
+    server answers what it holds), then SIGKILL for any still running ``grace_s`` after (one grace for all); reaped."""
     running = [p for p in processes if p is not None and p.poll() is None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):  # it ended since the poll
@@ -119,12 +112,42 @@ def stop_processes(*processes: subprocess.Popen[Any] | None, grace_s: float, sig
             process.wait()
 
 
+def open_log(path: Path, flags: int) -> int | None:
+    """A descriptor of the regular file at ``path`` (never through a link), or None."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_tail(path: Path, max_bytes: int = TAIL_BYTES, offset: int = 0) -> bytes:
+    """At most the last ``max_bytes`` of the log at ``path``, from ``offset`` on (an offset past the end, the log
+    having been emptied since, counts from its start): only those bytes are read, whatever the file's size."""
+    fd = open_log(path, os.O_RDONLY)
+    if fd is None:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        start = max(offset if offset <= size else 0, size - max_bytes)
+        f.seek(start)
+        return f.read(max_bytes)
+
+
+def log_tail(path: Path, lines: int | None = 15, max_bytes: int = TAIL_BYTES) -> str:
+    """The last ``lines`` lines of the log at ``path`` (None: every whole line of its last ``max_bytes``), from its
+    last ``max_bytes`` only; "" when it cannot be read."""
+    data = read_tail(path, max_bytes)
+    if len(data) == max_bytes and b"\n" in data:  # the read may start inside a line: it starts after it
+        data = data.split(b"\n", 1)[1]
+    text = data.decode(errors="replace")
+    return text if lines is None else "\n".join(text.splitlines()[-lines:])
+
+
 def last_line(log: Path, width: int = 300) -> str:
     """The last non-blank line of a child's log (its error, as a one-line reason), cut to ``width``; "" if none."""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = [line for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
+    lines = [line for line in log_tail(log, lines=None).splitlines() if line.strip()]
     return lines[-1][:width] if lines else ""

@@ -1,12 +1,9 @@
-"""What this machine is: its CPU, the cores this process may use, its accelerators, the versions.
+"""What this machine is: its CPU, the cores this process may use, its accelerators, the versions (``describe``,
+for every benchmark report and ``distrinews doctor``), and each process's share of the cores.
 
-Every benchmark report and ``distrinews doctor`` describe the machine with ``describe()``, and
-every launcher splits the cores with ``threads_per_process``, so the figures they print agree.
-
-The cores a process may use are its affinity's, and no more than its CPU quota allows: a container
-started with ``--cpus 2`` (a cgroup quota) on a 64-core host sees all 64 in its affinity, and
-threads sized from that would run throttled, 2 cores' worth of time shared by 64 threads.
-``usable_cores`` is what every thread pool and the server's lanes are sized from.
+The cores a process may use (``usable_cores``, what every thread pool and the server's lanes are sized from) are
+its affinity's, and no more than its CPU quota allows: a container run with ``--cpus 2`` on a 64-core host sees all
+64 in its affinity, and 64 threads would share 2 cores' worth of time.
 """
 
 from __future__ import annotations
@@ -58,17 +55,15 @@ def _v1_quota(directory: Path) -> float | None:
 
 
 def _cgroup_dirs(mount: Path, cgroup: str) -> list[Path]:
-    """The folders of ``cgroup`` (a path as /proc/self/cgroup names it) and of every cgroup above it, under
-    ``mount``; a quota on any of them limits this process. In a container the mount is often the container's
-    own cgroup, where the named path does not exist: the mount itself is then the one that counts."""
+    """The folders of ``cgroup`` (as /proc/self/cgroup names it) and every cgroup above it under ``mount``, the mount
+    itself included (in a container often its own cgroup, where the named path does not exist)."""
     parts = [p for p in cgroup.split("/") if p and p not in (".", "..")]
     return [mount.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
 
 
 def cpu_quota(root: Path | None = None) -> float | None:
-    """The CPUs' worth of time this process's cgroups allow per period (``--cpus 1.5``: 1.5), the tightest of its
-    cgroup and those above it, cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); None
-    when none sets a quota or none can be read. ``root``: where /proc and /sys are (default ``SYSTEM_ROOT``)."""
+    """The CPUs' worth of time this process's cgroups allow (``--cpus 1.5``: 1.5), the tightest of its cgroup and those
+    above it, v2 or v1; None when none sets one or can be read. ``root``: where /proc and /sys are."""
     root = SYSTEM_ROOT if root is None else root
     # No /proc/self/cgroup (another OS, a sandbox): the root cgroups of both versions, as a container sees its own.
     cgroups = (_small_file(root / "proc/self/cgroup") or "0::/\n1:cpu:/\n").splitlines()
@@ -96,9 +91,8 @@ def usable_cores(root: Path | None = None) -> int:
 
 
 def quota_limited_cores(root: Path | None = None) -> int | None:
-    """``usable_cores()`` where a CPU quota allows fewer cores than the affinity has, else None. A runtime left to
-    its own default sizes its threads from the affinity (the host's cores, in a container under ``--cpus``); where
-    no quota binds, its default (often the physical cores) is the better choice."""
+    """``usable_cores()`` where a CPU quota allows fewer cores than the affinity, else None: a runtime's own default
+    (often the physical cores) is better where no quota binds, but it counts the host's cores under ``--cpus``."""
     usable = usable_cores(root)
     return usable if usable < len(cores_available()) else None
 
@@ -144,17 +138,13 @@ def describe() -> dict[str, Any]:
 
 
 def bf16_is_fast(device: Any) -> bool:
-    """Whether ``device`` computes bf16 matmuls in hardware: what ``bf16: auto`` decides by.
-
-    A CPU without AVX512-BF16 or AMX converts every bf16 matmul to fp32 in software: measured on
-    an AVX2-only AMD EPYC, 0.9 GFLOP/s against 89 in fp32 (benchmarks/README.md).
-    """
+    """Whether ``device`` computes bf16 matmuls in hardware (``bf16: auto``): a CPU without AVX512-BF16 or AMX
+    converts each to fp32 in software, 0.9 GFLOP/s against 89 in fp32 on an AVX2 EPYC (benchmarks/README.md)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
-        supported: bool = torch.cuda.is_bf16_supported()
-        return supported
+        return bool(torch.cuda.is_bf16_supported())
     if device.type != "cpu":
         return False
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
@@ -162,12 +152,9 @@ def bf16_is_fast(device: Any) -> bool:
 
 
 def bf16_attention_is_fast(device: Any) -> bool:
-    """Whether torch's fused bf16 attention kernel is fast on ``device``: what ``fp32_attention: auto`` decides by.
-
-    On a CPU, torch's flash-attention kernel packs bf16 blocks for AMX tiles; without AMX its bf16 backward
-    pass is about 4x slower than the same kernel in fp32 (an AMD EPYC with AVX512-BF16, MiniLM's 12 heads of
-    32 at 48 tokens: 43.6 ms against 11.4 ms forward and backward, benchmarks/README.md section 21).
-    """
+    """Whether torch's fused bf16 attention kernel is fast on ``device`` (``fp32_attention: auto``): on a CPU it
+    packs bf16 blocks for AMX tiles, and without AMX its backward is about 4x slower than in fp32 (an EPYC with
+    AVX512-BF16, MiniLM at 48 tokens: 43.6 ms against 11.4 ms, benchmarks/README.md section 21)."""
     import torch
 
     device = torch.device(device)

@@ -1,18 +1,14 @@
 """How the model is spread over the processes: one entry point, ``wrap_model``, per ``strategy``.
 
-- ``ddp`` (default): every rank holds the whole model; gradients are averaged by
-  DistributedDataParallel in buckets while backward runs. With one process it is the plain
-  module, so world size 1 and N share one code path.
-- ``fsdp``: the parameters, gradients and optimizer state are sharded over the ranks with
-  FSDP2 (``fully_shard``), one unit per transformer block plus the root: a block's parameters
-  are all-gathered just before it runs and freed after, gradients are reduce-scattered.
-- ``single``: one process only; refuses to start under N processes (a guard for runs that must
-  not be split, e.g. a reference measurement).
+- ``ddp`` (default): every rank holds the whole model; DistributedDataParallel averages gradients in buckets while
+  backward runs. With one process it is the plain module: world size 1 and N share one code path.
+- ``fsdp``: parameters, gradients and optimizer state sharded over the ranks with FSDP2 (``fully_shard``), one unit
+  per transformer block plus the root: a block's parameters are gathered just before it runs and freed after.
+- ``single``: one process only; refuses to start under N (for runs that must not be split).
 
-What differs between strategies lives here and nowhere else: skipping the gradient sync on
-the micro-steps of an accumulation window, gradient clipping, the communication a step costs,
-and gathering a full state dict for saving (a collective every rank must enter, even though
-only rank 0 writes). How each strategy lies on disk is ``checkpoint/resumable.py``'s ``layout_for``.
+What differs between strategies lives here and nowhere else: skipping the gradient sync within an accumulation
+window, clipping, the communication a step costs, and gathering a full state dict for saving (a collective every
+rank enters, though only rank 0 writes). How each lies on disk is ``checkpoint/resumable.py``'s ``layout_for``.
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ class ParallelModel:
         self.allreduce = allreduce  # how DDP averages the gradients (the banner's words), "" without DDP
         self.module = module  # what forward and backward run through (DDP, or the model itself)
         self.raw = raw  # the unwrapped model: its config, save_pretrained and (unless sharded) its tensors
-        self.strategy = strategy
-        self.env = env
+        self.strategy, self.env = strategy, env
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -149,12 +144,9 @@ def wrap_model(
     param_dtype: torch.dtype | None = None,
     run: str | os.PathLike[str] | None = None,
 ) -> ParallelModel:
-    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``.
-
-    ``param_dtype``: the compute dtype of the precision policy (bf16/fp16), which FSDP casts its
-    gathered parameters to; gradients are reduced in fp32 either way. ``run``: the run's output
-    directory, which names its shared-memory segment (``shm_allreduce.segment_prefix``).
-    """
+    """Wrap ``model`` (already on ``env.device``) for ``config.strategy``. ``param_dtype``: the compute dtype FSDP
+    casts its gathered parameters to (gradients are reduced in fp32); ``run``: the run's output directory, which
+    names its shared-memory segment."""
     strategy = config.strategy
     if strategy not in ("single", "ddp", "fsdp"):
         raise ConfigError(f"config field 'strategy': unknown strategy {strategy!r}")
@@ -212,12 +204,7 @@ def _ddp(
 
 
 def _register_comm_hook(
-    ddp: DDP,
-    model: torch.nn.Module,
-    hook: str,
-    env: DistEnv,
-    shared_memory: bool,
-    run: str | os.PathLike[str] | None = None,
+    ddp: DDP, model: torch.nn.Module, hook: str, env: DistEnv, shared_memory: bool, run: str | os.PathLike[str] | None
 ) -> str:
     """Install the bucket averaging ``hook`` (``ddp_comm_hook``) asks for; returns how, for the banner.
     ``shared_memory``: this world can average through /dev/shm (``shm`` was refused before DDP if not)."""
@@ -240,15 +227,10 @@ def _register_comm_hook(
 def _settle_bucket_layout(ddp: DDP, model: torch.nn.Module, device: torch.device) -> None:
     """One synchronised backward of zeros, so that every real step reduces in one bucket layout.
 
-    DDP reduces the first synchronised backward after its construction in an initial layout
-    (parameters in registration order) and every later one in the layout it rebuilds, once, from
-    the order the gradients became ready. Where an element sits in its bucket decides the order in
-    which gloo's ring all-reduce adds the ranks' values, and with three or more ranks
-    (a + b) + c != (b + c) + a in floating point. Without this, a run resumed after step k would
-    reduce step k + 1 in the initial layout where the uninterrupted run used the rebuilt one, and
-    end some ulps away from it. Costs a 1x2-token forward and backward and one all-reduce of the
-    gradients, once per run; eval mode, so no dropout draws from the RNG.
-    """
+    DDP reduces its first synchronised backward in registration order and every later one in a layout rebuilt from
+    the order gradients became ready; the layout decides the order gloo's ring adds the ranks' values, and with three
+    or more ranks (a + b) + c != (b + c) + a. Without this a run resumed after step k would reduce step k + 1 in the
+    first layout and end some ulps from the uninterrupted run. Eval mode: no dropout draws from the RNG."""
     was_training = model.training
     model.eval()
     try:

@@ -1,10 +1,6 @@
-"""Stopping on request: SIGTERM (a preemption, ``scancel``, an evicted pod) ends the run at a step
-boundary with a checkpoint, and exit status 0.
-
-The signal may reach the ranks at different moments (each node's launcher forwards it to its
-own workers), so the ranks agree before acting: after every optimizer step each rank offers
-whether it has been asked to stop, and all of them stop at the first step where any has. That
-is one one-element all-reduce a step.
+"""Stopping on request: SIGTERM (a preemption, ``scancel``, an evicted pod) ends the run at a step boundary with a
+checkpoint, and exit status 0. The signal may reach the ranks at different moments, so they agree first: after each
+optimizer step, a one-element all-reduce of whether any rank was asked, and all stop at the first step one was.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Process-group setup and teardown from torchrun's environment, and the few collectives we use.
-
-World size 1 makes no process group at all: every helper here then degrades to the identity,
-so the trainer has one code path for 1 and N processes.
+"""Process-group setup and teardown from torchrun's environment, and the few collectives we use. World size 1 makes
+no process group: every helper is then the identity, so the trainer has one code path for 1 and N processes.
 """
 
 from __future__ import annotations
@@ -56,12 +54,9 @@ def _env_int(name: str, default: int) -> int:
 
 
 def die_with_launcher() -> None:
-    """Under torchrun, ask Linux to kill this worker if its launcher dies.
-
-    torchrun starts each worker in a session of its own, so a launcher killed with SIGKILL
-    (OOM killer, a scheduler's hard stop) would otherwise leave workers training on as orphans,
-    writing into the run directory while a resumed run starts.
-    """
+    """Under torchrun, ask Linux to kill this worker if its launcher dies: torchrun starts each worker in a session
+    of its own, so a launcher killed with SIGKILL would leave it training on, writing into the run directory while a
+    resumed run starts."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not ask_to_die_with_parent():
         return
     if os.getppid() == 1:  # the launcher died before we asked
@@ -84,31 +79,20 @@ def check_one_gpu_per_process(local_world_size: int) -> None:
 
 @contextlib.contextmanager
 def distributed_context(timeout_s: float | None = None, threads: int | None = None) -> Iterator[DistEnv]:
-    """Join the process group torchrun describes (if any); always tear it down.
-
-    ``timeout_s``: how long a collective may wait for the other ranks; None = the config's
-    ``ddp_timeout`` default.
-
-    nccl when CUDA is present, gloo otherwise. On CPU each process gets cores / local world size
-    threads unless ``threads`` says otherwise (torchrun's default of one thread wastes cores when
-    there are fewer processes than cores).
-    """
+    """Join the process group torchrun describes (if any), nccl with CUDA, else gloo; always tear it down.
+    ``timeout_s``: how long a collective may wait (None: the ``ddp_timeout`` default). On CPU each process gets its
+    share of the cores unless ``threads`` says otherwise (torchrun's one thread each wastes cores)."""
     die_with_launcher()
     if timeout_s is None:
         timeout_s = float(field_default("ddp_timeout"))
-    world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size, rank, local_rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-
     if torch.cuda.is_available():
         check_one_gpu_per_process(local_world_size)
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", torch.cuda.current_device())
-        backend = "nccl"
+        device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
     else:
-        device = torch.device("cpu")
-        backend = "gloo"
+        device, backend = torch.device("cpu"), "gloo"
         torch.set_num_threads(threads or threads_per_process(local_world_size))
 
     if world_size > 1:
@@ -142,23 +126,17 @@ def distributed_context(timeout_s: float | None = None, threads: int | None = No
 
 def _leave_together(env: DistEnv, timeout_s: float = 60.0) -> None:
     """A last barrier of a run that ended well (bounded: a peer that died at its very end does not hold this one)."""
-    try:
+    with contextlib.suppress(RuntimeError):  # a peer is gone: leave anyway; the launcher reports the peer
         if env.backend == "gloo":
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
         else:
             barrier(env)
-    except RuntimeError:
-        pass  # a peer is gone: leave anyway; the launcher reports the peer
 
 
 def _attempt_store(timeout: datetime.timedelta) -> Store | None:
-    """Under torchrun, the agent's store with a prefix of its own for this attempt of the worker group.
-
-    The agent keeps one rendezvous store for the whole job, and a restarted worker group (after
-    ``--max-restarts``) connects to it again with the same key names: a new rank 0 that reaches
-    gloo's connect before the new rank 1 has written its address reads the dead rank 1's and fails
-    with "Connection refused". None elsewhere: ``init_process_group`` reads the environment itself.
-    """
+    """Under torchrun, the agent's store with a prefix of its own for this attempt of the worker group (None
+    elsewhere). The agent keeps one store for the whole job: a restarted group's rank 0 that reached gloo's connect
+    before the new rank 1 wrote its address would read the dead rank 1's and fail with "Connection refused"."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None
     client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
@@ -170,18 +148,15 @@ def barrier(env: DistEnv) -> None:
         dist.barrier(device_ids=[env.device.index] if env.backend == "nccl" else None)
 
 
-def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """Sum over ranks in place (and return it). Every rank must call it."""
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    """Sum (or ``op``) over ranks in place (and return it). Every rank must call it."""
     if env.distributed:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=op)
     return tensor
 
 
 def all_reduce_max(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """The maximum over ranks, in place (and returned). Every rank must call it."""
-    if env.distributed:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor
+    return all_reduce_sum(tensor, env, dist.ReduceOp.MAX)
 
 
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:

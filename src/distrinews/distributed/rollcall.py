@@ -1,9 +1,6 @@
-"""Which nodes reached the rendezvous: so that a node that never joins is named, not just counted.
-
-torchrun's dynamic (c10d) rendezvous times out with a bare ``RendezvousTimeoutError``. Beside it,
-each node's launcher signs in to the same store (the TCPStore at the rendezvous endpoint) under
-its node rank and host name. When the rendezvous times out, the signatures say who came, and so
-which node rank(s) never did.
+"""Which nodes reached the rendezvous, so that a node that never joins is named, not just counted: beside torchrun's
+c10d rendezvous (which times out with a bare ``RendezvousTimeoutError``), each node's launcher signs in to the same
+store under its node rank and host name, and on a timeout the signatures say which node rank(s) never came.
 """
 
 from __future__ import annotations

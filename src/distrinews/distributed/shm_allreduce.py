@@ -1,29 +1,22 @@
 """Gradient averaging through shared memory when every rank runs on this host (a DDP comm hook).
 
-Gloo all-reduces over TCP, also between processes on one machine: on the 2-core Xeon of
-benchmarks section 17, 42 MiB take ~35 ms of copies through the loopback socket, on the cores
-that compute. Ranks on one host can instead share one segment of ``/dev/shm``, as the
-shared-memory all-reduce of DeepSpeed, vLLM and gloo's own newer releases do (pytorch/gloo#458,
-not in the gloo that torch wheels carry):
+Gloo all-reduces over TCP, also on one machine: on the 2-core Xeon of benchmarks section 17, 42 MiB take ~35 ms of
+copies through the loopback socket, on the cores that compute. Ranks on one host can instead share a segment of
+``/dev/shm``, as DeepSpeed, vLLM and gloo's newer releases do (pytorch/gloo#458, not in torch's wheels):
 
 1. every rank writes its bucket, divided by the world size, into its own slot;
 2. barrier; rank r adds chunk r of every slot, in rank order, into chunk r of its slot;
 3. barrier; every rank copies chunk k of slot k, for every k, into its bucket;
 4. barrier (so no rank writes its slot for the next bucket while another still reads it).
 
-The barriers are the process group's (gloo, a few hundred microseconds each), so a rank that dies
-or stops fails the others exactly as gloo's all-reduce would, after ``ddp_timeout``. The result is
-the same as DDP's default hook: each rank's contribution divided by the world size first, then
-summed; with two ranks bit for bit the same as gloo's (a + b == b + a), with more in a fixed rank
-order (so independent of the bucket layout).
+The barriers are the process group's (gloo), so a rank that dies or stops fails the others as gloo's all-reduce
+would, after ``ddp_timeout``. The result is DDP's default hook's (each contribution divided by the world size, then
+summed): with two ranks bit for bit gloo's, with more in a fixed rank order, independent of the bucket layout.
 
-The segment is made by rank 0 with ``posix_fallocate`` (a full ``/dev/shm`` fails here, not with a
-SIGBUS later), mapped by every rank, checked through a random token rank 0 wrote into it (ranks
-that see different ``/dev/shm``s fall back), and unlinked as soon as all have mapped it, or as soon
-as making it fails: nothing is left behind when a run ends, fails or is killed after that. A kill
-(SIGKILL, the OOM killer) between making and unlinking it leaves the name; segments are named after
-the run's output directory (:func:`segment_prefix`), so the next run there removes it, and no other
-run's.
+Rank 0 makes the segment with ``posix_fallocate`` (a full ``/dev/shm`` fails here, not with a SIGBUS later); every
+rank maps it and checks a random token rank 0 wrote (ranks seeing different ``/dev/shm``s fall back); it is unlinked
+once all have mapped it, or making it failed. A kill in between leaves the name, which is the run's output
+directory's (:func:`segment_prefix`): the next run there removes it, and no other run's.
 """
 
 from __future__ import annotations
@@ -123,12 +116,9 @@ def _remove_leftovers(prefix: str, shm_dir: str) -> None:
 def open_segment(
     slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike[str] | None = None
 ) -> SharedMemoryAllReduce | str:
-    """Make, map and check one segment on every rank (a collective). Returns the hook, or why not
-    (the same reason on every rank, so all of them fall back together).
-
-    ``run``: the run's output directory; rank 0 first removes what a killed process of the same run
-    left in ``shm_dir``. Whatever fails between making the segment and unlinking it, rank 0 unlinks it.
-    """
+    """Make, map and check one segment on every rank (a collective): the hook's state, or why not (the same reason on
+    every rank, so all fall back together). Rank 0 first removes what a killed process of ``run`` (its output
+    directory) left in ``shm_dir``, and unlinks the segment whatever fails after making it."""
     size = segment_bytes(slot_bytes, world_size)
     slot_bytes = _aligned(slot_bytes)
     token = secrets.token_bytes(16)
@@ -170,8 +160,7 @@ def open_segment(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # ... so the name can go: the mappings keep the memory until each rank exits
     if reason is not None:
-        why: str = reason
-        return why
+        return str(reason)
     if not flags.item():
         return f"{path} is not the same file on every rank"
     assert storage is not None, "every rank mapped the file"

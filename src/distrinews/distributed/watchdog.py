@@ -1,19 +1,13 @@
 """Hang detection: a rank that stops answering fails the run within ``ddp_timeout``, naming it.
 
-Every rank runs a thread that bumps a heartbeat counter in the rendezvous store (torchrun's
-TCPStore, hosted by the launcher) every few seconds and watches the others' counters with its
-own clock (so clocks of different machines never need to agree). A rank whose counter has not
-moved for ``ddp_timeout`` seconds is stuck: stopped (SIGSTOP, a debugger), swapped out, or its
-machine gone. The watching ranks then print which rank(s) went silent, what step they last
-reported, and where this rank's main thread was waiting (its Python stack, read without
-stopping it, e.g. ``all_reduce`` in ``Trainer.log_train``), and exit, so the launcher ends or
-restarts the run instead of it hanging until the process group's own timeout. A silent rank
-that is a process of this very machine (same kernel boot and PID namespace, which its
-heartbeat names) is killed first: a stopped process cannot obey the SIGTERM the launcher
-sends next, which would hold the failed run for the agent's 30 s grace.
-
-A thread costs nothing per training step: the only work is two store operations every few
-seconds (measured in benchmarks/README.md).
+Every rank's thread bumps a heartbeat in the rendezvous store (torchrun's TCPStore) every few seconds and watches
+the others' with its own clock (machines' clocks never need to agree). A rank whose heartbeat has not moved for
+``ddp_timeout`` is stuck (stopped, swapped out, its machine gone): the watchers print which rank(s) went silent, the
+step they last reported and where this rank's main thread waits (its Python stack, read without stopping it), and
+exit, so the launcher ends or restarts the run instead of it hanging. A silent rank on this very machine (same boot
+and PID namespace, which its heartbeat names) is killed first: a stopped process cannot obey the launcher's SIGTERM,
+which would hold the run for the agent's 30 s grace. The cost per step is nil: two store operations every few
+seconds (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -92,20 +86,15 @@ class Watchdog:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            # The store client must be gone before the interpreter exits: a TCPStore destroyed during
-            # interpreter shutdown takes the process down with std::terminate (SIGABRT).
+            # A TCPStore destroyed during interpreter shutdown takes the process down with std::terminate (SIGABRT).
             self._thread.join(timeout=self.interval_s * 6 + 10)
 
     # ------------------------------------------------------------------ the thread
     def _connect(self) -> TCPStore:
         from torch._C._distributed_c10d import TCPStore
 
-        return TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.store_timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=self.store_timeout_s)
+        return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
 
     def _run(self) -> None:
         try:
@@ -128,8 +117,7 @@ class Watchdog:
             try:
                 beat = {"beat": beats, "step": self.progress(), "pid": os.getpid(), "machine": _MACHINE}
                 store.set(f"{self.prefix}{self.env.rank}", json.dumps(beat))
-                # ``get`` of a key a peer has not written yet would block until the store's timeout: a
-                # peer whose thread starts late (slow model load on a busy machine) is not a hang.
+                # ``get`` of a key not yet written would block until the store's timeout: a late peer is not a hang.
                 values = {r: store.get(k) for r, k in keys.items() if store.check([k])}
             except Exception as exc:  # the store's host (the launcher of the first node) is gone or stuck
                 if time.monotonic() - store_ok > self.timeout_s:
@@ -151,8 +139,7 @@ class Watchdog:
             if silent:
                 problem = self._describe(silent)
                 _kill_local(silent)
-                self._fail(problem)
-                return
+                return self._fail(problem)
 
     def _describe(self, silent: list[tuple[int, str | None]]) -> str:
         ranks = ", ".join(str(r) for r, _ in silent)

@@ -1,6 +1,3 @@
-"""Serving a checkpoint over HTTP: the FastAPI app (``app``: routes and serving state; ``schemas``,
-``limits``, ``metrics``, ``middleware``), the micro-batcher, the predictor protocol, runtimes
-(torch, onnx, onnx-int8) and their tokenization, the serve options, and ``python -m
-distrinews.serve``, the entry point that needs neither torch nor the training stack for an ONNX
-runtime.
+"""Serving a checkpoint over HTTP: the FastAPI app and what it holds, the micro-batcher, the serve options,
+``serve-replicas`` behind nginx, and ``python -m distrinews.serve``, which needs no torch for an ONNX runtime.
 """

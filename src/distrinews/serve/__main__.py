@@ -1,10 +1,8 @@
 """``python -m distrinews.serve``: the REST API without the training stack (the Space bundle's entry point).
 
-The same options, API and hardening as ``distrinews serve``, but this entry point imports
-only the serving modules: with ``--runtime onnx`` and a checkpoint directory holding its
-ONNX file and ``tokenizer.json``, neither torch nor transformers is imported, so it runs in
-an image with just onnxruntime, tokenizers, numpy, fastapi, uvicorn, pydantic and
-prometheus-client. With ``--runtime torch`` it loads the checkpoint with torch as usual.
+The options, API and hardening of ``distrinews serve``, importing only the serving modules: with ``--runtime onnx``
+and a checkpoint holding its ONNX file and ``tokenizer.json`` neither torch nor transformers is imported, so it runs
+in an image with just onnxruntime, tokenizers, numpy, fastapi, uvicorn, pydantic and prometheus-client.
 """
 
 from __future__ import annotations

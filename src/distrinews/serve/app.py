@@ -1,23 +1,20 @@
 """The HTTP API: a FastAPI app factory around the predictor and the micro-batcher.
 
-``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a
-worker thread: the server answers ``/health`` (and ``/ready`` with 503) while the model
-loads, then serves. Every error the app answers is JSON ``{"detail": "<what to fix>"}``
-(``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded
-(``limits``). ``POST /predict`` (and ``POST /``, ``/invocations``) also speaks
-text-embeddings-inference's and Hugging Face's shapes, with their answers and errors (``tei``).
-Every route declares its status codes with an example body (``responses``); the prediction routes are registered
-with their bodies, answers and limits for /docs by ``openapi``. Around the routes
-sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
+``create_app(ServeConfig(...))`` builds an app whose lifespan handler loads the model on a worker thread: the server
+answers ``/health`` (and ``/ready`` with 503) while the model loads, then serves. Every error is JSON ``{"detail":
+"<what to fix>"}`` (``schemas.ApiError``); bad input is a 4xx, never a 500, and reading it is bounded (``limits``).
+``POST /predict`` (and ``POST /``, ``/invocations``) also speaks text-embeddings-inference's and Hugging Face's
+shapes (``tei``). Each route declares its status codes with an example body (``openapi``); around
+the routes sit the middlewares (``middleware``) and the app's own Prometheus registry (``metrics``).
 
-Malformed HTTP itself (an unparsable request line or header, a ``Content-Length`` that is not
-a number, two different ``Content-Length`` headers) is answered by the HTTP server (uvicorn's
-h11 protocol) with a plain-text 400 before the app is called; the app cannot change that.
+Malformed HTTP itself (an unparsable request line or header, a bad or doubled ``Content-Length``) is answered by
+uvicorn's h11 protocol with a plain-text 400 before the app is called; the app cannot change that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import html
@@ -43,10 +40,9 @@ from .arrivals import ArrivalsMiddleware
 from .limits import clean_text, parse_body, read_object, validate_body
 from .metrics import ServeMetrics
 from .middleware import PUBLIC_PATHS, ApiKeyMiddleware, BodyBudget, BodyLimitMiddleware, MetricsMiddleware
-from .openapi import label_examples, route_predict, route_predict_batch
+from .openapi import declared, label_examples, route_predict, route_predict_batch
 from .options import ServeConfig, api_key_from_env
 from .protocol import ServingPredictor
-from .responses import declared
 from .routes import RETRIED_POST_PATHS
 from .schemas import ApiError, BatchPredictRequest, PredictRequest, error_response
 from .state import ServingState, default_factory
@@ -67,8 +63,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Load in the background so /health and /ready answer while the model loads
-        # (orchestrators probe them); /predict says 503 until the model is ready.
+        # Load in the background: /health and /ready answer while the model loads (orchestrators probe them).
         loading = asyncio.get_running_loop().create_task(state.load())
         try:
             yield
@@ -103,8 +98,6 @@ def create_app(
     app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
-    # The routes, by kind: the page and the probes, the predictions (the seed's shapes and TEI's), what the server
-    # says about itself.
     _add_probe_routes(app, state, config)
     routes = _PredictRoutes(state, config, tracer)
     route_predict(app, config, routes.predict)
@@ -129,11 +122,8 @@ def _add_middleware(app: FastAPI, state: ServingState, config: ServeConfig, metr
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Errors are always JSON, and bad input is never a 500.
-
-    No handler for FastAPI's RequestValidationError: no route declares a parameter or body for
-    FastAPI to validate (each parses its own body with ``parse_body``), so it is never raised.
-    """
+    """Errors are always JSON, and bad input is never a 500. No handler for FastAPI's RequestValidationError: no
+    route declares a parameter or body for FastAPI to validate (each parses its own), so it is never raised."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -209,7 +199,9 @@ class _PredictRoutes:
         try:
             self.state.require_ready()
         except ApiError as not_ready:  # in TEI's shape, said in TEI's words; else as the seed API says it
-            payload = await _peek(request)
+            payload = None  # the body is read only to tell which shape the error is answered in
+            with contextlib.suppress(ApiError):
+                payload = await read_object(request, PredictRequest)
             if tei.is_foreign(payload):
                 return tei.error_response(not_ready)
             raise
@@ -292,14 +284,6 @@ def _add_info_routes(app: FastAPI, state: ServingState, config: ServeConfig, met
 
 def _settings(config: ServeConfig, *names: str) -> dict[str, Any]:
     return {name: getattr(config, name) for name in names}
-
-
-async def _peek(request: Request) -> Any:
-    """The body as JSON if it is one (None if not): only to tell which API shape an early error is answered in."""
-    try:
-        return await read_object(request, PredictRequest)
-    except ApiError:
-        return None
 
 
 def labels_sentence(labels: list[str] | None) -> str:

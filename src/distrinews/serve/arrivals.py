@@ -1,15 +1,10 @@
 """The requests the server has begun to receive and not yet queued: the work the batching window waits for.
 
-A batch waits for company only while company is known to be coming (``MicroBatcher``). Part of what is coming the
-batcher sees itself (requests being tokenized); the rest is still in the HTTP layer, its body being read, parsed
-and checked. ``ArrivalsMiddleware`` counts a POST from its first ASGI call, and the request stops counting when it
-reaches the batcher's queue (``landed``, called by ``enqueue``) or, if it never does (a 401, 413, 422 or 429), when
-it is answered. Each change wakes the batcher (``on_change``), so a window waiting for a request that was turned
-away closes at once instead of at its deadline.
-
-Which request reaches the queue is told by a context variable: the middleware and the route run in one ASGI call,
-so the route's ``enqueue`` sees the cell the middleware set (a task the route starts copies the context, and the
-cell with it).
+``ArrivalsMiddleware`` counts a POST from its first ASGI call until it reaches the batcher's queue (``landed``,
+called by ``enqueue``) or, if it never does (a 401, 413, 422 or 429), until it is answered. Each change wakes the
+batcher (``on_change``), so a window waiting for a request that was turned away closes at once. Which request
+landed is told by a context variable: the middleware and the route run in one ASGI call (a task the route starts
+copies the context, and the cell with it).
 """
 
 from __future__ import annotations

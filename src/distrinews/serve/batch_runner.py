@@ -1,15 +1,13 @@
-"""A batch the micro-batcher formed, run on a forward thread and answered (``BatchRunner.run``): one forward pass,
-or several where it is over a limit (``predict.batch_forming.run_passes``), each request given its own results
-and, where it asked, its timing.
+"""A batch the micro-batcher formed, run on a forward thread and answered (``BatchRunner.run``): one forward pass, or
+several where it is over a limit (``predict.batch_forming.run_passes``), each request given its results and timing.
 
 Faults stay with the request that caused them, and a stuck model is seen:
 
-- a forward pass that raises is retried one request at a time, so only the requests whose own
-  texts fail get :class:`ForwardError` (the others get their results);
-- a forward pass that runs past ``forward_timeout`` raises :class:`Stalled` to the batcher, which fails its
-  requests and every queued one with :class:`ForwardStalledError` and refuses new ones (``stalled`` says why)
-  until it returns (``wait_out``: every stuck one, with lanes); a thread cannot be stopped, so it is left to
-  finish.
+- a forward pass that raises is retried one request at a time, so only the requests whose own texts fail get
+  :class:`ForwardError`;
+- a pass past ``forward_timeout`` raises :class:`Stalled` to the batcher, which fails its requests and every queued
+  one with :class:`ForwardStalledError` and refuses new ones (``stalled`` says why) until every stuck pass returns
+  (``wait_out``): a thread cannot be stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..predict.batch_forming import run_passes
@@ -60,9 +59,7 @@ class BatchRunner:
     padded tokens and its job within ``forward_timeout`` seconds (None: no limit)."""
 
     def __init__(self, executor: Executor, max_texts: int, max_tokens: int | None, forward_timeout: float | None):
-        self.executor = executor
-        self.max_texts = max_texts
-        self.max_tokens = max_tokens
+        self.executor, self.max_texts, self.max_tokens = executor, max_texts, max_tokens
         self.forward_timeout = forward_timeout
         self._stalled_since: float | None = None  # perf_counter() when a running forward pass overran its deadline
         self._stuck = 0  # passes past their deadline that have not returned
@@ -83,11 +80,8 @@ class BatchRunner:
         return run_passes(forward, items, self.max_texts, self.max_tokens)
 
     async def _run_forward(self, forward: Forward, items: list[Any]) -> tuple[list[Any], int, int]:
-        """``_forward_job`` on a forward thread, within ``forward_timeout``: (results, padded tokens, passes).
-
-        Past the deadline the model counts as stuck: ``Stalled`` is raised at once, and ``stalled`` says so until
-        the pass returns (its thread cannot be stopped); its result is then dropped.
-        """
+        """``_forward_job`` on a forward thread: (results, padded tokens, passes). Past ``forward_timeout`` the model
+        counts as stuck: ``Stalled`` is raised at once, and the pass's result, when it returns, is dropped."""
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self.executor, self._forward_job, forward, items)
         done, _ = await asyncio.wait([job], timeout=self.forward_timeout)
@@ -129,8 +123,7 @@ class BatchRunner:
         return tokens, passes
 
     async def _each_alone(self, batch: Sequence[Answerable], forward: Forward, timed: _Timing) -> tuple[int, int]:
-        """After a failed batch: one request's texts may be what broke the pass, so each request alone, and only
-        that one fails."""
+        """After a failed batch: each request alone, so that only one whose texts broke the pass fails."""
         tokens = passes = 0
         for request in batch:
             if request.future.done():
@@ -170,12 +163,14 @@ class BatchRunner:
         self._stalled_since = None
 
 
+@dataclass
 class _Timing:
     """Fills in a request's timing (where it asked) as it is answered: ``start`` (on ``time.perf_counter``'s clock)
     and ``number`` of its batch, ``waited``: each request's wait in the queue, by ``id``."""
 
-    def __init__(self, start: float, number: int, waited: dict[int, float]):
-        self.start, self.number, self.waited = start, number, waited
+    start: float
+    number: int
+    waited: dict[int, float]
 
     def answer(self, request: Answerable, part: list[Any], job: Mapping[str, float]) -> None:
         """``job``: the forward job that computed it (the batch, or the request alone after a failed batch)."""

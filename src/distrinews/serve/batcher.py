@@ -1,40 +1,29 @@
 """Async micro-batcher: coalesce concurrent requests into one forward pass.
 
-A request (a list of texts) goes through two kinds of worker thread:
+A request (a list of texts) is encoded on the **tokenizer thread** as soon as it arrives (``encode``; one of at most
+``encode_inline_chars`` characters on the event loop instead, as a short text tokenizes faster than a thread hop),
+so its length in tokens is known while earlier batches run; the **forward threads** run the batches, the next one
+formed at once from the requests already tokenized when one frees. Neither waits for the other.
 
-1. the **tokenizer thread** encodes its texts as soon as it arrives (``encode``), so its tokens,
-   and its length in tokens, are known while earlier batches still run; a request of at most
-   ``encode_inline_chars`` characters is encoded at once on the event loop instead, since a short
-   text tokenizes faster than the hop to that thread and back (each hop a thread wake-up);
-2. the **forward threads** run the batches. When one frees, the next batch is formed at once from
-   the requests already tokenized: the model never waits for a tokenizer, and the tokenizer never
-   waits for the model.
+Forward passes run one at a time on ``forward`` (every core), except under concurrency when ``side_forward`` (the
+same model on one core) is given: then up to ``lanes`` batches run side by side, one a core, since one pass on two
+cores leaves one waiting through the pass's serial parts and while the event loop answers (benchmarks/serving.md).
+A pass takes a lane when another is running or more is queued than it takes (what is queued is then shared between
+the free lanes); a lone request, and a batch that takes everything with nothing else running, get every core.
 
-Forward passes run one at a time on ``forward`` (which uses every core), except under concurrency
-when ``side_forward`` is given (the same model on one core): then up to ``lanes`` batches run side by
-side on it, one a core. One pass on two cores leaves one of them waiting through the pass's serial
-parts and while the event loop answers a batch and forms the next; two passes of one core each keep
-both busy (benchmarks/serving.md). A pass runs on a lane when another one is running, or when
-more is queued than it takes (with several lanes free, what is queued is shared between them); a
-lone request, and a batch that takes everything queued with nothing else running, get every core.
+A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens, formed around
+the oldest request from the queued ones nearest it in length; one over a limit runs as several forward passes
+(``predict.batch_forming``; running and answering a batch: ``batch_runner``).
 
-A batch holds whole requests within ``max_batch_size`` texts and ``max_batch_tokens`` padded tokens,
-formed around the oldest request from the queued ones nearest it in length; one over a limit runs as several
-forward passes (the rules: ``predict.batch_forming``; running and answering a batch: ``batch_runner``).
+A batch waits for company only while company is known to be coming: a request being tokenized, or one the server
+has begun to receive and not yet queued (``arrivals``). It starts once every request in flight is in it (or it is
+full), and waits at most ``max_wait_ms`` past its oldest request's arrival: a lone client, or a closed loop of a few,
+never pays the window, and a crowd whose requests are on their way gets it to fill a batch.
 
-A batch waits for company only while company is known to be coming: a request being tokenized, or one the
-server has begun to receive and not yet queued (``arrivals``). It starts as soon as every request in flight is in
-it (or it is full), and waits at most ``max_wait_ms`` past its oldest request's arrival. A lone client therefore
-never pays the window, nor do clients whose next requests are not yet sent (a closed loop of a few clients, each
-waiting for its answer), and a crowd whose requests are on their way gets the window to fill a batch.
-
-A request whose future is cancelled before its batch forms (its HTTP client went away) is
-dropped from the queue and never computed (``on_dropped``). The queue is bounded: ``enqueue``
-raises :class:`QueueFullError` (HTTP 429) instead of letting latency grow without limit.
-
-Faults stay with the request that caused them, and a stuck model is seen: ``batch_runner`` says how. If the
-batching loop itself ends with an exception, nothing would ever answer again: ``on_fatal(reason)`` is called (the
-server ends the process, so its supervisor restarts it).
+A request whose future is cancelled before its batch forms (its client went away) is dropped and never computed
+(``on_dropped``). The queue is bounded: ``enqueue`` raises :class:`QueueFullError` (HTTP 429). If the batching loop
+itself ends with an exception, ``on_fatal(reason)`` is called (the server ends the process for its supervisor to
+restart).
 """
 
 from __future__ import annotations
@@ -97,11 +86,9 @@ class BatchStats:
 class MicroBatcher:
     """``await batcher.submit(texts)`` -> ``forward(encode(texts))``'s results, computed in a shared batch.
 
-    ``encode(texts)`` returns one item per text (``len(item)`` = its tokens) and runs on the
-    tokenizer thread; without it the items are the texts themselves (``len`` = characters).
-    ``forward(items)`` returns one result per item, in order, and runs on the forward thread.
-    ``on_batch(BatchStats)`` and ``on_dropped(requests)`` are called on the event loop.
-    """
+    ``encode(texts)``: one item per text (``len(item)``: its tokens; without it, the texts and their characters).
+    ``forward(items)``: one result per item, in order. ``on_batch(BatchStats)`` and ``on_dropped(requests)`` are
+    called on the event loop."""
 
     def __init__(
         self,
@@ -121,12 +108,7 @@ class MicroBatcher:
         lanes: int = 1,
         arrivals: Arrivals | None = None,
     ):
-        if (
-            max_batch_size < 1
-            or max_queue < 1
-            or max_wait_ms < 0
-            or (max_batch_tokens is not None and max_batch_tokens < 1)
-        ):
+        if min(max_batch_size, max_queue, 1 if max_batch_tokens is None else max_batch_tokens) < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
         if forward_timeout is not None and forward_timeout <= 0:
             raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
@@ -178,9 +160,8 @@ class MicroBatcher:
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """The loop returns only once closing; any other end leaves every request unanswered for good."""
-        if task.cancelled() or task.exception() is None:
-            return
-        self._die(task.exception())
+        if not task.cancelled() and task.exception() is not None:
+            self._die(task.exception())
 
     def _pass_ended(self, task: asyncio.Task[None]) -> None:
         """A pass's task is done: its lane is free; a pass that raised (not its forward: that is caught) is fatal."""
@@ -217,8 +198,7 @@ class MicroBatcher:
     async def close(self) -> None:
         """Take no new work, finish everything already queued, then stop the worker threads."""
         self._closing = True
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
         if self.stalled is not None and self._task is not None:  # the stuck pass may never return: do not wait for it
             self._task.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -236,26 +216,21 @@ class MicroBatcher:
         timing: dict[str, float] | None = None,
         encode: Callable[[list[str]], Sequence[Any]] | None = None,
     ) -> asyncio.Future[list[Any]]:
-        """Queue ``texts``; the future resolves to their results. Cancel it to withdraw the request.
+        """Queue ``texts``; the future resolves to their results (cancel it to withdraw the request). Raises
+        QueueFullError when the queue is full, BatcherClosedError when shutting down.
 
-        ``encode``, if given, tokenizes this request's texts instead of the batcher's own (a request's options: TEI's
-        truncation); it runs where the batcher's would, only once the request is admitted, and what it raises is the
-        request's error (the future's exception).
-
-        ``timing``, if given, is filled in before the future resolves: ``tokenize_s``, ``queue_s``,
-        ``inference_s`` (the forward job that computed it) and ``tokens`` (its texts' tokens, unpadded);
-        and of that job (a request's trace shows them): ``done`` (its end, on ``time.perf_counter``'s clock),
-        ``batch`` (its number, from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens`` and ``passes``.
-        Raises QueueFullError when the queue is full, BatcherClosedError when shutting down.
-        """
+        ``encode`` tokenizes this request's texts instead of the batcher's (TEI's truncation), once it is admitted;
+        what it raises is the request's error. ``timing`` is filled in before the future resolves: ``tokenize_s``,
+        ``queue_s``, ``inference_s``, ``tokens`` (unpadded), and of its forward job ``done`` (its end, on
+        ``time.perf_counter``'s clock), ``batch`` (from 1), ``batch_texts``, ``batch_requests``, ``padded_tokens``
+        and ``passes``."""
         self.arrivals.landed()  # queued, or turned away: either way no longer on its way
         if self._closing or self._task is None:
             raise BatcherClosedError("the server is shutting down" if self._closing else "the batcher is not started")
         if (stalled := self.stalled) is not None:
             raise ForwardStalledError(stalled)
         n = len(texts)
-        # A request larger than the whole queue is still admitted when the queue is empty:
-        # otherwise it could never be served at all.
+        # A request larger than the whole queue is still admitted when the queue is empty, or it could never be served.
         if self._queued_texts and self._queued_texts + n > self.max_queue:
             raise QueueFullError(
                 f"server busy: {self._queued_texts} texts already queued (limit {self.max_queue}); retry shortly"
@@ -273,9 +248,10 @@ class MicroBatcher:
             request.stage = "ready"
             self._ready.append(request)
             self._wake()
-        elif sum(map(len, request.texts)) <= self.encode_inline_chars:
+            return request.future
+        self._tokenizing += 1
+        if sum(map(len, request.texts)) <= self.encode_inline_chars:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
-            self._tokenizing += 1
             job = loop.create_future()
             try:
                 job.set_result(self._encode_job(request))
@@ -283,7 +259,6 @@ class MicroBatcher:
                 job.set_exception(exc)
             self._on_encoded(request, job)
         else:
-            self._tokenizing += 1
             job = loop.run_in_executor(self._tokenizer, self._encode_job, request)
             job.add_done_callback(lambda done: self._on_encoded(request, done))
         return request.future
@@ -322,8 +297,7 @@ class MicroBatcher:
         self._wake()
 
     def _on_done(self, request: _Request) -> None:
-        """A cancelled future before its batch ran: the request leaves the queue now (its place is free) and is never
-        computed."""
+        """A future cancelled before its batch ran: the request leaves the queue now and is never computed."""
         if not request.future.cancelled() or request.stage not in ("tokenizing", "ready"):
             return
         if request.stage == "ready":
@@ -359,7 +333,7 @@ class MicroBatcher:
 
     def _take(self, cap: int | None = None) -> tuple[list[_Request], bool]:
         """The next batch (``batch_forming.take``: at most ``cap`` texts, if given), and whether it is full."""
-        limit = self.max_batch_size if cap is None else min(cap, self.max_batch_size)
+        limit = min(cap or self.max_batch_size, self.max_batch_size)
         return take(list(itertools.islice(self._ready, self.lookahead)), limit, self.max_batch_tokens, len(self._ready))
 
     def _cap(self) -> int | None:
@@ -434,9 +408,7 @@ class MicroBatcher:
 
     async def _pass(self, batch: list[_Request], forward: Callable[[list[Any]], Sequence[Any]], number: int) -> None:
         """One batch on ``forward``: answered, its stall waited out, its stats reported (a task, beside the loop)."""
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        now = loop.time()
+        start, now = time.perf_counter(), asyncio.get_running_loop().time()
         queue_s = [now - request.enqueued - request.tokenize_s for request in batch]
         tokens = passes = 0
         try:

@@ -1,7 +1,6 @@
-"""The supervisor's children and how it reaches them: free ports, a child in a process group of its own that dies
-with the supervisor (stopped by ``distributed.lifetime.stop_processes``), a GET's JSON; and the logs of a launcher's
-children (the replicas and nginx here, the ranks of ``distrinews doctor``): the end of one read without reading the
-rest, and a log kept under a size while its process writes it."""
+"""The supervisor's children and how it reaches them: a child in a process group of its own that dies with the
+supervisor (stopped by ``distributed.lifetime.stop_processes``), a GET's JSON, whether its log says its port was
+taken, and its log kept under a size while it writes it (the end of one is read by ``lifetime.log_tail``)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ import contextlib
 import json
 import os
 import resource
-import socket
-import stat
 import subprocess
 import urllib.error
 import urllib.request
@@ -18,57 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.atomic import open_new
-from ..distributed.lifetime import die_with_parent
+from ..distributed.lifetime import TAIL_BYTES, die_with_parent, open_log, read_tail
 
-# What is read of a log's end: an error and the lines before it, never the weeks of access log above them.
-TAIL_BYTES = 64 * 1024
 # A log a child appends to is kept under this, and one previous part as long (LOG.1): a replica's access log
 # grows by about 150 bytes a request, so 32 MiB holds some 200,000 requests.
 MAX_LOG_BYTES = 32 * 1024 * 1024
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports (all held open while choosing, so none is picked twice)."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in sockets:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
-
-
-def _open_log(path: Path, flags: int) -> int | None:
-    """A descriptor of the regular file at ``path`` (never through a link), or None."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
-
-
-def read_tail(path: Path, max_bytes: int = TAIL_BYTES, offset: int = 0) -> bytes:
-    """At most the last ``max_bytes`` of the log at ``path``, from ``offset`` on (an offset past the end, the log
-    having been emptied since, counts from its start): only those bytes are read, whatever the file's size."""
-    fd = _open_log(path, os.O_RDONLY)
-    if fd is None:
-        return b""
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(fd).st_size
-        start = max(offset if offset <= size else 0, size - max_bytes)
-        f.seek(start)
-        return f.read(max_bytes)
-
-
-def log_tail(path: Path, lines: int | None = 15, max_bytes: int = TAIL_BYTES) -> str:
-    """The last ``lines`` lines of the log at ``path`` (None: every whole line of its last ``max_bytes``), from its
-    last ``max_bytes`` only; "" when it cannot be read."""
-    data = read_tail(path, max_bytes)
-    if len(data) == max_bytes and b"\n" in data:  # the read may start inside a line: it starts after it
-        data = data.split(b"\n", 1)[1]
-    text = data.decode(errors="replace")
-    return text if lines is None else "\n".join(text.splitlines()[-lines:])
 
 
 def address_taken(log_path: Path, offset: int = 0) -> bool:
@@ -77,12 +28,10 @@ def address_taken(log_path: Path, offset: int = 0) -> bool:
 
 
 def bound_log(path: Path, max_bytes: int = MAX_LOG_BYTES) -> bool:
-    """Keep a log that a running child appends to under ``max_bytes``: past it, the log's last ``max_bytes`` go to
-    ``LOG.1`` (replacing the part before) and the log is emptied in place; the child holds it open with O_APPEND, so
-    it writes on from the start (logrotate's copytruncate, for programs that cannot reopen their log: uvicorn
-    cannot). What the child writes between the last copy and the emptying, a few microseconds, is lost. Whether
-    it was cut."""
-    fd = _open_log(path, os.O_RDWR)
+    """Keep a log a running child appends to under ``max_bytes`` (whether it was cut): past it, its last ``max_bytes``
+    go to ``LOG.1`` and it is emptied in place, the child writing on from its start with O_APPEND (logrotate's
+    copytruncate: uvicorn cannot reopen its log). What is written between the last copy and the emptying is lost."""
+    fd = open_log(path, os.O_RDWR)
     if fd is None:
         return False
     try:
@@ -122,8 +71,7 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any], dict[
 def start_child(
     cmd: list[str], log_path: Path, env: dict[str, str] | None = None, open_files: int | None = None
 ) -> subprocess.Popen[bytes]:
-    """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files (at most the
-    hard limit)."""
+    """``cmd`` with its output appended to ``log_path``; ``open_files``: its soft limit on open files."""
     parent = os.getpid()
 
     def preexec() -> None:

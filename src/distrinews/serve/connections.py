@@ -1,34 +1,25 @@
 """Slow clients: deadlines for a request's headers and body, and a cap on open connections; each answer in one write.
 
-uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection
-open (its keep-alive timeout ends with the first byte received), so a client that sends half
-the headers and stops holds a connection and a file descriptor forever; uvicorn's
-``limit_concurrency`` answers 503 only once a request's headers are complete, so such clients
-are not counted against it either. ``GuardedH11Protocol`` adds the two missing pieces:
+uvicorn's h11 protocol waits for a request's headers as long as the client keeps the connection open (its
+keep-alive timeout ends with the first byte received), and its ``limit_concurrency`` counts a request only once its
+headers are complete: a client that sends half the headers and stops holds a connection forever, uncounted.
+``GuardedH11Protocol`` adds:
 
-- ``header_timeout``: from the moment a connection opens, and again from each answer sent on it
-  (keep-alive), the client has that many seconds to complete the next request's headers;
-  otherwise the connection is closed (nginx's ``client_header_timeout``). A request whose
-  headers arrived is never cut by it.
-- ``body_timeout``: from the end of a request's headers, the client has that many seconds to send
-  its whole body, whether the app reads it or not (after a 401 or 405 it is read and dropped);
-  otherwise it is answered ``408`` (if nothing was answered yet) and the connection is closed.
-  Computing the answer is bounded elsewhere (the queue, ``--forward-timeout``).
-- ``send_timeout``: an answer the client does not read is held in this process (asyncio's write
-  buffer, past what the kernel's socket buffers take), and closing such a connection waits for that
-  buffer to drain, forever if the client never reads. Once the kernel takes no byte of an answer for
-  that many seconds, the connection is aborted and its buffer dropped (nginx's ``send_timeout``: the
-  time between two successful writes, not for the whole answer).
-- ``max_connections``: a connection beyond the cap is answered ``503`` with a JSON body and
-  ``Retry-After: 1`` before anything is read, and closed.
-- One write per answer: uvicorn writes an answer's status line and headers, then its body, in two
-  writes. A replica killed between them leaves nginx holding headers with no body, which nginx
-  has already passed on, so it cannot retry the request elsewhere and its client gets a truncated
-  answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill
-  comes before an answer (nginx retries it on another replica) or after it (the kernel delivers it).
+- ``header_timeout``: from a connection's opening, and again from each answer sent on it, the client has that long
+  to complete the next request's headers, or the connection is closed (nginx's ``client_header_timeout``);
+- ``body_timeout``: from the end of its headers, the client has that long to send the whole body, read or not (after
+  a 401 or 405), or it is answered ``408`` (if nothing was answered yet) and closed;
+- ``send_timeout``: an answer the client does not read waits in asyncio's write buffer, and closing the connection
+  waits for that buffer to drain, forever if the client never reads. Once the kernel takes no byte of it for that
+  long, the connection is aborted and its buffer dropped (nginx's ``send_timeout``: between two writes);
+- ``max_connections``: a connection beyond the cap is answered ``503`` (JSON, ``Retry-After: 1``) unread and closed;
+- one write per answer: uvicorn writes the status line and headers, then the body. A replica killed between the two
+  leaves nginx holding headers it has already passed on, so it cannot retry elsewhere and its client gets a
+  truncated answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill comes
+  before an answer (nginx retries it) or after it (the kernel delivers it).
 
-The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn
-instantiates the protocol class itself with its own arguments.
+The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn instantiates
+the protocol class itself.
 """
 
 from __future__ import annotations
@@ -48,14 +39,11 @@ log = logging.getLogger("distrinews.serve")
 
 
 class OneWritePerStep:
-    """A transport whose writes made in one step of the event loop leave as one write, at the end of that
-    step (or at ``close``, first). Everything else is the wrapped transport's."""
+    """A transport whose writes made in one step of the event loop leave as one write, at the end of that step (or at
+    ``close``, first). Everything else is the wrapped transport's."""
 
     def __init__(
-        self,
-        transport: asyncio.Transport,
-        loop: asyncio.AbstractEventLoop,
-        on_write: Callable[[], None] | None = None,
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_write: Callable[[], None] | None = None
     ):
         self._transport, self._loop, self._on_write = transport, loop, on_write
         self._pending: list[bytes] = []
@@ -108,11 +96,8 @@ class GuardedH11Protocol(H11Protocol):
     refusal = b""  # the 503 answer to a connection over ``max_connections``
     too_late = b""  # the 408 answer to a body slower than ``body_timeout``
 
-    _header_timer: asyncio.TimerHandle | None = None
-    _body_timer: asyncio.TimerHandle | None = None
-    _send_timer: asyncio.TimerHandle | None = None
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # "header", "body", "send": the deadlines armed
         self._socket_transport = transport
         self._writes = OneWritePerStep(transport, self.loop, self._watch_send if self.send_timeout else None)
         super().connection_made(self._writes)  # type: ignore[arg-type]
@@ -125,15 +110,22 @@ class GuardedH11Protocol(H11Protocol):
             transport.write(self.refusal)
             transport.close()
             return
-        self._arm_header_timer()
+        self._arm("header", self.header_timeout, self._headers_too_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        self._disarm_body_timer()
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        for name in list(self._timers):
+            self._disarm(name)
         super().connection_lost(exc)
+
+    def _arm(self, name: str, seconds: float | None, callback: Callable[..., None], *args: Any) -> None:
+        """(Re)start the deadline ``name``: ``callback(*args)`` in ``seconds`` (None or 0: that deadline is off)."""
+        self._disarm(name)
+        if seconds:
+            self._timers[name] = self.loop.call_later(seconds, callback, *args)
+
+    def _disarm(self, name: str) -> None:
+        if (timer := self._timers.pop(name, None)) is not None:
+            timer.cancel()
 
     def _sent(self) -> int:
         """Bytes of this connection's answers the kernel has taken (what is not in asyncio's buffer)."""
@@ -141,11 +133,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def _watch_send(self) -> None:
         """After a write: if some of it waits in this process, the client has ``send_timeout`` to read."""
-        if self.send_timeout and self._send_timer is None and self._socket_transport.get_write_buffer_size():
-            self._send_timer = self.loop.call_later(self.send_timeout, self._send_too_late, self._sent())
+        if "send" not in self._timers and self._socket_transport.get_write_buffer_size():
+            self._arm("send", self.send_timeout, self._send_too_late, self._sent())
 
     def _send_too_late(self, sent_before: int) -> None:
-        self._send_timer = None
+        self._timers.pop("send", None)
         if not self._socket_transport.get_write_buffer_size():
             return  # all sent
         if self._sent() > sent_before:  # the client reads, slowly: another send_timeout for the rest
@@ -163,20 +155,14 @@ class GuardedH11Protocol(H11Protocol):
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle:  # a request's headers are complete: it is no longer a slow client
-            self._disarm_header_timer()
-            if self.body_timeout and self.conn.their_state is h11.SEND_BODY:
-                self._disarm_body_timer()
-                self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_late)
+            self._disarm("header")
+            if self.conn.their_state is h11.SEND_BODY:
+                self._arm("body", self.body_timeout, self._body_too_late)
         if self.conn.their_state is not h11.SEND_BODY:  # the body is in (or there was none)
-            self._disarm_body_timer()
-
-    def _disarm_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+            self._disarm("body")
 
     def _body_too_late(self) -> None:
-        self._body_timer = None
+        self._timers.pop("body", None)
         if self.transport.is_closing():
             return
         log.info(
@@ -194,21 +180,11 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         # Armed first: the call below may start a pipelined request at once, which disarms it.
         if not self.transport.is_closing():
-            self._arm_header_timer()
+            self._arm("header", self.header_timeout, self._headers_too_late)
         super().on_response_complete()
 
-    def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
-        if self.header_timeout:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_late)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
     def _headers_too_late(self) -> None:
-        self._header_timer = None
+        self._timers.pop("header", None)
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is being answered (a pipelined one started since the timer was armed)
         if not self.transport.is_closing():
@@ -226,8 +202,7 @@ def guarded_protocol(
     body_timeout: float | None = None,
     send_timeout: float | None = None,
 ) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off),
-    writing each answer in one write."""
+    """uvicorn's h11 protocol with header, body and send deadlines and a connection cap (None: that one is off)."""
     settings = {
         "header_timeout": header_timeout,
         "body_timeout": body_timeout,

@@ -1,7 +1,5 @@
-"""Prometheus metrics of one app: HTTP requests by route, and the micro-batcher's batches and stages.
-
-They live in a registry of the app's own, so several apps in one process (tests) never collide
-in the process-global one.
+"""Prometheus metrics of one app: HTTP requests by route, and the micro-batcher's batches and stages, in a registry
+of the app's own (several apps in one process, as in tests, never collide in the global one).
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ NO_LABEL = "(none)"  # distrinews_labels_given's series for a multi-label answer
 
 
 class ServeMetrics:
-    """Prometheus metrics in a registry owned by one app."""
-
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         counter, gauge = partial(Counter, registry=self.registry), partial(Gauge, registry=self.registry)

@@ -1,12 +1,9 @@
-"""The ASGI middlewares around the app: request metrics, the API key, the body limits.
+"""The ASGI middlewares around the app: request metrics, the API key, the body limits. They answer before any route
+runs, so their errors are raw ASGI messages here (JSON ``{"detail": ...}``, as every error the app answers).
 
-They answer before any route runs, so their errors are written here as raw ASGI messages
-(JSON ``{"detail": ...}``, like every error the app answers).
-
-A body is read only for a route that takes it (a method a path does not serve is 405 with its body
-unread, the public probes included), and only by a client with the key where one is set (401 first,
-unread); it must arrive within ``--body-timeout`` (``connections``). The bytes of the bodies that all
-requests in progress hold together stay under ``--max-pending-body-bytes``.
+A body is read only for a route that takes it (405 unread otherwise, the public probes included), and only from a
+client with the key where one is set (401 first, unread); it must arrive within ``--body-timeout``
+(``connections``), and the bodies all requests in progress hold stay under ``--max-pending-body-bytes``.
 """
 
 from __future__ import annotations
@@ -83,20 +80,16 @@ async def send_json(send: Send, status: int, payload: dict[str, Any], headers: d
 
 
 class RouteMethods:
-    """Which methods the app's routes serve at a request's path.
-
-    A (path, method) pair that a route without path parameters serves in full is remembered, so the
-    requests the app serves skip the walk over every route: the pairs remembered are at most the
-    routes' own, whatever paths and methods clients send.
-    """
+    """Which methods the app's routes serve at a request's path. A (path, method) pair that a route without path
+    parameters serves is remembered, so served requests skip the walk over the routes: at most the routes' own pairs
+    are remembered, whatever clients send."""
 
     def __init__(self, routes: Router):
         self.routes = routes
         self._served: set[tuple[str, str]] = set()
 
     def not_served(self, scope: Scope) -> list[str] | None:
-        """The methods the path serves when the request's method is not one of them (None: served, or no such
-        path)."""
+        """The methods the path serves when the request's is not one of them (None: served, or no such path)."""
         key = (scope["path"], scope["method"])
         if key in self._served:
             return None
@@ -131,12 +124,8 @@ class ApiKeyMiddleware:
         # compare_digest: the time taken does not reveal how much of the key was right.
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
             return await self.app(scope, receive, send)
-        detail = (
-            "invalid API key"
-            if header
-            else "this server requires an API key: send the header 'Authorization: Bearer <key>'"
-        )
-        await send_json(send, 401, {"detail": detail}, {"www-authenticate": "Bearer"})
+        missing = "this server requires an API key: send the header 'Authorization: Bearer <key>'"
+        await send_json(send, 401, {"detail": "invalid API key" if header else missing}, {"www-authenticate": "Bearer"})
 
 
 class BodyBudget:
@@ -147,14 +136,9 @@ class BodyBudget:
 
 
 class BodyLimitMiddleware:
-    """Answer 413 for a body over ``max_bytes``, whether it declares its length or streams chunks;
-    405 (body unread) for a method its path does not serve; 503 for a body that would take the bytes
-    held by the bodies of all requests in progress past ``budget.limit``.
-
-    The body is read here (it is small by construction) and handed on whole, so the app
-    never sees a partial body. Its bytes count as pending until the request is answered (the
-    app holds them that long).
-    """
+    """413 for a body over ``max_bytes`` (declared or streamed); 405 (unread) for a method its path does not serve;
+    503 for a body that would take the bytes all requests in progress hold past ``budget.limit``. The body is read
+    here and handed on whole (the app never sees part of one); its bytes count until the request is answered."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, budget: BodyBudget, routes: Router):
         self.app, self.max_bytes, self.budget, self.routes = app, max_bytes, budget, RouteMethods(routes)
@@ -183,15 +167,10 @@ class BodyLimitMiddleware:
         declared = None
         if values:
             if len(values) > 1 or not next(iter(values)).isdigit():  # bytes.isdigit(): ASCII digits only, no sign
-                shown = ", ".join(sorted(v.decode("latin-1") for v in values))
-                return await send_json(
-                    send,
-                    400,
-                    {
-                        "detail": f"invalid Content-Length header ({quoted(shown)}): "
-                        "send one non-negative integer, the body's size in bytes"
-                    },
-                )
+                shown = quoted(", ".join(sorted(v.decode("latin-1") for v in values)))
+                said = "send one non-negative integer, the body's size in bytes"
+                detail = f"invalid Content-Length header ({shown}): {said}"
+                return await send_json(send, 400, {"detail": detail})
             declared = int(next(iter(values)))
             if declared > self.max_bytes:
                 return await send_json(send, 413, too_big)

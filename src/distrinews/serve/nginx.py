@@ -52,9 +52,8 @@ def find_nginx(given: str | None = None) -> str:
 
 
 def connection_budget() -> tuple[int, int]:
-    """(worker_connections, open files to give nginx): ``MAX_CONNECTIONS`` and the files they need, or as many as
-    this process's hard limit on open files allows. With ``master_process off`` nginx ignores worker_rlimit_nofile, so
-    the supervisor sets the limit in nginx's process before it starts (``children.start_child``)."""
+    """(worker_connections, open files to give nginx): ``MAX_CONNECTIONS`` and their files, or what the hard limit
+    allows. With ``master_process off`` nginx ignores worker_rlimit_nofile: ``start_child`` sets the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     files = 2 * MAX_CONNECTIONS + SPARE_FILES
     if hard != resource.RLIM_INFINITY:
@@ -91,8 +90,8 @@ def client_limits(connections: int, rate: int) -> dict[str, str]:
 
 
 def retried_locations(tries: int, read_timeout: float) -> str:
-    """An exact location per POST route of the app (``routes.RETRIED_POST_PATHS``) whose failure on one replica
-    (refused, reset, 502, 503, a timeout) nginx passes to the next, POST included (non_idempotent)."""
+    """A location per POST route of the app (``routes.RETRIED_POST_PATHS``) whose failure on one replica (refused,
+    reset, 502, 503, a timeout) nginx passes to the next, POST included (non_idempotent)."""
     block = (
         "        location = {path} {{\n"
         "            proxy_pass http://replicas;\n"
@@ -118,8 +117,7 @@ def nginx_conf(
     client_connections: int = CLIENT_CONNECTIONS,
     client_rate: int = CLIENT_RATE,
 ) -> str:
-    """The template with this run's values: ``temp`` for nginx's pid and temp files, the access log in ``log_dir``,
-    ``listen`` (host:port), an upstream server per replica port."""
+    """The template with this run's values: ``temp`` for nginx's pid and temp files, ``listen`` is host:port."""
     servers = "\n".join(
         f"        server 127.0.0.1:{port} max_fails=1 fail_timeout={fail_timeout:g}s;" for port in replica_ports
     )

@@ -1,7 +1,8 @@
-"""What /docs and /openapi.json say about the prediction routes: their bodies in every API shape, their answers,
-their limits and status codes (``responses.declared``), and the response examples in the model's own labels.
-
-The routes' handlers are the app's (``app.py``); this module registers them with their declarations.
+"""What /docs and /openapi.json say: the prediction routes' bodies in every API shape, their answers and limits, the
+response examples in the model's own labels, and every error a route can answer (``declared``) with an example body:
+the seed's ``{"detail"}`` and, on the routes that take TEI's or Hugging Face's shapes, TEI's ``{"error",
+"error_type"}``, as the app answers them (``tests/unit/test_serve_tei.py`` provokes each status on ``/predict``).
+The handlers are the app's; this module registers them with their declarations.
 """
 
 from __future__ import annotations
@@ -14,24 +15,88 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from .options import ServeConfig
-from .responses import declared
 from .routes import PREDICT_BATCH_PATH, PREDICT_PATHS
 from .schemas import (
+    LOAD_FAILED,
     BatchPredictRequest,
+    ErrorDetail,
     HfClassificationRequest,
     MultiLabelPredictResponse,
     Prediction,
     PredictRequest,
     PredictResponse,
+    TeiError,
     TeiPredictRequest,
     json_schema_body,
 )
 
+_WHY = {
+    400: "a Content-Length header that is not one number (TEI's shape: an empty text or batch)",
+    401: "no API key, or a wrong one (only when the server has one)",
+    413: "more texts, or more bytes, than the server's limits",
+    415: "a body that is not declared as JSON",
+    422: "a body that is not valid JSON or not of the route's shape, or a text that is empty or too long",
+    424: "TEI's shape: the forward pass failed",
+    429: "the queue is full: retry after Retry-After seconds",
+    503: "no model yet (loading, or it failed to load), or shutting down: retry after Retry-After seconds",
+}
+_SEED = {
+    400: "invalid Content-Length header ('12a'): send one non-negative integer, the body's size in bytes",
+    401: "this server requires an API key: send the header 'Authorization: Bearer <key>'",
+    413: "65 texts in one request; the limit is 64 (split the batch)",
+    415: "unsupported media type: got no Content-Type; send the "
+    "body as JSON with the header 'Content-Type: application/json'",
+    422: "text is empty (or only whitespace): send 1 to 10,000 characters of text",
+    429: "server busy: 1024 texts already queued (limit 1024); retry shortly",
+    503: "model is still loading; retry shortly (GET /ready turns 200 when it is ready)",
+}
+_TEI = {
+    400: ("Input validation error: `inputs` cannot be empty", "Empty"),
+    413: ("batch size 65 > maximum allowed batch size 64", "Validation"),
+    422: ("Input validation error: `inputs` must have less than 64 tokens. Given: 80", "Validation"),
+    424: ("Backend error: inference failed (the server log has the details)", "Backend"),
+    429: ("server busy: 1024 texts already queued (limit 1024); retry shortly", "Overloaded"),
+    503: ("model is still loading; retry shortly (GET /ready turns 200 when it is ready)", "Unhealthy"),
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+
+
+def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route answering ``codes``: each with why, its body's schema and an example.
+    ``tei``: the route takes TEI's shapes too, whose errors are TEI's; ``health``: ``GET /health``'s 503 body."""
+    declared_codes: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        examples: dict[str, Any] = {}
+        if health:
+            body = {"status": "unhealthy", "model_loaded": False, "error": LOAD_FAILED}
+            content = {"application/json": {"examples": {"seed": {"value": body}}}}
+            declared_codes[code] = {"description": "the model failed to load", "content": content}
+            continue
+        if code in _SEED:
+            examples["seed API"] = {"summary": "the seed's shape", "value": {"detail": _SEED[code]}}
+        if tei and code in _TEI:
+            error, error_type = _TEI[code]
+            examples["TEI"] = {
+                "summary": "TEI's or Hugging Face's shape",
+                "value": {"error": error, "error_type": error_type},
+            }
+        model: Any = (
+            ErrorDetail if "TEI" not in examples else TeiError if "seed API" not in examples else ErrorDetail | TeiError
+        )
+        entry: dict[str, Any] = {
+            "description": _WHY[code],
+            "model": model,
+            "content": {"application/json": {"examples": examples}},
+        }
+        if code in (429, 503):
+            entry["headers"] = _RETRY_AFTER
+        declared_codes[code] = entry
+    return declared_codes
+
 
 class _RequestRoute(APIRoute):
-    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself: called as it is, without
-    FastAPI's per-request dependency solving and response handling, which such an endpoint has no use for (it
-    reads and checks its own body, ``limits``). The route still documents its body and answers in /openapi.json."""
+    """A route whose endpoint takes the ``Request`` and answers a ``Response`` itself (it reads its own body,
+    ``limits``): called as it is, without FastAPI's per-request dependency solving and response handling."""
 
     def get_route_handler(self) -> Callable[[Request], Any]:
         endpoint = self.endpoint
@@ -94,14 +159,9 @@ def label_examples(app: FastAPI, labels: list[str] | None) -> None:
 
     def openapi() -> dict[str, Any]:
         schema = build()  # FastAPI's, cached on the app: the example is added once
-        share = round(1 / len(labels), 4)
-        example = {
-            "label": labels[0],
-            "label_id": 0,
-            "confidence": share,
-            "probabilities": dict.fromkeys(labels, share),
-        }
-        for name, shown in (("PredictResponse", example), ("Prediction", {"label": labels[0], "score": share})):
+        first, share = labels[0], round(1 / len(labels), 4)
+        example = {"label": first, "label_id": 0, "confidence": share, "probabilities": dict.fromkeys(labels, share)}
+        for name, shown in (("PredictResponse", example), ("Prediction", {"label": first, "score": share})):
             target = schema.get("components", {}).get("schemas", {}).get(name)
             if target is not None:
                 target["examples"] = [shown]

@@ -1,8 +1,6 @@
 """The server's command-line options, shared by ``distrinews serve`` and the slim ``python -m distrinews.serve``.
-
-``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port`` (as in the
-reference system, and as container platforms set them). Checks here import nothing heavy
-(torch only to check that ``--runtime torch-bf16`` runs in hardware here).
+``MODEL_CHECKPOINT`` and ``PORT`` stand in for ``--checkpoint`` and ``--port``, as container platforms set them.
+The checks import nothing heavy (torch only to check that ``--runtime torch-bf16`` runs in hardware here).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ class ServeOptionError(ValueError):
 
 
 def _flag(default: Any, help: str | None = None, **declared: Any) -> Any:
-    """A field that is also the command-line flag ``--field-name``: its declaration (``options.Option``) lives here
-    only."""
+    """A field that is also the command-line flag ``--field-name``, declared here only (``options.Option``)."""
     return Option(default=default, help=help, **declared).field()
 
 
@@ -130,11 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def api_key_from_env() -> str | None:
-    """$DISTRINEWS_API_KEY without surrounding whitespace (no header value can carry it); None when unset.
-
-    Set but blank is refused: the variable says the server is meant to be guarded (an empty Kubernetes
-    secret gives exactly this), and serving without a key instead would fail open.
-    """
+    """$DISTRINEWS_API_KEY stripped (no header value can carry the whitespace); None when unset. Set but blank is
+    refused: the server is meant to be guarded (an empty Kubernetes secret gives this), and would fail open."""
     raw = os.environ.get(API_KEY_ENV)
     if raw is None:
         return None
@@ -170,33 +164,25 @@ def validate(args: argparse.Namespace) -> None:
             f"must be at least --max-body-bytes ({args.max_body_bytes})"
         )
     api_key_from_env()
+    from ..predict.confidence import ConfidenceThreshold
+    from ..predict.predictor import checkpoint_labels
+
     try:
         tracing.check_endpoint(args.otlp_endpoint)
         if tracing.wanted(args.otlp_endpoint):
             tracing.require("serve --otlp-endpoint (or $OTEL_EXPORTER_OTLP_ENDPOINT)")
+        # --min-confidence names only labels the checkpoint has, where its files say which
+        threshold = ConfidenceThreshold.parse(args.min_confidence)
+        if threshold is not None and (labels := checkpoint_labels(args.checkpoint)):
+            threshold.for_labels(labels)
     except ConfigError as exc:
         raise ServeOptionError(str(exc)) from None
-    _check_min_confidence(args.min_confidence, args.checkpoint)
     if args.onnx_model and not args.runtime.startswith("onnx"):
         raise ServeOptionError("--onnx-model needs --runtime onnx or onnx-int8")
     if args.runtime == "torch-bf16":
         _check_bf16()
     if args.onnx_model and not Path(args.onnx_model).is_file():
         raise FileNotFoundError(f"ONNX model {args.onnx_model} does not exist")
-
-
-def _check_min_confidence(spec: str | None, checkpoint: str) -> None:
-    """``--min-confidence`` well formed, and naming only labels the checkpoint has (where its files say which)."""
-    from ..predict.confidence import ConfidenceThreshold
-    from ..predict.predictor import checkpoint_labels
-
-    try:
-        threshold = ConfidenceThreshold.parse(spec)
-        labels = checkpoint_labels(checkpoint) if threshold is not None else None
-        if threshold is not None and labels:
-            threshold.for_labels(labels)
-    except ConfigError as exc:
-        raise ServeOptionError(str(exc)) from None
 
 
 def _check_bf16() -> None:

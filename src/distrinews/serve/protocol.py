@@ -1,15 +1,10 @@
-"""What the app asks of a predictor: the one interface every runtime (``predictor.Predictor``,
-``onnx_runtime.OnnxPredictor``) and every test double implements.
+"""What the app asks of a predictor: the one interface every runtime and every test double implements.
 
-A prediction is two calls on two threads: ``encode`` on the micro-batcher's tokenizer thread as
-a request arrives, ``predict_encoded`` on its forward thread over a whole batch.
-
-A predictor may also have ``encoder`` (a ``predict.tokens.TextEncoder``; every runtime does): TEI's
-``truncate: false`` and ``truncation_direction: left`` tokenize with its ``encode_fitted`` instead of
-``encode`` (``tei.encoding``), and are refused (422) by a predictor without one.
-
-A predictor may also have ``single_threaded()``: the same model on one intra-op thread (ONNX Runtime's
-sessions do); the batcher then runs passes side by side under concurrency (``--concurrent-passes``).
+A prediction is two calls on two threads: ``encode`` on the micro-batcher's tokenizer thread as a request arrives,
+``predict_encoded`` on its forward thread over a whole batch. A predictor may also have ``encoder`` (a
+``predict.tokens.TextEncoder``, for TEI's ``truncate: false`` and left truncation, ``tei.encoding``; refused with 422
+without one) and ``single_threaded()``, the same model on one thread, for passes side by side
+(``--concurrent-passes``).
 """
 
 from __future__ import annotations
@@ -28,9 +23,7 @@ class ServingPredictor(Protocol):
         """One item per text, its ``len()`` its length in tokens; thread-safe, no model."""
 
     def predict_encoded(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
-        """One forward pass over ``encode``'s items: ``{"label", "label_id", "confidence", "probabilities"}`` each, in
-        order."""
+        """One forward pass over ``encode``'s items: ``{"label", "label_id", "confidence", "probabilities"}`` each."""
 
     def describe(self) -> dict[str, Any]:
-        """What ``GET /info`` reports about the model: ``model_name``, ``runtime``, ``labels``, ``max_length``,
-        ``metrics``, ..."""
+        """What ``GET /info`` reports about the model: ``model_name``, ``runtime``, ``labels``, ``metrics``, ..."""

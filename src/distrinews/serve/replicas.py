@@ -2,23 +2,18 @@
 
 The supervisor (this process) owns every process it starts:
 
-- each replica and nginx is its child, in a process group of its own (so a terminal's Ctrl-C reaches only
-  the supervisor, which stops them in order), and dies with the supervisor even on SIGKILL
-  (``distributed.lifetime``: PR_SET_PDEATHSIG, the mechanism ``distrinews train`` relies on);
-- replicas start first; nginx (``deploy/nginx/nginx.conf.template``, written to a temp directory with its
-  pid and temp paths, run in the foreground) starts only once every replica answers ``/ready``;
-- a replica that exits by itself is started again (after a back-off while it keeps failing); nginx routes
-  around it meanwhile;
-- SIGHUP rolls the replicas one at a time: SIGTERM (it stops listening and drains its in-flight requests),
-  start a new one on the same port, wait for ``/ready``. Before each replica goes, every other one has been
-  ready for ``fail_timeout`` + 1 s (nginx's clock counts whole seconds), so nginx routes to it again.
-  ``--checkpoint`` is resolved again first, so pointing a symlink at a new ``best/`` and sending SIGHUP rolls
-  out a new model; a new replica that never gets ready is started again on the checkpoint it had, and the
-  roll stops;
-- SIGTERM or SIGINT stops nginx gracefully (SIGQUIT: it finishes the requests it holds), then drains the
-  replicas (SIGTERM), and exits 0;
-- every log its children write (theirs, nginx's access and error logs) is kept under ``--max-log-bytes``, with one
-  previous part (``LOG.1``), and only a log's end is ever read back (``children``).
+- each replica and nginx is its child, in a process group of its own (a terminal's Ctrl-C reaches only the
+  supervisor, which stops them in order), and dies with it even on SIGKILL (``distributed.lifetime``);
+- nginx (``deploy/nginx/nginx.conf.template``, filled in a temp directory, in the foreground) starts only once
+  every replica answers ``/ready``; a replica that exits by itself is started again, with a back-off while it keeps
+  failing (nginx routes around it);
+- SIGHUP rolls the replicas one at a time onto the checkpoint ``--checkpoint`` resolves to now (a symlink pointed at
+  a new ``best/`` rolls out a new model): SIGTERM (it drains), a new one on the same port, wait for ``/ready``.
+  Before each goes, every other one has been ready for ``fail_timeout`` + 1 s, so nginx routes to it again; a new
+  replica that never gets ready is started again on its old checkpoint, and the roll stops;
+- SIGTERM or SIGINT stops nginx gracefully (SIGQUIT), then drains the replicas (SIGTERM), and exits 0;
+- every log its children write is kept under ``--max-log-bytes`` with one previous part (``LOG.1``), and only a
+  log's end is ever read back (``children``).
 """
 
 from __future__ import annotations
@@ -37,8 +32,9 @@ from pathlib import Path
 from types import FrameType
 
 from ..checkpoint.atomic import write_text_atomically
-from ..distributed.lifetime import stop_processes
-from .children import MAX_LOG_BYTES, address_taken, bound_log, free_ports, get_json, log_tail, start_child
+from ..distributed.launch import free_ports
+from ..distributed.lifetime import log_tail, stop_processes
+from .children import MAX_LOG_BYTES, address_taken, bound_log, get_json, start_child
 from .nginx import CLIENT_CONNECTIONS, CLIENT_RATE, connection_budget, nginx_conf
 from .options import ServeOptionError
 
@@ -191,8 +187,7 @@ class Supervisor:
         return code
 
     def write_pid_file(self) -> None:
-        """``--pid-file``: written whole under a temporary name, then moved into place, so a reader never sees half
-        of it and a link planted at its path is replaced, never written through."""
+        """``--pid-file``, written whole and moved into place: never seen half written, never written through a link."""
         if not self.settings.pid_file:
             return
         try:
@@ -240,11 +235,8 @@ class Supervisor:
 
     @property
     def settle_seconds(self) -> float:
-        """How long after a replica is ready nginx surely routes to it again.
-
-        nginx rests a replica that failed a request (``max_fails=1``) for ``fail_timeout``, and its clock counts
-        in whole seconds, so a failure just before the replica got ready can keep it out for up to
-        ``fail_timeout`` + 1 s after; then nginx's next request to it finds it ready."""
+        """How long after a replica is ready nginx surely routes to it again: nginx rests a replica that failed a
+        request for ``fail_timeout``, on a clock of whole seconds, so up to ``fail_timeout`` + 1 s after."""
         return self.settings.fail_timeout + 1.0 + 0.25
 
     def _wait_in_rotation(self, replicas: list[Replica]) -> None:
@@ -332,8 +324,7 @@ class Supervisor:
             time.sleep(0.2)
 
     def bound_logs(self) -> None:
-        """Every log this run's children write kept under ``max_log_bytes``: the replicas', and nginx's (its
-        output, its error log and its access log, all named nginx*.log)."""
+        """Every log this run's children write kept under ``max_log_bytes``: the replicas', and nginx's (nginx*.log)."""
         for replica in self.replicas:
             if bound_log(replica.log_path, self.settings.max_log_bytes):
                 replica.log_offset = 0

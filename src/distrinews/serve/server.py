@@ -1,10 +1,6 @@
-"""Run the app under uvicorn until SIGTERM/SIGINT; exit 0 after a clean drain.
-
-SIGTERM stops accepting connections, answers every request already in flight, finishes the
-batcher's queue, then exits 0. Connections are uvicorn's h11 protocol with deadlines for a
-request's headers and body and for the client to read an answer, and a cap on open connections
-(``connections``). A batcher whose loop
-died ends the process the same way, but exits 1, so that a supervisor restarts it.
+"""Run the app under uvicorn until SIGTERM/SIGINT: stop accepting connections, answer every request in flight, finish
+the batcher's queue, exit 0 (1 when the batcher's loop died, so that a supervisor restarts it). Connections are
+uvicorn's h11 protocol with deadlines and a cap (``connections``).
 """
 
 from __future__ import annotations
@@ -55,10 +51,8 @@ def run_server(config: ServeConfig, predictor_factory: Callable[[], ServingPredi
             ),
         )
     )
-    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handler that was
-    # in place before it started, so the process would die "killed by SIGTERM" after a clean
-    # drain. With this handler in place, the re-raised signal is recorded and we exit 0:
-    # a requested, completed shutdown is a success.
+    # uvicorn drains, then re-raises the signal with the handler in place before it: with this one the process exits
+    # 0 instead of "killed by SIGTERM", as a requested, completed shutdown is a success.
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda s, _f: received.append(s)) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

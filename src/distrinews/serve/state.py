@@ -31,12 +31,9 @@ ENCODE_INLINE_CHARS = 1_000
 
 
 def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
-    """One line for the log's record of a failed load: what failed and where, never how to unpickle anyway.
-
-    CheckpointError and FileNotFoundError already name the file and say why; anything else is
-    summarised by its type and first line, or by its type alone when it repeats torch's advice
-    to retry with ``weights_only=False``. Clients are told none of it (the probes are public).
-    """
+    """One line for the log's record of a failed load (clients are told none of it): CheckpointError and
+    FileNotFoundError as they are, anything else by its type and first line, or by its type alone where it repeats
+    torch's advice to retry with ``weights_only=False``."""
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
         return (
@@ -73,11 +70,8 @@ def default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
 
 
 def concurrent_passes(config: ServeConfig, predictor: ServingPredictor) -> int:
-    """How many forward passes may run side by side, one core each (``--concurrent-passes``).
-
-    Two single-threaded passes at once keep both cores busy where one pass on both leaves one waiting through the
-    pass's serial parts and while the event loop answers (benchmarks/serving.md); a lone request still gets
-    every core. A predictor without a single-threaded twin (PyTorch's threads are per process) runs one at a time."""
+    """How many forward passes may run side by side, one core each (``--concurrent-passes``, the batcher's lanes). A
+    predictor without a single-threaded twin (PyTorch's threads are per process) runs one at a time."""
     wanted = config.concurrent_passes or (1 if config.threads else machine.usable_cores())
     if wanted > 1 and not hasattr(predictor, "single_threaded"):
         log.info("--concurrent-passes: the %s runtime runs one forward pass at a time", predictor.runtime)
@@ -105,9 +99,8 @@ class ServingState:
         metrics.queue_depth.set_function(lambda: float(self.batcher.queue_depth) if self.batcher is not None else 0.0)
 
     async def load(self) -> None:
-        config = self.config
+        config, t0 = self.config, time.perf_counter()
         try:
-            t0 = time.perf_counter()
             predictor = await asyncio.to_thread(self.load_predictor)
             await asyncio.to_thread(predictor.warmup)
             lanes, side = concurrent_passes(config, predictor), None
@@ -133,12 +126,8 @@ class ServingState:
             await batcher.start()
             self.model_version = str(predictor.describe().get("model_version") or "unversioned")
             self.predictor, self.batcher, self.concurrent_passes = predictor, batcher, lanes
-            log.info(
-                "model loaded from %s (runtime %s) in %.1fs; ready",
-                config.checkpoint,
-                predictor.runtime,
-                time.perf_counter() - t0,
-            )
+            took = time.perf_counter() - t0
+            log.info("model loaded from %s (runtime %s) in %.1fs; ready", config.checkpoint, predictor.runtime, took)
         except Exception as exc:  # the server stays up to report it: /health 503, /ready 503
             # What failed and where goes to the operator's log only: the probes are public.
             self.load_error = LOAD_FAILED
@@ -173,10 +162,8 @@ class ServingState:
         timing: dict[str, float] | None = None,
         encode: Callable[[list[str]], Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """The texts' results from the micro-batcher. With the request's ASGI ``receive``, a client that
-        disconnects before its batch forms is taken out of the queue: its texts are never computed.
-        ``timing`` is filled in with what the batcher measured, ``encode`` tokenizes these texts instead of the
-        predictor's (``MicroBatcher.enqueue``): what it raises is raised here."""
+        """The texts' results from the micro-batcher (``timing`` and ``encode``: ``MicroBatcher.enqueue``'s). With the
+        request's ASGI ``receive``, a client that disconnects before its batch forms is taken out of the queue."""
         batcher, watcher = self.require_ready(), None
         try:
             future = batcher.enqueue(texts, timing, encode)

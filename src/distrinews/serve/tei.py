@@ -1,31 +1,24 @@
 """text-embeddings-inference's (TEI) and Hugging Face's inference API shapes, beside the seed's API.
 
-A body with ``inputs`` (and no ``text``) on ``POST /predict``, ``/`` or ``/invocations`` is one
-of theirs: with ``parameters`` it is Hugging Face's text-classification request (what
-``huggingface_hub.InferenceClient.text_classification`` sends), without it TEI's. Both are
-answered as those servers answer, every label with its score, highest first: TEI gives a list
-for one text and a list of those for a batch; Hugging Face a list per input, so one text is
-``[[...]]`` (the client reads the first). Their errors are TEI's ``{"error", "error_type"}``
-with TEI's status codes. Every prediction answer carries TEI's timing headers (``x-total-time``,
-``x-queue-time``, ...), in whole milliseconds as TEI sends them.
+A body with ``inputs`` (and no ``text``) on ``POST /predict``, ``/`` or ``/invocations`` is one of theirs: with
+``parameters`` Hugging Face's text-classification request (``InferenceClient.text_classification``), else TEI's.
+Both are answered as those servers answer, every label with its score, highest first: TEI a list for one text and a
+list of those for a batch, Hugging Face a list per input (one text is ``[[...]]``). Their errors are TEI's
+``{"error", "error_type"}`` with TEI's status codes; every answer carries TEI's timing headers, in whole ms.
 
 Where this server answers otherwise than TEI, and why:
 
-- a pair of texts (``["a", "b"]``, or ``[["a", "b"]]`` in a batch) is refused with 422: the
-  model classifies single texts;
-- ``raw_scores`` (and Hugging Face's ``function_to_apply: "none"``) answers log-probabilities,
-  which are the model's logits shifted by one constant per text (the predictor's answers carry
-  probabilities; softmax cannot tell the two apart); ``sigmoid`` is refused: the model is
-  single-label. A multi-label model (a sigmoid per label) is the other way round: its scores are
-  sigmoids, ``sigmoid`` is accepted and ``softmax`` refused, and raw scores are its logits exactly
-  (a sigmoid can be undone), as TEI and Hugging Face answer them;
-- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.encode_fitted``), so it may
-  keep one partial word fewer than TEI;
-- a batch over ``--max-batch-texts`` is 413, as TEI's OpenAPI document declares (its router
-  answers 422); an empty batch is 400 ``Empty``, as the document declares (its router, 422);
-- a text of whitespace only is empty (400), as the seed API strips texts;
-- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the
-  401 (API key) and 413 (body size) the middlewares answer before the body is read.
+- a pair of texts (``["a", "b"]``, or ``[["a", "b"]]`` in a batch) is refused with 422: the model classifies
+  single texts;
+- ``raw_scores`` (and ``function_to_apply: "none"``) answers log-probabilities, the logits shifted by one constant
+  per text (softmax cannot tell them apart); ``sigmoid`` is refused. A multi-label model is the other way round:
+  ``sigmoid`` is accepted, ``softmax`` refused, and raw scores are its logits exactly (a sigmoid can be undone);
+- ``truncation_direction: "left"`` cuts at a word boundary (``TextEncoder.encode_fitted``), so it may keep one
+  partial word fewer than TEI;
+- a batch over ``--max-batch-texts`` is 413 and an empty one 400 ``Empty``, as TEI's OpenAPI document declares (its
+  router answers 422); a text of whitespace only is empty (400), as the seed API strips texts;
+- a body that is not a JSON object cannot be told apart, so it gets the seed API's error; so do the 401 and 413 the
+  middlewares answer before the body is read.
 """
 
 from __future__ import annotations
@@ -62,7 +55,6 @@ class ForeignRequest:
 
     texts: list[str]
     batch: bool  # TEI's answer for a batch is a list per text (Hugging Face's always is)
-    hf: bool
     log_scores: bool  # raw scores: log-probabilities, or a multi-label model's logits
     truncate: bool  # False: a text longer than the model reads is refused (422)
     keep_end: bool  # truncate on the left
@@ -87,9 +79,8 @@ def _text(value: Any, where: str, max_chars: int) -> str:
 
 
 def _inputs(inputs: Any, max_texts: int, max_chars: int, hf: bool) -> tuple[list[str], bool]:
-    """The texts, and whether they are a batch. Hugging Face's ``inputs``: a string, or a list of strings (each its
-    own input, so always a batch). TEI's ``PredictInput``: a string, ``[text]`` (one text), ``[a, b]`` (a pair), or a
-    batch ``[[text], ...]``."""
+    """The texts, and whether they are a batch. Hugging Face's ``inputs``: a string, or a list of strings (a batch).
+    TEI's ``PredictInput``: a string, ``[text]``, ``[a, b]`` (a pair), or a batch ``[[text], ...]``."""
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`", max_chars)], hf
     if not isinstance(inputs, list):
@@ -124,9 +115,8 @@ def _hf_parameters(parameters: Any, multi_label: bool = False) -> tuple[int | No
         return None, None
     if not isinstance(parameters, dict):
         raise _invalid(f"`parameters` must be an object, got {kind_of(parameters)}")
-    for name in parameters:
-        if name not in HF_PARAMETERS:
-            raise _invalid(f"`parameters` has {quoted(name)}, which is not one of {', '.join(HF_PARAMETERS)}")
+    if (name := next((name for name in parameters if name not in HF_PARAMETERS), None)) is not None:
+        raise _invalid(f"`parameters` has {quoted(name)}, which is not one of {', '.join(HF_PARAMETERS)}")
     top_k, function = parameters.get("top_k"), parameters.get("function_to_apply")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise _invalid(f"`parameters.top_k` must be a whole number >= 1, got {quoted(top_k)}")
@@ -160,7 +150,6 @@ def parse(
     request = ForeignRequest(
         texts=texts,
         batch=batch,
-        hf=hf,
         log_scores=(function == "none") if function is not None else raw_scores,
         truncate=truncate is not False,  # null: TEI's --auto-truncate, whose default is true
         keep_end=direction.lower() == "left",
@@ -170,9 +159,8 @@ def parse(
 
 
 def encoding(request: ForeignRequest, encoder: Any) -> Callable[[list[str]], Any] | None:
-    """How the request's texts are tokenized (None: as every request's): refused if one is too long and
-    ``truncate`` is false, cut at the start for left truncation; run by the micro-batcher once the request is
-    admitted, each text once. ``encoder`` is the predictor's ``tokens.TextEncoder`` (None: it has none)."""
+    """How the request's texts are tokenized (None: as every request's) with the predictor's ``encoder``: refused if
+    one is too long and ``truncate`` is false, cut at the start for left truncation."""
     if request.truncate and not request.keep_end:
         return None
     if encoder is None:
@@ -195,16 +183,11 @@ def _score(p: float, log: bool, multi_label: bool = False) -> float:
 
 def answer(request: ForeignRequest, results: list[dict[str, Any]], top_k: int | None = None) -> list[Any]:
     """TEI's (or Hugging Face's) answer from the predictor's results: every label (or the ``top_k``), highest first."""
-    ranked = [_ranked(r["probabilities"], request.log_scores, top_k, request.multi_label) for r in results]
+    ranked, log, multi_label = [], request.log_scores, request.multi_label
+    for result in results:  # sorted() is stable: equal scores keep the model's label order
+        highest_first = sorted(result["probabilities"].items(), key=lambda item: -item[1])[:top_k]
+        ranked.append([{"label": label, "score": _score(p, log, multi_label)} for label, p in highest_first])
     return ranked if request.batch else ranked[0]
-
-
-def _ranked(
-    probabilities: dict[str, float], log: bool, top_k: int | None, multi_label: bool = False
-) -> list[dict[str, Any]]:
-    # sorted() is stable: equal scores keep the model's label order
-    highest_first = sorted(probabilities.items(), key=lambda item: -item[1])[:top_k]
-    return [{"label": label, "score": _score(p, log, multi_label)} for label, p in highest_first]
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -218,8 +201,7 @@ def _ms(seconds: float) -> str:
 
 
 def timing_headers(start: float, timing: dict[str, float], characters: int, runtime: str) -> dict[str, str]:
-    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()`` on arrival, ``timing`` what
-    the micro-batcher measured for this request (``MicroBatcher.enqueue``)."""
+    """TEI's per-answer headers: ``start`` is the route's ``time.perf_counter()``, ``timing`` the batcher's."""
     total = _ms(time.perf_counter() - start)
     return {
         "x-compute-type": runtime,

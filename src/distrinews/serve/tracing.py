@@ -1,21 +1,16 @@
 """A request's stage spans: tokenize, queue, forward and response, under the request's span.
 
-Imported only when tracing is on (``create_app``). The request's SERVER span is FastAPI's own
-telemetry (``FastAPI(telemetry=...)``, given this process's tracer provider): the outermost layer of
-the app, a child of the caller's W3C ``traceparent`` (the configured propagators), named by the
-route template, with the status. With tracing off FastAPI's telemetry is turned off too.
+Imported only when tracing is on (``create_app``). The request's SERVER span is FastAPI's own telemetry (given this
+process's tracer provider): the app's outermost layer, a child of the caller's W3C ``traceparent``, named by the
+route template, with the status.
 
-The stages are not spans opened where they run: the micro-batcher computes many requests in one
-forward pass on its own thread, and it already measures each request's tokenize, queue and
-inference times (``MicroBatcher.enqueue``'s ``timing``). When the route has its results,
-``record_stages`` turns those measurements into child spans of the request with their real start
-and end times, and the forward span carries the batch it ran in (its texts, requests, padded
-tokens, passes, and a batch number shared by the requests computed together). So each request's
-trace alone shows where its time went, down to the forward pass, and the batcher's threads do no
-tracing work. (Span links from each request to one span per batch were the other way: that batch
-span would belong to no request's trace, so a request's trace would not show its forward pass,
-only a link to another trace.) The response span runs from the forward pass's end until the
-answer's last bytes are handed to the server.
+The stages are not spans opened where they run: the micro-batcher computes many requests in one forward pass on its
+own thread, and already measures each request's tokenize, queue and inference times (``enqueue``'s ``timing``).
+``traced_answer`` turns those into child spans of the request with their real start and end times, the forward span
+carrying its batch (texts, requests, padded tokens, passes, and a batch number shared by the requests computed
+together). So a request's own trace shows its forward pass, where a span per batch linked from each request would
+belong to no request's trace; and the batcher's threads do no tracing work. The response span runs from the forward
+pass's end until the answer's last bytes are handed to the server.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ _NS = 1_000_000_000
 def traced_answer(
     tracer: trace.Tracer, content: Any, headers: dict[str, str], timing: dict[str, float], texts: int, runtime: str
 ) -> JSONResponse:
-    """The answer, after the current request's stage spans from the batcher's ``timing`` (``time.perf_counter``'s
-    clock)."""
+    """The answer, after the current request's stage spans from the batcher's ``timing`` (perf_counter's clock)."""
     if "done" not in timing or not trace.get_current_span().is_recording():
         return JSONResponse(content, headers=headers)
     # perf_counter has no epoch: place the batcher's times on the wall clock by their distance from now.
@@ -51,13 +45,9 @@ def traced_answer(
         "distrinews.batch.passes": int(timing["passes"]),
         "distrinews.runtime": runtime,
     }
+    counts = {"distrinews.texts": texts, "distrinews.tokens": int(timing["tokens"])}
     stages: tuple[tuple[str, int, int, dict[str, Any]], ...] = (
-        (
-            "distrinews.tokenize",
-            tokenizing,
-            queued,
-            {"distrinews.texts": texts, "distrinews.tokens": int(timing["tokens"])},
-        ),
+        ("distrinews.tokenize", tokenizing, queued, counts),
         ("distrinews.queue", queued, forward, {}),
         ("distrinews.forward", forward, done, batch),
     )

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
-from ...distributed.lifetime import stop_processes
+from ...distributed.lifetime import log_tail, stop_processes
 from ...distributed.machine import threads_per_process
-from ...serve.children import log_tail
 from .advice import advise
 from .facts import port_free, port_owner
 from .report import Report, report_results
