@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
 from .results import argv_of, write_report
@@ -417,7 +417,3 @@ def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
     """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
     # Not --nproc: torchrun's parser reads it as an ambiguous abbreviation of its --nproc-per-node (or _node).
     return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result, nproc=None)]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)

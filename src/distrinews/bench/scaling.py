@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG, DATA
 from .results import argv_of, write_report
 from .scaling_arithmetic import core_slices, per_worker_batch, summarize
@@ -242,7 +242,3 @@ OPTIONS = [
     Option("result", None, argparse.SUPPRESS),
     Option("per_worker_batch", None, argparse.SUPPRESS, type=int),
 ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)

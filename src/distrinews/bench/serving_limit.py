@@ -54,11 +54,6 @@ EMPTY_ANSWER = json.dumps(
 ).encode()
 
 
-def cores() -> int:
-    """The cores this process can use (the server's and the load generator's, shared)."""
-    return usable_cores()
-
-
 def runtime_alone(
     checkpoint: str,
     runtime: str,
@@ -197,7 +192,7 @@ def summarise(report: dict[str, Any], alone: dict[str, Any], runtime: str, busie
     ours_c = find_result(results, "ours", runtime, "full", busiest)
     empty_1 = find_result(results, "empty", "-", "full", 1)
     empty_c = find_result(results, "empty", "-", "full", busiest)
-    n = cores()
+    n = usable_cores()  # the server's and the load generator's, shared
     out: dict[str, Any] = {"runtime": runtime, "cores": n, "concurrency": busiest, "runtime_alone": alone}
     out["empty_responder"] = {
         "p50_ms": empty_1["p50_ms"] if empty_1 else None,

@@ -9,6 +9,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..options import add_options
+
 if TYPE_CHECKING:
     from .common import Subparsers
 
@@ -39,7 +41,7 @@ def register(subparsers: Subparsers) -> None:
     for name, (module, help_text) in TOOLS.items():
         p = sub.add_parser(name, help=help_text)
         try:
-            importlib.import_module(module).add_arguments(p)
+            add_options(p, importlib.import_module(module).OPTIONS)
         except ImportError as exc:  # still listed; running it says what is missing
             p.set_defaults(func=_unavailable(name, exc))
             continue
