@@ -11,12 +11,13 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Subparsers) -> None:
-    from .checks import add_arguments
+    from ...options import add_options
+    from .checks import OPTIONS
 
     p = subparsers.add_parser(
         "doctor", help="versions, devices, backends, a real N-process rendezvous and collective check"
     )
-    add_arguments(p)
+    add_options(p, OPTIONS)
     p.set_defaults(func=run, distributed=True)
 
 

@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from ...options import Option, add_options, check_options
+from ...options import Option, check_options
 from ..common import no_extra_arguments, write_json
 from .advice import advise
 from .facts import port_free
@@ -33,7 +33,7 @@ from .report import Report, report_facts, report_results
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
-__all__ = ["EXIT_FAIL", "EXIT_OK", "add_arguments", "advise", "port_free", "run"]  # what the doctor's tests call
+__all__ = ["EXIT_FAIL", "EXIT_OK", "advise", "port_free", "run"]  # what the doctor's tests call
 
 
 def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
@@ -99,10 +99,6 @@ OPTIONS = [
     Option("start_ranks", help="start only the first K ranks (rehearse a rank that never joins)", type=int, minimum=0),
     Option("json", help="also write the findings here"),
 ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)
 
 
 if __name__ == "__main__":
