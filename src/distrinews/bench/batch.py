@@ -136,13 +136,8 @@ def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None
         server_rss = _rss_mib(server.proc.pid)
     finally:
         server.stop()
-    return {
-        "seconds": time.monotonic() - started,
-        "ready_s": ready,
-        "exit": 0,
-        "peak_rss_mib": server_rss,
-        "output": "",
-    }
+    seconds = time.monotonic() - started
+    return {"seconds": seconds, "ready_s": ready, "exit": 0, "peak_rss_mib": server_rss, "output": ""}
 
 
 def _rss_mib(pid: int) -> float:

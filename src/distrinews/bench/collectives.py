@@ -32,7 +32,7 @@ from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
 from .results import argv_of, write_report
-from .scaling_worker import pin_to_own_cores
+from .scaling_worker import pin_to_own_cores, synchronizer
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -174,7 +174,7 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     from ..train.build import prepare_data
 
     config = model_config(args, tempfile.gettempdir())
-    sync = _synchronizer(env)
+    sync = synchronizer(env.device)
     data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
     model = (
         build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
@@ -210,13 +210,6 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
         "peak": peak.source,
         "peak_flops": peak.flops,
     }
-
-
-def _synchronizer(env: DistEnv) -> Callable[[], None]:
-    """What waits for the device's queued work: CUDA's synchronize, nothing on the CPU."""
-    import torch
-
-    return torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
 
 
 def _gradient_allreduce_s(grad_bytes: int, env: DistEnv, sync: Callable[[], None]) -> float:
@@ -304,9 +297,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, bool], list[dict[str, Any]]]:
     """Each op checked for correct numbers, then timed at every message size: the checks and the table's rows."""
-    sync = _synchronizer(env)
-    table = []
-    checks = {}
+    sync = synchronizer(env.device)
+    table, checks = [], {}
     for op in args.ops:
         checks[op] = check_op(op, env)
         for size in message_sizes(args.min_bytes, args.max_bytes):
@@ -316,17 +308,8 @@ def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, 
             iters = iterations_for(actual)
             seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
             alg, bus = bandwidths(op, actual, seconds, env.world_size)
-            table.append(
-                {
-                    "op": op,
-                    "bytes": actual,
-                    "iterations": iters,
-                    "time_us": seconds * 1e6,
-                    "algbw": alg,
-                    "busbw": bus,
-                    "how": how,
-                }
-            )
+            row = {"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6, "algbw": alg}
+            table.append({**row, "busbw": bus, "how": how})
             if env.is_main and args.verbose:
                 print(
                     f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "

@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 PHASES = ("data", "forward_backward", "optimizer")
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work: CUDA's synchronize, nothing on the CPU."""
+    import torch
+
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
 def pin_to_own_cores(cores_per_worker: int | None = None) -> list[int]:
     """This local rank on its own slice of the cores, as in training: ``cores_per_worker`` each, or (None) an even
     share where there are enough cores to share (else it stays unpinned). The cores it runs on."""
@@ -191,10 +198,8 @@ class _StepTimer:
     """The trainer's step with a clock around each phase: data, forward + backward, optimizer."""
 
     def __init__(self, trainer: Trainer, windows: Windows, host_sync: bool):
-        import torch
-
         self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
-        self.sync: Callable[[], None] = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+        self.sync = synchronizer(trainer.env.device)
         self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
         self.padded_tokens = 0
 
