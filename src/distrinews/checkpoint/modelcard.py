@@ -7,6 +7,7 @@ it, so the two always agree. ``pipeline("text-classification", model=dir)`` igno
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
@@ -122,30 +123,13 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
     if metrics.get("accuracy") is not None:
         results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
         if metrics.get("macro_f1") is not None:
-            results.append(
-                {
-                    "type": "f1",
-                    "value": round(float(metrics["macro_f1"]), 6),
-                    "name": "Test macro-F1",
-                    "args": {"average": "macro"},
-                }
-            )
-        meta["model-index"] = [
-            {
-                "name": model_title(info),
-                "results": [
-                    {
-                        "task": {"type": "text-classification", "name": "Text Classification"},
-                        "dataset": {
-                            "name": data.name,
-                            "type": data.hub_id or data.slug,
-                            "split": "test" if data.ag_news else "validation",
-                        },
-                        "metrics": results,
-                    }
-                ],
-            }
-        ]
+            f1 = round(float(metrics["macro_f1"]), 6)
+            results.append({"type": "f1", "value": f1, "name": "Test macro-F1", "args": {"average": "macro"}})
+        task = {"type": "text-classification", "name": "Text Classification"}
+        split = "test" if data.ag_news else "validation"
+        dataset = {"name": data.name, "type": data.hub_id or data.slug, "split": split}
+        evaluation = {"task": task, "dataset": dataset, "metrics": results}
+        meta["model-index"] = [{"name": model_title(info), "results": [evaluation]}]
     return meta
 
 
@@ -240,7 +224,8 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
     lines = _summary(info, data, base)
     lines += _per_class(info.metrics)
-    lines += _confidence_or_nothing(info)
+    with contextlib.suppress(TypeError, ValueError, AttributeError, KeyError):  # a record calibrate_best did not write
+        lines += _confidence(info)
     lines += [] if load_path is None else _how_to_load(load_path, example)
     lines += _training(info)
     lines += _training_data(info, data)
@@ -378,14 +363,6 @@ def _confidence(info: ServableInfo) -> list[str]:
             [(_pct(r.get("coverage")), _pct(r.get("accuracy")), f"{r.get('min_confidence', 0):.4f}") for r in coverage],
         )
     return lines
-
-
-def _confidence_or_nothing(info: ServableInfo) -> list[str]:
-    """``_confidence``, or no section for a record that ``calibrate_best`` did not write (rather than a crash)."""
-    try:
-        return _confidence(info)
-    except (TypeError, ValueError, AttributeError, KeyError):
-        return []
 
 
 def _rounded(value: Any) -> Any:

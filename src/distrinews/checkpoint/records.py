@@ -130,8 +130,7 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], new
             f"it was written by a newer DistriNews (format {version}); "
             f"this one reads format {newest}: upgrade distrinews",
         )
-    checked: int = version
-    return checked
+    return int(version)
 
 
 # ---------------------------------------------------------------------- typed records read with pydantic
