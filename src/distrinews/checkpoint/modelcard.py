@@ -72,20 +72,18 @@ class TrainingData:
         if not (dataset or train_file):
             return cls("AG News", HUB_DATASET, "agnews", "the official test split", True)
         if dataset:
-            local = os.path.isabs(dataset) or dataset.startswith((".", "~")) or os.path.exists(dataset)
-            name, hub_id = (Path(dataset).name if local else dataset), (None if local else dataset)
-            evaluated = "its validation split (else its test split, else a held-out share of its training rows)"
+            hub_id = None if _is_local(dataset) else dataset
+            name = hub_id or Path(dataset).name
         else:
             name, hub_id = Path(str(train_file).rstrip("/")).name, None
-            evaluated = ""
         evaluation_file = training.get("validation_file") or training.get("test_file")
         if evaluation_file:
             evaluated = f"`{Path(str(evaluation_file)).name}`"
-        elif not evaluated:
-            evaluated = (
-                f"{training.get('validation_split_percentage', 10)}% "
-                "of the training rows, held out (stratified by label)"
-            )
+        elif dataset:
+            evaluated = "its validation split (else its test split, else a held-out share of its training rows)"
+        else:
+            percent = training.get("validation_split_percentage", 10)
+            evaluated = f"{percent}% of the training rows, held out (stratified by label)"
         stem = name.split("/")[-1].split(".")[0]
         slug = "-".join("".join(c if c.isalnum() else " " for c in stem.lower()).split()) or "data"
         return cls(name, hub_id, slug, evaluated, False)
@@ -97,9 +95,12 @@ def base_model(model_name: str | None) -> str | None:
         return None
     if model_name in BASE_MODELS:
         return BASE_MODELS[model_name]
-    if os.path.isabs(model_name) or model_name.startswith((".", "~")) or os.path.exists(model_name):
-        return None
-    return model_name
+    return None if _is_local(model_name) else model_name
+
+
+def _is_local(name: str) -> bool:
+    """A path on this machine, not a Hub id."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name)
 
 
 def metadata(info: ServableInfo) -> dict[str, Any]:
@@ -193,6 +194,9 @@ def _table_value(name: str, value: Any) -> str:
 _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
 
 
+_NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run starts, not what it trains
+
+
 def training_command(info: ServableInfo) -> str | None:
     """A command that trains the same recipe: every field that differs from the defaults, as an override."""
     from ..config import TrainConfig
@@ -205,14 +209,11 @@ def training_command(info: ServableInfo) -> str | None:
     world_size = int(info.world_size or 1)
     if world_size > 1:
         parts.append(f"--nproc-per-node {world_size}")
-    for name, value in training.items():
-        if (
-            name in ("resume_from_checkpoint", "overwrite_output_dir")
-            or name not in defaults
-            or defaults[name] == value
-        ):
-            continue
-        parts.append(f"--{name} {_cli_value(value)}")
+    parts += [
+        f"--{name} {_cli_value(value)}"
+        for name, value in training.items()
+        if name not in _NOT_RECIPE and name in defaults and defaults[name] != value
+    ]
     return " \\\n    ".join(parts)
 
 
