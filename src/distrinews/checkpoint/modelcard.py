@@ -192,8 +192,6 @@ def _table_value(name: str, value: Any) -> str:
 
 # What a null hyperparameter means, for the table (the command keeps ``null``, which the parser reads back).
 _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
-
-
 _NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run starts, not what it trains
 
 
