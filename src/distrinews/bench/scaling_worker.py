@@ -275,8 +275,7 @@ def _point(args: argparse.Namespace, trainer: Trainer, ranks: list[dict[str, Any
         "mfu": mfu(flops, elapsed, trainer.peak.flops, W),
         "peak": trainer.peak.source,
         "peak_tflops": trainer.peak.flops / 1e12,
-        "gradient_bytes": trainer.model.gradient_bytes()
-        or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
+        "gradient_bytes": trainer.model.trainable_bytes(),
         "parameters": count_parameters(trainer.model.raw),
         "model": config.model.model_name_or_path,
         "max_length": config.data.max_length,
