@@ -68,8 +68,7 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
         )
         return None
     rep.ok(f"port {args.port} on {host} is free")
-    chosen: int = args.port
-    return chosen
+    return int(args.port)
 
 
 def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report) -> _Ranks:
