@@ -372,18 +372,6 @@ class TokenizerSource:
         if self.source not in TOKENIZER_SOURCES:
             raise ValueError(f"tokenizer source {self.source!r}: expected one of {', '.join(TOKENIZER_SOURCES)}")
 
-    @classmethod
-    def checkpoint(cls, path: str | PathLike[str]) -> TokenizerSource:
-        return cls("checkpoint", path=str(path))
-
-    @classmethod
-    def recorded_path(cls, path: str | PathLike[str]) -> TokenizerSource:
-        return cls("recorded_path", path=str(path))
-
-    @classmethod
-    def base_model(cls, name: str | None) -> TokenizerSource:
-        return cls("base_model", name=name)
-
     def to_json(self) -> dict[str, Any]:
         """What ``GET /info`` reports: ``{"source", "path"}`` or, for a base model, ``{"source", "name"}``."""
         if self.source == "base_model":

@@ -151,7 +151,7 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
     def load() -> Loaded:
         model, tokenizer = _pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        source = TokenizerSource.checkpoint(path)
+        source = TokenizerSource("checkpoint", str(path))
         info = ModelInfo.of(
             servable or ServableInfo(label_names=labels), checkpoint_format=found.kind, tokenizer=source
         )
@@ -187,10 +187,10 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
         name, labels = setting("model_name_or_path"), list(state.label_names)
         if (own / "config.json").is_file():
             model, tokenizer = _from_own_files(own, labels)
-            source = TokenizerSource.checkpoint(own)
+            source = TokenizerSource("checkpoint", str(own))
         else:  # a shipped base model: the package's own files
             model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
-            tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
+            tokenizer, source = build_tokenizer(name), TokenizerSource("base_model", name=name)
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
         weights = path / (SHARDED if found.sharded else "model.safetensors")
