@@ -59,8 +59,10 @@ def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ...config import ConfigError
-    from ...distributed.launch import under_torchrun
+    from ...distributed.launch import launch, under_torchrun, wants_launch
 
+    if wants_launch(args.launch_flags):  # `--nproc-per-node N`: this command again, under torchrun
+        return launch(args.launch_flags, args.argv)
     no_extra_arguments("doctor", extra)
     check_options(args, OPTIONS, ConfigError, prefix="doctor: ")
     if args.start_ranks is not None and not 0 <= args.start_ranks <= (args.nproc or 2):
