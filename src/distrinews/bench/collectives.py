@@ -31,7 +31,7 @@ from ..distributed.machine import cores_available, describe, threads_per_process
 from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
-from .results import argv_of, write_report
+from .results import worker_argv, write_report
 from .scaling_worker import pin_to_own_cores, synchronizer
 
 if TYPE_CHECKING:
@@ -327,9 +327,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             preflight_train(model_config(args, tmp), nproc_per_node=args.nproc, lock=False)
         result = os.path.join(tmp, "result.json")
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(
-            torchrun_command(args.nproc, _worker_argv(args, result)), env=env, timeout=args.timeout + 600
-        )
+        cmd = torchrun_command(args.nproc, worker_argv("collectives", args, OPTIONS, result))
+        proc = subprocess.run(cmd, env=env, timeout=args.timeout + 600)
         if proc.returncode != 0 or not os.path.exists(result):
             print(
                 f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
@@ -377,9 +376,3 @@ def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
         message_sizes(args.min_bytes, args.max_bytes)
     except ValueError as exc:
         raise ConfigError(f"bench collectives: {exc}") from None
-
-
-def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
-    """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
-    # Not --nproc: torchrun's parser reads it as an ambiguous abbreviation of its --nproc-per-node (or _node).
-    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result, nproc=None)]
