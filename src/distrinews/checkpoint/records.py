@@ -82,10 +82,6 @@ TEMPERATURE_RANGE = (0.05, 20.0)
 Temperature = Annotated[float, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _short(value: Any, limit: int = 40) -> str:
     text = repr(value)  # one line: repr escapes newlines
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -122,7 +118,7 @@ def read_json(path: str | PathLike[str], limit: int = JSON_LIMIT) -> Any:
 def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> int:
     """The file's ``format_version`` (absent: 1, an older run's file); a newer one than ``newest`` is refused."""
     version = data.get("format_version", 1)
-    if not _is_int(version) or version < 1:
+    if type(version) is not int or version < 1:  # JSON's true is no version
         raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
     if version > newest:
         raise _refuse(
