@@ -184,12 +184,6 @@ def _cli_value(value: Any) -> str:
     return str(value)
 
 
-def _table_value(name: str, value: Any) -> str:
-    if value is None and name in _NONE_MEANS:
-        return _NONE_MEANS[name]
-    return _cli_value(value)
-
-
 # What a null hyperparameter means, for the table (the command keeps ``null``, which the parser reads back).
 _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
 _NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run starts, not what it trains
@@ -412,7 +406,7 @@ def _training(info: ServableInfo) -> list[str]:
         "",
     ]
     lines += ["| hyperparameter | value |", "| --- | --- |"]
-    lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
+    lines += [f"| {k} | {_NONE_MEANS[k] if v is None and k in _NONE_MEANS else _cli_value(v)} |" for k, v in rows]
     lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
     return [*lines, "The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
 
