@@ -104,8 +104,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for hook in (hooks if n > 1 else [None])
     ]
     runs = _run_rounds(args, specs, extra)
-    points = [median_run(runs[spec]) for spec in specs]
-    rows = summarize(points)
+    rows = summarize([median_run(runs[spec]) for spec in specs])
     report = {
         "command": "distrinews " + shlex.join(sys.argv[1:]),
         "mode": args.mode,

@@ -160,8 +160,7 @@ def _timed_steps(timer: _StepTimer, warmup: int, steps: int) -> tuple[float, Cou
     for _ in range(steps):
         timer.step(timed=True)
     barrier(env)
-    elapsed = time.perf_counter() - started
-    return elapsed, trainer.take_window_counts()  # the timed steps only
+    return time.perf_counter() - started, trainer.take_window_counts()  # the timed steps only
 
 
 def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:
