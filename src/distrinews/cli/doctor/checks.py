@@ -14,7 +14,7 @@ Two ways to run it:
 This module is the command and the checklist's order; the checks are in ``facts`` (versions,
 devices, backends, ports), ``rank`` (one rank's collectives; ``python -m
 distrinews.cli.doctor.checks`` runs one for the parent), ``parent`` (starting and watching the
-ranks), ``advice`` and ``report`` (the printed lines).
+ranks) and ``report`` (the printed lines and the advice).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ import sys
 
 from ...options import Option, check_options
 from ..common import no_extra_arguments, write_json
-from .advice import advise
 from .facts import port_free
 from .parent import run_parent
 from .rank import rank_checks, worker_main
-from .report import Report, report_facts, report_results
+from .report import Report, advise, report_facts, report_results
 
 EXIT_OK, EXIT_FAIL = 0, 1
 

@@ -17,9 +17,8 @@ from typing import Any, NamedTuple, TextIO
 from ...distributed.lifetime import stop_processes
 from ...distributed.machine import threads_per_process
 from ...serve.children import log_tail
-from .advice import advise
 from .facts import port_free, port_owner
-from .report import Report, report_results
+from .report import Report, advise, report_results
 
 # What a rank wrote to its rank-N.json (its phase, then its result or error), None when it wrote nothing.
 RankState = dict[str, Any] | None
