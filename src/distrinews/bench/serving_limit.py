@@ -229,12 +229,9 @@ def summarise(report: dict[str, Any], alone: dict[str, Any], runtime: str, busie
 def add_seed_aim(report: dict[str, Any], ratios: list[dict[str, Any]]) -> None:
     """Where the seed-style server was loaded too: the aim against it, at the limit's runtime and level."""
     limit = report.get("limit")
-    if not limit:
-        return
-    ratio = next(
-        (q for q in ratios if q["runtime"] == limit["runtime"] and q["concurrency"] == limit["concurrency"]), None
-    )
-    if ratio is None:
+    at = (limit["runtime"], limit["concurrency"]) if limit else None
+    ratio = next((q for q in ratios if (q["runtime"], q["concurrency"]) == at), None)
+    if limit is None or ratio is None:
         return
     limit["seed_ratio"] = ratio["throughput_ratio"]
     limit["aims"].append(
