@@ -115,8 +115,8 @@ def read_json(path: str | PathLike[str], limit: int = JSON_LIMIT) -> Any:
         raise _refuse(path, f"not valid JSON ({type(exc).__name__})") from None
 
 
-def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> int:
-    """The file's ``format_version`` (absent: 1, an older run's file); a newer one than ``newest`` is refused."""
+def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> None:
+    """Refuse the file's ``format_version`` (absent: 1, an older run's file) unless it is one to ``newest``."""
     version = data.get("format_version", 1)
     if type(version) is not int or version < 1:  # JSON's true is no version
         raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
@@ -126,7 +126,6 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], new
             f"it was written by a newer DistriNews (format {version}); "
             f"this one reads format {newest}: upgrade distrinews",
         )
-    return int(version)
 
 
 # ---------------------------------------------------------------------- typed records read with pydantic
