@@ -125,7 +125,7 @@ def _throughput(
 ) -> float:
     """Texts/s of ``lanes`` predictors at once (a thread each), each tokenizing windows of ``window`` texts and
     running them as the server's passes (``plan_passes``) for ``duration`` seconds."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from ..predict.batch_forming import plan_passes
 
@@ -148,11 +148,8 @@ def _throughput(
     if len(lanes) == 1:
         run(0)
     else:
-        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(lanes))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with ThreadPoolExecutor(len(lanes)) as pool:
+            list(pool.map(run, range(len(lanes))))  # a lane's error is raised here
     return sum(done) / (time.perf_counter() - t0)
 
 
