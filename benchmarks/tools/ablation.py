@@ -9,6 +9,7 @@ from typing import Any
 
 from distrinews.bench import scaling
 from distrinews.distributed.machine import threads_per_process
+from distrinews.options import add_options
 
 from .common import ours_settings, ratio
 
@@ -73,7 +74,7 @@ def ablation(a: argparse.Namespace) -> dict[str, Any]:
     previous = None
     for label, flags, overrides in ABLATION_STEPS:
         parser = argparse.ArgumentParser()
-        scaling.add_arguments(parser)
+        add_options(parser, scaling.OPTIONS)
         # compiled points need warm-up steps for their first shapes; the others one
         warmup = 8 if overrides.get("torch_compile") == "true" else 1
         args = parser.parse_args(

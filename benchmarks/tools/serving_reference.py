@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from distrinews.bench import serving, serving_limit
 from distrinews.bench.serving_load import find_result
 from distrinews.bench.serving_report import markdown
+from distrinews.options import add_options
 
 from .common import invoked_as, main
 
@@ -140,7 +141,7 @@ def comparison_markdown(report: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serving.add_arguments(parser)
+    add_options(parser, serving.OPTIONS)
     parser.set_defaults(name="serving-vs-reference")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from distrinews.bench import serving
 from distrinews.bench.serving_servers import ours_command
+from distrinews.options import add_options
 
 from .common import invoked_as, main
 
@@ -72,7 +73,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serving.add_arguments(parser)
+    add_options(parser, serving.OPTIONS)
     parser.add_argument("--before-src", required=True, help="the src/ folder of the source tree before the change")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the others' order reversed every other one")
     parser.set_defaults(name="serving-window", concurrency="1,4,32", runtimes="onnx-int8,torch", no_limit=True)

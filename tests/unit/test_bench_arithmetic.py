@@ -381,7 +381,7 @@ def test_the_default_runtime_rule_judges_runtimes_not_auto_and_names_what_auto_s
 def test_the_limit_is_the_runtime_alone_plus_the_empty_responder_on_the_cores_the_clients_leave(monkeypatch):
     from distrinews.bench import serving_limit
 
-    monkeypatch.setattr(serving_limit, "cores", lambda: 2)
+    monkeypatch.setattr(serving_limit, "usable_cores", lambda: 2)
     row = {"texts": "full", "duration_s": 10.0}
     results = [
         {**row, "server": "ours", "runtime": "auto", "concurrency": 1, "p50_ms": 3.4, "throughput_rps": 290.0},

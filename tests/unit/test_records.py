@@ -210,13 +210,13 @@ def test_defaults_come_from_where_they_are_owned(monkeypatch):
 
 
 def test_model_info_carries_the_servable_fields_its_format_and_tokenizer():
-    info = ModelInfo.of(INFO, checkpoint_format="pretrained", tokenizer=TokenizerSource.checkpoint("/runs/x/best"))
+    info = ModelInfo.of(INFO, checkpoint_format="pretrained", tokenizer=TokenizerSource("checkpoint", "/runs/x/best"))
     assert all(getattr(info, f.name) == getattr(INFO, f.name) for f in dataclasses.fields(ServableInfo))
     assert info.tokenizer.to_json() == {"source": "checkpoint", "path": "/runs/x/best"}
-    assert TokenizerSource.base_model("minilm").to_json() == {"source": "base_model", "name": "minilm"}
-    assert TokenizerSource.recorded_path("/t").to_json() == {"source": "recorded_path", "path": "/t"}
+    assert TokenizerSource("base_model", name="minilm").to_json() == {"source": "base_model", "name": "minilm"}
+    assert TokenizerSource("recorded_path", "/t").to_json() == {"source": "recorded_path", "path": "/t"}
     with pytest.raises(ValueError, match="checkpoint format 'onnx'"):
-        ModelInfo(checkpoint_format="onnx", tokenizer=TokenizerSource.checkpoint("/x"), label_names=["a"])
+        ModelInfo(checkpoint_format="onnx", tokenizer=TokenizerSource("checkpoint", "/x"), label_names=["a"])
     with pytest.raises(ValueError, match="tokenizer source 'hub'"):
         TokenizerSource("hub")
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed.machine import describe as machine_description
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
 from .results import agnews_dir, invoked_as, write_report
@@ -61,10 +61,6 @@ OPTIONS = [
     BENCH_OUTPUT_DIR,
     Option("name", "batch", "file name stem of the results"),
 ]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, OPTIONS)
 
 
 # ---------------------------------------------------------------------- the corpus
@@ -140,13 +136,8 @@ def server_loop(checkpoint: str, corpus: Path, output: Path, runtime: str | None
         server_rss = _rss_mib(server.proc.pid)
     finally:
         server.stop()
-    return {
-        "seconds": time.monotonic() - started,
-        "ready_s": ready,
-        "exit": 0,
-        "peak_rss_mib": server_rss,
-        "output": "",
-    }
+    seconds = time.monotonic() - started
+    return {"seconds": seconds, "ready_s": ready, "exit": 0, "peak_rss_mib": server_rss, "output": ""}
 
 
 def _rss_mib(pid: int) -> float:
@@ -344,9 +335,3 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r['labelled']} rows written.",
         ]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.batch")
-    add_arguments(parser)
-    raise SystemExit(run(parser.parse_args(), []))

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..distributed.bandwidth import bandwidths, bus_factor
 from ..distributed.machine import cores_available, describe, threads_per_process
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, DATA
 from .collectives_report import format_bytes, markdown, plot
-from .results import argv_of, write_report
-from .scaling_worker import pin_to_own_cores
+from .results import worker_argv, write_report
+from .scaling_worker import pin_to_own_cores, synchronizer
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -91,13 +91,14 @@ def corrected_comm_comp_ratio(
 
 
 # ---------------------------------------------------------------------- worker
-def _timed(fn: Collective, iters: int, warmup: int, sync: Callable[[], None], env: DistEnv) -> float:
+def _timed(fn: Collective, iters: int, warmup: int, env: DistEnv) -> float:
     """Mean seconds per call on the slowest rank."""
     import torch
     import torch.distributed as dist
 
     from ..distributed.process_group import barrier
 
+    sync = synchronizer(env.device)
     for _ in range(warmup):
         fn()
     sync()
@@ -174,17 +175,13 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     from ..train.build import prepare_data
 
     config = model_config(args, tempfile.gettempdir())
-    sync = _synchronizer(env)
     data = prepare_data(config.data, config.model.model_name_or_path, config.run.seed, env)
-    model = (
-        build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
-        .to(env.device)
-        .train()
-    )
+    model = build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
+    model.to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    allreduce_s = _gradient_allreduce_s(grad_bytes, env, sync)
-    compute_s, batch_flops, peak = _forward_backward(args, config, data, model, env, sync)
+    allreduce_s = _timed(_collective("all_reduce", grad_bytes // 4, 1.0, env)[0], iters=3, warmup=1, env=env)
+    compute_s, batch_flops, peak = _forward_backward(args, config, data, model, env)
 
     # busbw of all_reduce at the message size nearest the payload, from the table just measured
     ar = [r for r in table if r["op"] == "all_reduce"]
@@ -212,21 +209,8 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     }
 
 
-def _synchronizer(env: DistEnv) -> Callable[[], None]:
-    """What waits for the device's queued work: CUDA's synchronize, nothing on the CPU."""
-    import torch
-
-    return torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
-
-
-def _gradient_allreduce_s(grad_bytes: int, env: DistEnv, sync: Callable[[], None]) -> float:
-    """Seconds of one all-reduce of a buffer the size of the model's gradients, on the slowest rank."""
-    fn, _, _ = _collective("all_reduce", grad_bytes // 4, 1.0, env)
-    return _timed(fn, iters=3, warmup=1, sync=sync, env=env)
-
-
 def _forward_backward(
-    args: argparse.Namespace, config: TrainConfig, data: Any, model: Any, env: DistEnv, sync: Callable[[], None]
+    args: argparse.Namespace, config: TrainConfig, data: Any, model: Any, env: DistEnv
 ) -> tuple[float, float, Peak]:
     """Mean seconds of a real batch's forward and backward on the slowest rank (after one warm-up batch), the
     batches' mean model FLOPs, and the device's peak they are judged by."""
@@ -241,19 +225,12 @@ def _forward_backward(
     from ..train.metrics import Counts
     from ..train.precision import Precision
 
-    sampler = TrainSampler(
-        data.train_set, env.world_size, env.rank, config.batches.per_device_train_batch_size, config.run.seed, False
-    )
-    loader = iter(
-        DataLoader(
-            data.train_set,
-            batch_size=config.batches.per_device_train_batch_size,
-            sampler=sampler,
-            collate_fn=Collator(data.train_set.pad_token_id),
-        )
-    )
+    batch_size, collate = config.batches.per_device_train_batch_size, Collator(data.train_set.pad_token_id)
+    sampler = TrainSampler(data.train_set, env.world_size, env.rank, batch_size, config.run.seed, False)
+    loader = iter(DataLoader(data.train_set, batch_size=batch_size, sampler=sampler, collate_fn=collate))
     precision = Precision.from_config(config.precision, env.device).prepare(model)
     shape, peak = ModelShape.of(model), peak_for(env.device, precision.compute_dtype)
+    sync = synchronizer(env.device)
     times, flops = [], []
     for i in range(args.compute_batches + 1):
         batch = {k: v.to(env.device) for k, v in next(loader).items()}
@@ -304,9 +281,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, bool], list[dict[str, Any]]]:
     """Each op checked for correct numbers, then timed at every message size: the checks and the table's rows."""
-    sync = _synchronizer(env)
-    table = []
-    checks = {}
+    table, checks = [], {}
     for op in args.ops:
         checks[op] = check_op(op, env)
         for size in message_sizes(args.min_bytes, args.max_bytes):
@@ -314,19 +289,10 @@ def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, 
             fn, _, how = _collective(op, count, 1.0, env)
             actual = 4 * count
             iters = iterations_for(actual)
-            seconds = _timed(fn, iters=iters, warmup=min(3, iters), sync=sync, env=env)
+            seconds = _timed(fn, iters=iters, warmup=min(3, iters), env=env)
             alg, bus = bandwidths(op, actual, seconds, env.world_size)
-            table.append(
-                {
-                    "op": op,
-                    "bytes": actual,
-                    "iterations": iters,
-                    "time_us": seconds * 1e6,
-                    "algbw": alg,
-                    "busbw": bus,
-                    "how": how,
-                }
-            )
+            row = {"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6, "algbw": alg}
+            table.append({**row, "busbw": bus, "how": how})
             if env.is_main and args.verbose:
                 print(
                     f"  {op:<15} {format_bytes(actual):>9}  {seconds * 1e6:12.1f} us  algbw {alg / 1e9:7.3f} GB/s  "
@@ -361,9 +327,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             preflight_train(model_config(args, tmp), nproc_per_node=args.nproc, lock=False)
         result = os.path.join(tmp, "result.json")
         env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(args.nproc)), "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(
-            torchrun_command(args.nproc, _worker_argv(args, result)), env=env, timeout=args.timeout + 600
-        )
+        cmd = torchrun_command(args.nproc, worker_argv("collectives", args, OPTIONS, result))
+        proc = subprocess.run(cmd, env=env, timeout=args.timeout + 600)
         if proc.returncode != 0 or not os.path.exists(result):
             print(
                 f"distrinews: error: bench collectives workers failed (exit {proc.returncode}); run `distrinews doctor "
@@ -411,13 +376,3 @@ def _check_arguments(args: argparse.Namespace, extra: list[str]) -> None:
         message_sizes(args.min_bytes, args.max_bytes)
     except ValueError as exc:
         raise ConfigError(f"bench collectives: {exc}") from None
-
-
-def _worker_argv(args: argparse.Namespace, result: str) -> list[str]:
-    """The ``distrinews`` arguments each torchrun worker runs: this command's, as a worker writing ``result``."""
-    # Not --nproc: torchrun's parser reads it as an ambiguous abbreviation of its --nproc-per-node (or _node).
-    return ["bench", "collectives", *argv_of(args, OPTIONS, worker=True, result=result, nproc=None)]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)

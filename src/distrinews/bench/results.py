@@ -70,10 +70,14 @@ def agnews_dir(given: str | None, needed_for: str) -> str:
     return directory
 
 
-def argv_of(args: argparse.Namespace, options: Iterable[Option], **values: Any) -> list[str]:
-    """The flags that give ``options`` their values in ``args`` (or in ``values``, which win) when parsed again: how a
-    benchmark hands its options on to the processes it starts. A value of None is left unsaid (its default)."""
-    argv: list[str] = []
+def worker_argv(
+    tool: str, args: argparse.Namespace, options: Iterable[Option], result: str, **values: Any
+) -> list[str]:
+    """The ``distrinews`` arguments of a torchrun worker of ``bench TOOL`` writing ``result``: the flags that give
+    ``options`` their values in ``args`` (or in ``values``, which win) when parsed again. A value of None is left
+    unsaid (its default); so is --nproc, which torchrun's parser reads as an abbreviation of its --nproc-per-node."""
+    values = {"worker": True, "result": result, "nproc": None, **values}
+    argv = ["bench", tool]
     for option in options:
         value = values[option.name] if option.name in values else getattr(args, option.name)
         if option.switch:

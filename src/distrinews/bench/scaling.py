@@ -40,9 +40,9 @@ from typing import Any, TypeVar
 from ..config import DDP_COMM_HOOKS
 from ..distributed.machine import cores_available
 from ..distributed.machine import describe as machine_description
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG, DATA
-from .results import argv_of, write_report
+from .results import worker_argv, write_report
 from .scaling_arithmetic import core_slices, per_worker_batch, summarize
 from .scaling_report import markdown_table, plot
 from .scaling_worker import run_worker
@@ -50,30 +50,16 @@ from .scaling_worker import run_worker
 T = TypeVar("T")
 
 
-def worker_argv(
-    args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, result: str, extra: list[str]
-) -> list[str]:
-    """The ``distrinews`` arguments each torchrun worker of a point runs: this command's, as a worker of
-    ``workers`` writing ``result``, with the point's bucket size and per-worker batch."""
-    batch = per_worker_batch(args.mode, args.batch, args.global_batch, workers)
-    point = {"worker": True, "result": result, "bucket_cap_mb": bucket_cap_mb, "per_worker_batch": batch}
-    point["nproc"] = None  # torchrun's parser reads --nproc as an ambiguous abbreviation of its --nproc-per-node
-    return ["bench", "scaling", *argv_of(args, OPTIONS, **point), *extra]
-
-
-def run_point(
-    args: argparse.Namespace,
-    workers: int,
-    bucket_cap_mb: float | None,
-    extra: list[str],
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """One torchrun job of ``workers`` pinned processes; returns rank 0's figures."""
+def run_point(args: argparse.Namespace, workers: int, bucket_cap_mb: float | None, extra: list[str]) -> dict[str, Any]:
+    """One torchrun job of ``workers`` pinned processes, with the point's bucket size and per-worker batch; returns
+    rank 0's figures."""
     from ..distributed.launch import torchrun_command
 
+    batch = per_worker_batch(args.mode, args.batch, args.global_batch, workers)
     with tempfile.TemporaryDirectory(prefix="distrinews-scaling-") as tmp:
         result = os.path.join(tmp, "result.json")
-        cmd = torchrun_command(workers, worker_argv(args, workers, bucket_cap_mb, result, extra))
+        argv = worker_argv("scaling", args, OPTIONS, result, bucket_cap_mb=bucket_cap_mb, per_worker_batch=batch)
+        cmd = torchrun_command(workers, [*argv, *extra])
         env = {**os.environ, "OMP_NUM_THREADS": str(args.cores_per_worker), "TOKENIZERS_PARALLELISM": "false"}
         started = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -118,8 +104,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for hook in (hooks if n > 1 else [None])
     ]
     runs = _run_rounds(args, specs, extra)
-    points = [median_run(runs[spec]) for spec in specs]
-    rows = summarize(points)
+    rows = summarize([median_run(runs[spec]) for spec in specs])
     report = {
         "command": "distrinews " + shlex.join(sys.argv[1:]),
         "mode": args.mode,
@@ -242,7 +227,3 @@ OPTIONS = [
     Option("result", None, argparse.SUPPRESS),
     Option("per_worker_batch", None, argparse.SUPPRESS, type=int),
 ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)

@@ -47,15 +47,9 @@ def summarize(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not points:
         return []
     base = min(points, key=lambda p: (p["workers"], p.get("bucket_cap_mb") or 0))
-    rows = []
-    for p in points:
-        s = speedup(p["samples_per_s"], base["samples_per_s"])
-        rows.append(
-            {
-                **p,
-                "speedup": s,
-                "efficiency": efficiency(s, p["workers"], base["workers"]),
-                "baseline_workers": base["workers"],
-            }
-        )
-    return rows
+    n0 = base["workers"]
+    speedups = [speedup(p["samples_per_s"], base["samples_per_s"]) for p in points]
+    return [
+        {**p, "speedup": s, "efficiency": efficiency(s, p["workers"], n0), "baseline_workers": n0}
+        for p, s in zip(points, speedups)
+    ]

@@ -26,12 +26,17 @@ if TYPE_CHECKING:
     from ..train.metrics import Counts
     from ..train.trainer import Trainer
 
-    # A training split's row (a TokenizedDataset item): token ids, label, row index.
-    Row = tuple[torch.Tensor, int | torch.Tensor, int]
     # The trainer's optimizer steps, each its micro-batches.
     Windows = Iterator[list[dict[str, torch.Tensor]]]
 
 PHASES = ("data", "forward_backward", "optimizer")
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work: CUDA's synchronize, nothing on the CPU."""
+    import torch
+
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 def pin_to_own_cores(cores_per_worker: int | None = None) -> list[int]:
@@ -45,28 +50,6 @@ def pin_to_own_cores(cores_per_worker: int | None = None) -> list[int]:
     mine = core_slices(cores, local_world, share)[local_rank]
     os.sched_setaffinity(0, mine)
     return mine
-
-
-class PadToMaxLength:
-    """The seed's batches: every row padded to ``max_length`` whatever the batch's longest row."""
-
-    def __init__(self, pad_token_id: int, max_length: int):
-        self.pad_token_id = pad_token_id
-        self.max_length = max_length
-
-    def __call__(self, batch: list[Row]) -> dict[str, torch.Tensor]:
-        import torch
-
-        input_ids = torch.full((len(batch), self.max_length), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), self.max_length), dtype=torch.long)
-        for row, (ids, *_) in enumerate(batch):
-            input_ids[row, : ids.numel()] = ids
-            attention_mask[row, : ids.numel()] = 1
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": torch.tensor([row[1] for row in batch]),
-        }
 
 
 def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
@@ -153,8 +136,7 @@ def _timed_steps(timer: _StepTimer, warmup: int, steps: int) -> tuple[float, Cou
     for _ in range(steps):
         timer.step(timed=True)
     barrier(env)
-    elapsed = time.perf_counter() - started
-    return elapsed, trainer.take_window_counts()  # the timed steps only
+    return time.perf_counter() - started, trainer.take_window_counts()  # the timed steps only
 
 
 def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:
@@ -165,12 +147,9 @@ def _windows(trainer: Trainer, args: argparse.Namespace) -> Windows:
     from ..train.components import optimizer_windows
 
     config = trainer.config
-    pad = trainer.data.train_set.pad_token_id
-    collate = (
-        PadToMaxLength(pad, config.data.max_length)
-        if args.pad_to_max_length
-        else Collator(pad, config.batches.pad_to_multiple_of)
-    )
+    # --pad-to-max-length: the seed's batches, every row padded to max_length whatever the batch's longest row
+    multiple = config.data.max_length if args.pad_to_max_length else config.batches.pad_to_multiple_of
+    collate = Collator(trainer.data.train_set.pad_token_id, multiple)
 
     def batches() -> Iterator[dict[str, torch.Tensor]]:
         for epoch in range(10**6):
@@ -191,10 +170,8 @@ class _StepTimer:
     """The trainer's step with a clock around each phase: data, forward + backward, optimizer."""
 
     def __init__(self, trainer: Trainer, windows: Windows, host_sync: bool):
-        import torch
-
         self.trainer, self.windows, self.host_sync = trainer, windows, host_sync
-        self.sync: Callable[[], None] = torch.cuda.synchronize if trainer.env.device.type == "cuda" else (lambda: None)
+        self.sync = synchronizer(trainer.env.device)
         self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
         self.padded_tokens = 0
 
@@ -270,8 +247,7 @@ def _point(args: argparse.Namespace, trainer: Trainer, ranks: list[dict[str, Any
         "mfu": mfu(flops, elapsed, trainer.peak.flops, W),
         "peak": trainer.peak.source,
         "peak_tflops": trainer.peak.flops / 1e12,
-        "gradient_bytes": trainer.model.gradient_bytes()
-        or sum(p.numel() * p.element_size() for p in trainer.model.raw.parameters() if p.requires_grad),
+        "gradient_bytes": trainer.model.trainable_bytes(),
         "parameters": count_parameters(trainer.model.raw),
         "model": config.model.model_name_or_path,
         "max_length": config.data.max_length,

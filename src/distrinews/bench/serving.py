@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..options import Option, add_options
+from ..options import Option
 from . import serving_limit
 from .results import write_report
 from .serving_load import closed_loop, first_request, load_texts, process_cpu_seconds
@@ -84,10 +84,6 @@ OPTIONS = [
         switch=True,
     ),
 ]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:

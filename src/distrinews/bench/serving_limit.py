@@ -54,11 +54,6 @@ EMPTY_ANSWER = json.dumps(
 ).encode()
 
 
-def cores() -> int:
-    """The cores this process can use (the server's and the load generator's, shared)."""
-    return usable_cores()
-
-
 def runtime_alone(
     checkpoint: str,
     runtime: str,
@@ -130,7 +125,7 @@ def _throughput(
 ) -> float:
     """Texts/s of ``lanes`` predictors at once (a thread each), each tokenizing windows of ``window`` texts and
     running them as the server's passes (``plan_passes``) for ``duration`` seconds."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from ..predict.batch_forming import plan_passes
 
@@ -153,11 +148,8 @@ def _throughput(
     if len(lanes) == 1:
         run(0)
     else:
-        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(lanes))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with ThreadPoolExecutor(len(lanes)) as pool:
+            list(pool.map(run, range(len(lanes))))  # a lane's error is raised here
     return sum(done) / (time.perf_counter() - t0)
 
 
@@ -197,7 +189,7 @@ def summarise(report: dict[str, Any], alone: dict[str, Any], runtime: str, busie
     ours_c = find_result(results, "ours", runtime, "full", busiest)
     empty_1 = find_result(results, "empty", "-", "full", 1)
     empty_c = find_result(results, "empty", "-", "full", busiest)
-    n = cores()
+    n = usable_cores()  # the server's and the load generator's, shared
     out: dict[str, Any] = {"runtime": runtime, "cores": n, "concurrency": busiest, "runtime_alone": alone}
     out["empty_responder"] = {
         "p50_ms": empty_1["p50_ms"] if empty_1 else None,
@@ -234,12 +226,9 @@ def summarise(report: dict[str, Any], alone: dict[str, Any], runtime: str, busie
 def add_seed_aim(report: dict[str, Any], ratios: list[dict[str, Any]]) -> None:
     """Where the seed-style server was loaded too: the aim against it, at the limit's runtime and level."""
     limit = report.get("limit")
-    if not limit:
-        return
-    ratio = next(
-        (q for q in ratios if q["runtime"] == limit["runtime"] and q["concurrency"] == limit["concurrency"]), None
-    )
-    if ratio is None:
+    at = (limit["runtime"], limit["concurrency"]) if limit else None
+    ratio = next((q for q in ratios if (q["runtime"], q["concurrency"]) == at), None)
+    if limit is None or ratio is None:
         return
     limit["seed_ratio"] = ratio["throughput_ratio"]
     limit["aims"].append(

@@ -35,9 +35,7 @@ def build_report(
         "settings": {
             "duration_s": args.duration,
             "warmup_s": args.warmup,
-            "max_batch_size": args.max_batch_size,
-            "max_batch_tokens": args.max_batch_tokens,
-            "max_wait_ms": args.max_wait_ms,
+            **{k: getattr(args, k) for k in ("max_batch_size", "max_batch_tokens", "max_wait_ms")},
             "overload_queue": args.overload_queue,
             "texts": args.texts,
         },

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..distributed.machine import describe as machine_description
-from ..options import Option, add_options
+from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
 from .results import invoked_as, write_report
 
@@ -67,10 +67,6 @@ OPTIONS = [
     BENCH_OUTPUT_DIR,
     Option("name", "profile", "file name stem of the results"),
 ]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -174,10 +170,3 @@ def markdown(report: dict[str, Any]) -> str:
         f"| `{o['name']}` | {o['group']} | {o['self_ms']:.1f} | {o['calls']:.0f} |" for o in report["operators"][:15]
     ]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m distrinews.bench.step_profile")
-    add_arguments(parser)
-    known, rest = parser.parse_known_args()
-    raise SystemExit(run(known, rest))

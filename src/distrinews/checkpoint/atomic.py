@@ -48,8 +48,7 @@ def open_nofollow(path: os.PathLike[str] | str, flags: int, mode: int = 0o666) -
 def open_new(path: os.PathLike[str] | str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
     """A new, empty file at ``path`` (whatever stood there, a link included, is removed first, not followed)."""
     remove_entry(Path(path))
-    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    return os.fdopen(fd, mode, **kwargs)
+    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), mode, **kwargs)
 
 
 def read_text_nofollow(path: Path) -> str | None:

@@ -168,10 +168,8 @@ def saving_together(
         if full:
             outcome = ("full", _disk_full_message(target, checkpoints, needed()))
         else:
-            outcome = (
-                "failed",
-                f"rank {env.rank} could not save {target}: {type(failure).__name__}: {first_line(failure)}",
-            )
+            why = f"{type(failure).__name__}: {first_line(failure)}"
+            outcome = ("failed", f"rank {env.rank} could not save {target}: {why}")
     outcomes = [o for o in all_gather_object(outcome, env) if o is not None]
     full_message = next((text for kind, text in outcomes if kind == "full"), None)
     if full_message is not None:

@@ -29,10 +29,6 @@ class LocksUnsupported(OSError):
     """The file system cannot ``flock`` (some network file systems are mounted without lock support)."""
 
 
-def _pid_line() -> str:
-    return f"{os.getpid()}\n"
-
-
 class FileLock:
     """An exclusive ``flock`` on ``path`` (created if missing, its folder by ``make_parent``) until ``release`` or
     the process ends. ``name_holder``: what the holder writes in the file; ``mode``: the new file's permissions."""
@@ -41,7 +37,7 @@ class FileLock:
         self,
         path: Path,
         make_parent: Callable[[Path], None] = make_dir,
-        name_holder: Callable[[], str] = _pid_line,
+        name_holder: Callable[[], str] = lambda: f"{os.getpid()}\n",
         mode: int = 0o644,
     ):
         self.path = path

@@ -7,6 +7,7 @@ it, so the two always agree. ``pipeline("text-classification", model=dir)`` igno
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
@@ -71,20 +72,18 @@ class TrainingData:
         if not (dataset or train_file):
             return cls("AG News", HUB_DATASET, "agnews", "the official test split", True)
         if dataset:
-            local = os.path.isabs(dataset) or dataset.startswith((".", "~")) or os.path.exists(dataset)
-            name, hub_id = (Path(dataset).name if local else dataset), (None if local else dataset)
-            evaluated = "its validation split (else its test split, else a held-out share of its training rows)"
+            hub_id = None if _is_local(dataset) else dataset
+            name = hub_id or Path(dataset).name
         else:
             name, hub_id = Path(str(train_file).rstrip("/")).name, None
-            evaluated = ""
         evaluation_file = training.get("validation_file") or training.get("test_file")
         if evaluation_file:
             evaluated = f"`{Path(str(evaluation_file)).name}`"
-        elif not evaluated:
-            evaluated = (
-                f"{training.get('validation_split_percentage', 10)}% "
-                "of the training rows, held out (stratified by label)"
-            )
+        elif dataset:
+            evaluated = "its validation split (else its test split, else a held-out share of its training rows)"
+        else:
+            percent = training.get("validation_split_percentage", 10)
+            evaluated = f"{percent}% of the training rows, held out (stratified by label)"
         stem = name.split("/")[-1].split(".")[0]
         slug = "-".join("".join(c if c.isalnum() else " " for c in stem.lower()).split()) or "data"
         return cls(name, hub_id, slug, evaluated, False)
@@ -96,9 +95,12 @@ def base_model(model_name: str | None) -> str | None:
         return None
     if model_name in BASE_MODELS:
         return BASE_MODELS[model_name]
-    if os.path.isabs(model_name) or model_name.startswith((".", "~")) or os.path.exists(model_name):
-        return None
-    return model_name
+    return None if _is_local(model_name) else model_name
+
+
+def _is_local(name: str) -> bool:
+    """A path on this machine, not a Hub id."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name)
 
 
 def metadata(info: ServableInfo) -> dict[str, Any]:
@@ -122,30 +124,13 @@ def metadata(info: ServableInfo) -> dict[str, Any]:
     if metrics.get("accuracy") is not None:
         results = [{"type": "accuracy", "value": round(float(metrics["accuracy"]), 6), "name": "Test accuracy"}]
         if metrics.get("macro_f1") is not None:
-            results.append(
-                {
-                    "type": "f1",
-                    "value": round(float(metrics["macro_f1"]), 6),
-                    "name": "Test macro-F1",
-                    "args": {"average": "macro"},
-                }
-            )
-        meta["model-index"] = [
-            {
-                "name": model_title(info),
-                "results": [
-                    {
-                        "task": {"type": "text-classification", "name": "Text Classification"},
-                        "dataset": {
-                            "name": data.name,
-                            "type": data.hub_id or data.slug,
-                            "split": "test" if data.ag_news else "validation",
-                        },
-                        "metrics": results,
-                    }
-                ],
-            }
-        ]
+            f1 = round(float(metrics["macro_f1"]), 6)
+            results.append({"type": "f1", "value": f1, "name": "Test macro-F1", "args": {"average": "macro"}})
+        task = {"type": "text-classification", "name": "Text Classification"}
+        split = "test" if data.ag_news else "validation"
+        dataset = {"name": data.name, "type": data.hub_id or data.slug, "split": split}
+        evaluation = {"task": task, "dataset": dataset, "metrics": results}
+        meta["model-index"] = [{"name": model_title(info), "results": [evaluation]}]
     return meta
 
 
@@ -199,14 +184,9 @@ def _cli_value(value: Any) -> str:
     return str(value)
 
 
-def _table_value(name: str, value: Any) -> str:
-    if value is None and name in _NONE_MEANS:
-        return _NONE_MEANS[name]
-    return _cli_value(value)
-
-
 # What a null hyperparameter means, for the table (the command keeps ``null``, which the parser reads back).
 _NONE_MEANS = {"bf16": "auto (bf16 only where the hardware computes it)", "train_samples": "all rows"}
+_NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run starts, not what it trains
 
 
 def training_command(info: ServableInfo) -> str | None:
@@ -221,14 +201,11 @@ def training_command(info: ServableInfo) -> str | None:
     world_size = int(info.world_size or 1)
     if world_size > 1:
         parts.append(f"--nproc-per-node {world_size}")
-    for name, value in training.items():
-        if (
-            name in ("resume_from_checkpoint", "overwrite_output_dir")
-            or name not in defaults
-            or defaults[name] == value
-        ):
-            continue
-        parts.append(f"--{name} {_cli_value(value)}")
+    parts += [
+        f"--{name} {_cli_value(value)}"
+        for name, value in training.items()
+        if name not in _NOT_RECIPE and name in defaults and defaults[name] != value
+    ]
     return " \\\n    ".join(parts)
 
 
@@ -240,7 +217,8 @@ def body(info: ServableInfo, load_path: str | None = "path/to/best") -> str:
     example = "Stocks rally as oil prices fall" if data.ag_news else "A text to label"
     lines = _summary(info, data, base)
     lines += _per_class(info.metrics)
-    lines += _confidence_or_nothing(info)
+    with contextlib.suppress(TypeError, ValueError, AttributeError, KeyError):  # a record calibrate_best did not write
+        lines += _confidence(info)
     lines += [] if load_path is None else _how_to_load(load_path, example)
     lines += _training(info)
     lines += _training_data(info, data)
@@ -380,14 +358,6 @@ def _confidence(info: ServableInfo) -> list[str]:
     return lines
 
 
-def _confidence_or_nothing(info: ServableInfo) -> list[str]:
-    """``_confidence``, or no section for a record that ``calibrate_best`` did not write (rather than a crash)."""
-    try:
-        return _confidence(info)
-    except (TypeError, ValueError, AttributeError, KeyError):
-        return []
-
-
 def _rounded(value: Any) -> Any:
     return round(float(value), 4) if isinstance(value, (int, float)) else value
 
@@ -436,7 +406,7 @@ def _training(info: ServableInfo) -> list[str]:
         "",
     ]
     lines += ["| hyperparameter | value |", "| --- | --- |"]
-    lines += [f"| {k} | {_table_value(k, v)} |" for k, v in rows]
+    lines += [f"| {k} | {_NONE_MEANS[k] if v is None and k in _NONE_MEANS else _cli_value(v)} |" for k, v in rows]
     lines += [f"| processes | {world_size} |", f"| effective batch size | {per_step} |", ""]
     return [*lines, "The whole resolved configuration is `training_config` in `distrinews.json`.", ""]
 

@@ -82,10 +82,6 @@ TEMPERATURE_RANGE = (0.05, 20.0)
 Temperature = Annotated[float, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _short(value: Any, limit: int = 40) -> str:
     text = repr(value)  # one line: repr escapes newlines
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -119,10 +115,10 @@ def read_json(path: str | PathLike[str], limit: int = JSON_LIMIT) -> Any:
         raise _refuse(path, f"not valid JSON ({type(exc).__name__})") from None
 
 
-def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> int:
-    """The file's ``format_version`` (absent: 1, an older run's file); a newer one than ``newest`` is refused."""
+def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> None:
+    """Refuse the file's ``format_version`` (absent: 1, an older run's file) unless it is one to ``newest``."""
     version = data.get("format_version", 1)
-    if not _is_int(version) or version < 1:
+    if type(version) is not int or version < 1:  # JSON's true is no version
         raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
     if version > newest:
         raise _refuse(
@@ -130,8 +126,6 @@ def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], new
             f"it was written by a newer DistriNews (format {version}); "
             f"this one reads format {newest}: upgrade distrinews",
         )
-    checked: int = version
-    return checked
 
 
 # ---------------------------------------------------------------------- typed records read with pydantic
@@ -372,18 +366,6 @@ class TokenizerSource:
     def __post_init__(self) -> None:
         if self.source not in TOKENIZER_SOURCES:
             raise ValueError(f"tokenizer source {self.source!r}: expected one of {', '.join(TOKENIZER_SOURCES)}")
-
-    @classmethod
-    def checkpoint(cls, path: str | PathLike[str]) -> TokenizerSource:
-        return cls("checkpoint", path=str(path))
-
-    @classmethod
-    def recorded_path(cls, path: str | PathLike[str]) -> TokenizerSource:
-        return cls("recorded_path", path=str(path))
-
-    @classmethod
-    def base_model(cls, name: str | None) -> TokenizerSource:
-        return cls("base_model", name=name)
 
     def to_json(self) -> dict[str, Any]:
         """What ``GET /info`` reports: ``{"source", "path"}`` or, for a base model, ``{"source", "name"}``."""

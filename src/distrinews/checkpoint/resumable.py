@@ -52,16 +52,13 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
+    import numpy as np  # a dependency of transformers
 
-        numpy_state = np.random.get_state()
-        assert isinstance(numpy_state, tuple), "get_state's default is the legacy form, a tuple"
-        kind, keys, pos, has_gauss, cached = numpy_state
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
-    except ImportError:  # pragma: no cover
-        pass
+    numpy_state = np.random.get_state()
+    assert isinstance(numpy_state, tuple), "get_state's default is the legacy form, a tuple"
+    kind, keys, pos, has_gauss, cached = numpy_state
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state

@@ -84,15 +84,13 @@ class RunDir:
             )
 
     def check_writable(self) -> None:
-        for parent in (self.path, *self.path.parents):
-            if parent.exists():
-                if not parent.is_dir():
-                    raise ConfigError(
-                        f"config field 'output_dir': {self.path} is under {parent}, which is a file, not a directory"
-                    )
-                if not os.access(parent, os.W_OK | os.X_OK):
-                    raise ConfigError(f"config field 'output_dir': cannot write to {parent} (permission denied)")
-                break
+        parent = next(p for p in (self.path, *self.path.parents) if p.exists())  # "." or "/" at the latest
+        if not parent.is_dir():
+            raise ConfigError(
+                f"config field 'output_dir': {self.path} is under {parent}, which is a file, not a directory"
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"config field 'output_dir': cannot write to {parent} (permission denied)")
 
     def prepare(self, config: TrainConfig, resumed: bool) -> None:
         """Rank 0, before anything is written: save the config, remove leftovers of killed saves. A run that does not

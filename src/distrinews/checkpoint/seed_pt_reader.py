@@ -112,7 +112,7 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
     tokenizer: PreTrainedTokenizerBase | None
     if recorded and Path(recorded).is_dir() and has_tokenizer(recorded):
         tokenizer = AutoTokenizer.from_pretrained(recorded, local_files_only=True)
-        source = TokenizerSource.recorded_path(recorded)
+        source = TokenizerSource("recorded_path", str(recorded))
         where = f"the tokenizer at {recorded}, which its config names"
     else:
         name = cfg.get("model_name") or recorded
@@ -120,7 +120,7 @@ def _legacy_tokenizer(path: Path, cfg: dict[str, Any]) -> tuple[Any, TokenizerSo
             raise CheckpointError(
                 f"could not load checkpoint {path}: its config names neither a base model nor a tokenizer"
             )
-        tokenizer, source = build_tokenizer(name, local_files_only=True), TokenizerSource.base_model(name)
+        tokenizer, source = build_tokenizer(name, local_files_only=True), TokenizerSource("base_model", name=name)
         where = f"the tokenizer of its base model {name}"
     log.warning("%s is a single-file checkpoint with no tokenizer in it: using %s", path, where)
     return tokenizer, source

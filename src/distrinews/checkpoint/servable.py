@@ -26,16 +26,7 @@ from .load_errors import loading
 from .manifest import verify_checkpoint
 from .modelcard import write_model_card
 from .pointers import refuse_pointers
-from .records import (
-    SERVABLE_INFO,
-    SHARDED,
-    STEP_MODEL,
-    CheckpointFormat,
-    ModelInfo,
-    ServableInfo,
-    TokenizerSource,
-    recognise,
-)
+from .records import SERVABLE_INFO, SHARDED, STEP_MODEL, ModelInfo, ServableInfo, TokenizerSource
 from .resumable import load_sharded_weights, load_weights
 from .seed_pt_reader import read_seed_pt
 from .tokenizer_files import require_tokenizer
@@ -135,7 +126,7 @@ def _from_own_files(folder: Path, labels: list[str]) -> tuple[Any, Any]:
 # what loads the model.
 
 
-def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
+def _read_model_folder(found: records.CheckpointFormat) -> Callable[[], Loaded]:
     """``best/`` (a Hugging Face folder whose ``distrinews.json`` says the rest) or any other Hugging Face
     sequence-classification folder (its labels, TrainConfig's max_length); either with its own tokenizer."""
     path = found.path
@@ -151,7 +142,7 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
     def load() -> Loaded:
         model, tokenizer = _pretrained(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        source = TokenizerSource.checkpoint(path)
+        source = TokenizerSource("checkpoint", str(path))
         info = ModelInfo.of(
             servable or ServableInfo(label_names=labels), checkpoint_format=found.kind, tokenizer=source
         )
@@ -160,7 +151,7 @@ def _read_model_folder(found: CheckpointFormat) -> Callable[[], Loaded]:
     return load
 
 
-def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
+def _read_step(found: records.CheckpointFormat) -> Callable[[], Loaded]:
     """A resumable ``step-N``: the architecture and tokenizer from its own ``STEP_MODEL`` folder (a field its training
     config lacks takes TrainConfig's default), then its weights, replicated or sharded. It reads nothing outside
     the folder: a step saved without ``STEP_MODEL`` loads only where its base model is one this package ships."""
@@ -187,10 +178,10 @@ def _read_step(found: CheckpointFormat) -> Callable[[], Loaded]:
         name, labels = setting("model_name_or_path"), list(state.label_names)
         if (own / "config.json").is_file():
             model, tokenizer = _from_own_files(own, labels)
-            source = TokenizerSource.checkpoint(own)
+            source = TokenizerSource("checkpoint", str(own))
         else:  # a shipped base model: the package's own files
             model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))
-            tokenizer, source = build_tokenizer(name), TokenizerSource.base_model(name)
+            tokenizer, source = build_tokenizer(name), TokenizerSource("base_model", name=name)
         if setting("use_peft"):
             model = add_lora(model, setting("lora_r"), setting("lora_alpha"), 0.0, setting("lora_target_modules"))
         weights = path / (SHARDED if found.sharded else "model.safetensors")
@@ -221,7 +212,7 @@ def check_loadable(path: str | os.PathLike[str]) -> Callable[[], Loaded]:
     """A checkpoint's format recognised (``records.recognise``) and every check of it made, before a server starts
     or a model loads; returns what loads it. Raises :class:`CheckpointError` (one line naming the file) or
     ``FileNotFoundError``; runs nothing."""
-    found = recognise(path)
+    found = records.recognise(path)
     return _READERS[found.kind](found)
 
 

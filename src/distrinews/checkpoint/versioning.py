@@ -13,17 +13,8 @@ import json
 import re
 from typing import Any
 
-from ..config import DEFAULT_MODEL_VERSION, is_version
-
-__all__ = [
-    "DEFAULT_MODEL_VERSION",
-    "NOT_HASHED",
-    "artifact_name",
-    "config_hash",
-    "is_version",
-    "short_model_name",
-    "version_fields",
-]
+from ..config import DEFAULT_MODEL_VERSION as DEFAULT_MODEL_VERSION  # re-exported: the version is named here
+from ..config import is_version as is_version
 
 # Fields that do not change the trained model: where it is written, resumed from, and how it is reported.
 NOT_HASHED = frozenset(

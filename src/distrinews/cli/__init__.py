@@ -39,9 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault(
-        "HF_HUB_DISABLE_PROGRESS_BARS", "1"
-    )  # ours are the only bars (transformers reads it at import)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # ours are the only bars (read at transformers import)
     try:
         flags, rest = split_launch_flags(argv)
         args, extra = build_parser().parse_known_args(rest)
@@ -51,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.command} runs in one process: launcher flags ({', '.join('--' + f for f in flags)}) "
                 "apply to train, eval, doctor, tune and audit"
             )
-        code: int = args.func(args, extra)
-        return code
+        return int(args.func(args, extra))
     except USAGE_ERRORS as exc:
         return usage_error(exc)

@@ -9,6 +9,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..options import add_options
+
 if TYPE_CHECKING:
     from .common import Subparsers
 
@@ -39,18 +41,12 @@ def register(subparsers: Subparsers) -> None:
     for name, (module, help_text) in TOOLS.items():
         p = sub.add_parser(name, help=help_text)
         try:
-            importlib.import_module(module).add_arguments(p)
+            tool = importlib.import_module(module)
         except ImportError as exc:  # still listed; running it says what is missing
             p.set_defaults(func=_unavailable(name, exc))
             continue
-        p.set_defaults(func=_runner(module))
-
-
-def _runner(module: str) -> Run:
-    def run(args: argparse.Namespace, extra: list[str]) -> int:
-        return int(importlib.import_module(module).run(args, extra) or 0)
-
-    return run
+        add_options(p, tool.OPTIONS)
+        p.set_defaults(func=tool.run)
 
 
 def _unavailable(name: str, exc: ImportError) -> Run:

@@ -89,7 +89,6 @@ def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
     with distributed_context() as env:
         model, tokenizer, info = load_for_inference(args.checkpoint)
         model.to(env.device)
-        max_length = info.max_length
         with main_process_first(env):
             # the evaluation rows of the data the model was trained on: AG News's test split (--data's, if given),
             # or the user's validation rows, read again from the training config the checkpoint records
@@ -101,7 +100,7 @@ def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
                     f"({', '.join(data.label_names)}); evaluate it on a labelled file with --input"
                 )
             raw = data.eval.subset(stratified_sample(data.eval.strata, args.samples, seed=args.seed))
-            test = tokenize_cached(raw, tokenizer, max_length, None, build=env.is_local_main)
+            test = tokenize_cached(raw, tokenizer, info.max_length, None, build=env.is_local_main)
         bf16 = bf16_is_fast(env.device) if args.bf16 == "auto" else args.bf16 == "true"
         precision = Precision(env.device.type, torch.bfloat16 if bf16 else None)
         # a multi-label model is scored at the thresholds it is served with (distrinews.json), not tuned again

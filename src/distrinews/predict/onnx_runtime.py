@@ -73,7 +73,7 @@ class OnnxPredictor(Predictor):
             self.info = ModelInfo.of(
                 servable or ServableInfo(label_names=labels),  # a plain folder: its labels, TrainConfig's max_length
                 checkpoint_format=found.kind,
-                tokenizer=TokenizerSource.checkpoint(self.checkpoint),
+                tokenizer=TokenizerSource("checkpoint", str(self.checkpoint)),
             )
             self.tokenizer = None  # no transformers tokenizer: the Rust one from tokenizer.json does the work
             self._init_common(labels, max_batch_size, problem_type=config.get("problem_type"))

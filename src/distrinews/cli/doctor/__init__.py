@@ -3,7 +3,6 @@ beside it)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,20 +10,11 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Subparsers) -> None:
-    from .checks import add_arguments
+    from ...options import add_options
+    from .checks import OPTIONS, run
 
     p = subparsers.add_parser(
         "doctor", help="versions, devices, backends, a real N-process rendezvous and collective check"
     )
-    add_arguments(p)
+    add_options(p, OPTIONS)
     p.set_defaults(func=run, distributed=True)
-
-
-def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ...distributed.launch import launch, wants_launch
-
-    if wants_launch(args.launch_flags):
-        return launch(args.launch_flags, args.argv)
-    from .checks import run as run_doctor
-
-    return run_doctor(args, extra)

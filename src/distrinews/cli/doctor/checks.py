@@ -14,7 +14,7 @@ Two ways to run it:
 This module is the command and the checklist's order; the checks are in ``facts`` (versions,
 devices, backends, ports), ``rank`` (one rank's collectives; ``python -m
 distrinews.cli.doctor.checks`` runs one for the parent), ``parent`` (starting and watching the
-ranks), ``advice`` and ``report`` (the printed lines).
+ranks) and ``report`` (the printed lines and the advice).
 """
 
 from __future__ import annotations
@@ -23,17 +23,16 @@ import argparse
 import os
 import sys
 
-from ...options import Option, add_options, check_options
+from ...options import Option, check_options
 from ..common import no_extra_arguments, write_json
-from .advice import advise
 from .facts import port_free
 from .parent import run_parent
 from .rank import rank_checks, worker_main
-from .report import Report, report_facts, report_results
+from .report import Report, advise, report_facts, report_results
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
-__all__ = ["EXIT_FAIL", "EXIT_OK", "add_arguments", "advise", "port_free", "run"]  # what the doctor's tests call
+__all__ = ["EXIT_FAIL", "EXIT_OK", "advise", "port_free", "run"]  # what the doctor's tests call
 
 
 def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
@@ -59,8 +58,10 @@ def _under_torchrun(args: argparse.Namespace, rep: Report) -> int:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from ...config import ConfigError
-    from ...distributed.launch import under_torchrun
+    from ...distributed.launch import launch, under_torchrun, wants_launch
 
+    if wants_launch(args.launch_flags):  # `--nproc-per-node N`: this command again, under torchrun
+        return launch(args.launch_flags, args.argv)
     no_extra_arguments("doctor", extra)
     check_options(args, OPTIONS, ConfigError, prefix="doctor: ")
     if args.start_ranks is not None and not 0 <= args.start_ranks <= (args.nproc or 2):
@@ -99,10 +100,6 @@ OPTIONS = [
     Option("start_ranks", help="start only the first K ranks (rehearse a rank that never joins)", type=int, minimum=0),
     Option("json", help="also write the findings here"),
 ]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_options(p, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ def versions() -> dict[str, Any]:
 
     import torch
     import torch.distributed as dist
+    import transformers
+
+    from ...version import __version__
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -21,16 +24,9 @@ def versions() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": None,
         "nccl": None,
+        "transformers": transformers.__version__,
+        "distrinews": __version__,
     }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        info["transformers"] = None
-    from ...version import __version__
-
-    info["distrinews"] = __version__
     if torch.cuda.is_available():
         info["cudnn"] = torch.backends.cudnn.version()
         if dist.is_nccl_available():
@@ -49,12 +45,7 @@ def devices() -> dict[str, Any]:
     gpus = range(torch.cuda.device_count()) if torch.cuda.is_available() else range(0)
     props = [torch.cuda.get_device_properties(i) for i in gpus]
     out["cuda_devices"] = [
-        {
-            "index": i,
-            "name": p.name,
-            "memory_gib": round(p.total_memory / 2**30, 1),
-            "capability": f"{p.major}.{p.minor}",
-        }
+        dict(index=i, name=p.name, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
         for i, p in enumerate(props)
     ]
     return out

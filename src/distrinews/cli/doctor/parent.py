@@ -16,9 +16,8 @@ from typing import Any, NamedTuple, TextIO
 
 from ...distributed.lifetime import log_tail, stop_processes
 from ...distributed.machine import threads_per_process
-from .advice import advise
 from .facts import port_free, port_owner
-from .report import Report, report_results
+from .report import Report, advise, report_results
 
 # What a rank wrote to its rank-N.json (its phase, then its result or error), None when it wrote nothing.
 RankState = dict[str, Any] | None
@@ -67,8 +66,7 @@ def _choose_port(args: argparse.Namespace, rep: Report) -> int | None:
         )
         return None
     rep.ok(f"port {args.port} on {host} is free")
-    chosen: int = args.port
-    return chosen
+    return int(args.port)
 
 
 def _run_ranks(args: argparse.Namespace, world: int, start_ranks: int, port: int, rep: Report) -> _Ranks:
