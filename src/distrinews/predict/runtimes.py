@@ -68,12 +68,10 @@ def make_predictor(
     elif runtime.startswith("onnx"):
         int8 = runtime == "onnx-int8"
         predictor = OnnxPredictor(checkpoint, onnx_model, max_batch_size, threads, int8=int8, spin=spin)
-    elif runtime == "torch":
-        predictor = _torch(checkpoint, max_batch_size, threads)
-    elif (why := bf16_refusal()) is not None:
+    elif runtime == "torch-bf16" and (why := bf16_refusal()) is not None:
         raise ValueError(why)
     else:
-        predictor = _torch(checkpoint, max_batch_size, threads, bf16=True)
+        predictor = _torch(checkpoint, max_batch_size, threads, bf16=runtime == "torch-bf16")
     predictor.set_min_confidence(threshold)
     return predictor
 
@@ -111,13 +109,11 @@ def auto_predictor(
         except (CheckpointError, FileNotFoundError):
             raise  # a checkpoint that cannot be loaded at all is the error to report, not a reason to fall back
         except Exception as exc:  # any other failure to make it: serve PyTorch, and say why
-            why = f"its int8 model could not be made ({type(exc).__name__}: {exc})"
-            return fall_back(why)
+            return fall_back(f"its int8 model could not be made ({type(exc).__name__}: {exc})")
         if check["passed"]:
             predictor = load(made)
     if not check["passed"]:
-        why = f"its int8 model failed its check ({check['kind']}: {check['summary']})"
-        return fall_back(why, check)
+        return fall_back(f"its int8 model failed its check ({check['kind']}: {check['summary']})", check)
     assert predictor is not None, "an int8 model that passed its check is loaded above"
     reason = f"int8 passed its check ({check['kind']}: {check['summary']})"
     predictor.choice = {

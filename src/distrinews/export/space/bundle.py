@@ -24,16 +24,7 @@ from ...checkpoint.records import SERVABLE_INFO, ServableInfo, describe, read_se
 from ...checkpoint.versioning import is_version, version_fields
 from ...config import ConfigError
 from ...predict.int8 import METRIC_NAMES, TOLERANCE_POINTS
-from . import (
-    DEFAULT_SPACE_RUNTIME,
-    MODEL_DIR,
-    MODEL_FILES,
-    SPACE_RUNTIMES,
-    accuracy,
-    dockerfile,
-    readme,
-    requirements,
-)
+from . import DEFAULT_SPACE_RUNTIME, MODEL_DIR, MODEL_FILES, SPACE_RUNTIMES, accuracy, dockerfile, readme, requirements
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # .../distrinews
 PACKAGE = PACKAGE_ROOT.name

@@ -234,19 +234,9 @@ def expose_problems(items: list[tuple[str, str]], port: int) -> list[str]:
     return [] if str(port) in ports else [f"EXPOSE {port} missing (exposed: {ports})"]
 
 
-_VALUED = {
-    "--index-url",
-    "-i",
-    "--extra-index-url",
-    "--find-links",
-    "-f",
-    "-r",
-    "--requirement",
-    "-c",
-    "--constraint",
-    "--target",
-    "-t",
-}
+_SOURCES = ("--index-url", "-i", "--find-links", "-f")  # where pip may take torch from
+# pip options whose next word is their value, not a requirement
+_VALUED = {*_SOURCES, "--extra-index-url", "-r", "--requirement", "-c", "--constraint", "--target", "-t"}
 
 
 def torch_install_problems(
@@ -273,7 +263,7 @@ def torch_install_problems(
         for spec in specs:
             if not re.fullmatch(r"torch==(\$\{TORCH_VERSION\}|[\d.]+)\+cpu", spec):
                 found.append(f"torch spec {spec!r} is not pinned to a +cpu build")
-        sources = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--index-url", "-i", "--find-links", "-f")}
+        sources = {words[i + 1] for i, w in enumerate(words[:-1]) if w in _SOURCES}
         sources = {defaults.get(s[2:-1], s) if s.startswith("${") else s for s in sources}
         if not sources or not all(s == CPU_INDEX or s.startswith("/") for s in sources):
             found.append(

@@ -37,8 +37,7 @@ def run(job: BatchJob, stdout: TextIO | None = None, stderr: TextIO | None = Non
     checked = check(job)
 
     def compute() -> tuple[Totals, Progress]:
-        record = _prepare(checked)
-        return _compute(checked, record, stderr or sys.stderr, predictor)
+        return _compute(checked, _prepare(checked), stderr or sys.stderr, predictor)
 
     return run_owned(checked, compute, stdout or sys.stdout)
 

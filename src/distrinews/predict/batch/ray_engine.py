@@ -132,8 +132,7 @@ def _compute(checked: CheckedJob, record: JobRecord, stderr: TextIO, ray: Any) -
         if written.ran_on:
             say(checked, stderr, _ran_on(written.ran_on))
     except Exception as exc:
-        error = _user_error(exc)
-        if error is None:
+        if (error := _user_error(exc)) is None:
             raise
         raise error from None
     finally:
