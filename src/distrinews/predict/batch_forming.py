@@ -76,9 +76,7 @@ def plan_passes(lengths: Sequence[int], max_texts: int, max_tokens: int | None) 
     current: list[int] = []
     for i in sorted(range(n), key=lambda i: lengths[i]):
         # Sorted ascending: the newcomer is the longest, so the padded cost is its length x (count + 1).
-        if current and (
-            len(current) >= max_texts or (max_tokens is not None and lengths[i] * (len(current) + 1) > max_tokens)
-        ):
+        if current and not fits(len(current) + 1, lengths[i], max_texts, max_tokens):
             passes.append(current)
             current = []
         current.append(i)
@@ -92,8 +90,6 @@ def run_passes(
     """``forward``'s results for ``items`` (``len(item)``: a text's tokens), in order, computed as the passes
     ``plan_passes`` cuts; with the padded tokens they cost and how many passes ran."""
     passes = plan_passes([len(item) for item in items], max_texts, max_tokens)
-    if len(passes) == 1:
-        return list(forward(items)), padded_tokens([len(item) for item in items]), 1
     results: list[Any] = [None] * len(items)
     tokens = 0
     for indices in passes:
