@@ -20,7 +20,7 @@ from distrinews.data.paired import paired_rows
 from distrinews.data.rows import RawSplit
 from distrinews.errors import CheckpointError, ConfigError, DataError
 from distrinews.model import build_model, forward_loss
-from distrinews.predict.batch.outputs import open_results
+from distrinews.predict.batch.outputs import WRITERS
 from distrinews.predict.confidence import ConfidenceThreshold
 from distrinews.predict.predictor import Predictor
 from distrinews.scores import f1_from_counts
@@ -247,7 +247,7 @@ def test_the_answer_holds_every_label_over_its_threshold_highest_first():
 def test_batch_writers_give_labels_and_scores_per_row(tmp_path):
     for suffix in ("jsonl", "csv"):
         out = tmp_path / f"r.{suffix}"
-        writer = open_results(out, suffix, NAMES, False, False, False, multi_label=True)
+        writer = WRITERS[suffix](out, NAMES, False, multi_label=True)
         writer.write(0, [1, 0], [0.7, 0.9, 0.1])
         writer.write(1, [], [0.1, 0.2, 0.3])
         writer.close()

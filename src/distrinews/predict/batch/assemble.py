@@ -21,7 +21,7 @@ from ...checkpoint.atomic import open_nofollow, remove_entry
 from ..confidence import ConfidenceThreshold
 from ..predictor import checkpoint_multi_label
 from .job import CheckedJob
-from .outputs import RejectsWriter, open_results
+from .outputs import WRITERS, RejectsWriter
 from .state import JobRecord, StateError, WorkerManifest, fsync_dir
 
 
@@ -84,9 +84,8 @@ class OutputFiles:
         threshold = ConfidenceThreshold.parse(checked.job.min_confidence)
         # a multi-label model's workers applied --min-confidence as its thresholds already
         multi_label = checkpoint_multi_label(checked.job.checkpoint)
-        self.results = open_results(
+        self.results = WRITERS[checked.output_format](
             self.out_tmp,
-            checked.output_format,
             labels,
             checked.job.probabilities,
             compressed=checked.output_compressed,

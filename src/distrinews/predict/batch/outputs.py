@@ -170,18 +170,7 @@ def _cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def open_results(
-    path: Path,
-    output_format: str,
-    labels: Sequence[str],
-    probabilities: bool,
-    compressed: bool,
-    string_ids: bool,
-    min_confidence: ConfidenceThreshold | None = None,
-    multi_label: bool = False,
-) -> ResultWriter:
-    writer = {"jsonl": JsonlResults, "csv": CsvResults, "parquet": ParquetResults}[output_format]
-    return writer(path, labels, probabilities, compressed, min_confidence, multi_label, string_ids)
+WRITERS: dict[str, type[ResultWriter]] = {"jsonl": JsonlResults, "csv": CsvResults, "parquet": ParquetResults}
 
 
 class RejectsWriter:
