@@ -157,26 +157,16 @@ def cmd_argv(text: str) -> list[str] | None:
     return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
 
 
-def shell_commands(run_args: str) -> list[list[str]]:
-    """The simple commands of a RUN (``--mount`` options dropped), each as words; a part the shell
-    syntax of which ``shlex`` cannot split (an unclosed quote) is left out."""
-    body = re.sub(r"^(--\S+\s+)+", "", run_args)
-    commands = []
-    for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", body):
-        try:
-            words = shlex.split(part)
-        except ValueError:
-            continue
-        if words:
-            commands.append(words)
-    return commands
-
-
 def pip_installs(items: list[tuple[str, str]]) -> list[list[str]]:
-    """Every ``pip install`` in every RUN, as words from ``install`` on."""
+    """Every ``pip install`` in every RUN (``--mount`` options dropped), as words from ``install`` on; a part of a RUN
+    whose shell syntax ``shlex`` cannot split (an unclosed quote) is left out."""
     found = []
     for _, args in find(items, "RUN"):
-        for words in shell_commands(args):
+        for part in re.split(r"&&|\|\||;|\bthen\b|\belse\b|\bfi\b", re.sub(r"^(--\S+\s+)+", "", args)):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
             for i in range(len(words) - 1):
                 if words[i].endswith("pip") and words[i + 1] == "install":  # pip, pip3, python -m pip
                     found.append(words[i + 1 :])
