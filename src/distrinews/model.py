@@ -40,9 +40,7 @@ def shipped_minilm_path() -> Path:
 
 def resolve_model_path(name: str) -> str:
     """Map our short names to a loadable path; anything else is passed to transformers as is."""
-    if name in (SHIPPED_MINILM, TINY_RANDOM):
-        return str(shipped_minilm_path())
-    return name
+    return str(shipped_minilm_path()) if name in (SHIPPED_MINILM, TINY_RANDOM) else name
 
 
 def build_tokenizer(name: str, local_files_only: bool = False) -> PreTrainedTokenizerBase:
@@ -320,8 +318,7 @@ def forward_loss(
     with autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if class_weights is None:
-        loss = F.cross_entropy(logits.float(), labels, reduction=reduction, label_smoothing=label_smoothing)
-        return loss, logits
+        return F.cross_entropy(logits.float(), labels, reduction=reduction, label_smoothing=label_smoothing), logits
     per_row = F.cross_entropy(logits.float(), batch["labels"], reduction="none", label_smoothing=label_smoothing)
     per_row = per_row * class_weights[batch["labels"]]
     return (per_row.sum() if reduction == "sum" else per_row.mean() if reduction == "mean" else per_row), logits

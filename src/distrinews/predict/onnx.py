@@ -50,8 +50,7 @@ def export_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out
     model = model.to("cpu").eval()
     enc = tokenizer(SAMPLE_TEXTS, padding=True, return_tensors="pt")
     input_names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-    dynamic_axes: dict[str, dict[int, str]] = {name: {0: "batch", 1: "sequence"} for name in input_names}
-    dynamic_axes["logits"] = {0: "batch"}
+    dynamic_axes = {**{name: {0: "batch", 1: "sequence"} for name in input_names}, "logits": {0: "batch"}}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     # Attention as plain MatMul/Softmax ("eager"): the SDPA graph the exporter writes otherwise carries NaN guards
     # and mask arithmetic that ONNX Runtime runs ~15% slower on a CPU, for the same probabilities.

@@ -165,8 +165,7 @@ class OnnxPredictor(Predictor):
         return twin
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {name: inputs[name] for name in self._input_names}
-        (logits,) = self.session.run(["logits"], feed)
+        (logits,) = self.session.run(["logits"], {name: inputs[name] for name in self._input_names})
         return np.asarray(logits, dtype=np.float32)
 
     def describe(self) -> dict[str, Any]:

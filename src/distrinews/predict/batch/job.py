@@ -204,8 +204,7 @@ def describe_inputs(shards: list[Shard]) -> str:
     if len(shards) == 1:
         return str(shards[0].path)
     folders = {s.path.parent for s in shards}
-    where = f" in {next(iter(folders))}" if len(folders) == 1 else ""
-    return f"{len(shards)} files{where}"
+    return f"{len(shards)} files" + (f" in {next(iter(folders))}" if len(folders) == 1 else "")
 
 
 def display(path: Path) -> str:

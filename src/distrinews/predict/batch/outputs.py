@@ -49,9 +49,7 @@ class ResultWriter:
         string_ids: bool = False,
     ):
         self.labels = list(labels)
-        self.probabilities = probabilities
-        self.min_confidence = min_confidence
-        self.multi_label = multi_label
+        self.probabilities, self.min_confidence, self.multi_label = probabilities, min_confidence, multi_label
         self.string_ids = string_ids
         self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"

@@ -206,8 +206,7 @@ def _ran_on(rows_by_node: dict[str, int]) -> str:
 def _where(ray: Any) -> str:
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        cpus = ray.cluster_resources().get("CPU", 0)
-        return f"{plural(len(nodes), 'node')}, {cpus:g} CPUs"
+        return f"{plural(len(nodes), 'node')}, {ray.cluster_resources().get('CPU', 0):g} CPUs"
     except Exception:  # a description only
         return "Ray"
 

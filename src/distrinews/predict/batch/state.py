@@ -221,8 +221,7 @@ class StateDir:
         total = 0
         for path in self.path.glob(f"worker-*/{MANIFEST_FILE}"):
             with contextlib.suppress(ValueError, KeyError, TypeError, OSError, StateError):
-                manifest = WorkerManifest.from_json(json.loads(read_text_nofollow(path) or ""))
-                total += manifest.done
+                total += WorkerManifest.from_json(json.loads(read_text_nofollow(path) or "")).done
         return total
 
     def clear(self) -> None:
