@@ -142,6 +142,5 @@ def fill_from_env(values: Any, options: Iterable[Option], error: Raised = Option
 
 
 def by_name(options: Iterable[Option], *names: str) -> list[Option]:
-    """The options called ``names``, in that order."""
     found = {option.name: option for option in options}
     return [found[name] for name in names]

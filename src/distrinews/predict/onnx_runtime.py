@@ -36,7 +36,6 @@ def has_quantized_ops(data: bytes | mmap.mmap) -> bool:
 
 
 def is_quantized_file(path: str | os.PathLike[str]) -> bool:
-    """:func:`has_quantized_ops` of an ONNX file."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
         return has_quantized_ops(data)
 

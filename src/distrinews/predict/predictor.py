@@ -228,5 +228,4 @@ def checkpoint_labels(checkpoint: str | os.PathLike[str] | None) -> list[str] | 
 
 
 def checkpoint_multi_label(checkpoint: str | os.PathLike[str] | None) -> bool:
-    """Whether a checkpoint's ``config.json`` says its model is multi-label."""
     return folder_config(checkpoint).get("problem_type") == MULTI_LABEL

@@ -78,7 +78,6 @@ def _base_layers(runtime: str, base_image: str) -> list[str]:
 
 
 def _torch_layer(torch_version: str) -> list[str]:
-    """CPU-only PyTorch of ``torch_version``, its own layer."""
     return [
         f"ARG TORCH_VERSION={torch_version}",
         f"ARG TORCH_INDEX_URL={CPU_INDEX}",

@@ -146,17 +146,16 @@ def _ray_data_settings(ray: Any) -> Iterator[None]:
     """Ray Data set for this job while it runs, as it was after: results in input order (written as they come), no bar
     of its own (ours is the one bar), our block size, its plan and timings not logged (its logs folder keeps them)."""
     context = ray.data.DataContext.get_current()
-    saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
-    context.target_max_block_size = BLOCK_BYTES
+    options = context.execution_options
+    saved = (options.preserve_order, context.enable_progress_bars, context.target_max_block_size)
+    options.preserve_order, context.enable_progress_bars, context.target_max_block_size = True, False, BLOCK_BYTES
     quiet = logging.getLogger("ray.data")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        context.execution_options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
+        options.preserve_order, context.enable_progress_bars, context.target_max_block_size = saved
         quiet.setLevel(level)
 
 
