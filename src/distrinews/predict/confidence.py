@@ -39,13 +39,10 @@ class ConfidenceThreshold:
             return None
         default: float | None = None
         per_label: dict[str, float] = {}
-        for item in (part.strip() for part in spec.split(",")):
-            if not item:
-                continue
+        for item in filter(None, (part.strip() for part in spec.split(","))):
             if "=" in item:
                 label, _, value = item.rpartition("=")
-                label = label.strip()
-                if not label:
+                if not (label := label.strip()):
                     raise ConfigError(f"{FLAG}: {item!r} names no label (write LABEL=NUMBER, e.g. World=0.8)")
                 if label in per_label:
                     raise ConfigError(f"{FLAG}: label {label!r} is given twice")

@@ -23,8 +23,6 @@ from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_
 
 # Files of a checkpoint folder that decide its answers (the model card, README.md, does not).
 _MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".model")
-
-
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 ENGINES = ("local", "ray")
 EXIT_REJECTED = 3  # --strict and some rows were rejected
