@@ -9,6 +9,7 @@ Both use the shipped BERT-uncased tokenizer, so nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -280,8 +281,6 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     """A plain transformers model to save: LoRA adapters folded into a copy of the weights (no peft needed
     to load it); any other model as it is."""
     if hasattr(model, "merge_and_unload"):
-        import copy
-
         plain: torch.nn.Module = cast("PeftModel", copy.deepcopy(model)).merge_and_unload()
         return plain
     return model

@@ -52,8 +52,7 @@ def f1_from_counts(tp: Any, fp: Any, fn: Any) -> Any:
 
 def per_class_table(scores: dict[str, Any]) -> list[str]:
     """Per-class precision, recall, F1 and support as text lines (scikit-learn's ``classification_report`` layout)."""
-    per_class = scores.get("per_class") or {}
-    if not per_class:
+    if not (per_class := scores.get("per_class")):
         return []
     width = max(12, *(len(name) for name in per_class))
     thresholds = all("threshold" in s for s in per_class.values())  # multi-label: each label's own

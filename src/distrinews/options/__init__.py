@@ -74,8 +74,7 @@ class Option:
         if value_type is None and isinstance(self.default, (int, float)) and not isinstance(self.default, bool):
             value_type = type(self.default)
         kwargs: dict[str, Any] = {"default": self.default, "required": (self.required and not self.positional) or None}
-        optional = {"help": self.help, "type": value_type, "choices": self.choices, "nargs": self.nargs}
-        kwargs.update(optional, metavar=self.metavar)
+        kwargs.update(help=self.help, type=value_type, choices=self.choices, nargs=self.nargs, metavar=self.metavar)
         return {key: value for key, value in kwargs.items() if value is not None or key == "default"}
 
     def check(self, value: Any, error: Raised = OptionError, prefix: str = "") -> None:

@@ -56,9 +56,8 @@ def compare_int8(checkpoint: Path, fp32_onnx: Path, int8_onnx: Path, data_dir: s
                 "are not; export without --check-accuracy"
             )
         result[f"{name}_{metric}"] = score(answers(predictor, rows.texts), rows.labels, data.multi_label)
-    result["difference_points"] = round(100 * (result[f"int8_{metric}"] - result[f"fp32_{metric}"]), 4)
-    result["tolerance_points"] = TOLERANCE_POINTS
-    result["within_tolerance"] = result["difference_points"] >= -TOLERANCE_POINTS
+    diff = round(100 * (result[f"int8_{metric}"] - result[f"fp32_{metric}"]), 4)
+    result.update(difference_points=diff, tolerance_points=TOLERANCE_POINTS, within_tolerance=diff >= -TOLERANCE_POINTS)
     return result
 
 
