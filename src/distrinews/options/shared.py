@@ -14,13 +14,10 @@ from . import NO_LIMIT, Option, limit
 RUNTIMES = ("auto", "torch", "torch-bf16", "onnx", "onnx-int8")
 DEFAULT_RUNTIME = "auto"
 
-CHECKPOINT = Option("checkpoint", required=True, help="best/ directory, step-N directory or a legacy .pt file")
+_CHECKPOINT_HELP = "best/ directory, step-N directory or a legacy .pt file"
+CHECKPOINT = Option("checkpoint", required=True, help=_CHECKPOINT_HELP)
 # serve alone may take it from the environment, as container platforms set it.
-SERVE_CHECKPOINT = Option(
-    "checkpoint",
-    help="best/ directory, step-N directory or a legacy .pt file (default: $MODEL_CHECKPOINT)",
-    env="MODEL_CHECKPOINT",
-)
+SERVE_CHECKPOINT = Option("checkpoint", help=f"{_CHECKPOINT_HELP} (default: $MODEL_CHECKPOINT)", env="MODEL_CHECKPOINT")
 RUNTIME = Option(
     "runtime",
     DEFAULT_RUNTIME,
