@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,12 @@ class TextTooLong(ValueError):
         self.tokens, self.max_length = tokens, max_length
 
 
+@dataclass(slots=True, eq=False)  # eq: numpy arrays do not compare to one bool
 class Encoded:
     """One text's token ids (and token type ids), unpadded; ``len()`` is its length in tokens."""
 
-    __slots__ = ("ids", "type_ids")
-
-    def __init__(self, ids: np.ndarray, type_ids: np.ndarray):
-        self.ids, self.type_ids = ids, type_ids
+    ids: np.ndarray
+    type_ids: np.ndarray
 
     def __len__(self) -> int:
         return len(self.ids)
