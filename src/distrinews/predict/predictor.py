@@ -92,12 +92,10 @@ class Predictor:
             tuned = self.info.thresholds or {}
             self.thresholds = [float(tuned.get(name, DEFAULT_THRESHOLD)) for name in labels]
 
-    # ------------------------------------------------------------------ tokenization (no model)
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Token ids per text, truncated to ``max_length``, not padded. Thread-safe; releases the GIL."""
         return self.encoder.encode(texts)
 
-    # ------------------------------------------------------------------ the forward pass
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Padded int64 arrays (``TextEncoder.collate``) -> float32 logits, one forward pass."""
         import torch
@@ -128,7 +126,6 @@ class Predictor:
             raise TypeError("predict() takes a list of texts")
         return self.format_batch(self.logits(texts))
 
-    # ------------------------------------------------------------------ output
     def format_batch(self, logits: np.ndarray) -> list[dict[str, Any]]:
         if self.multi_label:
             return [self.format_multi_label(p) for p in sigmoid(logits).tolist()]
