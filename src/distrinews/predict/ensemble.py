@@ -50,8 +50,7 @@ def ensemble_log_probs(
     for checkpoint in checkpoints:
         started = time.perf_counter()
         predictor = Predictor(checkpoint, device=device, max_batch_size=batch_size)
-        if names is None:
-            names = list(predictor.labels)
+        names = list(predictor.labels) if names is None else names
         if list(predictor.labels) != names:
             raise ConfigError(
                 f"config field 'teacher_model_name_or_path': {checkpoint} predicts the labels "

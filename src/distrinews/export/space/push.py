@@ -31,8 +31,7 @@ def push_to_hub(
         raise ConfigError("--push-to-hub needs huggingface_hub: pip install 'distrinews[hub]'") from None
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise ConfigError("--push-to-hub: HF_HUB_OFFLINE=1 is set; unset it where the Hub is reachable")
-    token = huggingface_hub.get_token()
-    if not token:
+    if not (token := huggingface_hub.get_token()):
         raise ConfigError(
             "--push-to-hub needs a Hugging Face token with write access: run `hf auth login`, or set HF_TOKEN"
         )

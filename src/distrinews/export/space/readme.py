@@ -79,9 +79,7 @@ def _curl_examples(url: str, labels: list[str]) -> list[str]:
 
 def render(info: ServableInfo, runtime: str, accuracy_note: str, repo_id: str | None = None) -> str:
     url = space_url(repo_id)
-    remote = (
-        f"https://huggingface.co/spaces/{repo_id}" if repo_id else "https://huggingface.co/spaces/YOUR-USER/YOUR-SPACE"
-    )
+    remote = f"https://huggingface.co/spaces/{repo_id or 'YOUR-USER/YOUR-SPACE'}"
     lines = [
         f"# DistriNews: {_what(info)} (v{modelcard.model_version(info)})",
         "",
