@@ -422,21 +422,15 @@ def _parquet_group(
 ) -> Iterator[RawRow]:
     """Rows ``skip`` .. ``size - 1`` of a row group, in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
+    why = f"row missing from Parquet row group {group}"  # fewer rows than its metadata says
     try:
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):
-            n = batch.num_rows
-            if i + n <= skip:
-                i += n
-                continue
-            rows = _batch_rows(batch, first + i + 1, limit)
-            yield from rows[max(0, skip - i) :]
-            i += n
+            if i + batch.num_rows > skip:
+                yield from _batch_rows(batch, first + i + 1, limit)[max(0, skip - i) :]
+            i += batch.num_rows
     except Exception as exc:
-        for j in range(max(i, skip), size):
-            yield RawRow(first + j + 1, None, f"unreadable Parquet row group {group} ({exc})")
-        return
-    for j in range(max(i, skip), size):  # fewer rows than its metadata says
-        yield RawRow(first + j + 1, None, f"row missing from Parquet row group {group}")
+        why = f"unreadable Parquet row group {group} ({exc})"
+    yield from (RawRow(first + j + 1, None, why) for j in range(max(i, skip), size))
 
 
 def raw_text(row: RawRow) -> str:

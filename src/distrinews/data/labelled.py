@@ -65,14 +65,8 @@ class _Rows:
         return len(self.texts)
 
     def subset(self, indices: Sequence[int]) -> _Rows:
-        pick = list(indices)
-        return _Rows(
-            [self.texts[i] for i in pick],
-            [self.labels[i] for i in pick],
-            [self.where[i] for i in pick],
-            self.source,
-            self.classlabel_names,
-        )
+        texts, labels, where = ([column[i] for i in indices] for column in (self.texts, self.labels, self.where))
+        return _Rows(texts, labels, where, self.source, self.classlabel_names)
 
 
 def uses_own_data(config: DataConfig) -> bool:
@@ -345,13 +339,8 @@ def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -
                 f"(training's labels: {_listing(names)}); "
                 "every evaluation label must be one the model can learn"
             )
-        if isinstance(label, tuple):  # multi-label: one 0/1 per label
-            hot = [0] * len(names)
-            for key in keys:
-                hot[to_id[key]] = 1
-            ids.append(hot)
-        else:
-            ids.append(to_id[label])
+        hot = {to_id[key] for key in keys}
+        ids.append([int(i in hot) for i in range(len(names))] if isinstance(label, tuple) else to_id[label])
     return RawSplit(rows.texts, ids, rows.source, rows.where)
 
 
@@ -412,18 +401,10 @@ def check_training_rows(
 
 def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]]:
     """(text, its labels, where) for every text that occurs with more than one label, in order of first occurrence."""
-    first: dict[str, int] = {}
-    conflicted: dict[str, None] = {}
-    for i, text in enumerate(rows.texts):
-        j = first.setdefault(text, i)
-        if j != i and rows.labels[j] != rows.labels[i]:
-            conflicted[text] = None
-    found: dict[str, tuple[list[str], list[str]]] = {text: ([], []) for text in conflicted}
+    found: dict[str, dict[Any, str]] = {}  # each text's labels, each with where it first occurs
     for text, label, where in zip(rows.texts, rows.labels, rows.where):
-        if text in found and label not in found[text][0]:
-            found[text][0].append(label)
-            found[text][1].append(where)
-    return [(text, labels, wheres) for text, (labels, wheres) in found.items()]
+        found.setdefault(text, {}).setdefault(label, where)
+    return [(text, list(labels), list(labels.values())) for text, labels in found.items() if len(labels) > 1]
 
 
 def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:
