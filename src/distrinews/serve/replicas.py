@@ -243,11 +243,8 @@ class Supervisor:
         """Wait until each of ``replicas`` has been ready for ``settle_seconds``: nginx routes to all of them."""
         deadline = time.monotonic() + self.settings.ready_timeout + self.settle_seconds
         for replica in replicas:
-            while not (
-                replica.seen_ready()
-                and replica.ready_since is not None
-                and time.monotonic() - replica.ready_since >= self.settle_seconds
-            ):
+            # seen_ready() sets ready_since
+            while not (replica.seen_ready() and time.monotonic() - (replica.ready_since or 0.0) >= self.settle_seconds):
                 self._check_stop()
                 if time.monotonic() > deadline:
                     raise RuntimeError(
