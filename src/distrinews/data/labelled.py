@@ -52,21 +52,11 @@ class LabelledData:
 
 
 @dataclass
-class _Rows:
-    """Rows as read, before labels become ids: text, raw label and where each came from."""
+class _Rows(RawSplit):
+    """Rows as read, before labels become ids: each one's raw label (multi-label: a tuple of them) and where it is."""
 
-    texts: list[str]
-    labels: list[Any]  # the raw label; multi-label: a tuple of them
-    where: list[str]
-    source: str
+    where: list[str] = field(default_factory=list)
     classlabel_names: list[str] | None = None  # a hub ClassLabel's names: the labels are their ids
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def subset(self, indices: Sequence[int]) -> _Rows:
-        texts, labels, where = ([column[i] for i in indices] for column in (self.texts, self.labels, self.where))
-        return _Rows(texts, labels, where, self.source, self.classlabel_names)
 
 
 def uses_own_data(config: DataConfig) -> bool:
@@ -189,7 +179,7 @@ def read_file_rows(
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
     shards = resolve_inputs([spec], what=f"config field '{field_name}':")  # never empty: it names what is missing
     many = f"{shards[0].path.parent} ({len(shards)} files)"
-    rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
+    rows = _Rows([], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]
     for shard in shards:
         for row in read_rows(shard, columns=needed):
@@ -216,7 +206,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
         feature = ds.features.get(labels[0])
         feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) of a multi-label set
         names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
-        rows = _Rows([], [], [], where, classlabel_names=names)
+        rows = _Rows([], [], where, classlabel_names=names)
         values = {name: ds[name] for name in dict.fromkeys([*columns, *labels])}
         for i in range(len(ds)):
             _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, labels, multi)
