@@ -138,7 +138,10 @@ def read_rows(
 def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
     if shard.format == "parquet":
-        return _parquet_count(shard.path)
+        try:
+            return int(_parquet_file(shard.path).metadata.num_rows)
+        except Exception:  # an unreadable file is one bad row, as read_rows yields it
+            return 1
     if shard.format == "jsonl":
         return sum(1 for _ in _jsonl_rows(shard.path, 0, max_row_bytes, parse=False))
     return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
@@ -349,13 +352,6 @@ def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile (pyarrow 
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path)
-
-
-def _parquet_count(path: Path) -> int:
-    try:
-        return int(_parquet_file(path).metadata.num_rows)
-    except Exception:  # an unreadable file is one bad row, as read_rows yields it
-        return 1
 
 
 def _parquet_rows(path: Path, start: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:

@@ -106,10 +106,6 @@ class Replica:
     def ready(self) -> bool:
         return self.alive() and get_json(self.url + "/ready")[0] == 200
 
-    def port_taken(self) -> bool:
-        """Whether this process exited because its port was taken."""
-        return not self.alive() and address_taken(self.log_path, self.log_offset)
-
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM: it stops listening at once, answers what it holds, exits."""
         stop_processes(self.proc, grace_s=timeout)
@@ -213,7 +209,8 @@ class Supervisor:
         tries = 1
         while time.monotonic() < deadline:
             self._check_stop()
-            if first_start and tries < BIND_TRIES and replica.port_taken():
+            taken = not replica.alive() and address_taken(replica.log_path, replica.log_offset)
+            if first_start and tries < BIND_TRIES and taken:
                 self.say(f"replica {replica.index}: port {replica.port} was taken; starting it on another")
                 replica.port, tries = self._other_port(), tries + 1
                 assert replica.checkpoint is not None, "started before it is waited on"
