@@ -348,9 +348,7 @@ class Supervisor:
         target = os.path.realpath(self.settings.checkpoint)
         self.say(f"rolling restart onto {target}")
         for replica in self.replicas:
-            # Only one replica is ever away: every other one is ready and back in nginx's rotation first
-            # (one started again after a crash, or the one this roll has just replaced).
-            try:
+            try:  # one away at a time: every other one (restarted after a crash, or just replaced) back in rotation
                 self._wait_in_rotation([r for r in self.replicas if r is not replica])
             except RuntimeError as exc:
                 self.say(f"roll stopped before replica {replica.index}: {exc}")
