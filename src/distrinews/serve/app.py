@@ -95,7 +95,6 @@ def create_app(
     )
     label_examples(app, labels)
     app.state.serve = state
-    app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
     _add_probe_routes(app, state, config)
