@@ -309,8 +309,7 @@ def _csv_rows(path: Path, start: int, limit: int) -> Iterator[RawRow]:
                     break
                 except (csv.Error, _RecordTooLong) as exc:
                     recorder.skip_quoted()
-                    size = recorder.size
-                    raw = recorder.pop()
+                    size, raw = recorder.size, recorder.pop()
                     if header is None:
                         header = []  # every row is rejected: no field names
                         continue
