@@ -138,7 +138,10 @@ def read_rows(
 def count_rows(shard: Shard, max_row_bytes: int = MAX_ROW_BYTES) -> int:
     """How many rows :func:`read_rows` yields for ``shard`` (bad rows included), reading as little as it can."""
     if shard.format == "parquet":
-        return _parquet_count(shard.path)
+        try:
+            return int(_parquet_file(shard.path).metadata.num_rows)
+        except Exception:  # an unreadable file is one bad row, as read_rows yields it
+            return 1
     if shard.format == "jsonl":
         return sum(1 for _ in _jsonl_rows(shard.path, 0, max_row_bytes, parse=False))
     return sum(1 for _ in _csv_rows(shard.path, 0, max_row_bytes))
@@ -306,8 +309,7 @@ def _csv_rows(path: Path, start: int, limit: int) -> Iterator[RawRow]:
                     break
                 except (csv.Error, _RecordTooLong) as exc:
                     recorder.skip_quoted()
-                    size = recorder.size
-                    raw = recorder.pop()
+                    size, raw = recorder.size, recorder.pop()
                     if header is None:
                         header = []  # every row is rejected: no field names
                         continue
@@ -349,13 +351,6 @@ def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile (pyarrow 
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path)
-
-
-def _parquet_count(path: Path) -> int:
-    try:
-        return int(_parquet_file(path).metadata.num_rows)
-    except Exception:  # an unreadable file is one bad row, as read_rows yields it
-        return 1
 
 
 def _parquet_rows(path: Path, start: int, columns: list[str] | None, limit: int) -> Iterator[RawRow]:
@@ -422,21 +417,15 @@ def _parquet_group(
 ) -> Iterator[RawRow]:
     """Rows ``skip`` .. ``size - 1`` of a row group, in bounded batches; the rest of a group that fails are bad rows."""
     i = 0
+    why = f"row missing from Parquet row group {group}"  # fewer rows than its metadata says
     try:
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group], columns=columns):
-            n = batch.num_rows
-            if i + n <= skip:
-                i += n
-                continue
-            rows = _batch_rows(batch, first + i + 1, limit)
-            yield from rows[max(0, skip - i) :]
-            i += n
+            if i + batch.num_rows > skip:
+                yield from _batch_rows(batch, first + i + 1, limit)[max(0, skip - i) :]
+            i += batch.num_rows
     except Exception as exc:
-        for j in range(max(i, skip), size):
-            yield RawRow(first + j + 1, None, f"unreadable Parquet row group {group} ({exc})")
-        return
-    for j in range(max(i, skip), size):  # fewer rows than its metadata says
-        yield RawRow(first + j + 1, None, f"row missing from Parquet row group {group}")
+        why = f"unreadable Parquet row group {group} ({exc})"
+    yield from (RawRow(first + j + 1, None, why) for j in range(max(i, skip), size))
 
 
 def raw_text(row: RawRow) -> str:

@@ -52,27 +52,11 @@ class LabelledData:
 
 
 @dataclass
-class _Rows:
-    """Rows as read, before labels become ids: text, raw label and where each came from."""
+class _Rows(RawSplit):
+    """Rows as read, before labels become ids: each one's raw label (multi-label: a tuple of them) and where it is."""
 
-    texts: list[str]
-    labels: list[Any]  # the raw label; multi-label: a tuple of them
-    where: list[str]
-    source: str
+    where: list[str] = field(default_factory=list)
     classlabel_names: list[str] | None = None  # a hub ClassLabel's names: the labels are their ids
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def subset(self, indices: Sequence[int]) -> _Rows:
-        pick = list(indices)
-        return _Rows(
-            [self.texts[i] for i in pick],
-            [self.labels[i] for i in pick],
-            [self.where[i] for i in pick],
-            self.source,
-            self.classlabel_names,
-        )
 
 
 def uses_own_data(config: DataConfig) -> bool:
@@ -195,7 +179,7 @@ def read_file_rows(
     """Every row of the files ``spec`` names; the first bad one fails with ``file:line`` and what is wrong."""
     shards = resolve_inputs([spec], what=f"config field '{field_name}':")  # never empty: it names what is missing
     many = f"{shards[0].path.parent} ({len(shards)} files)"
-    rows = _Rows([], [], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
+    rows = _Rows([], [], "+".join(str(s.path) for s in shards) if len(shards) <= 3 else many)
     needed = [*columns, *label_columns]
     for shard in shards:
         for row in read_rows(shard, columns=needed):
@@ -222,7 +206,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
         feature = ds.features.get(labels[0])
         feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) of a multi-label set
         names = list(feature.names) if hasattr(feature, "names") and hasattr(feature, "int2str") else None
-        rows = _Rows([], [], [], where, classlabel_names=names)
+        rows = _Rows([], [], where, classlabel_names=names)
         values = {name: ds[name] for name in dict.fromkeys([*columns, *labels])}
         for i in range(len(ds)):
             _add_row(rows, {name: values[name][i] for name in values}, f"{where} row {i}", columns, labels, multi)
@@ -345,13 +329,8 @@ def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -
                 f"(training's labels: {_listing(names)}); "
                 "every evaluation label must be one the model can learn"
             )
-        if isinstance(label, tuple):  # multi-label: one 0/1 per label
-            hot = [0] * len(names)
-            for key in keys:
-                hot[to_id[key]] = 1
-            ids.append(hot)
-        else:
-            ids.append(to_id[label])
+        hot = {to_id[key] for key in keys}
+        ids.append([int(i in hot) for i in range(len(names))] if isinstance(label, tuple) else to_id[label])
     return RawSplit(rows.texts, ids, rows.source, rows.where)
 
 
@@ -412,18 +391,10 @@ def check_training_rows(
 
 def conflicting_duplicates(rows: _Rows) -> list[tuple[str, list[str], list[str]]]:
     """(text, its labels, where) for every text that occurs with more than one label, in order of first occurrence."""
-    first: dict[str, int] = {}
-    conflicted: dict[str, None] = {}
-    for i, text in enumerate(rows.texts):
-        j = first.setdefault(text, i)
-        if j != i and rows.labels[j] != rows.labels[i]:
-            conflicted[text] = None
-    found: dict[str, tuple[list[str], list[str]]] = {text: ([], []) for text in conflicted}
+    found: dict[str, dict[Any, str]] = {}  # each text's labels, each with where it first occurs
     for text, label, where in zip(rows.texts, rows.labels, rows.where):
-        if text in found and label not in found[text][0]:
-            found[text][0].append(label)
-            found[text][1].append(where)
-    return [(text, labels, wheres) for text, (labels, wheres) in found.items()]
+        found.setdefault(text, {}).setdefault(label, where)
+    return [(text, list(labels), list(labels.values())) for text, labels in found.items() if len(labels) > 1]
 
 
 def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 DATA_ENV = "DISTRINEWS_DATA"
 HUB_DATASET = "fancyzhx/ag_news"
 AG_NEWS_LABELS = ("World", "Sports", "Business", "Sci/Tech")  # classes 1-4 of the release, in order
+Split = TypeVar("Split", bound="RawSplit")
 
 
 @dataclass
@@ -31,9 +32,10 @@ class RawSplit:
         """What a stratified sample keeps in proportion: the class, or for multi-label the row's set of labels."""
         return [tuple(y) for y in self.labels] if self.multi_label else list(self.labels)
 
-    def subset(self, indices: Sequence[int]) -> "RawSplit":
+    def subset(self: Split, indices: Sequence[int]) -> Split:
         where = [self.where[i] for i in indices] if self.where is not None else None
-        return RawSplit([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.source, where)
+        texts, labels = [self.texts[i] for i in indices], [self.labels[i] for i in indices]
+        return replace(self, texts=texts, labels=labels, where=where)
 
 
 _ESCAPED_DOLLAR = re.compile(r"\\\$")

@@ -27,10 +27,8 @@ class TrainSampler(DistributedSampler[int]):
         self, dataset: TokenizedDataset, num_replicas: int, rank: int, batch_size: int, seed: int, group_by_length: bool
     ):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-        self.batch_size = batch_size
-        self.group_by_length = group_by_length
-        self.lengths = dataset.lengths
-        self.skip = 0
+        self.batch_size, self.group_by_length = batch_size, group_by_length
+        self.lengths, self.skip = dataset.lengths, 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         super().set_epoch(epoch)

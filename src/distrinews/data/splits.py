@@ -73,13 +73,7 @@ def read_csv(path: str | os.PathLike[str]) -> RawSplit:
 
 
 def split_files(data_dir: Path, split: str) -> list[Path]:
-    def first(name: str) -> list[Path]:
-        for candidate in (data_dir / f"{name}.csv", data_dir / f"{name}.csv.gz"):
-            if candidate.is_file():
-                return [candidate]
-        return []
-
-    files = first(split)
+    files = next(([p] for p in (data_dir / f"{split}.csv", data_dir / f"{split}.csv.gz") if p.is_file()), [])
     if split == "train":
         files += sorted(p for p in data_dir.glob("train-*.csv*") if p.name.endswith((".csv", ".csv.gz")))
     return files

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 
 def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}")
+    share = (n - 1) / n
+    factors = {"all_reduce": 2 * share, "all_gather": share, "reduce_scatter": share, "broadcast": 1.0}
+    if op not in factors:
+        raise ValueError(f"unknown collective {op!r}")
+    return factors[op]
 
 
 def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:

@@ -22,9 +22,7 @@ def shm_allreduce_hook(state: SharedMemoryAllReduce, bucket: GradBucket) -> torc
     return future
 
 
-def compressed_allreduce_hook(
-    dtype: torch.dtype,
-) -> Callable[[None, GradBucket], torch.futures.Future[torch.Tensor]]:
+def compressed_allreduce_hook(dtype: torch.dtype) -> Callable[[None, GradBucket], torch.futures.Future[torch.Tensor]]:
     """A DDP comm hook (its state None): average each gradient bucket in ``dtype``. torch's own bf16 hook
     refuses anything but NCCL; gloo reduces bf16 and fp16 fine."""
 

@@ -23,8 +23,7 @@ class StopRequest:
     """``with StopRequest(env) as stop: ... if stop.agreed(): save and leave``."""
 
     def __init__(self, env: DistEnv, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
-        self.env = env
-        self.signals = signals
+        self.env, self.signals = env, signals
         self.received: signal.Signals | None = None  # what this rank was sent
         self.stopped = False  # what the ranks agreed
         self._previous: dict[signal.Signals, Handler] = {}

@@ -37,10 +37,8 @@ class RollCall:
         while time.monotonic() < deadline:
             try:  # the store exists once the endpoint's node has started its rendezvous
                 store = TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=5))
-                store.set(
-                    f"{self.prefix}{self.node_rank if self.node_rank is not None else self.me}",
-                    json.dumps({"host": self.me}),
-                )
+                name = self.node_rank if self.node_rank is not None else self.me
+                store.set(f"{self.prefix}{name}", json.dumps({"host": self.me}))
                 self._store = store
                 return
             except Exception:

@@ -106,13 +106,6 @@ def segment_prefix(run: str | os.PathLike[str] | None) -> str:
     return f"distrinews-allreduce-{hashlib.sha256(os.path.realpath(run).encode()).hexdigest()[:16]}-"
 
 
-def _remove_leftovers(prefix: str, shm_dir: str) -> None:
-    """Unlink the segments a killed earlier process of this run left (only they carry its prefix)."""
-    for path in glob.glob(os.path.join(glob.escape(shm_dir), glob.escape(prefix) + "*")):
-        with contextlib.suppress(OSError):  # another user's, or gone already
-            os.unlink(path)
-
-
 def open_segment(
     slot_bytes: int, rank: int, world_size: int, shm_dir: str = SHM_DIR, run: str | os.PathLike[str] | None = None
 ) -> SharedMemoryAllReduce | str:
@@ -126,8 +119,10 @@ def open_segment(
     path, reason = None, None
     try:
         if rank == 0:
-            if run is not None:
-                _remove_leftovers(prefix, shm_dir)
+            if run is not None:  # what a killed earlier process of this run left (only its segments carry its prefix)
+                for leftover in glob.glob(os.path.join(glob.escape(shm_dir), glob.escape(prefix) + "*")):
+                    with contextlib.suppress(OSError):  # another user's, or gone already
+                        os.unlink(leftover)
             try:
                 fd, path = tempfile.mkstemp(prefix=prefix, dir=shm_dir)
                 try:

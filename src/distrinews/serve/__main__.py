@@ -26,21 +26,14 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         if needs_own_tokenizer(args.checkpoint):  # every runtime, torch or not: a model folder without its tokenizer
             require_tokenizer(args.checkpoint)
-    except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
-        return usage_error(exc)
-    if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as serve does
-        from ..checkpoint.servable import check_loadable
+        if args.runtime == "torch":  # torch is there: refuse a damaged checkpoint before listening, as serve does
+            from ..checkpoint.servable import check_loadable
 
-        try:
             check_loadable(args.checkpoint)
-        except CheckpointError as exc:
-            return usage_error(exc)
+    except (ServeOptionError, FileNotFoundError, CheckpointError) as exc:
+        print(one_line(exc), file=sys.stderr)
+        return 2
     return run_server(ServeConfig.from_args(args))
-
-
-def usage_error(exc: Exception) -> int:
-    print(one_line(exc), file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

@@ -95,7 +95,6 @@ def create_app(
     )
     label_examples(app, labels)
     app.state.serve = state
-    app.state.metrics = metrics
     app.state.config = config
     _add_error_handlers(app)
     _add_probe_routes(app, state, config)
@@ -182,10 +181,7 @@ class _PredictRoutes:
         """The computed answer, with TEI's timing headers; a traced request's stage spans are recorded here too."""
         state = self.state
         runtime = state.predictor.runtime if state.predictor is not None else self.config.runtime
-        headers = {
-            **state.version_header(),
-            **tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime),
-        }
+        headers = state.version_header() | tei.timing_headers(start, timing, sum(len(text) for text in texts), runtime)
         # A Response is sent as it is: FastAPI skips re-validating our own dict against response_model
         # (which still documents the shape in /docs) and jsonable_encoder's walk over it.
         if self.tracer is None:

@@ -18,12 +18,8 @@ the oldest request from the queued ones nearest it in length; one over a limit r
 A batch waits for company only while company is known to be coming: a request being tokenized, or one the server
 has begun to receive and not yet queued (``arrivals``). It starts once every request in flight is in it (or it is
 full), and waits at most ``max_wait_ms`` past its oldest request's arrival: a lone client, or a closed loop of a few,
-never pays the window, and a crowd whose requests are on their way gets it to fill a batch.
-
-A request whose future is cancelled before its batch forms (its client went away) is dropped and never computed
-(``on_dropped``). The queue is bounded: ``enqueue`` raises :class:`QueueFullError` (HTTP 429). If the batching loop
-itself ends with an exception, ``on_fatal(reason)`` is called (the server ends the process for its supervisor to
-restart).
+never pays the window, and a crowd whose requests are on their way gets it to fill a batch. A request cancelled
+before its batch forms (its client went away) is never computed.
 """
 
 from __future__ import annotations

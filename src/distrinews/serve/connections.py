@@ -17,9 +17,6 @@ headers are complete: a client that sends half the headers and stops holds a con
   leaves nginx holding headers it has already passed on, so it cannot retry elsewhere and its client gets a
   truncated answer. ``OneWritePerStep`` sends what one step of the event loop wrote as one write, so a kill comes
   before an answer (nginx retries it) or after it (the kernel delivers it).
-
-The settings are class attributes of a subclass built per server (``guarded_protocol``), as uvicorn instantiates
-the protocol class itself.
 """
 
 from __future__ import annotations
@@ -87,7 +84,7 @@ def _raw_answer(status: str, detail: str, *headers: str) -> bytes:
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadlines and the cap of the class attributes below (None: that one is
-    off); ``guarded_protocol`` sets them in a subclass per server."""
+    off); ``guarded_protocol`` sets them in a subclass per server, as uvicorn instantiates the class itself."""
 
     header_timeout: float | None = None
     body_timeout: float | None = None

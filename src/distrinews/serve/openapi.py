@@ -75,22 +75,15 @@ def declared(*codes: int, tei: bool = False, health: bool = False) -> dict[int |
         if code in _SEED:
             examples["seed API"] = {"summary": "the seed's shape", "value": {"detail": _SEED[code]}}
         if tei and code in _TEI:
-            error, error_type = _TEI[code]
-            examples["TEI"] = {
-                "summary": "TEI's or Hugging Face's shape",
-                "value": {"error": error, "error_type": error_type},
-            }
+            value = dict(zip(("error", "error_type"), _TEI[code]))
+            examples["TEI"] = {"summary": "TEI's or Hugging Face's shape", "value": value}
         model: Any = (
             ErrorDetail if "TEI" not in examples else TeiError if "seed API" not in examples else ErrorDetail | TeiError
         )
-        entry: dict[str, Any] = {
-            "description": _WHY[code],
-            "model": model,
-            "content": {"application/json": {"examples": examples}},
-        }
+        content = {"application/json": {"examples": examples}}
+        declared_codes[code] = {"description": _WHY[code], "model": model, "content": content}
         if code in (429, 503):
-            entry["headers"] = _RETRY_AFTER
-        declared_codes[code] = entry
+            declared_codes[code]["headers"] = _RETRY_AFTER
     return declared_codes
 
 

@@ -96,9 +96,7 @@ class ServeConfig:
     # A forward pass takes milliseconds on a CPU batch of --max-batch-tokens 512, seconds at most for a GPU's large
     # batches.
     forward_timeout: float = _flag(
-        30.0,
-        "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns",
-        above=0,
+        30.0, "seconds one forward pass may run; past that /ready and new requests answer 503 until it returns", above=0
     )
     log_level: str = _flag("info", choices=LOG_LEVELS)
     no_access_log: bool = _flag(False, "do not log every request", switch=True)

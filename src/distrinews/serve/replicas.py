@@ -106,10 +106,6 @@ class Replica:
     def ready(self) -> bool:
         return self.alive() and get_json(self.url + "/ready")[0] == 200
 
-    def port_taken(self) -> bool:
-        """Whether this process exited because its port was taken."""
-        return not self.alive() and address_taken(self.log_path, self.log_offset)
-
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM: it stops listening at once, answers what it holds, exits."""
         stop_processes(self.proc, grace_s=timeout)
@@ -213,7 +209,8 @@ class Supervisor:
         tries = 1
         while time.monotonic() < deadline:
             self._check_stop()
-            if first_start and tries < BIND_TRIES and replica.port_taken():
+            taken = not replica.alive() and address_taken(replica.log_path, replica.log_offset)
+            if first_start and tries < BIND_TRIES and taken:
                 self.say(f"replica {replica.index}: port {replica.port} was taken; starting it on another")
                 replica.port, tries = self._other_port(), tries + 1
                 assert replica.checkpoint is not None, "started before it is waited on"
@@ -243,11 +240,8 @@ class Supervisor:
         """Wait until each of ``replicas`` has been ready for ``settle_seconds``: nginx routes to all of them."""
         deadline = time.monotonic() + self.settings.ready_timeout + self.settle_seconds
         for replica in replicas:
-            while not (
-                replica.seen_ready()
-                and replica.ready_since is not None
-                and time.monotonic() - replica.ready_since >= self.settle_seconds
-            ):
+            # seen_ready() sets ready_since
+            while not (replica.seen_ready() and time.monotonic() - (replica.ready_since or 0.0) >= self.settle_seconds):
                 self._check_stop()
                 if time.monotonic() > deadline:
                     raise RuntimeError(
@@ -354,9 +348,7 @@ class Supervisor:
         target = os.path.realpath(self.settings.checkpoint)
         self.say(f"rolling restart onto {target}")
         for replica in self.replicas:
-            # Only one replica is ever away: every other one is ready and back in nginx's rotation first
-            # (one started again after a crash, or the one this roll has just replaced).
-            try:
+            try:  # one away at a time: every other one (restarted after a crash, or just replaced) back in rotation
                 self._wait_in_rotation([r for r in self.replicas if r is not replica])
             except RuntimeError as exc:
                 self.say(f"roll stopped before replica {replica.index}: {exc}")

@@ -147,14 +147,9 @@ def parse(
     hf = "parameters" in payload
     top_k, function = _hf_parameters(payload["parameters"], multi_label) if hf else (None, None)
     texts, batch = _inputs(payload["inputs"], max_texts, max_chars, hf)
-    request = ForeignRequest(
-        texts=texts,
-        batch=batch,
-        log_scores=(function == "none") if function is not None else raw_scores,
-        truncate=truncate is not False,  # null: TEI's --auto-truncate, whose default is true
-        keep_end=direction.lower() == "left",
-        multi_label=multi_label,
-    )
+    log_scores = (function == "none") if function is not None else raw_scores
+    # truncate null: TEI's --auto-truncate, whose default is true
+    request = ForeignRequest(texts, batch, log_scores, truncate is not False, direction.lower() == "left", multi_label)
     return request, top_k
 
 

@@ -9,8 +9,7 @@ own thread, and already measures each request's tokenize, queue and inference ti
 ``traced_answer`` turns those into child spans of the request with their real start and end times, the forward span
 carrying its batch (texts, requests, padded tokens, passes, and a batch number shared by the requests computed
 together). So a request's own trace shows its forward pass, where a span per batch linked from each request would
-belong to no request's trace; and the batcher's threads do no tracing work. The response span runs from the forward
-pass's end until the answer's last bytes are handed to the server.
+belong to no request's trace; and the batcher's threads do no tracing work.
 """
 
 from __future__ import annotations
