@@ -266,3 +266,25 @@ def test_the_routes_served_are_remembered_per_path_and_method_and_nothing_else_i
         assert table.not_served(scope("POST", "/no/such/path")) is None  # the router's 404
         assert table.not_served(scope("FOO", "/predict")) == ["POST"]
     assert table._served == {("/predict", "POST")}  # clients' other paths and methods are not kept
+
+
+def test_the_slim_server_refuses_a_checkpoint_removed_before_it_loads_in_one_line(tmp_path, monkeypatch, capsys):
+    """The folder is there when the options are checked and gone when the torch runtime checks it can load."""
+    import shutil
+
+    import distrinews.serve.__main__ as slim
+    from distrinews.model import resolve_model_path
+    from distrinews.serve.options import validate
+
+    checkpoint = tmp_path / "model"
+    shutil.copytree(resolve_model_path("tiny-random"), checkpoint)
+
+    def validate_then_remove(args):
+        validate(args)
+        shutil.rmtree(checkpoint)
+
+    monkeypatch.setattr(slim, "validate", validate_then_remove)
+    monkeypatch.setattr(slim, "run_server", lambda *a, **k: pytest.fail("the server started"))
+    code = slim.main(["--checkpoint", str(checkpoint), "--runtime", "torch", "--port", "0"])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and lines == [f"distrinews: error: checkpoint {checkpoint} does not exist"], lines
