@@ -22,7 +22,6 @@ workers it waited for). Results: ``batch.json`` and ``batch.md`` in ``--output-d
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import http.client
 import itertools
 import json
@@ -38,11 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
 from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
-from .results import agnews_dir, invoked_as, write_report
+from .results import agnews_dir, report_head, write_report
 
 POST_BATCH = 64
 
@@ -167,9 +165,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     memory = _measure_memory(args, checkpoint, corpus, work, results)
     resume = _measure_resume(args, checkpoint, corpus, work, results.rows)
     report = {
-        "command": invoked_as("batch"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("batch"),
         "checkpoint": checkpoint,
         "rss_checkpoint": args.rss_checkpoint or checkpoint,
         "runtime": args.runtime or "the default",

@@ -6,14 +6,12 @@ against concurrency as ``serving.png``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
 from . import serving_limit
-from .results import invoked_as, pyplot
+from .results import pyplot, report_head
 from .serving_runtimes import choose_default
 
 
@@ -27,9 +25,7 @@ def build_report(
     """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule (judged
     at the ``busiest`` level)."""
     return {
-        "command": invoked_as("serving"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("serving"),
         "note": "servers and the load generator shared the same cores; servers ran one at a time",
         "checkpoint": str(args.checkpoint),
         "settings": {

@@ -15,15 +15,13 @@ Results: ``profile.json`` (every operator's self time) and ``profile.md`` in ``-
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..distributed.machine import describe as machine_description
 from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
-from .results import invoked_as, write_report
+from .results import report_head, write_report
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -96,9 +94,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 trainer.optimizer_step()
     operators, groups = _operators(prof.key_averages(), args.profiled_steps)
     report = {
-        "command": invoked_as("profile"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("profile"),
         "precision": trainer.precision.name,
         "threads": torch.get_num_threads(),
         "step_ms": 1000 * step_s,
