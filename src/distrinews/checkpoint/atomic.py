@@ -97,12 +97,6 @@ def remove_entry(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _regular_files(directory: Path) -> Iterator[Path]:
-    for p in directory.iterdir():
-        if stat.S_ISREG(os.lstat(p).st_mode):
-            yield p
-
-
 def write_text_atomically(path: Path, text: str) -> None:
     """``path`` holds ``text`` whole, or what it held before: a reader never sees half of it (a link at ``path``
     is replaced, not written through)."""
@@ -130,28 +124,20 @@ def removed_on_failure(tmp: Path | None) -> Iterator[None]:
         raise
 
 
-def _fsync_tree(directory: Path) -> None:
-    for p in _regular_files(directory):
-        fd = open_nofollow(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _plain_file_modes(directory: Path) -> None:
-    """Give every file the mode a plain ``open()`` would (0o666 less the umask): safetensors writes 0600, which a
-    server running as another user (the container's, the checkpoint mounted read-only) could not read."""
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Move a finished temp directory to ``final``; an existing ``final`` is swapped out, then removed. Each file
+    is fsynced first, with the mode a plain ``open()`` would give it (0o666 less the umask): safetensors writes 0600,
+    which a server running as another user (the container's, the checkpoint mounted read-only) could not read."""
     umask = os.umask(0o022)
     os.umask(umask)
-    for p in _regular_files(directory):
-        p.chmod(0o666 & ~umask)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temp directory to ``final``; an existing ``final`` is swapped out, then removed."""
-    _plain_file_modes(tmp)
-    _fsync_tree(tmp)
+    for p in tmp.iterdir():
+        if stat.S_ISREG(os.lstat(p).st_mode):
+            p.chmod(0o666 & ~umask)
+            fd = open_nofollow(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     if final.exists():
         old = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"
         os.replace(final, old)
