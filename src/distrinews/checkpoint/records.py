@@ -173,11 +173,6 @@ def _declared(record: Any) -> dict[str, Any]:
     return {name: hints[name] for name in names}
 
 
-def _record_in(annotation: Any) -> Any:
-    """The record a field holds (``RunningCounts | None``: RunningCounts), for naming the keys inside it."""
-    return next((c for c in (annotation, *typing.get_args(annotation)) if _declared(c)), None)
-
-
 def _refusal(record: type, data: Any, error: ErrorDetails) -> str:
     """One pydantic error as the line that names the key (``running_counts.epoch``), what it must be and the value."""
     keys: list[str] = []
@@ -191,7 +186,8 @@ def _refusal(record: type, data: Any, error: ErrorDetails) -> str:
         keys.append(part)
         annotation = fields[part]
         value = value.get(part) if isinstance(value, dict) else None
-        within = _record_in(annotation)
+        # the record the field holds (``RunningCounts | None``: RunningCounts), whose keys the next part names
+        within = next((c for c in (annotation, *typing.get_args(annotation)) if _declared(c)), None)
     key = ".".join(keys)
     if error["type"] == "missing":
         return f"missing key '{key}'"
