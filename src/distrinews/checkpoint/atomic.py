@@ -17,7 +17,7 @@ import shutil
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,11 +73,9 @@ def same_file(fd: int, path: Path) -> bool:
 
 def make_dir(path: Path) -> None:
     """``path`` as a folder of its own (made if missing, its parents too); a link or a file there is refused."""
-    try:
+    with suppress(FileExistsError):
         path.mkdir(parents=True)
         return
-    except FileExistsError:
-        pass
     mode = os.lstat(path).st_mode
     if stat.S_ISLNK(mode):
         raise symlink_refused(path)
