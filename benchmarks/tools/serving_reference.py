@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from distrinews.bench import serving, serving_limit
+from distrinews.bench.results import write_report
 from distrinews.bench.serving_load import find_result
-from distrinews.bench.serving_report import markdown
+from distrinews.bench.serving_report import markdown, plot
 from distrinews.options import add_options
 
 from .common import invoked_as, main
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     report["command"] = invoked_as("serving_reference")
     report["ratios_vs_reference"] = ratios(report)
     serving_limit.add_seed_aim(report, report["ratios_vs_reference"])
-    serving.write(report, args, comparison_markdown)
+    write_report(report, args.output_dir, args.name, comparison_markdown, plot)
     return 0
 
 

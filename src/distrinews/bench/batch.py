@@ -22,7 +22,6 @@ workers it waited for). Results: ``batch.json`` and ``batch.md`` in ``--output-d
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import http.client
 import itertools
 import json
@@ -38,13 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
 from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CHECKPOINT, DATA
 from ..predict.batch.state import StateDir, state_dir_of
-from .results import agnews_dir, invoked_as, write_report
+from .results import agnews_dir, report_head, write_report
 
 POST_BATCH = 64
+Rows = list[dict[str, Any]]  # the measured runs, in order, as the report holds them
 
 
 OPTIONS = [
@@ -162,18 +161,16 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"corpora, outputs and logs in {work}", flush=True)
     checkpoint = str(args.checkpoint)
     corpus = write_corpus(work / f"corpus-{args.rows}.jsonl", args.rows, args.data)
-    results = _Results()
+    results: Rows = []
     _measure_engines(args, checkpoint, corpus, work, results)
     memory = _measure_memory(args, checkpoint, corpus, work, results)
-    resume = _measure_resume(args, checkpoint, corpus, work, results.rows)
+    resume = _measure_resume(args, checkpoint, corpus, work, results)
     report = {
-        "command": invoked_as("batch"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("batch"),
         "checkpoint": checkpoint,
         "rss_checkpoint": args.rss_checkpoint or checkpoint,
         "runtime": args.runtime or "the default",
-        "results": results.rows,
+        "results": results,
         "memory": memory,
         "resume": resume,
     }
@@ -181,30 +178,25 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-class _Results:
-    """The measured runs, in order: each printed as it ends; a run that failed ends the benchmark."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def record(
-        self, name: str, result: dict[str, Any], n: int, output: Path | None = None, **extra_fields: Any
-    ) -> dict[str, Any]:
-        labelled = count_lines(output) if output is not None and output.is_file() else None
-        row = {"engine": name, "rows": n, "labelled": labelled, "rows_per_s": n / result["seconds"], **extra_fields}
-        row.update({k: v for k, v in result.items() if k != "output"})
-        self.rows.append(row)
-        print(
-            f"{name:<28} {n:>9,} rows  {result['seconds']:8.1f} s  {row['rows_per_s']:8.1f} rows/s  "
-            f"peak RSS {result['peak_rss_mib']:7.0f} MiB  exit {result['exit']}",
-            flush=True,
-        )
-        if result["exit"] != 0:
-            raise SystemExit(f"bench batch: {name} failed (exit {result['exit']}):\n{result['output'][-3000:]}")
-        return row
+def _record(
+    results: Rows, name: str, result: dict[str, Any], n: int, output: Path | None, **extra_fields: Any
+) -> dict[str, Any]:
+    """A measured run's row, added to ``results`` and printed as it ends; a run that failed ends the benchmark."""
+    labelled = count_lines(output) if output is not None and output.is_file() else None
+    row = {"engine": name, "rows": n, "labelled": labelled, "rows_per_s": n / result["seconds"], **extra_fields}
+    row.update({k: v for k, v in result.items() if k != "output"})
+    results.append(row)
+    print(
+        f"{name:<28} {n:>9,} rows  {result['seconds']:8.1f} s  {row['rows_per_s']:8.1f} rows/s  "
+        f"peak RSS {result['peak_rss_mib']:7.0f} MiB  exit {result['exit']}",
+        flush=True,
+    )
+    if result["exit"] != 0:
+        raise SystemExit(f"bench batch: {name} failed (exit {result['exit']}):\n{result['output'][-3000:]}")
+    return row
 
 
-def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: _Results) -> None:
+def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: Rows) -> None:
     """``predict --nproc N`` for each N, Ray's engine, and a loop posting to ``serve``, on the same corpus."""
     engines: list[tuple[str, str, list[str], dict[str, str]]] = [
         (f"predict --nproc {n}", f"local-{n}", ["--nproc", str(n)], {}) for n in _numbers(args.nproc)
@@ -222,17 +214,15 @@ def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, wo
         output = work / f"{stem}.jsonl"
         cmd = predict_command(checkpoint, corpus, output, args.runtime, *flags)
         run = run_measured(cmd, work / f"{stem}.log")
-        results.record(name, run, args.rows, output, command=_shown(cmd, work), **extra)
+        _record(results, name, run, args.rows, output, command=_shown(cmd, work), **extra)
     if not args.no_server_loop:
         output = work / "loop.jsonl"
         result = server_loop(checkpoint, corpus, output, args.runtime, work)
         command = "(bench/batch.py: server_loop)"
-        results.record(f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command=command)
+        _record(results, f"serve + a loop posting {POST_BATCH}", result, args.rows, output, command=command)
 
 
-def _measure_memory(
-    args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: _Results
-) -> list[dict[str, Any]]:
+def _measure_memory(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: Rows) -> Rows:
     """Peak RSS of ``predict --nproc 1`` over corpora of each ``--rss-rows`` size."""
     memory = []
     sizes = _numbers(args.rss_rows)
@@ -248,7 +238,7 @@ def _measure_memory(
         cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
         run = run_measured(cmd, work / f"rss-{n}.log")
         memory.append(
-            results.record(f"memory: predict --nproc 1, {n:,} rows", run, n, output, command=_shown(cmd, work))
+            _record(results, f"memory: predict --nproc 1, {n:,} rows", run, n, output, command=_shown(cmd, work))
         )
         rss_corpus.unlink() if rss_corpus != corpus else None
         output.unlink()
@@ -256,7 +246,7 @@ def _measure_memory(
 
 
 def _measure_resume(
-    args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, rows: list[dict[str, Any]]
+    args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, rows: Rows
 ) -> dict[str, Any] | None:
     """``predict --nproc 2`` killed once ``--kill-at`` of the rows are committed, then run again: what it cost."""
     uninterrupted = next((r for r in rows if r["engine"] == "predict --nproc 2"), None)

@@ -35,6 +35,8 @@ from .results import worker_argv, write_report
 from .scaling_worker import pin_to_own_cores, synchronizer
 
 if TYPE_CHECKING:
+    import torch
+
     from ..config import TrainConfig
     from ..distributed.process_group import DistEnv
     from ..train.flops import Peak
@@ -91,23 +93,22 @@ def corrected_comm_comp_ratio(
 
 
 # ---------------------------------------------------------------------- worker
-def _timed(fn: Collective, iters: int, warmup: int, env: DistEnv) -> float:
-    """Mean seconds per call on the slowest rank."""
+def slowest_mean_seconds(step: Collective, device: torch.device, iters: int = 5, warmup: int = 0) -> float:
+    """Mean seconds per ``step()`` (a collective) over ``iters`` calls after ``warmup`` and a barrier, on the slowest
+    rank (``distrinews doctor``'s bandwidth figure too)."""
     import torch
     import torch.distributed as dist
 
-    from ..distributed.process_group import barrier
-
-    sync = synchronizer(env.device)
+    sync = synchronizer(device)
     for _ in range(warmup):
-        fn()
+        step()
     sync()
-    barrier(env)
+    dist.barrier()  # on the device the group was bound to (nccl's device_id)
     start = time.perf_counter()
     for _ in range(iters):
-        fn()
+        step()
     sync()
-    t = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=env.device)
+    t = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -180,7 +181,8 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     model.to(env.device).train()
     params = count_parameters(model)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    allreduce_s = _timed(_collective("all_reduce", grad_bytes // 4, 1.0, env)[0], iters=3, warmup=1, env=env)
+    allreduce = _collective("all_reduce", grad_bytes // 4, 1.0, env)[0]
+    allreduce_s = slowest_mean_seconds(allreduce, env.device, iters=3, warmup=1)
     compute_s, batch_flops, peak = _forward_backward(args, config, data, model, env)
 
     # busbw of all_reduce at the message size nearest the payload, from the table just measured
@@ -289,7 +291,7 @@ def _bandwidth_table(args: argparse.Namespace, env: DistEnv) -> tuple[dict[str, 
             fn, _, how = _collective(op, count, 1.0, env)
             actual = 4 * count
             iters = iterations_for(actual)
-            seconds = _timed(fn, iters=iters, warmup=min(3, iters), env=env)
+            seconds = slowest_mean_seconds(fn, env.device, iters=iters, warmup=min(3, iters))
             alg, bus = bandwidths(op, actual, seconds, env.world_size)
             row = {"op": op, "bytes": actual, "iterations": iters, "time_us": seconds * 1e6, "algbw": alg}
             table.append({**row, "busbw": bus, "how": how})

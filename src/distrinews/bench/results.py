@@ -4,6 +4,7 @@ its texts come from, and the flags that hand its options on to its worker proces
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shlex
@@ -11,6 +12,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..distributed.machine import describe
 
 if TYPE_CHECKING:
     from ..options import Option
@@ -52,11 +55,14 @@ def pyplot() -> Any:
     return plt
 
 
-def invoked_as(subcommand: str) -> str:
-    """The command line that ran ``distrinews bench SUBCOMMAND``, as a user would type it again (for its report)."""
+def report_head(subcommand: str) -> dict[str, Any]:
+    """What every report opens with: the command line that ran ``distrinews bench SUBCOMMAND`` (as a user would type
+    it again), the UTC date, the machine."""
+    command = shlex.join(sys.argv)
     if sys.argv[1:3] == ["bench", subcommand]:
-        return f"distrinews bench {subcommand} " + " ".join(shlex.quote(a) for a in sys.argv[3:])
-    return " ".join(shlex.quote(a) for a in sys.argv)
+        command = f"distrinews bench {subcommand} " + shlex.join(sys.argv[3:])
+    when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return {"command": command, "date": when, "machine": describe()}
 
 
 def agnews_dir(given: str | None, needed_for: str) -> str:

@@ -176,9 +176,8 @@ def _run_rounds(
     for round_ in range(args.repeat):
         for n, bucket, hook in specs:
             label = f"{n} worker(s) x {args.cores_per_worker} core(s)"
-            label += (f", bucket {bucket:g} MB" if n > 1 and bucket else "") + (
-                f", ddp_comm_hook {hook}" if hook else ""
-            )
+            label += f", bucket {bucket:g} MB" if n > 1 and bucket else ""
+            label += f", ddp_comm_hook {hook}" if hook else ""
             label += f" (round {round_ + 1}/{args.repeat})" if args.repeat > 1 else ""
             print(f"[scaling] {label}: {args.warmup} warm-up + {args.steps} timed steps ...", flush=True)
             p = run_point(args, n, bucket, extra + (["--ddp_comm_hook", hook] if hook else []))

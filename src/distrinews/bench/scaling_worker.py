@@ -116,11 +116,7 @@ def _reference_optimizer(
 
     if args.optimizer == "fused":
         return None
-
-    def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(model.parameters(), lr=learning_rate, foreach=args.optimizer == "foreach")
-
-    return make_optimizer
+    return lambda model: torch.optim.AdamW(model.parameters(), lr=learning_rate, foreach=args.optimizer == "foreach")
 
 
 def _timed_steps(timer: _StepTimer, warmup: int, steps: int) -> tuple[float, Counts]:

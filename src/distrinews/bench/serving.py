@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         from ..config import ConfigError
 
         raise ConfigError(f"bench serving: unexpected arguments: {' '.join(extra)}")
-    write(measure(args), args, markdown)
+    write_report(measure(args), args.output_dir, args.name, markdown, plot)
     return 0
 
 
@@ -209,8 +209,3 @@ class _LoadSession:
             in_flight=self.busiest,
             lanes=batching.get("concurrent_passes") or 1,
         )
-
-
-def write(report: dict[str, Any], args: argparse.Namespace, to_markdown: Callable[[dict[str, Any]], str]) -> None:
-    """``NAME.json``, ``NAME.md`` (``to_markdown`` of the report, printed too) and ``NAME.png`` in ``--output-dir``."""
-    write_report(report, args.output_dir, args.name, to_markdown, plot)

@@ -168,14 +168,12 @@ def empty_app() -> Callable[..., Any]:
 
     async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        more = True
-        while more:
-            message = await receive()
-            more = message.get("more_body", False)
+        while (await receive()).get("more_body", False):  # the whole body read
+            pass
         await send(head)
         await send(body)
 

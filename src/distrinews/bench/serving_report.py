@@ -6,14 +6,12 @@ against concurrency as ``serving.png``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
 
-from ..distributed.machine import describe as machine_description
 from . import serving_limit
-from .results import invoked_as, pyplot
+from .results import pyplot, report_head
 from .serving_runtimes import choose_default
 
 
@@ -27,9 +25,7 @@ def build_report(
     """Everything ``serving.json`` holds: the command, machine and settings, every row, accuracy, the rule (judged
     at the ``busiest`` level)."""
     return {
-        "command": invoked_as("serving"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("serving"),
         "note": "servers and the load generator shared the same cores; servers ran one at a time",
         "checkpoint": str(args.checkpoint),
         "settings": {
@@ -108,15 +104,13 @@ def _load_table(results: list[dict[str, Any]]) -> list[str]:
         "| CPU server | CPU clients |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        if r.get("max_queue") is not None:
-            continue
-        lines.append(
-            f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | "
-            f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} | "
-            f"{_fmt(r.get('server_cpu_cores', float('nan')), 2)} | {_fmt(r.get('client_cpu_cores', float('nan')), 2)} |"
-        )
-    return lines
+    return lines + [
+        f"| {r['server']} | {r['runtime']} | {r['texts']} | {r['concurrency']} | {r['throughput_rps']:.1f} | "
+        f"{_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | {_fmt(r['p99_ms'])} | {r['rejected_429']} | {r['errors']} | "
+        f"{_fmt(r.get('server_cpu_cores', float('nan')), 2)} | {_fmt(r.get('client_cpu_cores', float('nan')), 2)} |"
+        for r in results
+        if r.get("max_queue") is None
+    ]
 
 
 def _overload_table(overload: list[dict[str, Any]]) -> list[str]:
@@ -131,13 +125,12 @@ def _overload_table(overload: list[dict[str, Any]]) -> list[str]:
         "(ms) | 429s | 429 p50 (ms) | 429 p99 (ms) | 429s without Retry-After |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in overload:
-        lines.append(
-            f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} "
-            f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
-            f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
-        )
-    return lines
+    return lines + [
+        f"| {r['runtime']} | {r['concurrency']} | {r['throughput_rps']:.1f} | {_fmt(r['p50_ms'])} "
+        f"| {_fmt(r['p99_ms'])} | {r['rejected_429']} | {_fmt(r['rejected_p50_ms'], 2)} | "
+        f"{_fmt(r['rejected_p99_ms'], 2)} | {r['retry_after_missing']} |"
+        for r in overload
+    ]
 
 
 def _accuracy_table(report: dict[str, Any]) -> list[str]:
@@ -151,11 +144,11 @@ def _accuracy_table(report: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|",
     ]
     base = report["accuracy"][0]["accuracy"]
-    for a in report["accuracy"]:
-        lines.append(
-            f"| {a['runtime']} | {100 * a['accuracy']:.2f}% | {100 * (a['accuracy'] - base):+.2f} | "
-            f"{100 * a['agreement_with_torch_fp32']:.2f}% | {a['changed_labels']} | {a['seconds']:.1f} |"
-        )
+    lines += [
+        f"| {a['runtime']} | {100 * a['accuracy']:.2f}% | {100 * (a['accuracy'] - base):+.2f} | "
+        f"{100 * a['agreement_with_torch_fp32']:.2f}% | {a['changed_labels']} | {a['seconds']:.1f} |"
+        for a in report["accuracy"]
+    ]
     rule = report.get("default_rule")
     if rule:
         verdict = default_verdict(rule["runtime"], report)

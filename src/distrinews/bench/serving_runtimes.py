@@ -19,8 +19,7 @@ def default_runtimes() -> list[str]:
     """auto (the default: what a user gets), torch, onnx, onnx-int8, and torch-bf16 where bf16 is in hardware."""
     from ..distributed.machine import bf16_is_fast
 
-    runtimes = ["auto", "torch", "onnx", "onnx-int8"]
-    return [*runtimes[:2], "torch-bf16", *runtimes[2:]] if bf16_is_fast("cpu") else runtimes
+    return ["auto", "torch", *(["torch-bf16"] if bf16_is_fast("cpu") else []), "onnx", "onnx-int8"]
 
 
 def bf16_matmul_gflops(n: int = 512, repeats: int = 5) -> dict[str, float]:
@@ -95,9 +94,8 @@ def choose_default(
         return None
     candidates = []
     for a in accuracy:
-        if a["runtime"] == "auto":  # not a runtime: it picks one of the others, which the rule judges on its own
-            continue
-        if abs(a["accuracy"] - base["accuracy"]) * 100 > ACCURACY_TOLERANCE_POINTS + 1e-9:
+        # auto is not a runtime: it picks one of the others, which the rule judges on its own
+        if a["runtime"] == "auto" or abs(a["accuracy"] - base["accuracy"]) * 100 > ACCURACY_TOLERANCE_POINTS + 1e-9:
             continue
         at_c = find_result(load, "ours", a["runtime"], "full", concurrency)
         at_1 = find_result(load, "ours", a["runtime"], "full", 1)

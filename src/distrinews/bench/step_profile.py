@@ -15,18 +15,15 @@ Results: ``profile.json`` (every operator's self time) and ``profile.md`` in ``-
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..distributed.machine import describe as machine_description
 from ..options import Option
 from ..options.shared import BENCH_OUTPUT_DIR, CONFIG
-from .results import invoked_as, write_report
+from .results import report_head, write_report
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
     from ..train.trainer import Trainer
 
 # (group, operator names): a name ending in "*" matches any operator that starts with it; the first group that
@@ -73,10 +70,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from ..config import load_config, parse_overrides
     from ..distributed.process_group import distributed_context
     from ..train.trainer import Trainer
 
-    config = _profile_config(args.config, extra)
+    # the config's training, in a temporary folder unless told otherwise, with nothing that would slow or log
+    overrides = parse_overrides(extra)
+    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
+    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to=["none"], int8_model=False)
+    config = load_config(args.config, overrides)
     with distributed_context() as env:
         trainer = Trainer(config, env)
         trainer.model.train()
@@ -96,9 +98,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 trainer.optimizer_step()
     operators, groups = _operators(prof.key_averages(), args.profiled_steps)
     report = {
-        "command": invoked_as("profile"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        **report_head("profile"),
         "precision": trainer.precision.name,
         "threads": torch.get_num_threads(),
         "step_ms": 1000 * step_s,
@@ -110,16 +110,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     }
     write_report(report, args.output_dir, args.name, markdown, None)
     return 0
-
-
-def _profile_config(path: str, extra: list[str]) -> TrainConfig:
-    """The config's training, in a temporary folder unless told otherwise, with nothing that would slow or log."""
-    from ..config import load_config, parse_overrides
-
-    overrides = parse_overrides(extra)
-    overrides.setdefault("output_dir", tempfile.mkdtemp(prefix="distrinews-profile-"))
-    overrides.update(overwrite_output_dir=True, disable_tqdm=True, report_to=["none"], int8_model=False)
-    return load_config(path, overrides)
 
 
 def _first_windows(trainer: Trainer, needed: int) -> list[Any]:

@@ -17,7 +17,7 @@ import shutil
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,11 +73,9 @@ def same_file(fd: int, path: Path) -> bool:
 
 def make_dir(path: Path) -> None:
     """``path`` as a folder of its own (made if missing, its parents too); a link or a file there is refused."""
-    try:
+    with suppress(FileExistsError):
         path.mkdir(parents=True)
         return
-    except FileExistsError:
-        pass
     mode = os.lstat(path).st_mode
     if stat.S_ISLNK(mode):
         raise symlink_refused(path)
@@ -95,12 +93,6 @@ def remove_entry(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-def _regular_files(directory: Path) -> Iterator[Path]:
-    for p in directory.iterdir():
-        if stat.S_ISREG(os.lstat(p).st_mode):
-            yield p
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -130,28 +122,20 @@ def removed_on_failure(tmp: Path | None) -> Iterator[None]:
         raise
 
 
-def _fsync_tree(directory: Path) -> None:
-    for p in _regular_files(directory):
-        fd = open_nofollow(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _plain_file_modes(directory: Path) -> None:
-    """Give every file the mode a plain ``open()`` would (0o666 less the umask): safetensors writes 0600, which a
-    server running as another user (the container's, the checkpoint mounted read-only) could not read."""
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Move a finished temp directory to ``final``; an existing ``final`` is swapped out, then removed. Each file
+    is fsynced first, with the mode a plain ``open()`` would give it (0o666 less the umask): safetensors writes 0600,
+    which a server running as another user (the container's, the checkpoint mounted read-only) could not read."""
     umask = os.umask(0o022)
     os.umask(umask)
-    for p in _regular_files(directory):
-        p.chmod(0o666 & ~umask)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temp directory to ``final``; an existing ``final`` is swapped out, then removed."""
-    _plain_file_modes(tmp)
-    _fsync_tree(tmp)
+    for p in tmp.iterdir():
+        if stat.S_ISREG(os.lstat(p).st_mode):
+            p.chmod(0o666 & ~umask)
+            fd = open_nofollow(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     if final.exists():
         old = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"
         os.replace(final, old)

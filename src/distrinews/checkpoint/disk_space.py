@@ -48,13 +48,6 @@ def _says_disk_full(exc: BaseException | None) -> bool:
     return False
 
 
-def _close_failed_writers(exc: BaseException) -> None:
-    """Free what the frames of ``exc`` (and of what it was raised from) hold: torch's zip writer keeps its
-    file open until it is collected, so the space of the removed temp directory is not free until then."""
-    for current in exception_chain(exc):
-        traceback.clear_frames(current.__traceback__)
-
-
 def _existing(path: Path) -> Path:
     path = Path(os.path.abspath(path))
     while not path.exists():
@@ -160,7 +153,10 @@ def saving_together(
         failure = exc
     outcome: tuple[str, str] | None = None
     if failure is not None:
-        _close_failed_writers(failure)
+        # Free what its frames hold: torch's zip writer keeps its file open until it is collected, so the space of
+        # the removed temp directory is not free until then.
+        for current in exception_chain(failure):
+            traceback.clear_frames(current.__traceback__)
         full = _says_disk_full(failure)
         if not full and getattr(failure, "errno", None) is None:
             # No errno to go by (torch's writer): a failed write with less room left than the save takes

@@ -15,6 +15,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .atomic import make_dir, open_nofollow, read_text_nofollow, same_file
@@ -29,22 +30,16 @@ class LocksUnsupported(OSError):
     """The file system cannot ``flock`` (some network file systems are mounted without lock support)."""
 
 
+@dataclass(eq=False)
 class FileLock:
     """An exclusive ``flock`` on ``path`` (created if missing, its folder by ``make_parent``) until ``release`` or
     the process ends. ``name_holder``: what the holder writes in the file; ``mode``: the new file's permissions."""
 
-    def __init__(
-        self,
-        path: Path,
-        make_parent: Callable[[Path], None] = make_dir,
-        name_holder: Callable[[], str] = lambda: f"{os.getpid()}\n",
-        mode: int = 0o644,
-    ):
-        self.path = path
-        self.mode = mode
-        self._make_parent = make_parent
-        self._name_holder = name_holder
-        self._fd: int | None = None
+    path: Path
+    make_parent: Callable[[Path], None] = make_dir
+    name_holder: Callable[[], str] = lambda: f"{os.getpid()}\n"
+    mode: int = 0o644
+    _fd: int | None = field(default=None, init=False)
 
     def acquire(self, wait_s: float = 0.0) -> bool:
         """Take the lock, trying again every ``RETRY_S`` for up to ``wait_s`` seconds; False if another holds it then.
@@ -70,13 +65,13 @@ class FileLock:
             # only ever read to word a refusal: a full disk must not stop the holder here
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, self._name_holder().encode(), 0)
+                os.pwrite(fd, self.name_holder().encode(), 0)
             self._fd = fd
             return True
 
     def _open(self) -> int:
         while True:
-            self._make_parent(self.path.parent)
+            self.make_parent(self.path.parent)
             try:
                 return open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
             except FileNotFoundError:  # the folder was removed between the two calls: make it again

@@ -414,32 +414,26 @@ def _training(info: ServableInfo) -> list[str]:
 def _training_data(info: ServableInfo, data: TrainingData) -> list[str]:
     """What it was trained and evaluated on, and whose terms apply."""
     if data.ag_news:
-        return [
-            "## Training data",
-            "",
+        about = (
             f"AG News ([{HUB_DATASET}](https://huggingface.co/datasets/{HUB_DATASET}), or a local copy of the original "
             "CSV release): news articles in 4 classes, text = title + description. Evaluated on the complete official "
-            "test split (7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above).",
-            "",
-            "## License and terms",
-            "",
-            DATA_TERMS,
-        ]
-    training = info.training_config or {}
-    source = f"[{data.hub_id}](https://huggingface.co/datasets/{data.hub_id})" if data.hub_id else f"`{data.name}`"
-    columns = training.get("text_column_names", "text")
-    return [
-        "## Training data",
-        "",
-        f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
-        f"label = `{training.get('label_column_name', 'label')}` ({len(info.label_names)} "
-        f"labels). Evaluated on {data.evaluated_on}.",
-        "",
-        "## License and terms",
-        "",
-        "The training data's terms are its owner's; this card does "
-        "not know them. State them here before publishing the model.",
-    ]
+            "test split (7,600 rows, 1,900 per class) unless the run sampled fewer (the row count is above)."
+        )
+        terms = DATA_TERMS
+    else:
+        training = info.training_config or {}
+        source = f"[{data.hub_id}](https://huggingface.co/datasets/{data.hub_id})" if data.hub_id else f"`{data.name}`"
+        columns = training.get("text_column_names", "text")
+        about = (
+            f"{source}: text = {' + '.join(f'`{c.strip()}`' for c in str(columns).split(','))}, "
+            f"label = `{training.get('label_column_name', 'label')}` ({len(info.label_names)} "
+            f"labels). Evaluated on {data.evaluated_on}."
+        )
+        terms = (
+            "The training data's terms are its owner's; this card does "
+            "not know them. State them here before publishing the model."
+        )
+    return ["## Training data", "", about, "", "## License and terms", "", terms]
 
 
 def render(info: ServableInfo, load_path: str = "path/to/best") -> str:

@@ -115,19 +115,6 @@ def read_json(path: str | PathLike[str], limit: int = JSON_LIMIT) -> Any:
         raise _refuse(path, f"not valid JSON ({type(exc).__name__})") from None
 
 
-def check_format_version(data: Mapping[str, Any], path: str | PathLike[str], newest: int) -> None:
-    """Refuse the file's ``format_version`` (absent: 1, an older run's file) unless it is one to ``newest``."""
-    version = data.get("format_version", 1)
-    if type(version) is not int or version < 1:  # JSON's true is no version
-        raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
-    if version > newest:
-        raise _refuse(
-            path,
-            f"it was written by a newer DistriNews (format {version}); "
-            f"this one reads format {newest}: upgrade distrinews",
-        )
-
-
 # ---------------------------------------------------------------------- typed records read with pydantic
 def expected(annotation: Any) -> str:
     """What a value of ``annotation`` is, in the words of a refusal: "an integer >= 0", "a list of numbers or null",
@@ -186,11 +173,6 @@ def _declared(record: Any) -> dict[str, Any]:
     return {name: hints[name] for name in names}
 
 
-def _record_in(annotation: Any) -> Any:
-    """The record a field holds (``RunningCounts | None``: RunningCounts), for naming the keys inside it."""
-    return next((c for c in (annotation, *typing.get_args(annotation)) if _declared(c)), None)
-
-
 def _refusal(record: type, data: Any, error: ErrorDetails) -> str:
     """One pydantic error as the line that names the key (``running_counts.epoch``), what it must be and the value."""
     keys: list[str] = []
@@ -204,7 +186,8 @@ def _refusal(record: type, data: Any, error: ErrorDetails) -> str:
         keys.append(part)
         annotation = fields[part]
         value = value.get(part) if isinstance(value, dict) else None
-        within = _record_in(annotation)
+        # the record the field holds (``RunningCounts | None``: RunningCounts), whose keys the next part names
+        within = next((c for c in (annotation, *typing.get_args(annotation)) if _declared(c)), None)
     key = ".".join(keys)
     if error["type"] == "missing":
         return f"missing key '{key}'"
@@ -224,7 +207,15 @@ def read_model(record: type[_R], data: Any, path: str | PathLike[str], newest: i
     the format version, the ``required`` keys (a model: all its fields), then each field by its declared type."""
     if not isinstance(data, dict):
         raise _refuse(path, f"expected a JSON object, found {type(data).__name__}")
-    check_format_version(data, path, newest)
+    version = data.get("format_version", 1)  # absent: 1, an older run's file
+    if type(version) is not int or version < 1:  # JSON's true is no version
+        raise _refuse(path, f"key 'format_version' must be a positive integer, not {_short(version)}")
+    if version > newest:
+        raise _refuse(
+            path,
+            f"it was written by a newer DistriNews (format {version}); "
+            f"this one reads format {newest}: upgrade distrinews",
+        )
     fields = _declared(record)
     missing = [key for key in (fields if issubclass(record, BaseModel) else required) if key not in data]
     if missing:

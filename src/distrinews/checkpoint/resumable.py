@@ -267,21 +267,17 @@ class Checkpointer:
                 )
                 (tmp / TRAINER_STATE).write_text(json.dumps(state.to_json(), indent=2))
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
-                if self.tokenizer is not None:
-                    self._write_model_files(tmp / STEP_MODEL, model.raw)
+                if self.tokenizer is not None:  # what servable._read_step builds the model and tokenizes with
+                    from ..model import hf_config, transformers_model
+
+                    hf_config(transformers_model(model.raw)).save_pretrained(str(tmp / STEP_MODEL))
+                    self.tokenizer.save_pretrained(str(tmp / STEP_MODEL))
                 write_manifest(tmp, step)  # last: a checkpoint without one never finished
                 publish_dir(tmp, final)
         if not main:
             return None
         rotate_checkpoints(self.root, self.limit)
         return final
-
-    def _write_model_files(self, directory: Path, raw: torch.nn.Module) -> None:
-        """What loading the step for inference builds the model and tokenizes with (``servable._read_step``)."""
-        from ..model import hf_config, transformers_model
-
-        hf_config(transformers_model(raw)).save_pretrained(str(directory))
-        self.tokenizer.save_pretrained(str(directory))
 
     def load(
         self,

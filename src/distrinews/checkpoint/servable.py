@@ -98,25 +98,19 @@ def _check_folder(path: Path) -> dict[str, Any]:
     return config
 
 
-def _pretrained(path: Path) -> tuple[Any, Any]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    # local_files_only: the folder's own files, never the hub (refuse_pointers has refused what points elsewhere)
-    with loading(_weights_file(path)):
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
-    with loading(path):
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return model, tokenizer
-
-
-def _from_own_files(folder: Path, labels: list[str]) -> tuple[Any, Any]:
-    """A step's model built from its own config (no pretrained weights: the step's replace every one) and its own
-    tokenizer (``records.STEP_MODEL``)."""
+def _from_folder(folder: Path, labels: list[str] | None = None) -> tuple[Any, Any]:
+    """The model and tokenizer of a folder's own files: a Hugging Face folder's weights, or, given a step's
+    ``labels``, the architecture of its ``records.STEP_MODEL`` alone (the step's weights replace every one)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    with loading(folder / "config.json"):
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **label_fields(labels))
-    model = AutoModelForSequenceClassification.from_config(config)
+    # local_files_only: the folder's own files, never the hub (refuse_pointers has refused what points elsewhere)
+    if labels is None:
+        with loading(_weights_file(folder)):
+            model = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True)
+    else:
+        with loading(folder / "config.json"):
+            config = AutoConfig.from_pretrained(str(folder), local_files_only=True, **label_fields(labels))
+        model = AutoModelForSequenceClassification.from_config(config)
     with loading(folder):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return model, tokenizer
@@ -140,7 +134,7 @@ def _read_model_folder(found: records.CheckpointFormat) -> Callable[[], Loaded]:
     require_tokenizer(path, base_model)
 
     def load() -> Loaded:
-        model, tokenizer = _pretrained(path)
+        model, tokenizer = _from_folder(path)
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
         source = TokenizerSource("checkpoint", str(path))
         info = ModelInfo.of(
@@ -177,7 +171,7 @@ def _read_step(found: records.CheckpointFormat) -> Callable[[], Loaded]:
 
         name, labels = setting("model_name_or_path"), list(state.label_names)
         if (own / "config.json").is_file():
-            model, tokenizer = _from_own_files(own, labels)
+            model, tokenizer = _from_folder(own, labels)
             source = TokenizerSource("checkpoint", str(own))
         else:  # a shipped base model: the package's own files
             model = build_model(name, labels=labels, dropout=setting("dropout"), seed=setting("seed"))

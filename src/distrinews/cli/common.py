@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -92,9 +94,6 @@ def no_extra_arguments(command: str, extra: list[str]) -> None:
 
 
 def write_json(path: str, payload: Any) -> None:
-    import json
-    from pathlib import Path
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2, default=str))
 

@@ -59,13 +59,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     check_options(args, [*OPTIONS, *FILE_OPTIONS], ConfigError, prefix="eval: ")
     if not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
-    if args.input:
-        return run_files(args)
-    if wants_launch(args.launch_flags):
+    if wants_launch(args.launch_flags) and not args.input:
         return launch(args.launch_flags, args.argv)
-    metrics = run_split(args)
+    metrics = run_files(args) if args.input else run_split(args)
     if metrics is not None:  # the main process
-        _print_split(metrics)
+        confusion = confusion_table(metrics)  # none for multi-label
+        print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
         if args.output_json:
             write_json(args.output_json, metrics)
     return 0
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
     """The metrics of the evaluation rows of the data the checkpoint was trained on, in this process's share; the
-    main process gets them (the others None)."""
+    main process prints and gets them (the others None)."""
     import torch
 
     from ..checkpoint.records import DEFAULT_THRESHOLD
@@ -83,9 +82,11 @@ def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..data.tokenized import tokenize_cached
     from ..distributed.process_group import distributed_context, main_process_first
     from ..errors import DataError
+    from ..train.console import multilabel_words
     from ..train.evaluation import evaluate
     from ..train.precision import Precision, bf16_is_fast
 
+    metrics: dict[str, Any]
     with distributed_context() as env:
         model, tokenizer, info = load_for_inference(args.checkpoint)
         model.to(env.device)
@@ -109,26 +110,17 @@ def run_split(args: argparse.Namespace) -> dict[str, Any] | None:
         )
         metrics = evaluate(model, test, env, args.batch_size, precision, progress=env.is_main, thresholds=thresholds)
         metrics["world_size"] = env.world_size
-        return metrics if env.is_main else None
-
-
-def _print_split(metrics: dict[str, Any]) -> None:
-    from ..train.console import multilabel_words
-
+        if not env.is_main:
+            return None
     print(f"Test samples: {metrics['samples']:,} (world size {metrics['world_size']})")
     print(
         f"Loss: {metrics['loss']:.4f} | Accuracy: {100 * metrics['accuracy']:.2f}% "
         f"| Macro-F1: {100 * metrics['macro_f1']:.2f}%" + multilabel_words(metrics)
     )
-    _print_tables(metrics)
+    return metrics
 
 
-def _print_tables(metrics: dict[str, Any]) -> None:
-    confusion = confusion_table(metrics)  # none for multi-label
-    print("\n".join([*per_class_table(metrics), *(["Confusion matrix:", *confusion] if confusion else [])]))
-
-
-def run_files(args: argparse.Namespace) -> int:
+def run_files(args: argparse.Namespace) -> dict[str, Any]:
     """Accuracy and macro-F1 on labelled files, read as ``predict --input`` reads them; a multi-label model's micro-
     and macro-F1 and exact match at the thresholds stored with it, as ``distrinews eval`` scores its split."""
     from ..data.files import resolve_inputs
@@ -167,7 +159,4 @@ def run_files(args: argparse.Namespace) -> int:
         + (f"; absent from the labels: {', '.join(absent)})" if absent else ")")
         + multilabel_words(metrics)
     )
-    _print_tables(metrics)
-    if args.output_json:
-        write_json(args.output_json, metrics)
-    return 0
+    return metrics

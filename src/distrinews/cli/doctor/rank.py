@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...bench.collectives import slowest_mean_seconds
+
 if TYPE_CHECKING:
     import torch
 
@@ -49,7 +51,7 @@ def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], 
         payload = torch.ones(max(1, bandwidth_bytes // 4), device=device)
         if world > 1:  # one rank's all-reduce sends nothing: no figure for it
             dist.all_reduce(payload)
-            seconds = _slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
+            seconds = slowest_mean_seconds(lambda: dist.all_reduce(payload), device)
             from ...distributed.bandwidth import bandwidths
 
             alg, bus = bandwidths("all_reduce", payload.numel() * 4, seconds, world)
@@ -90,23 +92,6 @@ def _collective_checks(
     return checks
 
 
-def _slowest_mean_seconds(step: Callable[[], object], device: torch.device, iters: int = 5) -> float:
-    """Seconds one ``step()`` (a collective) takes, the mean of ``iters`` after a barrier, on the slowest rank."""
-    import torch
-    import torch.distributed as dist
-
-    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync()
-    seconds = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return seconds.item()
-
-
 def _shared_memory_check(
     payload: torch.Tensor, backend: str, device: torch.device, rank: int, world: int
 ) -> dict[str, Any]:
@@ -127,7 +112,7 @@ def _shared_memory_check(
     segment.allreduce_mean_(x)
     expect = (world + 1) / 2
     ok = bool(torch.allclose(x, torch.full_like(x, expect)))
-    seconds = _slowest_mean_seconds(lambda: segment.allreduce_mean_(payload), device)
+    seconds = slowest_mean_seconds(lambda: segment.allreduce_mean_(payload), device)
     return {"used": True, "ok": ok, "got": x[0].item(), "expected": expect, "bytes": size, "time_ms": 1000 * seconds}
 
 
