@@ -39,9 +39,8 @@ _NULL = {"null", "none", "~", ""}
 def value_from_text(annotation: Any, value: Any) -> Any:
     """``value`` as a field of type ``annotation`` takes it: command-line strings are parsed by the type; null,
     none or ~ is None for an optional field, auto is None for an optional switch (decided at run time)."""
-    args = typing.get_args(annotation)
-    optional = type(None) in args and typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    base = next((a for a in args if a is not type(None)), annotation) if optional else annotation
+    base = _base(annotation)
+    optional = base is not annotation
     if isinstance(value, str):
         text = value.strip().lower()
         if optional and (text in _NULL or (base is bool and text == "auto")):
@@ -109,18 +108,10 @@ def _base(annotation: Any) -> Any:
 
 
 def _bounds(info: FieldInfo) -> str:
-    lower = upper = None
-    for meta in info.metadata:
-        for attr, sign in (("ge", "["), ("gt", "(")):
-            if getattr(meta, attr, None) is not None:
-                lower = (sign, getattr(meta, attr))
-        for attr, sign in (("le", "]"), ("lt", ")")):
-            if getattr(meta, attr, None) is not None:
-                upper = (sign, getattr(meta, attr))
-    if lower and upper:
-        return f"in {lower[0]}{lower[1]}, {upper[1]}{upper[0]}"
-    if lower:
-        return f"{'>=' if lower[0] == '[' else '>'} {lower[1]}"
-    if upper:
-        return f"{'<=' if upper[0] == ']' else '<'} {upper[1]}"
-    return "in range"
+    b = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    low = ("[", b["ge"]) if "ge" in b else ("(", b["gt"]) if "gt" in b else None
+    high = ("]", b["le"]) if "le" in b else (")", b["lt"]) if "lt" in b else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return next((f"{signs[k]} {v}" for k, v in b.items()), "in range")
