@@ -15,7 +15,7 @@ so their F1 is optimistic; give a ``validation_file`` to keep a test split out o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -54,8 +54,7 @@ class ScoreHistogram:
 
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """``scores.f1_from_counts`` of counts (float64, elementwise): FN = positives - TP."""
-    f1: torch.Tensor = f1_from_counts(tp.double(), fp.double(), positives.double() - tp.double())
-    return f1
+    return cast(torch.Tensor, f1_from_counts(tp.double(), fp.double(), positives.double() - tp.double()))
 
 
 def tune_thresholds(histogram: ScoreHistogram) -> list[float]:
@@ -121,9 +120,7 @@ def multilabel_metrics(
         "micro_f1_at_0.5": untuned["micro_f1"],
         "macro_f1_at_0.5": untuned["macro_f1"],
         "thresholds": dict(zip(label_names, (float(t) for t in thresholds))),
-        "classes_present": tuned["classes_present"],
-        "per_class": tuned["per_class"],
-        "support": tuned["support"],
+        **{key: tuned[key] for key in ("classes_present", "per_class", "support")},
     }
 
 
