@@ -84,13 +84,8 @@ def build_data(config: TrainConfig, env: DistEnv, say: Say) -> tuple[Datasets, D
     data = prepare_data(
         config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out
     )
-    teacher = config.distillation
-    distillation = (
-        Distillation.prepare(teacher, config.data.cache_dir, data.train_rows, data.label_names, env, say)
-        if teacher.teacher_model_name_or_path
-        else None
-    )
-    return data, distillation
+    teacher = config.distillation.teacher_model_name_or_path
+    return data, Distillation.prepare(config, data.train_rows, data.label_names, env, say) if teacher else None
 
 
 def build_steps(config: TrainConfig, data: Datasets, env: DistEnv) -> tuple[TrainSampler, StepPlan]:
