@@ -198,14 +198,10 @@ class ModelShape:
 def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int) -> int:
     """How many bottom encoder layers the backward pass never reaches (every embedding parameter and every parameter
     of those layers frozen, ``freeze_layers``)."""
-    if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
+    trained = {layer_depth(name, layers) for name, p in named if p.requires_grad}
+    if layers + 1 in trained:
         return 0
-    bottom = 0
-    while bottom < layers and not any(
-        p.requires_grad for name, p in named if layer_depth(name, layers) == layers - bottom
-    ):
-        bottom += 1
-    return bottom
+    return next((bottom for bottom in range(layers) if layers - bottom in trained), layers)
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world_size: int) -> float:
