@@ -291,9 +291,8 @@ def calibrate_best(
     run)."""
     predictor = Predictor(best, device=device, max_batch_size=batch_size)
     eval_logits = predictor.logits(eval_rows.texts)
-    calibration = None
-    if method == "temperature" and calibration_rows is not None and len(calibration_rows):
-        calibration = (predictor.logits(calibration_rows.texts), calibration_rows.labels)
+    held_out = calibration_rows if method == "temperature" and calibration_rows else None
+    calibration = (predictor.logits(held_out.texts), held_out.labels) if held_out is not None else None
     del predictor
     report = measure(eval_logits, eval_rows.labels, method, calibration)
     info = replace(read_servable_info(best), temperature=report.temperature, calibration=report.to_json())
