@@ -63,8 +63,7 @@ def audited_rows(config: TrainConfig) -> AuditRows:
 
 
 def rows_jsonl(split: RawSplit, names: list[str], ids: Sequence[int] | None = None) -> str:
-    """``split`` as JSONL (``text``, ``label`` by name); with ``ids`` (one per row), each row's ``id`` and
-    ``where`` first."""
+    """``split`` as JSONL (``text``, ``label`` by name); with ``ids`` (one per row), its ``id`` and ``where`` first."""
     lines = []
     for i, (text, label) in enumerate(zip(split.texts, split.labels)):
         row: dict[str, Any] = {} if ids is None else {"id": ids[i]}

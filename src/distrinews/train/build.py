@@ -52,8 +52,7 @@ Say = Callable[..., None]
 
 
 def check_precision_supported(config: PrecisionConfig) -> None:
-    """The precision this machine cannot run (``build_precision`` would fail on it), refused before any process
-    group exists."""
+    """The precision this machine cannot run (``build_precision`` would fail), refused before any process group."""
     if config.fp16 and not torch.cuda.is_available():
         raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
     if config.bf16 is True and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():

@@ -191,8 +191,7 @@ def coverage_accuracy(
 
 
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident
-    answers."""
+    """The whole coverage-accuracy curve (for the plot): coverage k/n, the accuracy of the k most confident."""
     confidence, correct = _answers(probs, labels)
     k = np.arange(1, len(correct) + 1)
     return k / len(correct), np.cumsum(correct[np.argsort(-confidence, kind="stable")]) / k
@@ -227,8 +226,7 @@ class ConfidenceReport:
         return self.choice is not None and self.choice.applied
 
     def to_json(self) -> dict[str, Any]:
-        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the
-        plots)."""
+        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the curve are plotted)."""
         choice = self.choice
         fitted = (
             {"fitted_temperature": choice.fitted, "applied": choice.applied, "decision": choice.to_json()}
@@ -287,8 +285,7 @@ def calibrate_best(
     device: Any = None,
     batch_size: int = 64,
 ) -> ConfidenceReport:
-    """Score ``best/`` on the rows, fit its temperature (``method``), and write both into ``best/`` (rank 0, after the
-    run)."""
+    """Score ``best/`` on the rows, fit its temperature (``method``), write both into ``best/`` (rank 0, at the end)."""
     predictor = Predictor(best, device=device, max_batch_size=batch_size)
     eval_logits = predictor.logits(eval_rows.texts)
     held_out = calibration_rows if method == "temperature" and calibration_rows else None
@@ -303,8 +300,7 @@ def calibrate_best(
 
 def calibrate_run(best: Path, config: TrainConfig, data: Datasets, env: DistEnv, say: Say) -> ConfidenceReport | None:
     """``calibrate_best`` at the end of a run (rank 0); None on the other ranks, without best/, with ``calibration``
-    none, for multi-label data, or when it fails (the model is saved: served with the softmax as trained, and said
-    so)."""
+    none, for multi-label data, or when it fails (the model is saved, served with the softmax as trained: said)."""
     method = config.run.calibration
     if not env.is_main or not best.is_dir() or method == "none":
         return None

@@ -232,8 +232,7 @@ def _save_plot(name: str, save: Callable[[], Path], say: Callable[[str], Any], a
 
 
 def draw_confusion(metrics: dict[str, Any]) -> Figure:
-    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written
-    in."""
+    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, with counts."""
     from matplotlib.figure import Figure
 
     cm, names = metrics["confusion"], list(metrics["per_class"])
@@ -262,8 +261,7 @@ def draw_confusion(metrics: dict[str, Any]) -> Figure:
 def write_confusion_matrix(
     run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print
 ) -> Path | None:
-    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the
-    run."""
+    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; never fails the run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
     return _save_plot("Confusion matrix", lambda: save_figure(draw_confusion(metrics), run_dir.confusion), say)
@@ -271,8 +269,7 @@ def write_confusion_matrix(
 
 def draw_reliability(report: ConfidenceReport) -> Figure:
     """The reliability diagram of a ``calibration.ConfidenceReport``: each bin's accuracy against its mean confidence,
-    before and after the temperature (where it is applied), over the diagonal of perfect calibration; the rows per bin
-    below."""
+    before and after the temperature (where applied), over the diagonal of perfect calibration; rows per bin below."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 8), layout="constrained")

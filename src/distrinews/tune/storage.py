@@ -128,8 +128,7 @@ def redacted(url: str) -> str:
 
 
 def scrubbed(text: str, url: str) -> str:
-    """``text`` (an error's, which may quote the URL) with the URL's password, as written or decoded, replaced by
-    ***."""
+    """``text`` (an error's, which may quote the URL) with the URL's password, as written or decoded, as ***."""
     secret = _password(url)
     for form in {secret, urllib.parse.unquote(secret)} - {""}:
         text = text.replace(form, "***")
