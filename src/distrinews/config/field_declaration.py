@@ -77,27 +77,24 @@ def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | 
     if isinstance(cause, ConfigError):
         return cause
     name = next((str(part) for part in reversed(err["loc"]) if isinstance(part, str)), "?")
-    value, kind = err.get("input"), err["type"]
+    value, kind, msg = err.get("input"), err["type"], err["msg"].removeprefix("Value error, ")
     info = declaration(name)
     annotation = info.annotation if info is not None else None
+    base, field = _base(annotation), f"config field '{name}'"
     if value is None and kind.endswith(("_type", "_parsing")):
-        return ConfigError(f"config field '{name}' may not be null")
-    if kind in ("finite_number",):
-        return ConfigError(f"config field '{name}': must be a finite number (got {value!r})")
+        return ConfigError(f"{field} may not be null")
+    if kind == "value_error" and msg.startswith("expects "):
+        return ConfigError(f"{field} {msg}, got {value!r}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
-        return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
-    if kind == "literal_error":
-        base = _base(annotation)
+        msg = f"must be {_bounds(info)}"
+    elif kind == "literal_error":
         allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
-        return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
-    if kind == "string_too_short":
-        return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
-    if kind == "value_error" and err["msg"].startswith("Value error, expects "):
-        return ConfigError(f"config field '{name}' {err['msg'].removeprefix('Value error, ')}, got {value!r}")
-    if kind == "value_error":
-        return ConfigError(f"config field '{name}': {err['msg'].removeprefix('Value error, ')} (got {value!r})")
-    type_name = getattr(_base(annotation), "__name__", str(annotation))
-    return ConfigError(f"config field '{name}' expects {type_name}, got {value!r}")
+        msg = f"must be one of {', '.join(map(str, allowed))}"
+    elif kind in ("finite_number", "string_too_short"):
+        msg = "must be a finite number" if kind == "finite_number" else "must not be empty"
+    elif kind != "value_error":
+        return ConfigError(f"{field} expects {getattr(base, '__name__', str(annotation))}, got {value!r}")
+    return ConfigError(f"{field}: {msg} (got {value!r})")
 
 
 def _base(annotation: Any) -> Any:
