@@ -174,10 +174,11 @@ def final_lines(
     return [*lines, f"Checkpoint saved to: {best_dir}"]
 
 
-def fmt_time(seconds: float) -> str:
+def fmt_time(seconds: float, digits: int = 1) -> str:
+    """``1h 2m 5s``; with ``digits`` 2, minutes and seconds padded to two (``1h 02m 05s``, a table's column)."""
     m, s = divmod(round(seconds), 60)
     h, m = divmod(m, 60)
-    return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"
+    return f"{h}h {m:0{digits}d}m {s:0{digits}d}s" if h else f"{m}m {s:0{digits}d}s"
 
 
 def progress_bar(total: int, desc: str, unit: str, show: bool, **more: Any) -> Any:

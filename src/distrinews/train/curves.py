@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.atomic import open_new
 from ..checkpoint.rundir import RunDir
+from .console import fmt_time
 from .metrics import read_log
 
 if TYPE_CHECKING:
@@ -110,22 +111,15 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    m, s = divmod(round(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
-
-
 def results_table(runs: Sequence[RunLog]) -> str:
     header = ("run", "model", "steps", "final test acc", "best test acc", "best macro-F1", "samples/s", "wall time")
     rows: list[tuple[str, ...]] = [header]
     for run in runs:
         r = run.result()
         rate = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.1f}"
+        wall = "-" if r["wall_time_s"] is None else fmt_time(r["wall_time_s"], digits=2)
         scores = (_pct(r["final_accuracy"]), _pct(r["best_accuracy"]), _pct(r["best_macro_f1"]))
-        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, _duration(r["wall_time_s"])))
+        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, wall))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
