@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ class TemperatureChoice:
     folds: int  # 0: too few rows to cross-validate
     nll_as_trained: float | None  # the calibration rows' mean NLL at T = 1
     nll_cross_validated: float | None  # each row scored at the temperature fitted on the other folds
-    gain_se: float | None  # standard error of the gain (nll_as_trained - nll_cross_validated), from the folds
+    gain_standard_error: float | None  # of the gain (nll_as_trained - nll_cross_validated), from the folds
     reason: str
 
     @property
@@ -102,14 +102,8 @@ class TemperatureChoice:
         return self.fitted if self.applied else 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": CV_RULE,
-            "folds": self.folds,
-            "nll_as_trained": self.nll_as_trained,
-            "nll_cross_validated": self.nll_cross_validated,
-            "gain_standard_error": self.gain_se,
-            "reason": self.reason,
-        }
+        """The decision's record (``fitted`` and ``applied`` are recorded beside it)."""
+        return {"rule": CV_RULE, **{k: v for k, v in asdict(self).items() if k not in ("fitted", "applied")}}
 
 
 def choose_temperature(logits: np.ndarray, labels: Sequence[int], folds: int = CV_FOLDS) -> TemperatureChoice:
