@@ -192,7 +192,7 @@ class Report:
     def __init__(self, env: DistEnv, disable_tqdm: bool):
         self.enabled = env.is_main
         self.disable_tqdm = disable_tqdm
-        self.progress: Any = None
+        self.progress: Any = None  # the training's bar (tqdm), once open_progress made it
         if not env.is_main:
             from transformers.utils import logging as hf_logging
 
@@ -205,15 +205,6 @@ class Report:
 
     def open_progress(self, total: int, initial: int) -> None:
         self.progress = progress_bar(total, "train", "step", self.enabled and not self.disable_tqdm, initial=initial)
-
-    def step_done(self) -> None:
-        self.progress.update(1)
-
-    def show(self, **postfix: str) -> None:
-        self.progress.set_postfix(**postfix)
-
-    def clear_progress(self) -> None:
-        self.progress.clear()
 
     def close_progress(self) -> None:
         if self.progress is not None:
