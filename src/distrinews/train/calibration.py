@@ -234,11 +234,7 @@ class ConfidenceReport:
             "calibration_rows": self.calibration_rows,
             "eval_rows": self.eval_rows,
             "ece_bins": ECE_BINS,
-            "ece_before": self.ece_before,
-            "ece_after": self.ece_after,
-            "nll_before": self.nll_before,
-            "nll_after": self.nll_after,
-            "coverage": self.coverage,
+            **{k: getattr(self, k) for k in ("ece_before", "ece_after", "nll_before", "nll_after", "coverage")},
         }
 
 
