@@ -83,10 +83,8 @@ def open_storage(
     with warnings.catch_warnings():  # experimental since Optuna 2.8, and what RDBStorage's documentation pairs it with
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_interval else None
-    if is_database_url(storage):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if is_database_url(storage):
                 beats = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
                 return DatabaseStorage(storage, heartbeat_stale_trial_callback=retry, **beats)
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL

@@ -239,10 +239,8 @@ def _create_or_join(
 def _run_again(study: optuna.Study, options: StudyOptions, say: Callable[..., None]) -> None:
     """Queue the parameters of the trial this tuner was running when it was interrupted, as a dead tuner's are."""
     mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("tuner") == _tuner_id()]
-    if mine and mine[-1].state == TrialState.FAIL:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
+    if mine and mine[-1].state == TrialState.FAIL:  # (Optuna's ExperimentalWarning: off since _quiet_optuna)
+        RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
         say(f"interrupted: trial {mine[-1].number} runs again when the study resumes (the same command)")
 
 
