@@ -45,11 +45,8 @@ class ScoreHistogram:
 
     def at_thresholds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(true positives, false positives, positives): the first two [labels, thresholds], the last [labels]."""
-        neg, pos = self.counts[0], self.counts[1]
-        # at or above threshold j: bins j+1 and up, a suffix sum
-        above_pos = pos.flip(-1).cumsum(-1).flip(-1)[:, 1:]
-        above_neg = neg.flip(-1).cumsum(-1).flip(-1)[:, 1:]
-        return above_pos, above_neg, pos.sum(-1)
+        above = self.counts.flip(-1).cumsum(-1).flip(-1)[..., 1:]  # at or above threshold j: bins j+1 and up
+        return above[1], above[0], self.counts[1].sum(-1)
 
 
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
@@ -75,8 +72,7 @@ def scores_at(histogram: ScoreHistogram, thresholds: Sequence[float], label_name
     averages the labels with positive rows (as ``scores.classification_scores`` does for classes)."""
     tp_all, fp_all, positives = histogram.at_thresholds()
     index = torch.tensor([round(t * HISTOGRAM_BINS) - 1 for t in thresholds], device=tp_all.device)  # in THRESHOLDS
-    tp = tp_all.gather(1, index[:, None]).squeeze(1).cpu()
-    fp = fp_all.gather(1, index[:, None]).squeeze(1).cpu()
+    tp, fp = (counts.gather(1, index[:, None]).squeeze(1).cpu() for counts in (tp_all, fp_all))
     positives = positives.cpu()
     per_class: dict[str, dict[str, float | int]] = {}
     for i, name in enumerate(label_names):
