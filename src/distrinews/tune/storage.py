@@ -47,8 +47,7 @@ StaleCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 
 def storage_url(flag: str | None, file: str | None) -> str | None:
-    """The storage asked for: ``--storage``, else the first line of ``--storage-file``, else ``$STORAGE_ENV``; None
-    for the default journal."""
+    """``--storage``, else the first line of ``--storage-file``, else ``$STORAGE_ENV``; None: the default journal."""
     if flag and file:
         raise ConfigError("--storage and --storage-file name the same thing: give one")
     if flag:
@@ -106,12 +105,8 @@ def open_storage(
 
 def _password(url: str) -> str:
     """The password in ``scheme://user:password@host...`` as written ("" when there is none)."""
-    if "://" not in url:
-        return ""
-    authority = url.split("://", 1)[1]
-    if "@" not in authority:
-        return ""
-    credentials = authority.rsplit("@", 1)[0]  # a password may hold "@"; a host never does
+    authority = url.split("://", 1)[1] if "://" in url else ""
+    credentials = authority.rsplit("@", 1)[0] if "@" in authority else ""  # a password may hold "@"; a host never does
     return credentials.split(":", 1)[1] if ":" in credentials else ""
 
 
