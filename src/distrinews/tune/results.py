@@ -74,8 +74,7 @@ def _csv(trials: list[FrozenTrial], space: SearchSpace) -> str:
     header, rows = _rows(trials, space)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    writer.writerows([header, *(["" if v is None else v for v in row] for row in rows)])
     return out.getvalue()
 
 

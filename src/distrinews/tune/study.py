@@ -139,8 +139,7 @@ def _direction(base: TrainConfig) -> Literal["maximize", "minimize"]:
 
 
 def _open_study(base: TrainConfig, options: StudyOptions) -> tuple[optuna.Study, bool]:
-    """The study in its storage, made or joined (True), the metric it optimises set; one that optimises another
-    metric or direction is refused."""
+    """The study, made or joined (True), its metric set; one that optimises another metric or direction is refused."""
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric, direction = base.run.metric_for_best_model, _direction(base)
     study, joined = _create_or_join(storage, options, direction)
