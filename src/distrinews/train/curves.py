@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from ..checkpoint.atomic import open_new
 from ..checkpoint.rundir import RunDir
 from .console import fmt_time
@@ -54,7 +56,10 @@ class RunLog:
                 run.summary = record  # the last one: a resumed run's
             elif kind in ("train", "eval", "epoch"):
                 getattr(run, kind).append(record)
-        run.model = _model_name(rd)
+        try:
+            run.model = (yaml.safe_load(rd.config.read_text()) or {}).get("model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            run.model = None
         return run
 
     def series(self, kind: str, key: str) -> tuple[list[int], list[float]]:
@@ -88,15 +93,6 @@ class RunLog:
             "samples_per_s": rate,
             "wall_time_s": (self.summary or {}).get("total_time_s"),
         }
-
-
-def _model_name(rd: RunDir) -> str | None:
-    try:
-        import yaml
-
-        return (yaml.safe_load(rd.config.read_text()) or {}).get("model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> list[RunLog]:
