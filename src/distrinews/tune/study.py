@@ -276,7 +276,9 @@ def _objective(
         # a link there is replaced
         write_text_atomically(config_file, config.to_yaml())
         trial.set_user_attr("output_dir", str(run_dir))
-        say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        again = f" (retries trial {retried})" if retried is not None else ""
+        say(f"trial {number}{again}: {shown or '(the base config)'}")
         code = _train_trial(trial, options, env, config_file, log_file, result_file)
         return _trial_value(number, code, result_file, log_file, base.run.metric_for_best_model, say)
 
@@ -355,10 +357,3 @@ def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[...
 def _note_pid(trial: optuna.Trial, pid: int) -> None:
     with contextlib.suppress(*STORAGE_ERRORS):  # a note for whoever watches the study: the trial runs on without it
         trial.set_user_attr("pid", pid)
-
-
-def _shown(params: dict[str, Any]) -> str:
-    return (
-        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-        or "(the base config)"
-    )
