@@ -63,9 +63,7 @@ class Precision:
         return self.dtype or torch.float32
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return contextlib.nullcontext() if self.dtype is None else torch.autocast(self.device_type, dtype=self.dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler(self.device_type) if self.dtype is torch.float16 else None
