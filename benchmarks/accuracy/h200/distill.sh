@@ -97,7 +97,7 @@ for path, member in zip(paths, out.members):
     print(f"{path}: test accuracy {100 * record['members'][str(path)]:.2f}% (fp32, {len(labels):,} rows)")
 print(f"ensemble of {len(paths)}: test accuracy {100 * record['ensemble']:.2f}%")
 (open(os.path.join(os.environ["OUT"], "ensemble.json"), "w")).write(json.dumps(record, indent=1))
-Distillation.prepare(config.distillation, config.data.cache_dir, data.labelled.train, data.label_names, env, print)  # the students read this cache
+Distillation.prepare(config, data.labelled.train, data.label_names, env, print)  # the students read this cache
 PY
 echo "rc=${PIPESTATUS[0]} wall_s=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}")" > $RUNS/ensemble.wall; cat $RUNS/ensemble.wall
 

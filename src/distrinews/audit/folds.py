@@ -126,8 +126,7 @@ def out_of_fold(plan: FoldPlan, say: Callable[[str], None] = print) -> np.ndarra
     probs = np.full((len(plan.fold_of), len(names)), np.nan)
     seen = np.zeros(len(plan.fold_of), dtype=np.int64)
     for number in range(plan.folds):
-        fold = plan.fold(number)
-        ids = plan.heldout_ids(number)
+        fold, ids = plan.fold(number), plan.heldout_ids(number)
         if fold.done.is_file():
             say(f"fold {number + 1}/{plan.folds}: done before ({len(ids):,} held-out rows)")
         else:
@@ -161,11 +160,9 @@ def run_fold(plan: FoldPlan, fold: Fold, ids: list[int], say: Callable[[str], No
 def _write_fold_files(plan: FoldPlan, fold: Fold, ids: list[int]) -> None:
     """The fold's training rows, held-out rows and config; the same every time, so a resumed run reads what it
     started on (its token cache and its checkpoints' data match)."""
-    held = set(ids)
-    rows = plan.rows.train
-    names = plan.rows.label_names
+    held, rows = set(ids), plan.rows.train
     train = rows.subset([i for i in range(len(rows)) if i not in held])
-    write_text_atomically(fold.train_file, rows_jsonl(train, names))
+    write_text_atomically(fold.train_file, rows_jsonl(train, plan.rows.label_names))
     heldout = "".join(json.dumps({"id": i, "text": rows.texts[i]}, ensure_ascii=False) + "\n" for i in ids)
     write_text_atomically(fold.heldout_file, heldout)
     write_text_atomically(fold.config_file, plan.fold_config(fold).to_yaml())

@@ -75,8 +75,7 @@ def write_issues(path: Path, rows: AuditRows, issues: Issues, probs: np.ndarray)
 
 
 def summary(rows: AuditRows, issues: Issues) -> str:
-    """One screen: per class its rows, the flagged ones and their share, and the most common given -> suggested
-    pairs among them; then the totals."""
+    """One screen: per class its rows, flagged rows, their share and commonest given -> suggested pairs; totals."""
     names = rows.label_names
     given = rows.train.labels
     counts = Counter(given)

@@ -63,8 +63,7 @@ def audited_rows(config: TrainConfig) -> AuditRows:
 
 
 def rows_jsonl(split: RawSplit, names: list[str], ids: Sequence[int] | None = None) -> str:
-    """``split`` as JSONL (``text``, ``label`` by name); with ``ids`` (one per row), each row's ``id`` and
-    ``where`` first."""
+    """``split`` as JSONL (``text``, ``label`` by name); with ``ids`` (one per row), its ``id`` and ``where`` first."""
     lines = []
     for i, (text, label) in enumerate(zip(split.texts, split.labels)):
         row: dict[str, Any] = {} if ids is None else {"id": ids[i]}
@@ -76,19 +75,15 @@ def rows_jsonl(split: RawSplit, names: list[str], ids: Sequence[int] | None = No
 
 def data_overrides(train_file: Path, eval_file: Path, label_names: list[str]) -> dict[str, Any]:
     """The config fields with which a run trains on ``train_file`` (written by this module) and evaluates on
-    ``eval_file``, whatever data the base config named."""
+    ``eval_file``, whatever data the base config named (unsampled: the written rows are the sample already)."""
+    unset = ("data_dir", "dataset_name", "dataset_config_name", "test_file", "train_samples", "eval_samples")
     return {
-        "data_dir": None,
-        "dataset_name": None,
-        "dataset_config_name": None,
-        "test_file": None,
+        **dict.fromkeys(unset),
         "train_file": str(train_file),
         "validation_file": str(eval_file),
         "text_column_names": "text",
         "label_column_name": "label",
         "label_names": ",".join(label_names),
-        "train_samples": None,  # the written rows are the sample already
-        "eval_samples": None,
     }
 
 

@@ -39,9 +39,8 @@ _NULL = {"null", "none", "~", ""}
 def value_from_text(annotation: Any, value: Any) -> Any:
     """``value`` as a field of type ``annotation`` takes it: command-line strings are parsed by the type; null,
     none or ~ is None for an optional field, auto is None for an optional switch (decided at run time)."""
-    args = typing.get_args(annotation)
-    optional = type(None) in args and typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    base = next((a for a in args if a is not type(None)), annotation) if optional else annotation
+    base = _base(annotation)
+    optional = base is not annotation
     if isinstance(value, str):
         text = value.strip().lower()
         if optional and (text in _NULL or (base is bool and text == "auto")):
@@ -78,27 +77,24 @@ def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | 
     if isinstance(cause, ConfigError):
         return cause
     name = next((str(part) for part in reversed(err["loc"]) if isinstance(part, str)), "?")
-    value, kind = err.get("input"), err["type"]
+    value, kind, msg = err.get("input"), err["type"], err["msg"].removeprefix("Value error, ")
     info = declaration(name)
     annotation = info.annotation if info is not None else None
+    base, field = _base(annotation), f"config field '{name}'"
     if value is None and kind.endswith(("_type", "_parsing")):
-        return ConfigError(f"config field '{name}' may not be null")
-    if kind in ("finite_number",):
-        return ConfigError(f"config field '{name}': must be a finite number (got {value!r})")
+        return ConfigError(f"{field} may not be null")
+    if kind == "value_error" and msg.startswith("expects "):
+        return ConfigError(f"{field} {msg}, got {value!r}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
-        return ConfigError(f"config field '{name}': must be {_bounds(info)} (got {value!r})")
-    if kind == "literal_error":
-        base = _base(annotation)
+        msg = f"must be {_bounds(info)}"
+    elif kind == "literal_error":
         allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
-        return ConfigError(f"config field '{name}': must be one of {', '.join(map(str, allowed))} (got {value!r})")
-    if kind == "string_too_short":
-        return ConfigError(f"config field '{name}': must not be empty (got {value!r})")
-    if kind == "value_error" and err["msg"].startswith("Value error, expects "):
-        return ConfigError(f"config field '{name}' {err['msg'].removeprefix('Value error, ')}, got {value!r}")
-    if kind == "value_error":
-        return ConfigError(f"config field '{name}': {err['msg'].removeprefix('Value error, ')} (got {value!r})")
-    type_name = getattr(_base(annotation), "__name__", str(annotation))
-    return ConfigError(f"config field '{name}' expects {type_name}, got {value!r}")
+        msg = f"must be one of {', '.join(map(str, allowed))}"
+    elif kind in ("finite_number", "string_too_short"):
+        msg = "must be a finite number" if kind == "finite_number" else "must not be empty"
+    elif kind != "value_error":
+        return ConfigError(f"{field} expects {getattr(base, '__name__', str(annotation))}, got {value!r}")
+    return ConfigError(f"{field}: {msg} (got {value!r})")
 
 
 def _base(annotation: Any) -> Any:
@@ -109,18 +105,10 @@ def _base(annotation: Any) -> Any:
 
 
 def _bounds(info: FieldInfo) -> str:
-    lower = upper = None
-    for meta in info.metadata:
-        for attr, sign in (("ge", "["), ("gt", "(")):
-            if getattr(meta, attr, None) is not None:
-                lower = (sign, getattr(meta, attr))
-        for attr, sign in (("le", "]"), ("lt", ")")):
-            if getattr(meta, attr, None) is not None:
-                upper = (sign, getattr(meta, attr))
-    if lower and upper:
-        return f"in {lower[0]}{lower[1]}, {upper[1]}{upper[0]}"
-    if lower:
-        return f"{'>=' if lower[0] == '[' else '>'} {lower[1]}"
-    if upper:
-        return f"{'<=' if upper[0] == ']' else '<'} {upper[1]}"
-    return "in range"
+    b = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    low = ("[", b["ge"]) if "ge" in b else ("(", b["gt"]) if "gt" in b else None
+    high = ("]", b["le"]) if "le" in b else (")", b["lt"]) if "lt" in b else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return next((f"{signs[k]} {v}" for k, v in b.items()), "in range")

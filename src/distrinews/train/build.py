@@ -52,8 +52,7 @@ Say = Callable[..., None]
 
 
 def check_precision_supported(config: PrecisionConfig) -> None:
-    """The precision this machine cannot run (``build_precision`` would fail on it), refused before any process
-    group exists."""
+    """The precision this machine cannot run (``build_precision`` would fail), refused before any process group."""
     if config.fp16 and not torch.cuda.is_available():
         raise ConfigError("config field 'fp16': fp16 with GradScaler needs CUDA; on CPU use bf16: true")
     if config.bf16 is True and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
@@ -84,13 +83,8 @@ def build_data(config: TrainConfig, env: DistEnv, say: Say) -> tuple[Datasets, D
     data = prepare_data(
         config.data, config.model.model_name_or_path, config.run.seed, env, calibration_percentage=held_out
     )
-    teacher = config.distillation
-    distillation = (
-        Distillation.prepare(teacher, config.data.cache_dir, data.train_rows, data.label_names, env, say)
-        if teacher.teacher_model_name_or_path
-        else None
-    )
-    return data, distillation
+    teacher = config.distillation.teacher_model_name_or_path
+    return data, Distillation.prepare(config, data.train_rows, data.label_names, env, say) if teacher else None
 
 
 def build_steps(config: TrainConfig, data: Datasets, env: DistEnv) -> tuple[TrainSampler, StepPlan]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ class TemperatureChoice:
     folds: int  # 0: too few rows to cross-validate
     nll_as_trained: float | None  # the calibration rows' mean NLL at T = 1
     nll_cross_validated: float | None  # each row scored at the temperature fitted on the other folds
-    gain_se: float | None  # standard error of the gain (nll_as_trained - nll_cross_validated), from the folds
+    gain_standard_error: float | None  # of the gain (nll_as_trained - nll_cross_validated), from the folds
     reason: str
 
     @property
@@ -102,14 +102,8 @@ class TemperatureChoice:
         return self.fitted if self.applied else 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": CV_RULE,
-            "folds": self.folds,
-            "nll_as_trained": self.nll_as_trained,
-            "nll_cross_validated": self.nll_cross_validated,
-            "gain_standard_error": self.gain_se,
-            "reason": self.reason,
-        }
+        """The decision's record (``fitted`` and ``applied`` are recorded beside it)."""
+        return {"rule": CV_RULE, **{k: v for k, v in asdict(self).items() if k not in ("fitted", "applied")}}
 
 
 def choose_temperature(logits: np.ndarray, labels: Sequence[int], folds: int = CV_FOLDS) -> TemperatureChoice:
@@ -191,8 +185,7 @@ def coverage_accuracy(
 
 
 def curve(probs: np.ndarray, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The whole coverage-accuracy curve (for the plot): coverage k/n and the accuracy of the k most confident
-    answers."""
+    """The whole coverage-accuracy curve (for the plot): coverage k/n, the accuracy of the k most confident."""
     confidence, correct = _answers(probs, labels)
     k = np.arange(1, len(correct) + 1)
     return k / len(correct), np.cumsum(correct[np.argsort(-confidence, kind="stable")]) / k
@@ -227,8 +220,7 @@ class ConfidenceReport:
         return self.choice is not None and self.choice.applied
 
     def to_json(self) -> dict[str, Any]:
-        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the whole curve stay in the
-        plots)."""
+        """The record kept in ``best/distrinews.json`` and ``log.jsonl`` (the bins and the curve are plotted)."""
         choice = self.choice
         fitted = (
             {"fitted_temperature": choice.fitted, "applied": choice.applied, "decision": choice.to_json()}
@@ -242,11 +234,7 @@ class ConfidenceReport:
             "calibration_rows": self.calibration_rows,
             "eval_rows": self.eval_rows,
             "ece_bins": ECE_BINS,
-            "ece_before": self.ece_before,
-            "ece_after": self.ece_after,
-            "nll_before": self.nll_before,
-            "nll_after": self.nll_after,
-            "coverage": self.coverage,
+            **{k: getattr(self, k) for k in ("ece_before", "ece_after", "nll_before", "nll_after", "coverage")},
         }
 
 
@@ -287,13 +275,11 @@ def calibrate_best(
     device: Any = None,
     batch_size: int = 64,
 ) -> ConfidenceReport:
-    """Score ``best/`` on the rows, fit its temperature (``method``), and write both into ``best/`` (rank 0, after the
-    run)."""
+    """Score ``best/`` on the rows, fit its temperature (``method``), write both into ``best/`` (rank 0, at the end)."""
     predictor = Predictor(best, device=device, max_batch_size=batch_size)
     eval_logits = predictor.logits(eval_rows.texts)
-    calibration = None
-    if method == "temperature" and calibration_rows is not None and len(calibration_rows):
-        calibration = (predictor.logits(calibration_rows.texts), calibration_rows.labels)
+    held_out = calibration_rows if method == "temperature" and calibration_rows else None
+    calibration = (predictor.logits(held_out.texts), held_out.labels) if held_out is not None else None
     del predictor
     report = measure(eval_logits, eval_rows.labels, method, calibration)
     info = replace(read_servable_info(best), temperature=report.temperature, calibration=report.to_json())
@@ -304,8 +290,7 @@ def calibrate_best(
 
 def calibrate_run(best: Path, config: TrainConfig, data: Datasets, env: DistEnv, say: Say) -> ConfidenceReport | None:
     """``calibrate_best`` at the end of a run (rank 0); None on the other ranks, without best/, with ``calibration``
-    none, for multi-label data, or when it fails (the model is saved: served with the softmax as trained, and said
-    so)."""
+    none, for multi-label data, or when it fails (the model is saved, served with the softmax as trained: said)."""
     method = config.run.calibration
     if not env.is_main or not best.is_dir() or method == "none":
         return None

@@ -174,10 +174,11 @@ def final_lines(
     return [*lines, f"Checkpoint saved to: {best_dir}"]
 
 
-def fmt_time(seconds: float) -> str:
+def fmt_time(seconds: float, digits: int = 1) -> str:
+    """``1h 2m 5s``; with ``digits`` 2, minutes and seconds padded to two (``1h 02m 05s``, a table's column)."""
     m, s = divmod(round(seconds), 60)
     h, m = divmod(m, 60)
-    return f"{h}h {m}m {s}s" if h else f"{m}m {s}s"
+    return f"{h}h {m:0{digits}d}m {s:0{digits}d}s" if h else f"{m}m {s:0{digits}d}s"
 
 
 def progress_bar(total: int, desc: str, unit: str, show: bool, **more: Any) -> Any:
@@ -191,7 +192,7 @@ class Report:
     def __init__(self, env: DistEnv, disable_tqdm: bool):
         self.enabled = env.is_main
         self.disable_tqdm = disable_tqdm
-        self.progress: Any = None
+        self.progress: Any = None  # the training's bar (tqdm), once open_progress made it
         if not env.is_main:
             from transformers.utils import logging as hf_logging
 
@@ -204,15 +205,6 @@ class Report:
 
     def open_progress(self, total: int, initial: int) -> None:
         self.progress = progress_bar(total, "train", "step", self.enabled and not self.disable_tqdm, initial=initial)
-
-    def step_done(self) -> None:
-        self.progress.update(1)
-
-    def show(self, **postfix: str) -> None:
-        self.progress.set_postfix(**postfix)
-
-    def clear_progress(self) -> None:
-        self.progress.clear()
 
     def close_progress(self) -> None:
         if self.progress is not None:

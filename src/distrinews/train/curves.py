@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from ..checkpoint.atomic import open_new
 from ..checkpoint.rundir import RunDir
+from .console import fmt_time
 from .metrics import read_log
 
 if TYPE_CHECKING:
@@ -53,7 +56,10 @@ class RunLog:
                 run.summary = record  # the last one: a resumed run's
             elif kind in ("train", "eval", "epoch"):
                 getattr(run, kind).append(record)
-        run.model = _model_name(rd)
+        try:
+            run.model = (yaml.safe_load(rd.config.read_text()) or {}).get("model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            run.model = None
         return run
 
     def series(self, kind: str, key: str) -> tuple[list[int], list[float]]:
@@ -89,15 +95,6 @@ class RunLog:
         }
 
 
-def _model_name(rd: RunDir) -> str | None:
-    try:
-        import yaml
-
-        return (yaml.safe_load(rd.config.read_text()) or {}).get("model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def load_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> list[RunLog]:
     """Each run named by its directory's name, with its parent's when two runs share a name."""
     paths = [Path(p).resolve() for p in run_dirs]
@@ -110,22 +107,15 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    m, s = divmod(round(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
-
-
 def results_table(runs: Sequence[RunLog]) -> str:
     header = ("run", "model", "steps", "final test acc", "best test acc", "best macro-F1", "samples/s", "wall time")
     rows: list[tuple[str, ...]] = [header]
     for run in runs:
         r = run.result()
         rate = "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.1f}"
+        wall = "-" if r["wall_time_s"] is None else fmt_time(r["wall_time_s"], digits=2)
         scores = (_pct(r["final_accuracy"]), _pct(r["best_accuracy"]), _pct(r["best_macro_f1"]))
-        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, _duration(r["wall_time_s"])))
+        rows.append((r["run"], r["model"] or "-", str(r["steps"]), *scores, rate, wall))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -232,8 +222,7 @@ def _save_plot(name: str, save: Callable[[], Path], say: Callable[[str], Any], a
 
 
 def draw_confusion(metrics: dict[str, Any]) -> Figure:
-    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, counts written
-    in."""
+    """A matplotlib Figure of ``metrics``' confusion matrix: each row (true label) shaded by its share, with counts."""
     from matplotlib.figure import Figure
 
     cm, names = metrics["confusion"], list(metrics["per_class"])
@@ -262,8 +251,7 @@ def draw_confusion(metrics: dict[str, Any]) -> Figure:
 def write_confusion_matrix(
     run_dir: RunDir, metrics: dict[str, Any] | None, say: Callable[[str], Any] = print
 ) -> Path | None:
-    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; like the curves, never fails the
-    run."""
+    """``confusion_matrix.png`` beside the curves, of the best model's evaluation; never fails the run."""
     if not metrics or not metrics.get("confusion") or not have_matplotlib():
         return None  # the curves' line has said why matplotlib is missing
     return _save_plot("Confusion matrix", lambda: save_figure(draw_confusion(metrics), run_dir.confusion), say)
@@ -271,8 +259,7 @@ def write_confusion_matrix(
 
 def draw_reliability(report: ConfidenceReport) -> Figure:
     """The reliability diagram of a ``calibration.ConfidenceReport``: each bin's accuracy against its mean confidence,
-    before and after the temperature (where it is applied), over the diagonal of perfect calibration; the rows per bin
-    below."""
+    before and after the temperature (where applied), over the diagonal of perfect calibration; rows per bin below."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 8), layout="constrained")

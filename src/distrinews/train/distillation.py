@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
-from ..config import DistillationConfig
+from ..config import TrainConfig
 from ..data.cache_dir import default_cache_dir
 from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv, main_process_first
@@ -74,25 +74,20 @@ class Distillation:
 
     @classmethod
     def prepare(
-        cls,
-        config: DistillationConfig,
-        cache_dir: str | None,
-        rows: RawSplit,
-        labels: list[str],
-        env: DistEnv,
-        say: Callable[..., None],
+        cls, config: TrainConfig, rows: RawSplit, labels: list[str], env: DistEnv, say: Callable[..., None]
     ) -> Distillation:
         """The teacher's log-probabilities of ``rows`` (the training split, in its dataset's order), cached."""
-        assert config.teacher_model_name_or_path is not None, "prepared only for a run with a teacher"
-        paths = teacher_paths(config.teacher_model_name_or_path)
+        teacher = config.distillation
+        assert teacher.teacher_model_name_or_path is not None, "prepared only for a run with a teacher"
+        paths = teacher_paths(teacher.teacher_model_name_or_path)
         started = time.perf_counter()
         with main_process_first(env, local=True):
             log_probs, computed = cached_log_probs(
-                paths, rows, labels, cache_dir, build=env.is_local_main, device=env.device
+                paths, rows, labels, config.data.cache_dir, build=env.is_local_main, device=env.device
             )
         what, took = "computed" if computed else "read from the cache", time.perf_counter() - started
         say(f"Teacher:     {len(paths)} checkpoint(s), {len(rows):,} rows' probabilities {what} in {took:.1f} s")
-        return cls(log_probs.to(env.device), config.distillation_temperature, config.distillation_alpha)
+        return cls(log_probs.to(env.device), teacher.distillation_temperature, teacher.distillation_alpha)
 
 
 # ---------------------------------------------------------------------- the cache

@@ -104,8 +104,7 @@ class _Tally:
 def _multilabel_result(
     tally: _Tally, thresholds: Sequence[float] | None, rows: int, names: Sequence[str], env: DistEnv
 ) -> dict[str, Any]:
-    """The multi-label metrics over every rank: thresholds tuned on the summed histogram unless given, exact
-    matches counted against them."""
+    """The multi-label metrics over every rank: thresholds (given, or tuned on the summed histogram), exact matches."""
     histogram = tally.histogram
     assert histogram is not None, "a multi-label tally"
     all_reduce_sum(histogram.counts, env)

@@ -22,6 +22,7 @@ ever measured MFU no longer moves with what else was running. ``DISTRINEWS_PEAK_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -133,18 +134,15 @@ def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
+            peaks: Any = {}
+            with contextlib.suppress(OSError, ValueError):
                 peaks = json.loads(path.read_text())
-                if not isinstance(peaks, dict):
-                    raise ValueError(path)
-            except (OSError, ValueError):
-                peaks = {}
+            peaks = peaks if isinstance(peaks, dict) else {}
             entry: Any = peaks.get(key)  # JSON, checked below
             flops, runs = (entry.get("flops"), entry.get("runs")) if isinstance(entry, dict) else (None, None)
             if not (isinstance(flops, (int, float)) and isinstance(runs, int) and flops > 0):  # damaged: afresh
-                entry = {"flops": 0.0, "runs": 0}
-            entry = {"flops": max(float(entry["flops"]), measured), "runs": entry["runs"] + 1}
-            peaks[key] = entry
+                flops, runs = 0.0, 0
+            peaks[key] = entry = {"flops": max(float(flops), measured), "runs": runs + 1}
             write_text_atomically(path, json.dumps(peaks, indent=1, sort_keys=True))
         return entry["flops"], entry["runs"]
     except OSError:
@@ -198,14 +196,10 @@ class ModelShape:
 def forward_only_layers(named: list[tuple[str, torch.nn.Parameter]], layers: int) -> int:
     """How many bottom encoder layers the backward pass never reaches (every embedding parameter and every parameter
     of those layers frozen, ``freeze_layers``)."""
-    if any(p.requires_grad for name, p in named if layer_depth(name, layers) == layers + 1):
+    trained = {layer_depth(name, layers) for name, p in named if p.requires_grad}
+    if layers + 1 in trained:
         return 0
-    bottom = 0
-    while bottom < layers and not any(
-        p.requires_grad for name, p in named if layer_depth(name, layers) == layers - bottom
-    ):
-        bottom += 1
-    return bottom
+    return next((bottom for bottom in range(layers) if layers - bottom in trained), layers)
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_process: float, world_size: int) -> float:

@@ -222,9 +222,5 @@ def truncate_log(path: Path, last_step: int) -> None:
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}/"))
-        else:
-            out[name] = value
+        out.update(_flatten(value, f"{prefix}{key}/") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return out

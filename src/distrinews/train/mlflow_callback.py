@@ -67,10 +67,8 @@ def mlflow_params(
     config: dict[str, Any], id2label: dict[int, str] | None, world_size: int, limit: int
 ) -> tuple[dict[str, str], list[str]]:
     """The run's parameters as MLflow strings, and the names of those shortened to ``limit`` characters."""
-    flat: dict[str, Any] = dict(config)
-    for i, label in sorted((id2label or {}).items()):
-        flat[f"id2label.{i}"] = label
-    flat["world_size"] = world_size
+    labels = {f"id2label.{i}": label for i, label in sorted((id2label or {}).items())}
+    flat: dict[str, Any] = {**config, **labels, "world_size": world_size}
     params, shortened = {}, []
     for name, value in flat.items():
         if isinstance(value, list):

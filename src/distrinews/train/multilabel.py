@@ -15,7 +15,7 @@ so their F1 is optimistic; give a ``validation_file`` to keep a test split out o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -45,17 +45,13 @@ class ScoreHistogram:
 
     def at_thresholds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(true positives, false positives, positives): the first two [labels, thresholds], the last [labels]."""
-        neg, pos = self.counts[0], self.counts[1]
-        # at or above threshold j: bins j+1 and up, a suffix sum
-        above_pos = pos.flip(-1).cumsum(-1).flip(-1)[:, 1:]
-        above_neg = neg.flip(-1).cumsum(-1).flip(-1)[:, 1:]
-        return above_pos, above_neg, pos.sum(-1)
+        above = self.counts.flip(-1).cumsum(-1).flip(-1)[..., 1:]  # at or above threshold j: bins j+1 and up
+        return above[1], above[0], self.counts[1].sum(-1)
 
 
 def f1(tp: torch.Tensor, fp: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """``scores.f1_from_counts`` of counts (float64, elementwise): FN = positives - TP."""
-    f1: torch.Tensor = f1_from_counts(tp.double(), fp.double(), positives.double() - tp.double())
-    return f1
+    return cast(torch.Tensor, f1_from_counts(tp.double(), fp.double(), positives.double() - tp.double()))
 
 
 def tune_thresholds(histogram: ScoreHistogram) -> list[float]:
@@ -76,8 +72,7 @@ def scores_at(histogram: ScoreHistogram, thresholds: Sequence[float], label_name
     averages the labels with positive rows (as ``scores.classification_scores`` does for classes)."""
     tp_all, fp_all, positives = histogram.at_thresholds()
     index = torch.tensor([round(t * HISTOGRAM_BINS) - 1 for t in thresholds], device=tp_all.device)  # in THRESHOLDS
-    tp = tp_all.gather(1, index[:, None]).squeeze(1).cpu()
-    fp = fp_all.gather(1, index[:, None]).squeeze(1).cpu()
+    tp, fp = (counts.gather(1, index[:, None]).squeeze(1).cpu() for counts in (tp_all, fp_all))
     positives = positives.cpu()
     per_class: dict[str, dict[str, float | int]] = {}
     for i, name in enumerate(label_names):
@@ -121,9 +116,7 @@ def multilabel_metrics(
         "micro_f1_at_0.5": untuned["micro_f1"],
         "macro_f1_at_0.5": untuned["macro_f1"],
         "thresholds": dict(zip(label_names, (float(t) for t in thresholds))),
-        "classes_present": tuned["classes_present"],
-        "per_class": tuned["per_class"],
-        "support": tuned["support"],
+        **{key: tuned[key] for key in ("classes_present", "per_class", "support")},
     }
 
 

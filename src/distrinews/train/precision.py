@@ -58,21 +58,15 @@ class Precision:
         return "fp32"
 
     @property
-    def needs_scaler(self) -> bool:
-        return self.dtype is torch.float16
-
-    @property
     def compute_dtype(self) -> torch.dtype:
         """What the matmuls run in: the dtype whose peak MFU is measured against."""
         return self.dtype or torch.float32
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return contextlib.nullcontext() if self.dtype is None else torch.autocast(self.device_type, dtype=self.dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
+        return torch.amp.GradScaler(self.device_type) if self.dtype is torch.float16 else None
 
 
 __all__ = ["Precision", "bf16_is_fast"]

@@ -154,7 +154,7 @@ class Trainer:
             grad_norm = self.train_step(window)
             self.state.global_step += 1
             self.state.step_in_epoch += 1
-            self.report.step_done()
+            self.report.progress.update(1)
             if self.state.global_step % self.config.run.logging_steps == 0:
                 self.log_train(grad_norm)
             if self.epoch_complete or self.done:
@@ -321,7 +321,7 @@ class Trainer:
         if grad_norm is not None:
             values["grad_norm"] = float(grad_norm)
         self.callbacks.on_log("train", values)
-        self.report.show(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
+        self.report.progress.set_postfix(loss=f"{counts.loss:.4f}", lr=f"{values['learning_rate']:.2e}")
         self.window_started = self.clock.elapsed()
 
     def evaluate_and_save_if_due(self) -> None:
@@ -400,7 +400,7 @@ class Trainer:
                 **throughput(totals, train_seconds, self.shape, self.peak.flops, self.env.world_size),
             }
             self.callbacks.on_log("epoch", summary)
-            self.report.clear_progress()
+            self.report.progress.clear()
             self.report.say(*epoch_lines(epoch, self.plan.num_epochs, train_seconds, totals, metrics, summary))
             if self.epoch_complete:
                 self.state.epoch, self.state.step_in_epoch = epoch + 1, 0

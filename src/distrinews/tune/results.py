@@ -44,18 +44,15 @@ def write_results(
     if complete:
         best = study.best_trial
         config = space.config(base, best.params)  # output_dir stays the base config's: a new run, not the trial's
-        write_text_atomically(folder / BEST_CONFIG, _best_header(study, best) + config.to_yaml())
+        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        header = f"# distrinews tune, study {study.study_name}: trial {best.number}, value {best.value:.6g}\n"
+        write_text_atomically(folder / BEST_CONFIG, f"{header}# {params}\n{config.to_yaml()}")
         written.append(folder / BEST_CONFIG)
         say(f"best: trial {best.number}, {base.run.metric_for_best_model} {best.value:.4f}: {folder / BEST_CONFIG}")
     else:
         say("no trial completed: no best config")
     written += _plots(study, folder, say)
     return written
-
-
-def _best_header(study: optuna.Study, best: FrozenTrial) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-    return f"# distrinews tune, study {study.study_name}: trial {best.number}, value {best.value:.6g}\n# {params}\n"
 
 
 def _rows(trials: list[FrozenTrial], space: SearchSpace) -> tuple[list[str], list[list[Any]]]:
@@ -74,8 +71,7 @@ def _csv(trials: list[FrozenTrial], space: SearchSpace) -> str:
     header, rows = _rows(trials, space)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    writer.writerows([header, *(["" if v is None else v for v in row] for row in rows)])
     return out.getvalue()
 
 

@@ -138,7 +138,8 @@ def _dimension(key: str, spec: Any, earlier: list[str]) -> Dimension:
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; a distribution has {', '.join(sorted(_KEYS))}")
     when = _condition(name, spec.get("when"))
-    kind = spec.get("type") or ("categorical" if "choices" in spec else _numeric_kind(spec))
+    whole = all(isinstance(spec.get(b), int) and not isinstance(spec.get(b), bool) for b in ("low", "high"))
+    kind = spec.get("type") or ("categorical" if "choices" in spec else "int" if whole else "float")
     if kind not in _TYPES:
         raise ConfigError(f"{name}: type must be one of {', '.join(_TYPES)}, got {kind!r}")
     if kind == "categorical":
@@ -169,11 +170,6 @@ def _dimension(key: str, spec: Any, earlier: list[str]) -> Dimension:
                 raise ConfigError(f"{name}: an int distribution needs whole numbers ({label} is {value})")
         return Dimension(name, kind, int(low), int(high), log, None if step is None else int(step), when=when)
     return Dimension(name, kind, float(low), float(high), log, step, when=when)
-
-
-def _numeric_kind(spec: dict[str, Any]) -> str:
-    bounds = [spec.get("low"), spec.get("high")]
-    return "int" if all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) else "float"
 
 
 def _number(name: str, spec: dict[str, Any], key: str) -> float:

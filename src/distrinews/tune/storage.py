@@ -47,8 +47,7 @@ StaleCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 
 def storage_url(flag: str | None, file: str | None) -> str | None:
-    """The storage asked for: ``--storage``, else the first line of ``--storage-file``, else ``$STORAGE_ENV``; None
-    for the default journal."""
+    """``--storage``, else the first line of ``--storage-file``, else ``$STORAGE_ENV``; None: the default journal."""
     if flag and file:
         raise ConfigError("--storage and --storage-file name the same thing: give one")
     if flag:
@@ -83,10 +82,8 @@ def open_storage(
     with warnings.catch_warnings():  # experimental since Optuna 2.8, and what RDBStorage's documentation pairs it with
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry) if heartbeat_interval else None
-    if is_database_url(storage):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if is_database_url(storage):
                 beats = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
                 return DatabaseStorage(storage, heartbeat_stale_trial_callback=retry, **beats)
         except Exception as exc:  # sqlalchemy's errors: a driver missing, a server unreachable, a bad URL
@@ -108,12 +105,8 @@ def open_storage(
 
 def _password(url: str) -> str:
     """The password in ``scheme://user:password@host...`` as written ("" when there is none)."""
-    if "://" not in url:
-        return ""
-    authority = url.split("://", 1)[1]
-    if "@" not in authority:
-        return ""
-    credentials = authority.rsplit("@", 1)[0]  # a password may hold "@"; a host never does
+    authority = url.split("://", 1)[1] if "://" in url else ""
+    credentials = authority.rsplit("@", 1)[0] if "@" in authority else ""  # a password may hold "@"; a host never does
     return credentials.split(":", 1)[1] if ":" in credentials else ""
 
 
@@ -128,8 +121,7 @@ def redacted(url: str) -> str:
 
 
 def scrubbed(text: str, url: str) -> str:
-    """``text`` (an error's, which may quote the URL) with the URL's password, as written or decoded, replaced by
-    ***."""
+    """``text`` (an error's, which may quote the URL) with the URL's password, as written or decoded, as ***."""
     secret = _password(url)
     for form in {secret, urllib.parse.unquote(secret)} - {""}:
         text = text.replace(form, "***")

@@ -139,8 +139,7 @@ def _direction(base: TrainConfig) -> Literal["maximize", "minimize"]:
 
 
 def _open_study(base: TrainConfig, options: StudyOptions) -> tuple[optuna.Study, bool]:
-    """The study in its storage, made or joined (True), the metric it optimises set; one that optimises another
-    metric or direction is refused."""
+    """The study, made or joined (True), its metric set; one that optimises another metric or direction is refused."""
     storage = open_storage(options.storage_spec, options.heartbeat_interval, options.grace_period, options.max_retry)
     metric, direction = base.run.metric_for_best_model, _direction(base)
     study, joined = _create_or_join(storage, options, direction)
@@ -239,10 +238,8 @@ def _create_or_join(
 def _run_again(study: optuna.Study, options: StudyOptions, say: Callable[..., None]) -> None:
     """Queue the parameters of the trial this tuner was running when it was interrupted, as a dead tuner's are."""
     mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("tuner") == _tuner_id()]
-    if mine and mine[-1].state == TrialState.FAIL:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
+    if mine and mine[-1].state == TrialState.FAIL:  # (Optuna's ExperimentalWarning: off since _quiet_optuna)
+        RetryHeartbeatStaleTrialCallback(max_retry=options.max_retry)(study, mine[-1])
         say(f"interrupted: trial {mine[-1].number} runs again when the study resumes (the same command)")
 
 
@@ -279,7 +276,9 @@ def _objective(
         # a link there is replaced
         write_text_atomically(config_file, config.to_yaml())
         trial.set_user_attr("output_dir", str(run_dir))
-        say(f"trial {number}{f' (retries trial {retried})' if retried is not None else ''}: {_shown(params)}")
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        again = f" (retries trial {retried})" if retried is not None else ""
+        say(f"trial {number}{again}: {shown or '(the base config)'}")
         code = _train_trial(trial, options, env, config_file, log_file, result_file)
         return _trial_value(number, code, result_file, log_file, base.run.metric_for_best_model, say)
 
@@ -358,10 +357,3 @@ def _trial_environment(study: optuna.Study, base: TrainConfig, say: Callable[...
 def _note_pid(trial: optuna.Trial, pid: int) -> None:
     with contextlib.suppress(*STORAGE_ERRORS):  # a note for whoever watches the study: the trial runs on without it
         trial.set_user_attr("pid", pid)
-
-
-def _shown(params: dict[str, Any]) -> str:
-    return (
-        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-        or "(the base config)"
-    )

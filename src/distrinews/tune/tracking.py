@@ -46,7 +46,8 @@ def log_study_result(study: optuna.Study, attr: str, files: list[Path], say: Cal
         import mlflow
 
         client = mlflow.MlflowClient()
-        best = _best(study)
+        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        best = study.best_trial if complete else None
         with http_bounds():  # the first request that fails ends it: one line, a few seconds
             if best is not None:
                 assert best.value is not None, "a single-objective study's best trial is a complete one, with its value"
@@ -60,10 +61,3 @@ def log_study_result(study: optuna.Study, attr: str, files: list[Path], say: Cal
             client.set_terminated(run_id, "FINISHED")
     except Exception as exc:
         say(f"warning: MLflow: the study's result not logged ({type(exc).__name__}: {exc})".splitlines()[0])
-
-
-def _best(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    try:
-        return study.best_trial
-    except ValueError:  # no complete trial
-        return None
