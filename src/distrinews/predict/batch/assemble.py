@@ -121,7 +121,7 @@ class OutputFiles:
         if self.totals.rows != total_rows:
             raise StateError(f"assembled {self.totals.rows} rows of {total_rows}")
         checked = self.checked
-        if self.rejects.rows:
+        if self.totals.rejected:
             os.replace(self.rejects_tmp, checked.rejects)
         else:  # one from an earlier run over this output would describe other rows
             checked.rejects.unlink(missing_ok=True)
