@@ -7,7 +7,6 @@ checkpoint, an unknown format, an output already complete (without ``--overwrite
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,7 +206,4 @@ def describe_inputs(shards: list[Shard]) -> str:
 
 def display(path: Path) -> str:
     """``path`` relative to the working directory when it is below it, else as is."""
-    try:
-        return str(path.relative_to(Path(os.getcwd())))
-    except ValueError:
-        return str(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
