@@ -280,10 +280,7 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
 def merged(model: torch.nn.Module) -> torch.nn.Module:
     """A plain transformers model to save: LoRA adapters folded into a copy of the weights (no peft needed
     to load it); any other model as it is."""
-    if hasattr(model, "merge_and_unload"):
-        plain: torch.nn.Module = cast("PeftModel", copy.deepcopy(model)).merge_and_unload()
-        return plain
-    return model
+    return cast("PeftModel", copy.deepcopy(model)).merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
 def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:

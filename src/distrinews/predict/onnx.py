@@ -35,8 +35,7 @@ class _LogitsOnly(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, input_names: list[str]):
         super().__init__()
-        self.model = model
-        self.input_names = input_names
+        self.model, self.input_names = model, input_names
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.model(**dict(zip(self.input_names, inputs))).logits

@@ -67,8 +67,7 @@ class Predictor:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         self.autocast_dtype = torch.bfloat16 if bf16 else None
-        if bf16:
-            self.runtime = "torch-bf16"
+        self.runtime = "torch-bf16" if bf16 else "torch"
         self._init_loaded(self.model, max_batch_size)
 
     def _init_loaded(self, model: Any, max_batch_size: int) -> None:

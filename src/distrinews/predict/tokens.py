@@ -155,9 +155,8 @@ class TextEncoder:
         special = np.asarray(enc.special_tokens_mask, dtype=bool)
         content = np.flatnonzero(~special)
         budget = max(self.max_length - int(special.sum()), 1)
-        start = len(content) - budget
+        first = start = len(content) - budget
         words = enc.word_ids
-        first = start
         while start < len(content) and start > 0 and words[content[start]] == words[content[start - 1]]:
             start += 1  # the first kept token continues a word: start at the next whole word
         if start == len(content):

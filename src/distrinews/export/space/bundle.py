@@ -92,13 +92,9 @@ def server_files(runtime: str) -> list[Path]:
             continue
         seen.add(path)
         # Importing a module imports every package above it.
-        for parent in path.relative_to(PACKAGE_ROOT).parents:
-            init = PACKAGE_ROOT / parent / "__init__.py"
-            if init.is_file() and init not in seen:
-                todo.append(init)
-        for dotted in _imports_followed(path):
-            if (target := _module_file(dotted)) is not None:
-                todo.append(target)
+        inits = (PACKAGE_ROOT / parent / "__init__.py" for parent in path.relative_to(PACKAGE_ROOT).parents)
+        todo += [init for init in inits if init.is_file()]
+        todo += [target for dotted in _imports_followed(path) if (target := _module_file(dotted)) is not None]
     files = sorted(p.relative_to(PACKAGE_ROOT.parent) for p in seen)
     return files + [Path(PACKAGE) / s for s in STATIC_FILES]
 

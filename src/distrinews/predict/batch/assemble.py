@@ -35,8 +35,7 @@ class Totals:
 def in_input_order(path: os.PathLike[str], committed: int, start: int, end: int) -> Iterator[dict[str, Any]]:
     """The committed lines of one worker's ``rows.jsonl``, each row ``start`` .. ``end - 1`` once, in row order."""
     heap: list[tuple[int, int, dict[str, Any]]] = []
-    expected = start
-    read = 0
+    expected, read = start, 0
     with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
         for seq, line in enumerate(fh):
             read += len(line)
@@ -121,7 +120,7 @@ class OutputFiles:
         if self.totals.rows != total_rows:
             raise StateError(f"assembled {self.totals.rows} rows of {total_rows}")
         checked = self.checked
-        if self.rejects.rows:
+        if self.totals.rejected:
             os.replace(self.rejects_tmp, checked.rejects)
         else:  # one from an earlier run over this output would describe other rows
             checked.rejects.unlink(missing_ok=True)

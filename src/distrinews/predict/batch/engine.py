@@ -142,11 +142,9 @@ def _start_workers(
             writer.close()  # the worker holds the only writer: its exit is the pipe's end
             pipes[reader] = k
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        for name in THREAD_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update({name: value for name, value in saved.items() if value is not None})
     return processes, pipes
 
 

@@ -7,7 +7,6 @@ checkpoint, an unknown format, an output already complete (without ``--overwrite
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ...options.shared import BATCH_SIZE, MAX_BATCH_TOKENS, MIN_CONFIDENCE, RUNT
 from ..confidence import ConfidenceThreshold
 from ..derived import hash_file
 from ..predictor import checkpoint_labels
-from .state import JobRecord, ShardRecord, StateDir, rejects_path_of, state_dir_of
+from .state import REJECTS_SUFFIX, JobRecord, ShardRecord, StateDir, state_dir_of
 
 # Files of a checkpoint folder that decide its answers (the model card, README.md, does not).
 _MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".model")
@@ -133,7 +132,7 @@ def check(job: BatchJob) -> CheckedJob:
         output_format=output_format,
         output_compressed=output.name.endswith(".gz"),
         state=StateDir(state_dir_of(output)),
-        rejects=rejects_path_of(output),
+        rejects=output.with_name(output.name + REJECTS_SUFFIX),
         fields=RowFields(job.text_field, job.id_field),
         threads=job.threads or threads_per_process(job.nproc),
     )
@@ -207,7 +206,4 @@ def describe_inputs(shards: list[Shard]) -> str:
 
 def display(path: Path) -> str:
     """``path`` relative to the working directory when it is below it, else as is."""
-    try:
-        return str(path.relative_to(Path(os.getcwd())))
-    except ValueError:
-        return str(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)

@@ -51,7 +51,6 @@ class ResultWriter:
         self.labels = list(labels)
         self.probabilities, self.min_confidence, self.multi_label = probabilities, min_confidence, multi_label
         self.string_ids = string_ids
-        self.rows = 0
         self._raw = cast(io.BufferedWriter, open_new(path, "wb"))  # what fdopen gives for "wb"
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compressed and self.gzips else None
         self._opened()
@@ -96,7 +95,6 @@ class JsonlResults(ResultWriter):
         if self.probabilities:
             record["probabilities"] = dict(zip(self.labels, probs))
         self._text.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.rows += 1
 
 
 class CsvResults(ResultWriter):
@@ -110,7 +108,6 @@ class CsvResults(ResultWriter):
         if self.probabilities:
             row += [repr(float(p)) for p in probs]
         self._csv.writerow(row)
-        self.rows += 1
 
 
 class ParquetResults(ResultWriter):
@@ -137,7 +134,6 @@ class ParquetResults(ResultWriter):
             values += [float(p) for p in probs]
         for column, value in zip(self._columns, values):
             column.append(value)
-        self.rows += 1
         if len(self._columns[0]) >= PARQUET_ROWS:
             self._flush()
 
@@ -176,14 +172,12 @@ class RejectsWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self.rows = 0
         self._fh: IO[str] | None = None
 
     def write(self, reject: dict[str, Any]) -> None:
         if self._fh is None:
             self._fh = open_new(self.path, "w", encoding="utf-8", newline="\n")
         self._fh.write(json.dumps(reject, ensure_ascii=False) + "\n")
-        self.rows += 1
 
     def close(self) -> None:
         if self._fh is not None:

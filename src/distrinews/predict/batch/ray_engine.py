@@ -34,13 +34,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ...checkpoint.servable import check_loadable
-from ...errors import CheckpointError, ConfigError, DataError
+from ...errors import ConfigError
 from .assemble import OutputFiles, Totals
 from .job import BatchJob, CheckedJob, check, display, requested_record
 from .progress import Progress, job_line, plural, say
 from .shell import WorkerFailed, run_owned
 from .state import JobRecord, StateError
-from .worker import WorkerSettings, load_predictor, passes, result_lines
+from .worker import USAGE_ERRORS, WorkerSettings, load_predictor, passes, result_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where it is used: Parquet and Ray are extras
@@ -52,7 +52,7 @@ BLOCK_BYTES = 1 << 20  # Ray's target block size for this job: a few windows a b
 # Reading reserves no CPU: like the local worker's reader thread it runs beside the model, and the actors'
 # reservation is the cores they compute on (with every CPU reserved by actors, a reading task would never start).
 READ_CPUS = 0
-USAGE_ERROR_NAMES = {"ConfigError", "CheckpointError", "DataError"}  # as an actor's traceback names them
+USAGE_ERROR_NAMES = {error.__name__ for error in USAGE_ERRORS}  # as an actor's traceback names them
 
 
 def require_ray() -> Any:
@@ -236,7 +236,7 @@ def _user_error(exc: BaseException) -> Exception | None:
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, (ConfigError, CheckpointError, DataError, FileNotFoundError)):
+        if isinstance(cause, USAGE_ERRORS):
             return ConfigError(str(cause) if isinstance(cause, ConfigError) else str(cause).splitlines()[0])
         cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
     if isinstance(exc, (StateError, ConfigError)) or not type(exc).__module__.startswith("ray"):

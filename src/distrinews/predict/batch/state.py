@@ -46,10 +46,6 @@ def state_dir_of(output: Path) -> Path:
     return output.with_name(output.name + STATE_SUFFIX)
 
 
-def rejects_path_of(output: Path) -> Path:
-    return output.with_name(output.name + REJECTS_SUFFIX)
-
-
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -308,9 +308,7 @@ def _work(
     predictor: Any,
     committer: _Committer,
 ) -> None:
-    fields = RowFields(job.text_field, job.id_field)
-    with_id = job.id_field is not None
-    windows = _Prefetch(_windows(job, manifest, fields, predictor.encode, settings))
+    windows = _Prefetch(_windows(job, manifest, RowFields(job.text_field, job.id_field), predictor.encode, settings))
     try:
         for window in windows:
             with tracing.span(
@@ -331,7 +329,7 @@ def _work(
                     ]
                     committer.commit(lines, [row for row, _ in window.rejects], rejected=len(lines))
                 for batch in window.batches:
-                    lines = result_lines(predictor, batch, with_id)
+                    lines = result_lines(predictor, batch, job.id_field is not None)
                     committer.commit(lines, [row for row, _, _ in batch], labelled=len(batch))
                 committer.end(window)
     finally:
