@@ -114,10 +114,8 @@ class FoldPlan:
         return [i for i, f in enumerate(self.fold_of) if f == number]
 
     def fold_config(self, fold: Fold) -> TrainConfig:
-        values = self.base.to_dict()
-        values.update(data_overrides(fold.train_file, self.eval_file, self.rows.label_names))
-        values.update(FOLD_RUN, output_dir=str(fold.run_dir))
-        return TrainConfig.from_dict(values)
+        data = data_overrides(fold.train_file, self.eval_file, self.rows.label_names)
+        return TrainConfig.from_dict({**self.base.to_dict(), **data, **FOLD_RUN, "output_dir": str(fold.run_dir)})
 
 
 def out_of_fold(plan: FoldPlan, say: Callable[[str], None] = print) -> np.ndarray:

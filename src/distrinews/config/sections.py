@@ -365,9 +365,8 @@ class RunConfig(Section):
     @property
     def best_is_greater(self) -> bool:
         """``greater_is_better``, or where it is null Hugging Face's rule: false for a loss, true otherwise."""
-        if self.greater_is_better is not None:
-            return self.greater_is_better
-        return not self.metric_for_best_model.endswith("loss")
+        given = self.greater_is_better
+        return given if given is not None else not self.metric_for_best_model.endswith("loss")
 
     @field_validator("model_version")
     @classmethod

@@ -325,13 +325,12 @@ def summary_lines(report: ConfidenceReport, eval_from: str) -> list[str]:
         if report.applied
         else f"{100 * report.ece_before:.2f}% (NLL {report.nll_before:.4f})"
     )
-    lines = [
+    return [
         *head,
         f"  expected calibration error ({ECE_BINS} bins) on {report.eval_rows:,} rows of {eval_from}: {scores}",
         "  coverage  accuracy  --min-confidence",
+        *(
+            f"  {100 * c['coverage']:7.0f}%  {100 * c['accuracy']:7.2f}%  {c['min_confidence']:.4f}"
+            for c in report.coverage
+        ),
     ]
-    lines += [
-        f"  {100 * c['coverage']:7.0f}%  {100 * c['accuracy']:7.2f}%  {c['min_confidence']:.4f}"
-        for c in report.coverage
-    ]
-    return lines

@@ -137,11 +137,8 @@ def multilabel_words(metrics: dict[str, Any]) -> str:
 
 
 def replicas_line(digests: list[str]) -> str:
-    same = len(set(digests)) == 1
-    return (
-        f"Replicas: {'identical' if same else 'DIFFERENT'} parameters "
-        f"on the {len(digests)} ranks ({', '.join(digests)})"
-    )
+    same = "identical" if len(set(digests)) == 1 else "DIFFERENT"
+    return f"Replicas: {same} parameters on the {len(digests)} ranks ({', '.join(digests)})"
 
 
 def stopped_line(reason: str | None, step: int, total_steps: int, saved: str | None) -> str:

@@ -163,9 +163,7 @@ def draw(runs: Sequence[RunLog]) -> Figure:
             if high - low < MIN_SCORE_SPAN:
                 middle = (low + high) / 2
                 ax.set_ylim(middle - MIN_SCORE_SPAN / 2, middle + MIN_SCORE_SPAN / 2)
-        ax.set_title(title)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(ylabel)
+        ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         if ax.lines and (len(runs) > 1 or len(series) > 1):
             ax.legend(fontsize=8)
@@ -235,8 +233,7 @@ def draw_confusion(metrics: dict[str, Any]) -> Figure:
     fig.colorbar(image, ax=ax, label="share of the true label's rows")
     ax.set_xticks(range(k), names, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
     ax.set_yticks(range(k), names)
-    ax.set_xlabel("predicted label")
-    ax.set_ylabel("true label")
+    ax.set(xlabel="predicted label", ylabel="true label")
     if k <= 30:  # counts stay legible
         for i in range(k):
             for j in range(k):
@@ -276,15 +273,11 @@ def draw_reliability(report: ConfidenceReport) -> Figure:
         offset = (i - (len(shown) - 1) / 2) * width / len(shown)
         centres = [(b["low"] + b["high"]) / 2 + offset for b in bins]
         bottom.bar(centres, [b["rows"] for b in bins], width=width / len(shown), color=color, alpha=0.7)
-    top.set_xlim(0, 1)
-    top.set_ylim(0, 1.02)
-    top.set_ylabel("accuracy of the bin's answers")
+    top.set(xlim=(0, 1), ylim=(0, 1.02), ylabel="accuracy of the bin's answers")
     top.set_title(f"Reliability diagram: {report.eval_rows:,} evaluation rows, {len(report.reliability_before)} bins")
     top.grid(alpha=0.3)
     top.legend(fontsize=8, loc="upper left")
-    bottom.set_yscale("log")
-    bottom.set_xlabel("confidence (top probability)")
-    bottom.set_ylabel("rows")
+    bottom.set(yscale="log", xlabel="confidence (top probability)", ylabel="rows")
     bottom.grid(alpha=0.3)
     return fig
 
@@ -308,8 +301,9 @@ def draw_coverage(report: ConfidenceReport) -> Figure:
     shown = accuracy[coverage >= low / 100] if len(accuracy) else accuracy
     if len(shown):
         ax.set_ylim(max(0, 100 * float(shown.min()) - 1), min(100.5, 100 * float(shown.max()) + 1))
-    ax.set_xlabel("coverage: share of answers kept, most confident first (%)")
-    ax.set_ylabel("accuracy of the answers kept (%)")
+    ax.set(
+        xlabel="coverage: share of answers kept, most confident first (%)", ylabel="accuracy of the answers kept (%)"
+    )
     ax.set_title(
         f"Coverage-accuracy on {report.eval_rows:,} evaluation rows (calibrated scores; --min-confidence in brackets)"
     )

@@ -32,10 +32,8 @@ class EarlyStoppingCallback(TrainerCallback):
         self, args: TrainConfig, state: TrainState, control: TrainerControl, metrics: dict[str, Any], **kwargs: Any
     ) -> None:
         value = metrics[args.run.metric_for_best_model]
-        if improves(value, state.best_metric, args.run.best_is_greater, args.run.early_stopping_threshold):
-            state.early_stopping_patience_counter = 0
-        else:
-            state.early_stopping_patience_counter += 1
+        improved = improves(value, state.best_metric, args.run.best_is_greater, args.run.early_stopping_threshold)
+        state.early_stopping_patience_counter = 0 if improved else state.early_stopping_patience_counter + 1
         if state.early_stopping_patience_counter >= args.run.early_stopping_patience:
             control.should_training_stop = True
             control.should_save = True  # the step it stopped at: a resumed run ends here too

@@ -173,8 +173,7 @@ class MlflowSender:
             self._send_in_order()
         finally:  # however the thread ends, the end never waits for it
             with self._cond:
-                if not self.stopped:
-                    self._drop_queued()
+                self._drop_queued()
                 self._cond.notify_all()
 
     def _send_in_order(self) -> None:
@@ -238,7 +237,7 @@ class MlflowSender:
         self.say(stopped_warning(what, exc))
 
     def _drop_queued(self) -> None:
-        """Count what is still queued as dropped and stop (with the lock held)."""
+        """Count what is still queued as dropped and stop (with the lock held); once stopped, nothing is queued."""
         self.stopped = True
         self.tally.dropped_unsent += self._queued_values
         unsent = [*self.tally.unsent, *(w.what for w in self._queue if not w.values)]
@@ -262,8 +261,7 @@ class MlflowSender:
                 if left <= 0:
                     break
                 self._cond.wait(min(left, _HURRIED_RETRY_S))
-            if not self.stopped:
-                self._drop_queued()
+            self._drop_queued()
             self._cond.notify_all()
         self._bounds.close()
         return self.tally

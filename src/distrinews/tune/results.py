@@ -70,8 +70,7 @@ def _rows(trials: list[FrozenTrial], space: SearchSpace) -> tuple[list[str], lis
 def _csv(trials: list[FrozenTrial], space: SearchSpace) -> str:
     header, rows = _rows(trials, space)
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerows([header, *(["" if v is None else v for v in row] for row in rows)])
+    csv.writer(out, lineterminator="\n").writerows([header, *(["" if v is None else v for v in row] for row in rows)])
     return out.getvalue()
 
 

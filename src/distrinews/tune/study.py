@@ -273,8 +273,7 @@ def _objective(
         except ConfigError as exc:
             say(f"trial {number}: {exc}")
             raise TrialFailed(str(exc)) from None
-        # a link there is replaced
-        write_text_atomically(config_file, config.to_yaml())
+        write_text_atomically(config_file, config.to_yaml())  # a link there is replaced
         trial.set_user_attr("output_dir", str(run_dir))
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
         again = f" (retries trial {retried})" if retried is not None else ""
