@@ -7,6 +7,7 @@ toward them; a distilled run resumed from a checkpoint ends bit for bit where th
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def test_the_cache_is_computed_once_reused_and_keyed_by_the_teachers(teachers, t
     )
 
 
-@pytest.mark.parametrize("damage", ["truncated", "wrong shape", "not log-probabilities", "a link"])
+@pytest.mark.timeout(30)  # a reader that opens a FIFO waits for a writer: it would hang here
+@pytest.mark.parametrize("damage", ["truncated", "wrong shape", "not log-probabilities", "a link", "a FIFO"])
 def test_a_damaged_cache_file_is_refused_by_readers_and_rebuilt_by_the_first_process(
     teachers, train_rows, tmp_path, damage
 ):
@@ -142,6 +144,9 @@ def test_a_damaged_cache_file_is_refused_by_readers_and_rebuilt_by_the_first_pro
         save_file({"log_probs": torch.zeros(len(rows), len(labels) + 1)}, str(path))
     elif damage == "not log-probabilities":
         save_file({"log_probs": torch.zeros(len(rows), len(labels))}, str(path))  # each row sums to probability 4
+    elif damage == "a FIFO":
+        path.unlink()
+        os.mkfifo(path)
     else:
         elsewhere = tmp_path / "elsewhere.safetensors"
         shutil.move(path, elsewhere)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +25,12 @@ import torch.nn.functional as F
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
+from ..checkpoint.atomic import open_nofollow
 from ..config import TrainConfig
 from ..data.cache_dir import default_cache_dir
 from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv, main_process_first
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 
 CACHE_VERSION = "teacher-v1"
 HEADER_LIMIT = 1 << 16  # bytes a cache file may hold beyond its tensor (safetensors' JSON header)
@@ -122,14 +122,13 @@ def read_cached(path: Path, rows: int, classes: int) -> torch.Tensor:
     """The [rows, classes] float32 log-probabilities in ``path``, read without following a link and within the size
     that shape allows; ``TeacherCacheError`` for anything else."""
     limit = rows * classes * 4 + HEADER_LIMIT
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise TeacherCacheError(f"{path}: cannot be opened ({exc.strerror})") from None
+    try:  # a link, a FIFO (never waited on) or anything but a regular file is refused
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (OSError, ConfigError) as exc:
+        raise TeacherCacheError(f"{path}: cannot be read ({one_line(exc)})") from None
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            raise TeacherCacheError(f"{path}: not a regular file of at most {limit:,} bytes")
+        if os.fstat(fh.fileno()).st_size > limit:
+            raise TeacherCacheError(f"{path}: over the {limit:,} bytes its shape allows")
         data = fh.read(limit + 1)
     try:
         tensors = load_safetensors(data)
