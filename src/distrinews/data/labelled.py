@@ -68,11 +68,6 @@ def names_in(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def label_columns(config: DataConfig) -> list[str]:
-    """The label column, or a multi-label set's 0/1 columns (one per label)."""
-    return names_in(config.label_column_name)
-
-
 def given_label_names(config: DataConfig) -> list[str] | None:
     if config.label_names is None:
         return None
@@ -93,7 +88,7 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
     columns = names_in(config.text_column_names)
     multi = problem_type_of(config)[0] == MULTI_LABEL
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
     if config.train_file:
         train_rows = read_file_rows(config.train_file, "train_file", columns, labels, multi)
         eval_field = "validation_file" if config.validation_file else "test_file" if config.test_file else None
@@ -120,7 +115,7 @@ def problem_type_of(config: DataConfig) -> tuple[str, str]:
     """The run's problem type and why. Unset, decided as Hugging Face's ``run_classification.py`` does: multi-label
     when the training split's first label is a list (JSONL, Parquet, a data set's ``Sequence``; a CSV cell is text)
     or ``label_column_name`` names several 0/1 columns, else single-label."""
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
     if config.problem_type is not None or not uses_own_data(config):
         return config.problem_type or SINGLE_LABEL, "problem_type" if config.problem_type else "AG News"
     if len(labels) > 1:
@@ -198,7 +193,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
     splits = _load_dataset(config.dataset_name, config.dataset_config_name)
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
 
     def read(split: str) -> _Rows:
         ds, where = splits[split], f"{config.dataset_name}/{split}"
@@ -348,9 +343,10 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
     single = [label for label, n in counts.items() if n == 1]
     if single:
         where = rows.where[rows.labels.index(single[0])]
+        more = f" (and {len(single) - 1} more label{'s' if len(single) > 2 else ''} like it)" if single[1:] else ""
         raise DataError(
             f"{where}: label {single[0]!r} occurs once in training, so the validation split "
-            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1)}; "
+            f"(stratified by label) cannot hold it and training too{more}; "
             "give validation_file, or add rows of it, or remove it"
         )
     ids = [to_id[label] for label in rows.labels]
@@ -408,7 +404,3 @@ def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:
 def _listing(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(map(repr, names[:limit]))
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _more(n: int) -> str:
-    return f" (and {n} more label{'s' if n > 1 else ''} like it)" if n else ""

@@ -351,7 +351,8 @@ class MicroBatcher:
                 await self._wait_for_wakeup(None)
                 continue
             deadline = self._ready[0].enqueued + self.max_wait
-            while not self._closing and self._coming() and not self._take()[1]:
+            # the window stays open only while more is known to be on its way: tokenizing, or received, not queued
+            while not self._closing and (self._tokenizing > 0 or self.arrivals.pending > 0) and not self._take()[1]:
                 remaining = deadline - loop.time()
                 if remaining <= 0 or not await self._wait_for_wakeup(remaining):
                     break
@@ -371,19 +372,12 @@ class MicroBatcher:
             self._queued_texts -= sum(len(r.texts) for r in batch)
             return batch
 
-    def _coming(self) -> bool:
-        """Whether more work is known to be on its way: being tokenized, or received and not yet queued."""
-        return self._tokenizing > 0 or self.arrivals.pending > 0
-
-    def _lane_free(self) -> bool:
-        """Whether a new pass may start: nothing runs beside a pass on every core, nor after a pass stuck."""
-        return not self._passes or (not self._wide and len(self._passes) < self.lanes and self.stalled is None)
-
     async def _loop(self) -> None:
         try:
             while True:
-                while not self._lane_free():
-                    await self._wait_for_wakeup(None)  # a pass ending wakes it
+                # Nothing runs beside a pass on every core, nor after a pass stuck; a pass ending wakes the wait.
+                while self._passes and (self._wide or len(self._passes) >= self.lanes or self.stalled is not None):
+                    await self._wait_for_wakeup(None)
                 batch = await self._next_batch()
                 if batch is None:
                     if self._passes:
