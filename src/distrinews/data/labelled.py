@@ -247,15 +247,10 @@ def _add_row(
     rows: _Rows, fields: dict[str, Any], where: str, columns: list[str], labels: list[str], multi: bool = False
 ) -> None:
     _require_columns(where, [*columns, *labels], list(fields))
-    parts = []
-    for name in columns:
-        value = fields[name]
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise DataError(f"{where}: column {name!r} holds a {type(value).__name__} ({value!r}), not text")
-        parts.append(value)
-    text = " ".join(" ".join(parts).split())
+    if bad := [name for name in columns if not isinstance(fields[name], (str, type(None)))]:
+        value = fields[bad[0]]
+        raise DataError(f"{where}: column {bad[0]!r} holds a {type(value).__name__} ({value!r}), not text")
+    text = " ".join(" ".join(fields[name] for name in columns if fields[name] is not None).split())
     if not text:
         raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
     rows.texts.append(text)
