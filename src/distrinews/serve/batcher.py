@@ -238,15 +238,8 @@ class MicroBatcher:
         )
         request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
-        if (request.encode or self.encode) is None:
-            request.items = request.texts
-            request.longest = max((len(t) for t in request.texts), default=0)
-            request.stage = "ready"
-            self._ready.append(request)
-            self._wake()
-            return request.future
         self._tokenizing += 1
-        if sum(map(len, request.texts)) <= self.encode_inline_chars:
+        if (request.encode or self.encode) is None or sum(map(len, request.texts)) <= self.encode_inline_chars:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
             job = loop.create_future()
             try:
@@ -264,8 +257,8 @@ class MicroBatcher:
 
     def _encode_job(self, request: _Request) -> tuple[list[Any], float]:
         t0 = time.perf_counter()
-        encode = request.encode or self.encode
-        assert encode is not None, "a request without an encode is ready at once"
+        if (encode := request.encode or self.encode) is None:  # the texts are the items, their characters the length
+            return request.texts, 0.0
         items = list(encode(request.texts))
         return items, time.perf_counter() - t0
 
