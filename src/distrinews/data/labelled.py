@@ -272,15 +272,14 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _keys(rows: _Rows) -> list[str]:
-    """Every raw label of every row, in order (a multi-label row gives each of its labels)."""
-    return [key for label in rows.labels for key in (label if isinstance(label, tuple) else (label,))]
+def _keys(label: Any) -> tuple[str, ...]:
+    """A row's raw labels: a multi-label row's tuple, or its one label."""
+    return label if isinstance(label, tuple) else (label,)
 
 
 def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tuple[list[str], dict[str, int]]:
     """The label names in id order, and each raw label's id (see the module docstring)."""
-    keys = _keys(rows)
-    seen = list(dict.fromkeys(keys))
+    seen = list(dict.fromkeys(key for label in rows.labels for key in _keys(label)))
     if given is None and rows.classlabel_names is not None:
         given = rows.classlabel_names
     if given is None:
@@ -295,23 +294,17 @@ def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tupl
     ):
         return list(given), {str(i): i for i in range(len(given))}
     unknown = next(label for label in seen if label not in to_id)
+    where = next(w for label, w in zip(rows.labels, rows.where) if unknown in _keys(label))
     raise DataError(
-        f"{_where_first(rows, unknown)}: label {unknown!r} is not in label_names ({', '.join(given)}); "
+        f"{where}: label {unknown!r} is not in label_names ({', '.join(given)}); "
         "add it there, or leave label_names unset to take the labels from the data"
-    )
-
-
-def _where_first(rows: _Rows, key: str) -> str:
-    """Where the first row holding raw label ``key`` came from."""
-    return next(
-        w for label, w in zip(rows.labels, rows.where) if key in (label if isinstance(label, tuple) else (label,))
     )
 
 
 def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -> RawSplit:
     ids: list[Any] = []
     for label, where in zip(rows.labels, rows.where):
-        keys = label if isinstance(label, tuple) else (label,)
+        keys = _keys(label)
         unknown = next((key for key in keys if key not in to_id), None)
         if unknown is not None:
             raise DataError(
@@ -354,7 +347,7 @@ def check_training_rows(
     rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]
 ) -> None:
     """One class only is an error; a class with one row or none, or conflicting duplicates, a warning."""
-    counts = Counter(to_id[label] for label in _keys(rows))
+    counts = Counter(to_id[key] for label in rows.labels for key in _keys(label))
     if len(counts) < 2:
         only = repr(names[next(iter(counts))]) if counts else "no label on any row"
         raise DataError(
