@@ -156,13 +156,9 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
     async def health() -> dict[str, Any] | JSONResponse:
         # Public: whether the process is up and the model loaded, nothing a visitor could match against known
         # flaws (the version, the runtime and the uptime are on /info, behind the key where there is one).
-        body: dict[str, Any] = {
-            "status": "unhealthy" if state.load_error else "healthy",
-            "model_loaded": state.batcher is not None,
-        }
+        body: dict[str, Any] = {"status": "healthy", "model_loaded": state.batcher is not None}
         if state.load_error:
-            body["error"] = state.load_error
-            return JSONResponse(body, status_code=503)
+            return JSONResponse({**body, "status": "unhealthy", "error": state.load_error}, status_code=503)
         return body
 
     @app.get("/ready", summary="readiness: 200 once the model serves, 503 before", responses=declared(503))
