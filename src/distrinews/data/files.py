@@ -205,9 +205,8 @@ def _jsonl_row(line_no: int, line: bytes) -> RawRow:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return RawRow(
-            line_no, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", _clip(line.decode("utf-8", "replace"))
-        )
+        why = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        return RawRow(line_no, None, why, _clip(line.decode("utf-8", "replace")))
     try:
         value = json.loads(text)
     except ValueError as exc:

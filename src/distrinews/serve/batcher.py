@@ -174,10 +174,9 @@ class MicroBatcher:
         log.critical("%s; no request can be answered any more", reason, exc_info=exc)
         self._closing = True  # new requests get BatcherClosedError (503) from here on
         self._fail_queued(BatcherClosedError(reason))
-        for batch in self._passes.values():
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(BatcherClosedError(reason))
+        for request in itertools.chain.from_iterable(self._passes.values()):
+            if not request.future.done():
+                request.future.set_exception(BatcherClosedError(reason))
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
