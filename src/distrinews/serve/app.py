@@ -236,9 +236,8 @@ class _PredictRoutes:
         if not body.texts:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
         if len(body.texts) > config.max_batch_texts:
-            raise ApiError(
-                413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
-            )
+            why = f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
+            raise ApiError(413, why)
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
         timing: dict[str, float] = {}
         results = await self.state.classify(texts, request.receive, timing)
