@@ -87,7 +87,7 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
     from ..distributed.machine import threads_per_process
     from ..serve.nginx import find_nginx
     from ..serve.options import ServeOptionError
-    from ..serve.replicas import ReplicaSettings, parse_serve_args, run_replicas
+    from ..serve.replicas import ReplicaSettings, Supervisor, parse_serve_args
 
     fill_from_env(args, OPTIONS, ServeOptionError)
     checkpoint = args.checkpoint
@@ -113,4 +113,4 @@ def cmd_serve_replicas(args: argparse.Namespace, extra: list[str]) -> int:
         serve_args=extra,
         **given,
     )
-    return run_replicas(settings)
+    return Supervisor(settings).run()

@@ -90,8 +90,7 @@ class RowFields:
         field's list (``label_keys``), each label a name (any case) or a 0-based id, or a 0/1 column per label
         (``label_flag``), each named by its label (any case)."""
         columns = self.label_columns()
-        missing = next((name for name in columns if name not in fields), None)
-        if missing is not None:
+        if (missing := next((name for name in columns if name not in fields), None)) is not None:
             raise BadRow(f"no label field {missing!r}")
         hot = [0] * len(names)
         if len(columns) > 1:

@@ -85,21 +85,17 @@ def require_pyarrow(what: str) -> None:
 def resolve_inputs(specs: Iterable[str], what: str = "--input") -> list[Shard]:
     """The files ``specs`` name (files, folders, globs), in order, each once; one-line ``ConfigError`` (naming the
     option ``what``) otherwise. A file must have a known suffix; a folder or a glob gives its files of one."""
-    shards: list[Shard] = []
-    seen: set[Path] = set()
+    shards: dict[Path, Shard] = {}  # by resolved path: each file once
     for spec in specs:
         for path in _expand(spec, what):
-            resolved = path.resolve()
-            if resolved in seen:
+            if (resolved := path.resolve()) in shards:
                 continue
-            seen.add(resolved)
-            fmt = format_of(path)
-            if fmt is None:  # _expand only returns unknown formats for a file named on its own
+            if (fmt := format_of(path)) is None:  # _expand only returns unknown formats for a file named on its own
                 raise ConfigError(f"{what} {spec}: unknown format (use one of {KNOWN})")
-            shards.append(Shard(resolved, fmt))
-    if any(s.format == "parquet" for s in shards):
+            shards[resolved] = Shard(resolved, fmt)
+    if any(s.format == "parquet" for s in shards.values()):
         require_pyarrow("reading Parquet")
-    return shards
+    return list(shards.values())
 
 
 def _listed(paths: Iterable[Path]) -> list[Path]:
@@ -209,9 +205,8 @@ def _jsonl_row(line_no: int, line: bytes) -> RawRow:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return RawRow(
-            line_no, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", _clip(line.decode("utf-8", "replace"))
-        )
+        why = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        return RawRow(line_no, None, why, _clip(line.decode("utf-8", "replace")))
     try:
         value = json.loads(text)
     except ValueError as exc:

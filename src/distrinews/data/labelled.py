@@ -68,11 +68,6 @@ def names_in(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def label_columns(config: DataConfig) -> list[str]:
-    """The label column, or a multi-label set's 0/1 columns (one per label)."""
-    return names_in(config.label_column_name)
-
-
 def given_label_names(config: DataConfig) -> list[str] | None:
     if config.label_names is None:
         return None
@@ -93,7 +88,7 @@ def load_labelled(config: DataConfig, seed: int, need_train: bool = True) -> Lab
         return LabelledData(train, test, list(AG_NEWS_LABELS), f"the test split ({test.source})")
     columns = names_in(config.text_column_names)
     multi = problem_type_of(config)[0] == MULTI_LABEL
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
     if config.train_file:
         train_rows = read_file_rows(config.train_file, "train_file", columns, labels, multi)
         eval_field = "validation_file" if config.validation_file else "test_file" if config.test_file else None
@@ -120,7 +115,7 @@ def problem_type_of(config: DataConfig) -> tuple[str, str]:
     """The run's problem type and why. Unset, decided as Hugging Face's ``run_classification.py`` does: multi-label
     when the training split's first label is a list (JSONL, Parquet, a data set's ``Sequence``; a CSV cell is text)
     or ``label_column_name`` names several 0/1 columns, else single-label."""
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
     if config.problem_type is not None or not uses_own_data(config):
         return config.problem_type or SINGLE_LABEL, "problem_type" if config.problem_type else "AG News"
     if len(labels) > 1:
@@ -198,7 +193,7 @@ def read_dataset_rows(config: DataConfig, columns: list[str], multi: bool = Fals
     splits = _load_dataset(config.dataset_name, config.dataset_config_name)
     if "train" not in splits:
         raise DataError(f"data set {config.dataset_name}: no train split (it has {', '.join(splits) or 'none'})")
-    labels = label_columns(config)
+    labels = names_in(config.label_column_name)
 
     def read(split: str) -> _Rows:
         ds, where = splits[split], f"{config.dataset_name}/{split}"
@@ -252,15 +247,10 @@ def _add_row(
     rows: _Rows, fields: dict[str, Any], where: str, columns: list[str], labels: list[str], multi: bool = False
 ) -> None:
     _require_columns(where, [*columns, *labels], list(fields))
-    parts = []
-    for name in columns:
-        value = fields[name]
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise DataError(f"{where}: column {name!r} holds a {type(value).__name__} ({value!r}), not text")
-        parts.append(value)
-    text = " ".join(" ".join(parts).split())
+    if bad := [name for name in columns if not isinstance(fields[name], (str, type(None)))]:
+        value = fields[bad[0]]
+        raise DataError(f"{where}: column {bad[0]!r} holds a {type(value).__name__} ({value!r}), not text")
+    text = " ".join(" ".join(fields[name] for name in columns if fields[name] is not None).split())
     if not text:
         raise DataError(f"{where}: empty text in {' and '.join(map(repr, columns))}")
     rows.texts.append(text)
@@ -282,15 +272,14 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _keys(rows: _Rows) -> list[str]:
-    """Every raw label of every row, in order (a multi-label row gives each of its labels)."""
-    return [key for label in rows.labels for key in (label if isinstance(label, tuple) else (label,))]
+def _keys(label: Any) -> tuple[str, ...]:
+    """A row's raw labels: a multi-label row's tuple, or its one label."""
+    return label if isinstance(label, tuple) else (label,)
 
 
 def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tuple[list[str], dict[str, int]]:
     """The label names in id order, and each raw label's id (see the module docstring)."""
-    keys = _keys(rows)
-    seen = list(dict.fromkeys(keys))
+    seen = list(dict.fromkeys(key for label in rows.labels for key in _keys(label)))
     if given is None and rows.classlabel_names is not None:
         given = rows.classlabel_names
     if given is None:
@@ -305,23 +294,17 @@ def label_set(rows: _Rows, given: list[str] | None, warnings: list[str]) -> tupl
     ):
         return list(given), {str(i): i for i in range(len(given))}
     unknown = next(label for label in seen if label not in to_id)
+    where = next(w for label, w in zip(rows.labels, rows.where) if unknown in _keys(label))
     raise DataError(
-        f"{_where_first(rows, unknown)}: label {unknown!r} is not in label_names ({', '.join(given)}); "
+        f"{where}: label {unknown!r} is not in label_names ({', '.join(given)}); "
         "add it there, or leave label_names unset to take the labels from the data"
-    )
-
-
-def _where_first(rows: _Rows, key: str) -> str:
-    """Where the first row holding raw label ``key`` came from."""
-    return next(
-        w for label, w in zip(rows.labels, rows.where) if key in (label if isinstance(label, tuple) else (label,))
     )
 
 
 def _labelled(rows: _Rows, to_id: dict[str, int], names: list[str], what: str) -> RawSplit:
     ids: list[Any] = []
     for label, where in zip(rows.labels, rows.where):
-        keys = label if isinstance(label, tuple) else (label,)
+        keys = _keys(label)
         unknown = next((key for key in keys if key not in to_id), None)
         if unknown is not None:
             raise DataError(
@@ -348,9 +331,10 @@ def carve_validation(rows: _Rows, to_id: dict[str, int], percentage: int, seed: 
     single = [label for label, n in counts.items() if n == 1]
     if single:
         where = rows.where[rows.labels.index(single[0])]
+        more = f" (and {len(single) - 1} more label{'s' if len(single) > 2 else ''} like it)" if single[1:] else ""
         raise DataError(
             f"{where}: label {single[0]!r} occurs once in training, so the validation split "
-            f"(stratified by label) cannot hold it and training too{_more(len(single) - 1)}; "
+            f"(stratified by label) cannot hold it and training too{more}; "
             "give validation_file, or add rows of it, or remove it"
         )
     ids = [to_id[label] for label in rows.labels]
@@ -363,7 +347,7 @@ def check_training_rows(
     rows: _Rows, to_id: dict[str, int], names: list[str], label_column: str, warnings: list[str]
 ) -> None:
     """One class only is an error; a class with one row or none, or conflicting duplicates, a warning."""
-    counts = Counter(to_id[label] for label in _keys(rows))
+    counts = Counter(to_id[key] for label in rows.labels for key in _keys(label))
     if len(counts) < 2:
         only = repr(names[next(iter(counts))]) if counts else "no label on any row"
         raise DataError(
@@ -408,7 +392,3 @@ def class_counts(split: RawSplit, names: Sequence[str]) -> list[int]:
 def _listing(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(map(repr, names[:limit]))
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _more(n: int) -> str:
-    return f" (and {n} more label{'s' if n > 1 else ''} like it)" if n else ""

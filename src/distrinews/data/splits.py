@@ -36,9 +36,8 @@ def _open_text(path: Path) -> io.TextIOBase:
 def read_csv(path: str | os.PathLike[str]) -> RawSplit:
     """Read one AG News CSV; a malformed row fails with ``file:line`` and what is wrong."""
     path = Path(path)
-    texts: list[str] = []
-    labels: list[int] = []
     wheres: list[str] = []
+    rows = RawSplit([], [], str(path), wheres)
     try:
         with _open_text(path) as fh:
             reader = csv.reader(fh)
@@ -60,16 +59,16 @@ def read_csv(path: str | os.PathLike[str]) -> RawSplit:
                 text = clean_text(title, description)
                 if not text:
                     raise DataError(f"{where}: empty text (title and description are both blank)")
-                texts.append(text)
-                labels.append(label - 1)
+                rows.texts.append(text)
+                rows.labels.append(label - 1)
                 wheres.append(where)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (csv.Error, EOFError, gzip.BadGzipFile) as exc:
         raise DataError(f"{path}: cannot parse: {exc}") from None
-    if not labels:
+    if not rows.labels:
         raise DataError(f"{path}: no rows")
-    return RawSplit(texts, labels, str(path), wheres)
+    return rows
 
 
 def split_files(data_dir: Path, split: str) -> list[Path]:

@@ -44,8 +44,7 @@ class DistEnv:
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if not (raw := os.environ.get(name)):
         return default
     try:
         return int(raw)

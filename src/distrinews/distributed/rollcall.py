@@ -49,11 +49,8 @@ class RollCall:
         if self._store is None:
             return None
         try:
-            names = [str(r) for r in range(self.nnodes)] if self.node_rank is not None else []
-            keys = {name: f"{self.prefix}{name}" for name in names}
-            return {
-                name: json.loads(self._store.get(key))["host"] for name, key in keys.items() if self._store.check([key])
-            }
+            keys = {str(r): f"{self.prefix}{r}" for r in range(self.nnodes)} if self.node_rank is not None else {}
+            return {name: json.loads(self._store.get(k))["host"] for name, k in keys.items() if self._store.check([k])}
         except Exception:
             return None
 

@@ -156,13 +156,9 @@ def _add_probe_routes(app: FastAPI, state: ServingState, config: ServeConfig) ->
     async def health() -> dict[str, Any] | JSONResponse:
         # Public: whether the process is up and the model loaded, nothing a visitor could match against known
         # flaws (the version, the runtime and the uptime are on /info, behind the key where there is one).
-        body: dict[str, Any] = {
-            "status": "unhealthy" if state.load_error else "healthy",
-            "model_loaded": state.batcher is not None,
-        }
+        body: dict[str, Any] = {"status": "healthy", "model_loaded": state.batcher is not None}
         if state.load_error:
-            body["error"] = state.load_error
-            return JSONResponse(body, status_code=503)
+            return JSONResponse({**body, "status": "unhealthy", "error": state.load_error}, status_code=503)
         return body
 
     @app.get("/ready", summary="readiness: 200 once the model serves, 503 before", responses=declared(503))
@@ -240,9 +236,8 @@ class _PredictRoutes:
         if not body.texts:
             raise ApiError(422, f"texts is empty: send 1 to {config.max_batch_texts} texts")
         if len(body.texts) > config.max_batch_texts:
-            raise ApiError(
-                413, f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
-            )
+            why = f"{len(body.texts)} texts in one request; the limit is {config.max_batch_texts} (split the batch)"
+            raise ApiError(413, why)
         texts = [clean_text(t, f"texts[{i}]", config.max_text_chars) for i, t in enumerate(body.texts)]
         timing: dict[str, float] = {}
         results = await self.state.classify(texts, request.receive, timing)

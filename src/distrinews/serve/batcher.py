@@ -174,10 +174,9 @@ class MicroBatcher:
         log.critical("%s; no request can be answered any more", reason, exc_info=exc)
         self._closing = True  # new requests get BatcherClosedError (503) from here on
         self._fail_queued(BatcherClosedError(reason))
-        for batch in self._passes.values():
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(BatcherClosedError(reason))
+        for request in itertools.chain.from_iterable(self._passes.values()):
+            if not request.future.done():
+                request.future.set_exception(BatcherClosedError(reason))
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -238,15 +237,8 @@ class MicroBatcher:
         )
         request.future.add_done_callback(lambda future: self._on_done(request))
         self._queued_texts += n
-        if (request.encode or self.encode) is None:
-            request.items = request.texts
-            request.longest = max((len(t) for t in request.texts), default=0)
-            request.stage = "ready"
-            self._ready.append(request)
-            self._wake()
-            return request.future
         self._tokenizing += 1
-        if sum(map(len, request.texts)) <= self.encode_inline_chars:
+        if (request.encode or self.encode) is None or sum(map(len, request.texts)) <= self.encode_inline_chars:
             # Short texts tokenize in less time than a hop to the tokenizer thread and back takes: here, at once.
             job = loop.create_future()
             try:
@@ -264,8 +256,8 @@ class MicroBatcher:
 
     def _encode_job(self, request: _Request) -> tuple[list[Any], float]:
         t0 = time.perf_counter()
-        encode = request.encode or self.encode
-        assert encode is not None, "a request without an encode is ready at once"
+        if (encode := request.encode or self.encode) is None:  # the texts are the items, their characters the length
+            return request.texts, 0.0
         items = list(encode(request.texts))
         return items, time.perf_counter() - t0
 
@@ -351,7 +343,8 @@ class MicroBatcher:
                 await self._wait_for_wakeup(None)
                 continue
             deadline = self._ready[0].enqueued + self.max_wait
-            while not self._closing and self._coming() and not self._take()[1]:
+            # the window stays open only while more is known to be on its way: tokenizing, or received, not queued
+            while not self._closing and (self._tokenizing > 0 or self.arrivals.pending > 0) and not self._take()[1]:
                 remaining = deadline - loop.time()
                 if remaining <= 0 or not await self._wait_for_wakeup(remaining):
                     break
@@ -371,19 +364,12 @@ class MicroBatcher:
             self._queued_texts -= sum(len(r.texts) for r in batch)
             return batch
 
-    def _coming(self) -> bool:
-        """Whether more work is known to be on its way: being tokenized, or received and not yet queued."""
-        return self._tokenizing > 0 or self.arrivals.pending > 0
-
-    def _lane_free(self) -> bool:
-        """Whether a new pass may start: nothing runs beside a pass on every core, nor after a pass stuck."""
-        return not self._passes or (not self._wide and len(self._passes) < self.lanes and self.stalled is None)
-
     async def _loop(self) -> None:
         try:
             while True:
-                while not self._lane_free():
-                    await self._wait_for_wakeup(None)  # a pass ending wakes it
+                # Nothing runs beside a pass on every core, nor after a pass stuck; a pass ending wakes the wait.
+                while self._passes and (self._wide or len(self._passes) >= self.lanes or self.stalled is not None):
+                    await self._wait_for_wakeup(None)
                 batch = await self._next_batch()
                 if batch is None:
                     if self._passes:

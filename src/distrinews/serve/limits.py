@@ -78,20 +78,16 @@ def parse_json(text: str) -> Any:
     except RecursionError:
         raise ApiError(422, _TOO_DEEP) from None
     except json.JSONDecodeError as exc:
-        raise ApiError(
-            422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at {where}") from None
     # Text with at most MAX_JSON_DEPTH brackets in all cannot nest deeper: skip the walk (C-speed count).
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(payload):
         raise ApiError(422, _TOO_DEEP)
     if long_numbers:
         found = _find_long_number(payload) if isinstance(payload, (dict, list)) else None
         where, long_number = found or ("body", long_numbers[0])
-        raise ApiError(
-            422,
-            f"{where}: a number of {long_number.chars:,} characters is too long; numbers may have at most "
-            f"{MAX_NUMBER_CHARS} (send text as a JSON string)",
-        )
+        why = f"a number of {long_number.chars:,} characters is too long; numbers may have at most {MAX_NUMBER_CHARS}"
+        raise ApiError(422, f"{where}: {why} (send text as a JSON string)")
     return payload
 
 

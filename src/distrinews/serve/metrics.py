@@ -78,10 +78,8 @@ class ServeMetrics:
     def count_answers(self, results: list[dict[str, Any]]) -> None:
         for result in results:
             if "labels" in result:  # a multi-label answer: every label over its threshold, possibly none
-                for given in result["labels"]:
+                for given in result["labels"] or [{"label": NO_LABEL}]:
                     self.labels_given.labels(given["label"]).inc()
-                if not result["labels"]:
-                    self.labels_given.labels(NO_LABEL).inc()
             elif "confident" in result:
                 self.answers.labels(result["label"], "true" if result["confident"] else "false").inc()
 

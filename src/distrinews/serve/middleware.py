@@ -158,9 +158,8 @@ class BodyLimitMiddleware:
             self.budget.held -= held[0]
 
     async def _read_then_call(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
-        too_big = {
-            "detail": f"request body too large: the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"
-        }
+        limit = f"the limit is {self.max_bytes:,} bytes (the server's --max-body-bytes)"
+        too_big = {"detail": f"request body too large: {limit}"}
         # uvicorn (h11) already refuses a malformed Content-Length in plain text before calling
         # us; other servers and in-process transports may not, so check it here too.
         values = {v.strip() for k, v in scope["headers"] if k.lower() == b"content-length"}

@@ -103,19 +103,16 @@ class _RequestRoute(APIRoute):
 
 def route_predict(app: FastAPI, config: ServeConfig, predict: Any) -> None:
     """POST /predict, / and /invocations: one handler, both API shapes and every error declared in /docs."""
-    both_shapes = json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest)
-    answers = PredictResponse | MultiLabelPredictResponse | list[Prediction] | list[list[Prediction]]
-    codes = declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True)
     described = (
         'One text in the seed\'s shape ({"text"}), or text-embeddings-inference\'s ({"inputs"}, with truncate, '
         'truncation_direction, raw_scores) or Hugging Face\'s ({"inputs", "parameters"}), answered in the same shape. '
         f"A batch in TEI's or Hugging Face's shape holds at most {config.max_batch_texts} texts."
     )
     shared: dict[str, Any] = {
-        "response_model": answers,
+        "response_model": PredictResponse | MultiLabelPredictResponse | list[Prediction] | list[list[Prediction]],
         "description": described,
-        "openapi_extra": both_shapes,
-        "responses": codes,
+        "openapi_extra": json_schema_body(PredictRequest, TeiPredictRequest, HfClassificationRequest),
+        "responses": declared(400, 401, 413, 415, 422, 424, 429, 503, tei=True),
         "route_class_override": _RequestRoute,
     }
     main, *others = PREDICT_PATHS

@@ -379,10 +379,6 @@ def _limits(s: ReplicaSettings) -> str:
     return f"{connections}, {rate} (--client-connections, --client-rate)"
 
 
-def run_replicas(settings: ReplicaSettings) -> int:
-    return Supervisor(settings).run()
-
-
 def parse_serve_args(extra: list[str]) -> argparse.Namespace:
     """The `distrinews serve` flags given to serve-replicas (passed to every replica), checked here."""
     from .options import add_arguments

@@ -172,7 +172,6 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
     """A pydantic JSON schema with its ``$defs`` put in place (one level: ours nest no deeper), for an inline body."""
     defs = schema.pop("$defs", {})
     for prop in schema.get("properties", {}).values():
-        ref = prop.pop("$ref", None)
-        if ref is not None:
+        if (ref := prop.pop("$ref", None)) is not None:
             prop.update(defs[ref.rsplit("/", 1)[-1]])
     return schema

@@ -36,14 +36,12 @@ def _describe_load_error(exc: Exception, checkpoint: str | None) -> str:
     torch's advice to retry with ``weights_only=False``."""
     text = str(exc)
     if "weights_only" in text or "trust the source" in text:
-        return (
-            f"could not load the model from {checkpoint}: "
-            f"{type(exc).__name__} (refused; the server log has the details)"
-        )
-    if isinstance(exc, (FileNotFoundError, CheckpointError)):
+        why = " (refused; the server log has the details)"
+    elif isinstance(exc, (FileNotFoundError, CheckpointError)):
         return " ".join(text.split())
-    first = text.strip().splitlines()[0].strip()[:200] if text.strip() else ""
-    return f"could not load the model from {checkpoint}: {type(exc).__name__}" + (f": {first}" if first else "")
+    else:
+        why = f": {text.strip().splitlines()[0].strip()[:200]}" if text.strip() else ""
+    return f"could not load the model from {checkpoint}: {type(exc).__name__}{why}"
 
 
 def default_factory(config: ServeConfig) -> Callable[[], ServingPredictor]:
@@ -143,8 +141,7 @@ class ServingState:
 
     async def close(self) -> None:
         if self.batcher is not None:
-            # uvicorn has already waited for in-flight requests; this finishes any queued work
-            # and stops the worker thread.
+            # uvicorn has already waited for in-flight requests; this finishes any queued work and stops the threads
             await self.batcher.close()
 
     def require_ready(self) -> MicroBatcher:
@@ -179,9 +176,7 @@ class ServingState:
         except ForwardError:  # the batcher logged the cause; it names internals, so the client is not told it
             raise ApiError(500, "the model failed on this request's texts (the server log has the details)") from None
         except asyncio.CancelledError:
-            if watcher is None:
-                raise
-            if watcher.done() and not watcher.cancelled() and watcher.result():
+            if watcher is not None and watcher.done() and not watcher.cancelled() and watcher.result():
                 raise ApiError(499, "client closed the request before it was computed") from None
             raise
         finally:
