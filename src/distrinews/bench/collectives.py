@@ -257,7 +257,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from ..distributed.process_group import distributed_context
 
-    cores = cores_available()
+    cores = cores_available()  # before this rank is pinned
     pin_to_own_cores()
     with distributed_context(timeout_s=args.timeout) as env:
         if not env.distributed:
@@ -266,11 +266,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         model = None if args.no_model else model_section(args, env, table)
         if not env.is_main:
             return None
-        machine = {**describe(), "cores_available": len(cores)}  # before this rank was pinned
         return {
             "command": args.command_line,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "machine": machine,
+            "machine": {**describe(), "cores_available": len(cores)},
             "backend": env.backend,
             "world_size": env.world_size,
             "device": str(env.device),
