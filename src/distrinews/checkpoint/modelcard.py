@@ -91,11 +91,9 @@ class TrainingData:
 
 def base_model(model_name: str | None) -> str | None:
     """The Hub id the run started from; None for random weights or a local path we cannot name."""
-    if not model_name:
-        return None
     if model_name in BASE_MODELS:
         return BASE_MODELS[model_name]
-    return None if _is_local(model_name) else model_name
+    return None if not model_name or _is_local(model_name) else model_name
 
 
 def _is_local(name: str) -> bool:
