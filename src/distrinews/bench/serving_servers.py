@@ -47,12 +47,9 @@ def reported_port(log_path: Path, proc: subprocess.Popen[bytes], timeout: float 
 def wait_ready(
     url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 600, interval: float = 0.3
 ) -> None:
-    """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false``.
-
-    Our ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200
-    at once and says ``model_loaded``. Raises ``ServerNotReady`` once ``proc`` (when given) has
-    exited, or after ``timeout`` seconds; the benchmarks and the HTTP tests wait with this.
-    """
+    """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false`` (our
+    ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200 at once and says
+    ``model_loaded``). Raises ``ServerNotReady`` once ``proc`` (when given) has exited, or after ``timeout`` seconds."""
     import urllib.request
 
     deadline = time.monotonic() + timeout

@@ -193,13 +193,11 @@ def layout_for(model: CheckpointedModel) -> ReplicatedLayout | ShardedLayout:
 
 
 class Checkpointer:
-    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
-
-    The model and optimizer states go in the model's layout (``layout_for``). Then rank 0 adds the scheduler,
-    scaler, every rank's RNG state, the trainer state, the config and ``STEP_MODEL/`` (the model's config and the
-    tokenizer, so that the step loads for inference from its own files alone), then the manifest, last, and
-    publishes the directory. ``load`` checks the trainer state before any tensor.
-    """
+    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank. The model and optimizer
+    states go in the model's layout (``layout_for``). Then rank 0 adds the scheduler, scaler, every rank's RNG state,
+    the trainer state, the config and ``STEP_MODEL/`` (the model's config and the tokenizer, so that the step loads
+    for inference from its own files alone), then the manifest, last, and publishes the directory. ``load`` checks
+    the trainer state before any tensor."""
 
     def __init__(
         self,
