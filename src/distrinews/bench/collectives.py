@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -52,11 +53,7 @@ KIB, MIB = 1024, 1024 * 1024
 def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
         raise ValueError(f"need 4 <= min ({min_bytes}) <= max ({max_bytes}) and factor >= 2")
-    sizes, s = [], min_bytes
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= factor
-    return sizes
+    return list(itertools.takewhile(lambda s: s <= max_bytes, (min_bytes * factor**i for i in itertools.count())))
 
 
 def iterations_for(size_bytes: int) -> int:
