@@ -280,8 +280,7 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     """Precision, recall and F1 a class; a checkpoint written before those were kept has accuracy a class."""
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
-    multi_label = all("threshold" in s for s in scores.values())
-    if scores and multi_label:
+    if scores and all("threshold" in s for s in scores.values()):  # multi-label
         header = ("label", "threshold", "precision", "recall", "F1", "rows with it")
         rows = [(name, f"{s['threshold']:.2f}", *_scores(s)) for name, s in scores.items()]
         return _table("## Per label (evaluation rows)", header, rows)

@@ -63,8 +63,7 @@ TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSo
 def _default_max_length() -> int:
     from ..config import field_default  # on demand: config needs yaml and pydantic
 
-    length: int = field_default("max_length")
-    return length
+    return int(field_default("max_length"))
 
 
 def _default_labels() -> list[str]:
