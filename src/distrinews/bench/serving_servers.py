@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..distributed.lifetime import stop_processes
 
@@ -99,8 +99,7 @@ class Server:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/info", timeout=10) as r:
-            info: dict[str, Any] = json.loads(r.read())
-            return info
+            return cast(dict[str, Any], json.loads(r.read()))
 
     def stop(self) -> None:
         stop_processes(self.proc, grace_s=30)
