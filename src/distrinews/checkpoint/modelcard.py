@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 
+from ..config import TrainConfig
 from ..data.rows import HUB_DATASET
 from .atomic import write_text_atomically
 from .records import ServableInfo
-from .versioning import DEFAULT_MODEL_VERSION
+from .versioning import DEFAULT_MODEL_VERSION, short_model_name
 
 CARD_FILE = "README.md"
 # What our short model names started from. "minilm" is the copy of sentence-transformers/all-MiniLM-L6-v2
@@ -138,8 +139,6 @@ def model_version(info: ServableInfo) -> str:
 
 
 def model_title(info: ServableInfo) -> str:
-    from .versioning import short_model_name
-
     return f"distrinews-{short_model_name(info.model_name)}-{TrainingData.of(info).slug}-v{model_version(info)}"
 
 
@@ -189,8 +188,6 @@ _NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run 
 
 def training_command(info: ServableInfo) -> str | None:
     """A command that trains the same recipe: every field that differs from the defaults, as an override."""
-    from ..config import TrainConfig
-
     training = info.training_config
     if not training:
         return None
