@@ -224,18 +224,15 @@ def _measure_engines(args: argparse.Namespace, checkpoint: str, corpus: Path, wo
 
 def _measure_memory(args: argparse.Namespace, checkpoint: str, corpus: Path, work: Path, results: Rows) -> Rows:
     """Peak RSS of ``predict --nproc 1`` over corpora of each ``--rss-rows`` size."""
-    memory = []
-    sizes = _numbers(args.rss_rows)
+    memory, sizes = [], _numbers(args.rss_rows)
+    checkpoint = args.rss_checkpoint or checkpoint  # the memory runs' checkpoint
     if sizes:  # not measured: a first start may make the checkpoint's int8 model, which a later start only loads
         warm = write_corpus(work / "corpus-warm-up.jsonl", 8, args.data)
-        run_measured(
-            predict_command(args.rss_checkpoint or checkpoint, warm, work / "warm-up.jsonl", args.runtime),
-            work / "warm-up.log",
-        )
+        run_measured(predict_command(checkpoint, warm, work / "warm-up.jsonl", args.runtime), work / "warm-up.log")
     for n in sizes:
         rss_corpus = corpus if n == args.rows else write_corpus(work / f"corpus-{n}.jsonl", n, args.data)
         output = work / f"rss-{n}.jsonl"
-        cmd = predict_command(args.rss_checkpoint or checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
+        cmd = predict_command(checkpoint, rss_corpus, output, args.runtime, "--nproc", "1")
         run = run_measured(cmd, work / f"rss-{n}.log")
         memory.append(
             _record(results, f"memory: predict --nproc 1, {n:,} rows", run, n, output, command=_shown(cmd, work))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -52,11 +53,7 @@ KIB, MIB = 1024, 1024 * 1024
 def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
         raise ValueError(f"need 4 <= min ({min_bytes}) <= max ({max_bytes}) and factor >= 2")
-    sizes, s = [], min_bytes
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= factor
-    return sizes
+    return list(itertools.takewhile(lambda s: s <= max_bytes, (min_bytes * factor**i for i in itertools.count())))
 
 
 def iterations_for(size_bytes: int) -> int:
@@ -257,7 +254,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from ..distributed.process_group import distributed_context
 
-    cores = cores_available()
+    cores = cores_available()  # before this rank is pinned
     pin_to_own_cores()
     with distributed_context(timeout_s=args.timeout) as env:
         if not env.distributed:
@@ -266,11 +263,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any] | None:
         model = None if args.no_model else model_section(args, env, table)
         if not env.is_main:
             return None
-        machine = {**describe(), "cores_available": len(cores)}  # before this rank was pinned
         return {
             "command": args.command_line,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "machine": machine,
+            "machine": {**describe(), "cores_available": len(cores)},
             "backend": env.backend,
             "world_size": env.world_size,
             "device": str(env.device),

@@ -28,9 +28,8 @@ def write_report(
 ) -> Path:
     """``output_dir/name.{json,md,png}``; prints the markdown. ``plot`` returns False when matplotlib is missing;
     None: the report has no plot."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / name
+    stem = Path(output_dir) / name
+    stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     md = markdown(report)
     stem.with_suffix(".md").write_text(md)

@@ -104,13 +104,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for hook in (hooks if n > 1 else [None])
     ]
     runs = _run_rounds(args, specs, extra)
-    rows = summarize([median_run(runs[spec]) for spec in specs])
     report = {
         "command": "distrinews " + shlex.join(sys.argv[1:]),
         "mode": args.mode,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_description(),
-        "points": rows,
+        "points": summarize([median_run(runs[spec]) for spec in specs]),
     }
     write_report(report, args.output_dir, args.name, markdown_table, plot)
     return 0

@@ -85,9 +85,8 @@ def run_worker(args: argparse.Namespace, extra: list[str]) -> int:
         }
         ranks = all_gather_object(mine, env)
         if env.is_main:
-            Path(args.result).write_text(
-                json.dumps(_point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device)), indent=2)
-            )
+            point = _point(args, trainer, ranks, ddp_bucket_cap_mb(config.parallel, env.device))
+            Path(args.result).write_text(json.dumps(point, indent=2))
     return 0
 
 

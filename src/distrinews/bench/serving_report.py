@@ -154,9 +154,8 @@ def _accuracy_table(report: dict[str, Any]) -> list[str]:
         verdict = default_verdict(rule["runtime"], report)
         lines += [
             "",
-            f"Default rule (the fastest within {rule['tolerance_points']} points of "
-            f"torch fp32, by throughput at {rule['concurrency']} clients): "
-            f"**{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
+            f"Default rule (the fastest within {rule['tolerance_points']} points of torch fp32, by throughput at "
+            f"{rule['concurrency']} clients): **{rule['runtime']}** ({rule['throughput_rps']:.1f} req/s), {verdict}.",
         ]
     return lines
 

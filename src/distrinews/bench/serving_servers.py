@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..distributed.lifetime import stop_processes
 
@@ -47,12 +47,9 @@ def reported_port(log_path: Path, proc: subprocess.Popen[bytes], timeout: float 
 def wait_ready(
     url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 600, interval: float = 0.3
 ) -> None:
-    """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false``.
-
-    Our ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200
-    at once and says ``model_loaded``. Raises ``ServerNotReady`` once ``proc`` (when given) has
-    exited, or after ``timeout`` seconds; the benchmarks and the HTTP tests wait with this.
-    """
+    """Poll ``GET url`` until it answers 200 with a JSON body that does not say ``"model_loaded": false`` (our
+    ``/ready`` answers 503 while the model loads; the reference server's ``/health`` answers 200 at once and says
+    ``model_loaded``). Raises ``ServerNotReady`` once ``proc`` (when given) has exited, or after ``timeout`` seconds."""
     import urllib.request
 
     deadline = time.monotonic() + timeout
@@ -102,8 +99,7 @@ class Server:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/info", timeout=10) as r:
-            info: dict[str, Any] = json.loads(r.read())
-            return info
+            return cast(dict[str, Any], json.loads(r.read()))
 
     def stop(self) -> None:
         stop_processes(self.proc, grace_s=30)

@@ -151,11 +151,8 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | ---: | ---: |",
     ]
     lines += [f"| {group} | {ms:.1f} | {100 * ms / total:.1f}% |" for group, ms in report["groups"].items()]
-    lines += [
-        "",
-        "| operator (top 15 by self time) | group | ms a step | calls a step |",
-        "| --- | --- | ---: | ---: |",
-    ]
+    head = "| operator (top 15 by self time) | group | ms a step | calls a step |"
+    lines += ["", head, "| --- | --- | ---: | ---: |"]
     lines += [
         f"| `{o['name']}` | {o['group']} | {o['self_ms']:.1f} | {o['calls']:.0f} |" for o in report["operators"][:15]
     ]

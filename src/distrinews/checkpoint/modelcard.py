@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 
+from ..config import TrainConfig
 from ..data.rows import HUB_DATASET
 from .atomic import write_text_atomically
 from .records import ServableInfo
-from .versioning import DEFAULT_MODEL_VERSION
+from .versioning import DEFAULT_MODEL_VERSION, short_model_name
 
 CARD_FILE = "README.md"
 # What our short model names started from. "minilm" is the copy of sentence-transformers/all-MiniLM-L6-v2
@@ -91,11 +92,9 @@ class TrainingData:
 
 def base_model(model_name: str | None) -> str | None:
     """The Hub id the run started from; None for random weights or a local path we cannot name."""
-    if not model_name:
-        return None
     if model_name in BASE_MODELS:
         return BASE_MODELS[model_name]
-    return None if _is_local(model_name) else model_name
+    return None if not model_name or _is_local(model_name) else model_name
 
 
 def _is_local(name: str) -> bool:
@@ -140,8 +139,6 @@ def model_version(info: ServableInfo) -> str:
 
 
 def model_title(info: ServableInfo) -> str:
-    from .versioning import short_model_name
-
     return f"distrinews-{short_model_name(info.model_name)}-{TrainingData.of(info).slug}-v{model_version(info)}"
 
 
@@ -191,8 +188,6 @@ _NOT_RECIPE = ("resume_from_checkpoint", "overwrite_output_dir")  # where a run 
 
 def training_command(info: ServableInfo) -> str | None:
     """A command that trains the same recipe: every field that differs from the defaults, as an override."""
-    from ..config import TrainConfig
-
     training = info.training_config
     if not training:
         return None
@@ -282,8 +277,7 @@ def _per_class(metrics: dict[str, Any]) -> list[str]:
     """Precision, recall and F1 a class; a checkpoint written before those were kept has accuracy a class."""
     scores = metrics.get("per_class") or {}
     per_class = metrics.get("per_class_accuracy") or {}
-    multi_label = all("threshold" in s for s in scores.values())
-    if scores and multi_label:
+    if scores and all("threshold" in s for s in scores.values()):  # multi-label
         header = ("label", "threshold", "precision", "recall", "F1", "rows with it")
         rows = [(name, f"{s['threshold']:.2f}", *_scores(s)) for name, s in scores.items()]
         return _table("## Per label (evaluation rows)", header, rows)

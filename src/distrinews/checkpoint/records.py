@@ -63,8 +63,7 @@ TOKENIZER_SOURCES = ("checkpoint", "recorded_path", "base_model")  # TokenizerSo
 def _default_max_length() -> int:
     from ..config import field_default  # on demand: config needs yaml and pydantic
 
-    length: int = field_default("max_length")
-    return length
+    return int(field_default("max_length"))
 
 
 def _default_labels() -> list[str]:
@@ -360,9 +359,8 @@ class TokenizerSource:
 
     def to_json(self) -> dict[str, Any]:
         """What ``GET /info`` reports: ``{"source", "path"}`` or, for a base model, ``{"source", "name"}``."""
-        if self.source == "base_model":
-            return {"source": self.source, "name": self.name}
-        return {"source": self.source, "path": self.path}
+        key = "name" if self.source == "base_model" else "path"
+        return {"source": self.source, key: getattr(self, key)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,7 +412,5 @@ def recognise(path: str | PathLike[str]) -> CheckpointFormat:
     if found is None:
         if not Path(path).exists():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
-        raise CheckpointError(
-            f"could not load checkpoint {path}: not a checkpoint (no config.json, trainer_state.json, or .pt file)"
-        )
+        raise _refuse(path, "not a checkpoint (no config.json, trainer_state.json, or .pt file)")
     return found

@@ -29,15 +29,11 @@ from .records import SHARDED, STEP_MODEL, TRAINER_STATE, TrainState, read_traine
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
     """A state dict as safetensors; a tensor that aliases an earlier one (tied weights) is stored once."""
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    unique = {}
+    first: dict[tuple[int, int, tuple[int, ...]], tuple[str, torch.Tensor]] = {}  # by storage, offset and shape
     for name, tensor in weights.items():
         key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        unique[name] = tensor.detach().contiguous().cpu()
-    save_file(unique, str(path), metadata={"format": "pt"})
+        first.setdefault(key, (name, tensor))
+    save_file({name: t.detach().contiguous().cpu() for name, t in first.values()}, str(path), metadata={"format": "pt"})
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
@@ -197,13 +193,11 @@ def layout_for(model: CheckpointedModel) -> ReplicatedLayout | ShardedLayout:
 
 
 class Checkpointer:
-    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank.
-
-    The model and optimizer states go in the model's layout (``layout_for``). Then rank 0 adds the scheduler,
-    scaler, every rank's RNG state, the trainer state, the config and ``STEP_MODEL/`` (the model's config and the
-    tokenizer, so that the step loads for inference from its own files alone), then the manifest, last, and
-    publishes the directory. ``load`` checks the trainer state before any tensor.
-    """
+    """Writes and reads ``root/step-N``; ``save`` and ``load`` are called by every rank. The model and optimizer
+    states go in the model's layout (``layout_for``). Then rank 0 adds the scheduler, scaler, every rank's RNG state,
+    the trainer state, the config and ``STEP_MODEL/`` (the model's config and the tokenizer, so that the step loads
+    for inference from its own files alone), then the manifest, last, and publishes the directory. ``load`` checks
+    the trainer state before any tensor."""
 
     def __init__(
         self,

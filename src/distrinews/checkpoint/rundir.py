@@ -197,12 +197,10 @@ def _holder_json() -> str:
 
 
 def clean_stale_tmp(directory: Path) -> None:
-    """Remove leftovers of saves that were killed midway (never a published checkpoint).
-
-    A kill between the two renames of ``atomic.publish_dir`` leaves the published folder moved aside
-    (``.old-NAME-PID-NS``) and nothing at NAME: that folder is the last published version, so it is put back
-    (only a real folder: a planted link is removed like any leftover, never followed).
-    """
+    """Remove leftovers of saves that were killed midway (never a published checkpoint). A kill between the two
+    renames of ``atomic.publish_dir`` leaves the published folder moved aside (``.old-NAME-PID-NS``) and nothing at
+    NAME: that folder is the last published version, so it is put back (only a real folder: a planted link is
+    removed like any leftover, never followed)."""
     if not directory.is_dir():
         return
     aside = [p for p in directory.iterdir() if p.name.startswith(".old-") and p.is_dir() and not p.is_symlink()]

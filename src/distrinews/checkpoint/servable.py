@@ -77,10 +77,8 @@ def save_servable(
 
 def _weights_file(directory: Path) -> Path:
     """The file a Hugging Face folder keeps its weights in (for messages), else the folder itself."""
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-        if (directory / name).is_file():
-            return directory / name
-    return directory
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    return next((directory / name for name in names if (directory / name).is_file()), directory)
 
 
 Loaded = tuple[torch.nn.Module, Any, ModelInfo]
@@ -214,6 +212,4 @@ def load_for_inference(path: str | os.PathLike[str]) -> Loaded:
     """(model in eval mode, tokenizer, :class:`~.records.ModelInfo`) from any checkpoint ``check_loadable`` reads;
     :class:`CheckpointError` (one line) or ``FileNotFoundError`` as it raises them."""
     model, tokenizer, info = check_loadable(path)()
-    model = merged(model)  # a resumable LoRA checkpoint: adapters folded in for inference
-    model.eval()
-    return model, tokenizer, info
+    return merged(model).eval(), tokenizer, info  # merged: a resumable LoRA checkpoint's adapters folded in

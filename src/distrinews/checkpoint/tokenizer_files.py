@@ -46,14 +46,13 @@ def require_tokenizer(directory: str | os.PathLike[str], base_model: str | None 
         return
     missing = [name for name in TOKENIZER_FILES if not (directory / name).is_file()]
     base = base_model or _recorded_base_model(directory)
+    fix = "copy the tokenizer files of the model it was fine-tuned from into it"
     if base:
         fix = (
             "save its base model's tokenizer into it: python -c "
             '"from transformers import AutoTokenizer; '
             f"AutoTokenizer.from_pretrained('{base}').save_pretrained('{directory}')\""
         )
-    else:
-        fix = "copy the tokenizer files of the model it was fine-tuned from into it"
     raise CheckpointError(
         f"could not load checkpoint {directory}: its tokenizer is missing (no {', '.join(missing)}); {fix}"
     )

@@ -33,9 +33,8 @@ USAGE_ERRORS: tuple[type[Exception], ...] = (*USER_ERRORS, LaunchError, ServeOpt
 
 def usage_error(exc: Exception) -> int:
     message = one_line(exc)
-    if under_torchrun() and record_worker_error(message):
-        return EXIT_USAGE  # our launcher prints each distinct error once
-    print(message, file=sys.stderr)
+    if not (under_torchrun() and record_worker_error(message)):  # else our launcher prints each distinct error once
+        print(message, file=sys.stderr)
     return EXIT_USAGE
 
 

@@ -95,9 +95,7 @@ def _refuse_output_inside_a_step(output: str | None) -> None:
     refused, to serve and to resume."""
     from ..checkpoint.manifest import MANIFEST
 
-    if output is None:
-        return
-    for folder in Path(output).resolve().parents:
+    for folder in Path(output).resolve().parents if output is not None else ():
         if (folder / MANIFEST).is_file():
             raise ConfigError(
                 f"--output {output}: inside the checkpoint {folder}, which is never written after it is published "

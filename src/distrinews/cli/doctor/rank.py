@@ -24,10 +24,8 @@ if TYPE_CHECKING:
 
 
 def rank_checks(timeout_s: float, bandwidth_bytes: int, report: Callable[[str], None]) -> dict[str, Any]:
-    """Join the group from the environment, check each collective's answer, time an all-reduce.
-
-    ``report(phase)`` is called as each phase passes, so a parent can tell how far a rank got.
-    """
+    """Join the group from the environment, check each collective's answer, time an all-reduce; ``report(phase)``
+    is called as each phase passes, so a parent can tell how far a rank got."""
     import torch
     import torch.distributed as dist
 
