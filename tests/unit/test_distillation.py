@@ -151,8 +151,10 @@ def test_a_damaged_cache_file_is_refused_by_readers_and_rebuilt_by_the_first_pro
         elsewhere = tmp_path / "elsewhere.safetensors"
         shutil.move(path, elsewhere)
         path.symlink_to(elsewhere)
-    with pytest.raises(TeacherCacheError):
+    with pytest.raises(TeacherCacheError) as refused:
         cached_log_probs(teachers[:1], rows, labels, tmp_path, build=False)
+    # one line naming the file, shown inside a warning: not a second program-name prefix
+    assert str(path) in str(refused.value) and "error:" not in str(refused.value), refused.value
     rebuilt, computed = cached_log_probs(teachers[:1], rows, labels, tmp_path, build=True)
     assert computed and torch.equal(rebuilt, good) and not path.is_symlink()
     assert torch.equal(cached_log_probs(teachers[:1], rows, labels, tmp_path, build=False)[0], good)

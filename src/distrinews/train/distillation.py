@@ -30,7 +30,7 @@ from ..config import TrainConfig
 from ..data.cache_dir import default_cache_dir
 from ..data.rows import RawSplit
 from ..distributed.process_group import DistEnv, main_process_first
-from ..errors import ConfigError, one_line
+from ..errors import ConfigError
 
 CACHE_VERSION = "teacher-v1"
 HEADER_LIMIT = 1 << 16  # bytes a cache file may hold beyond its tensor (safetensors' JSON header)
@@ -124,8 +124,10 @@ def read_cached(path: Path, rows: int, classes: int) -> torch.Tensor:
     limit = rows * classes * 4 + HEADER_LIMIT
     try:  # a link, a FIFO (never waited on) or anything but a regular file is refused
         fd = open_nofollow(path, os.O_RDONLY)
-    except (OSError, ConfigError) as exc:
-        raise TeacherCacheError(f"{path}: cannot be read ({one_line(exc)})") from None
+    except ConfigError as exc:  # its message names the path and why
+        raise TeacherCacheError(str(exc)) from None
+    except OSError as exc:
+        raise TeacherCacheError(f"{path}: cannot be opened ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as fh:
         if os.fstat(fh.fileno()).st_size > limit:
             raise TeacherCacheError(f"{path}: over the {limit:,} bytes its shape allows")
