@@ -5,7 +5,9 @@ The k-fold training itself, killed and resumed, is tests/integration/test_audit_
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,6 +20,7 @@ from distrinews.audit.folds import FoldPlan, assign_folds, out_of_fold, read_pro
 from distrinews.audit.issues import find_issues, summary, write_cleaned, write_issues
 from distrinews.audit.rows import AuditRecord, audited_rows, data_overrides, rows_jsonl
 from distrinews.cli import main
+from distrinews.cli.audit import _digest_of
 from distrinews.config import load_config
 from distrinews.data.labelled import load_labelled
 from distrinews.data.rows import RawSplit
@@ -224,3 +227,17 @@ def test_audit_without_its_extra_is_one_line(monkeypatch, capsys, tmp_path):
         "distrinews: error: distrinews audit needs the 'audit' extra: pip install 'distrinews[audit]' "
         "(missing module cleanlab)"
     ]
+
+
+def test_a_fold_file_that_is_a_link_or_a_fifo_has_no_digest_and_is_replaced(tmp_path):
+    """Only a regular file's bytes say the fold file is current: a FIFO read without a writer is empty (its digest
+    would be the empty text's), a link is never followed."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("{}\n")
+    assert _digest_of(rows) == hashlib.sha256(b"{}\n").hexdigest()
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    os.mkfifo(fifo)
+    link.symlink_to(rows)
+    assert _digest_of(fifo) is None
+    assert _digest_of(link) is None
+    assert _digest_of(tmp_path / "missing") is None

@@ -510,3 +510,11 @@ def test_an_encoder_that_fails_fails_its_request_only():
         return ok, depth
 
     assert asyncio.run(main()) == (["GOOD TEXT"], 0)
+
+
+@pytest.mark.parametrize("bad", [{"max_batch_size": 0}, {"max_queue": 0}, {"max_batch_tokens": 0}, {"max_wait_ms": -1}])
+def test_a_limit_below_its_least_is_refused(bad):
+    limits = {"max_batch_size": 1, "max_wait_ms": 0, **bad}
+    with pytest.raises(ValueError, match="must be >= 1, max_wait_ms >= 0"):
+        MicroBatcher(lambda items: items, **limits)
+    MicroBatcher(lambda items: items, max_batch_size=1, max_wait_ms=0, max_queue=1, max_batch_tokens=None)

@@ -219,9 +219,18 @@ def _train_command(
 
 
 def _digest_of(path: Path) -> str | None:
-    from ..predict.derived import hash_file
+    """The SHA-256 of the regular file at ``path``; None, and the file is replaced, where it is missing, a link (never
+    followed) or anything but a regular file (never read: a FIFO reads as empty, a device may never end)."""
+    import hashlib
 
-    try:  # missing, a link (never followed) or not a file (a FIFO does not block): None, and the file is replaced
-        return hash_file(path, flags=os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK).hexdigest()
-    except OSError:
+    from ..checkpoint.atomic import open_nofollow
+
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (FileNotFoundError, ConfigError):
         return None
+    sha = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()

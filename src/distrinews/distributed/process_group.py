@@ -147,15 +147,18 @@ def barrier(env: DistEnv) -> None:
         dist.barrier(device_ids=[env.device.index] if env.backend == "nccl" else None)
 
 
-def all_reduce_sum(tensor: torch.Tensor, env: DistEnv, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
-    """Sum (or ``op``) over ranks in place (and return it). Every rank must call it."""
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The sum over ranks, in place (and returned). Every rank must call it."""
     if env.distributed:
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def all_reduce_max(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    return all_reduce_sum(tensor, env, dist.ReduceOp.MAX)
+    """The maximum over ranks, in place (and returned). Every rank must call it."""
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
 
 
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:

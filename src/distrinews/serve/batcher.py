@@ -104,7 +104,8 @@ class MicroBatcher:
         lanes: int = 1,
         arrivals: Arrivals | None = None,
     ):
-        if min(max_batch_size, max_queue, 1 if max_batch_tokens is None else max_batch_tokens) < 1 or max_wait_ms < 0:
+        tokens_unlimited_or_positive = max_batch_tokens is None or max_batch_tokens >= 1
+        if max_batch_size < 1 or max_queue < 1 or not tokens_unlimited_or_positive or max_wait_ms < 0:
             raise ValueError("max_batch_size, max_queue and max_batch_tokens must be >= 1, max_wait_ms >= 0")
         if forward_timeout is not None and forward_timeout <= 0:
             raise ValueError("forward_timeout must be > 0 seconds (None: no limit)")
