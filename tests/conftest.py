@@ -105,7 +105,8 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 # training process the suite starts (hundreds) would otherwise time six 1024^3 matmuls first, ~0.2 CPU-s each.
 # The measurement itself is tested in tests/unit/test_bench_arithmetic.py, with the variable unset.
 STATED_PEAK = {"DISTRINEWS_PEAK_TFLOPS": "0.05"}  # train/flops.py's PEAK_ENV
-os.environ.update({name: os.environ.get(name, value) for name, value in STATED_PEAK.items()})
+for _name, _value in STATED_PEAK.items():
+    os.environ.setdefault(_name, _value)
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
