@@ -69,6 +69,11 @@ def test_banner_states_the_effective_batch_and_the_resume_point():
     assert "Learning rate:        0.0001 (cosine, layer-wise decay 0.8)" in text
     assert "Loss:                 cross-entropy, label smoothing 0.1" in text
     assert "Evaluated weights:    their moving average (ema_decay 0.999)" in text
+    assert not any(line.startswith(("Frozen:", "Calibration rows:")) for line in fresh)
+    held = TrainConfig(freeze_layers=2, calibration_split_percentage=5)
+    text = "\n".join(banner_lines(held, env(1), dataclasses.replace(FACTS, calibration_rows=200), None, 0))
+    assert "Frozen:               the embeddings and the bottom 2 encoder layers (forward only)" in text
+    assert "Calibration rows:     200 held out of training (5%, stratified, to fit the temperature)" in text
 
 
 def test_epoch_lines_are_the_seeds_plus_throughput():

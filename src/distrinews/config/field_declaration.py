@@ -90,8 +90,10 @@ def config_error(exc: ValidationError, declaration: Callable[[str], FieldInfo | 
     elif kind == "literal_error":
         allowed = typing.get_args(typing.get_args(base)[0] if typing.get_origin(base) is list else base)
         msg = f"must be one of {', '.join(map(str, allowed))}"
-    elif kind in ("finite_number", "string_too_short"):
-        msg = "must be a finite number" if kind == "finite_number" else "must not be empty"
+    elif kind == "finite_number":
+        msg = "must be a finite number"
+    elif kind == "string_too_short":
+        msg = "must not be empty"
     elif kind != "value_error":
         return ConfigError(f"{field} expects {getattr(base, '__name__', str(annotation))}, got {value!r}")
     return ConfigError(f"{field}: {msg} (got {value!r})")

@@ -51,7 +51,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
     smoothing = o.label_smoothing_factor
     frozen = f"{m.freeze_layers} encoder layer{'s' if m.freeze_layers > 1 else ''}"
     share = config.data.calibration_split_percentage
-    held_out = f"{facts.calibration_rows:,} held out of training ({share}%, stratified"
+    held_out = f"{facts.calibration_rows:,} held out of training ({share}%, stratified, to fit the temperature)"
     lines = [
         RULE,
         f"{facts.title} TRAINING CONFIGURATION".lstrip(),
@@ -71,7 +71,7 @@ def banner_lines(config: TrainConfig, env: DistEnv, facts: RunFacts, resumed_fro
         f"Communication a step: {facts.communication}",
         f"Train samples:        {facts.train_rows:,} (each process sees {facts.rows_per_rank:,})",
         f"Test samples:         {facts.test_rows:,} from {facts.eval_from}",
-        *_when(facts.calibration_rows, f"Calibration rows:     {held_out}, to fit the temperature)"),
+        *_when(facts.calibration_rows, f"Calibration rows:     {held_out}"),
         *class_lines(facts),
         *_when(smoothing, f"Loss:                 cross-entropy, label smoothing {smoothing:g}"),
         *_when(o.ema_decay, f"Evaluated weights:    their moving average (ema_decay {o.ema_decay:g})"),

@@ -203,7 +203,9 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl``; a line cut short by a kill is skipped."""
     records: list[dict[str, Any]] = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []:
+    if not Path(path).is_file():
+        return records
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records

@@ -138,8 +138,7 @@ def _dimension(key: str, spec: Any, earlier: list[str]) -> Dimension:
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; a distribution has {', '.join(sorted(_KEYS))}")
     when = _condition(name, spec.get("when"))
-    whole = all(isinstance(spec.get(b), int) and not isinstance(spec.get(b), bool) for b in ("low", "high"))
-    kind = spec.get("type") or ("categorical" if "choices" in spec else "int" if whole else "float")
+    kind = spec.get("type") or _implied_type(spec)
     if kind not in _TYPES:
         raise ConfigError(f"{name}: type must be one of {', '.join(_TYPES)}, got {kind!r}")
     if kind == "categorical":
@@ -170,6 +169,15 @@ def _dimension(key: str, spec: Any, earlier: list[str]) -> Dimension:
                 raise ConfigError(f"{name}: an int distribution needs whole numbers ({label} is {value})")
         return Dimension(name, kind, int(low), int(high), log, None if step is None else int(step), when=when)
     return Dimension(name, kind, float(low), float(high), log, step, when=when)
+
+
+def _implied_type(spec: dict[str, Any]) -> str:
+    """The type a distribution without ``type`` has: categorical with ``choices``, int where both bounds are whole
+    numbers (a YAML boolean is not one), float otherwise."""
+    if "choices" in spec:
+        return "categorical"
+    whole = all(isinstance(spec.get(b), int) and not isinstance(spec.get(b), bool) for b in ("low", "high"))
+    return "int" if whole else "float"
 
 
 def _number(name: str, spec: dict[str, Any], key: str) -> float:

@@ -125,8 +125,13 @@ class TrialCallback(TrainerCallback):
         metric, best_metrics, stopped_by = args.run.metric_for_best_model, kw.get("best_metrics"), kw.get("stopped_by")
         value = float(best_metrics[metric]) if best_metrics and metric in best_metrics else self.last_value
         outcome = "stopped" if stopped_by else "pruned" if self.pruned_at is not None else "complete"
-        result = {"state": outcome, "value": value, "step": state.global_step, "pruned_at": self.pruned_at}
-        result["stopped_by"] = stopped_by
+        result = {
+            "state": outcome,
+            "value": value,
+            "step": state.global_step,
+            "pruned_at": self.pruned_at,
+            "stopped_by": stopped_by,
+        }
         write_text_atomically(Path(self.link.result), json.dumps(result) + "\n")
 
 
