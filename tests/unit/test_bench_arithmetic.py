@@ -259,6 +259,36 @@ def test_the_cpu_peak_is_the_best_this_machine_has_measured(monkeypatch, tmp_pat
         flops.device_peak.cache_clear()
 
 
+def test_the_cpu_peak_record_follows_no_planted_link(monkeypatch, tmp_path):
+    """The cache folder is not trusted: a link at the lock is neither followed nor truncated through, and a link at the
+    record is not read (a planted record of a huge peak would make every MFU tiny)."""
+    monkeypatch.setenv("DISTRINEWS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(flops.PEAK_ENV, raising=False)
+    monkeypatch.setattr(flops, "measure_matmul_peak", lambda *args, **kwargs: 100e9)
+    (tmp_path / "cache").mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the lock's to truncate")
+    (tmp_path / "cache" / flops.PEAKS_FILE).with_suffix(".lock").symlink_to(victim)
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({"any": {"flops": 1e18, "runs": 9}}))
+    (tmp_path / "cache" / flops.PEAKS_FILE).symlink_to(planted)
+
+    def peak():
+        flops.device_peak.cache_clear()  # a new process measures again
+        try:
+            return flops.peak_for(torch.device("cpu"), torch.float32)
+        finally:
+            flops.device_peak.cache_clear()
+
+    assert peak().flops == 100e9  # the measurement alone: the lock is refused
+    assert victim.read_text() == "not the lock's to truncate"
+    (tmp_path / "cache" / flops.PEAKS_FILE).with_suffix(".lock").unlink()
+    recorded = peak()  # the planted record is not read, and is replaced by this run's, not written through
+    assert recorded.flops == 100e9 and "the best of 1 measurement(s) here" in recorded.source
+    assert json.loads(planted.read_text()) == {"any": {"flops": 1e18, "runs": 9}}
+    assert not (tmp_path / "cache" / flops.PEAKS_FILE).is_symlink()
+
+
 def test_cuda_peak_comes_from_the_table_by_device_name(monkeypatch):
     """The GPU branch without a GPU: the device name picks the datasheet figure for the precision."""
     monkeypatch.delenv(flops.PEAK_ENV, raising=False)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import ConfigError
 from ..model import hf_config, layer_depth, num_layers
 
 if TYPE_CHECKING:
@@ -121,32 +122,34 @@ PEAKS_FILE = "peaks.json"
 def best_cpu_peak(kind: str, measured: float) -> tuple[float, int]:
     """``(best FLOP/s, measurements)`` of ``kind`` on this machine, ``measured`` included and recorded (keyed by the
     CPU, its flags and torch's version; ranks record under a lock; an unwritable folder keeps ``measured``)."""
-    import fcntl
     import json
 
-    from ..checkpoint.atomic import write_text_atomically
+    from ..checkpoint.atomic import read_text_nofollow, write_text_atomically
+    from ..checkpoint.file_lock import FileLock
     from ..data.cache_dir import default_cache_dir
     from ..distributed.machine import cpu_flags, cpu_model
 
     key = f"{cpu_model()} [{' '.join(cpu_flags())}] torch {torch.__version__}: {kind}"
     path = default_cache_dir() / PEAKS_FILE
+    lock = FileLock(path.with_suffix(".lock"))  # the cache folder is not trusted: no link followed, here or below
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            peaks: Any = {}
-            with contextlib.suppress(OSError, ValueError):
-                peaks = json.loads(path.read_text())
-            peaks = peaks if isinstance(peaks, dict) else {}
-            entry: Any = peaks.get(key)  # JSON, checked below
-            flops, runs = (entry.get("flops"), entry.get("runs")) if isinstance(entry, dict) else (None, None)
-            if not (isinstance(flops, (int, float)) and isinstance(runs, int) and flops > 0):  # damaged: afresh
-                flops, runs = 0.0, 0
-            peaks[key] = entry = {"flops": max(float(flops), measured), "runs": runs + 1}
-            write_text_atomically(path, json.dumps(peaks, indent=1, sort_keys=True))
+        if not lock.acquire(wait_s=60):
+            return measured, 1
+        peaks: Any = {}
+        with contextlib.suppress(OSError, ValueError, ConfigError):
+            peaks = json.loads(read_text_nofollow(path) or "{}")
+        peaks = peaks if isinstance(peaks, dict) else {}
+        entry: Any = peaks.get(key)  # JSON, checked below
+        flops, runs = (entry.get("flops"), entry.get("runs")) if isinstance(entry, dict) else (None, None)
+        if not (isinstance(flops, (int, float)) and isinstance(runs, int) and flops > 0):  # damaged: afresh
+            flops, runs = 0.0, 0
+        peaks[key] = entry = {"flops": max(float(flops), measured), "runs": runs + 1}
+        write_text_atomically(path, json.dumps(peaks, indent=1, sort_keys=True))
         return entry["flops"], entry["runs"]
-    except OSError:
+    except (OSError, ConfigError):  # an unwritable folder, or a link at the lock
         return measured, 1
+    finally:
+        lock.release()
 
 
 def peak_for(device: torch.device, dtype: torch.dtype) -> Peak:
