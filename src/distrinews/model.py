@@ -117,7 +117,8 @@ def build_model(
     if name == TINY_RANDOM:
         config = tiny_config(labels, dropout, problem_type)
     else:
-        config = AutoConfig.from_pretrained(resolve_model_path(name), **label_fields(labels, problem_type))
+        path = resolve_model_path(name)
+        config = AutoConfig.from_pretrained(path, **label_fields(labels, problem_type))
         if dropout is not None:
             for attr in ("hidden_dropout_prob", *ATTENTION_DROPOUT, "dropout", "seq_classif_dropout"):
                 if hasattr(config, attr):
@@ -130,7 +131,7 @@ def build_model(
     if name == TINY_RANDOM:
         model = AutoModelForSequenceClassification.from_config(config)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(name), config=config)
+        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
     return model
 
 

@@ -44,10 +44,14 @@ def wanted(endpoint: str | None = None) -> bool:
 def require(what: str) -> None:
     """Raise a one-line ConfigError naming the extra when OpenTelemetry is not installed."""
     for module in _MODULES:
-        with contextlib.suppress(ModuleNotFoundError):  # raised where a parent package is missing
-            if importlib.util.find_spec(module) is not None:
-                continue
-        raise ConfigError(f"{what} needs OpenTelemetry, which is not installed: {INSTALL} (missing module {module})")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            raise ConfigError(
+                f"{what} needs OpenTelemetry, which is not installed: {INSTALL} (missing module {module})"
+            )
 
 
 def check_endpoint(endpoint: str | None, flag: str = "--otlp-endpoint") -> None:

@@ -123,6 +123,14 @@ def test_an_option_read_from_the_environment_says_so_in_its_help(monkeypatch):
     monkeypatch.setenv("PORT", "eighty")
     with pytest.raises(ServeOptionError, match="PORT='eighty' is not a valid --port"):
         fill_from_env(argparse.Namespace(checkpoint="c", port=None), OPTIONS, ServeOptionError)
+    monkeypatch.setenv("PORT", "")  # set but empty: as if unset, the flag's default
+    monkeypatch.setenv("MODEL_CHECKPOINT", "/from/env")
+    values = argparse.Namespace(checkpoint=None, port=None)
+    fill_from_env(values, OPTIONS, ServeOptionError)
+    assert values.port is None and values.checkpoint == "/from/env"
+    values = argparse.Namespace(checkpoint="given", port=None)
+    fill_from_env(values, OPTIONS, ServeOptionError)
+    assert values.checkpoint == "given", "a flag given wins over its variable"
 
 
 def test_serve_replicas_refuses_a_port_variable_that_is_no_number_in_one_line(tmp_path, monkeypatch, capsys):

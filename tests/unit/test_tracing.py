@@ -15,6 +15,7 @@ import pytest
 
 from conftest import served
 from distrinews import cli, tracing
+from distrinews.errors import ConfigError
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -86,6 +87,10 @@ def test_asking_for_tracing_without_the_extra_is_one_line_naming_it(monkeypatch,
     with pytest.raises(ServeOptionError) as refused:
         validate(args)
     assert "pip install 'distrinews[tracing]'" in str(refused.value) and "\n" not in str(refused.value)
+    # a whole package missing: find_spec raises rather than answering None
+    monkeypatch.setattr(tracing, "_MODULES", ("opentelemetry.sdk", "no_such_package_here.sdk"))
+    with pytest.raises(ConfigError, match=r"--otlp-endpoint needs .*\(missing module no_such_package_here\.sdk\)$"):
+        tracing.require("--otlp-endpoint")
     bad = parser.parse_args(["--checkpoint", str(tmp_path), "--otlp-endpoint", "127.0.0.1:4318"])
     with pytest.raises(ServeOptionError, match="http:// or https://"):
         validate(bad)

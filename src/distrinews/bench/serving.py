@@ -163,9 +163,12 @@ class _LoadSession:
             if label == "ours":
                 info = server.info()
                 self.servers[name].update(batching=info.get("batching"), runtime=info.get("runtime"))
-            levels = sorted({1, self.busiest}) if limit else sorted(self.levels)[-2:] if tags else self.levels
-            self.measure_levels(server, label, runtime, "full", self.full, levels, **tags)
-            if not (limit or tags):
+            if limit:
+                self.measure_levels(server, label, runtime, "full", self.full, sorted({1, self.busiest}))
+            elif tags:
+                self.measure_levels(server, label, runtime, "full", self.full, sorted(self.levels)[-2:], **tags)
+            else:
+                self.measure_levels(server, label, runtime, "full", self.full, self.levels)
                 self.measure_levels(server, label, runtime, "headline", self.headlines, [1])
         finally:
             server.stop()

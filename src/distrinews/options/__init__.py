@@ -132,7 +132,10 @@ def fill_from_env(values: Any, options: Iterable[Option], error: Raised = Option
     """Each option with a variable that is not given on the command line takes the variable's value, converted by
     the option's type (one that does not convert: ``error`` naming the variable)."""
     for option in options:
-        if option.env is None or getattr(values, option.name) is not None or not (raw := os.environ.get(option.env)):
+        if option.env is None or getattr(values, option.name) is not None:
+            continue
+        raw = os.environ.get(option.env)
+        if not raw:  # unset or empty: the flag's default
             continue
         try:
             setattr(values, option.name, option.type(raw) if option.type is not None else raw)

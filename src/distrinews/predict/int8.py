@@ -115,11 +115,13 @@ def make_int8(
         check["weights_sha256"] = weights_fingerprint(checkpoint)
         check["seconds"] = round(time.perf_counter() - started, 2)
         data = _with_metadata(int8, check)
+    made: Path | Graph
     if out is None:
-        made: Path | Graph = DerivedFiles(checkpoint).store(INT8_FILE, data)
+        made = DerivedFiles(checkpoint).store(INT8_FILE, data)
+        where = made.path
     else:
-        _write_whole(made := Path(out), data)
-    where = made.path if isinstance(made, Graph) else made
+        made = where = Path(out)
+        _write_whole(made, data)
     verdict = "passed" if check["passed"] else "FAILED"
     log.info("int8 model %s %s its check (%s): %s", where, verdict, check["kind"], check["summary"])
     return made, check

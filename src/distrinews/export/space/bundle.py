@@ -119,7 +119,8 @@ def check_bundle(bundle: str | Path) -> list[str]:
         return [f"{bundle / MODEL_DIR}: no model file ({', '.join(MODEL_FILES.values())})"]
     required = [bundle / n for n in ("README.md", "Dockerfile", "requirements.txt", "distrinews/serve/__main__.py")]
     required += [bundle / MODEL_DIR / name for name in REQUIRED_MODEL_FILES]
-    if found := [f"{path} is missing" for path in required if not path.is_file()]:
+    found = [f"{path} is missing" for path in required if not path.is_file()]
+    if found:  # the checks below read these files
         return found
     found += readme.problems((bundle / "README.md").read_text())
     text, pins = (bundle / "Dockerfile").read_text(), (bundle / "requirements.txt").read_text()
