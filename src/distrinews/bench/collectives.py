@@ -169,6 +169,7 @@ def model_config(args: argparse.Namespace, output_dir: str) -> TrainConfig:
 
 def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, Any]]) -> dict[str, Any]:
     """Gradient payload, its measured all-reduce, a real batch's forward+backward, and the ratios."""
+    from ..distributed.parallel import trainable_bytes
     from ..model import build_model, count_parameters
     from ..train.build import prepare_data
 
@@ -177,7 +178,7 @@ def model_section(args: argparse.Namespace, env: DistEnv, table: list[dict[str, 
     model = build_model(config.model.model_name_or_path, seed=config.run.seed, labels=data.label_names)
     model.to(env.device).train()
     params = count_parameters(model)
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    grad_bytes = trainable_bytes(model)
     allreduce = _collective("all_reduce", grad_bytes // 4, 1.0, env)[0]
     allreduce_s = slowest_mean_seconds(allreduce, env.device, iters=3, warmup=1)
     compute_s, batch_flops, peak = _forward_backward(args, config, data, model, env)

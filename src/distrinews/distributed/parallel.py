@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
 
+def trainable_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the gradients a backward makes: every trainable parameter's, what DDP all-reduces."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 class ParallelModel:
     """The wrapped model (call it like the module) plus the strategy's own operations."""
 
@@ -64,7 +69,7 @@ class ParallelModel:
         return "DDP" if self.replicated else ""
 
     def trainable_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.raw.parameters() if p.requires_grad)
+        return trainable_bytes(self.raw)
 
     def sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
         """Enter around forward + backward; ``sync=False`` keeps the gradients local (accumulation)."""
@@ -214,7 +219,7 @@ def _register_comm_hook(
     if hook == "none" or not shared_memory:
         return f"{env.backend}"
     # a slot holds the largest bucket, at most every trainable parameter's gradient
-    slot = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    slot = trainable_bytes(model)
     segment = open_segment(slot, env.rank, env.world_size, run=run)
     if isinstance(segment, str):  # the same reason on every rank
         if hook == "shm":
